@@ -1,0 +1,63 @@
+"""Engine settings: one frozen dataclass, validated once; every front end builds one of these."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str | None = None  # None: the embedded default; a HF dir, a .gguf file, or dummy:<preset>
+    device: str = "auto"  # auto | cpu | cuda[:n]
+    dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16
+    page_size: int = 16
+    num_pages: int | None = None  # overrides the memory budget below
+    kv_cache_gb: float | None = None  # KV pool budget; default: 1 GiB on CPU, memory_fraction of free GPU memory
+    memory_fraction: float = 0.85
+    max_running_requests: int = 256
+    max_prefill_tokens: int = 8192  # per-step token budget; longer prompts are chunked
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    radix_cache: bool = True
+    attention_backend: str = "auto"  # auto | torch | flashinfer
+    cuda_graph_max_bs: int = 256  # 0 disables CUDA graphs
+    overlap: bool | None = None  # default: on for CUDA
+    tp: int = 1
+    seed: int = 0
+    check_invariants: bool = False  # assert page accounting after every step (tests)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.page_size >= 1, "page_size", "must be >= 1"),
+            (self.num_pages is None or self.num_pages >= 1, "num_pages", "must be >= 1"),
+            (self.kv_cache_gb is None or self.kv_cache_gb > 0, "kv_cache_gb", "must be > 0"),
+            (0 < self.memory_fraction <= 1, "memory_fraction", "must be in (0, 1]"),
+            (self.max_running_requests >= 1, "max_running_requests", "must be >= 1"),
+            (self.max_prefill_tokens >= 1, "max_prefill_tokens", "must be >= 1"),
+            (self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be >= 2"),
+            (self.attention_backend in ("auto", "torch", "flashinfer"), "attention_backend",
+             "must be one of auto, torch, flashinfer"),
+            (self.cuda_graph_max_bs >= 0, "cuda_graph_max_bs", "must be >= 0"),
+            (self.tp >= 1, "tp", "must be >= 1"),
+            (self.dtype in ("auto", "float32", "bfloat16", "float16"), "dtype",
+             "must be one of auto, float32, bfloat16, float16"),
+        ]
+        for ok, name, why in checks:
+            if not ok:
+                raise ValueError(f"{name} {why} (got {getattr(self, name)!r})")
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dev = torch.device(self.device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r} asked for, but CUDA is not available")
+        return dev
+
+    def torch_dtype(self, device: torch.device) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return getattr(torch, self.dtype)
+
+    def use_overlap(self, device: torch.device) -> bool:
+        return device.type == "cuda" if self.overlap is None else self.overlap

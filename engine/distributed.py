@@ -1,0 +1,52 @@
+"""The one process-wide context: this rank's place in the tensor-parallel group."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(slots=True)
+class TPContext:
+    rank: int = 0
+    size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.size > 1
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size > 1:
+            dist.all_reduce(x)
+        return x
+
+    def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=-1)
+
+
+TP = TPContext()
+
+
+def init_tp(size: int, device: str) -> TPContext:
+    """Join the torchrun group (if any). Sizes and ranks come from torchrun's environment."""
+    import os
+    from datetime import timedelta
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if size != world:
+        raise ValueError(f"--tp {size} needs exactly {size} processes (torchrun --nproc-per-node {size}); "
+                         f"this run has WORLD_SIZE={world}")
+    if size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        timeout = timedelta(seconds=float(os.environ.get("MINISGL_DIST_TIMEOUT", "600")))
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend, timeout=timeout)
+    TP.rank = dist.get_rank() if size > 1 else 0
+    TP.size = size
+    return TP

@@ -1,0 +1,276 @@
+"""The engine core: requests in token ids, one step() at a time. No text here (see engine.llm)."""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from engine import weights
+from engine.config import EngineConfig
+from engine.distributed import TP, init_tp
+from engine.metrics import EngineMetrics
+from engine.model_config import PRESETS, ModelConfig
+from engine.models import create_model
+from engine.request import Req, Status
+from engine.runner import ModelRunner, StepOutput
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Batch, Scheduler
+from engine.tokenizer import ByteTokenizer, Tokenizer
+from kvcache.manager import CacheManager
+from kvcache.pool import KVPool
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    cfg: ModelConfig
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    source: str
+    load_seconds: float
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def load_model(spec: str | None, device: torch.device, dtype: torch.dtype, progress: Progress | None = None,
+               load_tokenizer: bool = True) -> LoadedModel:
+    t0 = time.perf_counter()
+    kind, where = weights.resolve(spec)
+    reader = None
+    if kind == "dummy":
+        cfg = PRESETS[str(where)]
+    elif kind == "gguf":
+        reader = weights._open_gguf(where)  # type: ignore[arg-type]
+        cfg = weights.gguf_config(where, reader)  # type: ignore[arg-type]
+    else:
+        cfg = weights.hf_config(where)  # type: ignore[arg-type]
+    with torch.device(device), _default_dtype(dtype):
+        model = create_model(cfg)
+    with torch.no_grad():
+        if kind == "dummy":
+            weights.init_dummy(model)
+        elif kind == "gguf":
+            total = weights.gguf_tensor_count(where, reader)  # type: ignore[arg-type]
+            done = [0]
+
+            def tick() -> None:
+                done[0] += 1
+                if progress:
+                    progress("loading weights", done[0], total)
+            model.load_weights(weights.gguf_weights(where, cfg, reader, tick))  # type: ignore[arg-type]
+        else:
+            model.load_weights(weights.hf_weights(where))  # type: ignore[arg-type]
+    model.eval()
+    tok: Tokenizer
+    if not load_tokenizer:
+        tok = ByteTokenizer()
+    elif kind == "gguf":
+        tok = Tokenizer.from_gguf(where, cfg.eos_token_ids)  # type: ignore[arg-type]
+    elif kind == "hf":
+        tok = Tokenizer.from_hf_dir(where, cfg.eos_token_ids) or ByteTokenizer()  # type: ignore[arg-type]
+    else:
+        tok = ByteTokenizer()
+    return LoadedModel(cfg, model, tok, f"{kind}:{where}", time.perf_counter() - t0)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, progress: Progress | None = None):
+        self.config = config
+        self.device = config.torch_device()
+        self.dtype = config.torch_dtype(self.device)
+        init_tp(config.tp, self.device.type)
+        if self.device.type == "cuda" and TP.size > 1:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        torch.manual_seed(config.seed)
+        self.loaded = load_model(config.model, self.device, self.dtype, progress, load_tokenizer=TP.rank == 0)
+        mc = self.loaded.cfg
+        self.model_cfg = mc
+        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        num_pages = config.num_pages or self._pages_from_budget(mc)
+        if TP.size > 1:  # all ranks must agree on the pool size (free memory may differ slightly)
+            t = torch.tensor([num_pages], device=self.device if self.device.type == "cuda" else "cpu")
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            num_pages = int(t.item())
+        if num_pages < 2:
+            raise ValueError("not enough memory for a KV cache: raise --kv-cache-gb / --memory-fraction")
+        self.pool = KVPool.create(mc.num_layers, num_pages, config.page_size, mc.num_kv_heads // TP.size,
+                                  mc.head_dim, self.dtype, self.device)
+        self.cache = CacheManager(num_pages, config.page_size, config.radix_cache)
+        self.scheduler = Scheduler(self.cache, config.max_running_requests, config.max_prefill_tokens)
+        t0 = time.perf_counter()
+        self.runner = ModelRunner(self.loaded.model, self.pool, config.attention_backend, self.device,  # type: ignore[arg-type]
+                                  config.max_running_requests, config.cuda_graph_max_bs)
+        self.startup_seconds = {"load": self.loaded.load_seconds, "runner": time.perf_counter() - t0}
+        self.overlap = config.use_overlap(self.device)
+        self.reqs: dict[str, Req] = {}
+        self._commands: list[tuple] = []
+        self._inflight: tuple[Batch, StepOutput] | None = None
+        self._counter = 0
+        self._finished_now: list[Req] = []
+        self._shutdown = False
+        self.stats = dict(prompt_tokens=0, cache_hit_tokens=0, generation_tokens=0, finished=0, steps=0)
+
+    @property
+    def backend_name(self) -> str:
+        return type(self.runner.backend).__name__.removesuffix("Backend").lower()
+
+    def _pages_from_budget(self, mc: ModelConfig) -> int:
+        per_token = mc.kv_bytes_per_token(torch.tensor([], dtype=self.dtype).element_size(), TP.size)
+        if self.config.kv_cache_gb is not None:
+            budget = int(self.config.kv_cache_gb * 2**30)
+        elif self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            free, total = torch.cuda.mem_get_info(self.device)
+            reserve = 2 * 2**30 + self.config.max_prefill_tokens * mc.vocab_size * 4  # activations, logits
+            budget = int(free - (1 - self.config.memory_fraction) * total) - reserve
+        else:
+            budget = 2**30
+        return KVPool.pages_for_budget(budget, per_token, self.config.page_size)
+
+    # ---- requests ---------------------------------------------------------------------------------
+    def new_rid(self) -> str:
+        self._counter += 1
+        return f"req-{self._counter}"
+
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_ids:
+            raise ValueError("prompt is empty")
+        vocab = self.model_cfg.vocab_size
+        bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+        total = len(prompt_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                             f"exceeds the model's context length {self.max_model_len}")
+        capacity = self.cache.num_pages * self.cache.page_size
+        if total > capacity:
+            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                             f"exceeds the KV cache capacity of {capacity} tokens")
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, rid: str | None = None,
+                    eos_ids: frozenset[int] | None = None) -> Req:
+        self.validate(prompt_ids, params)
+        rid = rid or self.new_rid()
+        if rid in self.reqs:
+            raise ValueError(f"request id {rid!r} is already in use")
+        req = Req(rid, list(prompt_ids), params, eos_ids if eos_ids is not None else self.loaded.tokenizer.eos_ids)
+        self.reqs[rid] = req
+        self._commands.append(("add", rid, req.prompt_ids, params, req.eos_ids))
+        return req
+
+    def abort(self, rid: str, reason: str = "abort", error: str | None = None) -> None:
+        """Ends a request at the next step (on every rank), returning its pages."""
+        self._commands.append(("finish", rid, reason, error))
+
+    def _sync_commands(self) -> list[tuple]:
+        cmds, self._commands = self._commands, []
+        if TP.size > 1:
+            box = [cmds if TP.rank == 0 else None]
+            dist.broadcast_object_list(box, src=0)
+            cmds = box[0]  # type: ignore[assignment]
+        return cmds
+
+    def _apply(self, cmds: list[tuple]) -> None:
+        for cmd in cmds:
+            if cmd[0] == "add":
+                _, rid, ids, params, eos = cmd
+                req = self.reqs.get(rid) or Req(rid, ids, params, eos)
+                self.reqs[rid] = req
+                self.scheduler.add(req)
+            elif cmd[0] == "finish":
+                _, rid, reason, error = cmd
+                req = self.reqs.get(rid)
+                if req is not None and not req.finished:
+                    self._finish(req, reason, error)
+            elif cmd[0] == "shutdown":
+                self._shutdown = True
+
+    def _finish(self, req: Req, reason: str, error: str | None = None) -> None:
+        self.scheduler.finish(req, reason, error)
+        self.stats["finished"] += 1
+        self.reqs.pop(req.rid, None)
+        self._finished_now.append(req)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or self._inflight is not None or bool(self._commands)
+
+    # ---- the loop -----------------------------------------------------------------------------------
+    def step(self) -> list[Req]:
+        """One scheduling step. Returns requests that received a token or finished this step."""
+        self._apply(self._sync_commands())
+        batch = self.scheduler.schedule()
+        out = self.runner.run(batch) if batch else None
+        if batch is not None:
+            self.stats["steps"] += 1
+            if not batch.is_decode:
+                for req, start in zip(batch.reqs, batch.starts):
+                    if start == req.cached_len and req.num_preemptions == 0:
+                        self.stats["prompt_tokens"] += len(req.prompt_ids)
+                        self.stats["cache_hit_tokens"] += req.cached_len
+        changed: list[Req] = []
+        if self.overlap:
+            # Step N+1 is already queued on the GPU; only now wait for step N's tokens.
+            if self._inflight is not None:
+                changed = self._process(*self._inflight)
+            self._inflight = (batch, out) if batch is not None and out is not None else None
+        elif batch is not None and out is not None:
+            changed = self._process(batch, out)
+        if self.config.check_invariants:
+            self.check()
+        done, self._finished_now = self._finished_now, []
+        return changed + [r for r in done if r not in changed]
+
+    def _process(self, batch: Batch, out: StepOutput) -> list[Req]:
+        tokens = out.wait()
+        now = time.perf_counter()
+        changed = []
+        sampled = [r for r, s in zip(batch.reqs, batch.sample) if s]
+        for req, tok in zip(sampled, tokens):
+            if req.finished:
+                continue  # ended (EOS, abort) while this step was in flight
+            req.output_ids.append(tok)
+            req.token_times.append(now)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            self.stats["generation_tokens"] += 1
+            reason = req.check_token_finish(tok)
+            if reason:
+                self._finish(req, reason)
+            changed.append(req)
+        return changed
+
+    def drain(self) -> list[Req]:
+        """Finish processing the in-flight step (overlap mode)."""
+        if self._inflight is None:
+            return []
+        inflight, self._inflight = self._inflight, None
+        return self._process(*inflight)
+
+    def check(self) -> None:
+        self.cache.check(self.scheduler.live)  # type: ignore[arg-type]
+        for r in self.scheduler.live:
+            assert r.status is Status.RUNNING and r.device_len <= r.max_device_len, (r.rid, r.device_len)
+
+    def metrics(self) -> EngineMetrics:
+        c = self.cache
+        return EngineMetrics(
+            running=len(self.scheduler.live), waiting=len(self.scheduler.waiting), kv_pages_total=c.num_pages,
+            kv_pages_in_use=c.num_in_use, kv_pages_cached=c.num_evictable, kv_pages_free=c.num_free,
+            page_size=c.page_size, prompt_tokens=self.stats["prompt_tokens"],
+            cache_hit_tokens=self.stats["cache_hit_tokens"], generation_tokens=self.stats["generation_tokens"],
+            finished_requests=self.stats["finished"], preemptions=self.scheduler.num_preemptions,
+            steps=self.stats["steps"])

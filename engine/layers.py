@@ -1,0 +1,133 @@
+"""Building blocks of the models: tensor-parallel linear layers, RMSNorm, rotary embedding."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.distributed import TP
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T with W's output rows split over ranks. `sizes` packs several logical outputs (q|k|v)."""
+
+    def __init__(self, in_features: int, sizes: list[int]):
+        super().__init__()
+        for s in sizes:
+            if s % TP.size:
+                raise ValueError(f"output size {s} does not divide by tensor-parallel size {TP.size}")
+        self.sizes = [s // TP.size for s in sizes]
+        self.weight = nn.Parameter(torch.empty(sum(self.sizes), in_features), requires_grad=False)
+
+    def load_shard(self, index: int, full: torch.Tensor) -> None:
+        n = self.sizes[index]
+        start = sum(self.sizes[:index])
+        self.weight[start:start + n].copy_(full.narrow(0, TP.rank * n, n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class RowParallelLinear(nn.Module):
+    """y = x W^T with W's input columns split over ranks; partial sums are all-reduced."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        if in_features % TP.size:
+            raise ValueError(f"input size {in_features} does not divide by tensor-parallel size {TP.size}")
+        self.in_per_rank = in_features // TP.size
+        self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank), requires_grad=False)
+
+    def load_shard(self, index: int, full: torch.Tensor) -> None:
+        self.weight.copy_(full.narrow(1, TP.rank * self.in_per_rank, self.in_per_rank))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return TP.all_reduce(F.linear(x, self.weight))
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding rows split over ranks; each rank looks up its own range, the sum is all-reduced."""
+
+    def __init__(self, vocab: int, dim: int):
+        super().__init__()
+        self.per_rank = math.ceil(vocab / TP.size)
+        self.start = TP.rank * self.per_rank
+        self.vocab = vocab
+        self.weight = nn.Parameter(torch.zeros(self.per_rank, dim), requires_grad=False)
+
+    def load_shard(self, index: int, full: torch.Tensor) -> None:
+        n = min(self.per_rank, self.vocab - self.start)
+        self.weight[:n].copy_(full.narrow(0, self.start, n))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if TP.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        inside = (local >= 0) & (local < self.per_rank)
+        out = F.embedding(local.clamp(0, self.per_rank - 1), self.weight) * inside.unsqueeze(-1)
+        return TP.all_reduce(out)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """LM head over this rank's vocab rows, gathered into the full vocabulary."""
+        full = TP.all_gather_last_dim(F.linear(h, self.weight))
+        return full[..., : self.vocab]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+
+    def load_shard(self, index: int, full: torch.Tensor) -> None:
+        self.weight.copy_(full)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """norm(x + residual), returning the new residual too."""
+        residual = x + residual
+        return self.forward(residual), residual
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
+    factor, lo, hi = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    old_ctx = float(s["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_ctx / wavelen - lo) / (hi - lo)
+    scaled = torch.where(wavelen > old_ctx / lo, inv_freq / factor, inv_freq)
+    mid = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    is_mid = (wavelen <= old_ctx / lo) & (wavelen >= old_ctx / hi)
+    return torch.where(is_mid, mid, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Neox-style rotary embedding (rotate halves), as in HF Llama and Qwen3 checkpoints."""
+
+    def __init__(self, head_dim: int, max_pos: int, theta: float, scaling: dict[str, Any] | None):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        if scaling:
+            kind = scaling.get("rope_type", scaling.get("type"))
+            if kind != "llama3":
+                raise ValueError(f"unsupported rope scaling type {kind!r} (supported: llama3)")
+            inv_freq = _llama3_inv_freq(inv_freq, scaling)
+        t = torch.arange(max_pos, dtype=torch.float64)
+        freqs = torch.outer(t, inv_freq)
+        self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1).float(), persistent=False)
+
+    def forward(self, pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.cos_sin[pos].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2]
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)

@@ -1,0 +1,129 @@
+"""Model hyper-parameters, read from a Hugging Face config.json, GGUF metadata, or a named preset."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    architecture: str  # HF `architectures[0]`, the model registry key
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 4096
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    name: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.architecture == "Qwen3ForCausalLM"
+
+    def kv_bytes_per_token(self, dtype_bytes: int, tp_size: int = 1) -> int:
+        return 2 * self.num_layers * (self.num_kv_heads // tp_size) * self.head_dim * dtype_bytes
+
+    @staticmethod
+    def from_hf_dict(d: dict[str, Any], name: str = "") -> "ModelConfig":
+        archs = d.get("architectures") or []
+        if not archs:
+            raise ValueError(f"config of {name or 'model'} has no 'architectures' entry")
+        heads = int(d["num_attention_heads"])
+        eos = d.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        rope_scaling = d.get("rope_scaling")
+        rope_theta = d.get("rope_theta")
+        if rope_theta is None and isinstance(d.get("rope_parameters"), dict):  # transformers 5 layout
+            rope_theta = d["rope_parameters"].get("rope_theta")
+            if d["rope_parameters"].get("rope_type", "default") != "default":
+                rope_scaling = d["rope_parameters"]
+        return ModelConfig(
+            architecture=archs[0],
+            vocab_size=int(d["vocab_size"]),
+            hidden_size=int(d["hidden_size"]),
+            intermediate_size=int(d["intermediate_size"]),
+            num_layers=int(d["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=int(d.get("head_dim") or d["hidden_size"] // heads),
+            rope_theta=float(rope_theta or 10000.0),
+            rope_scaling=rope_scaling if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) not in (None, "default") else None,
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
+            eos_token_ids=eos_ids,
+            bos_token_id=d.get("bos_token_id"),
+            name=name,
+        )
+
+    @staticmethod
+    def from_json_file(path: Path) -> "ModelConfig":
+        try:
+            d = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from e
+        try:
+            return ModelConfig.from_hf_dict(d, name=path.parent.name)
+        except KeyError as e:
+            raise ValueError(f"{path} lacks the field {e.args[0]!r}") from e
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A transformers config dict for the same model (used to build the reference model in tests)."""
+        mt = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}[self.architecture]
+        d: dict[str, Any] = dict(
+            architectures=[self.architecture], model_type=mt, vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim, rope_theta=self.rope_theta,
+            rms_norm_eps=self.rms_norm_eps, tie_word_embeddings=self.tie_word_embeddings,
+            max_position_embeddings=self.max_position_embeddings, hidden_act="silu",
+            attention_bias=False, mlp_bias=False,
+        )
+        if self.rope_scaling:
+            d["rope_scaling"] = dict(self.rope_scaling)
+        if self.eos_token_ids:
+            d["eos_token_id"] = list(self.eos_token_ids)
+        if self.bos_token_id is not None:
+            d["bos_token_id"] = self.bos_token_id
+        return d
+
+    def describe(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+
+# Real shapes for benchmarks with dummy weights (no download needed).
+PRESETS: dict[str, ModelConfig] = {
+    "Qwen3-0.6B": ModelConfig("Qwen3ForCausalLM", 151936, 1024, 3072, 28, 16, 8, 128, rope_theta=1e6,
+                              rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=40960,
+                              eos_token_ids=(151645,), name="Qwen3-0.6B"),
+    "Qwen3-32B": ModelConfig("Qwen3ForCausalLM", 151936, 5120, 25600, 64, 64, 8, 128, rope_theta=1e6,
+                             rms_norm_eps=1e-6, max_position_embeddings=40960, eos_token_ids=(151645,),
+                             name="Qwen3-32B"),
+    "Llama-3.1-8B": ModelConfig("LlamaForCausalLM", 128256, 4096, 14336, 32, 32, 8, 128, rope_theta=5e5,
+                                rope_scaling=_LLAMA3_ROPE, max_position_embeddings=131072,
+                                eos_token_ids=(128001, 128008, 128009), bos_token_id=128000,
+                                name="Llama-3.1-8B"),
+    "SmolLM2-135M": ModelConfig("LlamaForCausalLM", 49152, 576, 1536, 30, 9, 3, 64, rope_theta=100000.0,
+                                tie_word_embeddings=True, max_position_embeddings=8192, eos_token_ids=(2,),
+                                bos_token_id=1, name="SmolLM2-135M"),
+    # Tiny configs for fast unit tests.
+    "tiny-llama": ModelConfig("LlamaForCausalLM", 512, 64, 128, 2, 4, 2, 16, rope_theta=10000.0,
+                              max_position_embeddings=2048, name="tiny-llama"),
+    "tiny-qwen3": ModelConfig("Qwen3ForCausalLM", 512, 64, 128, 2, 4, 2, 16, rope_theta=1e6,
+                              rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=2048,
+                              name="tiny-qwen3"),
+}

@@ -1,0 +1,19 @@
+"""Model registry keyed by the Hugging Face `architectures` name."""
+from __future__ import annotations
+
+from torch import nn
+
+from engine.model_config import ModelConfig
+from engine.models.llama import LlamaForCausalLM, Qwen3ForCausalLM
+
+MODELS: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+}
+
+
+def create_model(cfg: ModelConfig) -> LlamaForCausalLM:
+    cls = MODELS.get(cfg.architecture)
+    if cls is None:
+        raise ValueError(f"unsupported architecture {cfg.architecture!r}; supported: {', '.join(MODELS)}")
+    return cls(cfg)  # type: ignore[return-value]

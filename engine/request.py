@@ -1,0 +1,70 @@
+"""A request's life in the engine: its tokens, its KV pages, and why it finished."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.sampling_params import SamplingParams
+from kvcache.radix import Node
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False, slots=True)
+class Req:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    eos_ids: frozenset[int] = frozenset()
+    output_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    error: str | None = None
+    # KV state. Positions [0, device_len) have K/V written (or scheduled to be, under overlap);
+    # [0, cached_len) came from the radix cache and belong to the tree node `prefix_node`.
+    pages: list[int] = field(default_factory=list)
+    cached_len: int = 0
+    device_len: int = 0
+    prefix_node: Node | None = None
+    slot: int = -1  # row in the runner's per-request device tables
+    num_preemptions: int = 0
+    rng: torch.Generator | None = None  # per-request generator when params.seed is set
+    cache_hit_tokens: int = 0  # prompt tokens served from the radix cache at first admission
+    # timing (time.perf_counter seconds)
+    arrival: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def max_device_len(self) -> int:
+        """KV is never needed for the last token a request may emit."""
+        return len(self.prompt_ids) + self.params.max_tokens - 1
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def check_token_finish(self, token: int) -> str | None:
+        """Token-level stop conditions; stop strings are checked on text by the front layer."""
+        if not self.params.ignore_eos and token in self.eos_ids:
+            return "stop"
+        if token in self.params.stop_token_ids:
+            return "stop"
+        if len(self.output_ids) >= self.params.max_tokens:
+            return "length"
+        return None

@@ -1,0 +1,100 @@
+"""Model runner: turns a scheduled Batch into device tensors, runs the model, samples the next tokens."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from engine.distributed import TP
+from engine.models.llama import LlamaForCausalLM
+from engine.sampler import Sampler
+from engine.scheduler import Batch
+from kernels.attention import AttnMeta, create_backend
+from kvcache.pool import KVPool
+
+
+@dataclass(slots=True)
+class StepOutput:
+    tokens: torch.Tensor  # [n_sampled] on the CPU (pinned on CUDA), valid once `ready` has completed
+    ready: torch.cuda.Event | None
+
+    def wait(self) -> list[int]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.tokens.tolist()
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, pool: KVPool, backend_name: str, device: torch.device,
+                 max_slots: int, cuda_graph_max_bs: int = 0):
+        cfg = model.cfg
+        self.model, self.pool, self.device = model, pool, device
+        self.backend = create_backend(backend_name, pool, cfg.num_heads // TP.size, cfg.num_kv_heads // TP.size,
+                                      cfg.head_dim, device)
+        self.sampler = Sampler(cfg.vocab_size, max_slots, device)
+        # Last sampled token per request slot: decode reads its input here, so under overlap scheduling the
+        # CPU never has to wait for step N's tokens before launching step N+1.
+        self.next_tokens = torch.zeros(max_slots, dtype=torch.int64, device=device)
+        self.keep_logits = False  # tests read self.last_logits
+        self.last_logits: torch.Tensor | None = None
+        self.graphs = None
+        if device.type == "cuda" and cuda_graph_max_bs > 0:
+            from engine.cuda_graph import DecodeGraphs
+            self.graphs = DecodeGraphs(self, cuda_graph_max_bs)
+
+    def _slots(self, pages: list[int], start: int, n: int) -> torch.Tensor:
+        ps = self.pool.page_size
+        pos = torch.arange(start, start + n)
+        return torch.tensor(pages, dtype=torch.int64)[pos // ps] * ps + pos % ps
+
+    def prepare(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, AttnMeta]:
+        dev, ps = self.device, self.pool.page_size
+        kv_lens = [s + n for s, n in zip(batch.starts, batch.q_lens)]
+        tables = [r.pages[: -(-kv // ps)] for r, kv in zip(batch.reqs, kv_lens)]
+        if batch.is_decode:
+            starts = torch.tensor(batch.starts, dtype=torch.int64)
+            pages = torch.tensor([t[s // ps] for t, s in zip(tables, batch.starts)], dtype=torch.int64)
+            out = pages * ps + starts % ps
+            slot_idx = torch.tensor([r.slot for r in batch.reqs], dtype=torch.int64).to(dev, non_blocking=True)
+            ids = self.next_tokens[slot_idx]
+            pos = starts.to(dev, non_blocking=True)
+        else:
+            out = torch.cat([self._slots(r.pages, s, n) for r, s, n in zip(batch.reqs, batch.starts, batch.q_lens)])
+            ids = torch.tensor([t for r, s, n in zip(batch.reqs, batch.starts, batch.q_lens)
+                                for t in r.all_ids[s:s + n]], dtype=torch.int64).to(dev, non_blocking=True)
+            pos = torch.cat([torch.arange(s, s + n) for s, n in zip(batch.starts, batch.q_lens)]).to(dev)
+        meta = AttnMeta(batch.is_decode, batch.q_lens, kv_lens, tables, out.to(dev, non_blocking=True))
+        return ids, pos, meta
+
+    @torch.inference_mode()
+    def run(self, batch: Batch) -> StepOutput:
+        ids, pos, meta = self.prepare(batch)
+        last = torch.tensor(batch.q_lens).cumsum(0) - 1
+        sample_rows = [i for i, s in enumerate(batch.sample) if s]
+        if self.graphs is not None and self.graphs.can_run(batch):
+            hidden = self.graphs.run(ids, pos, meta)
+        else:
+            self.backend.plan(meta)
+            hidden = self.model(ids, pos, self.backend)
+        sampled = [batch.reqs[i] for i in sample_rows]
+        if not sampled:
+            return StepOutput(torch.empty(0, dtype=torch.int64), None)
+        h = hidden[last[sample_rows].to(self.device)] if batch.num_tokens != len(sample_rows) else hidden
+        logits = self.model.logits(h)
+        if self.keep_logits:
+            self.last_logits = logits
+        for r in sampled:
+            if not batch.is_decode:
+                self.sampler.start(r)  # (re)build penalty state from the full token history
+        tokens = self.sampler.sample(logits, sampled)
+        if TP.size > 1:  # every rank must continue with rank 0's token, whatever its own RNG drew
+            dist.broadcast(tokens, src=0)
+        self.next_tokens[torch.tensor([r.slot for r in sampled], device=self.device)] = tokens
+        if self.device.type == "cuda":
+            cpu = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            cpu.copy_(tokens, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+            return StepOutput(cpu, ready)
+        return StepOutput(tokens, None)

@@ -1,0 +1,96 @@
+"""Batched sampling on the device: penalties, temperature, top-k / top-p / min-p, per-request seeds."""
+from __future__ import annotations
+
+import torch
+
+from engine.request import Req
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, max_slots: int, device: torch.device):
+        self.vocab, self.max_slots, self.device = vocab_size, max_slots, device
+        self.seen: torch.Tensor | None = None  # [slots, V] tokens in prompt or output (repetition penalty)
+        self.counts: torch.Tensor | None = None  # [slots, V] output token counts (presence/frequency)
+
+    # ---- penalty state, only allocated once some request asks for a penalty ----------------------------
+    def start(self, req: Req) -> None:
+        if not req.params.has_penalties:
+            return
+        if self.seen is None:
+            self.seen = torch.zeros(self.max_slots, self.vocab, dtype=torch.bool, device=self.device)
+            self.counts = torch.zeros(self.max_slots, self.vocab, dtype=torch.int32, device=self.device)
+        assert self.counts is not None
+        self.seen[req.slot].zero_()
+        self.counts[req.slot].zero_()
+        self.seen[req.slot, torch.tensor(req.all_ids, device=self.device)] = True
+        if req.output_ids:
+            out = torch.tensor(req.output_ids, device=self.device)
+            self.counts[req.slot].index_add_(0, out, torch.ones_like(out, dtype=torch.int32))
+
+    def _penalize(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
+        rows = [i for i, r in enumerate(reqs) if r.params.has_penalties]
+        if not rows or self.seen is None or self.counts is None:
+            return logits
+        idx = torch.tensor(rows, device=self.device)
+        slots = torch.tensor([reqs[i].slot for i in rows], device=self.device)
+        p = [reqs[i].params for i in rows]
+        rep = torch.tensor([x.repetition_penalty for x in p], device=self.device)[:, None]
+        freq = torch.tensor([x.frequency_penalty for x in p], device=self.device)[:, None]
+        pres = torch.tensor([x.presence_penalty for x in p], device=self.device)[:, None]
+        sub, seen, cnt = logits[idx], self.seen[slots], self.counts[slots].float()
+        sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+        sub = sub - freq * cnt - pres * (cnt > 0).float()
+        logits = logits.clone()
+        logits[idx] = sub
+        return logits
+
+    def _record(self, tokens: torch.Tensor, reqs: list[Req]) -> None:
+        if self.seen is None or self.counts is None:
+            return
+        rows = [i for i, r in enumerate(reqs) if r.params.has_penalties]
+        if rows:
+            slots = torch.tensor([reqs[i].slot for i in rows], device=self.device)
+            toks = tokens[torch.tensor(rows, device=self.device)]
+            self.seen[slots, toks] = True
+            self.counts[slots, toks] += 1
+
+    # ---- sampling -----------------------------------------------------------------------------------
+    def sample(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
+        """logits: [B, V] float32 (one row per request). Returns [B] int64 token ids on the device."""
+        logits = self._penalize(logits, reqs)
+        params = [r.params for r in reqs]
+        greedy = torch.tensor([p.greedy for p in params], device=self.device)
+        if all(p.greedy for p in params):
+            tokens = logits.argmax(-1)
+        else:
+            temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=self.device)
+            probs = torch.softmax(logits / temps[:, None], dim=-1)
+            if any(p.top_k > 1 or p.top_p < 1 or p.min_p > 0 for p in params):
+                probs = self._filter(probs, params)
+            noise = torch.empty_like(probs).exponential_()
+            for i, r in enumerate(reqs):  # seeded requests draw from their own generator: batch-independent
+                if r.params.seed is not None and not r.params.greedy:
+                    noise[i].exponential_(generator=self._generator(r))
+            # argmax(p / Exp(1)) is a draw from p (the exponential race); no renormalisation needed.
+            tokens = torch.where(greedy, logits.argmax(-1), (probs / noise).argmax(-1))
+        self._record(tokens, reqs)
+        return tokens
+
+    def _generator(self, req: Req) -> torch.Generator:
+        if req.rng is None:
+            req.rng = torch.Generator(device=self.device)
+            req.rng.manual_seed(int(req.params.seed))  # type: ignore[arg-type]
+        return req.rng
+
+    def _filter(self, probs: torch.Tensor, params: list) -> torch.Tensor:
+        top_k = torch.tensor([p.top_k if p.top_k > 0 else probs.shape[-1] for p in params], device=self.device)
+        top_p = torch.tensor([p.top_p for p in params], device=self.device)
+        min_p = torch.tensor([p.min_p for p in params], device=self.device)
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        rank = torch.arange(probs.shape[-1], device=self.device)[None, :]
+        drop = rank >= top_k[:, None]
+        drop |= (sorted_p.cumsum(-1) - sorted_p) > top_p[:, None]  # keep the smallest set reaching top_p
+        drop |= sorted_p < (min_p * sorted_p[:, :1])
+        drop[:, 0] = False
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        return torch.zeros_like(probs).scatter_(-1, order, sorted_p)

@@ -1,0 +1,122 @@
+"""Continuous batching: each step is a prefill batch (chunked under a token budget) or a decode batch."""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from engine.request import Req, Status
+from kvcache.manager import CacheManager
+
+
+@dataclass(slots=True)
+class Batch:
+    reqs: list[Req]
+    is_decode: bool
+    starts: list[int]  # first position fed this step, per request
+    q_lens: list[int]  # tokens fed this step, per request
+    sample: list[bool]  # does this step produce the request's next token?
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.q_lens)
+
+
+class Scheduler:
+    def __init__(self, cache: CacheManager, max_running: int, max_prefill_tokens: int):
+        self.cache = cache
+        self.max_running = max_running
+        self.max_prefill_tokens = max_prefill_tokens
+        self.waiting: deque[Req] = deque()
+        self.prefilling: list[Req] = []  # admitted, prompt not fully in the KV cache yet
+        self.running: list[Req] = []  # decoding, oldest first
+        self.free_slots = list(range(max_running - 1, -1, -1))
+        self.num_preemptions = 0
+
+    @property
+    def live(self) -> list[Req]:
+        return self.prefilling + self.running
+
+    def add(self, req: Req) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.running)
+
+    def schedule(self) -> Batch | None:
+        return self._prefill() or self._decode()
+
+    def _prefill(self) -> Batch | None:
+        budget = self.max_prefill_tokens
+        reqs, starts, lens, sample = [], [], [], []
+        candidates = list(self.prefilling)
+        while self.waiting and len(self.live) < self.max_running:
+            req = self.waiting[0]
+            if not self.cache.admit(req, headroom_pages=len(self.running)):
+                break
+            self.waiting.popleft()
+            req.status, req.slot = Status.RUNNING, self.free_slots.pop()
+            if req.num_preemptions == 0:
+                req.cache_hit_tokens = req.cached_len
+            self.prefilling.append(req)
+            candidates.append(req)
+            if sum(r.num_tokens - r.device_len for r in candidates) >= budget:
+                break
+        for req in candidates:
+            if budget <= 0:
+                break
+            n = min(req.num_tokens - req.device_len, budget)
+            reqs.append(req), starts.append(req.device_len), lens.append(n)
+            budget -= n
+            req.device_len += n
+            done = req.device_len == req.num_tokens
+            sample.append(done)
+            if done:
+                self.prefilling.remove(req)
+                self.running.append(req)
+        return Batch(reqs, False, starts, lens, sample) if reqs else None
+
+    def _decode(self) -> Batch | None:
+        batch: list[Req] = []
+        for req in list(self.running):
+            if req.status is not Status.RUNNING or req.device_len >= req.max_device_len:
+                continue
+            while not self.cache.grow(req, req.device_len + 1):
+                victim = self.running[-1]
+                self.preempt(victim)
+                if victim is req:
+                    break
+            if req.status is Status.RUNNING:
+                batch.append(req)
+        if not batch:
+            return None
+        starts = [r.device_len for r in batch]
+        for r in batch:
+            r.device_len += 1
+        return Batch(batch, True, starts, [1] * len(batch), [True] * len(batch))
+
+    def preempt(self, req: Req) -> None:
+        """Free a running request's pages and requeue it first; its tokens are kept and recomputed later."""
+        self.running.remove(req)
+        self._release(req)
+        req.status = Status.WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def finish(self, req: Req, reason: str, error: str | None = None) -> None:
+        if req.status is Status.FINISHED:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.prefilling:
+            self.prefilling.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        if req.slot >= 0:
+            self._release(req)
+        req.status, req.finish_reason, req.error = Status.FINISHED, reason, error
+
+    def _release(self, req: Req) -> None:
+        self.cache.release(req)
+        self.free_slots.append(req.slot)
+        req.slot = -1

@@ -1,0 +1,103 @@
+"""Tokenizer glue: text <-> ids, chat templates, and incremental detokenization that never splits UTF-8."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+Message = dict[str, str]
+
+
+class Tokenizer:
+    """A Hugging Face tokenizer with the few calls the engine needs."""
+
+    def __init__(self, hf: Any, extra_eos: tuple[int, ...] = ()):
+        self.hf = hf
+        eos = {hf.eos_token_id} if getattr(hf, "eos_token_id", None) is not None else set()
+        self.eos_ids = frozenset(eos | set(extra_eos))
+        self.has_chat_template = bool(getattr(hf, "chat_template", None))
+
+    @staticmethod
+    def from_hf_dir(path: Path, extra_eos: tuple[int, ...] = ()) -> "Tokenizer | None":
+        from transformers import AutoTokenizer
+
+        if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+            return None
+        return Tokenizer(AutoTokenizer.from_pretrained(str(path)), extra_eos)
+
+    @staticmethod
+    def from_gguf(path: Path, extra_eos: tuple[int, ...] = ()) -> "Tokenizer":
+        from transformers import AutoTokenizer
+
+        try:
+            hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        except Exception as e:
+            raise ValueError(f"cannot build a tokenizer from {path}: {e}") from e
+        return Tokenizer(hf, extra_eos)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(ids, skip_special_tokens=True)
+
+    def chat_prompt(self, messages: list[Message]) -> str:
+        if not messages:
+            raise ValueError("messages must not be empty")
+        for m in messages:
+            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") \
+                    or not isinstance(m.get("content"), str):
+                raise ValueError(f"each message needs a role (system/user/assistant) and string content; got {m!r}")
+        if not self.has_chat_template:
+            return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def encode_chat(self, messages: list[Message]) -> list[int]:
+        return list(self.hf.encode(self.chat_prompt(messages), add_special_tokens=False))
+
+
+class ByteTokenizer(Tokenizer):
+    """For dummy-weight models, which ship no tokenizer: ids 0-255 are UTF-8 bytes, others decode to nothing."""
+
+    def __init__(self) -> None:
+        self.hf = None
+        self.eos_ids = frozenset()
+        self.has_chat_template = False
+
+    @property
+    def vocab_size(self) -> int:
+        return 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode(errors="replace")
+
+    def encode_chat(self, messages: list[Message]) -> list[int]:
+        return self.encode(self.chat_prompt(messages))
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of ids into text deltas. A delta is emitted only once the decoded text no longer
+    ends in U+FFFD, so a multi-byte character split over tokens is never emitted broken."""
+
+    CONTEXT = 4  # prompt tokens decoded alongside, so a leading space or merge decodes as in the full text
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int]):
+        self.tok = tokenizer
+        self.ids = list(prompt_ids[-self.CONTEXT:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def add(self, token: int) -> str:
+        self.ids.append(token)
+        prefix = self.tok.decode(self.ids[self.prefix_offset:self.read_offset])
+        full = self.tok.decode(self.ids[self.prefix_offset:])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return full[len(prefix):]
+        return ""

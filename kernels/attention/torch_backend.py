@@ -1,0 +1,50 @@
+"""Reference attention over the paged pool in plain torch (CPU and GPU): gather each request's K/V, then SDPA."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.attention.base import AttentionBackend, AttnMeta
+
+
+class TorchBackend(AttentionBackend):
+    def plan(self, meta: AttnMeta) -> None:
+        self.meta = meta
+        ps, dev = self.pool.page_size, meta.out_slots.device
+        slots = []
+        for pages, kv_len in zip(meta.page_tables, meta.kv_lens):
+            p = torch.tensor(pages, dtype=torch.int64)
+            slots.append((p[:, None] * ps + torch.arange(ps)).flatten()[:kv_len])
+        if meta.is_decode:
+            # One padded gather for the whole batch: [B, max_kv] slots and a validity mask.
+            max_kv = max(meta.kv_lens)
+            idx = torch.zeros(len(slots), max_kv, dtype=torch.int64)
+            for i, s in enumerate(slots):
+                idx[i, : len(s)] = s
+            self.idx = idx.to(dev)
+            lens = torch.tensor(meta.kv_lens)
+            self.mask = (torch.arange(max_kv)[None, :] < lens[:, None]).to(dev)[:, None, None, :]
+        else:
+            self.slots = [s.to(dev) for s in slots]
+            self.masks = []
+            for q_len, kv_len in zip(meta.q_lens, meta.kv_lens):
+                qpos = torch.arange(kv_len - q_len, kv_len)
+                self.masks.append((torch.arange(kv_len)[None, :] <= qpos[:, None]).to(dev))
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.pool.store(layer, self.meta.out_slots, k, v)
+        kf = self.pool.k[layer].view(-1, self.num_kv_heads, self.head_dim)
+        vf = self.pool.v[layer].view(-1, self.num_kv_heads, self.head_dim)
+        if self.meta.is_decode:
+            ks, vs = kf[self.idx].transpose(1, 2), vf[self.idx].transpose(1, 2)  # [B, KVH, L, D]
+            o = F.scaled_dot_product_attention(q.unsqueeze(2), ks, vs, attn_mask=self.mask, scale=self.scale,
+                                               enable_gqa=True)
+            return o.squeeze(2)
+        outs, start = [], 0
+        for slots, mask, q_len in zip(self.slots, self.masks, self.meta.q_lens):
+            qi = q[start:start + q_len].transpose(0, 1).unsqueeze(0)
+            ki, vi = kf[slots].transpose(0, 1).unsqueeze(0), vf[slots].transpose(0, 1).unsqueeze(0)
+            o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=self.scale, enable_gqa=True)
+            outs.append(o[0].transpose(0, 1))
+            start += q_len
+        return torch.cat(outs)

@@ -1,0 +1,128 @@
+"""Cache manager: the radix prefix cache and the page allocator behind one small API for the scheduler."""
+from __future__ import annotations
+
+from typing import Protocol
+
+from kvcache.allocator import PageAllocator
+from kvcache.radix import Node, RadixCache
+
+
+class CacheUser(Protocol):
+    """What the manager needs of a request (engine.request.Req satisfies it)."""
+    pages: list[int]
+    cached_len: int
+    device_len: int
+    prefix_node: Node | None
+
+    @property
+    def all_ids(self) -> list[int]: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+
+class CacheManager:
+    def __init__(self, num_pages: int, page_size: int, use_radix: bool = True):
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.allocator = PageAllocator(num_pages)
+        self.radix = RadixCache(page_size) if use_radix else None
+
+    # ---- accounting -------------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return self.allocator.num_free
+
+    @property
+    def num_evictable(self) -> int:
+        return self.radix.evictable_pages if self.radix else 0
+
+    @property
+    def num_available(self) -> int:
+        return self.num_free + self.num_evictable
+
+    @property
+    def num_in_use(self) -> int:
+        return self.num_pages - self.num_available
+
+    def pages_for(self, n_tokens: int) -> int:
+        return -(-n_tokens // self.page_size)
+
+    # ---- allocation -------------------------------------------------------------------------------
+    def _alloc(self, n: int) -> list[int] | None:
+        if n > self.allocator.num_free and self.radix is not None:
+            self.allocator.free(self.radix.evict(n - self.allocator.num_free))
+        return self.allocator.alloc(n)
+
+    def admit(self, req: CacheUser, headroom_pages: int = 0) -> bool:
+        """Match the longest cached prefix, lock it, and allocate pages for the rest of the known tokens.
+        Leaves `headroom_pages` available for running requests to grow; returns False (nothing held) if short."""
+        tokens = req.all_ids
+        node, pages = None, []
+        if self.radix is not None:
+            node, pages = self.radix.match(tokens[: len(tokens) - 1])  # at least one token must be computed
+            self.radix.lock(node)
+        need = self.pages_for(len(tokens)) - len(pages)
+        if need + headroom_pages > self.num_available or (new := self._alloc(need)) is None:
+            if node is not None and self.radix is not None:
+                self.radix.unlock(node)
+            return False
+        req.prefix_node = node
+        req.pages = pages + new
+        req.cached_len = req.device_len = len(pages) * self.page_size
+        return True
+
+    def grow(self, req: CacheUser, n_tokens: int) -> bool:
+        """Make sure pages cover positions [0, n_tokens)."""
+        need = self.pages_for(n_tokens) - len(req.pages)
+        if need <= 0:
+            return True
+        new = self._alloc(need)
+        if new is None:
+            return False
+        req.pages += new
+        return True
+
+    def release(self, req: CacheUser) -> None:
+        """Give back a request's pages: whole pages of computed KV go into the radix tree, the rest are freed."""
+        ps = self.page_size
+        own_from = req.cached_len // ps
+        to_free = req.pages[own_from:]
+        if self.radix is not None:
+            kv_valid = min(req.device_len, req.num_tokens) // ps * ps
+            n_pages = kv_valid // ps
+            if n_pages > own_from:
+                already = self.radix.insert(req.all_ids[:kv_valid], req.pages[:n_pages]) // ps
+                # Pages the tree already had (inserted meanwhile by a twin request) are ours to free.
+                to_free = req.pages[own_from:max(already, own_from)] + req.pages[n_pages:]
+            if req.prefix_node is not None:
+                self.radix.unlock(req.prefix_node)
+        self.allocator.free(to_free)
+        req.pages, req.prefix_node, req.cached_len, req.device_len = [], None, 0, 0
+
+    # ---- invariants (tests call this after every step) ------------------------------------------------
+    def check(self, live: list[CacheUser]) -> None:
+        ps = self.page_size
+        free = self.allocator.free_set()
+        locked, evictable = self.radix.page_sets() if self.radix else ([], [])
+        private = [p for r in live for p in r.pages[r.cached_len // ps:]]
+        everything = list(free) + locked + evictable + private
+        assert len(everything) == self.num_pages == len(set(everything)), (
+            f"page accounting broken: free {len(free)} + locked {len(locked)} + evictable {len(evictable)} "
+            f"+ private {len(private)} != {self.num_pages} (or duplicates)")
+        assert len(evictable) == self.num_evictable, "evictable page counter out of sync"
+        assert self.num_free + self.num_evictable + self.num_in_use == self.num_pages
+        tree_pages = set(locked)
+        for r in live:
+            assert 0 <= r.cached_len <= r.device_len, (r.cached_len, r.device_len)
+            assert len(r.pages) * ps >= r.device_len, "KV written past a request's pages"
+            assert set(r.pages[: r.cached_len // ps]) <= tree_pages, "cached prefix pages not locked in the tree"
+        if self.radix is not None:
+            expected: dict[int, int] = {}
+            for r in live:
+                n = r.prefix_node
+                while n is not None and n is not self.radix.root:
+                    expected[id(n)] = expected.get(id(n), 0) + 1
+                    n = n.parent
+            for n in self.radix._nodes():
+                assert n.lock == expected.get(id(n), 0), f"radix lock {n.lock} != live users {expected.get(id(n), 0)}"

