@@ -1,0 +1,190 @@
+"""The Textual chat app. The engine runs in AsyncLLM's thread; this app only submits requests, consumes each
+RequestStream with `async for` on its own event loop, and reads metrics through AsyncLLM.call off the UI loop,
+so the UI never waits for a model step."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.widgets import Footer, Header, Markdown
+
+from engine.async_llm import AsyncLLM, EngineDeadError
+from engine.llm import RequestOutput
+from engine.metrics import EngineMetrics
+from minisgl_cli.tui.commands import HELP, CommandError, is_command, run_command
+from minisgl_cli.tui.session import ChatSession
+from minisgl_cli.tui.stats import TurnStats, engine_rows, turn_rows
+from minisgl_cli.tui.widgets import AssistantMessage, HistoryInput, MetricsPanel, NoteMessage, UserMessage
+
+
+def _table(rows: list[tuple[str, str]], head: tuple[str, str]) -> str:
+    lines = [f"| {head[0]} | {head[1]} |", "|---|---|"]
+    return "\n".join(lines + [f"| `{k}` | {v} |" if k.startswith("/") else f"| {k} | {v} |" for k, v in rows])
+
+
+class ChatApp(App):
+    TITLE = "minisgl chat"
+    CSS = """
+    #conversation { width: 1fr; padding: 0 1; }
+    #prompt { dock: bottom; margin: 0 0 1 0; }
+    """
+    BINDINGS = [
+        Binding("escape", "stop", "Stop"),
+        Binding("ctrl+n", "new_conversation", "New chat"),
+        Binding("f1", "help", "Help"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+    ]
+    METRICS_HZ = 4  # engine metrics poll while idle; during an answer they refresh with the panel
+    PANEL_INTERVAL = 0.05  # seconds between metrics-panel redraws while tokens stream in
+
+    def __init__(self, engine: AsyncLLM, session: ChatSession, info: dict[str, str] | None = None) -> None:
+        super().__init__()
+        self.engine, self.session = engine, session
+        info = info or engine.llm.describe()
+        self.sub_title = (f"{info['model']} · {info['device']} · {info['dtype']} · "
+                          f"attention {info['attention']} · TP {info['tp']}")
+        self.rid: str | None = None  # the request being generated, if any
+        self.turn = TurnStats()
+        self.last_metrics: EngineMetrics | None = None
+        self._polling = False
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal():
+            yield VerticalScroll(id="conversation")
+            yield MetricsPanel(id="metrics")
+        yield HistoryInput(id="prompt", placeholder="Message (Enter to send, /help for commands)")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#conversation", VerticalScroll).anchor()
+        self.query_one("#prompt").focus()
+        self.set_interval(1 / self.METRICS_HZ, self.refresh_metrics)
+        self.refresh_metrics()
+
+    @property
+    def generating(self) -> bool:
+        return self.rid is not None
+
+    # ---- input ------------------------------------------------------------------------------------------
+    async def on_input_submitted(self, event: HistoryInput.Submitted) -> None:
+        line = event.value.strip()
+        if not line:
+            return
+        box = self.query_one("#prompt", HistoryInput)
+        box.remember(line)
+        box.value = ""
+        if is_command(line):
+            await self.command(line)
+        elif self.generating:
+            self.notify("still answering: press Esc to stop it first", severity="warning")
+        else:
+            await self.send(line)
+
+    async def command(self, line: str) -> None:
+        try:
+            result = run_command(line, self.session)
+        except CommandError as e:
+            self.notify(str(e), title="command", severity="error")
+            return
+        if result.action == "reset":
+            await self.action_new_conversation()
+        elif result.action == "stats":
+            await self.note("**Last turn**\n\n" + _table(turn_rows(self.turn), ("", "")) + "\n\n**Engine**\n\n"
+                            + (_table(engine_rows(self.last_metrics), ("", "")) if self.last_metrics else "-"))
+        elif result.action == "help":
+            await self.action_help()
+        else:
+            self.notify(result.message)
+
+    async def note(self, markdown: str) -> None:
+        await self.query_one("#conversation").mount(NoteMessage(markdown))
+
+    # ---- one turn ---------------------------------------------------------------------------------------
+    async def send(self, text: str) -> None:
+        messages = self.session.messages(text)
+        try:
+            stream = self.engine.submit(messages, self.session.params(), loop=asyncio.get_running_loop())
+        except (ValueError, EngineDeadError) as e:
+            hint = " (try /reset or a smaller /max-tokens)" if isinstance(e, ValueError) and self.session.turns else ""
+            self.notify(f"{e}{hint}", title="cannot send", severity="error")
+            return
+        self.rid = stream.rid
+        pane = self.query_one("#conversation")
+        reply = AssistantMessage()
+        await pane.mount_all([UserMessage(text), reply])
+        self.query_one(MetricsPanel).new_turn()
+        self.generate(stream, text, reply)
+
+    @work(exclusive=True, group="generate")
+    async def generate(self, stream, text: str, reply: AssistantMessage) -> None:
+        md = Markdown.get_stream(reply)  # coalesces fragments when tokens arrive faster than Markdown renders
+        last: RequestOutput | None = None
+        try:
+            shown = 0.0
+            async for out in stream:
+                last = out
+                await md.write(out.delta_text)
+                if out.finished or time.monotonic() - shown >= self.PANEL_INTERVAL:
+                    shown = time.monotonic()
+                    self.turn = TurnStats.from_output(out)
+                    self.query_one(MetricsPanel).show_turn(self.turn)
+                    self.refresh_metrics()
+        except EngineDeadError as e:
+            self.notify(str(e), title="engine stopped", severity="error")
+        finally:
+            await md.stop()
+            self.rid = None
+        reason = last.finish_reason if last else "error"
+        if last is not None and last.token_ids and reason != "error":
+            self.session.commit(text, last.text)
+        if reason == "abort":
+            reply.add_class("-stopped")
+            self.notify("stopped")
+        elif reason == "error":
+            reply.add_class("-error")
+            self.notify(f"generation failed: {last.error if last else 'engine stopped'}", severity="error")
+        elif reason == "length":
+            self.notify(f"answer cut at {self.session.max_tokens} tokens (/max-tokens to change)")
+        self.refresh_metrics()
+
+    # ---- metrics ---------------------------------------------------------------------------------------
+    def refresh_metrics(self) -> None:
+        """Read EngineMetrics on the engine thread without blocking the UI loop; skip if a read is pending."""
+        if not self._polling and self.engine.alive:
+            self._polling = True
+            self.run_worker(self._read_metrics(), group="metrics")
+
+    async def _read_metrics(self) -> None:
+        try:
+            m = await asyncio.to_thread(self.engine.call, lambda llm: llm.metrics(), 5.0)
+        except Exception:  # a busy or stopped engine: try again at the next tick
+            return
+        finally:
+            self._polling = False
+        self.last_metrics = m
+        self.query_one(MetricsPanel).show_engine(m)
+
+    # ---- key bindings ----------------------------------------------------------------------------------
+    def action_stop(self) -> None:
+        if self.rid is not None:
+            self.engine.abort(self.rid)
+
+    async def action_new_conversation(self) -> None:
+        if self.rid is not None:  # drop the answer in flight: its worker must not add it to the new history
+            self.engine.abort(self.rid)
+            self.workers.cancel_group(self, "generate")
+            self.rid = None
+        self.session.reset()
+        await self.query_one("#conversation").remove_children()
+        self.notify("new conversation" + (f" (system: {self.session.system})" if self.session.system else ""))
+
+    async def action_help(self) -> None:
+        keys = [(self.get_key_display(b), b.description) for b in self.BINDINGS if isinstance(b, Binding)]
+        await self.note("**Keys**\n\n" + _table([("Enter", "send"), ("Up / Down", "input history")] + keys,
+                                                ("key", "action"))
+                        + "\n\n**Commands**\n\n" + _table(HELP, ("command", "what it does")))

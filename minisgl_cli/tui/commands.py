@@ -1,0 +1,78 @@
+"""Slash commands shared by the TUI and the plain mode: parse a line, apply it to the ChatSession, and say
+what the front end should do next. Bad input raises CommandError with a message meant for the user."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from minisgl_cli.tui.session import ChatSession
+
+HELP: list[tuple[str, str]] = [
+    ("/reset", "start a new conversation (keeps the system prompt)"),
+    ("/system <text>", "set the system prompt; /system alone clears it"),
+    ("/temp <x>", "sampling temperature, 0 = greedy"),
+    ("/max-tokens <n>", "longest answer in tokens"),
+    ("/stats", "engine metrics and the last turn's numbers"),
+    ("/help", "this help"),
+]
+
+Action = Literal["reset", "info", "stats", "help"]
+
+
+class CommandError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    action: Action
+    message: str = ""
+
+
+def is_command(line: str) -> bool:
+    return line.lstrip().startswith("/")
+
+
+def run_command(line: str, session: ChatSession) -> CommandResult:
+    name, _, arg = line.strip().partition(" ")
+    arg = arg.strip()
+    if name == "/reset":
+        session.reset()
+        return CommandResult("reset", "new conversation")
+    if name == "/system":
+        session.system = arg or None
+        return CommandResult("info", f"system prompt set: {arg}" if arg else "system prompt cleared")
+    if name == "/temp":
+        value = _number(name, arg, float, session.temperature)
+        _apply(session.set_temperature, value)
+        return CommandResult("info", f"temperature = {session.temperature:g}")
+    if name == "/max-tokens":
+        value = _number(name, arg, int, session.max_tokens)
+        _apply(session.set_max_tokens, value)
+        return CommandResult("info", f"max tokens = {session.max_tokens}")
+    if name == "/stats":
+        return CommandResult("stats")
+    if name == "/help":
+        return CommandResult("help")
+    raise CommandError(f"unknown command {name!r}; /help lists the commands")
+
+
+def _number(name: str, arg: str, kind: type, current: float) -> float:
+    if not arg:
+        raise CommandError(f"{name} needs a value, e.g. {name} {current:g} (now {current:g})")
+    try:
+        return kind(arg)
+    except ValueError:
+        raise CommandError(f"{name}: {arg!r} is not {'an integer' if kind is int else 'a number'}") from None
+
+
+def _apply(setter, value) -> None:
+    try:
+        setter(value)
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+
+
+def help_rows(bindings: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
+    """Commands (and the front end's key bindings, if any) as (key, what it does) rows."""
+    return list(bindings or []) + HELP

@@ -1,0 +1,240 @@
+"""The chat TUI driven through Textual's pilot against real engines: the embedded SmolLM2 for a real answer,
+the tiny random model elsewhere (fast, no EOS, so answers run to max_tokens)."""
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+import time
+
+import pytest
+from rich.console import Console
+
+from engine.async_llm import AsyncLLM
+from minisgl_cli.tui.app import ChatApp
+from minisgl_cli.tui.session import ChatSession
+from minisgl_cli.tui.widgets import AssistantMessage, HistoryInput, MetricsPanel, NoteMessage, UserMessage
+from tests.conftest import make_llm
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return make_llm("dummy:tiny-llama", num_pages=512)
+
+
+def run_app(llm, scenario, **session) -> ChatApp:
+    """Run `scenario(app, pilot)` inside a 120x40 headless app over a fresh AsyncLLM on `llm`."""
+    engine = AsyncLLM(llm)
+    app = ChatApp(engine, ChatSession(max_tokens_limit=llm.engine.max_model_len, **session))
+
+    async def main() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await scenario(app, pilot)
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert engine.error is None
+    return app
+
+
+async def wait_for(pilot, cond, timeout: float = 60.0, what: str = "condition") -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        await pilot.pause(0.02)
+
+
+async def send(pilot, text: str) -> None:
+    await pilot.click("#prompt")
+    await pilot.press(*text)
+    await pilot.press("enter")
+
+
+def panel_text(app: ChatApp, part: str) -> str:
+    console = Console(width=60, file=io.StringIO(), record=True)
+    console.print(app.query_one(MetricsPanel).query_one(f"#{part}").content)
+    return console.export_text()
+
+
+def errors(app: ChatApp) -> list[str]:
+    return [str(n.message) for n in app._notifications if n.severity == "error"]
+
+
+def test_real_model_streams_answer_and_reuses_prefix(smollm, monkeypatch):
+    appended: list[str] = []  # every fragment the reply widget was given, to show it grew while streaming
+    append = AssistantMessage.append
+    monkeypatch.setattr(AssistantMessage, "append", lambda self, md: (appended.append(md), append(self, md))[1])
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        assert "SmolLM2" in app.sub_title and "cpu" in app.sub_title and "TP 1" in app.sub_title
+        await send(pilot, "What is the capital of France?")
+        await wait_for(pilot, lambda: not app.generating, what="first answer")
+        reply = app.query_one(AssistantMessage)
+        first = reply.source
+        assert re.search(r"\bParis\b", first), first
+        assert len(re.findall(r"[A-Za-z]{2,}", first)) >= 3, first
+        assert app.turn.finish_reason == "stop" and app.turn.ttft and app.turn.ttft > 0
+        assert app.session.history == [{"role": "user", "content": "What is the capital of France?"},
+                                       {"role": "assistant", "content": first}]
+        assert re.search(r"TTFT\s+\d+\.\d ms", panel_text(app, "turn"))
+
+        # Second turn: its prompt starts with the whole first turn, which the radix cache holds.
+        first_prompt = app.turn.prompt_tokens
+        await send(pilot, "And of Germany?")
+        await wait_for(pilot, lambda: not app.generating, what="second answer")
+        assert len(app.query(AssistantMessage)) == 2 and len(app.session.history) == 4
+        assert app.turn.cache_hit_tokens >= first_prompt - app.engine.llm.engine.cache.page_size
+        assert app.turn.cache_hit_tokens > 0
+        assert re.search(rf"cache hit\s+{app.turn.cache_hit_tokens} tokens", panel_text(app, "turn"))
+
+    run_app(smollm, scenario, temperature=0.0, max_tokens=48)
+    # The first answer arrived in pieces, not as one block at the end.
+    first_answer_parts = appended[:appended.index(next(p for p in appended if "Paris" in p)) + 1]
+    assert len(first_answer_parts) >= 3, appended
+
+
+def test_metrics_panel_updates_during_generation(tiny):
+    async def scenario(app: ChatApp, pilot) -> None:
+        await wait_for(pilot, lambda: app.last_metrics is not None, what="first metrics read")
+        assert app.last_metrics.kv_pages_in_use == 0 and re.search(r"running\s+0", panel_text(app, "sched"))
+        await send(pilot, "hello there")
+        await wait_for(pilot, lambda: app.last_metrics.kv_pages_in_use > 0 and app.turn.output_tokens > 40,
+                       what="pages in use")
+        assert app.generating and app.last_metrics.running == 1
+        kv = panel_text(app, "kv")
+        assert re.search(rf"█ in use\s+{app.last_metrics.kv_pages_in_use}\b", kv), kv
+        usage = app.last_metrics.kv_usage * 100
+        assert float(re.search(r"(\d+\.\d+)% in use", kv).group(1)) == pytest.approx(usage, abs=0.01) and usage > 0
+        assert re.search(r"running\s+1", panel_text(app, "sched"))
+        turn = app.turn
+        assert turn.ttft > 0 and turn.decode_tps > 0 and len(turn.itls) == turn.output_tokens - 1
+        assert re.search(r"TTFT\s+\d+\.\d ms", panel_text(app, "turn"))
+        assert re.search(r"decode\s+\d+\.\d tok/s", panel_text(app, "turn"))
+        assert re.search(r"p50 / p90\s+\d+\.\d / \d+\.\d ms", panel_text(app, "tbt"))
+        panel = app.query_one(MetricsPanel)
+        assert len(panel.tbt_ms) == min(MetricsPanel.WINDOW, len(turn.itls))
+        assert app.query_one("#tbt-spark").data == list(panel.tbt_ms)
+
+        await pilot.press("escape")
+        # Once idle the pages the answer used are cached (evictable), none in use.
+        await wait_for(pilot, lambda: not app.generating and app.last_metrics.running == 0
+                       and app.last_metrics.kv_pages_in_use == 0 and app.last_metrics.kv_pages_cached > 0,
+                       what="idle metrics")
+        assert re.search(r"in use\s+0\b", panel_text(app, "kv")) and re.search(r"running\s+0", panel_text(app, "sched"))
+
+    run_app(tiny, scenario, max_tokens=1500)
+
+
+def test_second_turn_reports_cache_hits(tiny):
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "first question")
+        await wait_for(pilot, lambda: not app.generating, what="first answer")
+        assert app.turn.cache_hit_tokens == 0
+        await send(pilot, "second question")
+        await wait_for(pilot, lambda: not app.generating, what="second answer")
+        # The byte-level template repeats "system: ...\nuser: first question\nassistant:" (> 2 pages).
+        assert app.turn.cache_hit_tokens >= 32
+        assert re.search(rf"cache hit\s+{app.turn.cache_hit_tokens} tokens", panel_text(app, "turn"))
+
+    run_app(tiny, scenario, system="You are terse.", max_tokens=8)
+
+
+def test_stop_aborts_and_frees_pages(tiny):
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "tell me a long story")
+        await wait_for(pilot, lambda: app.turn.output_tokens >= 5, what="first tokens")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.generating, what="abort")
+        assert app.turn.finish_reason == "abort" and app.turn.output_tokens < 2000
+        assert app.query_one(AssistantMessage).has_class("-stopped")
+        assert len(app.session.history) == 2  # the partial answer stays in the conversation
+        await wait_for(pilot, lambda: app.last_metrics.running == 0 and app.last_metrics.kv_pages_in_use == 0,
+                       what="pages back")
+        m = app.engine.call(lambda llm: (llm.engine.check(), llm.metrics())[1])
+        assert m.kv_pages_in_use == 0 and m.kv_pages_free + m.kv_pages_cached == m.kv_pages_total
+
+    run_app(tiny, scenario, max_tokens=2000)
+
+
+def test_reset_and_new_conversation_clear_history(tiny):
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: not app.generating, what="answer")
+        assert len(app.session.history) == 2 and app.query(UserMessage)
+        await send(pilot, "/reset")
+        await pilot.pause()
+        assert app.session.history == [] and not app.query(UserMessage) and not app.query(AssistantMessage)
+
+        # Ctrl+N mid-answer: the request is aborted and its partial answer does not leak into the new history.
+        await send(pilot, "hi again")
+        await wait_for(pilot, lambda: app.turn.output_tokens >= 2, what="tokens")
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert not app.generating and app.session.history == [] and not app.query(AssistantMessage)
+        await wait_for(pilot, lambda: app.last_metrics.running == 0 and app.last_metrics.kv_pages_in_use == 0,
+                       what="pages back")
+        await send(pilot, "fresh start")
+        await wait_for(pilot, lambda: not app.generating, what="answer")
+        assert [m["content"] for m in app.session.history if m["role"] == "user"] == ["fresh start"]
+
+    run_app(tiny, scenario, max_tokens=1500)
+
+
+def test_slash_commands_and_bad_values(tiny):
+    async def scenario(app: ChatApp, pilot) -> None:
+        bad = {"/temp abc": "not a number", "/temp 5": "temperature must be", "/temp": "needs a value",
+               "/max-tokens 0": "max_tokens must be >= 1", "/max-tokens 2.5": "not an integer",
+               "/max-tokens 4096": "context of 2048", "/nope": "/help lists"}
+        for line, why in bad.items():
+            await send(pilot, line)
+            await pilot.pause()
+            assert errors(app) and why in errors(app)[-1], (line, errors(app))
+        assert app.session.temperature == 0.7 and app.session.max_tokens == 16 and app.is_running
+
+        await send(pilot, "/temp 0")
+        await send(pilot, "/max-tokens 6")
+        await send(pilot, "/system answer in French")
+        await pilot.pause()
+        assert (app.session.temperature, app.session.max_tokens, app.session.system) == (0, 6, "answer in French")
+        infos = [str(n.message) for n in app._notifications if n.severity == "information"]
+        assert infos[-3:] == ["temperature = 0", "max tokens = 6", "system prompt set: answer in French"]
+
+        await send(pilot, "/help")
+        await send(pilot, "/stats")
+        await pilot.pause()
+        help_note, stats_note = [n.source for n in app.query(NoteMessage)]
+        assert "/max-tokens" in help_note and "New chat" in help_note
+        assert "KV pages" in stats_note and "TTFT" in stats_note
+
+        # A prompt that cannot fit the context is refused with a notification; the app keeps going.
+        await send(pilot, "/max-tokens 2040")
+        await send(pilot, "x" * 40)
+        await pilot.pause()
+        assert not app.generating and "context" in errors(app)[-1]
+        await send(pilot, "/max-tokens 6")
+        await send(pilot, "ok")
+        await wait_for(pilot, lambda: not app.generating and app.turn.output_tokens == 6, what="answer")
+        assert app.session.history[0]["content"] == "ok"
+
+    run_app(tiny, scenario, max_tokens=16)
+
+
+def test_input_history_recall(tiny):
+    async def scenario(app: ChatApp, pilot) -> None:
+        box = app.query_one(HistoryInput)
+        for line in ("/temp 0.5", "/temp 0.25"):
+            await send(pilot, line)
+        await pilot.press("u", "p")
+        await pilot.press("up")
+        assert box.value == "/temp 0.25"
+        await pilot.press("up", "up")
+        assert box.value == "/temp 0.5"
+        await pilot.press("down", "down")
+        assert box.value == "up"  # back to the draft
+        await pilot.press("up", "enter")
+        await pilot.pause()
+        assert app.session.temperature == 0.25
+
+    run_app(tiny, scenario)
