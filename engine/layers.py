@@ -83,7 +83,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
 
     def load_shard(self, index: int, full: torch.Tensor) -> None:
-        self.weight.copy_(full)
+        self.weight.copy_(full.narrow(0, 0, full.shape[0]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype

@@ -90,7 +90,7 @@ class Sampler:
         rank = torch.arange(probs.shape[-1], device=self.device)[None, :]
         drop = rank >= top_k[:, None]
         drop |= (sorted_p.cumsum(-1) - sorted_p) > top_p[:, None]  # keep the smallest set reaching top_p
-        drop |= sorted_p < (min_p * sorted_p[:, :1])
+        drop |= sorted_p < (min_p[:, None] * sorted_p[:, :1])
         drop[:, 0] = False
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         return torch.zeros_like(probs).scatter_(-1, order, sorted_p)

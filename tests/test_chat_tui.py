@@ -52,10 +52,14 @@ async def send(pilot, text: str) -> None:
     await pilot.press("enter")
 
 
-def panel_text(app: ChatApp, part: str) -> str:
-    console = Console(width=60, file=io.StringIO(), record=True)
-    console.print(app.query_one(MetricsPanel).query_one(f"#{part}").content)
+def rendered(renderable) -> str:
+    console = Console(width=100, file=io.StringIO(), record=True)
+    console.print(renderable)
     return console.export_text()
+
+
+def panel_text(app: ChatApp, part: str) -> str:
+    return rendered(app.query_one(MetricsPanel).query_one(f"#{part}").content)
 
 
 def errors(app: ChatApp) -> list[str]:
@@ -204,9 +208,11 @@ def test_slash_commands_and_bad_values(tiny):
         await send(pilot, "/help")
         await send(pilot, "/stats")
         await pilot.pause()
-        help_note, stats_note = [n.source for n in app.query(NoteMessage)]
-        assert "/max-tokens" in help_note and "New chat" in help_note
-        assert "KV pages" in stats_note and "TTFT" in stats_note
+        help_note, stats_note = [rendered(n.content) for n in app.query(NoteMessage)[-2:]]
+        assert "/max-tokens" in help_note and "New chat" in help_note and "esc" in help_note
+        m = app.last_metrics
+        assert f"KV pages  0 in use, {m.kv_pages_cached} cached, {m.kv_pages_free} free of 512" in stats_note
+        assert re.search(r"TTFT\s+-", stats_note), stats_note
 
         # A prompt that cannot fit the context is refused with a notification; the app keeps going.
         await send(pilot, "/max-tokens 2040")

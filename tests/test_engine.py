@@ -1,0 +1,173 @@
+"""Engine properties: same tokens under every scheduling/cache setting, exact page accounting, preemption."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.model_config import PRESETS
+from engine.sampling_params import SamplingParams
+from tests.conftest import make_llm
+from tests.hf_reference import hf_model_from_config, save_hf
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A tiny Llama with peaked (not near-flat) random weights, so greedy choices are not float ties."""
+    path = tmp_path_factory.mktemp("tiny") / "tiny-llama"
+    return str(save_hf(hf_model_from_config(PRESETS["tiny-llama"], seed=7), path))
+
+
+def prompts_with_shared_prefix(n: int = 8, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    system = [rng.randrange(512) for _ in range(40)]
+    out = []
+    for i in range(n):
+        tail = [rng.randrange(512) for _ in range(rng.randint(3, 70))]
+        out.append((system if i % 2 == 0 else []) + tail)
+    return out
+
+
+def run(model: str, prompts, params=GREEDY, **cfg):
+    llm = make_llm(model, **cfg)
+    outs = llm.generate(prompts, params)
+    return [o.token_ids for o in outs], llm
+
+
+def assert_all_pages_back(llm) -> None:
+    m = llm.metrics()
+    assert m.running == m.waiting == 0
+    assert m.kv_pages_in_use == 0, m
+    assert m.kv_pages_free + m.kv_pages_cached == m.kv_pages_total
+
+
+def test_same_tokens_across_settings(tiny_dir):
+    prompts = prompts_with_shared_prefix()
+    base, llm = run(tiny_dir, prompts)
+    assert_all_pages_back(llm)
+    variants = {
+        "chunked prefill 16": dict(max_prefill_tokens=16),
+        "no radix cache": dict(radix_cache=False),
+        "page size 1": dict(page_size=1),
+        "page size 1, chunk 7": dict(page_size=1, max_prefill_tokens=7),
+        "overlap scheduling": dict(overlap=True),
+        "batch of 2": dict(max_running_requests=2),
+    }
+    for name, cfg in variants.items():
+        tokens, llm = run(tiny_dir, prompts, **cfg)
+        assert tokens == base, name
+        assert_all_pages_back(llm)
+
+
+def test_sequential_runs_hit_the_radix_cache(tiny_dir):
+    llm = make_llm(tiny_dir, page_size=4)
+    prompts = prompts_with_shared_prefix()
+    first = llm.generate(prompts, GREEDY)
+    again = llm.generate(prompts, GREEDY)  # whole prompts are now cached (all but the last partial page)
+    assert [o.token_ids for o in again] == [o.token_ids for o in first]
+    for o in again:
+        assert o.cache_hit_tokens == (len(o.prompt_token_ids) - 1) // 4 * 4 > 0
+    assert llm.metrics().cache_hit_tokens >= sum(o.cache_hit_tokens for o in again)
+    assert_all_pages_back(llm)
+
+
+def test_shared_prefix_within_one_batch_hits_after_first_finishes(tiny_dir):
+    llm = make_llm(tiny_dir, page_size=4, max_running_requests=1)  # one at a time: later ones find the prefix
+    p = prompts_with_shared_prefix(4)
+    outs = llm.generate([p[0], p[2]], GREEDY)
+    assert outs[0].cache_hit_tokens == 0
+    assert outs[1].cache_hit_tokens == 40  # the shared 40-token system prefix, page aligned
+    assert_all_pages_back(llm)
+
+
+def test_no_radix_cache_reports_no_hits(tiny_dir):
+    llm = make_llm(tiny_dir, radix_cache=False)
+    prompts = prompts_with_shared_prefix()
+    llm.generate(prompts, GREEDY)
+    outs = llm.generate(prompts, GREEDY)
+    assert all(o.cache_hit_tokens == 0 for o in outs)
+    assert llm.metrics().kv_pages_cached == 0
+    assert_all_pages_back(llm)
+
+
+def test_preemption_under_a_tiny_pool_keeps_tokens(tiny_dir):
+    prompts = prompts_with_shared_prefix(8, seed=3)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    big, _ = run(tiny_dir, prompts, params)
+    small, llm = run(tiny_dir, prompts, params, page_size=4, num_pages=40)  # 160 tokens for 8 requests
+    assert llm.metrics().preemptions > 0
+    assert small == big
+    assert_all_pages_back(llm)
+
+
+def test_request_that_can_never_fit_is_rejected(tiny_dir):
+    llm = make_llm(tiny_dir, page_size=4, num_pages=10)
+    with pytest.raises(ValueError, match="KV cache capacity"):
+        llm.add_request(list(range(30)), SamplingParams(max_tokens=20))
+    with pytest.raises(ValueError, match="context length"):
+        make_llm(tiny_dir, max_model_len=32).add_request(list(range(30)), SamplingParams(max_tokens=5))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        llm.add_request([1, 2, 100000], SamplingParams())
+    with pytest.raises(ValueError, match="empty"):
+        llm.add_request([], SamplingParams())
+    out = llm.generate([list(range(10))], SamplingParams(max_tokens=5, temperature=0))[0]  # others proceed
+    assert len(out.token_ids) == 5
+
+
+def test_abort_returns_every_page(tiny_dir):
+    llm = make_llm(tiny_dir, page_size=4)
+    rids = [llm.add_request(p, SamplingParams(max_tokens=200, ignore_eos=True)) for p in prompts_with_shared_prefix()]
+    for _ in range(5):
+        llm.step()
+    assert llm.metrics().kv_pages_in_use > 0
+    for rid in rids[::2]:
+        llm.abort(rid)
+    finished = {}
+    while llm.has_work():
+        for o in llm.step():
+            if o.finished:
+                finished[o.rid] = o
+            if len(finished) == len(rids[::2]) and all(r in finished for r in rids[::2]):
+                for rid in rids[1::2]:
+                    llm.abort(rid)
+    assert all(finished[r].finish_reason == "abort" for r in rids)
+    assert_all_pages_back(llm)
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(tiny_dir):
+    prompts = prompts_with_shared_prefix(6)
+    params = [SamplingParams(max_tokens=20, temperature=0.9, top_p=0.9, seed=i) for i in range(6)]
+    together, _ = run(tiny_dir, prompts, params)
+    alone = [run(tiny_dir, [p], sp)[0][0] for p, sp in zip(prompts[:3], params[:3])]
+    assert together[:3] == alone
+    other_seed = run(tiny_dir, prompts[:1], SamplingParams(max_tokens=20, temperature=0.9, top_p=0.9, seed=99))[0][0]
+    assert other_seed != together[0]
+
+
+def test_top_k_1_and_tiny_top_p_are_greedy(tiny_dir):
+    prompts = prompts_with_shared_prefix(4)
+    greedy, _ = run(tiny_dir, prompts)
+    k1, _ = run(tiny_dir, prompts, SamplingParams(max_tokens=24, temperature=1.5, top_k=1, ignore_eos=True))
+    p0, _ = run(tiny_dir, prompts, SamplingParams(max_tokens=24, temperature=1.5, top_p=1e-6, ignore_eos=True))
+    assert k1 == greedy == p0
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(max_tokens=0),
+                                 dict(top_k=-2), dict(min_p=2), dict(repetition_penalty=0), dict(stop=[""])])
+def test_bad_sampling_params_are_named(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        SamplingParams(**bad)
+
+
+def test_stop_token_ids_and_max_tokens(tiny_dir):
+    base, _ = run(tiny_dir, prompts_with_shared_prefix(2))
+    stop_tok = base[0][5]
+    first = base[0].index(stop_tok)
+    tokens, _ = run(tiny_dir, prompts_with_shared_prefix(2)[:1],
+                    SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop_token_ids=[stop_tok]))
+    assert tokens[0] == base[0][: first + 1]
+    llm = make_llm(tiny_dir)
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=1, temperature=0))[0]
+    assert len(out.token_ids) == 1 and out.finish_reason == "length"

@@ -1,0 +1,100 @@
+"""Radix tree, allocator and cache manager: exact page accounting."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from kvcache.allocator import PageAllocator
+from kvcache.manager import CacheManager
+from kvcache.radix import RadixCache
+
+
+@dataclass(eq=False)
+class FakeReq:  # the manager's CacheUser protocol, nothing more
+    ids: list[int]
+    pages: list[int] = field(default_factory=list)
+    cached_len: int = 0
+    device_len: int = 0
+    prefix_node: object = None
+
+    @property
+    def all_ids(self):
+        return self.ids
+
+    @property
+    def num_tokens(self):
+        return len(self.ids)
+
+
+def test_allocator_rejects_double_free_and_overdraw():
+    a = PageAllocator(4)
+    pages = a.alloc(3)
+    assert a.alloc(2) is None and a.num_free == 1
+    a.free(pages)
+    with pytest.raises(RuntimeError, match="freed twice"):
+        a.free(pages[:1])
+
+
+def test_radix_match_insert_split_and_lru_evict():
+    r = RadixCache(page_size=2)
+    assert r.insert([1, 2, 3, 4, 5, 6], [10, 11, 12]) == 0
+    assert r.insert([1, 2, 3, 4, 7, 8], [20, 21, 22]) == 4  # shares two pages, splits the first node
+    node, pages = r.match([1, 2, 3, 4, 7, 8, 9])
+    assert pages == [10, 11, 22]
+    node2, pages2 = r.match([1, 2, 9, 9])
+    assert pages2 == [10]
+    assert r.evictable_pages == 4
+    r.lock(node)
+    assert r.evictable_pages == 1 and r.locked_pages == 3
+    assert r.evict(5) == [12]  # only the unlocked leaf can go
+    r.unlock(node)
+    assert sorted(r.evict(10)) == [10, 11, 22]  # leaves first, then the parent that became a leaf
+    assert r.evictable_pages == 0 and r.match([1, 2])[1] == []
+
+
+def test_radix_partial_page_is_never_matched():
+    r = RadixCache(page_size=4)
+    r.insert([1, 2, 3, 4], [0])
+    assert r.match([1, 2, 3])[1] == []
+    assert r.match([1, 2, 3, 4, 5])[1] == [0]
+
+
+def test_manager_accounting_through_admit_grow_release():
+    m = CacheManager(num_pages=8, page_size=4)
+    a = FakeReq(list(range(10)))
+    assert m.admit(a)
+    assert len(a.pages) == 3 and m.num_in_use == 3
+    a.device_len = 10
+    m.check([a])
+    assert m.grow(a, 13) and len(a.pages) == 4
+    a.device_len = 13
+    m.check([a])
+    # A twin with the same prefix shares the cached pages once `a` is released.
+    a_pages = list(a.pages)
+    m.release(a)
+    m.check([])
+    # KV is cached only for known tokens (10), in whole pages (8); the rest is freed.
+    assert m.num_in_use == 0 and m.num_evictable == 2 and m.num_free == 6
+    b = FakeReq(list(range(10)) + [99, 98])
+    assert m.admit(b)
+    assert b.cached_len == 8 and b.pages[:2] == a_pages[:2]
+    m.check([b])
+    # Running out: a request needing more than free + evictable is refused and holds nothing.
+    c = FakeReq(list(range(100, 140)))
+    assert not m.admit(c)
+    m.check([b])
+    m.release(b)
+    m.check([])
+    assert m.num_free + m.num_evictable == 8
+
+
+def test_manager_frees_duplicate_pages_of_a_twin():
+    m = CacheManager(num_pages=10, page_size=2)
+    x, y = FakeReq([1, 2, 3, 4, 5]), FakeReq([1, 2, 3, 4, 6])
+    assert m.admit(x) and m.admit(y)  # both miss: nothing cached yet
+    x.device_len = y.device_len = 5
+    m.release(x)
+    m.release(y)  # y's first two pages duplicate x's: freed, not leaked
+    m.check([])
+    assert m.num_evictable == 2 and m.num_free == 8

@@ -1,0 +1,341 @@
+"""`minisgl serve` end to end: a real uvicorn server on a loopback port, spoken to with the official openai client
+and raw httpx, checked against the in-process engine (LLM.generate with the same parameters)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.sampling_params import SamplingParams
+from tests.conftest import make_llm
+from tests.server_harness import LiveServer, live_server
+
+TINY = dict(max_running_requests=8, num_pages=256)  # dummy:tiny-llama: vocab 512, context 2048, byte tokenizer
+CHAT = [{"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Name three colors of the rainbow."}]
+COMPLETE = "The three primary colors are"
+# the real model's reference cases, each run alone in-process before the server takes the engine over
+SMOL_CASES = {
+    "complete": (COMPLETE, SamplingParams(temperature=0, max_tokens=20)),
+    "chat": (CHAT, SamplingParams(temperature=0, max_tokens=20)),
+    "sampled": ("Once upon a time", SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234, max_tokens=16,
+                                                   presence_penalty=0.5, frequency_penalty=0.3,
+                                                   repetition_penalty=1.1)),
+}
+
+
+@pytest.fixture(scope="module")
+def smol(smollm):
+    refs = {name: smollm.generate([prompt], params)[0] for name, (prompt, params) in SMOL_CASES.items()}
+    with live_server(smollm, model_name="smollm") as server:
+        yield server, refs
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    with live_server(make_llm(**TINY)) as server:
+        yield server
+
+
+def _stream_text(stream, chat: bool) -> tuple[str, list[str | None], list]:
+    """Joined text, every chunk's finish_reason, and the usage objects seen."""
+    text, reasons, usages = [], [], []
+    for chunk in stream:
+        if chunk.usage is not None:
+            usages.append(chunk.usage)
+        for c in chunk.choices:
+            text.append((c.delta.content or "") if chat else c.text)
+            reasons.append(c.finish_reason)
+    return "".join(text), reasons, usages
+
+
+def _families(server: LiveServer) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(f"{server.url}/metrics").text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+# ---- the real model: same text as the in-process engine ----------------------------------------------------------
+
+def test_completion_greedy_matches_engine_streaming_and_not(smol):
+    server, refs = smol
+    ref, client = refs["complete"], server.openai()
+    assert ref.text.strip() and ref.finish_reason == "length"
+    out = client.completions.create(model="smollm", prompt=COMPLETE, max_tokens=20, temperature=0)
+    assert out.choices[0].text == ref.text and out.choices[0].finish_reason == "length"
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == \
+        (len(ref.prompt_token_ids), len(ref.token_ids), len(ref.prompt_token_ids) + len(ref.token_ids))
+    assert out.usage.prompt_tokens == len(server.async_llm.llm.tokenizer.encode(COMPLETE))
+
+    stream = client.completions.create(model="smollm", prompt=COMPLETE, max_tokens=20, temperature=0, stream=True,
+                                       stream_options={"include_usage": True})
+    text, reasons, usages = _stream_text(stream, chat=False)
+    assert text == ref.text and reasons[-1] == "length" and set(reasons[:-1]) <= {None}
+    assert len(usages) == 1 and usages[0].completion_tokens == 20 and usages[0].prompt_tokens == len(ref.prompt_token_ids)
+
+
+def test_chat_greedy_matches_engine_streaming_and_not(smol):
+    server, refs = smol
+    ref, client = refs["chat"], server.openai()
+    assert ref.text.strip()
+    out = client.chat.completions.create(model="smollm", messages=CHAT, max_completion_tokens=20, temperature=0)
+    msg = out.choices[0].message
+    assert (msg.role, msg.content, out.choices[0].finish_reason) == ("assistant", ref.text, ref.finish_reason)
+    assert out.usage.prompt_tokens == len(server.async_llm.llm.encode(CHAT)) == len(ref.prompt_token_ids)
+    assert out.usage.completion_tokens == len(ref.token_ids)
+
+    chunks = list(client.chat.completions.create(model="smollm", messages=CHAT, max_tokens=20, temperature=0,
+                                                 stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.usage is None for c in chunks)  # no include_usage: no usage chunk
+    text, reasons, _ = _stream_text(chunks, chat=True)
+    assert text == ref.text and reasons[-1] == ref.finish_reason
+
+
+def test_stop_string_ends_the_text_before_it(smol):
+    server, refs = smol
+    ref = refs["complete"]
+    words = ref.text.split()
+    assert len(words) >= 3, ref.text
+    stop = words[2]
+    want = ref.text[:ref.text.index(stop)]
+    client = server.openai()
+    out = client.completions.create(model="smollm", prompt=COMPLETE, max_tokens=20, temperature=0, stop=[stop, "@@@"])
+    assert (out.choices[0].text, out.choices[0].finish_reason) == (want, "stop")
+    assert out.usage.completion_tokens < len(ref.token_ids)
+    text, reasons, _ = _stream_text(client.completions.create(model="smollm", prompt=COMPLETE, max_tokens=20,
+                                                              temperature=0, stop=stop, stream=True), chat=False)
+    assert (text, reasons[-1]) == (want, "stop")
+
+
+def test_seeded_sampling_with_penalties_matches_engine(smol):
+    server, refs = smol
+    ref = refs["sampled"]
+    kw = dict(model="smollm", prompt="Once upon a time", max_tokens=16, temperature=0.9, top_p=0.95, seed=1234,
+              presence_penalty=0.5, frequency_penalty=0.3, extra_body={"top_k": 50, "repetition_penalty": 1.1})
+    client = server.openai()
+    texts = [client.completions.create(**kw).choices[0].text for _ in range(2)]
+    assert texts == [ref.text, ref.text]
+    other = client.completions.create(**{**kw, "seed": 4321}).choices[0].text
+    assert other != ref.text  # the seed really reaches the sampler
+
+
+# ---- the tiny model: protocol, errors, admission, metrics ---------------------------------------------------------
+
+def test_models_health_and_token_id_prompts(tiny):
+    client = tiny.openai()
+    assert [m.id for m in client.models.list().data] == [tiny.model] == ["tiny-llama"]
+    assert httpx.get(f"{tiny.url}/health").status_code == 200
+    ids = [72, 101, 108, 108, 111, 300, 7, 511]
+    ref = make_llm(**TINY).generate([ids], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    out = client.completions.create(model=tiny.model, prompt=ids, max_tokens=12, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert (out.choices[0].text, out.choices[0].finish_reason) == (ref.text, "length")
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (8, 12)
+    one = client.completions.create(model=tiny.model, prompt=[ids], max_tokens=12, temperature=0)  # a list of one
+    assert one.choices[0].text == ref.text
+
+
+def _case(path, body, param, status=400, code=None):
+    return pytest.param(path, body, status, param, code, id=f"{path.rsplit('/', 1)[1]}-{str(body)[:60]}")
+
+
+C, CH = "/v1/completions", "/v1/chat/completions"
+MSG = [{"role": "user", "content": "hi"}]
+BAD = [
+    _case(C, {"prompt": 5}, "prompt", code="invalid_type"),
+    _case(C, {}, "prompt", code="missing"),
+    _case(C, {"prompt": ""}, "prompt"),
+    _case(C, {"prompt": []}, "prompt"),
+    _case(C, {"prompt": [1, 2, 512]}, "prompt"),  # vocab is 512
+    _case(C, {"prompt": [-1]}, "prompt"),
+    _case(C, {"prompt": [1, True]}, "prompt"),
+    _case(C, {"prompt": ["a", "b"]}, "prompt"),
+    _case(C, {"prompt": "x" * 2100}, "prompt", code="context_length_exceeded"),
+    _case(C, {"prompt": "hi", "max_tokens": 5000}, "prompt", code="context_length_exceeded"),
+    _case(C, {"prompt": "hi", "max_tokens": -1}, "max_tokens"),
+    _case(C, {"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    _case(C, {"prompt": "hi", "max_tokens": 2.5}, "max_tokens"),
+    _case(C, {"prompt": "hi", "max_tokens": "8"}, "max_tokens"),
+    _case(C, {"prompt": "hi", "temperature": "hot"}, "temperature"),
+    _case(C, {"prompt": "hi", "temperature": -0.5}, "temperature"),
+    _case(C, {"prompt": "hi", "top_p": 1.5}, "top_p"),
+    _case(C, {"prompt": "hi", "top_p": 0}, "top_p"),
+    _case(C, {"prompt": "hi", "top_k": -7}, "top_k"),
+    _case(C, {"prompt": "hi", "top_k": 2**64}, "top_k"),
+    _case(C, {"prompt": "hi", "min_p": 2}, "min_p"),
+    _case(C, {"prompt": "hi", "seed": 2**64}, "seed"),
+    _case(C, {"prompt": "hi", "seed": "x"}, "seed"),
+    _case(C, {"prompt": "hi", "stop": [""]}, "stop"),
+    _case(C, {"prompt": "hi", "stop": 3}, "stop"),
+    _case(C, {"prompt": "hi", "presence_penalty": 3}, "presence_penalty"),
+    _case(C, {"prompt": "hi", "frequency_penalty": -9}, "frequency_penalty"),
+    _case(C, {"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
+    _case(C, {"prompt": "hi", "n": 5}, "n", code="unsupported_parameter"),
+    _case(C, {"prompt": "hi", "echo": True}, "echo", code="unsupported_parameter"),
+    _case(C, {"prompt": "hi", "logprobs": 3}, "logprobs", code="unsupported_parameter"),
+    _case(C, {"prompt": "hi", "stream": "yes"}, "stream"),
+    _case(C, {"prompt": "hi", "stream_options": {"include_usage": 1}}, "stream_options"),
+    _case(C, {"prompt": "hi", "model": "gpt-4"}, "model", status=404, code="model_not_found"),
+    _case(CH, {"messages": []}, "messages"),
+    _case(CH, {"messages": "hi"}, "messages"),
+    _case(CH, {}, "messages", code="missing"),
+    _case(CH, {"messages": [{"role": "wizard", "content": "hi"}]}, "messages"),
+    _case(CH, {"messages": [{"content": "hi"}]}, "messages"),
+    _case(CH, {"messages": [{"role": "user", "content": 5}]}, "messages"),
+    _case(CH, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+          "messages"),
+    _case(CH, {"messages": MSG, "max_completion_tokens": 0}, "max_completion_tokens"),
+    _case(CH, {"messages": MSG, "max_tokens": 1e9}, "max_tokens"),
+    _case(CH, {"messages": MSG, "max_tokens": 10**9}, "messages", code="context_length_exceeded"),
+    _case(CH, {"messages": MSG, "n": 2}, "n"),
+    _case(CH, {"messages": MSG, "model": "nope", "stream": True}, "model", status=404),
+    _case(CH, {"messages": MSG, "logprobs": True}, "logprobs"),
+    _case(CH, {"messages": MSG, "temperature": None, "top_p": 7}, "top_p"),
+    _case(C, '{"prompt": "hi", ', None, code="json_invalid"),
+    _case(C, "[1, 2]", None),
+    _case(C, "", None),
+    _case(CH, "not json at all", None, code="json_invalid"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,param,code", BAD)
+def test_bad_requests_get_openai_shaped_errors(tiny, path, body, status, param, code):
+    raw = body if isinstance(body, str) else json.dumps(body)
+    r = httpx.post(tiny.url + path, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"], err
+    assert err["param"] == param, err
+    assert err["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+    if code is not None:
+        assert err["code"] == code, err
+    if param is not None:
+        assert param.split("_")[0] in err["message"], err  # the message names the problem too
+
+
+def test_engine_serves_on_after_bad_requests(tiny):
+    assert httpx.get(f"{tiny.url}/health").status_code == 200
+    client = tiny.openai()
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=tiny.model, prompt="hi", n=3)
+    assert e.value.param == "n" and e.value.status_code == 400
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-4o", messages=MSG)
+    assert e.value.param == "model"
+    out = client.completions.create(model=tiny.model, prompt="still alive", max_tokens=5, extra_body={"x-unknown": 1,
+                                                                                                      "user": "u"})
+    assert out.usage.completion_tokens == 5 and out.choices[0].finish_reason == "length"
+    m = tiny.wait_idle()
+    assert (m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0)
+    tiny.async_llm.call(lambda llm: llm.engine.check())
+
+
+def test_metrics_parse_and_move(tiny):
+    before = _families(tiny)
+    lab = (("model_name", "tiny-llama"),)
+    prompt = "metrics " * 5  # 40 bytes: two full 16-token pages for the prefix cache
+    client = tiny.openai()
+    for _ in range(2):
+        out = client.completions.create(model=tiny.model, prompt=prompt, max_tokens=10, temperature=0)
+        assert out.usage.completion_tokens == 10
+    after = _families(tiny)
+
+    def delta(name: str, labels=lab) -> float:
+        return after[(name, labels)] - before.get((name, labels), 0)
+
+    assert delta("minisgl:prompt_tokens_total") == delta("minisgl:prefix_cache_queries_total") == 80
+    assert delta("minisgl:prefix_cache_hits_total") >= 32  # the second request reuses the first one's pages
+    assert delta("minisgl:generation_tokens_total") == 20
+    assert delta("minisgl:time_to_first_token_seconds_count") == 2
+    assert delta("minisgl:e2e_request_latency_seconds_count") == 2
+    assert delta("minisgl:inter_token_latency_seconds_count") == 18
+    assert delta("minisgl:request_success_total", (("finished_reason", "length"),) + lab) == 2
+    assert 0 <= after[("minisgl:kv_cache_usage_perc", lab)] <= 1
+    for name in ("num_requests_running", "num_requests_waiting", "num_requests_in_flight"):
+        assert (f"minisgl:{name}", lab) in after
+    for h in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
+        buckets = sorted(((float(dict(k[1])["le"]), v) for k, v in after.items()
+                          if k[0] == f"minisgl:{h}_bucket"))
+        counts = [v for _, v in buckets]
+        assert counts == sorted(counts) and buckets[-1][0] == float("inf")
+        assert counts[-1] == after[(f"minisgl:{h}_count", lab)] and after[(f"minisgl:{h}_sum", lab)] > 0
+
+
+def test_queue_limit_answers_429_then_a_dead_engine_503():
+    with live_server(make_llm(max_running_requests=2, num_pages=512), max_queued_requests=1) as server, \
+            httpx.Client(base_url=server.url, timeout=60) as raw, contextlib.ExitStack() as held:
+        for i in range(3):  # two running + one queued: the server is full
+            r = held.enter_context(raw.stream("POST", "/v1/completions", json={
+                "prompt": f"hold {i}", "max_tokens": 2000, "stream": True}))
+            assert r.status_code == 200
+        assert server.client.in_flight == 3
+        with pytest.raises(openai.RateLimitError) as e:
+            server.openai().completions.create(model=server.model, prompt="one too many", max_tokens=4)
+        assert e.value.status_code == 429 and e.value.code == "queue_full"
+        assert "--max-queued-requests" in e.value.message
+        held.close()  # the three clients go away: their requests are aborted, the queue empties
+        m = server.wait_idle()
+        assert (server.client.in_flight, m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0, 0)
+        assert server.client.metrics.finished["abort"] == 3
+        ok = server.openai().completions.create(model=server.model, prompt="room again", max_tokens=4)
+        assert ok.usage.completion_tokens == 4
+        assert _families(server)[("minisgl:requests_rejected_total", (("model_name", "tiny-llama"),))] == 1
+
+        server.async_llm.shutdown()  # the engine loop is gone: health says so, requests fail cleanly
+        h = raw.get("/health")
+        assert h.status_code == 503 and "engine is not running" in h.json()["error"]["message"]
+        r = raw.post("/v1/chat/completions", json={"messages": MSG})
+        assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable_error"
+        assert raw.get("/metrics").status_code == 200
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cli_serve_command():
+    port = _free_port()
+    cmd = [sys.executable, "-m", "minisgl_cli", "serve", "--model", "dummy:tiny-llama", "--device", "cpu",
+           "--num-pages", "64", "--port", str(port), "--served-model-name", "tiny", "--max-queued-requests", "4",
+           "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "server did not come up"
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["tiny"]
+        out = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=6)
+        assert out.usage.completion_tokens == 6
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    assert proc.returncode == 0, proc.stdout.read()
+
+
+def test_cli_serve_rejects_bad_flags():
+    env = {**os.environ, "COLUMNS": "200"}
+    r = subprocess.run([sys.executable, "-m", "minisgl_cli", "serve", "--port", "70000"], capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "--port" in r.stderr
