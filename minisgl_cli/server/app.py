@@ -1,0 +1,44 @@
+"""The FastAPI app: OpenAI-compatible completions and chat, /v1/models, /health and /metrics over one AsyncLLM."""
+from __future__ import annotations
+
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from engine.async_llm import AsyncLLM
+from minisgl_cli.server.completions import router
+from minisgl_cli.server.engine_client import EngineClient
+from minisgl_cli.server.errors import APIError, install_error_handlers
+
+
+def create_app(async_llm: AsyncLLM, model_name: str | None = None,
+               max_queued_requests: int | None = None) -> FastAPI:
+    """model_name: what clients pass as `model` (default: the engine's model name).
+    max_queued_requests: beyond --max-running-requests + this many requests in flight, answer 429."""
+    name = model_name or async_llm.llm.describe()["model"]
+    client = EngineClient(async_llm, name, max_queued_requests)
+    created = int(time.time())
+    app = FastAPI(title="minisgl", summary="OpenAI-compatible server over the minisgl engine")
+    app.state.client = client
+    install_error_handlers(app)
+    app.include_router(router)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if async_llm.alive:
+            return JSONResponse({"status": "ok"})
+        raise APIError(503, f"engine is not running: {async_llm.error or 'stopped'}")
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "minisgl",
+             "max_model_len": client.max_model_len}]})
+
+    @app.get("/metrics")
+    async def metrics(_: Request) -> PlainTextResponse:
+        text = client.metrics.render(await client.engine_metrics(), client.in_flight)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app

@@ -1,0 +1,100 @@
+"""POST /v1/completions and /v1/chat/completions: one path for both, streaming (SSE) or not."""
+from __future__ import annotations
+
+import json
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from engine.async_llm import EngineDeadError
+from engine.llm import Prompt
+from engine.sampling_params import SamplingParams
+from minisgl_cli.server.engine_client import EngineClient, Job
+from minisgl_cli.server.errors import APIError
+from minisgl_cli.server.protocol import (SAMPLING_FIELDS, ChatCompletionRequest, CompletionRequest, Reply,
+                                         GenerationRequest, usage)
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
+
+router = APIRouter()
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request):
+    return await _generate(request, body, body.single_prompt(), chat=False)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    return await _generate(request, body, body.chat_messages(), chat=True)
+
+
+def _naming(param: str, e: Exception) -> str:
+    return str(e) if param in str(e) else f"{param}: {e}"
+
+
+def _sampling_params(body: GenerationRequest, max_tokens: int, max_name: str) -> SamplingParams:
+    try:
+        return SamplingParams(max_tokens=max_tokens, **body.sampling_kwargs())
+    except ValueError as e:  # SamplingParams names the field first: "top_p must be in (0, 1] (got 2.0)"
+        name, _, rest = str(e).partition(" ")
+        if name == "max_tokens":
+            name = max_name
+        raise APIError(400, f"{name} {rest}", param=name if name in (*SAMPLING_FIELDS, max_name) else None) from e
+
+
+async def _generate(request: Request, body: GenerationRequest, prompt: Prompt, chat: bool):
+    client: EngineClient = request.app.state.client
+    client.check_model(body.model)
+    body.check_supported()
+    prompt_name = "messages" if chat else "prompt"
+    try:
+        ids = client.encode(prompt)
+    except ValueError as e:
+        raise APIError(400, _naming(prompt_name, e), param=prompt_name) from e
+    max_name, max_tokens = "max_tokens", body.max_tokens
+    if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
+        max_name, max_tokens = "max_completion_tokens", body.max_completion_tokens
+    if max_tokens is None:  # chat: whatever room the context leaves, as OpenAI does
+        max_tokens = max(client.max_request_tokens - len(ids), 1) if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
+    params = _sampling_params(body, max_tokens, max_name)
+    try:
+        job = client.start(request, ids, params)
+    except ValueError as e:  # the engine's own checks: vocabulary, context length, KV capacity
+        raise APIError(400, _naming(prompt_name, e), param=prompt_name,
+                       code="context_length_exceeded" if "exceeds" in str(e) else None) from e
+    except EngineDeadError as e:
+        raise APIError(503, str(e)) from e
+    reply = Reply(("chatcmpl-" if chat else "cmpl-") + job.rid, client.model_name, chat,
+                  include_usage=bool(body.stream) and body.include_usage)
+    if body.stream:
+        return StreamingResponse(_sse(reply, job), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        final = [out async for out in job.outputs()][-1]
+    except EngineDeadError as e:
+        raise APIError(503, str(e)) from e
+    if final.finish_reason == "error":
+        raise APIError(500, f"generation failed: {final.error}")
+    return JSONResponse(reply.body(final.text, final.finish_reason, usage(len(ids), len(final.token_ids))))
+
+
+def _event(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _sse(reply: Reply, job: Job) -> AsyncIterator[str]:
+    try:
+        if reply.chat:
+            yield _event(reply.chunk("", role=True))
+        async for out in job.outputs():
+            if out.finish_reason == "error":
+                yield _event(APIError(500, f"generation failed: {out.error}").body())
+            elif out.delta_text or out.finished:  # tokens that complete no character yet send nothing
+                yield _event(reply.chunk(out.delta_text, out.finish_reason))
+            if out.finished and reply.include_usage:
+                yield _event(reply.usage_chunk(usage(len(job.prompt_ids), len(out.token_ids))))
+    except EngineDeadError as e:
+        yield _event(APIError(503, str(e)).body())
+    yield "data: [DONE]\n\n"

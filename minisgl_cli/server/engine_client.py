@@ -1,0 +1,115 @@
+"""The server's side of the engine: admission control, and one task per admitted request that drains its engine
+stream. The task (not the HTTP handler) owns the request's accounting, its latency metrics and its abort on
+client disconnect, so those happen even when the handler never starts streaming or stops reading."""
+from __future__ import annotations
+
+import asyncio
+import queue
+import uuid
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable
+
+from starlette.requests import Request
+
+from engine.async_llm import AsyncLLM, RequestStream
+from engine.llm import Prompt, RequestOutput
+from engine.metrics import EngineMetrics
+from engine.sampling_params import SamplingParams
+from minisgl_cli.server.errors import APIError
+from minisgl_cli.server.metrics import ServerMetrics
+
+
+@dataclass(eq=False, slots=True)
+class Job:
+    """One admitted request as its HTTP handler sees it."""
+    rid: str
+    prompt_ids: list[int]
+    abort: Callable[[], None]
+    inbox: asyncio.Queue = field(default_factory=asyncio.Queue)  # RequestOutput | Exception
+    finished: bool = False
+
+    async def outputs(self) -> AsyncIterator[RequestOutput]:
+        """Outputs up to and including the finished one. A consumer that stops early aborts the request."""
+        try:
+            while not self.finished:
+                item = await self.inbox.get()
+                if isinstance(item, Exception):
+                    raise item
+                self.finished = item.finished
+                yield item
+        finally:
+            if not self.finished:
+                self.abort()
+
+
+class EngineClient:
+    def __init__(self, async_llm: AsyncLLM, model_name: str, max_queued_requests: int | None = None):
+        self.async_llm = async_llm
+        engine = async_llm.llm.engine
+        self.model_name = model_name
+        self.max_running = async_llm.llm.config.max_running_requests
+        self.max_queued = max_queued_requests
+        self.max_model_len = engine.max_model_len
+        # the most tokens (prompt + output) one request may span: the context, or the whole KV pool if smaller
+        self.max_request_tokens = min(engine.max_model_len, engine.cache.num_pages * engine.cache.page_size)
+        self.metrics = ServerMetrics(model_name)
+        self.in_flight = 0  # admitted, not yet finished: running in the engine or queued for it
+        self._tasks: set[asyncio.Task] = set()
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(404, f"model {name!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids of a text, token list or chat conversation; ValueError for an empty or malformed one."""
+        return self.async_llm.llm.encode(prompt)
+
+    def start(self, request: Request, prompt_ids: list[int], params: SamplingParams) -> Job:
+        """Admit a request (ValueError if the engine refuses it, EngineDeadError if the engine is gone)."""
+        if self.max_queued is not None and self.in_flight >= self.max_running + self.max_queued:
+            self.metrics.rejected += 1
+            raise APIError(429, f"server is full: {self.in_flight} requests are running or queued "
+                           f"(--max-running-requests {self.max_running} + --max-queued-requests "
+                           f"{self.max_queued}); retry later", code="queue_full")
+        rid = uuid.uuid4().hex
+        stream = self.async_llm.submit(prompt_ids, params, rid=rid, loop=asyncio.get_running_loop())
+        self.in_flight += 1
+        job = Job(rid, prompt_ids, lambda: self.async_llm.abort(rid))
+        task = asyncio.create_task(self._pump(request, job, stream))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return job
+
+    async def _pump(self, request: Request, job: Job, stream: RequestStream) -> None:
+        watcher = asyncio.create_task(self._abort_on_disconnect(request, job.rid))
+        done = False
+        try:
+            async for out in stream:
+                if out.finished:
+                    done = True
+                    self.metrics.observe(out)
+                job.inbox.put_nowait(out)
+        except Exception as e:  # EngineDeadError: hand it to the handler
+            job.inbox.put_nowait(e)
+        finally:
+            watcher.cancel()
+            self.in_flight -= 1
+            if not done:
+                self.async_llm.abort(job.rid)
+
+    async def _abort_on_disconnect(self, request: Request, rid: str) -> None:
+        # The body is already read, so the next ASGI message is the disconnect (or the end of the response,
+        # by which time this task is cancelled).
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.async_llm.abort(rid)
+
+    async def engine_metrics(self) -> EngineMetrics | None:
+        """A consistent snapshot, read on the engine thread between steps; None if the engine is gone."""
+        if not self.async_llm.alive:
+            return None
+        try:
+            return await asyncio.to_thread(self.async_llm.call, lambda llm: llm.metrics(), 10.0)
+        except queue.Empty:
+            return None

@@ -1,0 +1,100 @@
+"""Clients that go away: a disconnect aborts the request and returns its KV pages, under a burst of concurrent
+streams too, while every other client gets its full answer."""
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.conftest import make_llm
+from tests.server_harness import LiveServer, live_server
+
+N_CLIENTS, LEAVE_EVERY = 64, 4  # every 4th client hangs up mid-stream
+
+
+@pytest.fixture(scope="module")
+def server():
+    with live_server(make_llm(max_running_requests=16, num_pages=1024)) as s:
+        yield s
+
+
+def _idle_and_clean(server: LiveServer) -> None:
+    m = server.wait_idle()
+    assert (server.client.in_flight, m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0, 0), m
+    assert m.kv_pages_free + m.kv_pages_cached == m.kv_pages_total
+    assert server.async_llm.call(lambda llm: (llm.engine.check(), len(llm.engine.reqs))[1]) == 0
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_non_streaming_disconnect_aborts(server):
+    aborted = server.client.metrics.finished["abort"]
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up long before 2000 tokens are done
+        httpx.post(f"{server.url}/v1/completions", json={"prompt": "long", "max_tokens": 2000}, timeout=0.5)
+    _idle_and_clean(server)
+    assert server.client.metrics.finished["abort"] == aborted + 1
+
+
+def test_streaming_disconnect_aborts(server):
+    aborted = server.client.metrics.finished["abort"]
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", timeout=30, json={
+            "messages": [{"role": "user", "content": "go on forever"}], "max_tokens": 2000, "stream": True}) as r:
+        first = next(r.iter_lines())
+        assert first.startswith("data: ") and '"role": "assistant"' in first
+    _idle_and_clean(server)
+    assert server.client.metrics.finished["abort"] == aborted + 1
+
+
+async def _finisher(server: LiveServer, i: int) -> tuple[int, str | None, int, int, int]:
+    """Streams a request to its end; returns (max_tokens, finish_reason, usage completion/prompt, expected prompt)."""
+    client = server.async_openai()
+    max_tokens = 6 + i % 19
+    reason, use = None, None
+    if i % 2:
+        messages = [{"role": "user", "content": f"client {i} " + "ab" * (i % 7)}]
+        want_prompt = len(server.async_llm.llm.encode(messages))
+        stream = await client.chat.completions.create(model=server.model, messages=messages, max_tokens=max_tokens,
+                                                      stream=True, stream_options={"include_usage": True},
+                                                      extra_body={"ignore_eos": True})
+    else:
+        prompt = f"client {i} " + "xy" * (i % 5)
+        want_prompt = len(prompt.encode())
+        stream = await client.completions.create(model=server.model, prompt=prompt, max_tokens=max_tokens,
+                                                 temperature=0.7, seed=i, stream=True,
+                                                 stream_options={"include_usage": True})
+    async for chunk in stream:
+        for c in chunk.choices:
+            reason = c.finish_reason or reason
+        use = chunk.usage or use
+    await client.close()
+    assert use is not None
+    return max_tokens, reason, use.completion_tokens, use.prompt_tokens, want_prompt
+
+
+async def _leaver(raw: httpx.AsyncClient, i: int) -> None:
+    """Opens a stream that could run for 1000 tokens and hangs up: some while queued, most mid-generation."""
+    path = "/v1/chat/completions" if i % 8 == 3 else "/v1/completions"
+    body = {"messages": [{"role": "user", "content": f"leaver {i}"}]} if "chat" in path else {"prompt": f"leaver {i}"}
+    async with raw.stream("POST", path, json={**body, "max_tokens": 1000, "stream": True}) as r:
+        assert r.status_code == 200
+        await asyncio.sleep(0.1 * (i % 8))
+
+
+async def _burst(server: LiveServer) -> list:
+    async with httpx.AsyncClient(base_url=server.url, timeout=120) as raw:
+        return await asyncio.gather(*(_leaver(raw, i) if i % LEAVE_EVERY == LEAVE_EVERY - 1 else _finisher(server, i)
+                                      for i in range(N_CLIENTS)))
+
+
+def test_burst_with_early_disconnects(server):
+    finished_before = dict(server.client.metrics.finished)
+    results = [r for r in asyncio.run(_burst(server)) if r is not None]
+    n_leavers = N_CLIENTS // LEAVE_EVERY
+    assert len(results) == N_CLIENTS - n_leavers
+    for max_tokens, reason, completion, prompt, want_prompt in results:
+        assert (reason, completion, prompt) == ("length", max_tokens, want_prompt)
+    _idle_and_clean(server)
+    grew = {k: v - finished_before.get(k, 0) for k, v in server.client.metrics.finished.items()}
+    assert grew.get("abort", 0) == n_leavers and grew.get("length", 0) == len(results), grew
+    m = server.engine_metrics()
+    assert m.finished_requests >= N_CLIENTS
