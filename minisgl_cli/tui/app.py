@@ -21,11 +21,6 @@ from minisgl_cli.tui.stats import TurnStats, engine_rows, turn_rows
 from minisgl_cli.tui.widgets import AssistantMessage, HistoryInput, MetricsPanel, NoteMessage, UserMessage
 
 
-def _table(rows: list[tuple[str, str]], head: tuple[str, str]) -> str:
-    lines = [f"| {head[0]} | {head[1]} |", "|---|---|"]
-    return "\n".join(lines + [f"| `{k}` | {v} |" if k.startswith("/") else f"| {k} | {v} |" for k, v in rows])
-
-
 class ChatApp(App):
     TITLE = "minisgl chat"
     CSS = """
@@ -63,6 +58,9 @@ class ChatApp(App):
     def on_mount(self) -> None:
         self.query_one("#conversation", VerticalScroll).anchor()
         self.query_one("#prompt").focus()
+        self.query_one("#conversation").mount(NoteMessage([(
+            "Type a message and press enter. esc stops an answer, ctrl+n starts over, f1 or /help lists "
+            "commands.", [])]))
         self.set_interval(1 / self.METRICS_HZ, self.refresh_metrics)
         self.refresh_metrics()
 
@@ -94,15 +92,15 @@ class ChatApp(App):
         if result.action == "reset":
             await self.action_new_conversation()
         elif result.action == "stats":
-            await self.note("**Last turn**\n\n" + _table(turn_rows(self.turn), ("", "")) + "\n\n**Engine**\n\n"
-                            + (_table(engine_rows(self.last_metrics), ("", "")) if self.last_metrics else "-"))
+            engine = engine_rows(self.last_metrics) if self.last_metrics else []
+            await self.note([("Last turn", turn_rows(self.turn)), ("Engine", engine)])
         elif result.action == "help":
             await self.action_help()
         else:
             self.notify(result.message)
 
-    async def note(self, markdown: str) -> None:
-        await self.query_one("#conversation").mount(NoteMessage(markdown))
+    async def note(self, sections: list[tuple[str, list[tuple[str, str]]]]) -> None:
+        await self.query_one("#conversation").mount(NoteMessage(sections))
 
     # ---- one turn ---------------------------------------------------------------------------------------
     async def send(self, text: str) -> None:
@@ -185,6 +183,4 @@ class ChatApp(App):
 
     async def action_help(self) -> None:
         keys = [(self.get_key_display(b), b.description) for b in self.BINDINGS if isinstance(b, Binding)]
-        await self.note("**Keys**\n\n" + _table([("Enter", "send"), ("Up / Down", "input history")] + keys,
-                                                ("key", "action"))
-                        + "\n\n**Commands**\n\n" + _table(HELP, ("command", "what it does")))
+        await self.note([("Keys", [("enter", "Send"), ("up / down", "input history")] + keys), ("Commands", HELP)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -13,6 +14,15 @@ from textual.widgets import Input, Markdown, Sparkline, Static
 
 from engine.metrics import EngineMetrics
 from minisgl_cli.tui.stats import TurnStats, ms, percentile
+
+
+def _rows(rows: list[tuple[str, str]]) -> Table:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold cyan", no_wrap=True)
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
 
 
 class UserMessage(Static):
@@ -29,14 +39,23 @@ class AssistantMessage(Markdown):
     AssistantMessage { border-left: thick $success; padding: 0 1; margin: 1 0 0 0; }
     AssistantMessage.-stopped { border-left: thick $warning; }
     AssistantMessage.-error { border-left: thick $error; }
+    AssistantMessage MarkdownBlock:last-child { margin-bottom: 0; }
     """
 
 
-class NoteMessage(Markdown):
-    """Help text, /stats output and other messages from the app itself (never sent to the model)."""
+class NoteMessage(Static):
+    """Help, /stats output and other messages from the app itself (never sent to the model):
+    titled sections of (key, value) rows."""
     DEFAULT_CSS = """
-    NoteMessage { color: $text-muted; border-left: thick $secondary; padding: 0 1; margin: 1 0 0 0; }
+    NoteMessage { border-left: thick $secondary; padding: 0 1; margin: 1 0 0 0; }
     """
+
+    def __init__(self, sections: list[tuple[str, list[tuple[str, str]]]]) -> None:
+        self.sections = sections
+        parts: list[Text | Table] = []
+        for title, rows in sections:
+            parts += [Text(title, style="bold"), _rows(rows)]
+        super().__init__(Group(*parts))
 
 
 def kv_bar(m: EngineMetrics, width: int) -> Text:
@@ -51,15 +70,6 @@ def kv_bar(m: EngineMetrics, width: int) -> Text:
     cached = min(cached, width - used)
     return Text.assemble(("█" * used, "bold green"), ("▓" * cached, "yellow"),
                          ("░" * (width - used - cached), "grey50"))
-
-
-def _rows(rows: list[tuple[str, str | Text]]) -> Table:
-    table = Table.grid(padding=(0, 1))
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column()
-    for key, value in rows:
-        table.add_row(key, value)
-    return table
 
 
 class MetricsPanel(VerticalScroll):
@@ -130,7 +140,7 @@ class HistoryInput(Input):
     """An Input that recalls earlier entries with up/down."""
     BINDINGS = [Binding("up", "history(-1)", "Previous", show=False),
                 Binding("down", "history(1)", "Next", show=False),
-                Binding("enter", "submit", "Send", priority=True)]
+                Binding("enter", "submit", "Send")]
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)

@@ -1,0 +1,82 @@
+"""`minisgl chat` in plain mode: the real console script with piped stdin, and run_plain in-process."""
+from __future__ import annotations
+
+import io
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.async_llm import AsyncLLM
+from minisgl_cli.tui.plain import run_plain
+from minisgl_cli.tui.session import ChatSession
+from tests.conftest import make_llm
+
+MINISGL = shutil.which("minisgl") or str(Path(sys.executable).parent / "minisgl")
+TINY = ["--model", "dummy:tiny-llama", "--device", "cpu", "--num-pages", "256"]
+
+
+def chat(*args: str, stdin: str) -> subprocess.CompletedProcess:
+    return subprocess.run([MINISGL, "chat", *args], input=stdin, capture_output=True, text=True, timeout=300)
+
+
+TURN = re.compile(r"\[(\w+) · TTFT (\d+\.\d) ms · (\d+\.\d) tok/s · (\d+) tokens · cache hit (\d+)/(\d+) · "
+                  r"KV (\d+) in use, (\d+) cached, (\d+) free\]")
+
+
+def test_piped_chat_with_slash_commands():
+    p = chat("--no-tui", *TINY, "--max-tokens", "12", "--system", "be brief",
+             stdin="hello\n/temp nope\n/max-tokens 0\n/max-tokens 8\n/bogus\n/stats\nsecond turn\n")
+    assert p.returncode == 0, p.stderr
+    assert "tiny-llama · cpu · float32" in p.stderr
+    turns = [m.groups() for m in TURN.finditer(p.stderr)]
+    assert [(t[0], int(t[3])) for t in turns] == [("length", 12), ("length", 8)], p.stderr
+    for reason, ttft, tps, n, hit, prompt, in_use, cached, free in turns:
+        assert float(ttft) > 0 and float(tps) > 0 and int(in_use) == 0
+        assert int(cached) > 0 and int(cached) + int(free) == 256
+    assert int(turns[0][4]) == 0 and int(turns[1][4]) >= 32  # turn 2 reuses "system: be brief\nuser: hello\n..."
+    assert int(turns[1][5]) > int(turns[0][5])  # the second prompt carries the first turn
+    assert "error: /temp: 'nope' is not a number" in p.stderr
+    assert "error: max_tokens must be >= 1" in p.stderr and "max tokens = 8" in p.stderr
+    assert "error: unknown command '/bogus'" in p.stderr
+    assert re.search(r"KV pages\s+0 in use, \d+ cached", p.stderr) and re.search(r"cache hit\s+0 / \d+", p.stderr)
+    assert p.stdout.count("\n") >= 2 and "Traceback" not in p.stderr
+
+
+def test_plain_mode_is_automatic_when_not_a_terminal():
+    p = chat(*TINY, "--max-tokens", "4", stdin="hi\n")
+    assert p.returncode == 0, p.stderr
+    assert [m.group(4) for m in TURN.finditer(p.stderr)] == ["4"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--temperature", "5"], "--temperature"),
+    (["--max-tokens", "0"], "--max-tokens"),
+    (["--max-tokens", "4096"], "context of 2048"),
+    (["--model", "dummy:no-such-model"], "no-such-model"),
+])
+def test_bad_flags_exit_with_a_clear_message(flags, message):
+    p = chat("--no-tui", *TINY, *flags, stdin="hi\n")
+    assert p.returncode == 2, p.stderr
+    assert message in p.stderr and "Traceback" not in p.stderr
+
+
+def test_run_plain_keeps_history_and_resets():
+    llm = make_llm("dummy:tiny-llama", num_pages=128)
+    engine = AsyncLLM(llm)
+    session = ChatSession(max_tokens=5, max_tokens_limit=llm.engine.max_model_len)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        run_plain(engine, session, io.StringIO("one\ntwo\n"), out, err)
+        assert [m["content"] for m in session.history if m["role"] == "user"] == ["one", "two"]
+        assert [m["role"] for m in session.history] == ["user", "assistant"] * 2
+        run_plain(engine, session, io.StringIO("/reset\nthree\n"), out, err)
+        assert [m["content"] for m in session.history if m["role"] == "user"] == ["three"]
+        assert "new conversation" in err.getvalue()
+        m = engine.call(lambda l: (l.engine.check(), l.metrics())[1])
+        assert m.kv_pages_in_use == 0 and m.finished_requests == 3
+    finally:
+        engine.shutdown()
