@@ -68,9 +68,9 @@ def run_server(llm, host: str, port: int, model_name: str | None = None, max_que
         app = create_app(async_llm, model_name, max_queued_requests)
         name = app.state.client.model_name
         d = llm.describe()
-        Console(stderr=True).print(f"[bold]minisgl serve[/bold]: model [cyan]{name}[/cyan] on {d['device']} "
-                                   f"({d['dtype']}, {d['attention']} attention, tp={d['tp']}) at "
-                                   f"http://{host}:{port}/v1")
+        Console(stderr=True, soft_wrap=True).print(
+            f"[bold]minisgl serve[/bold]: model [cyan]{name}[/cyan] on {d['device']} ({d['dtype']}, "
+            f"{d['attention']} attention, tp={d['tp']}) at http://{host}:{port}/v1")
         uvicorn.run(app, host=host, port=port, log_level=log_level)
     finally:
         async_llm.shutdown()

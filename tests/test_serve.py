@@ -81,7 +81,8 @@ def test_completion_greedy_matches_engine_streaming_and_not(smol):
                                        stream_options={"include_usage": True})
     text, reasons, usages = _stream_text(stream, chat=False)
     assert text == ref.text and reasons[-1] == "length" and set(reasons[:-1]) <= {None}
-    assert len(usages) == 1 and usages[0].completion_tokens == 20 and usages[0].prompt_tokens == len(ref.prompt_token_ids)
+    assert len(usages) == 1
+    assert (usages[0].prompt_tokens, usages[0].completion_tokens) == (len(ref.prompt_token_ids), 20)
 
 
 def test_chat_greedy_matches_engine_streaming_and_not(smol):

@@ -34,6 +34,15 @@ def _naming(param: str, e: Exception) -> str:
     return str(e) if param in str(e) else f"{param}: {e}"
 
 
+def _refusal(e: Exception, chat: bool) -> APIError:
+    """The engine refused the prompt (vocabulary, context length, KV capacity: 400) or its loop is gone (503)."""
+    if isinstance(e, EngineDeadError):
+        return APIError(503, str(e))
+    param = "messages" if chat else "prompt"
+    return APIError(400, _naming(param, e), param=param,
+                    code="context_length_exceeded" if "exceeds" in str(e) else None)
+
+
 def _sampling_params(body: GenerationRequest, max_tokens: int, max_name: str) -> SamplingParams:
     try:
         return SamplingParams(max_tokens=max_tokens, **body.sampling_kwargs())
@@ -48,11 +57,10 @@ async def _generate(request: Request, body: GenerationRequest, prompt: Prompt, c
     client: EngineClient = request.app.state.client
     client.check_model(body.model)
     body.check_supported()
-    prompt_name = "messages" if chat else "prompt"
     try:
         ids = client.encode(prompt)
     except ValueError as e:
-        raise APIError(400, _naming(prompt_name, e), param=prompt_name) from e
+        raise _refusal(e, chat) from e
     max_name, max_tokens = "max_tokens", body.max_tokens
     if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
         max_name, max_tokens = "max_completion_tokens", body.max_completion_tokens
@@ -61,11 +69,8 @@ async def _generate(request: Request, body: GenerationRequest, prompt: Prompt, c
     params = _sampling_params(body, max_tokens, max_name)
     try:
         job = client.start(request, ids, params)
-    except ValueError as e:  # the engine's own checks: vocabulary, context length, KV capacity
-        raise APIError(400, _naming(prompt_name, e), param=prompt_name,
-                       code="context_length_exceeded" if "exceeds" in str(e) else None) from e
-    except EngineDeadError as e:
-        raise APIError(503, str(e)) from e
+    except (ValueError, EngineDeadError) as e:
+        raise _refusal(e, chat) from e
     reply = Reply(("chatcmpl-" if chat else "cmpl-") + job.rid, client.model_name, chat,
                   include_usage=bool(body.stream) and body.include_usage)
     if body.stream:
@@ -73,8 +78,8 @@ async def _generate(request: Request, body: GenerationRequest, prompt: Prompt, c
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         final = [out async for out in job.outputs()][-1]
-    except EngineDeadError as e:
-        raise APIError(503, str(e)) from e
+    except (ValueError, EngineDeadError) as e:
+        raise _refusal(e, chat) from e
     if final.finish_reason == "error":
         raise APIError(500, f"generation failed: {final.error}")
     return JSONResponse(reply.body(final.text, final.finish_reason, usage(len(ids), len(final.token_ids))))
@@ -95,6 +100,6 @@ async def _sse(reply: Reply, job: Job) -> AsyncIterator[str]:
                 yield _event(reply.chunk(out.delta_text, out.finish_reason))
             if out.finished and reply.include_usage:
                 yield _event(reply.usage_chunk(usage(len(job.prompt_ids), len(out.token_ids))))
-    except EngineDeadError as e:
-        yield _event(APIError(503, str(e)).body())
+    except (ValueError, EngineDeadError) as e:
+        yield _event(_refusal(e, reply.chat).body())
     yield "data: [DONE]\n\n"

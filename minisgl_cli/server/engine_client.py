@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
+import jinja2
 from starlette.requests import Request
 
 from engine.async_llm import AsyncLLM, RequestStream
@@ -63,7 +64,10 @@ class EngineClient:
 
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids of a text, token list or chat conversation; ValueError for an empty or malformed one."""
-        return self.async_llm.llm.encode(prompt)
+        try:
+            return self.async_llm.llm.encode(prompt)
+        except jinja2.TemplateError as e:  # templates may refuse a conversation (e.g. roles that do not alternate)
+            raise ValueError(f"messages: the model's chat template refused them: {e}") from e
 
     def start(self, request: Request, prompt_ids: list[int], params: SamplingParams) -> Job:
         """Admit a request (ValueError if the engine refuses it, EngineDeadError if the engine is gone)."""

@@ -63,7 +63,8 @@ class GenerationRequest(_Body):
 
 
 class CompletionRequest(GenerationRequest):
-    ONLY = {**GenerationRequest.ONLY, "best_of": (None, 1), "echo": (None, False), "logprobs": (None,), "suffix": (None,)}
+    ONLY = {**GenerationRequest.ONLY, "best_of": (None, 1), "echo": (None, False), "logprobs": (None,),
+            "suffix": (None,)}
 
     prompt: str | list[int] | list[str] | list[list[int]]
     best_of: int | None = None
