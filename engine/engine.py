@@ -106,13 +106,14 @@ class Engine:
             num_pages = int(t.item())
         if num_pages < 2:
             raise ValueError("not enough memory for a KV cache: raise --kv-cache-gb / --memory-fraction")
-        self.pool = KVPool.create(mc.num_layers, num_pages, config.page_size, mc.num_kv_heads // TP.size,
+        # One page more than the allocator hands out: a scratch page for padded CUDA-graph rows.
+        self.pool = KVPool.create(mc.num_layers, num_pages + 1, config.page_size, mc.num_kv_heads // TP.size,
                                   mc.head_dim, self.dtype, self.device)
         self.cache = CacheManager(num_pages, config.page_size, config.radix_cache)
         self.scheduler = Scheduler(self.cache, config.max_running_requests, config.max_prefill_tokens)
         t0 = time.perf_counter()
         self.runner = ModelRunner(self.loaded.model, self.pool, config.attention_backend, self.device,  # type: ignore[arg-type]
-                                  config.max_running_requests, config.cuda_graph_max_bs)
+                                  config.max_running_requests, config.cuda_graph_max_bs, scratch_page=num_pages)
         self.startup_seconds = {"load": self.loaded.load_seconds, "runner": time.perf_counter() - t0}
         self.overlap = config.use_overlap(self.device)
         self.reqs: dict[str, Req] = {}
@@ -121,6 +122,7 @@ class Engine:
         self._counter = 0
         self._finished_now: list[Req] = []
         self._shutdown = False
+        self.timing = dict(schedule=0.0, launch=0.0, process=0.0)
         self.stats = dict(prompt_tokens=0, cache_hit_tokens=0, generation_tokens=0, finished=0, steps=0)
 
     @property
@@ -211,9 +213,12 @@ class Engine:
     # ---- the loop -----------------------------------------------------------------------------------
     def step(self) -> list[Req]:
         """One scheduling step. Returns requests that received a token or finished this step."""
+        t0 = time.perf_counter()
         self._apply(self._sync_commands())
         batch = self.scheduler.schedule()
+        t1 = time.perf_counter()
         out = self.runner.run(batch) if batch else None
+        t2 = time.perf_counter()
         if batch is not None:
             self.stats["steps"] += 1
             if not batch.is_decode:
@@ -229,6 +234,10 @@ class Engine:
             self._inflight = (batch, out) if batch is not None and out is not None else None
         elif batch is not None and out is not None:
             changed = self._process(batch, out)
+        t3 = time.perf_counter()
+        # CPU seconds spent scheduling, launching (building inputs + enqueueing kernels), and waiting/processing.
+        for key, dt in (("schedule", t1 - t0), ("launch", t2 - t1), ("process", t3 - t2)):
+            self.timing[key] += dt
         if self.config.check_invariants:
             self.check()
         done, self._finished_now = self._finished_now, []

@@ -27,9 +27,10 @@ class StepOutput:
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, pool: KVPool, backend_name: str, device: torch.device,
-                 max_slots: int, cuda_graph_max_bs: int = 0):
+                 max_slots: int, cuda_graph_max_bs: int = 0, scratch_page: int = -1):
         cfg = model.cfg
         self.model, self.pool, self.device = model, pool, device
+        self.scratch_page = scratch_page  # a pool page no request owns (padded CUDA-graph rows write there)
         self.backend = create_backend(backend_name, pool, cfg.num_heads // TP.size, cfg.num_kv_heads // TP.size,
                                       cfg.head_dim, device)
         self.sampler = Sampler(cfg.vocab_size, max_slots, device)
@@ -41,7 +42,7 @@ class ModelRunner:
         self.graphs = None
         if device.type == "cuda" and cuda_graph_max_bs > 0:
             from engine.cuda_graph import DecodeGraphs
-            self.graphs = DecodeGraphs(self, cuda_graph_max_bs)
+            self.graphs = DecodeGraphs(self, min(cuda_graph_max_bs, max_slots))
 
     def _slots(self, pages: list[int], start: int, n: int) -> torch.Tensor:
         ps = self.pool.page_size
@@ -63,7 +64,7 @@ class ModelRunner:
             out = torch.cat([self._slots(r.pages, s, n) for r, s, n in zip(batch.reqs, batch.starts, batch.q_lens)])
             ids = torch.tensor([t for r, s, n in zip(batch.reqs, batch.starts, batch.q_lens)
                                 for t in r.all_ids[s:s + n]], dtype=torch.int64).to(dev, non_blocking=True)
-            pos = torch.cat([torch.arange(s, s + n) for s, n in zip(batch.starts, batch.q_lens)]).to(dev)
+            pos = torch.cat([torch.arange(s, s + n) for s, n in zip(batch.starts, batch.q_lens)]).to(dev, non_blocking=True)
         meta = AttnMeta(batch.is_decode, batch.q_lens, kv_lens, tables, out.to(dev, non_blocking=True))
         return ids, pos, meta
 
@@ -80,7 +81,7 @@ class ModelRunner:
         sampled = [batch.reqs[i] for i in sample_rows]
         if not sampled:
             return StepOutput(torch.empty(0, dtype=torch.int64), None)
-        h = hidden[last[sample_rows].to(self.device)] if batch.num_tokens != len(sample_rows) else hidden
+        h = hidden[last[sample_rows].to(self.device, non_blocking=True)] if batch.num_tokens != len(sample_rows) else hidden
         logits = self.model.logits(h)
         if self.keep_logits:
             self.last_logits = logits
@@ -90,7 +91,7 @@ class ModelRunner:
         tokens = self.sampler.sample(logits, sampled)
         if TP.size > 1:  # every rank must continue with rank 0's token, whatever its own RNG drew
             dist.broadcast(tokens, src=0)
-        self.next_tokens[torch.tensor([r.slot for r in sampled], device=self.device)] = tokens
+        self.next_tokens[torch.tensor([r.slot for r in sampled]).to(self.device, non_blocking=True)] = tokens
         if self.device.type == "cuda":
             cpu = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
             cpu.copy_(tokens, non_blocking=True)

@@ -6,6 +6,11 @@ import torch
 from engine.request import Req
 
 
+def _dev(values: list, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A small host list on the device without a stream sync (a blocking copy would stall overlap scheduling)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
 class Sampler:
     def __init__(self, vocab_size: int, max_slots: int, device: torch.device):
         self.vocab, self.max_slots, self.device = vocab_size, max_slots, device
@@ -22,21 +27,21 @@ class Sampler:
         assert self.counts is not None
         self.seen[req.slot].zero_()
         self.counts[req.slot].zero_()
-        self.seen[req.slot, torch.tensor(req.all_ids, device=self.device)] = True
+        self.seen[req.slot, _dev(req.all_ids, self.device)] = True
         if req.output_ids:
-            out = torch.tensor(req.output_ids, device=self.device)
+            out = _dev(req.output_ids, self.device)
             self.counts[req.slot].index_add_(0, out, torch.ones_like(out, dtype=torch.int32))
 
     def _penalize(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
         rows = [i for i, r in enumerate(reqs) if r.params.has_penalties]
         if not rows or self.seen is None or self.counts is None:
             return logits
-        idx = torch.tensor(rows, device=self.device)
-        slots = torch.tensor([reqs[i].slot for i in rows], device=self.device)
+        idx = _dev(rows, self.device)
+        slots = _dev([reqs[i].slot for i in rows], self.device)
         p = [reqs[i].params for i in rows]
-        rep = torch.tensor([x.repetition_penalty for x in p], device=self.device)[:, None]
-        freq = torch.tensor([x.frequency_penalty for x in p], device=self.device)[:, None]
-        pres = torch.tensor([x.presence_penalty for x in p], device=self.device)[:, None]
+        rep = _dev([x.repetition_penalty for x in p], self.device)[:, None]
+        freq = _dev([x.frequency_penalty for x in p], self.device)[:, None]
+        pres = _dev([x.presence_penalty for x in p], self.device)[:, None]
         sub, seen, cnt = logits[idx], self.seen[slots], self.counts[slots].float()
         sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
         sub = sub - freq * cnt - pres * (cnt > 0).float()
@@ -49,8 +54,8 @@ class Sampler:
             return
         rows = [i for i, r in enumerate(reqs) if r.params.has_penalties]
         if rows:
-            slots = torch.tensor([reqs[i].slot for i in rows], device=self.device)
-            toks = tokens[torch.tensor(rows, device=self.device)]
+            slots = _dev([reqs[i].slot for i in rows], self.device)
+            toks = tokens[_dev(rows, self.device)]
             self.seen[slots, toks] = True
             self.counts[slots, toks] += 1
 
@@ -59,11 +64,11 @@ class Sampler:
         """logits: [B, V] float32 (one row per request). Returns [B] int64 token ids on the device."""
         logits = self._penalize(logits, reqs)
         params = [r.params for r in reqs]
-        greedy = torch.tensor([p.greedy for p in params], device=self.device)
         if all(p.greedy for p in params):
             tokens = logits.argmax(-1)
         else:
-            temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=self.device)
+            greedy = _dev([p.greedy for p in params], self.device)
+            temps = _dev([p.temperature if not p.greedy else 1.0 for p in params], self.device)
             probs = torch.softmax(logits / temps[:, None], dim=-1)
             if any(p.top_k > 1 or p.top_p < 1 or p.min_p > 0 for p in params):
                 probs = self._filter(probs, params)
@@ -83,9 +88,9 @@ class Sampler:
         return req.rng
 
     def _filter(self, probs: torch.Tensor, params: list) -> torch.Tensor:
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else probs.shape[-1] for p in params], device=self.device)
-        top_p = torch.tensor([p.top_p for p in params], device=self.device)
-        min_p = torch.tensor([p.min_p for p in params], device=self.device)
+        top_k = _dev([p.top_k if p.top_k > 0 else probs.shape[-1] for p in params], self.device)
+        top_p = _dev([p.top_p for p in params], self.device)
+        min_p = _dev([p.min_p for p in params], self.device)
         sorted_p, order = probs.sort(dim=-1, descending=True)
         rank = torch.arange(probs.shape[-1], device=self.device)[None, :]
         drop = rank >= top_k[:, None]

@@ -135,5 +135,25 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"checkpoint is missing {len(missing)} weights, e.g. {missing[:3]}")
 
 
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """These weights under Hugging Face names (TP=1), to build a transformers twin of this model."""
+        assert TP.size == 1, "hf_state_dict needs the whole model (tensor-parallel size 1)"
+        inverse = {(t, i): leaf for leaf, (t, i) in _PACKED.items()}
+        out: dict[str, torch.Tensor] = {}
+        for path, m in self.named_modules():
+            if not hasattr(m, "load_shard") or (path == "lm_head" and self.cfg.tie_word_embeddings):
+                continue
+            parent, _, leaf = path.rpartition(".")
+            prefix = "" if path == "lm_head" else "model."
+            w = m.weight.detach()
+            sizes = getattr(m, "sizes", None)
+            parts = w.split(sizes) if sizes else [w]
+            for i, part in enumerate(parts):
+                name = inverse.get((leaf, i), leaf) if sizes else leaf
+                full = f"{parent}.{name}" if parent else name
+                out[f"{prefix}{full}.weight"] = part[: self.cfg.vocab_size] if "embed" in leaf or leaf == "lm_head" else part
+        return out
+
+
 class Qwen3ForCausalLM(LlamaForCausalLM):
     pass  # ModelConfig.qk_norm switches on the per-head q/k norms

@@ -1,0 +1,82 @@
+"""CUDA graphs for decode: captured once at start-up for a ladder of padded batch sizes, replayed per step."""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from kernels.attention import AttnMeta
+
+if TYPE_CHECKING:
+    from engine.runner import ModelRunner
+    from engine.scheduler import Batch
+
+
+def batch_sizes(max_bs: int) -> list[int]:
+    sizes = [1, 2, 4, 8] + list(range(16, max_bs + 1, 16))
+    return sorted({s for s in sizes if s < max_bs} | {max_bs})
+
+
+class DecodeGraphs:
+    def __init__(self, runner: "ModelRunner", max_bs: int):
+        from kernels.attention.flashinfer_backend import FlashInferBackend
+
+        self.runner = runner
+        self.backend = runner.backend
+        self.enabled = isinstance(self.backend, FlashInferBackend)
+        self.sizes = batch_sizes(max_bs)
+        self.max_bs = max_bs
+        self.capture_seconds = 0.0
+        if not self.enabled:  # the torch backend's gathers have data-dependent shapes
+            return
+        dev = runner.device
+        pool = runner.pool
+        self.scratch_page = runner.scratch_page
+        self.max_pages = pool.num_pages + max_bs  # every page at most once, plus one scratch page per padded row
+        self.ids = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+        self.pos = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+        self.out_slots = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            self._capture()
+        torch.cuda.synchronize()
+        self.capture_seconds = time.perf_counter() - t0
+
+    def _capture(self) -> None:
+        runner = self.runner
+        mempool = torch.cuda.graph_pool_handle()
+        for bs in reversed(self.sizes):
+            self._plan(bs, [1] * bs, [[self.scratch_page]] * bs)
+            for _ in range(2):  # warm up (JIT, allocator) outside the graph
+                runner.model(self.ids[:bs], self.pos[:bs], self.backend)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=mempool):
+                self.outputs[bs] = runner.model(self.ids[:bs], self.pos[:bs], self.backend)
+            self.graphs[bs] = g
+
+    def _plan(self, bs: int, kv_lens: list[int], tables: list[list[int]]) -> None:
+        meta = AttnMeta(True, [1] * bs, kv_lens, tables, self.out_slots[:bs])
+        self.backend.plan_graph(bs, self.max_pages, meta, self.out_slots[:bs])  # type: ignore[attr-defined]
+
+    def can_run(self, batch: "Batch") -> bool:
+        return self.enabled and batch.is_decode and len(batch.reqs) <= self.max_bs
+
+    def run(self, ids: torch.Tensor, pos: torch.Tensor, meta: AttnMeta) -> torch.Tensor:
+        n = len(meta.kv_lens)
+        bs = next(s for s in self.sizes if s >= n)
+        pad = bs - n
+        self.ids[:n].copy_(ids)
+        self.pos[:n].copy_(pos)
+        self.out_slots[:n].copy_(meta.out_slots)
+        if pad:  # padded rows attend to, and write into, the scratch page that no request owns
+            ps = self.runner.pool.page_size
+            self.ids[n:bs].zero_()
+            self.pos[n:bs].zero_()
+            self.out_slots[n:bs].fill_(self.scratch_page * ps)
+        self._plan(bs, meta.kv_lens + [1] * pad, meta.page_tables + [[self.scratch_page]] * pad)
+        self.graphs[bs].replay()
+        return self.outputs[bs][:n]

@@ -1,0 +1,76 @@
+"""FlashInfer paged attention (CUDA): one plan per batch, shared by all layers.
+
+Decode uses the tensor-core decode kernel, which is built from the same fa2 prefill template as the prefill
+wrapper below, so one JIT compile serves both (see docs/gpu.md). CUDA-graph decode gets one wrapper per
+captured batch size with fixed metadata buffers, re-planned before each replay.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels.attention.base import AttentionBackend, AttnMeta
+from kvcache.pool import KVPool
+
+WORKSPACE_BYTES = 256 * 2**20
+
+
+def paged_metadata(meta: AttnMeta, page_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CSR page table for FlashInfer: (indptr, indices, last_page_len), int32 on the CPU."""
+    counts = [len(t) for t in meta.page_tables]
+    indptr = torch.zeros(len(counts) + 1, dtype=torch.int32)
+    indptr[1:] = torch.tensor(counts, dtype=torch.int32).cumsum(0)
+    indices = torch.tensor([p for t in meta.page_tables for p in t], dtype=torch.int32)
+    last = torch.tensor([(kv - 1) % page_size + 1 for kv in meta.kv_lens], dtype=torch.int32)
+    return indptr, indices, last
+
+
+class FlashInferBackend(AttentionBackend):
+    def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device):
+        super().__init__(pool, num_heads, num_kv_heads, head_dim)
+        import flashinfer
+
+        self.fi = flashinfer
+        self.device = device
+        self.dtype = pool.k[0].dtype
+        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
+        self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=True)
+        self.graph_wrappers: dict[int, object] = {}
+        self.active: object = self.decode
+        self.out_slots: torch.Tensor | None = None
+
+    def _plan(self, wrapper, meta: AttnMeta) -> None:
+        indptr, indices, last = paged_metadata(meta, self.pool.page_size)
+        common = dict(q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale)
+        if meta.is_decode:
+            wrapper.plan(indptr, indices, last, self.num_heads, self.num_kv_heads, self.head_dim,
+                         self.pool.page_size, **common)
+        else:
+            qo = torch.zeros(len(meta.q_lens) + 1, dtype=torch.int32)
+            qo[1:] = torch.tensor(meta.q_lens, dtype=torch.int32).cumsum(0)
+            wrapper.plan(qo, indptr, indices, last, self.num_heads, self.num_kv_heads, self.head_dim,
+                         self.pool.page_size, causal=True, **common)
+        self.active, self.out_slots = wrapper, meta.out_slots
+
+    def plan(self, meta: AttnMeta) -> None:
+        self._plan(self.decode if meta.is_decode else self.prefill, meta)
+
+    # ---- CUDA graphs --------------------------------------------------------------------------------
+    def graph_wrapper(self, bs: int, max_pages: int):
+        """A decode wrapper whose metadata lives in fixed buffers, so a captured graph can replay it."""
+        if bs not in self.graph_wrappers:
+            self.graph_wrappers[bs] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=True,
+                paged_kv_indptr_buffer=torch.zeros(bs + 1, dtype=torch.int32, device=self.device),
+                paged_kv_indices_buffer=torch.zeros(max_pages, dtype=torch.int32, device=self.device),
+                paged_kv_last_page_len_buffer=torch.zeros(bs, dtype=torch.int32, device=self.device))
+        return self.graph_wrappers[bs]
+
+    def plan_graph(self, bs: int, max_pages: int, meta: AttnMeta, out_slots: torch.Tensor) -> None:
+        self._plan(self.graph_wrapper(bs, max_pages), meta)
+        self.out_slots = out_slots
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        assert self.out_slots is not None
+        self.pool.store(layer, self.out_slots, k, v)
+        return self.active.run(q, (self.pool.k[layer], self.pool.v[layer]))  # type: ignore[attr-defined]
