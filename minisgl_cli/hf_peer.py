@@ -1,0 +1,162 @@
+"""Hugging Face transformers as the benchmark peer: the same weights, the same workload, its own batching.
+
+Which weights the peer gets:
+- the embedded default or any .gguf file: transformers dequantizes the same GGUF file with its own reader;
+- a HF directory: `from_pretrained` on the same directory;
+- a dummy preset: transformers' model class built from `ModelConfig.to_hf_dict()` (the same shapes), filled by the
+  engine's own dummy initializer (`engine.weights.init_dummy`: same distribution, not the same values, which does
+  not matter for throughput since every output length is forced with ignore_eos).
+"""
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+OnDone = Callable[[int], None]  # called with each finished request's output token count
+
+
+@dataclass(slots=True)
+class PeerRun:
+    api: str  # "generate_batch" (continuous batching) or "generate" (padded static batches)
+    output_lens: list[int]  # tokens each request produced
+    duration: float
+
+
+def model_config_for(spec: str | None):
+    """The ModelConfig of a --model value without loading its weights."""
+    from engine import weights
+    from engine.model_config import PRESETS
+
+    kind, where = weights.resolve(spec)
+    if kind == "dummy":
+        return PRESETS[str(where)]
+    if kind == "gguf":
+        return weights.gguf_config(where)  # type: ignore[arg-type]
+    return weights.hf_config(where)  # type: ignore[arg-type]
+
+
+def tokenizer_for(spec: str | None):
+    """The engine's tokenizer for a --model value (dataset prompts must be the same ids for both engines)."""
+    from engine import weights
+    from engine.tokenizer import ByteTokenizer, Tokenizer
+
+    kind, where = weights.resolve(spec)
+    if kind == "gguf":
+        return Tokenizer.from_gguf(where)  # type: ignore[arg-type]
+    if kind == "hf":
+        return Tokenizer.from_hf_dir(where) or ByteTokenizer()  # type: ignore[arg-type]
+    return ByteTokenizer()
+
+
+def load_hf_model(spec: str | None, device, dtype, seed: int = 0):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from engine import weights
+
+    kind, where = weights.resolve(spec)
+    if kind == "gguf":
+        model = AutoModelForCausalLM.from_pretrained(str(where.parent), gguf_file=where.name, dtype=dtype)  # type: ignore[union-attr]
+    elif kind == "hf":
+        model = AutoModelForCausalLM.from_pretrained(str(where), dtype=dtype)
+    else:
+        d = model_config_for(spec).to_hf_dict()
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(d.pop("model_type"), **d), dtype=dtype)
+        model.to(device)
+        weights.init_dummy(model, seed)
+    return model.to(device).eval()
+
+
+def _generation_config(temperature: float):
+    from transformers import GenerationConfig
+
+    # eos_token_id=None: continuous batching then disables EOS (-1), i.e. ignore_eos; top_k=0 turns off HF's
+    # default top-k of 50 so both engines sample from the same distribution.
+    greedy = temperature == 0
+    return GenerationConfig(do_sample=not greedy, temperature=None if greedy else temperature, top_k=0, top_p=1.0,
+                            eos_token_id=None, pad_token_id=0)
+
+
+def has_generate_batch(model) -> bool:
+    return hasattr(model, "init_continuous_batching")
+
+
+def run_generate_batch(model, prompts: Sequence[list[int]], output_lens: Sequence[int], temperature: float,
+                       on_done: OnDone | None = None) -> PeerRun:
+    """transformers' continuous batching manager: one add_request per prompt with its own max_new_tokens."""
+    import torch
+
+    kw = {}
+    if "workload_hints" in inspect.signature(model.init_continuous_batching).parameters:
+        # What generate_batch itself passes: buffers sized for this workload, not for all free memory.
+        from transformers.generation.continuous_batching.utils import WorkloadHints
+        kw["workload_hints"] = WorkloadHints(max_prompt_length=max(map(len, prompts)),
+                                             max_generated_length=max(output_lens), num_requests=len(prompts))
+    manager = model.init_continuous_batching(generation_config=_generation_config(temperature), **kw)
+    extra = {"eos_token_id": -1} if "eos_token_id" in inspect.signature(manager.add_request).parameters else {}
+    if hasattr(manager, "warmup"):
+        manager.warmup()  # CUDA graph capture: kept out of the timing
+    manager.start()
+    try:
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            rids = [manager.add_request(list(p), max_new_tokens=n, **extra) for p, n in zip(prompts, output_lens)]
+            done: dict[str, int] = {}
+            while len(done) < len(rids):
+                result = manager.get_result(timeout=1)
+                if result is None:
+                    if not manager.is_running():
+                        raise RuntimeError("transformers' continuous batching thread stopped before finishing")
+                    continue
+                if result.is_finished():
+                    if result.error:
+                        raise RuntimeError(f"transformers request {result.request_id} failed: {result.error}")
+                    done[result.request_id] = len(result.generated_tokens)
+                    if on_done:
+                        on_done(done[result.request_id])
+            duration = time.perf_counter() - t0
+    finally:
+        manager.stop(block=True)
+    return PeerRun("generate_batch", [done[r] for r in rids], duration)
+
+
+def run_generate(model, prompts: Sequence[list[int]], output_lens: Sequence[int], temperature: float,
+                 batch_size: int, on_done: OnDone | None = None) -> PeerRun:
+    """Padded static batches through `model.generate` (left padding; every request in a batch runs to the batch's
+    longest output, only the tokens it asked for are counted)."""
+    import torch
+
+    dev = model.device
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]), reverse=True)  # less padding
+    made = [0] * len(prompts)
+    t0 = time.perf_counter()
+    for b in range(0, len(order), batch_size):
+        idx = order[b:b + batch_size]
+        width = max(len(prompts[i]) for i in idx)
+        ids = torch.zeros(len(idx), width, dtype=torch.long)
+        mask = torch.zeros(len(idx), width, dtype=torch.long)
+        for row, i in enumerate(idx):
+            ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
+            mask[row, width - len(prompts[i]):] = 1
+        n = max(output_lens[i] for i in idx)
+        with torch.no_grad():
+            out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=n,
+                                 min_new_tokens=n, generation_config=_generation_config(temperature))
+        for i in idx:
+            made[i] = min(output_lens[i], out.shape[1] - width)
+            if on_done:
+                on_done(made[i])
+    return PeerRun("generate", made, time.perf_counter() - t0)
+
+
+def run_peer(model, prompts: Sequence[list[int]], output_lens: Sequence[int], temperature: float,
+             api: str = "auto", batch_size: int = 64, on_done: OnDone | None = None) -> PeerRun:
+    if api == "auto":
+        api = "generate_batch" if has_generate_batch(model) else "generate"
+    if api == "generate_batch":
+        if not has_generate_batch(model):
+            raise ValueError("this transformers version has no continuous batching (generate_batch)")
+        return run_generate_batch(model, prompts, output_lens, temperature, on_done)
+    return run_generate(model, prompts, output_lens, temperature, batch_size, on_done)

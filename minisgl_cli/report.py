@@ -1,0 +1,74 @@
+"""Benchmark results: latency statistics, rich tables, JSON files."""
+from __future__ import annotations
+
+import json
+import math
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+STATS = ("mean", "p50", "p90", "p99", "max")
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), on already sorted values."""
+    if not sorted_values:
+        return math.nan
+    pos = (len(sorted_values) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def latency_stats(values: Iterable[float]) -> dict[str, float | None]:
+    """mean/p50/p90/p99/max in milliseconds (None when there are no values)."""
+    v = sorted(x * 1000 for x in values)
+    if not v:
+        return {k: None for k in STATS}
+    return {"mean": sum(v) / len(v), "p50": percentile(v, 50), "p90": percentile(v, 90),
+            "p99": percentile(v, 99), "max": v[-1]}
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def kv_table(title: str, rows: Sequence[tuple[str, Any]], columns: Sequence[str] = ("", "")):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", show_header=any(columns))
+    table.add_column(columns[0], style="bold")
+    for c in columns[1:]:
+        table.add_column(c, justify="right")
+    for label, *values in rows:
+        table.add_row(label, *(fmt(v) for v in values))
+    return table
+
+
+def environment() -> dict[str, str]:
+    """Versions and the git commit, so a stored result says what produced it."""
+    import torch
+
+    env = {"python": platform.python_version(), "torch": torch.__version__}
+    try:
+        import transformers
+        env["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    try:
+        env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                       cwd=Path(__file__).parent, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return env
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")

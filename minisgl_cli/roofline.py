@@ -1,0 +1,63 @@
+"""The memory-bandwidth floor of an offline workload (see GPU.md, "The offline benchmark and its physical floor").
+
+Every decode step must read, at least once, the weights and the KV cache of every running request. With all
+requests running from the start the workload needs max(output_len) - 1 decode steps; request i's decode step j
+(1 <= j < out_i) reads its in_i + j cached tokens. The time to move those bytes at the GPU's copy bandwidth is
+a lower bound on the wall time (prefill and the matmul work come on top), hence an upper bound on tok/s."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+# Measured device-to-device copy bandwidth (GPU.md), bytes/s; matched against torch.cuda.get_device_name().
+GPU_BANDWIDTH = {"H200": 4.3e12, "H100": 3.0e12}
+
+
+@dataclass(frozen=True, slots=True)
+class Floor:
+    gpu: str
+    bandwidth: float  # bytes/s, all tensor-parallel GPUs together
+    kv_bytes: float
+    weight_bytes: float
+    decode_steps: int
+    seconds: float
+    output_throughput: float  # tok/s at the floor
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def bandwidth_for(device_name: str) -> float | None:
+    return next((bw for key, bw in GPU_BANDWIDTH.items() if key in device_name), None)
+
+
+def weight_bytes_per_step(cfg, dtype_bytes: int) -> int:
+    """Weights read by one forward pass: every matrix once, the LM head in full, the embedding only by rows."""
+    h, hd = cfg.hidden_size, cfg.head_dim
+    attn = h * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+    mlp = 3 * h * cfg.intermediate_size
+    norms = 2 * h + (2 * hd if cfg.qk_norm else 0)
+    params = cfg.num_layers * (attn + mlp + norms) + h + cfg.vocab_size * h
+    return params * dtype_bytes
+
+
+def decode_floor(input_lens: Sequence[int], output_lens: Sequence[int], cfg, dtype_bytes: int, gpu: str,
+                 bandwidth: float) -> Floor:
+    kv_tokens = sum((o - 1) * i + (o - 1) * o // 2 for i, o in zip(input_lens, output_lens))
+    kv = float(kv_tokens * cfg.kv_bytes_per_token(dtype_bytes))
+    steps = max(output_lens, default=1) - 1
+    w = float(steps * weight_bytes_per_step(cfg, dtype_bytes))
+    seconds = (kv + w) / bandwidth
+    return Floor(gpu, bandwidth, kv, w, steps, seconds, sum(output_lens) / seconds if seconds > 0 else 0.0)
+
+
+def gpu_floor(input_lens: Sequence[int], output_lens: Sequence[int], cfg, dtype_bytes: int, device,
+              tp: int = 1) -> Floor | None:
+    """The floor on this CUDA device, or None off CUDA or on a GPU whose bandwidth we have not measured."""
+    import torch
+
+    if getattr(device, "type", str(device)) != "cuda" or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(device)
+    bw = bandwidth_for(name)
+    return None if bw is None else decode_floor(input_lens, output_lens, cfg, dtype_bytes, name, bw * tp)

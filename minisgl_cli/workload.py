@@ -1,0 +1,117 @@
+"""The offline benchmark's workload: nano-vllm's random prompts, or real prompts from a local dataset file."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+# nano-vllm / mini-sglang draw prompt ids with randint(0, 10000); the range is part of the published workload.
+PUBLISHED_MAX_ID = 10000
+TEXT_COLUMNS = ("prompt", "text", "question", "instruction", "input", "content")
+
+
+@dataclass(slots=True)
+class Workload:
+    prompts: list[list[int]]
+    output_lens: list[int]
+    source: str  # "random" or the dataset path
+    folded_ids: int = 0  # prompt ids >= vocab that were folded into the vocabulary (tiny models)
+    truncated: int = 0  # dataset prompts cut to fit the context
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(map(len, self.prompts))
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+
+def parse_range(text: str, name: str) -> tuple[int, int]:
+    """'A:B' (inclusive) or a single 'N'; a clear error names the flag."""
+    parts = text.split(":")
+    try:
+        lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, -1)
+    except ValueError:
+        raise ValueError(f"{name} must be A:B or N with integers (got {text!r})") from None
+    if len(parts) > 2 or lo < 1 or hi < lo:
+        raise ValueError(f"{name} must be A:B with 1 <= A <= B (got {text!r})")
+    return lo, hi
+
+
+def random_workload(num_seqs: int = 256, input_len: tuple[int, int] = (100, 1024),
+                    output_len: tuple[int, int] = (100, 1024), seed: int = 0, vocab_size: int | None = None) -> Workload:
+    """nano-vllm's bench.py, drawn in its order so the defaults ask for exactly 133,966 output tokens.
+
+    Ids are always drawn from [0, 10000] so the lengths (and the random stream) stay those of the published
+    workload for every model; a model with a smaller vocabulary gets each id folded in as `id % vocab_size`."""
+    rng = random.Random(seed)
+    prompts = [[rng.randint(0, PUBLISHED_MAX_ID) for _ in range(rng.randint(*input_len))] for _ in range(num_seqs)]
+    output_lens = [rng.randint(*output_len) for _ in range(num_seqs)]
+    folded = 0
+    if vocab_size is not None and vocab_size <= PUBLISHED_MAX_ID:
+        folded = sum(t >= vocab_size for p in prompts for t in p)
+        prompts = [[t % vocab_size for t in p] for p in prompts]
+    return Workload(prompts, output_lens, "random", folded_ids=folded)
+
+
+def read_dataset_prompts(path: Path, limit: int) -> list[str]:
+    """The first `limit` prompts of a local JSON/JSONL/Parquet file: the first user turn of ShareGPT
+    `conversations`, or a text column."""
+    from datasets import load_dataset
+
+    if not path.is_file():
+        raise ValueError(f"dataset {path} is not a file")
+    kind = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}.get(path.suffix.lower())
+    if kind is None:
+        raise ValueError(f"dataset {path}: use a .json, .jsonl or .parquet file")
+    try:
+        ds = load_dataset(kind, data_files=str(path), split="train")
+    except Exception as e:
+        raise ValueError(f"cannot read dataset {path}: {e}") from e
+    if "conversations" in ds.column_names:
+        def first_turn(conv) -> str:
+            for turn in conv or []:
+                role = turn.get("from", turn.get("role"))
+                if role in ("human", "user"):
+                    return str(turn.get("value", turn.get("content")) or "")
+            return ""
+        get: Callable[[dict], str] = lambda row: first_turn(row["conversations"])
+    else:
+        col = next((c for c in TEXT_COLUMNS if c in ds.column_names), None)
+        if col is None:
+            raise ValueError(f"dataset {path} has no 'conversations' or text column "
+                             f"({', '.join(TEXT_COLUMNS)}); its columns: {', '.join(ds.column_names)}")
+        get = lambda row: str(row[col] or "")  # noqa: E731
+    prompts: list[str] = []
+    for row in ds:
+        if text := get(row).strip():
+            prompts.append(text)
+            if len(prompts) == limit:
+                break
+    if not prompts:
+        raise ValueError(f"dataset {path} holds no non-empty prompts")
+    return prompts
+
+
+def dataset_workload(path: Path, encode: Callable[[str], list[int]], num_seqs: int, output_len: tuple[int, int],
+                     seed: int, max_model_len: int) -> Workload:
+    """Real prompts (tokenized with the model's tokenizer) with output lengths drawn from `output_len`;
+    a prompt too long for the context keeps its first tokens."""
+    texts = read_dataset_prompts(path, num_seqs)
+    rng = random.Random(seed)
+    output_lens = [rng.randint(*output_len) for _ in texts]
+    prompts, truncated = [], 0
+    for text, out in zip(texts, output_lens):
+        ids = encode(text)
+        room = max(max_model_len - out, 1)
+        if len(ids) > room:
+            ids, truncated = ids[:room], truncated + 1
+        prompts.append(ids)
+    return Workload(prompts, output_lens, str(path), truncated=truncated)
