@@ -237,6 +237,12 @@ def test_engine_serves_on_after_bad_requests(tiny):
     out = client.completions.create(model=tiny.model, prompt="still alive", max_tokens=5, extra_body={"x-unknown": 1,
                                                                                                       "user": "u"})
     assert out.usage.completion_tokens == 5 and out.choices[0].finish_reason == "length"
+    parts = [{"role": "developer", "content": "Be brief."},
+             {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}]
+    chat = client.chat.completions.create(model=tiny.model, messages=parts, max_tokens=3)
+    want = tiny.async_llm.llm.encode([{"role": "system", "content": "Be brief."},
+                                      {"role": "user", "content": "hi there"}])
+    assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (len(want), 3)
     m = tiny.wait_idle()
     assert (m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0)
     tiny.async_llm.call(lambda llm: llm.engine.check())

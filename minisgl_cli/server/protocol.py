@@ -109,7 +109,8 @@ class ChatCompletionRequest(GenerationRequest):
     tools: list[Any] | None = None
 
     def chat_messages(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+        # newer OpenAI clients send system prompts as "developer"; chat templates know them as "system"
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
