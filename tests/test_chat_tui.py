@@ -95,8 +95,9 @@ def test_real_model_streams_answer_and_reuses_prefix(smollm, monkeypatch):
 
     run_app(smollm, scenario, temperature=0.0, max_tokens=48)
     # The first answer arrived in pieces, not as one block at the end.
-    first_answer_parts = appended[:appended.index(next(p for p in appended if "Paris" in p)) + 1]
-    assert len(first_answer_parts) >= 3, appended
+    prefixes = ["".join(appended[:i + 1]) for i in range(len(appended))]
+    parts_until_paris = next(i for i, text in enumerate(prefixes) if "Paris" in text) + 1
+    assert parts_until_paris >= 3, appended
 
 
 def test_metrics_panel_updates_during_generation(tiny):
@@ -190,7 +191,7 @@ def test_slash_commands_and_bad_values(tiny):
     async def scenario(app: ChatApp, pilot) -> None:
         bad = {"/temp abc": "not a number", "/temp 5": "temperature must be", "/temp": "needs a value",
                "/max-tokens 0": "max_tokens must be >= 1", "/max-tokens 2.5": "not an integer",
-               "/max-tokens 4096": "context of 2048", "/nope": "/help lists"}
+               "/max-tokens 4096": "context of 2048", "/nope": "/help lists", "/temp [/]": "'[/]' is not"}
         for line, why in bad.items():
             await send(pilot, line)
             await pilot.pause()
@@ -199,11 +200,14 @@ def test_slash_commands_and_bad_values(tiny):
 
         await send(pilot, "/temp 0")
         await send(pilot, "/max-tokens 6")
+        await send(pilot, "/system [b]x[/")
+        assert app.session.system == "[b]x[/"
         await send(pilot, "/system answer in French")
         await pilot.pause()
         assert (app.session.temperature, app.session.max_tokens, app.session.system) == (0, 6, "answer in French")
         infos = [str(n.message) for n in app._notifications if n.severity == "information"]
-        assert infos[-3:] == ["temperature = 0", "max tokens = 6", "system prompt set: answer in French"]
+        assert infos[-4:] == ["temperature = 0", "max tokens = 6", "system prompt set: [b]x[/",
+                              "system prompt set: answer in French"]
 
         await send(pilot, "/help")
         await send(pilot, "/stats")

@@ -12,7 +12,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Footer, Header, Markdown
 
-from engine.async_llm import AsyncLLM, EngineDeadError
+from engine.async_llm import AsyncLLM, EngineDeadError, RequestStream
 from engine.llm import RequestOutput
 from engine.metrics import EngineMetrics
 from minisgl_cli.tui.commands import HELP, CommandError, is_command, run_command
@@ -36,10 +36,10 @@ class ChatApp(App):
     METRICS_HZ = 4  # engine metrics poll while idle; during an answer they refresh with the panel
     PANEL_INTERVAL = 0.05  # seconds between metrics-panel redraws while tokens stream in
 
-    def __init__(self, engine: AsyncLLM, session: ChatSession, info: dict[str, str] | None = None) -> None:
+    def __init__(self, engine: AsyncLLM, session: ChatSession) -> None:
         super().__init__()
         self.engine, self.session = engine, session
-        info = info or engine.llm.describe()
+        info = engine.llm.describe()
         self.sub_title = (f"{info['model']} · {info['device']} · {info['dtype']} · "
                           f"attention {info['attention']} · TP {info['tp']}")
         self.rid: str | None = None  # the request being generated, if any
@@ -63,6 +63,10 @@ class ChatApp(App):
             "commands.", [])]))
         self.set_interval(1 / self.METRICS_HZ, self.refresh_metrics)
         self.refresh_metrics()
+
+    def notify(self, message: str, *, markup: bool = False, **kw) -> None:  # type: ignore[override]
+        """Plain text by default: messages quote user input and engine errors, which may contain [brackets]."""
+        super().notify(message, markup=markup, **kw)
 
     @property
     def generating(self) -> bool:
@@ -119,11 +123,11 @@ class ChatApp(App):
         self.generate(stream, text, reply)
 
     @work(exclusive=True, group="generate")
-    async def generate(self, stream, text: str, reply: AssistantMessage) -> None:
+    async def generate(self, stream: RequestStream, text: str, reply: AssistantMessage) -> None:
         md = Markdown.get_stream(reply)  # coalesces fragments when tokens arrive faster than Markdown renders
         last: RequestOutput | None = None
+        shown = 0.0
         try:
-            shown = 0.0
             async for out in stream:
                 last = out
                 await md.write(out.delta_text)
@@ -132,20 +136,24 @@ class ChatApp(App):
                     self.turn = TurnStats.from_output(out)
                     self.query_one(MetricsPanel).show_turn(self.turn)
                     self.refresh_metrics()
-        except EngineDeadError as e:
-            self.notify(str(e), title="engine stopped", severity="error")
+        except EngineDeadError:
+            pass  # reported below as a failed turn
         finally:
             await md.stop()
-            self.rid = None
-        reason = last.finish_reason if last else "error"
-        if last is not None and last.token_ids and reason != "error":
+            if self.rid == stream.rid:  # ctrl+n may have moved on to a new request already
+                self.rid = None
+        reason = last.finish_reason if last is not None and last.finished else "error"
+        if reason == "error":
+            reply.add_class("-error")
+            why = (last.error if last is not None else None) or self.engine.error or "engine stopped"
+            self.notify(f"generation failed: {why}", severity="error")
+            return
+        assert last is not None
+        if last.token_ids:
             self.session.commit(text, last.text)
         if reason == "abort":
             reply.add_class("-stopped")
             self.notify("stopped")
-        elif reason == "error":
-            reply.add_class("-error")
-            self.notify(f"generation failed: {last.error if last else 'engine stopped'}", severity="error")
         elif reason == "length":
             self.notify(f"answer cut at {self.session.max_tokens} tokens (/max-tokens to change)")
         self.refresh_metrics()

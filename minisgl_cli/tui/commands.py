@@ -72,7 +72,3 @@ def _apply(setter, value) -> None:
     except ValueError as e:
         raise CommandError(str(e)) from None
 
-
-def help_rows(bindings: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
-    """Commands (and the front end's key bindings, if any) as (key, what it does) rows."""
-    return list(bindings or []) + HELP
