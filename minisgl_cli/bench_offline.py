@@ -193,7 +193,7 @@ def _run_transformers(config, workload, temperature: float, quiet: bool, peer_ap
     torch.manual_seed(config.seed)
     with _progress(quiet) as bar:
         bar.add_task("loading transformers", total=None)
-        model = load_hf_model(config.model, device, dtype, config.seed)
+        model = load_hf_model(config.model, device, dtype)
     startup = time.perf_counter() - t0
     t0 = time.perf_counter()
     warm = [list(p[:32]) for p in workload.prompts[:2]]

@@ -3,9 +3,8 @@
 Which weights the peer gets:
 - the embedded default or any .gguf file: transformers dequantizes the same GGUF file with its own reader;
 - a HF directory: `from_pretrained` on the same directory;
-- a dummy preset: transformers' model class built from `ModelConfig.to_hf_dict()` (the same shapes), filled by the
-  engine's own dummy initializer (`engine.weights.init_dummy`: same distribution, not the same values, which does
-  not matter for throughput since every output length is forced with ignore_eos).
+- a dummy preset: transformers' model class built from `ModelConfig.to_hf_dict()`, with the very weights the
+  engine's dummy loader makes (built once here through `engine.engine.load_model`, copied in by HF names).
 """
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ def tokenizer_for(spec: str | None):
     return ByteTokenizer()
 
 
-def load_hf_model(spec: str | None, device, dtype, seed: int = 0):
-    import torch
+def load_hf_model(spec: str | None, device, dtype):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from engine import weights
@@ -62,10 +60,16 @@ def load_hf_model(spec: str | None, device, dtype, seed: int = 0):
     elif kind == "hf":
         model = AutoModelForCausalLM.from_pretrained(str(where), dtype=dtype)
     else:
-        d = model_config_for(spec).to_hf_dict()
+        from engine.engine import load_model
+
+        ours = load_model(spec, device, dtype, load_tokenizer=False).model  # the engine's exact dummy weights
+        d = ours.cfg.to_hf_dict()
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(d.pop("model_type"), **d), dtype=dtype)
-        model.to(device)
-        weights.init_dummy(model, seed)
+        missing, unexpected = model.to(device).load_state_dict(ours.hf_state_dict(), strict=False)
+        if unexpected or set(missing) - ({"lm_head.weight"} if ours.cfg.tie_word_embeddings else set()):
+            raise ValueError(f"transformers twin mismatch: missing {missing}, unexpected {unexpected}")
+        model.tie_weights()
+        del ours
     return model.to(device).eval()
 
 

@@ -151,8 +151,7 @@ async def replay_url(client, base: str, model: str, items: list[ReplayItem], tem
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN|[+-]Inf)\s*$")
 # (hit tokens, prompt tokens) counter pairs in the /metrics of known servers; this project's first.
-CACHE_COUNTERS = [("minisgl:cache_hit_tokens", "minisgl:prompt_tokens"),
-                  ("minisgl_cache_hit_tokens", "minisgl_prompt_tokens"),
+CACHE_COUNTERS = [("minisgl:prefix_cache_hits", "minisgl:prefix_cache_queries"),
                   ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
                   ("sglang:cached_tokens", "sglang:prompt_tokens")]
 

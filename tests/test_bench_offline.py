@@ -1,0 +1,152 @@
+"""`minisgl bench-offline`: nano-vllm's workload, the bandwidth floor, and real end-to-end runs on tiny models
+(minisgl and the transformers peer) with the JSON checked against the workload."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.model_config import PRESETS
+from minisgl_cli.app import app
+from minisgl_cli.roofline import decode_floor, weight_bytes_per_step
+from minisgl_cli.workload import parse_range, random_workload
+from tests.conftest import make_llm
+
+TINY = ["--model", "dummy:tiny-llama", "--device", "cpu", "--quiet"]
+
+
+def flat(text: str) -> str:
+    """CLI output without rich's box drawing and line wrapping."""
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).split())
+
+
+def bench(tmp_path, *args: str, code: int = 0) -> dict:
+    out = tmp_path / "result.json"
+    r = CliRunner().invoke(app, ["bench-offline", *args, "--json", str(out)])
+    assert r.exit_code == code, r.output + repr(r.exception)
+    return json.loads(out.read_text()) if code == 0 else {"output": r.output}
+
+
+def test_default_workload_is_nano_vllms():
+    w = random_workload()
+    assert (w.num_seqs, w.output_tokens) == (256, 133_966)  # the figure nano-vllm publishes
+    assert all(100 <= len(p) <= 1024 for p in w.prompts) and all(100 <= n <= 1024 for n in w.output_lens)
+    assert max(t for p in w.prompts for t in p) == 10_000 and w.folded_ids == 0
+
+
+def test_small_vocab_keeps_the_lengths_and_folds_the_ids():
+    w, tiny = random_workload(), random_workload(vocab_size=512)
+    assert [len(p) for p in tiny.prompts] == [len(p) for p in w.prompts] and tiny.output_lens == w.output_lens
+    assert all(0 <= t < 512 for p in tiny.prompts for t in p)
+    assert tiny.prompts[0] == [t % 512 for t in w.prompts[0]]
+    assert tiny.folded_ids == sum(t >= 512 for p in w.prompts for t in p) > 0
+
+
+@pytest.mark.parametrize("text, expect", [("100:1024", (100, 1024)), ("7", (7, 7)), ("3:3", (3, 3))])
+def test_parse_range(text, expect):
+    assert parse_range(text, "--input-len") == expect
+
+
+@pytest.mark.parametrize("text", ["5:2", "0:4", "a:b", "1:2:3", ""])
+def test_parse_range_rejects(text):
+    with pytest.raises(ValueError, match="--input-len"):
+        parse_range(text, "--input-len")
+
+
+def test_floor_of_the_published_workload_matches_gpu_md():
+    # GPU.md: Qwen3-0.6B bf16, ~13.9 TB of KV and ~1.2 TB of weights over the workload; ~36,000 tok/s on an H200.
+    w = random_workload()
+    f = decode_floor([len(p) for p in w.prompts], w.output_lens, PRESETS["Qwen3-0.6B"], 2, "H200", 4.3e12)
+    assert PRESETS["Qwen3-0.6B"].kv_bytes_per_token(2) == 114_688
+    assert f.kv_bytes == pytest.approx(13.9e12, rel=0.01)
+    assert f.weight_bytes == pytest.approx(1.2e12, rel=0.05) and f.decode_steps == 1023
+    assert 34_000 < f.output_throughput < 40_000
+    h100 = decode_floor([len(p) for p in w.prompts], w.output_lens, PRESETS["Qwen3-0.6B"], 2, "H100", 3.0e12)
+    assert h100.output_throughput == pytest.approx(f.output_throughput * 3.0 / 4.3)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
+def test_weight_bytes_match_the_engines_model(name):
+    # Per step: every parameter once, except an untied input embedding (only its rows are gathered).
+    model = make_llm(f"dummy:{name}").engine.loaded.model
+    cfg = PRESETS[name]
+    params = {id(p): p.numel() for p in model.parameters()}  # tied weights counted once
+    total = sum(params.values()) - (0 if cfg.tie_word_embeddings else model.embed_tokens.weight.numel())
+    assert weight_bytes_per_step(cfg, 4) == 4 * total
+
+
+def test_minisgl_run_reports_the_workload(tmp_path):
+    res = bench(tmp_path, *TINY, "--num-seqs", "8", "--input-len", "16:64", "--output-len", "8:32", "--seed", "3")
+    w = random_workload(8, (16, 64), (8, 32), seed=3, vocab_size=512)
+    assert (res["engine"], res["model"], res["device"]) == ("minisgl", "tiny-llama", "cpu")
+    assert (res["completed"], res["failed"]) == (8, 0)
+    assert res["total_input_tokens"] == w.input_tokens and res["total_output_tokens"] == w.output_tokens
+    assert res["duration"] > 0 and res["startup_seconds"] > 0
+    assert res["output_throughput"] == pytest.approx(w.output_tokens / res["duration"])
+    assert res["total_token_throughput"] == pytest.approx((w.input_tokens + w.output_tokens) / res["duration"])
+    assert res["request_throughput"] == pytest.approx(8 / res["duration"])
+    assert res["cache_hit_tokens"] == 0  # the warm-up used other prompts
+    assert res["floor"] is None and res["floor_fraction"] is None  # CPU
+    assert res["workload"]["seed"] == 3 and res["workload"]["folded_ids"] == w.folded_ids
+    assert "peer" not in res and res["environment"]["torch"]
+
+
+def test_compare_runs_transformers_on_the_same_workload(tmp_path):
+    res = bench(tmp_path, *TINY, "--num-seqs", "6", "--input-len", "16:48", "--output-len", "4:16", "--compare")
+    peer = res["peer"]
+    assert (peer["engine"], peer["api"], peer["completed"]) == ("transformers", "generate_batch", 6)
+    for key in ("total_input_tokens", "total_output_tokens"):
+        assert peer[key] == res[key]
+    assert res["speedup"] == pytest.approx(res["output_throughput"] / peer["output_throughput"])
+
+
+def test_transformers_padded_generate_fallback(tmp_path):
+    res = bench(tmp_path, *TINY, "--engine", "transformers", "--peer-api", "generate", "--peer-batch-size", "3",
+                "--num-seqs", "5", "--input-len", "8:40", "--output-len", "4:12", "--temperature", "0")
+    w = random_workload(5, (8, 40), (4, 12), vocab_size=512)
+    assert (res["engine"], res["api"], res["completed"]) == ("transformers", "generate", 5)
+    assert res["total_output_tokens"] == w.output_tokens and res["total_input_tokens"] == w.input_tokens
+
+
+def test_dataset_prompts_sharegpt_jsonl_and_parquet(tmp_path):
+    convs = [{"conversations": [{"from": "system", "value": "be nice"}, {"from": "human", "value": f"question {i}"},
+                                {"from": "gpt", "value": "answer"}]} for i in range(5)]
+    (tmp_path / "sharegpt.jsonl").write_text("".join(json.dumps(c) + "\n" for c in convs))
+    res = bench(tmp_path, *TINY, "--dataset", str(tmp_path / "sharegpt.jsonl"), "--num-seqs", "3",
+                "--output-len", "4:8")
+    # The dummy models' tokenizer is byte-level: "question 0" is 10 tokens.
+    assert res["completed"] == 3 and res["total_input_tokens"] == 3 * len("question 0")
+    assert res["workload"]["source"].endswith("sharegpt.jsonl")
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = ["héllo wörld", "x" * 300]
+    pq.write_table(pa.table({"id": [1, 2], "text": texts}), tmp_path / "p.parquet")
+    res = bench(tmp_path, *TINY, "--dataset", str(tmp_path / "p.parquet"), "--output-len", "4:4",
+                "--max-model-len", "100")
+    assert res["completed"] == 2 and res["workload"]["truncated_prompts"] == 1
+    assert res["total_input_tokens"] == len(texts[0].encode()) + 96  # 100 - 4 output tokens
+    assert res["total_output_tokens"] == 8
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--input-len", "5:2"], "--input-len"),
+    (["--output-len", "x"], "--output-len"),
+    (["--engine", "vllm"], "minisgl, transformers"),
+    (["--input-len", "1500:1500", "--output-len", "600:600"], "context length 2048"),
+    (["--model", "dummy:nope"], "unknown dummy model"),
+    (["--page-size", "0"], "--page-size"),
+])
+def test_bad_flags_exit_with_a_clear_message(tmp_path, args, message):
+    r = CliRunner().invoke(app, ["bench-offline", *TINY, *args])
+    assert r.exit_code == 2, r.output
+    assert message in flat(r.output)
+
+
+def test_dataset_without_prompts_is_a_clear_error(tmp_path):
+    (tmp_path / "d.json").write_text(json.dumps([{"a": 1, "b": "x"}]))
+    r = CliRunner().invoke(app, ["bench-offline", *TINY, "--dataset", str(tmp_path / "d.json")])
+    assert r.exit_code == 2 and "no 'conversations' or text column" in flat(r.output)

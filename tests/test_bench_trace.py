@@ -1,0 +1,149 @@
+"""`minisgl bench-trace`: real replays on a tiny model (in-process, and against a real `minisgl serve` over HTTP),
+with the JSON checked against the trace: token counts, ordered percentiles, cache hits, clamping, failures."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from minisgl_cli.app import app
+from minisgl_cli.trace_reader import read_trace
+from tests.test_bench_offline import flat
+
+TRACES = Path(__file__).resolve().parent.parent / "traces"
+QWEN = TRACES / "qwen_sample.jsonl"
+TINY = ["--model", "dummy:tiny-llama", "--device", "cpu", "--quiet"]
+SERIES = ("ttft", "itl", "tpot", "e2e_latency")
+
+
+def replay(tmp_path: Path, trace: Path, *args: str) -> dict:
+    out = tmp_path / "trace.json"
+    r = CliRunner().invoke(app, ["bench-trace", str(trace), *args, "--json", str(out)])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    return json.loads(out.read_text())
+
+
+def check_latencies(res: dict) -> None:
+    for s in SERIES:
+        v = [res[f"{k}_{s}_ms"] for k in ("median", "p90", "p99", "max")]
+        assert all(x is not None and x >= 0 for x in v), s
+        assert v == sorted(v), (s, v)
+        assert 0 < res[f"mean_{s}_ms"] <= res[f"max_{s}_ms"], s
+    assert res["max_ttft_ms"] <= res["max_e2e_latency_ms"]
+
+
+@pytest.mark.parametrize("radix", [True, False])
+def test_qwen_replay_in_process(tmp_path, radix):
+    trace = read_trace(QWEN)
+    res = replay(tmp_path, QWEN, *TINY, "--time-scale", "0.1", *([] if radix else ["--no-radix-cache"]))
+    n = len(trace.requests)
+    assert (res["completed"], res["failed"], res["mode"], res["format"]) == (n, 0, "in-process", "qwen")
+    assert res["total_input_tokens"] == sum(r.input_length for r in trace.requests)
+    assert res["total_output_tokens"] == res["expected_output_tokens"] == sum(r.output_length for r in trace.requests)
+    assert res["duration"] >= trace.requests[-1].timestamp * 0.1  # arrivals were waited for
+    assert res["request_throughput"] == pytest.approx(n / res["duration"])
+    assert res["output_throughput"] == pytest.approx(res["total_output_tokens"] / res["duration"])
+    check_latencies(res)
+    assert res["trace_cache_hit_upper_bound"] == pytest.approx(trace.reuse_upper_bound())
+    if radix:  # follow-up turns reuse their parents' blocks; whole pages only, so at most the trace's bound
+        assert 0.2 < res["cache_hit_rate"] <= res["trace_cache_hit_upper_bound"]
+    else:
+        assert res["cache_hit_rate"] == 0.0
+
+
+def test_mooncake_window_scaled_and_clamped(tmp_path):
+    trace = read_trace(TRACES / "mooncake_sample.jsonl")
+    res = replay(tmp_path, TRACES / "mooncake_sample.jsonl", *TINY, "--time-scale", "0.1", "--start", "5",
+                 "--num-requests", "20", "--length-scale", "0.03125", "--max-input-len", "100")
+    window = trace.requests[5:25]
+    inputs = [min(round(r.input_length / 32), 100) for r in window]
+    outputs = [max(1, round(r.output_length / 32)) for r in window]
+    assert (res["completed"], res["format"], res["block_size"], res["trace_block_size"]) == (20, "mooncake", 16, 512)
+    assert res["total_input_tokens"] == sum(inputs) and res["total_output_tokens"] == sum(outputs)
+    assert res["clamped_requests"] == sum(round(r.input_length / 32) > 100 for r in window) > 0
+    assert res["cache_hit_rate"] > 0  # 16-token blocks = one KV page: shared system prompts hit
+    check_latencies(res)
+
+
+def test_lengths_clamped_to_the_context(tmp_path):
+    # The published Mooncake slice at 1/64 has prompts of up to ~1,900 tokens; a 256-token context clamps them.
+    res = replay(tmp_path, TRACES / "mooncake_conversation_head200.jsonl", *TINY, "--time-scale", "0",
+                 "--num-requests", "30", "--length-scale", "0.015625", "--max-model-len", "256")
+    assert (res["completed"], res["failed"]) == (30, 0) and res["clamped_requests"] > 0
+    assert res["total_input_tokens"] + res["total_output_tokens"] <= 30 * 256
+
+
+def test_failed_requests_are_counted_not_fatal(tmp_path):
+    # Token ids up to 100k do not fit tiny-llama's 512-token vocabulary: every request is refused, clearly.
+    res = replay(tmp_path, QWEN, *TINY, "--time-scale", "0", "--num-requests", "5", "--vocab-size", "100000")
+    assert (res["completed"], res["failed"], res["total_output_tokens"]) == (0, 5, 0)
+    assert all("outside the vocabulary" in e["error"] for e in res["errors"])
+    assert res["mean_ttft_ms"] is None
+
+
+def test_bad_line_stops_with_its_number_or_is_skipped(tmp_path):
+    lines = QWEN.read_text().splitlines()[:6]
+    lines[3] = lines[3].replace('"input_length"', '"input_len"')
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    r = CliRunner().invoke(app, ["bench-trace", str(bad), *TINY])
+    assert r.exit_code == 2, r.output
+    assert "bad.jsonl:4:missingfield'input_length'" in flat(r.output).replace(" ", "")
+    res = replay(tmp_path, bad, *TINY, "--time-scale", "0", "--skip-bad-lines")
+    assert (res["completed"], res["skipped_lines"]) == (5, 1)
+    assert res["skipped"][0]["line"] == 4
+
+
+def test_bad_options(tmp_path):
+    r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *TINY, "--start", "1000"])
+    assert r.exit_code == 2 and "past them" in flat(r.output)
+    r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *TINY, "--format", "sharegpt"])
+    assert r.exit_code == 2 and "unknown trace format" in flat(r.output)
+
+
+# ---- against a real server ---------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_url_mode_against_minisgl_serve(tmp_path):
+    if "serve" not in typer.main.get_command(app).commands:  # type: ignore[attr-defined]
+        pytest.skip("`minisgl serve` is not registered yet")
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "minisgl_cli", "serve", "--model", "dummy:tiny-llama",
+                               "--device", "cpu", "--port", str(port), "--served-model-name", "tiny",
+                               "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.stdout.read().decode()  # type: ignore[union-attr]
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.3)
+        trace = read_trace(QWEN).window(0, 24)
+        res = replay(tmp_path, QWEN, "--url", url, "--model", "dummy:tiny-llama", "--num-requests", "24",
+                     "--time-scale", "0.2", "--quiet")
+        assert (res["mode"], res["model"], res["completed"], res["failed"]) == ("url", "tiny", 24, 0)
+        assert res["total_input_tokens"] == sum(r.input_length for r in trace.requests)
+        assert res["total_output_tokens"] == sum(r.output_length for r in trace.requests)  # ignore_eos honoured
+        check_latencies(res)
+        # The server's /metrics counters give the hit rate of exactly this replay.
+        assert 0.1 < res["cache_hit_rate"] <= res["trace_cache_hit_upper_bound"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
