@@ -1,6 +1,7 @@
 """Building blocks of the models: tensor-parallel linear layers, RMSNorm, rotary embedding."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -9,6 +10,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.distributed import TP
+
+
+@functools.cache
+def fused_ops():
+    """The Triton kernels (kernels/triton_ops.py) when a CUDA device and Triton are there, else None."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        from kernels import triton_ops
+    except ImportError:
+        return None
+    return triton_ops
 
 
 class ColumnParallelLinear(nn.Module):
@@ -86,6 +99,8 @@ class RMSNorm(nn.Module):
         self.weight.copy_(full.narrow(0, 0, full.shape[0]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and (ops := fused_ops()) is not None:
+            return ops.rmsnorm(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -93,6 +108,8 @@ class RMSNorm(nn.Module):
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """norm(x + residual), returning the new residual too."""
+        if x.is_cuda and (ops := fused_ops()) is not None:
+            return ops.rmsnorm(x, self.weight, self.eps, residual), residual  # residual updated in place
         residual = x + residual
         return self.forward(residual), residual
 
@@ -124,8 +141,18 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1).float(), persistent=False)
 
     def forward(self, pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if q.is_cuda and (ops := fused_ops()) is not None:
+            ops.rope_inplace(q, k, self.cos_sin, pos)
+            return q, k
         cos, sin = self.cos_sin[pos].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2]
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if x.is_cuda and (ops := fused_ops()) is not None:
+        return ops.silu_and_mul(x)
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

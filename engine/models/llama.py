@@ -5,11 +5,11 @@ import re
 from typing import Iterable, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.distributed import TP
-from engine.layers import ColumnParallelLinear, RMSNorm, RotaryEmbedding, RowParallelLinear, VocabParallelEmbedding
+from engine.layers import (ColumnParallelLinear, RMSNorm, RotaryEmbedding, RowParallelLinear, VocabParallelEmbedding,
+                           silu_and_mul)
 from engine.model_config import ModelConfig
 from kernels.attention import AttentionBackend
 
@@ -56,8 +56,7 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):

@@ -6,6 +6,8 @@ captured batch size with fixed metadata buffers, re-planned before each replay.
 """
 from __future__ import annotations
 
+from itertools import chain
+
 import torch
 
 from kernels.attention.base import AttentionBackend, AttnMeta
@@ -15,11 +17,14 @@ WORKSPACE_BYTES = 256 * 2**20
 
 
 def paged_metadata(meta: AttnMeta, page_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """CSR page table for FlashInfer: (indptr, indices, last_page_len), int32 on the CPU."""
+    """CSR page table for FlashInfer: indptr and last_page_len on the CPU (its planner reads them there),
+    indices already on the device: FlashInfer copies host indices with a blocking copy, which would
+    stall overlap scheduling."""
     counts = [len(t) for t in meta.page_tables]
     indptr = torch.zeros(len(counts) + 1, dtype=torch.int32)
     indptr[1:] = torch.tensor(counts, dtype=torch.int32).cumsum(0)
-    indices = torch.tensor([p for t in meta.page_tables for p in t], dtype=torch.int32)
+    indices = torch.tensor(list(chain.from_iterable(meta.page_tables)), dtype=torch.int32)
+    indices = indices.to(meta.out_slots.device, non_blocking=True)
     last = torch.tensor([(kv - 1) % page_size + 1 for kv in meta.kv_lens], dtype=torch.int32)
     return indptr, indices, last
 

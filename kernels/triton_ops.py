@@ -1,0 +1,94 @@
+"""Fused CUDA kernels (Triton) for the small per-token ops that otherwise cost a dozen kernel launches each:
+RMSNorm (with the residual add), neox rotary embedding applied in place to q and k, and SiLU(gate) * up.
+The torch versions in engine/layers.py stay the reference and the CPU path."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, x_stride, res_stride, out_stride, n, eps,
+                    HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        # The sum is rounded to the activation dtype first, as an unfused `x + residual` would be.
+        x = (x + tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0).to(tl.float32))
+        x = x.to(res_ptr.dtype.element_ty)
+        tl.store(res_ptr + row * res_stride + cols, x, mask=mask)
+        x = x.to(tl.float32)
+    var = tl.sum(x * x, axis=0) / n
+    # Round to the activation dtype before the weight multiply, as the HF reference does.
+    y = (x * tl.rsqrt(var + eps)).to(out_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * out_stride + cols, (y * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """norm(x) or, with residual, residual += x (in place) and norm(residual). x: [..., n], last dim contiguous."""
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    res2 = residual.view(-1, n) if residual is not None else x2
+    if x2.shape[0]:
+        _rmsnorm_kernel[(x2.shape[0],)](x2, res2, weight, out, x2.stride(0), res2.stride(0), out.stride(0), n, eps,
+                                        HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n))
+    return out.view(x.shape)
+
+
+@triton.jit
+def _rope_heads(base, tok, tok_stride, head_stride, n_heads, cos, sin, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, HALF)[None, :]
+    ptr = base + tok * tok_stride + h * head_stride + d
+    mask = h < n_heads
+    x1 = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(ptr + HALF, mask=mask, other=0.0).to(tl.float32)
+    tl.store(ptr, (x1 * cos - x2 * sin).to(base.dtype.element_ty), mask=mask)
+    tl.store(ptr + HALF, (x2 * cos + x1 * sin).to(base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(q_ptr, k_ptr, cs_ptr, pos_ptr, q_tok_stride, q_head_stride, k_tok_stride, k_head_stride,
+                 n_q_heads, n_k_heads, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + tok).to(tl.int64)
+    d = tl.arange(0, HALF)
+    cos = tl.load(cs_ptr + pos * 2 * HALF + d)[None, :]
+    sin = tl.load(cs_ptr + pos * 2 * HALF + HALF + d)[None, :]
+    _rope_heads(q_ptr, tok, q_tok_stride, q_head_stride, n_q_heads, cos, sin, HALF, BLOCK_H)
+    _rope_heads(k_ptr, tok, k_tok_stride, k_head_stride, n_k_heads, cos, sin, HALF, BLOCK_H)
+
+
+def rope_inplace(q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor, pos: torch.Tensor) -> None:
+    """q: [T, H, D], k: [T, KVH, D] (views into the qkv output are fine), cos_sin: [max_pos, D] fp32."""
+    T, H, D = q.shape
+    if T:
+        _rope_kernel[(T,)](q, k, cos_sin, pos, q.stride(0), q.stride(1), k.stride(0), k.stride(1), H, k.shape[1],
+                           HALF=D // 2, BLOCK_H=triton.next_power_of_2(max(H, k.shape[1])))
+
+
+@triton.jit
+def _silu_mul_kernel(x_ptr, out_ptr, n, x_stride, out_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    gate = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * x_stride + n + cols, mask=mask, other=0.0).to(tl.float32)
+    y = (gate * tl.sigmoid(gate)).to(out_ptr.dtype.element_ty).to(tl.float32) * up
+    tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """[T, 2I] (gate | up) -> silu(gate) * up, [T, I]."""
+    T, two_i = x.shape
+    n = two_i // 2
+    out = torch.empty((T, n), dtype=x.dtype, device=x.device)
+    if T:
+        block = 1024
+        _silu_mul_kernel[(T, triton.cdiv(n, block))](x, out, n, x.stride(0), out.stride(0), BLOCK=block)
+    return out
