@@ -46,9 +46,13 @@ async def wait_for(pilot, cond, timeout: float = 60.0, what: str = "condition") 
         await pilot.pause(0.02)
 
 
-async def send(pilot, text: str) -> None:
+async def send(pilot, text: str, typed: bool = False) -> None:
+    """Enter a line in the input box: key by key when `typed`, else set at once (faster) and press enter."""
     await pilot.click("#prompt")
-    await pilot.press(*text)
+    if typed:
+        await pilot.press(*text)
+    else:
+        pilot.app.query_one(HistoryInput).value = text
     await pilot.press("enter")
 
 
@@ -73,7 +77,7 @@ def test_real_model_streams_answer_and_reuses_prefix(smollm, monkeypatch):
 
     async def scenario(app: ChatApp, pilot) -> None:
         assert "SmolLM2" in app.sub_title and "cpu" in app.sub_title and "TP 1" in app.sub_title
-        await send(pilot, "What is the capital of France?")
+        await send(pilot, "What is the capital of France?", typed=True)
         await wait_for(pilot, lambda: not app.generating, what="first answer")
         reply = app.query_one(AssistantMessage)
         first = reply.source
@@ -173,6 +177,7 @@ def test_reset_and_new_conversation_clear_history(tiny):
         assert app.session.history == [] and not app.query(UserMessage) and not app.query(AssistantMessage)
 
         # Ctrl+N mid-answer: the request is aborted and its partial answer does not leak into the new history.
+        await send(pilot, "/max-tokens 1500")
         await send(pilot, "hi again")
         await wait_for(pilot, lambda: app.turn.output_tokens >= 2, what="tokens")
         await pilot.press("ctrl+n")
@@ -180,11 +185,12 @@ def test_reset_and_new_conversation_clear_history(tiny):
         assert not app.generating and app.session.history == [] and not app.query(AssistantMessage)
         await wait_for(pilot, lambda: app.last_metrics.running == 0 and app.last_metrics.kv_pages_in_use == 0,
                        what="pages back")
+        await send(pilot, "/max-tokens 4")
         await send(pilot, "fresh start")
         await wait_for(pilot, lambda: not app.generating, what="answer")
         assert [m["content"] for m in app.session.history if m["role"] == "user"] == ["fresh start"]
 
-    run_app(tiny, scenario, max_tokens=1500)
+    run_app(tiny, scenario, max_tokens=4)
 
 
 def test_slash_commands_and_bad_values(tiny):
