@@ -134,6 +134,12 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> dict[str, 
     e = llm.engine
     context = min(e.max_model_len, e.cache.num_pages * e.cache.page_size)
     p = plan(window, flags["vocab_size"] or e.model_cfg.vocab_size, context, flags)
+    if p.trace.block_size % e.cache.page_size:
+        from rich.console import Console
+
+        Console(stderr=True).print(f"[yellow]note:[/yellow] blocks of {p.trace.block_size} tokens are not whole KV "
+                                   f"pages of {e.cache.page_size}: the cache reuses only whole pages, so the hit rate "
+                                   f"stays below the trace's bound (pick --length-scale / --page-size to match)")
     engine = AsyncLLM(llm)
     try:
         before = engine.call(lambda x: x.metrics())
@@ -149,7 +155,7 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> dict[str, 
     d_prompt = after.prompt_tokens - before.prompt_tokens
     hit_rate = (after.cache_hit_tokens - before.cache_hit_tokens) / d_prompt if d_prompt else None
     out = summarize(results, duration, p, hit_rate)
-    out.update(mode="in-process", **llm.describe(), radix_cache=config.radix_cache,
+    out.update(mode="in-process", **llm.describe(), radix_cache=config.radix_cache, page_size=e.cache.page_size,
                preemptions=after.preemptions - before.preemptions)
     return out
 
