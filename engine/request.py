@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import random
 import time
 from dataclasses import dataclass, field
 
@@ -35,7 +36,8 @@ class Req:
     prefix_node: Node | None = None
     slot: int = -1  # row in the runner's per-request device tables
     num_preemptions: int = 0
-    rng: torch.Generator | None = None  # per-request generator when params.seed is set
+    rng: torch.Generator | None = None  # per-request generator when params.seed is set (CPU sampling)
+    noise_seed: int = field(default_factory=lambda: random.getrandbits(31))  # GPU sampling of unseeded requests
     cache_hit_tokens: int = 0  # prompt tokens served from the radix cache at first admission
     # timing (time.perf_counter seconds)
     arrival: float = field(default_factory=time.perf_counter)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.layers import fused_ops
 from engine.request import Req
 
 
@@ -64,7 +65,11 @@ class Sampler:
         """logits: [B, V] float32 (one row per request). Returns [B] int64 token ids on the device."""
         logits = self._penalize(logits, reqs)
         params = [r.params for r in reqs]
-        if all(p.greedy for p in params):
+        ops = fused_ops() if logits.is_cuda else None
+        if ops is not None and not any(p.top_k > 1 or p.top_p < 1 or p.min_p > 0 for p in params):
+            tokens = ops.sample_gumbel(logits, _dev([0.0 if p.greedy else p.temperature for p in params], self.device),
+                                       _dev([self._row_seed(r) for r in reqs], self.device, torch.int64))
+        elif all(p.greedy for p in params):
             tokens = logits.argmax(-1)
         else:
             greedy = _dev([p.greedy for p in params], self.device)
@@ -80,6 +85,13 @@ class Sampler:
             tokens = torch.where(greedy, logits.argmax(-1), (probs / noise).argmax(-1))
         self._record(tokens, reqs)
         return tokens
+
+    @staticmethod
+    def _row_seed(req: Req) -> int:
+        """Noise seed for the token at position device_len: fixed by (request seed, position), so overlap
+        scheduling, CUDA graphs, batching and preemption cannot change a seeded request's samples."""
+        base = req.params.seed if req.params.seed is not None else req.noise_seed
+        return (base * 1_000_003 + req.device_len) % (2**31 - 1)
 
     def _generator(self, req: Req) -> torch.Generator:
         if req.rng is None:

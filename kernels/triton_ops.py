@@ -92,3 +92,36 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         block = 1024
         _silu_mul_kernel[(T, triton.cdiv(n, block))](x, out, n, x.stride(0), out.stride(0), BLOCK=block)
     return out
+
+
+@triton.jit
+def _sample_kernel(logits_ptr, stride, V, temp_ptr, seed_ptr, out_ptr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    temp = tl.load(temp_ptr + row)
+    seed = tl.load(seed_ptr + row)
+    best_val = -float("inf")
+    best_idx = 0
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < V
+        x = tl.load(logits_ptr + row * stride + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        if temp > 0:
+            u = tl.rand(seed, cols)
+            x = x / temp - tl.log(-tl.log(u))  # Gumbel-max: argmax is a draw from softmax(x / temp)
+        x = tl.where(mask, x, -float("inf"))
+        v = tl.max(x, axis=0)
+        i = tl.argmax(x, axis=0) + start
+        take = v > best_val
+        best_idx = tl.where(take, i, best_idx)
+        best_val = tl.where(take, v, best_val)
+    tl.store(out_ptr + row, best_idx)
+
+
+def sample_gumbel(logits: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    """One pass over [B, V] logits: greedy where temp == 0, else a softmax(logits / temp) draw whose noise is a
+    pure function of the row's seed (so a seeded request samples the same tokens in any batch)."""
+    B, V = logits.shape
+    out = torch.empty(B, dtype=torch.int64, device=logits.device)
+    if B:
+        _sample_kernel[(B,)](logits, logits.stride(0), V, temps, seeds, out, BLOCK=4096)
+    return out

@@ -1,9 +1,9 @@
 """FlashInfer paged attention (CUDA): one plan per batch, shared by all layers.
 
-Decode uses FlashInfer's plain (CUDA-core) decode kernel for small GQA groups: measured on an H200 it reads
-the KV cache at about twice the bandwidth of the tensor-core variant there (docs/gpu.md); large groups (> 4
-query heads per KV head) take the tensor-core kernel. CUDA-graph decode gets one wrapper per captured batch
-size with fixed metadata buffers, re-planned before each replay.
+Decode uses the tensor-core decode kernel (built from the same fa2 template as the prefill wrapper, so one JIT
+compile serves both). Measured on an H200 with Qwen3-0.6B shapes at 256 requests it took 156 us per layer
+against 173 us for the CUDA-core decode kernel, about 3.8 TB/s of KV read (docs/gpu.md). CUDA-graph decode gets
+one wrapper per captured batch size with fixed metadata buffers, re-planned before each replay.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class FlashInferBackend(AttentionBackend):
         self.dtype = pool.k[0].dtype
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
-        self.use_tensor_cores = num_heads // num_kv_heads > 4
+        self.use_tensor_cores = True
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD",
                                                                     use_tensor_cores=self.use_tensor_cores)
         self.graph_wrappers: dict[int, object] = {}
