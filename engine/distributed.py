@@ -11,6 +11,7 @@ import torch.distributed as dist
 class TPContext:
     rank: int = 0
     size: int = 1
+    cpu_group: object = None  # gloo group for the control plane (commands), so it never waits on the GPU stream
 
     @property
     def enabled(self) -> bool:
@@ -47,6 +48,14 @@ def init_tp(size: int, device: str) -> TPContext:
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend, timeout=timeout)
+        TP.cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else dist.group.WORLD
     TP.rank = dist.get_rank() if size > 1 else 0
     TP.size = size
     return TP
+
+
+def broadcast_objects(obj: object) -> object:
+    """Rank 0's object on every rank (control plane, over gloo)."""
+    box = [obj if TP.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0, group=TP.cpu_group)  # type: ignore[arg-type]
+    return box[0]

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from engine import weights
 from engine.config import EngineConfig
-from engine.distributed import TP, init_tp
+from engine.distributed import TP, broadcast_objects, init_tp
 from engine.metrics import EngineMetrics
 from engine.model_config import PRESETS, ModelConfig
 from engine.models import create_model
@@ -61,7 +61,7 @@ def load_model(spec: str | None, device: torch.device, dtype: torch.dtype, progr
         model = create_model(cfg)
     with torch.no_grad():
         if kind == "dummy":
-            weights.init_dummy(model)
+            model.load_weights(weights.dummy_weights(cfg, device, dtype))  # type: ignore[operator]
         elif kind == "gguf":
             total = weights.gguf_tensor_count(where, reader)  # type: ignore[arg-type]
             done = [0]
@@ -180,10 +180,8 @@ class Engine:
 
     def _sync_commands(self) -> list[tuple]:
         cmds, self._commands = self._commands, []
-        if TP.size > 1:
-            box = [cmds if TP.rank == 0 else None]
-            dist.broadcast_object_list(box, src=0)
-            cmds = box[0]  # type: ignore[assignment]
+        if TP.size > 1:  # rank 0 decides; every rank applies the same adds/aborts at the same step
+            cmds = broadcast_objects(cmds)  # type: ignore[assignment]
         return cmds
 
     def _apply(self, cmds: list[tuple]) -> None:
@@ -206,6 +204,26 @@ class Engine:
         self.stats["finished"] += 1
         self.reqs.pop(req.rid, None)
         self._finished_now.append(req)
+
+    def shutdown(self) -> None:
+        """Rank 0: release the follower ranks (they leave their step loop) and leave the group."""
+        if self._shutdown:
+            return
+        if TP.size > 1 and TP.rank == 0:
+            for rid in list(self.reqs):
+                self.abort(rid)
+            self._commands.append(("shutdown",))
+            self.step()
+        self._shutdown = True
+        if TP.size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def run_follower(self) -> None:
+        """Ranks > 0: mirror rank 0's steps until it shuts down."""
+        while not self._shutdown:
+            self.step()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self._inflight is not None or bool(self._commands)

@@ -159,6 +159,9 @@ class LLM:
                 while self.engine.has_work() and rid in self.engine.reqs:
                     self.step()
 
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
     def metrics(self) -> EngineMetrics:
         return self.engine.metrics()
 

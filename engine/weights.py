@@ -179,15 +179,33 @@ def gguf_tensor_count(path: Path, reader=None) -> int:
 
 
 # ---- dummy -----------------------------------------------------------------------------------------
-@torch.no_grad()
-def init_dummy(model: torch.nn.Module, seed: int = 0) -> None:
-    """Random weights at real shapes (benchmarks); norms stay 1 so activations keep a sane scale."""
-    g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    for name, p in model.named_parameters():
+def dummy_weights(cfg: ModelConfig, device: torch.device | str, dtype: torch.dtype,
+                  seed: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+    """Random weights at real shapes under HF names, each drawn whole from a generator keyed by its name, so
+    every tensor-parallel rank (which keeps only its shard) sees the same model as a single GPU does.
+    Norm weights are 1 so activations keep a sane scale."""
+    h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    for n in range(cfg.num_layers):
+        p = f"model.layers.{n}."
+        shapes.update({p + "self_attn.q_proj.weight": (cfg.num_heads * d, h),
+                       p + "self_attn.k_proj.weight": (cfg.num_kv_heads * d, h),
+                       p + "self_attn.v_proj.weight": (cfg.num_kv_heads * d, h),
+                       p + "self_attn.o_proj.weight": (h, cfg.num_heads * d),
+                       p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
+                       p + "mlp.down_proj.weight": (h, i),
+                       p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)})
+        if cfg.qk_norm:
+            shapes.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
+    g = torch.Generator(device=device)
+    for k, (name, shape) in enumerate(shapes.items()):
         if "norm" in name:
-            p.fill_(1.0)
-        else:
-            p.normal_(0.0, 0.02, generator=g)
+            yield name, torch.ones(shape, device=device, dtype=dtype)
+            continue
+        g.manual_seed(seed * 1_000_003 + k)
+        yield name, torch.empty(shape, device=device, dtype=dtype).normal_(0.0, 0.02, generator=g)
 
 
 def read_json(path: Path) -> dict:

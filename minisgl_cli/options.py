@@ -48,7 +48,11 @@ def engine_config(model: str | None = None, device: str = "auto", dtype: str = "
 
 
 def load_llm(config, quiet: bool = False):
-    """Build the LLM with a rich progress bar for the model load; model errors exit cleanly."""
+    """Build the LLM with a rich progress bar for the model load; model errors exit cleanly.
+    Under torchrun (--tp N) ranks > 0 never return: they mirror rank 0's engine steps until it exits."""
+    import atexit
+    import os
+
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -56,13 +60,23 @@ def load_llm(config, quiet: bool = False):
 
     console = Console(stderr=True)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True, disable=quiet) as bar:
+                  console=console, transient=True, disable=quiet or os.environ.get("RANK", "0") != "0") as bar:
         task = bar.add_task("loading model", total=None)
 
         def progress(stage: str, done: int, total: int) -> None:
             bar.update(task, description=stage, completed=done, total=total)
         try:
-            return LLM(config, progress=progress)
+            llm = LLM(config, progress=progress)
         except (ValueError, FileNotFoundError) as e:
             console.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from e
+    from engine.distributed import TP
+
+    if TP.size > 1 and TP.rank != 0:
+        from engine.tp_follower import run_tp_follower
+
+        run_tp_follower(llm)
+        raise typer.Exit(0)
+    if TP.size > 1:
+        atexit.register(llm.shutdown)  # releases the follower ranks however the command ends
+    return llm

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -66,6 +67,8 @@ def environment() -> dict[str, str]:
                                        cwd=Path(__file__).parent, timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
+    if not env.get("commit"):  # a copy without .git (the GPU machine): the launcher may pass it
+        env["commit"] = os.environ.get("MINISGL_COMMIT", "unknown")
     return env
 
 
