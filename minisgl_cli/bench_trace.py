@@ -2,7 +2,6 @@
 prefix sharing, in-process or against an OpenAI-compatible URL; report latency percentiles and cache hits."""
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -126,6 +125,8 @@ def _progress(quiet: bool, total: int):
 
 
 def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> dict[str, Any]:
+    import asyncio
+
     from engine.async_llm import AsyncLLM
     from minisgl_cli.replay import replay_local
 
@@ -161,6 +162,8 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> dict[str, 
 
 
 def _run_url(config, window, flags: dict[str, Any], quiet: bool) -> dict[str, Any]:
+    import asyncio
+
     import httpx
 
     from minisgl_cli.hf_peer import model_config_for
