@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def tp_run(model: str, n: int, tmp_path: Path) -> dict:
     out = tmp_path / f"tp{n}.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT="120")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port", "0",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--standalone",
            str(ROOT / "tests" / "tp_generate.py"), model, str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
