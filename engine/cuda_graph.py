@@ -37,8 +37,9 @@ class DecodeGraphs:
         self.ids = torch.zeros(max_bs, dtype=torch.int64, device=dev)
         self.pos = torch.zeros(max_bs, dtype=torch.int64, device=dev)
         self.out_slots = torch.zeros(max_bs, dtype=torch.int64, device=dev)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        # Two graphs per size, one per copy of the backend's wrappers (see flashinfer_backend.py).
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
         t0 = time.perf_counter()
         with torch.inference_mode():
             self._capture()
@@ -49,18 +50,19 @@ class DecodeGraphs:
         runner = self.runner
         mempool = torch.cuda.graph_pool_handle()
         for bs in reversed(self.sizes):
-            self._plan(bs, [1] * bs, [[self.scratch_page]] * bs)
-            for _ in range(2):  # warm up (JIT, allocator) outside the graph
-                runner.model(self.ids[:bs], self.pos[:bs], self.backend)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=mempool):
-                self.outputs[bs] = runner.model(self.ids[:bs], self.pos[:bs], self.backend)
-            self.graphs[bs] = g
+            for turn in (0, 1):
+                self._plan(bs, [1] * bs, [[self.scratch_page]] * bs, turn)
+                for _ in range(2):  # warm up (JIT, allocator) outside the graph
+                    runner.model(self.ids[:bs], self.pos[:bs], self.backend)
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=mempool):
+                    self.outputs[bs, turn] = runner.model(self.ids[:bs], self.pos[:bs], self.backend)
+                self.graphs[bs, turn] = g
 
-    def _plan(self, bs: int, kv_lens: list[int], tables: list[list[int]]) -> None:
+    def _plan(self, bs: int, kv_lens: list[int], tables: list[list[int]], turn: int | None = None) -> int:
         meta = AttnMeta(True, [1] * bs, kv_lens, tables, self.out_slots[:bs])
-        self.backend.plan_graph(bs, self.max_pages, meta, self.out_slots[:bs])  # type: ignore[attr-defined]
+        return self.backend.plan_graph(bs, self.max_pages, meta, self.out_slots[:bs], turn)  # type: ignore[attr-defined]
 
     def can_run(self, batch: "Batch") -> bool:
         return self.enabled and batch.is_decode and len(batch.reqs) <= self.max_bs
@@ -77,6 +79,6 @@ class DecodeGraphs:
             self.ids[n:bs].zero_()
             self.pos[n:bs].zero_()
             self.out_slots[n:bs].fill_(self.scratch_page * ps)
-        self._plan(bs, meta.kv_lens + [1] * pad, meta.page_tables + [[self.scratch_page]] * pad)
-        self.graphs[bs].replay()
-        return self.outputs[bs][:n]
+        turn = self._plan(bs, meta.kv_lens + [1] * pad, meta.page_tables + [[self.scratch_page]] * pad)
+        self.graphs[bs, turn].replay()
+        return self.outputs[bs, turn][:n]

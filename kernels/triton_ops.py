@@ -95,33 +95,31 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _sample_kernel(logits_ptr, stride, V, temp_ptr, seed_ptr, out_ptr, BLOCK: tl.constexpr):
+def _sample_kernel(logits_ptr, stride, V, temp_ptr, seed_ptr, val_ptr, idx_ptr, n_chunks, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
     temp = tl.load(temp_ptr + row)
     seed = tl.load(seed_ptr + row)
-    best_val = -float("inf")
-    best_idx = 0
-    for start in range(0, V, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < V
-        x = tl.load(logits_ptr + row * stride + cols, mask=mask, other=-float("inf")).to(tl.float32)
-        if temp > 0:
-            u = tl.rand(seed, cols)
-            x = x / temp - tl.log(-tl.log(u))  # Gumbel-max: argmax is a draw from softmax(x / temp)
-        x = tl.where(mask, x, -float("inf"))
-        v = tl.max(x, axis=0)
-        i = tl.argmax(x, axis=0) + start
-        take = v > best_val
-        best_idx = tl.where(take, i, best_idx)
-        best_val = tl.where(take, v, best_val)
-    tl.store(out_ptr + row, best_idx)
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < V
+    x = tl.load(logits_ptr + row * stride + cols, mask=mask, other=-float("inf")).to(tl.float32)
+    if temp > 0:
+        u = tl.rand(seed, cols)
+        x = x / temp - tl.log(-tl.log(u))  # Gumbel-max: the argmax is a draw from softmax(x / temp)
+    x = tl.where(mask, x, -float("inf"))
+    tl.store(val_ptr + row * n_chunks + chunk, tl.max(x, axis=0))
+    tl.store(idx_ptr + row * n_chunks + chunk, tl.argmax(x, axis=0) + chunk * BLOCK)
 
 
 def sample_gumbel(logits: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
-    """One pass over [B, V] logits: greedy where temp == 0, else a softmax(logits / temp) draw whose noise is a
-    pure function of the row's seed (so a seeded request samples the same tokens in any batch)."""
+    """Greedy where temp == 0, else a draw from softmax(logits / temp) whose noise is a pure function of the
+    row's seed (so a seeded request samples the same tokens in any batch). Each row is cut into chunks that
+    run in parallel; a small argmax over the chunk winners finishes the job."""
     B, V = logits.shape
-    out = torch.empty(B, dtype=torch.int64, device=logits.device)
+    block = 2048
+    n_chunks = triton.cdiv(V, block)
+    vals = torch.empty((B, n_chunks), dtype=torch.float32, device=logits.device)
+    idx = torch.empty((B, n_chunks), dtype=torch.int64, device=logits.device)
     if B:
-        _sample_kernel[(B,)](logits, logits.stride(0), V, temps, seeds, out, BLOCK=4096)
-    return out
+        _sample_kernel[(B, n_chunks)](logits, logits.stride(0), V, temps, seeds, vals, idx, n_chunks, BLOCK=block)
+    return idx.gather(1, vals.argmax(1, keepdim=True)).squeeze(1)

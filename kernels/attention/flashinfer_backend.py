@@ -4,6 +4,10 @@ Decode uses the tensor-core decode kernel (built from the same fa2 template as t
 compile serves both). Measured on an H200 with Qwen3-0.6B shapes at 256 requests it took 156 us per layer
 against 173 us for the CUDA-core decode kernel, about 3.8 TB/s of KV read (docs/gpu.md). CUDA-graph decode gets
 one wrapper per captured batch size with fixed metadata buffers, re-planned before each replay.
+
+Every wrapper comes in two copies used in turn. A plan writes its schedule into the wrapper's pinned host
+buffer and queues an async copy to the device; under overlap scheduling the next plan runs while the previous
+step may not have started, so reusing one wrapper would overwrite a schedule before the GPU has read it.
 """
 from __future__ import annotations
 
@@ -39,12 +43,14 @@ class FlashInferBackend(AttentionBackend):
         self.device = device
         self.dtype = pool.k[0].dtype
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
         self.use_tensor_cores = True
-        self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD",
-                                                                    use_tensor_cores=self.use_tensor_cores)
-        self.graph_wrappers: dict[int, object] = {}
-        self.active: object = self.decode
+        self.prefill = [flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
+                        for _ in range(2)]
+        self.decode = [flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=True)
+                       for _ in range(2)]
+        self.graph_wrappers: dict[tuple[int, int], object] = {}
+        self.turn = 0  # which copy the next plan uses
+        self.active: object = self.decode[0]
         self.out_slots: torch.Tensor | None = None
 
     def _plan(self, wrapper, meta: AttnMeta) -> None:
@@ -60,23 +66,32 @@ class FlashInferBackend(AttentionBackend):
                          self.pool.page_size, causal=True, **common)
         self.active, self.out_slots = wrapper, meta.out_slots
 
+    def _next_turn(self) -> int:
+        turn, self.turn = self.turn, self.turn ^ 1
+        return turn
+
     def plan(self, meta: AttnMeta) -> None:
-        self._plan(self.decode if meta.is_decode else self.prefill, meta)
+        turn = self._next_turn()
+        self._plan((self.decode if meta.is_decode else self.prefill)[turn], meta)
 
     # ---- CUDA graphs --------------------------------------------------------------------------------
-    def graph_wrapper(self, bs: int, max_pages: int):
+    def graph_wrapper(self, bs: int, turn: int, max_pages: int):
         """A decode wrapper whose metadata lives in fixed buffers, so a captured graph can replay it."""
-        if bs not in self.graph_wrappers:
-            self.graph_wrappers[bs] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
+        if (bs, turn) not in self.graph_wrappers:
+            self.graph_wrappers[bs, turn] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.use_tensor_cores,
                 paged_kv_indptr_buffer=torch.zeros(bs + 1, dtype=torch.int32, device=self.device),
                 paged_kv_indices_buffer=torch.zeros(max_pages, dtype=torch.int32, device=self.device),
                 paged_kv_last_page_len_buffer=torch.zeros(bs, dtype=torch.int32, device=self.device))
-        return self.graph_wrappers[bs]
+        return self.graph_wrappers[bs, turn]
 
-    def plan_graph(self, bs: int, max_pages: int, meta: AttnMeta, out_slots: torch.Tensor) -> None:
-        self._plan(self.graph_wrapper(bs, max_pages), meta)
+    def plan_graph(self, bs: int, max_pages: int, meta: AttnMeta, out_slots: torch.Tensor,
+                   turn: int | None = None) -> int:
+        """Plan the graph wrapper for this batch size; returns which copy (graph) must be replayed."""
+        turn = self._next_turn() if turn is None else turn
+        self._plan(self.graph_wrapper(bs, turn, max_pages), meta)
         self.out_slots = out_slots
+        return turn
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         assert self.out_slots is not None
