@@ -1,0 +1,50 @@
+"""Tensor-parallel logits check on the GPU: run once plainly (TP=1) and once under torchrun (TP=N) with the same
+dummy weights, then compare.
+
+    python benchmarks/tp_check.py dump tp1.pt
+    torchrun --nproc-per-node 2 benchmarks/tp_check.py dump tp2.pt
+    python benchmarks/tp_check.py compare tp1.pt tp2.pt
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+MODEL = os.environ.get("MINISGL_TP_MODEL", "dummy:Qwen3-0.6B")
+
+
+def dump(path: str) -> None:
+    from engine.config import EngineConfig
+    from engine.distributed import TP
+    from engine.llm import LLM
+    from engine.sampling_params import SamplingParams
+    from engine.tp_follower import run_tp_follower
+
+    tp = int(os.environ.get("WORLD_SIZE", "1"))
+    llm = LLM(EngineConfig(model=MODEL, tp=tp, kv_cache_gb=8, cuda_graph_max_bs=0))
+    if TP.rank != 0:
+        run_tp_follower(llm)
+        return
+    log: list[torch.Tensor] = []
+    orig = llm.engine.loaded.model.logits
+    llm.engine.loaded.model.logits = lambda h: log.append(orig(h).float().cpu()) or log[-1].to(h.device)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 10000, (n,), generator=g).tolist() for n in (16, 200, 700, 1500)]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    llm.shutdown()
+    torch.save({"logits": log, "tokens": [o.token_ids for o in outs]}, path)
+
+
+def compare(a_path: str, b_path: str) -> None:
+    a, b = torch.load(a_path), torch.load(b_path)
+    prefill = [float((x - y).norm(dim=-1).max() / y.norm(dim=-1).min()) for x, y in zip(a["logits"][:1], b["logits"][:1])]
+    rows = [float((x[i] - y[i]).norm() / y[i].norm()) for x, y in zip(a["logits"], b["logits"]) for i in range(len(x))]
+    print(json.dumps({"model": MODEL, "prefill_rel_err_max": max(prefill), "all_steps_rel_err_max": max(rows),
+                      "greedy_tokens_equal": a["tokens"] == b["tokens"]}, indent=1))
+
+
+if __name__ == "__main__":
+    dump(sys.argv[2]) if sys.argv[1] == "dump" else compare(sys.argv[2], sys.argv[3])
