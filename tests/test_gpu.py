@@ -108,22 +108,30 @@ def peaked_model(tmp_path_factory) -> str:
     return str(save_hf(hf_model_from_config(cfg, seed=5, std=0.08), tmp_path_factory.mktemp("peaked") / "m"))
 
 
+def _greedy_tokens(model: str, prompts, graphs: int, overlap: bool) -> list[list[int]]:
+    llm = LLM(EngineConfig(model=model, check_invariants=True, kv_cache_gb=4, dtype="bfloat16",
+                           cuda_graph_max_bs=graphs, overlap=overlap))
+    out = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True))]
+    assert llm.metrics().kv_pages_in_use == 0
+    del llm
+    gc.collect()
+    return out
+
+
 def test_cuda_graphs_and_overlap_give_identical_tokens(peaked_model):
-    prompts = _prompts(40, seed=1)
-    p = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
-    results = {}
-    for graphs in (64, 0):
-        for overlap in (True, False):
-            llm = LLM(EngineConfig(model=peaked_model, check_invariants=True, kv_cache_gb=4, dtype="bfloat16",
-                                   cuda_graph_max_bs=graphs, overlap=overlap))
-            results[(graphs, overlap)] = [o.token_ids for o in llm.generate(prompts, p)]
-            m = llm.metrics()
-            assert m.kv_pages_in_use == 0
-            del llm
-            gc.collect()
+    # 48 requests: a captured batch size, so graph and eager decode run the same GEMM shapes and must agree
+    # bit for bit. (A padded batch, e.g. 40 -> 48, runs the GEMMs at another M, where cuBLAS may pick another
+    # kernel and bf16 rounding differs; docs/gpu.md.)
+    prompts = _prompts(48, seed=1)
+    results = {(g, o): _greedy_tokens(peaked_model, prompts, g, o) for g in (64, 0) for o in (True, False)}
     base = results[(64, True)]
     differing = {k: sum(a != b for a, b in zip(v, base)) for k, v in results.items()}
     assert all(n == 0 for n in differing.values()), differing
+
+
+def test_overlap_gives_identical_tokens_on_padded_graphs(peaked_model):
+    prompts = _prompts(40, seed=1)  # padded to the 48 graph
+    assert _greedy_tokens(peaked_model, prompts, 64, True) == _greedy_tokens(peaked_model, prompts, 64, False)
 
 
 def test_seeded_sampling_same_with_graphs_and_overlap():
