@@ -25,6 +25,9 @@ class Shape:
 
 
 QWEN = Shape(block=16, requests=64, rate=4.0, system=(2, 6), user=(20, 200), output=(8, 64), max_input=1200)
+# The online run of the Qwen3-32B TP=4 issue: 1000 requests, longer shared system prompts and answers.
+QWEN_1K = Shape(block=16, requests=1000, rate=8.0, system=(16, 128), user=(50, 1500), output=(16, 768),
+                max_input=24000)
 MOONCAKE = Shape(block=512, requests=48, rate=2.0, system=(1, 3), user=(300, 4000), output=(16, 512),
                  max_input=24000)
 
@@ -73,7 +76,8 @@ def to_mooncake(records: list[dict]) -> list[dict]:
 def write_samples(folder: Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     files = {folder / "qwen_sample.jsonl": generate(QWEN, seed=0),
-             folder / "mooncake_sample.jsonl": to_mooncake(generate(MOONCAKE, seed=1))}
+             folder / "mooncake_sample.jsonl": to_mooncake(generate(MOONCAKE, seed=1)),
+             folder / "qwen_1000.jsonl": generate(QWEN_1K, seed=2)}
     for path, records in files.items():
         path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return list(files)
