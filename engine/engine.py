@@ -280,13 +280,6 @@ class Engine:
             changed.append(req)
         return changed
 
-    def drain(self) -> list[Req]:
-        """Finish processing the in-flight step (overlap mode)."""
-        if self._inflight is None:
-            return []
-        inflight, self._inflight = self._inflight, None
-        return self._process(*inflight)
-
     def check(self) -> None:
         self.cache.check(self.scheduler.live)  # type: ignore[arg-type]
         for r in self.scheduler.live:

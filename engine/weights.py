@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import struct
 from pathlib import Path
 from typing import Iterator
@@ -207,6 +206,3 @@ def dummy_weights(cfg: ModelConfig, device: torch.device | str, dtype: torch.dty
         g.manual_seed(seed * 1_000_003 + k)
         yield name, torch.empty(shape, device=device, dtype=dtype).normal_(0.0, 0.02, generator=g)
 
-
-def read_json(path: Path) -> dict:
-    return json.loads(path.read_text())
