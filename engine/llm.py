@@ -141,6 +141,8 @@ class LLM:
                     on_output(out)
                 if out.finished:
                     final[out.rid] = out
+        while any(r in self.engine.reqs for r in rids):  # a stop string ended some: their pages go back now
+            self.step()
         return [final[r] for r in rids]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[RequestOutput]:
