@@ -158,8 +158,8 @@ class LLM:
         finally:
             if not done:
                 self.abort(rid)
-                while self.engine.has_work() and rid in self.engine.reqs:
-                    self.step()
+            while self.engine.has_work() and rid in self.engine.reqs:  # also when a stop string ended it
+                self.step()
 
     def shutdown(self) -> None:
         self.engine.shutdown()
