@@ -58,6 +58,7 @@ class AsyncLLM:
         self._lock = threading.Lock()
         self.error: str | None = None
         self._stop = threading.Event()
+        self._closed = False  # set under _lock when the loop ends: nothing is queued after that
         self._thread = threading.Thread(target=self._run, name="minisgl-engine", daemon=True)
         self._thread.start()
 
@@ -74,10 +75,15 @@ class AsyncLLM:
         ids = self.llm.encode(prompt)
         self.llm.engine.validate(ids, params)
         with self._lock:
+            self._check_open()
             rid = rid or self.llm.engine.new_rid()
-        stream = RequestStream(rid, ids, loop)
-        self._inbox.put(("add", rid, ids, params, stream))
+            stream = RequestStream(rid, ids, loop)
+            self._inbox.put(("add", rid, ids, params, stream))
         return stream
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineDeadError(f"engine is not running: {self.error or 'stopped'}")
 
     def abort(self, rid: str) -> None:
         self._inbox.put(("abort", rid))
@@ -85,7 +91,9 @@ class AsyncLLM:
     def call(self, fn, timeout: float = 30.0):
         """Run fn(llm) on the engine thread (between steps) and return its result."""
         box: queue.Queue = queue.Queue()
-        self._inbox.put(("call", fn, box))
+        with self._lock:
+            self._check_open()
+            self._inbox.put(("call", fn, box))
         ok, value = box.get(timeout=timeout)
         if not ok:
             raise value
@@ -140,13 +148,19 @@ class AsyncLLM:
         except Exception as e:  # the loop itself broke: fail everyone clearly instead of hanging them
             self.error = f"engine loop crashed: {type(e).__name__}: {e}"
             traceback.print_exc()
+        finally:  # crashed or shut down: every open stream and everything still queued fails now
+            with self._lock:
+                self._closed = True
+            why = self.error or "engine shut down"
             for stream in self._streams.values():
-                stream._put(EngineDeadError(self.error))
+                stream._put(EngineDeadError(why))
             self._streams.clear()
-            while True:  # requests that arrive after the crash fail too
+            while True:
                 try:
                     item = self._inbox.get_nowait()
                 except queue.Empty:
                     break
                 if item[0] == "add":
-                    item[4]._put(EngineDeadError(self.error))
+                    item[4]._put(EngineDeadError(why))
+                elif item[0] == "call":
+                    item[2].put((False, EngineDeadError(why)))
