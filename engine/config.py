@@ -1,6 +1,7 @@
 """Engine settings: one frozen dataclass, validated once; every front end builds one of these."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -28,8 +29,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         checks = [
+            (re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None, "device",
+             "must be auto, cpu, cuda or cuda:N"),
             (self.page_size >= 1, "page_size", "must be >= 1"),
-            (self.num_pages is None or self.num_pages >= 1, "num_pages", "must be >= 1"),
+            (self.num_pages is None or self.num_pages >= 2, "num_pages", "must be >= 2"),
             (self.kv_cache_gb is None or self.kv_cache_gb > 0, "kv_cache_gb", "must be > 0"),
             (0 < self.memory_fraction <= 1, "memory_fraction", "must be in (0, 1]"),
             (self.max_running_requests >= 1, "max_running_requests", "must be >= 1"),
