@@ -7,6 +7,9 @@ from pathlib import Path
 from typing import Any
 
 
+HF_MODEL_TYPES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}  # supported architectures
+
+
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     architecture: str  # HF `architectures[0]`, the model registry key
@@ -27,6 +30,14 @@ class ModelConfig:
     name: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"{self.num_heads} attention heads do not divide into {self.num_kv_heads} KV heads")
+
     @property
     def qk_norm(self) -> bool:
         return self.architecture == "Qwen3ForCausalLM"
@@ -37,9 +48,13 @@ class ModelConfig:
     @staticmethod
     def from_hf_dict(d: dict[str, Any], name: str = "") -> "ModelConfig":
         archs = d.get("architectures") or []
-        if not archs:
-            raise ValueError(f"config of {name or 'model'} has no 'architectures' entry")
+        if not archs or not isinstance(archs, list):
+            raise ValueError(f"config of {name or 'model'} has no 'architectures' list")
+        if archs[0] not in HF_MODEL_TYPES:  # before the fields: another architecture names them differently
+            raise ValueError(f"unsupported architecture {archs[0]!r} (supported: {', '.join(HF_MODEL_TYPES)})")
         heads = int(d["num_attention_heads"])
+        if heads < 1:
+            raise ValueError(f"num_attention_heads must be >= 1 (got {heads})")
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         rope_scaling = d.get("rope_scaling")
@@ -73,14 +88,18 @@ class ModelConfig:
             d = json.loads(path.read_text())
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON: {e}") from e
+        if not isinstance(d, dict):
+            raise ValueError(f"{path} holds a JSON {type(d).__name__}, not an object")
         try:
             return ModelConfig.from_hf_dict(d, name=path.parent.name)
         except KeyError as e:
             raise ValueError(f"{path} lacks the field {e.args[0]!r}") from e
+        except (TypeError, ValueError) as e:  # a wrong value or type, e.g. "num_attention_heads": "four"
+            raise ValueError(f"{path}: {e}") from e
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A transformers config dict for the same model (used to build the reference model in tests)."""
-        mt = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}[self.architecture]
+        mt = HF_MODEL_TYPES[self.architecture]
         d: dict[str, Any] = dict(
             architectures=[self.architecture], model_type=mt, vocab_size=self.vocab_size,
             hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
