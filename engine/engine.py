@@ -72,7 +72,12 @@ def load_model(spec: str | None, device: torch.device, dtype: torch.dtype, progr
                     progress("loading weights", done[0], total)
             model.load_weights(weights.gguf_weights(where, cfg, reader, tick))  # type: ignore[arg-type]
         else:
-            model.load_weights(weights.hf_weights(where))  # type: ignore[arg-type]
+            try:
+                model.load_weights(weights.hf_weights(where))  # type: ignore[arg-type]
+            except ValueError as e:
+                if str(where) in str(e):  # already names the file
+                    raise
+                raise ValueError(f"{where}: {e}") from e
     model.eval()
     tok: Tokenizer
     if not load_tokenizer:

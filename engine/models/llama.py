@@ -123,7 +123,10 @@ class LlamaForCausalLM(nn.Module):
             module = modules.get(path)
             if module is None or not hasattr(module, "load_shard"):
                 raise ValueError(f"unexpected weight {name!r} for {self.cfg.architecture}")
-            module.load_shard(index, w)  # type: ignore[operator]
+            try:
+                module.load_shard(index, w)  # type: ignore[operator]
+            except RuntimeError as e:  # a shape that does not fit the config
+                raise ValueError(f"weight {name!r} of shape {tuple(w.shape)} does not fit the config: {e}") from e
             loaded.add(f"{path}#{index}")
         expected = {f"{p}#{i}" for p, m in modules.items() if hasattr(m, "load_shard")
                     for i in range(len(getattr(m, "sizes", [0])))}
