@@ -29,7 +29,8 @@ class SamplingParams:
              "must be -1 (off) or a positive 64-bit integer"),
             (0 < self.top_p <= 1, "top_p", "must be in (0, 1]"),
             (0 <= self.min_p <= 1, "min_p", "must be in [0, 1]"),
-            (self.repetition_penalty > 0, "repetition_penalty", "must be > 0"),
+            # far below 1e-6, dividing fp32 logits by it overflows to inf and every draw turns into NaN noise
+            (self.repetition_penalty >= 1e-6, "repetition_penalty", "must be >= 1e-6"),
             (-2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]"),
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]"),
             (self.seed is None or (isinstance(self.seed, int) and -2**63 <= self.seed < 2**64), "seed",
@@ -44,7 +45,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        # Below 1e-5 a temperature is greedy in effect; far below, dividing fp32 logits by it overflowed to
+        # inf/NaN and sampled token 0 every time.
+        return self.temperature < 1e-5 or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:
