@@ -1,0 +1,433 @@
+"""The bad-input catalogue: CLI flags, HTTP bodies, trace files, model files and sampling values. Each gets a clear
+error naming the problem (exit code 2 for the CLI, an OpenAI-shaped 400 for HTTP), and nothing else breaks.
+
+Cases already tested elsewhere are not repeated here (docs/reliability.md lists them all): HTTP bodies in
+tests/test_serve.py (BAD), trace lines in tests/test_traces.py and tests/test_bench_trace.py, engine refusals
+in tests/test_engine.py, bench-offline and chat flags in tests/test_bench_offline.py and tests/test_chat_plain.py.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from engine.config import EngineConfig
+from engine.llm import LLM
+from engine.model_config import PRESETS
+from engine.sampling_params import SamplingParams
+from engine.weights import embedded_default_path
+from minisgl_cli.app import app
+from minisgl_cli.trace_reader import TraceError, read_trace
+from tests.conftest import make_llm
+from tests.hf_reference import hf_model_from_config, save_hf
+from tests.server_harness import live_server
+from tests.test_bench_offline import flat
+
+ROOT = Path(__file__).resolve().parent.parent
+MINISGL = shutil.which("minisgl") or str(Path(sys.executable).parent / "minisgl")
+SERVE = ["serve", "--model", "dummy:tiny-llama", "--device", "cpu", "--port", "0"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matmuls on 2 busy cores run ~40x faster on one intra-op thread than on two."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    r = CliRunner().invoke(app, list(args), env={"COLUMNS": "300"})
+    return r.exit_code, flat(r.output)
+
+
+# ---- CLI flags -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(120)  # a flag wrongly accepted would start serving: fail, do not hang
+@pytest.mark.parametrize("flags, message", [
+    (["--page-size", "0"], "Invalid value for '--page-size'"),
+    (["--page-size", "-16"], "Invalid value for '--page-size'"),
+    (["--num-pages", "-1"], "Invalid value for '--num-pages'"),
+    (["--num-pages", "1"], "num_pages must be >= 2 (got 1)"),
+    (["--kv-cache-gb", "0"], "Invalid value for '--kv-cache-gb'"),
+    (["--memory-fraction", "1.5"], "Invalid value for '--memory-fraction'"),
+    (["--max-running-requests", "0"], "Invalid value for '--max-running-requests'"),
+    (["--max-prefill-tokens", "-5"], "Invalid value for '--max-prefill-tokens'"),
+    (["--max-model-len", "1"], "Invalid value for '--max-model-len'"),
+    (["--cuda-graph-max-bs", "-1"], "Invalid value for '--cuda-graph-max-bs'"),
+    (["--attention-backend", "magic"], "attention_backend must be one of auto, torch, flashinfer (got 'magic')"),
+    (["--dtype", "float64"], "dtype must be one of auto, float32, bfloat16, float16 (got 'float64')"),
+    (["--device", "tpu"], "device must be auto, cpu, cuda or cuda:N (got 'tpu')"),
+    (["--tp", "0"], "Invalid value for '--tp'"),
+    (["--tp", "2"], "--tp 2 needs exactly 2 processes (torchrun --nproc-per-node 2); this run has WORLD_SIZE=1"),
+    (["--model", "dummy:nope"], "unknown dummy model 'nope'; choose from"),
+    (["--model", "/no/such/model"], "model path '/no/such/model' does not exist"),
+    (["--port", "-3"], "Invalid value for '--port'"),
+    (["--max-queued-requests", "-1"], "Invalid value for '--max-queued-requests'"),
+    (["--seed", "x"], "Invalid value for '--seed'"),
+    (["--log-level", "loud"], "Invalid value for '--log-level'"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_bad_serve_flags_exit_2_naming_the_problem(flags, message):
+    code, out = invoke(*SERVE, *flags)
+    assert code == 2, out
+    assert message in out, out
+
+
+def test_cuda_device_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    code, out = invoke(*SERVE, "--device", "cuda:1")
+    assert code == 2 and "device 'cuda:1' asked for, but CUDA is not available" in out, out
+
+
+def test_real_console_script_exits_2_without_a_traceback():
+    for flags, message in ((["--page-size", "0"], "--page-size"), (["--device", "tpu"], "device must be")):
+        p = subprocess.run([MINISGL, *SERVE, *flags], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "COLUMNS": "300"})
+        assert p.returncode == 2, p.stderr
+        assert message in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_tp_that_does_not_divide_the_heads_under_torchrun():
+    # SmolLM2-135M has 9 query heads and 3 KV heads: neither divides by 2.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m",
+           "minisgl_cli", *SERVE[:1], "--model", "dummy:SmolLM2-135M", "--device", "cpu", "--tp", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MINISGL_DIST_TIMEOUT": "60", "PYTHONPATH": str(ROOT)}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0
+    assert out.count("error: 9 heads / 3 KV heads do not divide by tensor-parallel size 2") == 2, out[-3000:]
+    assert out.count("exitcode  : 2") == 2, out[-3000:]  # each rank left through the clean CLI exit
+    assert not any(f'File "{ROOT / pkg}' in out for pkg in ("engine", "kvcache", "minisgl_cli")), out[-3000:]
+
+
+# ---- HTTP bodies (beyond tests/test_serve.py's BAD) ---------------------------------------------------------------
+
+C, CH = "/v1/completions", "/v1/chat/completions"
+MSG = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    with live_server(make_llm(max_running_requests=8, num_pages=256)) as server:
+        yield server
+
+
+@pytest.mark.parametrize("path, body, param, code, message", [
+    (C, {"prompt": [[]]}, "prompt", None, "prompt is empty"),
+    (C, {"prompt": [""]}, "prompt", None, "prompt is empty"),
+    (C, {"prompt": [[1, 600]]}, "prompt", None, "prompt token id 600 is outside the vocabulary [0, 512)"),
+    (C, {"prompt": [2**70]}, "prompt", None, f"prompt token id {2**70} is outside the vocabulary"),
+    (C, {"prompt": {"text": "hi"}}, "prompt", "invalid_type", "prompt: expected str or list[int]"),
+    (C, {"prompt": None}, "prompt", "invalid_type", "prompt: expected str"),
+    (C, {"prompt": "hi", "max_tokens": True}, "max_tokens", "int_type", "max_tokens: Input should be a valid integer"),
+    (C, {"prompt": "hi", "max_tokens": 10**30}, "prompt", "context_length_exceeded", "exceeds the model's context"),
+    (C, {"prompt": "hi", "n": 10**12}, "n", "unsupported_parameter", "n=1000000000000 is not supported"),
+    (C, {"prompt": "hi", "n": 0}, "n", "unsupported_parameter", "n=0 is not supported"),
+    (C, {"prompt": "hi", "n": 1.5}, "n", "int_type", "n: Input should be a valid integer"),
+    (C, {"prompt": "hi", "best_of": 3}, "best_of", "unsupported_parameter", "best_of=3 is not supported"),
+    (C, {"prompt": "hi", "stop": [1]}, "stop", "invalid_type", "stop: expected str or list[str]"),
+    (C, {"prompt": "hi", "stop_token_ids": [-1]}, "stop_token_ids", None, "stop_token_ids must be non-negative"),
+    (C, '{"prompt": "hi", "temperature": NaN}', "temperature", "finite_number", "temperature: Input should be a "
+                                                                               "finite number"),
+    (C, '{"prompt": "hi", "top_p": Infinity}', "top_p", "finite_number", "top_p: Input should be a finite number"),
+    (C, {"prompt": "hi", "repetition_penalty": 1e-300}, "repetition_penalty", None, "repetition_penalty must be"),
+    (C, {"prompt": "hi", "ignore_eos": "yes"}, "ignore_eos", "bool_type", "ignore_eos: Input should be a valid"),
+    (C, "null", None, "model_attributes_type", "request body: Input should be a valid dictionary"),
+    (CH, {"messages": MSG, "max_tokens": -5}, "max_tokens", None, "max_tokens must be an integer >= 1 (got -5)"),
+    (CH, {"messages": MSG, "max_completion_tokens": -5}, "max_completion_tokens", None,
+     "max_completion_tokens must be an integer >= 1 (got -5)"),
+    (CH, {"messages": [[]]}, "messages", "model_attributes_type", "messages.0: Input should be a valid dictionary"),
+    (CH, {"messages": MSG, "n": 10**12}, "n", "unsupported_parameter", "n=1000000000000 is not supported"),
+    (CH, {"messages": MSG * 3000, "max_tokens": 3}, "messages", "context_length_exceeded",
+     "exceeds the model's context length 2048"),
+], ids=lambda v: str(v)[:50] if not isinstance(v, str) or v.startswith("{") else None)
+def test_bad_bodies_get_a_400_naming_the_field(tiny, path, body, param, code, message):
+    raw = body if isinstance(body, str) else json.dumps(body)
+    r = httpx.post(tiny.url + path, content=raw, headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["type"], err["param"], err["code"]) == ("invalid_request_error", param, code), err
+    assert message in err["message"], err
+
+
+def test_unknown_and_empty_fields_are_tolerated_and_change_nothing(tiny):
+    """Fields this server does not know are ignored (at the top and inside messages and stream_options): the answer
+    is the one the same request gets without them."""
+    client = tiny.openai()
+    plain = client.chat.completions.create(model=tiny.model, messages=MSG, max_tokens=8, temperature=0)
+    extra = {"tool_choice": "auto", "response_format": {"type": "text"}, "user": "u", "metadata": {"k": "v"},
+             "logit_bias": {"5": 100}, "service_tier": "auto", "x-custom": [1, {"a": None}]}
+    messy = client.chat.completions.create(
+        model=tiny.model, messages=[{"role": "user", "content": "hi", "name": "bob", "x-note": 1}], max_tokens=8,
+        temperature=0, extra_body=extra)
+    assert messy.choices[0].message.content == plain.choices[0].message.content
+    streamed = client.chat.completions.create(model=tiny.model, messages=MSG, max_tokens=8, temperature=0,
+                                              stream=True, stream_options={"include_usage": True, "unknown": 1})
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert text == plain.choices[0].message.content
+    # empty or missing content is an empty message, not an error: the chat template still makes a prompt of it
+    for content in ("", None):
+        out = client.chat.completions.create(model=tiny.model, max_tokens=3,
+                                             messages=[{"role": "user", "content": content}])
+        assert out.usage.completion_tokens == 3
+    m = tiny.wait_idle()
+    assert (m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0)
+    assert httpx.get(f"{tiny.url}/health").status_code == 200
+
+
+# ---- the engine API ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("prompt, message", [
+    (None, "prompt must be a string, a list of token ids, or a list of chat messages"),
+    ([1, "a"], "prompt must be a string, a list of token ids"),
+    ([1, True], "prompt must be a string, a list of token ids"),
+    ([1.0, 2.0], "prompt must be a string, a list of token ids"),
+    ("", "prompt is empty"),
+    ([], "prompt is empty"),
+    ([[1, 2]], "prompt must be a string, a list of token ids"),
+    ([{"role": "wizard", "content": "hi"}], "each message needs a role"),
+    ([{"role": "user"}], "each message needs a role (system/user/assistant) and string content"),
+    ([-1], "prompt token id -1 is outside the vocabulary [0, 512)"),
+])
+def test_bad_prompts_are_refused_by_the_engine_api(prompt, message):
+    llm = make_llm(num_pages=64)
+    with pytest.raises(ValueError) as e:
+        llm.add_request(prompt, SamplingParams(max_tokens=2))
+    assert message in str(e.value)
+    assert not llm.has_work() and llm.metrics().kv_pages_free == 64
+
+
+finite = st.floats(allow_nan=False, allow_infinity=False)
+extreme = st.one_of(finite, st.sampled_from([0.0, -0.0, 5e-324, 1e-300, 1e-6, 1e-5, 1.0, 2.0, 1e300,
+                                             math.inf, -math.inf, math.nan]))
+FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+@st.composite
+def sampling_values(draw) -> dict:
+    """A few fields set to anything (others left at their defaults, so valid mixes come up often)."""
+    kw = {name: draw(extreme) for name in draw(st.sets(st.sampled_from(FLOAT_FIELDS), max_size=3))}
+    if draw(st.booleans()):
+        kw["top_k"] = draw(st.integers(-2**64, 2**64) | st.sampled_from([-1, 0, 1, 2]))
+    if draw(st.booleans()):
+        kw["seed"] = draw(st.integers(-2**65, 2**65))
+    return kw
+
+
+@pytest.fixture(scope="module")
+def sampling_llm() -> LLM:
+    return make_llm(num_pages=128, max_running_requests=4)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(kw=sampling_values())
+def test_any_sampling_values_are_refused_by_name_or_sampled_sanely(sampling_llm, kw):
+    try:
+        params = SamplingParams(max_tokens=6, ignore_eos=True, **kw)
+    except ValueError as e:
+        assert str(e).split(" ")[0] in kw, e  # the message starts with the field's name
+        return
+    prompt = [7, 8, 9, 10]
+    out = sampling_llm.generate([prompt], params)[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 6
+    assert all(0 <= t < 512 for t in out.token_ids)
+    if (params.temperature < 1e-5 or params.top_k == 1) and not params.has_penalties:  # sampling's limit: greedy
+        greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+        assert out.token_ids == sampling_llm.generate([prompt], greedy)[0].token_ids
+    m = sampling_llm.metrics()
+    assert (m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0)
+
+
+# ---- trace files (beyond tests/test_traces.py) --------------------------------------------------------------------
+
+def _trace(tmp_path: Path, lines: list[str], name: str = "t.jsonl") -> Path:
+    p = tmp_path / name
+    p.write_text("".join(line + "\n" for line in lines))
+    return p
+
+
+def _mooncake(ts, n=100, out=5, hashes=(1,), **extra) -> str:
+    return json.dumps({"timestamp": ts, "input_length": n, "output_length": out, "hash_ids": list(hashes), **extra})
+
+
+QWEN_LINE = {"chat_id": 1, "parent_chat_id": -1, "turn": 1, "type": "text", "input_length": 20, "output_length": 5,
+             "hash_ids": [1, 2]}
+
+
+@pytest.mark.parametrize("bad, why", [
+    (json.dumps({"timestamp": 2, "input_length": 5, "hash_ids": [1]}), "missing field 'output_length'"),
+    (_mooncake(float("nan")), "'timestamp' must be a finite number >= 0 (got nan)"),
+    (_mooncake("12"), "'timestamp' must be a finite number >= 0 (got '12')"),
+    (_mooncake(True), "'timestamp' must be a finite number >= 0 (got True)"),
+    (_mooncake(5, n=0), "'input_length' must be >= 1 (got 0)"),
+    (_mooncake(5, n=True), "'input_length' must be an integer (got True)"),
+    (_mooncake(5, out=2.5), "'output_length' must be an integer (got 2.5)"),
+    (json.dumps({"timestamp": 5, "input_length": 5, "output_length": 5, "hash_ids": "1,2"}),
+     "'hash_ids' must be a list of integers"),
+])
+def test_more_bad_trace_lines_name_file_line_and_field(tmp_path, bad, why):
+    path = _trace(tmp_path, [_mooncake(0), _mooncake(1), bad])
+    with pytest.raises(TraceError) as e:
+        read_trace(path)
+    assert f"{path}:3:" in str(e.value) and why in str(e.value), e.value
+
+
+def test_bad_qwen_lines_and_unreadable_traces(tmp_path):
+    lines = [json.dumps({**QWEN_LINE, "timestamp": t}) for t in (0.5, 2.0, 1.5)]
+    with pytest.raises(TraceError, match=r"t.jsonl:3: timestamp goes back in time \(1.5 after the previous "
+                                         r"request's 2\)"):
+        read_trace(_trace(tmp_path, lines))
+    lines[2] = json.dumps({**QWEN_LINE, "timestamp": 3, "type": 7})
+    with pytest.raises(TraceError, match=r"t.jsonl:3: 'type' must be a string \(got 7\)"):
+        read_trace(_trace(tmp_path, lines))
+    with pytest.raises(TraceError, match="no usable requests"):
+        read_trace(_trace(tmp_path, ["", "  "], "blank.jsonl"))
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"timestamp": 0, "note": "\xe9"}\n')
+    with pytest.raises(TraceError, match="cannot read trace .*latin1.jsonl"):
+        read_trace(tmp_path / "latin1.jsonl")
+    with pytest.raises(TraceError, match="cannot read trace"):
+        read_trace(tmp_path)  # a directory
+
+
+@pytest.mark.parametrize("lines, message", [
+    ([_mooncake(0), _mooncake(1, out=-4)], "t.jsonl:2: 'output_length' must be >= 1 (got -4)"),
+    ([_mooncake(10), _mooncake(5)], "t.jsonl:2: timestamp goes back in time (5 after the previous request's 10)"),
+    ([_mooncake(0), json.dumps({"input_length": 3, "output_length": 3, "hash_ids": []})],
+     "t.jsonl:2: missing field 'timestamp'"),
+])
+def test_bench_trace_stops_on_a_bad_trace_with_exit_2(tmp_path, lines, message):
+    code, out = invoke("bench-trace", str(_trace(tmp_path, lines)), "--model", "dummy:tiny-llama", "--device", "cpu",
+                       "--quiet")
+    assert code == 2 and message in out, out
+    code, out = invoke("bench-trace", str(tmp_path / "missing.jsonl"), "--model", "dummy:tiny-llama", "--quiet")
+    assert code == 2 and "cannot read trace" in out, out
+
+
+# ---- model files -----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def good_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("models") / "good"
+    return save_hf(hf_model_from_config(PRESETS["tiny-llama"], seed=7), path)
+
+
+def _copy(good: Path, tmp: Path, name: str) -> Path:
+    d = tmp / name
+    shutil.copytree(good, d)
+    return d
+
+
+def _edit_config(d: Path, **changes) -> Path:
+    cfg = json.loads((d / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            del cfg[k]
+        else:
+            cfg[k] = v
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def _truncate(f: Path, keep: float) -> None:
+    data = f.read_bytes()
+    f.write_bytes(data[: int(len(data) * keep)])
+
+
+def broken_model(kind: str, good: Path, tmp: Path) -> tuple[Path, str, str]:
+    """A broken copy of the good model: (path, the file the error must name, what it must say)."""
+    d = _copy(good, tmp, kind)
+    cfg, st_file = d / "config.json", d / "model.safetensors"
+    if kind == "missing config.json":
+        cfg.unlink()
+        return d, str(d), "has no config.json"
+    if kind == "config.json not JSON":
+        cfg.write_text("{oops")
+        return d, str(cfg), "is not valid JSON"
+    if kind == "config.json a list":
+        cfg.write_text("[1, 2]")
+        return d, str(cfg), "holds a JSON list, not an object"
+    if kind == "config.json lacks a field":
+        return _edit_config(d, hidden_size=None), str(cfg), "lacks the field 'hidden_size'"
+    if kind == "zero heads":
+        return _edit_config(d, num_attention_heads=0), str(cfg), "num_attention_heads must be >= 1 (got 0)"
+    if kind == "heads as a string":
+        return _edit_config(d, num_attention_heads="four"), str(cfg), "'four'"
+    if kind == "unsupported architecture":
+        _edit_config(d, architectures=["GPT2LMHeadModel"], model_type="gpt2")
+        return d, str(cfg), "unsupported architecture 'GPT2LMHeadModel' (supported: LlamaForCausalLM"
+    if kind == "a GPT-2 config.json":
+        cfg.write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "n_head": 4, "n_embd": 64, "n_layer": 2}))
+        return d, str(cfg), "unsupported architecture 'GPT2LMHeadModel'"
+    if kind == "no weights":
+        st_file.unlink()
+        return d, str(d), "has no .safetensors files"
+    if kind == "truncated safetensors":
+        _truncate(st_file, 0.5)
+        return d, str(st_file), "cannot read"
+    if kind == "safetensors cut inside its header":
+        _truncate(st_file, 0.0005)
+        return d, str(st_file), "cannot read"
+    if kind == "empty safetensors":
+        _truncate(st_file, 0)
+        return d, str(st_file), "cannot read"
+    if kind == "weights for fewer layers":
+        return _edit_config(d, num_hidden_layers=3), str(d), "checkpoint is missing 9 weights"
+    if kind == "weights of another shape":
+        return (_edit_config(d, intermediate_size=256), str(d),
+                "weight 'layers.0.mlp.down_proj.weight' of shape (64, 128) does not fit the config")
+    raise AssertionError(kind)
+
+
+def broken_gguf(kind: str, tmp: Path) -> tuple[Path, str, str]:
+    f = tmp / f"{kind.replace(' ', '_')}.gguf"
+    if kind == "random bytes":
+        f.write_bytes(os.urandom(4096))
+    elif kind == "empty":
+        f.write_bytes(b"")
+    else:  # "truncated": the real embedded model cut in half
+        with open(embedded_default_path(), "rb") as src:
+            f.write_bytes(src.read(os.path.getsize(embedded_default_path()) // 2))
+    return f, str(f), "is not a readable GGUF file"
+
+
+HF_CASES = ["missing config.json", "config.json not JSON", "config.json a list", "config.json lacks a field",
+            "zero heads", "heads as a string", "unsupported architecture", "a GPT-2 config.json", "no weights",
+            "truncated safetensors", "safetensors cut inside its header", "empty safetensors",
+            "weights for fewer layers", "weights of another shape"]
+GGUF_CASES = ["random bytes", "empty", "truncated"]
+
+
+@pytest.mark.parametrize("kind", HF_CASES + GGUF_CASES)
+def test_broken_model_files_are_named_in_the_error(kind, good_dir, tmp_path):
+    path, names, says = broken_gguf(kind, tmp_path) if kind in GGUF_CASES else broken_model(kind, good_dir, tmp_path)
+    with pytest.raises((ValueError, FileNotFoundError)) as e:
+        LLM(EngineConfig(model=str(path), device="cpu", num_pages=16))
+    assert names in str(e.value) and says in str(e.value), e.value
+
+
+@pytest.mark.parametrize("kind", ["missing config.json", "truncated safetensors", "unsupported architecture",
+                                  "weights of another shape", "no weights", "random bytes"])
+def test_broken_model_files_exit_2_from_the_cli(kind, good_dir, tmp_path):
+    path, names, says = broken_gguf(kind, tmp_path) if kind in GGUF_CASES else broken_model(kind, good_dir, tmp_path)
+    code, out = invoke("bench-offline", "--model", str(path), "--device", "cpu", "--num-seqs", "1", "--quiet")
+    assert code == 2, out
+    assert says in out and names.replace(" ", "") in out.replace(" ", ""), out
+
+
+def test_a_model_file_that_is_not_gguf(tmp_path):
+    (tmp_path / "model.bin").write_bytes(b"\0" * 64)
+    with pytest.raises(ValueError, match="model file '.*model.bin' is not a .gguf file"):
+        LLM(EngineConfig(model=str(tmp_path / "model.bin"), device="cpu"))

@@ -1,0 +1,320 @@
+"""Faults and overload: the engine keeps its promises when things go wrong.
+
+- More work than the KV pool holds completes through waiting and preemption, with the tokens of each request run
+  alone; a request that can never fit is refused at admission (in-process and over HTTP) while the rest go on.
+- An exception inside one request's processing (its detokenizer) ends that request with an "error" result and
+  frees its pages; the engine keeps serving everyone else, in-process and behind a real server.
+- A crash of the engine loop turns /health to 503 and fails running, waiting and new requests with a clear error
+  instead of hanging them; so does a shutdown with requests still in flight.
+Faults are injected into the real engine by replacing one method of one object (a request's detokenizer, the
+LLM's step), never by mocking the engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+
+from engine.async_llm import AsyncLLM, EngineDeadError
+from engine.llm import LLM, RequestOutput
+from engine.sampling_params import SamplingParams
+from tests.conftest import make_llm
+from tests.server_harness import LiveServer, live_server
+from tests.test_engine import assert_all_pages_back, prompts_with_shared_prefix, tiny_dir  # noqa: F401
+
+ROOT = Path(__file__).resolve().parent.parent
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+FAULT = "injected fault"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matmuls on 2 busy cores run ~40x faster on one intra-op thread than on two."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def alone(model: str, prompts, params: SamplingParams) -> list[list[int]]:
+    """Each prompt run by itself on a roomy pool: the reference for runs under pressure."""
+    llm = make_llm(model, num_pages=1024, radix_cache=False, max_running_requests=1)
+    return [llm.generate([p], params)[0].token_ids for p in prompts]
+
+
+def run_to_end(llm: LLM) -> dict[str, RequestOutput]:
+    final: dict[str, RequestOutput] = {}
+    while llm.has_work():
+        for out in llm.step():
+            assert out.rid not in final, f"{out.rid} reported after it finished"
+            if out.finished:
+                final[out.rid] = out
+    return final
+
+
+def _wait_for(cond, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def fail_after(n: int, method):
+    """A replacement for `method` that works n times, then raises."""
+    calls = [0]
+
+    def wrapper(*args, **kw):
+        calls[0] += 1
+        if calls[0] > n:
+            raise RuntimeError(FAULT)
+        return method(*args, **kw)
+    return wrapper
+
+
+# ---- KV exhaustion -------------------------------------------------------------------------------------------------
+
+def test_more_work_than_the_pool_completes_and_the_impossible_is_refused(tiny_dir):  # noqa: F811
+    prompts = prompts_with_shared_prefix(10, seed=5)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    want = alone(tiny_dir, prompts, params)
+    llm = make_llm(tiny_dir, page_size=4, num_pages=48)  # 192 tokens for ~10 x 90 tokens of work
+    rids = [llm.add_request(p, params) for p in prompts]
+    waited = 0
+    for _ in range(8):
+        llm.step()
+        waited = max(waited, llm.metrics().waiting)
+    in_use = llm.metrics().kv_pages_in_use
+    with pytest.raises(ValueError, match=r"prompt \(10 tokens\) \+ max_tokens \(183\) = 193 exceeds the KV cache "
+                                         r"capacity of 192 tokens"):
+        llm.add_request(list(range(10)), SamplingParams(max_tokens=183))
+    with pytest.raises(ValueError, match=r"= 2049 exceeds the model's context length 2048"):
+        llm.add_request(list(range(10)), SamplingParams(max_tokens=2039))
+    assert llm.metrics().kv_pages_in_use == in_use  # a refusal takes nothing
+    final = run_to_end(llm)
+    assert waited > 0 and llm.metrics().preemptions > 0
+    assert [final[r].token_ids for r in rids] == want
+    assert all(final[r].finish_reason == "length" for r in rids)
+    assert_all_pages_back(llm)
+
+
+def test_refused_over_http_while_others_stream():
+    llm = make_llm(page_size=4, num_pages=64, max_running_requests=4)  # 256 tokens of KV
+    with live_server(llm) as server:
+        client = server.openai()
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            streams = [pool.submit(_stream_text, server, f"stream {i}", 40) for i in range(4)]
+            _wait_for(lambda: server.engine_metrics().running > 0, "no stream started")
+            with pytest.raises(openai.BadRequestError) as e:
+                client.completions.create(model=server.model, prompt="x" * 20, max_tokens=300)
+            assert "exceeds the KV cache capacity of 256 tokens" in e.value.message
+            assert e.value.code == "context_length_exceeded"
+            texts = [f.result(timeout=60) for f in streams]
+        assert all(n == 40 for _, n in texts)
+        _assert_idle(server)
+
+
+# ---- one request's fault ------------------------------------------------------------------------------------------
+
+def test_a_detokenizer_fault_ends_only_that_request(tiny_dir):  # noqa: F811
+    prompts = prompts_with_shared_prefix(4, seed=2)
+    want = alone(tiny_dir, prompts, GREEDY)
+    llm = make_llm(tiny_dir, page_size=4, num_pages=128)
+    rids = [llm.add_request(p, GREEDY) for p in prompts]
+    detok = llm._text[rids[1]].detok
+    detok.add = fail_after(5, detok.add)  # the 6th token of request 1 cannot be detokenized
+    final = run_to_end(llm)
+    bad = final[rids[1]]
+    assert (bad.finish_reason, bad.error) == ("error", f"detokenization failed: {FAULT}")
+    assert bad.token_ids == want[1][:6]
+    for i in (0, 2, 3):
+        assert (final[rids[i]].finish_reason, final[rids[i]].token_ids) == ("length", want[i])
+    assert_all_pages_back(llm)  # including the failed request's
+    assert llm.metrics().finished_requests == 4
+    assert llm.generate([prompts[1]], GREEDY)[0].token_ids == want[1]  # and the engine still serves that prompt
+
+
+def _poison(server: LiveServer, prompt: str, good_tokens: int) -> None:
+    """Every request for `prompt` gets a detokenizer that fails after good_tokens tokens."""
+    llm = server.async_llm.llm
+    poison_ids = llm.encode(prompt)
+    add = llm.add_request
+
+    def add_request(ids, params=None, rid=None):
+        rid = add(ids, params, rid)
+        if ids == poison_ids:
+            detok = llm._text[rid].detok
+            detok.add = fail_after(good_tokens, detok.add)
+        return rid
+    llm.add_request = add_request  # type: ignore[method-assign]
+
+
+def _stream_text(server: LiveServer, prompt: str, max_tokens: int) -> tuple[str, int]:
+    client = server.openai()
+    stream = client.completions.create(model=server.model, prompt=prompt, max_tokens=max_tokens, stream=True,
+                                       stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    text, used = "", 0
+    for chunk in stream:
+        text += "".join(c.text for c in chunk.choices)
+        used = chunk.usage.completion_tokens if chunk.usage else used
+    return text, used
+
+
+def _assert_idle(server: LiveServer) -> None:
+    m = server.wait_idle()
+    assert (server.client.in_flight, m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0, 0), m
+    assert server.async_llm.call(lambda llm: (llm.engine.check(), len(llm.engine.reqs))[1]) == 0
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_a_request_fault_behind_the_server_fails_that_request_only():
+    with live_server(make_llm(max_running_requests=8, num_pages=256)) as server:
+        _poison(server, "poison", good_tokens=3)
+        client = server.openai()
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            others = [pool.submit(_stream_text, server, f"healthy {i}", 30) for i in range(3)]
+            with pytest.raises(openai.APIError) as streamed:
+                _stream_text(server, "poison", 30)
+            with pytest.raises(openai.InternalServerError) as whole:
+                client.completions.create(model=server.model, prompt="poison", max_tokens=30)
+            assert all(f.result(timeout=60)[1] == 30 for f in others)
+        for e in (streamed.value, whole.value):
+            assert e.body["message"] == f"generation failed: detokenization failed: {FAULT}"
+        assert server.client.metrics.finished["error"] == 2
+        _assert_idle(server)
+
+
+# ---- the engine loop itself ---------------------------------------------------------------------------------------
+
+def test_engine_loop_crash_fails_everyone_clearly_behind_the_server():
+    with live_server(make_llm(max_running_requests=1, num_pages=256)) as server, \
+            concurrent.futures.ThreadPoolExecutor(3) as pool:
+        client = server.openai().with_options(timeout=30)  # a hang fails the test instead of blocking it
+        running = client.completions.create(model=server.model, prompt="running", max_tokens=2000, stream=True,
+                                            extra_body={"ignore_eos": True})
+        first = next(iter(running))
+        assert first.choices[0].text is not None
+        waiting_stream = pool.submit(_stream_text, server, "waiting stream", 10)
+        waiting_whole = pool.submit(client.chat.completions.create, model=server.model, max_tokens=10,
+                                    messages=[{"role": "user", "content": "waiting"}])
+        _wait_for(lambda: server.engine_metrics().waiting == 2, "the two requests never queued")
+        llm = server.async_llm.llm
+        llm.step = fail_after(0, llm.step)  # type: ignore[method-assign]
+
+        crashed = f"engine loop crashed: RuntimeError: {FAULT}"
+        with pytest.raises(openai.APIError) as e:
+            for _ in running:
+                pass
+        assert e.value.body["message"] == crashed
+        with pytest.raises(openai.APIError) as e:
+            waiting_stream.result(timeout=30)
+        assert e.value.body["message"] == crashed
+        with pytest.raises(openai.APIStatusError) as e:
+            waiting_whole.result(timeout=30)
+        assert e.value.status_code == 503 and e.value.body["message"] == crashed
+        h = httpx.get(f"{server.url}/health")
+        assert h.status_code == 503 and h.json()["error"]["message"] == f"engine is not running: {crashed}"
+        with pytest.raises(openai.APIStatusError) as e:
+            client.completions.create(model=server.model, prompt="after", max_tokens=3)
+        assert e.value.status_code == 503 and crashed in e.value.message
+        assert server.client.in_flight == 0
+        assert httpx.get(f"{server.url}/metrics").status_code == 200
+
+
+def _drain(stream) -> str:
+    try:
+        for _ in stream:
+            pass
+    except EngineDeadError as e:
+        return str(e)
+    return "ended normally"
+
+
+def test_engine_loop_crash_and_shutdown_never_leave_a_stream_hanging():
+    for stop in ("crash", "shutdown"):
+        a = AsyncLLM(make_llm(max_running_requests=1, num_pages=256))
+        running = iter(a.submit("running", SamplingParams(max_tokens=1500, ignore_eos=True)))
+        next(running)
+        waiting = a.submit("waiting", SamplingParams(max_tokens=5))
+        if stop == "crash":
+            a.llm.step = fail_after(0, a.llm.step)  # type: ignore[method-assign]
+            want = f"engine loop crashed: RuntimeError: {FAULT}"
+        else:
+            a.shutdown()
+            want = "engine shut down"
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            ended = [pool.submit(_drain, s) for s in (running, waiting)]
+            assert [f.result(timeout=10) for f in ended] == [want, want], stop
+        assert not a.alive
+        with pytest.raises(EngineDeadError, match="engine is not running"):
+            a.submit("after", SamplingParams(max_tokens=3))
+        with pytest.raises(EngineDeadError):
+            a.call(lambda llm: llm.metrics(), timeout=10)
+        a.shutdown()
+
+
+def test_async_streams_fail_on_the_event_loop_too():
+    async def main() -> list[str]:
+        a = AsyncLLM(make_llm(max_running_requests=1, num_pages=256))
+        loop = asyncio.get_running_loop()
+        streams = [a.submit(p, SamplingParams(max_tokens=1500, ignore_eos=True), loop=loop) for p in ("a", "b")]
+        it = streams[0].__aiter__()
+        await it.__anext__()
+        a.llm.step = fail_after(0, a.llm.step)  # type: ignore[method-assign]
+
+        async def drain(s) -> str:
+            try:
+                async for _ in s:
+                    pass
+            except EngineDeadError as e:
+                return str(e)
+            return "ended normally"
+        out = await asyncio.wait_for(asyncio.gather(drain(it), drain(streams[1])), 10)
+        a.shutdown()
+        return out
+    assert asyncio.run(main()) == [f"engine loop crashed: RuntimeError: {FAULT}"] * 2
+
+
+# ---- leaks that only show between calls ---------------------------------------------------------------------------
+
+def test_generate_and_stream_return_the_pages_of_requests_a_stop_string_ended(tiny_dir):  # noqa: F811
+    llm = make_llm(tiny_dir, page_size=4, num_pages=64)
+    prompts = prompts_with_shared_prefix(3, seed=4)
+    base = llm.generate(prompts, GREEDY)
+    # a two-character stop from the middle of each answer (U+FFFD: bytes that are no UTF-8, not a character)
+    cut = [next(o.text[i:i + 2] for i in range(2, len(o.text)) if "\ufffd" not in o.text[i:i + 2]) for o in base]
+    stops = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop=[c]) for c in cut]
+    outs = llm.generate(prompts, stops)
+    for o, b, s in zip(outs, base, stops):
+        assert (o.finish_reason, o.text) == ("stop", b.text[: b.text.index(s.stop[0])])
+    assert_all_pages_back(llm)  # at once, not at some later step()
+    last = list(llm.stream(prompts[0], stops[0]))[-1]
+    assert (last.finish_reason, last.text) == ("stop", outs[0].text)
+    assert_all_pages_back(llm)
+
+
+# ---- the soak, opt-in ---------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_soak_serve_briefly(tmp_path):
+    out = tmp_path / "soak.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--duration", "20",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    import json
+
+    res = json.loads(out.read_text())
+    assert res["passed"] and res["unexpected_errors"] == 0 and res["completed"] > 0, res
+    with contextlib.suppress(KeyError):
+        assert res["outcomes"]["disconnected"] > 0
