@@ -35,6 +35,9 @@ class ColumnParallelLinear(nn.Module):
         self.sizes = [s // TP.size for s in sizes]
         self.weight = nn.Parameter(torch.empty(sum(self.sizes), in_features), requires_grad=False)
 
+    def full_shape(self, index: int) -> tuple[int, ...]:
+        return (self.sizes[index] * TP.size, self.weight.shape[1])
+
     def load_shard(self, index: int, full: torch.Tensor) -> None:
         n = self.sizes[index]
         start = sum(self.sizes[:index])
@@ -54,6 +57,9 @@ class RowParallelLinear(nn.Module):
         self.in_per_rank = in_features // TP.size
         self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank), requires_grad=False)
 
+    def full_shape(self, index: int) -> tuple[int, ...]:
+        return (self.weight.shape[0], self.in_per_rank * TP.size)
+
     def load_shard(self, index: int, full: torch.Tensor) -> None:
         self.weight.copy_(full.narrow(1, TP.rank * self.in_per_rank, self.in_per_rank))
 
@@ -70,6 +76,9 @@ class VocabParallelEmbedding(nn.Module):
         self.start = TP.rank * self.per_rank
         self.vocab = vocab
         self.weight = nn.Parameter(torch.zeros(self.per_rank, dim), requires_grad=False)
+
+    def full_shape(self, index: int) -> tuple[int, ...]:
+        return (self.vocab, self.weight.shape[1])
 
     def load_shard(self, index: int, full: torch.Tensor) -> None:
         n = min(self.per_rank, self.vocab - self.start)
@@ -94,6 +103,9 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+
+    def full_shape(self, index: int) -> tuple[int, ...]:
+        return tuple(self.weight.shape)
 
     def load_shard(self, index: int, full: torch.Tensor) -> None:
         self.weight.copy_(full.narrow(0, 0, full.shape[0]))

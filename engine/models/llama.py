@@ -123,10 +123,10 @@ class LlamaForCausalLM(nn.Module):
             module = modules.get(path)
             if module is None or not hasattr(module, "load_shard"):
                 raise ValueError(f"unexpected weight {name!r} for {self.cfg.architecture}")
-            try:
-                module.load_shard(index, w)  # type: ignore[operator]
-            except RuntimeError as e:  # a shape that does not fit the config
-                raise ValueError(f"weight {name!r} of shape {tuple(w.shape)} does not fit the config: {e}") from e
+            want = module.full_shape(index)  # type: ignore[operator]
+            if tuple(w.shape) != want:  # a larger tensor would otherwise be cut down to size without a word
+                raise ValueError(f"weight {name!r} has shape {tuple(w.shape)}, but the config makes it {want}")
+            module.load_shard(index, w)  # type: ignore[operator]
             loaded.add(f"{path}#{index}")
         expected = {f"{p}#{i}" for p, m in modules.items() if hasattr(m, "load_shard")
                     for i in range(len(getattr(m, "sizes", [0])))}
