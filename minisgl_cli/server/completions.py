@@ -85,8 +85,13 @@ async def _generate(request: Request, body: GenerationRequest, prompt: Prompt, c
     return JSONResponse(reply.body(final.text, final.finish_reason, usage(len(ids), len(final.token_ids))))
 
 
+# json.dumps(ensure_ascii=False) leaves U+0085, U+2028 and U+2029 raw, but str.splitlines() (so httpx's iter_lines and
+# many SSE readers) ends a line there and cuts the event's JSON in two: escape them, JSON reads them back the same.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def _event(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    return f"data: {json.dumps(obj, ensure_ascii=False).translate(_LINE_BREAKS)}\n\n"
 
 
 async def _sse(reply: Reply, job: Job) -> AsyncIterator[str]:
