@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -385,9 +385,12 @@ def broken_model(kind: str, good: Path, tmp: Path) -> tuple[Path, str, str]:
         return d, str(st_file), "cannot read"
     if kind == "weights for fewer layers":
         return _edit_config(d, num_hidden_layers=3), str(d), "checkpoint is missing 9 weights"
-    if kind == "weights of another shape":
+    if kind == "weights smaller than the config":
         return (_edit_config(d, intermediate_size=256), str(d),
-                "weight 'layers.0.mlp.down_proj.weight' of shape (64, 128) does not fit the config")
+                "weight 'layers.0.mlp.down_proj.weight' has shape (64, 128), but the config makes it (64, 256)")
+    if kind == "weights larger than the config":  # used to load quietly, cut down to the config's size
+        return (_edit_config(d, vocab_size=300), str(d),
+                "weight 'lm_head.weight' has shape (512, 64), but the config makes it (300, 64)")
     raise AssertionError(kind)
 
 
@@ -406,7 +409,7 @@ def broken_gguf(kind: str, tmp: Path) -> tuple[Path, str, str]:
 HF_CASES = ["missing config.json", "config.json not JSON", "config.json a list", "config.json lacks a field",
             "zero heads", "heads as a string", "unsupported architecture", "a GPT-2 config.json", "no weights",
             "truncated safetensors", "safetensors cut inside its header", "empty safetensors",
-            "weights for fewer layers", "weights of another shape"]
+            "weights for fewer layers", "weights smaller than the config", "weights larger than the config"]
 GGUF_CASES = ["random bytes", "empty", "truncated"]
 
 
@@ -419,7 +422,7 @@ def test_broken_model_files_are_named_in_the_error(kind, good_dir, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["missing config.json", "truncated safetensors", "unsupported architecture",
-                                  "weights of another shape", "no weights", "random bytes"])
+                                  "weights larger than the config", "no weights", "random bytes"])
 def test_broken_model_files_exit_2_from_the_cli(kind, good_dir, tmp_path):
     path, names, says = broken_gguf(kind, tmp_path) if kind in GGUF_CASES else broken_model(kind, good_dir, tmp_path)
     code, out = invoke("bench-offline", "--model", str(path), "--device", "cpu", "--num-seqs", "1", "--quiet")

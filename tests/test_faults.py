@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
+import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -303,6 +302,33 @@ def test_generate_and_stream_return_the_pages_of_requests_a_stop_string_ended(ti
     assert_all_pages_back(llm)
 
 
+# ---- awkward output ------------------------------------------------------------------------------------------------
+
+def test_streamed_text_with_unicode_line_breaks_reaches_line_splitting_clients_intact():
+    """U+0085, U+2028 and U+2029 are no line breaks to JSON or SSE, but str.splitlines() (so httpx's iter_lines, as
+    the soak and bench-trace --url read streams) breaks lines there. The model is made to say them by giving one
+    request a detokenizer that does (found by the soak: a random byte model emitted U+0085)."""
+    awkward = "a\x85b\u2028c\u2029d"
+    with live_server(make_llm(max_running_requests=4, num_pages=64)) as server:
+        llm = server.async_llm.llm
+        add = llm.add_request
+
+        def add_request(ids, params=None, rid=None):
+            rid = add(ids, params, rid)
+            llm._text[rid].detok.add = lambda token: awkward
+            return rid
+        llm.add_request = add_request  # type: ignore[method-assign]
+        body = {"prompt": "hi", "max_tokens": 2, "stream": True}
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as r:
+            lines = [line for line in r.iter_lines() if line]
+        assert lines[-1] == "data: [DONE]"
+        chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+        assert "".join(c["choices"][0]["text"] for c in chunks) == awkward * 2
+        stream = server.openai().chat.completions.create(model=server.model, messages=[{"role": "user", "content": "x"}],
+                                                         max_tokens=2, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in stream) == awkward * 2
+
+
 # ---- the soak, opt-in ---------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
@@ -312,9 +338,6 @@ def test_soak_serve_briefly(tmp_path):
                            "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    import json
-
     res = json.loads(out.read_text())
-    assert res["passed"] and res["unexpected_errors"] == 0 and res["completed"] > 0, res
-    with contextlib.suppress(KeyError):
-        assert res["outcomes"]["disconnected"] > 0
+    assert res["passed"], res["checks"]
+    assert res["unexpected_errors"] == 0 and res["completed"] > 0 and res["outcomes"]["hung up"] > 0, res
