@@ -108,8 +108,9 @@ def test_tp_that_does_not_divide_the_heads_under_torchrun():
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     out = p.stdout + p.stderr
     assert p.returncode != 0
-    assert out.count("error: 9 heads / 3 KV heads do not divide by tensor-parallel size 2") == 2, out[-3000:]
-    assert out.count("exitcode  : 2") == 2, out[-3000:]  # each rank left through the clean CLI exit
+    # The first rank to fail leaves through the clean CLI exit (2); torchrun may then stop the other one.
+    assert "error: 9 heads / 3 KV heads do not divide by tensor-parallel size 2" in out, out[-3000:]
+    assert "exitcode  : 2" in out, out[-3000:]
     assert not any(f'File "{ROOT / pkg}' in out for pkg in ("engine", "kvcache", "minisgl_cli")), out[-3000:]
 
 
