@@ -9,6 +9,10 @@ import torch
 from engine.config import EngineConfig
 from engine.llm import LLM
 
+# One intra-op thread: the suite runs engine threads, servers and UIs beside the test thread on 2 cores, where
+# OpenMP workers spinning for a core slowed tiny-model steps ~45x (0.025 s vs 1.1 s) and starved the TUI tests.
+torch.set_num_threads(int(os.environ.get("MINISGL_TEST_THREADS", "1")))
+
 
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
