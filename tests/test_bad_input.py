@@ -39,15 +39,6 @@ MINISGL = shutil.which("minisgl") or str(Path(sys.executable).parent / "minisgl"
 SERVE = ["serve", "--model", "dummy:tiny-llama", "--device", "cpu", "--port", "0"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls on 2 busy cores run ~40x faster on one intra-op thread than on two."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def invoke(*args: str) -> tuple[int, str]:
     r = CliRunner().invoke(app, list(args), env={"COLUMNS": "300"})
     return r.exit_code, flat(r.output)

@@ -23,7 +23,6 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import torch
 
 from engine.async_llm import AsyncLLM, EngineDeadError
 from engine.llm import LLM, RequestOutput
@@ -35,15 +34,6 @@ from tests.test_engine import assert_all_pages_back, prompts_with_shared_prefix,
 ROOT = Path(__file__).resolve().parent.parent
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 FAULT = "injected fault"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls on 2 busy cores run ~40x faster on one intra-op thread than on two."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def alone(model: str, prompts, params: SamplingParams) -> list[list[int]]:

@@ -14,7 +14,6 @@ import os
 from dataclasses import dataclass
 
 import pytest
-import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -28,15 +27,6 @@ SLOW = bool(os.environ.get("MINISGL_SLOW"))
 VOCAB = 512
 MAX_TOKENS = 24  # longest output drawn; the reference decodes this many and each request compares its prefix
 MAX_STEPS = 5000  # a workload that has not drained by then is a livelock
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls on 2 busy cores run ~40x faster on one intra-op thread than on two."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @dataclass(frozen=True)
