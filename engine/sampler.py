@@ -62,11 +62,14 @@ class Sampler:
 
     # ---- sampling -----------------------------------------------------------------------------------
     def sample(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
-        """logits: [B, V] float32 (one row per request). Returns [B] int64 token ids on the device."""
-        logits = self._penalize(logits, reqs)
+        """logits: [B, V] (one row per request). Returns [B] int64 token ids on the device."""
         params = [r.params for r in reqs]
         ops = fused_ops() if logits.is_cuda else None
-        if ops is not None and not any(p.top_k > 1 or p.top_p < 1 or p.min_p > 0 for p in params):
+        fused = ops is not None and not any(p.top_k > 1 or p.top_p < 1 or p.min_p > 0 for p in params)
+        if not fused or any(p.has_penalties for p in params):
+            logits = logits.float()
+        logits = self._penalize(logits, reqs)
+        if fused:
             tokens = ops.sample_gumbel(logits, _dev([0.0 if p.greedy else p.temperature for p in params], self.device),
                                        _dev([self._row_seed(r) for r in reqs], self.device, torch.int64))
         elif all(p.greedy for p in params):

@@ -123,3 +123,70 @@ def sample_gumbel(logits: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor
     if B:
         _sample_kernel[(B, n_chunks)](logits, logits.stride(0), V, temps, seeds, vals, idx, n_chunks, BLOCK=block)
     return idx.gather(1, vals.argmax(1, keepdim=True)).squeeze(1)
+
+
+@triton.jit
+def _qk_rows(ptr, tok, tok_stride, head_stride, n_heads, w_ptr, eps, cos, sin, cache_ptr, slot,
+             HAS_NORM: tl.constexpr, STORE: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Per-head RMSNorm (optional) then neox rope of one token's heads, in place; also into the cache row."""
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, HALF)[None, :]
+    mask = h < n_heads
+    p = ptr + tok * tok_stride + h * head_stride + d
+    dt = ptr.dtype.element_ty
+    x1 = tl.load(p, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(p + HALF, mask=mask, other=0.0).to(tl.float32)
+    if HAS_NORM:  # rounded where the unfused RMSNorm rounds: before and after the weight multiply
+        inv = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)[:, None]
+        w1 = tl.load(w_ptr + d).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + d).to(tl.float32)
+        x1 = ((x1 * inv).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+        x2 = ((x2 * inv).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+    y1 = (x1 * cos - x2 * sin).to(dt)
+    y2 = (x2 * cos + x1 * sin).to(dt)
+    tl.store(p, y1, mask=mask)
+    tl.store(p + HALF, y2, mask=mask)
+    if STORE:
+        c = cache_ptr + slot * n_heads * 2 * HALF + h * 2 * HALF + d
+        tl.store(c, y1, mask=mask)
+        tl.store(c + HALF, y2, mask=mask)
+
+
+@triton.jit
+def _qkv_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, eps, cs_ptr, pos_ptr, kc_ptr, vc_ptr, slot_ptr,
+                q_tok_stride, q_head_stride, k_tok_stride, k_head_stride, v_tok_stride, v_head_stride,
+                n_q_heads, n_kv_heads, HAS_NORM: tl.constexpr, HALF: tl.constexpr, BLOCK_Q: tl.constexpr,
+                BLOCK_KV: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + tok).to(tl.int64)
+    slot = tl.load(slot_ptr + tok).to(tl.int64)
+    d = tl.arange(0, HALF)
+    cos = tl.load(cs_ptr + pos * 2 * HALF + d)[None, :]
+    sin = tl.load(cs_ptr + pos * 2 * HALF + HALF + d)[None, :]
+    _qk_rows(q_ptr, tok, q_tok_stride, q_head_stride, n_q_heads, qw_ptr, eps, cos, sin, kc_ptr, slot,
+             HAS_NORM, False, HALF, BLOCK_Q)
+    _qk_rows(k_ptr, tok, k_tok_stride, k_head_stride, n_kv_heads, kw_ptr, eps, cos, sin, kc_ptr, slot,
+             HAS_NORM, True, HALF, BLOCK_KV)
+    h = tl.arange(0, BLOCK_KV)[:, None]
+    dd = tl.arange(0, 2 * HALF)[None, :]
+    mask = h < n_kv_heads
+    v = tl.load(v_ptr + tok * v_tok_stride + h * v_head_stride + dd, mask=mask)
+    tl.store(vc_ptr + slot * n_kv_heads * 2 * HALF + h * 2 * HALF + dd, v, mask=mask)
+
+
+def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor | None,
+                       k_weight: torch.Tensor | None, eps: float, cos_sin: torch.Tensor, pos: torch.Tensor,
+                       k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> None:
+    """One launch per layer for what is otherwise four to six: per-head RMSNorm of q and k (Qwen3; skipped when
+    the weights are None), neox rope on both (in place), and the K/V store into the paged pool at flat `slots`.
+    q: [T, H, D], k/v: [T, KVH, D] (views into the qkv output are fine); caches contiguous [pages, page, KVH, D]."""
+    T, H, D = q.shape
+    KVH = k.shape[1]
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[-2:] == (KVH, D)
+    if not T:
+        return
+    has_norm = q_weight is not None and k_weight is not None
+    _qkv_kernel[(T,)](q, k, v, q_weight if has_norm else q, k_weight if has_norm else k, eps, cos_sin, pos,
+                      k_cache, v_cache, slots, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+                      v.stride(1), H, KVH, HAS_NORM=has_norm, HALF=D // 2, BLOCK_Q=triton.next_power_of_2(H),
+                      BLOCK_KV=triton.next_power_of_2(KVH))

@@ -55,6 +55,43 @@ def test_fused_kernels_match_torch(dtype):
     torch.testing.assert_close(triton_ops.silu_and_mul(gu), torch.nn.functional.silu(gate) * up, **tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_fused_qk_norm_rope_store_matches_torch(dtype, qk_norm):
+    """The one-launch q/k norm + rope + KV store equals the torch path of engine/layers.py and kvcache/pool.py."""
+    from engine import layers
+    from kernels import triton_ops
+    from kvcache.pool import KVPool
+
+    torch.manual_seed(0)
+    T, H, KVH, D = 37, 16, 8, 128
+    qkv = torch.randn(T, (H + 2 * KVH) * D, device="cuda", dtype=dtype)
+    q, k, v = (t.view(T, -1, D) for t in qkv.split([H * D, KVH * D, KVH * D], dim=-1))
+    qn, kn = layers.RMSNorm(D, 1e-6).cuda().to(dtype), layers.RMSNorm(D, 1e-6).cuda().to(dtype)
+    qn.weight.uniform_(0.5, 1.5)
+    kn.weight.uniform_(0.5, 1.5)
+    rope = layers.RotaryEmbedding(D, 4096, 1e6, None).cuda()
+    pos = torch.randint(0, 4096, (T,), device="cuda")
+    slots = torch.randperm(8 * 16, device="cuda")[:T]
+    cos, sin = rope.cos_sin[pos].unsqueeze(1).chunk(2, dim=-1)
+
+    def torch_norm(x, w):
+        xs = x.float()
+        return w * (xs * torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+    q_ref, k_ref = (torch_norm(q, qn.weight), torch_norm(k, kn.weight)) if qk_norm else (q, k)
+    q_ref, k_ref = layers._rotate(q_ref, cos, sin), layers._rotate(k_ref, cos, sin)
+    ref_pool = KVPool.create(1, 8, 16, KVH, D, dtype, "cuda")
+    ref_pool.store(0, slots, k_ref, v)
+    pool = KVPool.create(1, 8, 16, KVH, D, dtype, "cuda")
+    triton_ops.qk_norm_rope_store(q, k, v, qn.weight if qk_norm else None, kn.weight if qk_norm else None, 1e-6,
+                                  rope.cos_sin, pos, pool.k[0], pool.v[0], slots)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(q, q_ref, **tol)
+    torch.testing.assert_close(pool.k[0], ref_pool.k[0], **tol)
+    assert torch.equal(pool.v[0], ref_pool.v[0])  # V is copied, not computed
+    assert pool.k[0].count_nonzero() == ref_pool.k[0].count_nonzero()  # nothing written outside `slots`
+
+
 def _llm(**kw) -> LLM:
     kw.setdefault("kv_cache_gb", 4)
     return LLM(EngineConfig(model="dummy:SmolLM2-135M", check_invariants=True, **kw))

@@ -9,7 +9,7 @@ from torch import nn
 
 from engine.distributed import TP
 from engine.layers import (ColumnParallelLinear, RMSNorm, RotaryEmbedding, RowParallelLinear, VocabParallelEmbedding,
-                           silu_and_mul)
+                           fused_ops, silu_and_mul)
 from engine.model_config import ModelConfig
 from kernels.attention import AttentionBackend
 
@@ -19,6 +19,10 @@ class Narrowable(Protocol):
     shape: torch.Size | tuple[int, ...]
 
     def narrow(self, dim: int, start: int, length: int) -> torch.Tensor: ...
+
+
+# On CUDA, q/k norm + rope + the K/V store run as one Triton kernel per layer (5-6 launches otherwise; docs/gpu.md).
+FUSED_QKV = True
 
 
 class Attention(nn.Module):
@@ -42,6 +46,14 @@ class Attention(nn.Module):
         q = q.view(-1, self.heads, self.head_dim)
         k = k.view(-1, self.kv_heads, self.head_dim)
         v = v.view(-1, self.kv_heads, self.head_dim)
+        if FUSED_QKV and x.is_cuda and (ops := fused_ops()) is not None:
+            qw = self.q_norm.weight if self.q_norm is not None else None
+            kw = self.k_norm.weight if self.k_norm is not None else None
+            eps = self.q_norm.eps if self.q_norm is not None else 0.0
+            pool = attn.pool
+            ops.qk_norm_rope_store(q, k, v, qw, kw, eps, rope.cos_sin, pos, pool.k[self.layer_id],
+                                   pool.v[self.layer_id], attn.out_slots)
+            return self.o_proj(attn.forward(self.layer_id, q, None, None).reshape(-1, self.heads * self.head_dim))
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope(pos, q, k)
@@ -102,7 +114,9 @@ class LlamaForCausalLM(nn.Module):
         return x
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head.logits(h).float()
+        """In the model's dtype: the fused sampler reads bf16 directly (a float32 copy of [256, 151936] logits
+        costs more than the sampling itself); the sampler casts where it needs to."""
+        return self.lm_head.logits(h)
 
     def load_weights(self, weights: Iterable[tuple[str, Narrowable]]) -> None:
         """Load HF-named weights; raises on unknown or missing names so a wrong file is caught early."""

@@ -24,14 +24,16 @@ class AttentionBackend(ABC):
         self.pool = pool
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim ** -0.5
+        self.out_slots: torch.Tensor | None = None  # flat pool slots of the planned batch's new tokens
 
     @abstractmethod
     def plan(self, meta: AttnMeta) -> None:
         """Build per-batch metadata shared by every layer."""
 
     @abstractmethod
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q: [T, H, D], k/v: [T, KVH, D] for the new tokens. Stores k/v into the pool, returns [T, H, D]."""
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
+        """q: [T, H, D], k/v: [T, KVH, D] for the new tokens, stored into the pool at `out_slots` here, or None
+        when a fused kernel has stored them already. Returns [T, H, D]."""
 
 
 def available_backends() -> list[str]:

@@ -51,7 +51,6 @@ class FlashInferBackend(AttentionBackend):
         self.graph_wrappers: dict[tuple[int, int], object] = {}
         self.turn = 0  # which copy the next plan uses
         self.active: object = self.decode[0]
-        self.out_slots: torch.Tensor | None = None
 
     def _plan(self, wrapper, meta: AttnMeta) -> None:
         indptr, indices, last = paged_metadata(meta, self.pool.page_size)
@@ -93,7 +92,8 @@ class FlashInferBackend(AttentionBackend):
         self.out_slots = out_slots
         return turn
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
         assert self.out_slots is not None
-        self.pool.store(layer, self.out_slots, k, v)
+        if k is not None and v is not None:
+            self.pool.store(layer, self.out_slots, k, v)
         return self.active.run(q, (self.pool.k[layer], self.pool.v[layer]))  # type: ignore[attr-defined]

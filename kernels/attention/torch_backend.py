@@ -9,7 +9,7 @@ from kernels.attention.base import AttentionBackend, AttnMeta
 
 class TorchBackend(AttentionBackend):
     def plan(self, meta: AttnMeta) -> None:
-        self.meta = meta
+        self.meta, self.out_slots = meta, meta.out_slots
         ps, dev = self.pool.page_size, meta.out_slots.device
         slots = []
         for pages, kv_len in zip(meta.page_tables, meta.kv_lens):
@@ -31,8 +31,9 @@ class TorchBackend(AttentionBackend):
                 qpos = torch.arange(kv_len - q_len, kv_len)
                 self.masks.append((torch.arange(kv_len)[None, :] <= qpos[:, None]).to(dev))
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        self.pool.store(layer, self.meta.out_slots, k, v)
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
+        if k is not None and v is not None:
+            self.pool.store(layer, self.meta.out_slots, k, v)
         kf = self.pool.k[layer].view(-1, self.num_kv_heads, self.head_dim)
         vf = self.pool.v[layer].view(-1, self.num_kv_heads, self.head_dim)
         if self.meta.is_decode:

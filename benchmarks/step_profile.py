@@ -1,0 +1,181 @@
+"""Where the wall time of the offline workload goes, step by step (GPU). Run on the GPU machine:
+
+    source .whl/use-bundle.sh && python benchmarks/step_profile.py --out $OUT/step_profile.json \
+        --variant base --variant unfused
+
+Each variant runs the default bench-offline workload (256 requests, 133,966 output tokens) once after a warm-up
+and records, per engine step, CUDA events around the launch: the GPU time of the step and the idle gap before it
+(the GPU waiting for the CPU). Steps are summed by kind (prefill / decode by batch size). With --kernels, a second
+run under torch.profiler (CUDA activity only) sums kernel time by category over the whole workload.
+
+Variants switch one optimisation off to measure what it buys: `unfused` (separate q/k norm, rope, KV store),
+`logits-fp32` (a float32 copy of the logits before sampling). A fresh GPU machine runs slower for its first ~30 s:
+repeat variants, interleaved, and compare the later runs.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import re
+import time
+from collections import defaultdict
+
+import torch
+
+from engine.config import EngineConfig
+from engine.llm import LLM
+from engine.sampling_params import SamplingParams
+from minisgl_cli.roofline import gpu_floor
+from minisgl_cli.workload import random_workload
+
+KERNEL_KINDS = [  # (category, regex on the kernel name), first match wins
+    ("attention", r"BatchPrefill|BatchDecode|Persistent|MergeState|VariableLengthMerge|flashinfer"),
+    ("qkv-fused", r"_qkv_kernel"),
+    ("rmsnorm", r"_rmsnorm"),
+    ("rope", r"_rope"),
+    ("silu", r"_silu"),
+    ("sampler", r"_sample|argmax|gather"),
+    ("kv-store", r"index_copy|indexFuncLarge|index_elementwise"),
+    ("gemm", r"gemm|cutlass|nvjet|xmma|sm90|cublas|Kernel2"),
+    ("nccl", r"nccl"),
+    ("copy/cast", r"copy|elementwise|Memcpy|Memset|fill|cat"),
+]
+
+
+def bucket(decode: bool, bs: int) -> str:
+    if not decode:
+        return "prefill"
+    for lo, hi in ((193, 256), (129, 192), (65, 128), (33, 64), (17, 32), (1, 16)):
+        if lo <= bs <= hi:
+            return f"decode {lo}-{hi}"
+    return f"decode {bs}"
+
+
+def apply_variant(name: str) -> None:
+    from engine.models import llama
+
+    if name not in ("base", "unfused", "logits-fp32"):
+        raise SystemExit(f"unknown variant {name!r}: choose base, unfused or logits-fp32")
+    llama.FUSED_QKV = name != "unfused"
+
+
+def run_variant(model: str, name: str, kernels: bool) -> dict:
+    apply_variant(name)
+    t0 = time.perf_counter()
+    llm = LLM(EngineConfig(model=model))
+    startup = time.perf_counter() - t0
+    if name == "logits-fp32":
+        m = llm.engine.loaded.model
+        orig_logits = m.logits
+        m.logits = lambda h: orig_logits(h).float()  # type: ignore[method-assign]
+    cfg = llm.engine.model_cfg
+    wl = random_workload(256, vocab_size=cfg.vocab_size)
+    params = [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True) for n in wl.output_lens]
+    warm = random_workload(16, (32, 64), (8, 16), seed=1, vocab_size=cfg.vocab_size)
+    llm.generate(warm.prompts, [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True)
+                                for n in warm.output_lens])
+
+    runner = llm.engine.runner
+    orig_run = runner.run
+    steps: list[tuple] = []
+
+    def timed_run(batch):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        t = time.perf_counter()
+        out = orig_run(batch)
+        cpu = time.perf_counter() - t
+        end.record()
+        steps.append((batch.is_decode, len(batch.reqs), batch.num_tokens, start, end, cpu))
+        return out
+    runner.run = timed_run  # type: ignore[method-assign]
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outs = llm.generate(wl.prompts, params)
+    torch.cuda.synchronize()
+    dur = time.perf_counter() - t0
+    runner.run = orig_run  # type: ignore[method-assign]
+    tokens = sum(len(o.token_ids) for o in outs)
+
+    agg: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    prev_end = None
+    for decode, bs, ntok, start, end, cpu in steps:
+        a = agg[bucket(decode, bs)]
+        a["steps"] += 1
+        a["gpu_ms"] += start.elapsed_time(end)
+        a["gap_ms"] += prev_end.elapsed_time(start) if prev_end is not None else 0.0
+        a["launch_cpu_ms"] += cpu * 1e3
+        a["requests"] += bs
+        prev_end = end
+    buckets = {k: dict(v) for k, v in sorted(agg.items())}
+    floor = gpu_floor([len(p) for p in wl.prompts], wl.output_lens, cfg, 2, llm.engine.device)
+    res = dict(variant=name, model=model, output_tokens=tokens, duration=dur, output_throughput=tokens / dur,
+               floor_fraction=tokens / dur / floor.output_throughput if floor else None,
+               startup_seconds=startup, steps=len(steps), buckets=buckets,
+               gpu_busy_s=sum(b["gpu_ms"] for b in buckets.values()) / 1e3,
+               gpu_idle_s=sum(b["gap_ms"] for b in buckets.values()) / 1e3,
+               cpu_ms_per_step={k: v / max(len(steps), 1) * 1e3 for k, v in llm.engine.timing.items()})
+    if kernels:
+        res["kernels_ms"] = kernel_breakdown(llm, wl.prompts, params)
+    llm.shutdown()
+    del llm, runner, orig_run
+    gc.collect()
+    torch.cuda.empty_cache()
+    return res
+
+
+def kernel_breakdown(llm: LLM, prompts, params) -> dict[str, float]:
+    """Kernel time (ms) by category over one whole run of the workload (its own run: the profiler slows the CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        llm.generate(prompts, params)
+        torch.cuda.synchronize()
+    cats: dict[str, float] = defaultdict(float)
+    names: dict[str, float] = defaultdict(float)
+    for ev in prof.key_averages():
+        us = getattr(ev, "self_device_time_total", 0.0) or getattr(ev, "self_cuda_time_total", 0.0)
+        if not us:
+            continue
+        cat = next((c for c, rx in KERNEL_KINDS if re.search(rx, ev.key)), "other")
+        cats[cat] += us / 1e3
+        names[f"{cat}: {ev.key[:90]}"] += us / 1e3
+    top = dict(sorted(names.items(), key=lambda kv: -kv[1])[:25])
+    return {"by_category": dict(sorted(cats.items(), key=lambda kv: -kv[1])), "top_kernels": top}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="dummy:Qwen3-0.6B")
+    ap.add_argument("--variant", action="append", help="base | unfused | logits-fp32 (repeatable)")
+    ap.add_argument("--kernels", action="store_true", help="also sum kernel time by category (base variant only)")
+    ap.add_argument("--out", default="step_profile.json")
+    args = ap.parse_args()
+    results = []
+    for name in args.variant or ["base"]:
+        r = run_variant(args.model, name, args.kernels and name == (args.variant or ["base"])[0])
+        results.append(r)
+        print(f"{name}: {r['output_throughput']:.0f} tok/s in {r['duration']:.2f} s", flush=True)
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results}, f,
+                      indent=1)
+    print(f"\n{'variant':<14}{'tok/s':>9}{'wall s':>8}{'of floor':>9}{'gpu busy s':>11}{'gpu idle s':>11}")
+    for r in results:
+        print(f"{r['variant']:<14}{r['output_throughput']:>9.0f}{r['duration']:>8.2f}{r['floor_fraction'] or 0:>9.3f}"
+              f"{r['gpu_busy_s']:>11.2f}{r['gpu_idle_s']:>11.2f}")
+    base = results[0]
+    print(f"\n{'steps of ' + base['variant']:<18}{'n':>6}{'gpu ms':>9}{'gpu ms/step':>12}{'gap ms':>9}"
+          f"{'launch cpu ms/step':>19}")
+    for k, b in base["buckets"].items():
+        n = b["steps"]
+        print(f"{k:<18}{n:>6.0f}{b['gpu_ms']:>9.0f}{b['gpu_ms'] / n:>12.2f}{b['gap_ms']:>9.0f}"
+              f"{b['launch_cpu_ms'] / n:>19.2f}")
+    if "kernels_ms" in base:
+        print("\nkernel ms by category:", json.dumps(base["kernels_ms"]["by_category"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
