@@ -183,6 +183,10 @@ class Engine:
         """Ends a request at the next step (on every rank), returning its pages."""
         self._commands.append(("finish", rid, reason, error))
 
+    def clear_cache(self) -> None:
+        """Drop the radix cache's unused pages at the next step, on every rank (their trees must stay equal)."""
+        self._commands.append(("evict_all",))
+
     def _sync_commands(self) -> list[tuple]:
         cmds, self._commands = self._commands, []
         if TP.size > 1:  # rank 0 decides; every rank applies the same adds/aborts at the same step
@@ -201,6 +205,8 @@ class Engine:
                 req = self.reqs.get(rid)
                 if req is not None and not req.finished:
                     self._finish(req, reason, error)
+            elif cmd[0] == "evict_all":
+                self.cache.evict_all()
             elif cmd[0] == "shutdown":
                 self._shutdown = True
 

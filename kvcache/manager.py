@@ -100,6 +100,13 @@ class CacheManager:
         self.allocator.free(to_free)
         req.pages, req.prefix_node, req.cached_len, req.device_len = [], None, 0, 0
 
+    def evict_all(self) -> int:
+        """Drop every cached page no request holds (a benchmark's repeated run must not hit the last one's
+        prefixes); returns how many pages were freed."""
+        freed = self.radix.evict(self.num_evictable) if self.radix is not None else []
+        self.allocator.free(freed)
+        return len(freed)
+
     # ---- invariants (tests call this after every step) ------------------------------------------------
     def check(self, live: list[CacheUser]) -> None:
         ps = self.page_size

@@ -31,6 +31,8 @@ def register(app: typer.Typer) -> None:
         peer_batch_size: Annotated[int, typer.Option(help="batch size of the padded `generate` fallback",
                                                      min=1)] = 64,
         json_path: Annotated[Path | None, typer.Option("--json", help="write the results to this JSON file")] = None,
+        runs: Annotated[int, typer.Option(help="timed minisgl runs of the workload; the median is reported "
+                                          "(a fresh GPU machine runs slower for its first ~30 s)", min=1)] = 1,
         quiet: Annotated[bool, typer.Option("--quiet", help="no progress bars")] = False,
         model: o.Model = None, device: o.Device = "auto", dtype: o.Dtype = "auto", page_size: o.PageSize = 16,
         num_pages: o.NumPages = None, kv_cache_gb: o.KvCacheGb = None, memory_fraction: o.MemoryFraction = 0.85,
@@ -57,20 +59,21 @@ def register(app: typer.Typer) -> None:
         config = o.engine_config(**flags)
         workload = _build_workload(config, num_seqs, input_len, output_len, seed, dataset)
         engines = list(ENGINES) if compare else [engine]
-        runs = []
+        results = []
         for name in engines:
             run = _run_minisgl if name == "minisgl" else _run_transformers
-            runs.append(run(config, workload, temperature, quiet, peer_api=peer_api, peer_batch_size=peer_batch_size))
-        result: dict[str, Any] = dict(runs[0])
-        if len(runs) == 2:
-            result["peer"] = runs[1]
-            result["speedup"] = runs[0]["output_throughput"] / max(runs[1]["output_throughput"], 1e-9)
+            results.append(run(config, workload, temperature, quiet, peer_api=peer_api,
+                               peer_batch_size=peer_batch_size, repeats=runs))
+        result: dict[str, Any] = dict(results[0])
+        if len(results) == 2:
+            result["peer"] = results[1]
+            result["speedup"] = results[0]["output_throughput"] / max(results[1]["output_throughput"], 1e-9)
         result["workload"] = {"source": workload.source, "num_seqs": workload.num_seqs, "input_len": input_len,
                               "output_len": output_len, "seed": seed, "temperature": temperature,
                               "ignore_eos": True, "folded_ids": workload.folded_ids,
                               "truncated_prompts": workload.truncated}
         result["environment"] = environment()
-        console.print(_table(runs, workload))
+        console.print(_table(results, workload))
         if "speedup" in result:
             console.print(f"[bold]minisgl / transformers output throughput: {result['speedup']:.2f}x[/bold]")
         if json_path is not None:
@@ -132,7 +135,7 @@ def _add_floor(result: dict[str, Any], workload, mc, dtype, device, tp: int) -> 
     result["floor_fraction"] = result["output_throughput"] / floor.output_throughput if floor else None
 
 
-def _run_minisgl(config, workload, temperature: float, quiet: bool, **_: Any) -> dict[str, Any]:
+def _run_minisgl(config, workload, temperature: float, quiet: bool, repeats: int = 1, **_: Any) -> dict[str, Any]:
     from engine.sampling_params import SamplingParams
     from minisgl_cli.workload import random_workload
 
@@ -150,18 +153,25 @@ def _run_minisgl(config, workload, temperature: float, quiet: bool, **_: Any) ->
     warmup = time.perf_counter() - t0
 
     before = llm.metrics()
-    with _progress(quiet) as bar:
-        task = bar.add_task("minisgl", total=workload.output_tokens)
-        on_output = _token_counter(lambda n: bar.update(task, completed=n))
-        t0 = time.perf_counter()
-        outs = llm.generate(workload.prompts, params, on_output=on_output)
-        duration = time.perf_counter() - t0
+    timed = []
+    for i in range(repeats):
+        llm.engine.clear_cache()  # every run starts cold, as the first does
+        with _progress(quiet) as bar:
+            task = bar.add_task("minisgl" if repeats == 1 else f"minisgl run {i + 1}/{repeats}",
+                                total=workload.output_tokens)
+            on_output = _token_counter(lambda n: bar.update(task, completed=n))
+            t0 = time.perf_counter()
+            outs = llm.generate(workload.prompts, params, on_output=on_output)
+            timed.append((time.perf_counter() - t0, outs))
     after = llm.metrics()
+    duration, outs = sorted(timed, key=lambda t: t[0])[(repeats - 1) // 2]  # the median run (lower middle)
     ok = [out for out in outs if out.finish_reason in ("length", "stop")]
     result = _summary("minisgl", len(ok), workload.input_tokens, sum(len(out.token_ids) for out in ok), duration)
     result.update(failed=len(outs) - len(ok), **llm.describe(), startup_seconds=startup, warmup_seconds=warmup,
                   preemptions=after.preemptions - before.preemptions,
-                  cache_hit_tokens=after.cache_hit_tokens - before.cache_hit_tokens)
+                  cache_hit_tokens=after.cache_hit_tokens - before.cache_hit_tokens,
+                  runs=[{"duration": d, "output_throughput": sum(len(o.token_ids) for o in os) / d}
+                        for d, os in timed])
     _add_floor(result, workload, llm.engine.model_cfg, llm.engine.dtype, llm.engine.device, config.tp)
     del llm, outs
     _free_memory()
@@ -182,7 +192,7 @@ def _token_counter(show: Callable[[int], None]):
 
 
 def _run_transformers(config, workload, temperature: float, quiet: bool, peer_api: str = "auto",
-                      peer_batch_size: int = 64) -> dict[str, Any]:
+                      peer_batch_size: int = 64, **_: Any) -> dict[str, Any]:
     import torch
 
     from minisgl_cli.hf_peer import load_hf_model, model_config_for, run_peer

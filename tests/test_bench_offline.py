@@ -93,6 +93,14 @@ def test_minisgl_run_reports_the_workload(tmp_path):
     assert "peer" not in res and res["environment"]["torch"]
 
 
+def test_repeated_runs_start_cold_and_report_the_median(tmp_path):
+    res = bench(tmp_path, *TINY, "--num-seqs", "4", "--input-len", "40:64", "--output-len", "4:8", "--runs", "3")
+    assert len(res["runs"]) == 3
+    durations = sorted(r["duration"] for r in res["runs"])
+    assert res["duration"] == durations[1]
+    assert res["cache_hit_tokens"] == 0  # runs 2 and 3 repeat run 1's prompts, but the cache was cleared
+
+
 def test_compare_runs_transformers_on_the_same_workload(tmp_path):
     res = bench(tmp_path, *TINY, "--num-seqs", "6", "--input-len", "16:48", "--output-len", "4:16", "--compare")
     peer = res["peer"]

@@ -98,3 +98,22 @@ def test_manager_frees_duplicate_pages_of_a_twin():
     m.release(y)  # y's first two pages duplicate x's: freed, not leaked
     m.check([])
     assert m.num_evictable == 2 and m.num_free == 8
+
+
+def test_evict_all_frees_unused_cached_pages_but_not_held_ones():
+    m = CacheManager(num_pages=10, page_size=2)
+    x = FakeReq([1, 2, 3, 4, 5])
+    assert m.admit(x)
+    x.device_len = 5
+    m.release(x)
+    held = FakeReq([1, 2, 3, 4, 9])
+    assert m.admit(held) and held.cached_len == 4  # locks the cached prefix
+    other = FakeReq([7, 7, 7, 7, 7])
+    assert m.admit(other)
+    other.device_len = 5
+    m.release(other)
+    assert m.num_evictable == 2  # other's two pages; held's prefix is locked
+    assert m.evict_all() == 2
+    m.check([held])
+    assert m.num_evictable == 0 and m.num_free == 10 - len(held.pages)
+    assert m.radix is not None and m.radix.match([1, 2, 3, 4, 9])[1] == held.pages[:2]  # held prefix kept
