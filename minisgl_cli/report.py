@@ -62,13 +62,14 @@ def environment() -> dict[str, str]:
         env["transformers"] = transformers.__version__
     except ImportError:
         pass
-    try:
-        env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                       cwd=Path(__file__).parent, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    if not env.get("commit"):  # a copy without .git (the GPU machine): the launcher may pass it
-        env["commit"] = os.environ.get("MINISGL_COMMIT", "unknown")
+    # The launcher's word first: a copied tree (the GPU machine) may carry a stale .git.
+    env["commit"] = os.environ.get("MINISGL_COMMIT", "")
+    if not env["commit"]:
+        try:
+            env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                           cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
+        except (OSError, subprocess.SubprocessError):
+            env["commit"] = "unknown"
     return env
 
 
