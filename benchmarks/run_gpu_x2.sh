@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the 2xH200 machine: TP=2 vs TP=1 logits, bench-offline --tp 2, and `serve --tp 2` answering a trace replay.
+# On the 2xH200 machine: TP=2 vs TP=1 logits, bench-offline --tp 2, and `serve --tp 2` (then --tp 1) answering a
+# trace replay.
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_x2.sh [serve-only]   (figures land in $OUT)
 set -u
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
@@ -11,12 +12,15 @@ if [ "${1:-}" != serve-only ]; then
   timeout 200 torchrun --nproc-per-node 2 --standalone -m minisgl_cli bench-offline --model dummy:Llama-3.1-8B --tp 2 \
     --quiet --json "$OUT/bench_llama8b_tp2.json" 2>&1 | grep -v "^W1" | tail -14
 fi
-(timeout 300 torchrun --nproc-per-node 2 --standalone -m minisgl_cli serve --model dummy:Qwen3-0.6B --tp 2 \
-  --port 8200 > "$OUT/serve_tp2.log" 2>&1 &)
-for i in $(seq 1 120); do curl -sf http://127.0.0.1:8200/health >/dev/null && break; sleep 1; done
-# With --url and no local model, bench-trace needs the served model's vocabulary and context.
-timeout 120 python -m minisgl_cli bench-trace traces/qwen_sample.jsonl --url http://127.0.0.1:8200 --num-requests 64 \
-  --vocab-size 151936 --max-model-len 40960 --json "$OUT/trace_qwen3_tp2_url.json" 2>&1 | tail -24
-pkill -INT -f "minisgl_cli serve"; sleep 5
-tail -8 "$OUT/serve_tp2.log"
+for tp in 2 1; do  # the same short trace replay against `serve --tp 2`, then `serve` on one GPU
+  (timeout 300 torchrun --nproc-per-node $tp --standalone -m minisgl_cli serve --model dummy:Qwen3-0.6B --tp $tp \
+    --port 8200 > "$OUT/serve_tp$tp.log" 2>&1 &)
+  for i in $(seq 1 120); do curl -sf http://127.0.0.1:8200/health >/dev/null && break; sleep 1; done
+  # With --url and no local model, bench-trace needs the served model's vocabulary and context.
+  timeout 120 python -m minisgl_cli bench-trace traces/qwen_sample.jsonl --url http://127.0.0.1:8200 \
+    --num-requests 64 --vocab-size 151936 --max-model-len 40960 --json "$OUT/trace_qwen3_tp${tp}_url.json" 2>&1 | tail -24
+  pkill -INT -f "torchrun.*minisgl_cli serve"  # as Ctrl-C would: torchrun forwards it to every rank
+  for i in $(seq 1 60); do curl -sf http://127.0.0.1:8200/health >/dev/null || break; sleep 1; done; sleep 3
+  grep -v "POST /v1" "$OUT/serve_tp$tp.log" | tail -8
+done
 tar czf "$OUT/fi-cache.tgz" -C ~ .cache/flashinfer

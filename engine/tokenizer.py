@@ -60,7 +60,8 @@ class Tokenizer:
 
 
 class ByteTokenizer(Tokenizer):
-    """For dummy-weight models, which ship no tokenizer: ids 0-255 are UTF-8 bytes, others decode to nothing."""
+    """For dummy-weight models, which ship no tokenizer: ids 0-255 are UTF-8 bytes, others decode to `<id>`, so
+    every sampled token streams as its own text delta (a server's inter-token latency stays measurable)."""
 
     def __init__(self) -> None:
         self.hf = None
@@ -75,7 +76,14 @@ class ByteTokenizer(Tokenizer):
         return list(text.encode())
 
     def decode(self, ids: list[int]) -> str:
-        return bytes(i for i in ids if 0 <= i < 256).decode(errors="replace")
+        parts, run = [], bytearray()
+        for i in ids:
+            if 0 <= i < 256:
+                run.append(i)
+                continue
+            parts.append(run.decode(errors="replace") + f"<{i}>")
+            run = bytearray()
+        return "".join(parts) + run.decode(errors="replace")
 
     def encode_chat(self, messages: list[Message]) -> list[int]:
         return self.encode(self.chat_prompt(messages))

@@ -71,6 +71,8 @@ def run_server(llm, host: str, port: int, model_name: str | None = None, max_que
         Console(stderr=True, soft_wrap=True).print(
             f"[bold]minisgl serve[/bold]: model [cyan]{name}[/cyan] on {d['device']} ({d['dtype']}, "
             f"{d['attention']} attention, tp={d['tp']}) at http://{host}:{port}/v1")
-        uvicorn.run(app, host=host, port=port, log_level=log_level)
+        # No lifespan hooks here; with them on, a second Ctrl-C (torchrun forwards the terminal's to rank 0
+        # again) cancels uvicorn's lifespan task and logs a traceback on an otherwise clean shutdown.
+        uvicorn.run(app, host=host, port=port, log_level=log_level, lifespan="off")
     finally:
         async_llm.shutdown()
