@@ -20,7 +20,7 @@ for tp in 2 1; do  # the same short trace replay against `serve --tp 2`, then `s
   timeout 120 python -m minisgl_cli bench-trace traces/qwen_sample.jsonl --url http://127.0.0.1:8200 \
     --num-requests 64 --vocab-size 151936 --max-model-len 40960 --json "$OUT/trace_qwen3_tp${tp}_url.json" 2>&1 | tail -24
   pkill -INT -f "torchrun.*minisgl_cli serve"  # as Ctrl-C would: torchrun forwards it to every rank
-  for i in $(seq 1 60); do curl -sf http://127.0.0.1:8200/health >/dev/null || break; sleep 1; done; sleep 3
+  for i in $(seq 1 60); do pgrep -f "minisgl_cli serve" >/dev/null || break; sleep 1; done  # GPU memory freed
   grep -v "POST /v1" "$OUT/serve_tp$tp.log" | tail -8
 done
 tar czf "$OUT/fi-cache.tgz" -C ~ .cache/flashinfer
