@@ -171,11 +171,18 @@ def _run_minisgl(config, workload, temperature: float, quiet: bool, repeats: int
                   preemptions=after.preemptions - before.preemptions,
                   cache_hit_tokens=after.cache_hit_tokens - before.cache_hit_tokens,
                   runs=[{"duration": d, "output_throughput": sum(len(o.token_ids) for o in os) / d}
-                        for d, os in timed])
+                        for d, os in timed], startup_breakdown=_startup_breakdown(llm.engine))
     _add_floor(result, workload, llm.engine.model_cfg, llm.engine.dtype, llm.engine.device, config.tp)
     del llm, outs
     _free_memory()
     return result
+
+
+def _startup_breakdown(engine) -> dict[str, float]:
+    """Seconds: model build + weights (`load`), then the runner: attention backend, FlashInfer's JIT compile on a
+    machine's first use, CUDA-graph capture (also given apart)."""
+    graphs = engine.runner.graphs
+    return {**engine.startup_seconds, "graph_capture": graphs.capture_seconds if graphs else 0.0}
 
 
 def _token_counter(show: Callable[[int], None]):

@@ -84,6 +84,7 @@ def test_minisgl_run_reports_the_workload(tmp_path):
     assert (res["completed"], res["failed"]) == (8, 0)
     assert res["total_input_tokens"] == w.input_tokens and res["total_output_tokens"] == w.output_tokens
     assert res["duration"] > 0 and res["startup_seconds"] > 0
+    assert res["startup_breakdown"]["load"] > 0 and res["startup_breakdown"]["graph_capture"] == 0.0  # CPU
     assert res["output_throughput"] == pytest.approx(w.output_tokens / res["duration"])
     assert res["total_token_throughput"] == pytest.approx((w.input_tokens + w.output_tokens) / res["duration"])
     assert res["request_throughput"] == pytest.approx(8 / res["duration"])
