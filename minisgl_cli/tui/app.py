@@ -10,6 +10,7 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
+from textual.css.query import NoMatches
 from textual.widgets import Footer, Header, Markdown
 
 from engine.async_llm import AsyncLLM, EngineDeadError, RequestStream
@@ -173,7 +174,10 @@ class ChatApp(App):
         finally:
             self._polling = False
         self.last_metrics = m
-        self.query_one(MetricsPanel).show_engine(m)
+        try:
+            self.query_one(MetricsPanel).show_engine(m)
+        except NoMatches:  # the read outlived the screen: the app is closing and its widgets are gone
+            pass
 
     # ---- key bindings ----------------------------------------------------------------------------------
     def action_stop(self) -> None:
