@@ -5,6 +5,7 @@
 set -u
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+timeout 400 python -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -4 | tee "$OUT/pytest_gpu_x2.txt"
 if [ "${1:-}" != serve-only ]; then
   timeout 120 python benchmarks/tp_check.py dump /tmp/tp1.pt 2>&1 | tail -2
   timeout 150 torchrun --nproc-per-node 2 --standalone benchmarks/tp_check.py dump /tmp/tp2.pt 2>&1 | grep -v "^W1" | tail -3

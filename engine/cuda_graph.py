@@ -64,6 +64,16 @@ class DecodeGraphs:
         meta = AttnMeta(True, [1] * bs, kv_lens, tables, self.out_slots[:bs])
         return self.backend.plan_graph(bs, self.max_pages, meta, self.out_slots[:bs], turn)  # type: ignore[attr-defined]
 
+    def release(self) -> None:
+        """Destroy the captured graphs now, not whenever the garbage collector gets to them."""
+        if not self.enabled:
+            return
+        torch.cuda.synchronize()
+        for g in self.graphs.values():
+            g.reset()
+        self.graphs.clear()
+        self.outputs.clear()
+
     def can_run(self, batch: "Batch") -> bool:
         return self.enabled and batch.is_decode and len(batch.reqs) <= self.max_bs
 

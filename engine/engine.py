@@ -226,13 +226,21 @@ class Engine:
             self._commands.append(("shutdown",))
             self.step()
         self._shutdown = True
-        if TP.size > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        if TP.size > 1:
+            self._leave_group()
 
     def run_follower(self) -> None:
         """Ranks > 0: mirror rank 0's steps until it shuts down."""
         while not self._shutdown:
             self.step()
+        self._leave_group()
+
+    def _leave_group(self) -> None:
+        # CUDA graphs that captured NCCL all-reduces must be gone before their communicator is: otherwise
+        # destroy_process_group can hang (pytorch/pytorch#115388); ranks on 2xH200 and 4xH200 did not exit.
+        graphs, self.runner.graphs = self.runner.graphs, None
+        if graphs is not None:
+            graphs.release()
         if dist.is_initialized():
             dist.destroy_process_group()
 

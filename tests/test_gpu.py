@@ -213,3 +213,24 @@ def test_fused_sampler_distribution_and_greedy():
     assert float((freq - probs).abs().sum()) < 0.1  # total variation distance
     again = triton_ops.sample_gumbel(row[:8], torch.full((8,), 0.7, device="cuda"), torch.arange(8, device="cuda"))
     assert torch.equal(again, draws[:8])  # a pure function of (seed, logits)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_tp2_ranks_exit_when_the_command_ends(tmp_path):
+    """NCCL + CUDA graphs: every rank must leave once rank 0 is done. They once hung in destroy_process_group
+    while graphs holding captured all-reduces were still alive (pytorch/pytorch#115388)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "result.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m",
+           "minisgl_cli", "bench-offline", "--model", "dummy:Qwen3-0.6B", "--tp", "2", "--num-seqs", "8",
+           "--input-len", "16:32", "--output-len", "8:16", "--quiet", "--json", str(out)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(out.read_text())["completed"] == 8
