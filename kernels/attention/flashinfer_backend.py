@@ -46,7 +46,8 @@ class FlashInferBackend(AttentionBackend):
         self.use_tensor_cores = True
         self.prefill = [flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
                         for _ in range(2)]
-        self.decode = [flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=True)
+        self.decode = [flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD",
+                                                                     use_tensor_cores=self.use_tensor_cores)
                        for _ in range(2)]
         self.graph_wrappers: dict[tuple[int, int], object] = {}
         self.turn = 0  # which copy the next plan uses
