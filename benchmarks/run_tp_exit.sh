@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# On a 2-GPU machine: do `bench-offline --tp 2`, `bench-trace --tp 2` and `serve --tp 2` (after Ctrl-C) end, and how
-# soon? A command whose ranks are still alive 45 s after its result was written gets SIGABRT on every process, and
+# On a machine with N GPUs (N=2 unless TP=4 is set): do `bench-offline --tp N`, `bench-trace --tp N` and `serve --tp N`
+# (after Ctrl-C) end, and how soon? A command whose ranks are still alive 45 s after its result was written gets SIGABRT on every process, and
 # PYTHONFAULTHANDLER prints each thread's Python stack: that is where they hang.
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_tp_exit.sh   (logs land in $OUT)
 set -u
 export PYTHONFAULTHANDLER=1
-TR="torchrun --nproc-per-node 2 --standalone -m minisgl_cli"
+N=${TP:-2}
+TR="torchrun --nproc-per-node $N --standalone -m minisgl_cli"
 
 ends() {  # ends NAME RESULT_FILE COMMAND...: run it, report the seconds from its result to the end of every rank
   local name=$1 result=$2; shift 2
@@ -24,13 +25,13 @@ ends() {  # ends NAME RESULT_FILE COMMAND...: run it, report the seconds from it
 }
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-ends bench-offline /tmp/exit_bo.json $TR bench-offline --model dummy:Qwen3-0.6B --tp 2 --num-seqs 64 --quiet \
+ends bench-offline /tmp/exit_bo.json $TR bench-offline --model dummy:Qwen3-0.6B --tp $N --num-seqs 64 --quiet \
   --json /tmp/exit_bo.json
-ends bench-trace /tmp/exit_bt.json $TR bench-trace traces/qwen_sample.jsonl --model dummy:Qwen3-0.6B --tp 2 \
+ends bench-trace /tmp/exit_bt.json $TR bench-trace traces/qwen_sample.jsonl --model dummy:Qwen3-0.6B --tp $N \
   --num-requests 32 --time-scale 0.2 --json /tmp/exit_bt.json
 
 # serve: the "result" is the moment Ctrl-C is sent (to the whole process group, as a terminal does).
-rm -f /tmp/exit_sv; setsid $TR serve --model dummy:Qwen3-0.6B --tp 2 --port 8201 > "$OUT/exit_serve.log" 2>&1 &
+rm -f /tmp/exit_sv; setsid $TR serve --model dummy:Qwen3-0.6B --tp $N --port 8201 > "$OUT/exit_serve.log" 2>&1 &
 sid=$!
 for i in $(seq 1 120); do curl -sf http://127.0.0.1:8201/health >/dev/null && break; sleep 1; done
 curl -s http://127.0.0.1:8201/v1/completions -H 'content-type: application/json' \
