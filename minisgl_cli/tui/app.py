@@ -12,6 +12,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.css.query import NoMatches
 from textual.widgets import Footer, Header, Markdown
+from textual.widgets.markdown import MarkdownStream
 
 from engine.async_llm import AsyncLLM, EngineDeadError, RequestStream
 from engine.llm import RequestOutput
@@ -20,6 +21,18 @@ from minisgl_cli.tui.commands import HELP, CommandError, is_command, run_command
 from minisgl_cli.tui.session import ChatSession
 from minisgl_cli.tui.stats import TurnStats, engine_rows, turn_rows
 from minisgl_cli.tui.widgets import AssistantMessage, HistoryInput, MetricsPanel, NoteMessage, UserMessage
+
+
+async def stop_markdown(md: MarkdownStream) -> None:
+    """`MarkdownStream.stop()`, except when its render task was cancelled before it ever ran: then stop() re-raises
+    that task's CancelledError into the caller, which would end the turn half-way (the turn never yielded to the
+    loop: every output was already queued and every delta empty, e.g. bytes held back as incomplete UTF-8)."""
+    try:
+        await md.stop()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():  # the worker itself is being cancelled: let that through
+            raise
 
 
 class ChatApp(App):
@@ -140,9 +153,9 @@ class ChatApp(App):
         except EngineDeadError:
             pass  # reported below as a failed turn
         finally:
-            await md.stop()
             if self.rid == stream.rid:  # ctrl+n may have moved on to a new request already
                 self.rid = None
+            await stop_markdown(md)
         reason = last.finish_reason if last is not None and last.finished else "error"
         if reason == "error":
             reply.add_class("-error")
