@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -59,3 +60,17 @@ def broadcast_objects(obj: object) -> object:
     box = [obj if TP.rank == 0 else None]
     dist.broadcast_object_list(box, src=0, group=TP.cpu_group)  # type: ignore[arg-type]
     return box[0]
+
+
+def leave_failed_group(err: BaseException) -> NoReturn:
+    """A step failed under tensor parallelism: a peer died, stopped answering (the collective timed out after
+    MINISGL_DIST_TIMEOUT seconds) or raised, so the ranks are out of lockstep for good. Any further collective,
+    the shutdown broadcast and destroy_process_group included, could block as long again, so this rank leaves at
+    once with a message naming it; torchrun sees a non-zero exit and ends the other ranks."""
+    import os
+    import sys
+
+    print(f"minisgl: rank {TP.rank}: tensor-parallel group failed ({type(err).__name__}: {err}); exiting",
+          file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)

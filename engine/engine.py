@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from engine import weights
 from engine.config import EngineConfig
-from engine.distributed import TP, broadcast_objects, init_tp
+from engine.distributed import TP, broadcast_objects, init_tp, leave_failed_group
 from engine.metrics import EngineMetrics
 from engine.model_config import PRESETS, ModelConfig
 from engine.models import create_model
@@ -250,6 +250,14 @@ class Engine:
     # ---- the loop -----------------------------------------------------------------------------------
     def step(self) -> list[Req]:
         """One scheduling step. Returns requests that received a token or finished this step."""
+        if TP.size == 1:
+            return self._step()
+        try:
+            return self._step()
+        except Exception as e:  # the group cannot go on (see leave_failed_group): every rank ends, none hangs
+            leave_failed_group(e)
+
+    def _step(self) -> list[Req]:
         t0 = time.perf_counter()
         self._apply(self._sync_commands())
         batch = self.scheduler.schedule()

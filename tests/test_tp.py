@@ -43,3 +43,99 @@ def test_tensor_parallel_matches_single_process(model, n, tmp_path):
 def test_tp_size_must_match_world_and_divide_heads():
     with pytest.raises(ValueError, match="torchrun --nproc-per-node 2"):
         LLM(EngineConfig(model="dummy:tiny-llama", device="cpu", tp=2))
+
+
+# ---- a rank that dies or stops answering ends the whole group ------------------------------------------------------
+
+def _serve_tp2(timeout_s: int) -> tuple[subprocess.Popen, str]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT=str(timeout_s))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m",
+           "minisgl_cli", "serve", "--model", "dummy:tiny-llama", "--device", "cpu", "--tp", "2",
+           "--port", str(port), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # one process group: the test can always clean it all up
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _ranks(launcher: int) -> dict[int, int]:
+    """{local rank: pid} of torchrun's live worker processes."""
+    ranks = {}
+    for pid in map(int, Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()):
+        try:
+            env = dict(v.split("=", 1) for v in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in v)
+        except OSError:  # gone meanwhile
+            continue
+        if "LOCAL_RANK" in env:  # an exited, not yet reaped worker shows no environment
+            ranks[int(env["LOCAL_RANK"])] = pid
+    return ranks
+
+
+def _wait_healthy(proc: subprocess.Popen, url: str) -> None:
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + 180
+    while True:
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "serve --tp 2 did not come up"
+        time.sleep(0.3)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds torchrun's workers through /proc (Linux)")
+@pytest.mark.parametrize("how", ["killed", "stuck"])
+def test_a_rank_that_dies_or_hangs_ends_the_group(how):
+    import contextlib
+    import signal
+    import threading
+    import time
+
+    import httpx
+
+    proc, url = _serve_tp2(timeout_s=10)
+    try:
+        _wait_healthy(proc, url)
+        follower = _ranks(proc.pid)[1]
+        # A long answer in flight on rank 0 when the group breaks: its client must get an error, not wait forever.
+        answer: dict = {}
+
+        def ask() -> None:
+            try:
+                answer["status"] = httpx.post(url + "/v1/completions", timeout=120, json={
+                    "model": "dummy:tiny-llama", "prompt": "hi", "max_tokens": 1500}).status_code
+            except httpx.HTTPError as e:
+                answer["error"] = type(e).__name__
+        client = threading.Thread(target=ask)
+        client.start()
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        os.kill(follower, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        if how == "stuck":  # rank 0 must give up by itself after MINISGL_DIST_TIMEOUT (10 s), not serve on
+            while 0 in _ranks(proc.pid) and time.monotonic() - t0 < 60:
+                time.sleep(0.5)
+            assert 0 not in _ranks(proc.pid), "rank 0 still running 60 s after its peer stopped answering"
+            os.kill(follower, signal.SIGCONT)  # so torchrun's SIGTERM reaches it (else torchrun kills it in 30 s)
+        out = proc.communicate(timeout=120)[0]
+        client.join(timeout=30)
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGCONT)
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode != 0, out[-3000:]
+    assert "error" in answer or answer.get("status", 200) >= 500, answer  # an error, not a hang or a fake answer
+    if how == "killed":  # torchrun names the rank that died
+        assert "rank      : 1" in out and "SIGKILL" in out, out[-3000:]
+    else:  # rank 0's collective timed out and it says so before leaving
+        assert "minisgl: rank 0: tensor-parallel group failed" in out and "Timed out" in out, out[-3000:]
