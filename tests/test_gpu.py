@@ -234,3 +234,13 @@ def test_tp2_ranks_exit_when_the_command_ends(tmp_path):
     proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(out.read_text())["completed"] == 8
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("how", ["killed", "stuck"])
+def test_tp2_rank_that_dies_or_hangs_ends_the_group(how):
+    """NCCL: a peer that dies or stops answering ends `serve --tp 2` (see tests/test_tp.py for the CPU case)."""
+    from tests.test_tp import check_group_ends
+
+    out = check_group_ends(how, "dummy:Qwen3-0.6B", "cuda")
+    print(out[-4000:])

@@ -47,15 +47,16 @@ def test_tp_size_must_match_world_and_divide_heads():
 
 # ---- a rank that dies or stops answering ends the whole group ------------------------------------------------------
 
-def _serve_tp2(timeout_s: int) -> tuple[subprocess.Popen, str]:
+def _serve_tp2(timeout_s: int, model: str, device: str) -> tuple[subprocess.Popen, str]:
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT=str(timeout_s))
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT=str(timeout_s))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m",
-           "minisgl_cli", "serve", "--model", "dummy:tiny-llama", "--device", "cpu", "--tp", "2",
+           "minisgl_cli", "serve", "--model", model, "--device", device, "--tp", "2",
            "--port", str(port), "--log-level", "warning"]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # one process group: the test can always clean it all up
@@ -95,6 +96,14 @@ def _wait_healthy(proc: subprocess.Popen, url: str) -> None:
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds torchrun's workers through /proc (Linux)")
 @pytest.mark.parametrize("how", ["killed", "stuck"])
 def test_a_rank_that_dies_or_hangs_ends_the_group(how):
+    out = check_group_ends(how, "dummy:tiny-llama", "cpu")
+    if how == "stuck":  # rank 0's collective timed out and it says so before leaving
+        assert "minisgl: rank 0: tensor-parallel group failed" in out and "Timed out" in out, out[-3000:]
+
+
+def check_group_ends(how: str, model: str, device: str) -> str:
+    """`serve --tp 2` with a long answer in flight; rank 1 is SIGKILLed ("killed") or SIGSTOPped ("stuck"). The
+    whole group must end and the client get an error. Returns torchrun's output (also used by tests/test_gpu.py)."""
     import contextlib
     import signal
     import threading
@@ -102,7 +111,7 @@ def test_a_rank_that_dies_or_hangs_ends_the_group(how):
 
     import httpx
 
-    proc, url = _serve_tp2(timeout_s=10)
+    proc, url = _serve_tp2(10, model, device)
     try:
         _wait_healthy(proc, url)
         follower = _ranks(proc.pid)[1]
@@ -112,7 +121,7 @@ def test_a_rank_that_dies_or_hangs_ends_the_group(how):
         def ask() -> None:
             try:
                 answer["status"] = httpx.post(url + "/v1/completions", timeout=120, json={
-                    "model": "dummy:tiny-llama", "prompt": "hi", "max_tokens": 1500}).status_code
+                    "model": model, "prompt": "hi", "max_tokens": 1500}).status_code
             except httpx.HTTPError as e:
                 answer["error"] = type(e).__name__
         client = threading.Thread(target=ask)
@@ -137,5 +146,4 @@ def test_a_rank_that_dies_or_hangs_ends_the_group(how):
     assert "error" in answer or answer.get("status", 200) >= 500, answer  # an error, not a hang or a fake answer
     if how == "killed":  # torchrun names the rank that died
         assert "rank      : 1" in out and "SIGKILL" in out, out[-3000:]
-    else:  # rank 0's collective timed out and it says so before leaving
-        assert "minisgl: rank 0: tensor-parallel group failed" in out and "Timed out" in out, out[-3000:]
+    return out
