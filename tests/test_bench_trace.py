@@ -3,19 +3,17 @@ with the JSON checked against the trace: token counts, ordered percentiles, cach
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 import typer
 from typer.testing import CliRunner
 
 from minisgl_cli.app import app
 from minisgl_cli.trace_reader import read_trace
+from tests.server_harness import free_port, wait_healthy
 from tests.test_bench_offline import flat
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
@@ -110,31 +108,16 @@ def test_bad_options(tmp_path):
 
 
 # ---- against a real server ---------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_url_mode_against_minisgl_serve(tmp_path):
     if "serve" not in typer.main.get_command(app).commands:  # type: ignore[attr-defined]
         pytest.skip("`minisgl serve` is not registered yet")
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "minisgl_cli", "serve", "--model", "dummy:tiny-llama",
                                "--device", "cpu", "--port", str(port), "--served-model-name", "tiny",
                                "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, server.stdout.read().decode()  # type: ignore[union-attr]
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.3)
+        wait_healthy(server, url)
         trace = read_trace(QWEN).window(0, 24)
         res = replay(tmp_path, QWEN, "--url", url, "--model", "dummy:tiny-llama", "--num-requests", "24",
                      "--time-scale", "0.2", "--quiet")

@@ -6,10 +6,8 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import openai
@@ -18,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.sampling_params import SamplingParams
 from tests.conftest import make_llm
-from tests.server_harness import LiveServer, live_server
+from tests.server_harness import LiveServer, free_port, live_server, wait_healthy
 
 TINY = dict(max_running_requests=8, num_pages=256)  # dummy:tiny-llama: vocab 512, context 2048, byte tokenizer
 CHAT = [{"role": "system", "content": "You are a helpful assistant."},
@@ -307,27 +305,14 @@ def test_queue_limit_answers_429_then_a_dead_engine_503():
         assert raw.get("/metrics").status_code == 200
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_cli_serve_command():
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "minisgl_cli", "serve", "--model", "dummy:tiny-llama", "--device", "cpu",
            "--num-pages", "64", "--port", str(port), "--served-model-name", "tiny", "--max-queued-requests", "4",
            "--log-level", "warning"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "server did not come up"
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            time.sleep(0.2)
+        wait_healthy(proc, f"http://127.0.0.1:{port}")
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
         assert [m.id for m in client.models.list().data] == ["tiny"]
         out = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=6)

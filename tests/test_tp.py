@@ -1,16 +1,23 @@
-"""Tensor parallelism on CPU (gloo): TP=2 and TP=3 give the same tokens as TP=1."""
+"""Tensor parallelism on CPU (gloo): TP=2 and TP=3 give the same tokens as TP=1; a rank that dies or hangs
+ends the whole group."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from engine.config import EngineConfig
 from engine.llm import LLM
+from tests.server_harness import free_port, wait_healthy
 from tests.tp_cases import PARAMS, prompts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,11 +55,7 @@ def test_tp_size_must_match_world_and_divide_heads():
 # ---- a rank that dies or stops answering ends the whole group ------------------------------------------------------
 
 def _serve_tp2(timeout_s: int, model: str, device: str) -> tuple[subprocess.Popen, str]:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT=str(timeout_s))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m",
@@ -76,23 +79,6 @@ def _ranks(launcher: int) -> dict[int, int]:
     return ranks
 
 
-def _wait_healthy(proc: subprocess.Popen, url: str) -> None:
-    import time
-
-    import httpx
-
-    deadline = time.monotonic() + 180
-    while True:
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "serve --tp 2 did not come up"
-        time.sleep(0.3)
-
-
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds torchrun's workers through /proc (Linux)")
 @pytest.mark.parametrize("how", ["killed", "stuck"])
 def test_a_rank_that_dies_or_hangs_ends_the_group(how):
@@ -104,16 +90,9 @@ def test_a_rank_that_dies_or_hangs_ends_the_group(how):
 def check_group_ends(how: str, model: str, device: str) -> str:
     """`serve --tp 2` with a long answer in flight; rank 1 is SIGKILLed ("killed") or SIGSTOPped ("stuck"). The
     whole group must end and the client get an error. Returns torchrun's output (also used by tests/test_gpu.py)."""
-    import contextlib
-    import signal
-    import threading
-    import time
-
-    import httpx
-
     proc, url = _serve_tp2(10, model, device)
     try:
-        _wait_healthy(proc, url)
+        wait_healthy(proc, url, timeout=180)
         follower = _ranks(proc.pid)[1]
         # A long answer in flight on rank 0 when the group breaks: its client must get an error, not wait forever.
         answer: dict = {}
