@@ -6,7 +6,7 @@
 set -u
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-for scale in 1.0 0.5; do
+for scale in ${SCALES:-1.0 0.5}; do  # SCALES="1.0" for one
   timeout 210 torchrun --nproc-per-node 4 --standalone -m minisgl_cli bench-trace traces/qwen_1000.jsonl \
     --model dummy:Qwen3-32B --tp 4 --num-requests 1000 --time-scale "$scale" --quiet \
     --json "$OUT/trace_qwen3-32b_tp4_scale${scale}.json" 2>&1 | grep -v "^W1" | tail -30

@@ -268,9 +268,10 @@ class Engine:
             self.stats["steps"] += 1
             if not batch.is_decode:
                 for req, start in zip(batch.reqs, batch.starts):
-                    if start == req.cached_len and req.num_preemptions == 0:
+                    if start == req.cache_hit_tokens and req.num_preemptions == 0:  # its first prefill chunk
                         self.stats["prompt_tokens"] += len(req.prompt_ids)
-                        self.stats["cache_hit_tokens"] += req.cached_len
+                        self.stats["cache_hit_tokens"] += req.cache_hit_tokens
+                    self.cache.publish(req)
         changed: list[Req] = []
         if self.overlap:
             # Step N+1 is already queued on the GPU; only now wait for step N's tokens.

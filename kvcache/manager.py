@@ -83,6 +83,28 @@ class CacheManager:
         req.pages += new
         return True
 
+    def publish(self, req: CacheUser) -> None:
+        """Put a running request's whole pages of computed (or in-flight: one GPU stream orders them) KV into the
+        radix tree now, locked by it, so requests that arrive while it still runs (a conversation's next turn,
+        agents sharing a prompt) reuse them instead of waiting for it to finish. Where the tree already had a page
+        for the same tokens (a twin request published first), ours is freed and the tree's is used."""
+        if self.radix is None:
+            return
+        ps = self.page_size
+        n_pages = min(req.device_len, req.num_tokens) // ps
+        own_from = req.cached_len // ps
+        if n_pages <= own_from:
+            return
+        tokens = req.all_ids[: n_pages * ps]
+        already = self.radix.insert(tokens, req.pages[:n_pages]) // ps
+        node, tree_pages = self.radix.match(tokens)
+        self.radix.lock(node)
+        if req.prefix_node is not None:
+            self.radix.unlock(req.prefix_node)  # an ancestor of node: it stays locked through node
+        self.allocator.free([p for p, t in zip(req.pages[own_from:already], tree_pages[own_from:already]) if p != t])
+        req.pages[:n_pages] = tree_pages
+        req.prefix_node, req.cached_len = node, n_pages * ps
+
     def release(self, req: CacheUser) -> None:
         """Give back a request's pages: whole pages of computed KV go into the radix tree, the rest are freed."""
         ps = self.page_size

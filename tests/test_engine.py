@@ -82,6 +82,45 @@ def test_shared_prefix_within_one_batch_hits_after_first_finishes(tiny_dir):
     assert_all_pages_back(llm)
 
 
+def test_next_turn_hits_the_prompt_of_a_request_still_running(tiny_dir):
+    """A request's prompt KV goes into the radix tree when its prefill is done, not when it finishes: a
+    conversation's next turn (or any request sharing the prompt) that arrives meanwhile reuses it."""
+    llm = make_llm(tiny_dir, page_size=4)
+    first = prompts_with_shared_prefix(1)[0]  # 43+ tokens
+    nxt = first + [5, 6, 7, 8, 9, 10]
+    alone = make_llm(tiny_dir, page_size=4).generate([nxt], GREEDY)[0].token_ids
+    rid = llm.add_request(first, GREEDY)
+    for _ in range(3):  # prefill, then two decode steps: `first` is running, far from done
+        llm.step()
+    assert rid in llm.engine.reqs
+    second = llm.add_request(nxt, GREEDY)
+    outs: dict = {}
+    while len(outs) < 2:
+        for o in llm.step():
+            if o.finished:
+                outs[o.rid] = o
+    assert outs[second].cache_hit_tokens == len(first) // 4 * 4  # every whole page of the running prompt
+    assert outs[second].token_ids == alone  # and the reused KV gives the same tokens
+    assert_all_pages_back(llm)
+
+
+def test_twin_requests_share_pages_once_both_are_prefilled(tiny_dir):
+    """Identical prompts prefilled in the same batch each compute their KV; when they publish it the tree keeps
+    one copy and the second request's duplicate pages go back to the free list at once."""
+    llm = make_llm(tiny_dir, page_size=4)
+    p = prompts_with_shared_prefix(1)[0]
+    rids = [llm.add_request(p, GREEDY) for _ in range(3)]
+    llm.step()  # one prefill batch for all three
+    assert llm.metrics().kv_pages_in_use == len(p) // 4 + 3  # one copy of the whole pages + 3 partial last pages
+    outs = {}
+    while len(outs) < 3:
+        outs.update({o.rid: o for o in llm.step() if o.finished})
+    assert [outs[r].token_ids for r in rids] == [run(tiny_dir, [p], page_size=4)[0][0]] * 3
+    assert_all_pages_back(llm)
+    whole = (len(p) + GREEDY.max_tokens - 1) // 4  # whole pages of KV of one sequence (the last token has none)
+    assert llm.metrics().kv_pages_cached == whole  # one copy, not three
+
+
 def test_no_radix_cache_reports_no_hits(tiny_dir):
     llm = make_llm(tiny_dir, radix_cache=False)
     prompts = prompts_with_shared_prefix()
