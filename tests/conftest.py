@@ -1,7 +1,11 @@
-"""Shared fixtures: the real embedded model (session-wide), tiny random models, GPU skipping."""
+"""Shared fixtures: the real embedded model (session-wide), tiny random models, GPU skipping; serve-process helpers."""
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import subprocess
+import time
 
 import pytest
 import torch
@@ -35,3 +39,25 @@ def make_llm(model: str = "dummy:tiny-llama", **kw) -> LLM:
 def smollm() -> LLM:
     """The embedded SmolLM2-135M-Instruct (real weights, real tokenizer), fp32 on CPU."""
     return make_llm(None, max_running_requests=32)
+
+
+# ---- serve processes (no openai here: the GPU machine lacks it) ---------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 120.0) -> None:
+    """Poll the server process's /health until it answers 200; fail with its output if it exits or time runs out."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        assert time.monotonic() < deadline, f"{url} did not come up in {timeout:.0f} s"
+        time.sleep(0.3)

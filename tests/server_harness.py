@@ -3,13 +3,11 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import subprocess
 import threading
 import time
 from dataclasses import dataclass
 from typing import Iterator
 
-import httpx
 import openai
 import uvicorn
 
@@ -72,20 +70,3 @@ def live_server(llm: LLM, **app_kw) -> Iterator[LiveServer]:
         async_llm.shutdown()
         sock.close()
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 120.0) -> None:
-    """Poll the server process's /health until it answers 200; fail with its output if it exits or time runs out."""
-    deadline = time.monotonic() + timeout
-    while True:
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        assert time.monotonic() < deadline, f"{url} did not come up in {timeout:.0f} s"
-        time.sleep(0.3)

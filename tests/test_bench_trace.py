@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from minisgl_cli.app import app
 from minisgl_cli.trace_reader import read_trace
-from tests.server_harness import free_port, wait_healthy
+from tests.conftest import free_port, wait_healthy
 from tests.test_bench_offline import flat
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"

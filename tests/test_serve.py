@@ -15,8 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.sampling_params import SamplingParams
-from tests.conftest import make_llm
-from tests.server_harness import LiveServer, free_port, live_server, wait_healthy
+from tests.conftest import free_port, make_llm, wait_healthy
+from tests.server_harness import LiveServer, live_server
 
 TINY = dict(max_running_requests=8, num_pages=256)  # dummy:tiny-llama: vocab 512, context 2048, byte tokenizer
 CHAT = [{"role": "system", "content": "You are a helpful assistant."},

@@ -17,7 +17,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.llm import LLM
-from tests.server_harness import free_port, wait_healthy
+from tests.conftest import free_port, wait_healthy
 from tests.tp_cases import PARAMS, prompts
 
 ROOT = Path(__file__).resolve().parent.parent
