@@ -107,19 +107,10 @@ class CacheManager:
 
     def release(self, req: CacheUser) -> None:
         """Give back a request's pages: whole pages of computed KV go into the radix tree, the rest are freed."""
-        ps = self.page_size
-        own_from = req.cached_len // ps
-        to_free = req.pages[own_from:]
-        if self.radix is not None:
-            kv_valid = min(req.device_len, req.num_tokens) // ps * ps
-            n_pages = kv_valid // ps
-            if n_pages > own_from:
-                already = self.radix.insert(req.all_ids[:kv_valid], req.pages[:n_pages]) // ps
-                # Pages the tree already had (inserted meanwhile by a twin request) are ours to free.
-                to_free = req.pages[own_from:max(already, own_from)] + req.pages[n_pages:]
-            if req.prefix_node is not None:
-                self.radix.unlock(req.prefix_node)
-        self.allocator.free(to_free)
+        self.publish(req)  # no-op without a radix cache (cached_len stays 0: everything is freed below)
+        if self.radix is not None and req.prefix_node is not None:
+            self.radix.unlock(req.prefix_node)
+        self.allocator.free(req.pages[req.cached_len // self.page_size:])
         req.pages, req.prefix_node, req.cached_len, req.device_len = [], None, 0, 0
 
     def evict_all(self) -> int:
