@@ -250,12 +250,12 @@ class Engine:
     # ---- the loop -----------------------------------------------------------------------------------
     def step(self) -> list[Req]:
         """One scheduling step. Returns requests that received a token or finished this step."""
-        if TP.size == 1:
-            return self._step()
         try:
             return self._step()
-        except Exception as e:  # the group cannot go on (see leave_failed_group): every rank ends, none hangs
-            leave_failed_group(e)
+        except Exception as e:
+            if TP.size == 1:
+                raise
+            leave_failed_group(e)  # the group cannot go on: every rank ends, none hangs
 
     def _step(self) -> list[Req]:
         t0 = time.perf_counter()

@@ -33,7 +33,7 @@ class TorchBackend(AttentionBackend):
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
         if k is not None and v is not None:
-            self.pool.store(layer, self.meta.out_slots, k, v)
+            self.pool.store(layer, self.out_slots, k, v)
         kf = self.pool.k[layer].view(-1, self.num_kv_heads, self.head_dim)
         vf = self.pool.v[layer].view(-1, self.num_kv_heads, self.head_dim)
         if self.meta.is_decode:
