@@ -4,6 +4,7 @@
 
 Prints a table last; the JSON holds every figure with the GPU, versions and commit.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,11 +26,18 @@ def env() -> dict:
 
     try:
         import flashinfer
+
         fi = flashinfer.__version__
     except Exception as e:  # noqa: BLE001
         fi = f"missing ({e})"
-    return dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
-                flashinfer=fi, transformers=transformers.__version__, commit=os.environ.get("MINISGL_COMMIT", "?"))
+    return dict(
+        gpu=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        flashinfer=fi,
+        transformers=transformers.__version__,
+        commit=os.environ.get("MINISGL_COMMIT", "?"),
+    )
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -47,6 +55,7 @@ def traced(llm: LLM) -> list[torch.Tensor]:
         out = orig(h)
         log.append(out.detach().clone())
         return out
+
     model.logits = logits  # type: ignore[method-assign]
     return log
 
@@ -127,8 +136,9 @@ def check_vs_transformers(model: str) -> dict:
 
 def check_graphs_overlap(model: str) -> dict:
     g = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(0, 10000, (int(n),), generator=g).tolist()
-               for n in torch.randint(50, 400, (48,), generator=g)]
+    prompts = [
+        torch.randint(0, 10000, (int(n),), generator=g).tolist() for n in torch.randint(50, 400, (48,), generator=g)
+    ]
     p = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
     out = {}
     base = None
@@ -151,8 +161,9 @@ def bench(model: str, num_seqs: int = 256, **kw) -> dict:
     cfg = llm.engine.model_cfg
     wl = random_workload(num_seqs, vocab_size=cfg.vocab_size)
     warm = random_workload(16, (32, 64), (8, 16), seed=1, vocab_size=cfg.vocab_size)
-    llm.generate(warm.prompts, [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True)
-                                for n in warm.output_lens])
+    llm.generate(
+        warm.prompts, [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True) for n in warm.output_lens]
+    )
     llm.engine.timing = dict(schedule=0.0, launch=0.0, process=0.0)
     steps0 = llm.engine.stats["steps"]
     params = [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True) for n in wl.output_lens]
@@ -166,14 +177,23 @@ def bench(model: str, num_seqs: int = 256, **kw) -> dict:
     steps = llm.engine.stats["steps"] - steps0
     timing = {k: v / steps * 1e3 for k, v in llm.engine.timing.items()}
     graphs = llm.engine.runner.graphs
-    res = dict(model=model, num_seqs=num_seqs, total_output_tokens=out_tokens,
-               total_input_tokens=wl.input_tokens, duration=dur, output_throughput=out_tokens / dur,
-               floor_output_throughput=floor.output_throughput if floor else None,
-               floor_fraction=(out_tokens / dur) / floor.output_throughput if floor else None,
-               steps=steps, cpu_ms_per_step=timing, startup_seconds=startup,
-               graph_capture_seconds=graphs.capture_seconds if graphs else 0.0,
-               kv_pages=llm.engine.cache.num_pages, page_size=llm.engine.cache.page_size,
-               preemptions=llm.metrics().preemptions)
+    res = dict(
+        model=model,
+        num_seqs=num_seqs,
+        total_output_tokens=out_tokens,
+        total_input_tokens=wl.input_tokens,
+        duration=dur,
+        output_throughput=out_tokens / dur,
+        floor_output_throughput=floor.output_throughput if floor else None,
+        floor_fraction=(out_tokens / dur) / floor.output_throughput if floor else None,
+        steps=steps,
+        cpu_ms_per_step=timing,
+        startup_seconds=startup,
+        graph_capture_seconds=graphs.capture_seconds if graphs else 0.0,
+        kv_pages=llm.engine.cache.num_pages,
+        page_size=llm.engine.cache.page_size,
+        preemptions=llm.metrics().preemptions,
+    )
     res["profile"] = profile_decode(llm, wl) if os.environ.get("MINISGL_PROFILE") else None
     del llm
     free()
@@ -209,9 +229,13 @@ def main() -> None:
     res: dict = {"env": env()}
     print(res["env"], flush=True)
     q = "dummy:Qwen3-0.6B"
-    steps = [("backends", lambda: check_backends(q)), ("hf", lambda: check_vs_transformers(q)),
-             ("graphs", lambda: check_graphs_overlap(q)), ("qwen", lambda: bench(q)),
-             ("llama", lambda: bench("dummy:Llama-3.1-8B"))]
+    steps = [
+        ("backends", lambda: check_backends(q)),
+        ("hf", lambda: check_vs_transformers(q)),
+        ("graphs", lambda: check_graphs_overlap(q)),
+        ("qwen", lambda: bench(q)),
+        ("llama", lambda: bench("dummy:Llama-3.1-8B")),
+    ]
     for name, fn in steps:
         if name in skip:
             continue
@@ -220,6 +244,7 @@ def main() -> None:
             res[name] = fn()
         except Exception as e:  # keep going: one failure should not cost the whole device run
             import traceback
+
             traceback.print_exc()
             res[name] = {"error": f"{type(e).__name__}: {e}"}
         res[name + "_wall_s"] = time.perf_counter() - t

@@ -11,6 +11,7 @@ Prints a rich table, writes JSON (--json), exits 1 on any failure.
 
     python benchmarks/soak.py --duration 120 --json benchmarks/results/soak_cpu_120s.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,15 +38,31 @@ sys.path.insert(0, str(ROOT))  # tests.hf_reference builds the peaked model
 
 from minisgl_cli.report import environment, fmt, write_json  # noqa: E402
 
-KINDS = {"completion": 3, "completion stream": 3, "chat": 2, "chat stream": 2, "hang up mid-stream": 2,
-         "give up waiting": 1, "bad request": 1, "greedy probe": 1}
+KINDS = {
+    "completion": 3,
+    "completion stream": 3,
+    "chat": 2,
+    "chat stream": 2,
+    "hang up mid-stream": 2,
+    "give up waiting": 1,
+    "bad request": 1,
+    "greedy probe": 1,
+}
 WORDS = "the a KV page cache radix tree token stream batch prefill decode request engine server soak".split()
-PREFIXES = ["", "System: you are a terse assistant that answers in one line.\n",
-            "Context: the quick brown fox jumps over the lazy dog, twice, and then rests.\n"]
+PREFIXES = [
+    "",
+    "System: you are a terse assistant that answers in one line.\n",
+    "Context: the quick brown fox jumps over the lazy dog, twice, and then rests.\n",
+]
 PROBES = ["probe one: count the pages", "probe two: " + "ab" * 40, "Context: the quick brown fox jumps over"]
-BAD = [({"prompt": "hi", "max_tokens": -1}, "max_tokens"), ({"prompt": [1, 2, 99999]}, "prompt"),
-       ({"prompt": "x" * 3000}, "prompt"), ({"prompt": "hi", "n": 4}, "n"),
-       ({"messages": []}, "messages"), ({"prompt": "hi", "temperature": "hot"}, "temperature")]
+BAD = [
+    ({"prompt": "hi", "max_tokens": -1}, "max_tokens"),
+    ({"prompt": [1, 2, 99999]}, "prompt"),
+    ({"prompt": "x" * 3000}, "prompt"),
+    ({"prompt": "hi", "n": 4}, "n"),
+    ({"messages": []}, "messages"),
+    ({"prompt": "hi", "temperature": "hot"}, "temperature"),
+]
 
 
 @dataclass
@@ -155,8 +172,9 @@ async def read_stream(r: httpx.Response, chat: bool) -> tuple[str, str | None, i
     return text, reason, used, None if done else "stream ended without [DONE]"
 
 
-async def one_request(client: httpx.AsyncClient, rng: random.Random, kind: str, tally: Tally,
-                      probes: dict[str, str]) -> None:
+async def one_request(
+    client: httpx.AsyncClient, rng: random.Random, kind: str, tally: Tally, probes: dict[str, str]
+) -> None:
     chat = kind.startswith("chat")
     path = "/v1/chat/completions" if chat else "/v1/completions"
     if kind == "bad request":
@@ -170,8 +188,9 @@ async def one_request(client: httpx.AsyncClient, rng: random.Random, kind: str, 
         return
     if kind == "greedy probe":
         prompt = rng.choice(PROBES)
-        r = await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 24, "temperature": 0,
-                                                        "ignore_eos": True})
+        r = await client.post(
+            "/v1/completions", json={"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+        )
         got = r.json()["choices"][0]["text"] if r.status_code == 200 else f"HTTP {r.status_code}: {r.text[:200]}"
         if got == probes[prompt]:
             tally.outcomes["ok"] += 1
@@ -227,8 +246,7 @@ async def one_request(client: httpx.AsyncClient, rng: random.Random, kind: str, 
         tally.tokens += used or 0
 
 
-async def client_loop(client: httpx.AsyncClient, seed: int, until: float, tally: Tally,
-                      probes: dict[str, str]) -> None:
+async def client_loop(client: httpx.AsyncClient, seed: int, until: float, tally: Tally, probes: dict[str, str]) -> None:
     rng = random.Random(seed)
     mix = {k: w for k, w in KINDS.items() if probes or k != "greedy probe"}
     kinds, weights = list(mix), list(mix.values())
@@ -241,20 +259,30 @@ async def client_loop(client: httpx.AsyncClient, seed: int, until: float, tally:
             tally.bad(f"{kind}: {type(e).__name__}: {e}")
 
 
-async def load(client: httpx.AsyncClient, clients: int, seconds: float, seed: int, probes: dict[str, str],
-               label: str, quiet: bool) -> Tally:
+async def load(
+    client: httpx.AsyncClient, clients: int, seconds: float, seed: int, probes: dict[str, str], label: str, quiet: bool
+) -> Tally:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     tally = Tally()
     until = time.monotonic() + seconds
     tasks = [asyncio.create_task(client_loop(client, seed * 1000 + i, until, tally, probes)) for i in range(clients)]
-    with Progress(TextColumn(f"[bold]{label}"), BarColumn(), TextColumn("{task.fields[status]}"),
-                  TimeElapsedColumn(), transient=True, disable=quiet) as bar:
+    with Progress(
+        TextColumn(f"[bold]{label}"),
+        BarColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        transient=True,
+        disable=quiet,
+    ) as bar:
         task = bar.add_task(label, total=seconds, status="")
         while not all(t.done() for t in tasks):
             left = max(until - time.monotonic(), 0)
-            bar.update(task, completed=seconds - left,
-                       status=f"{sum(tally.kinds.values())} requests, {tally.outcomes['unexpected']} unexpected")
+            bar.update(
+                task,
+                completed=seconds - left,
+                status=f"{sum(tally.kinds.values())} requests, {tally.outcomes['unexpected']} unexpected",
+            )
             await asyncio.sleep(0.5)
     for t in tasks:
         t.result()
@@ -267,8 +295,9 @@ async def soak(args: argparse.Namespace, url: str, pid: int) -> dict[str, Any]:
         probes = {}
         for p in PROBES if args.model is None else []:  # greedy answers on the idle server, to match under load
             # (only with the peaked model: a model of near-flat random weights may flip a near-tie under batching)
-            r = await client.post("/v1/completions", json={"prompt": p, "max_tokens": 24, "temperature": 0,
-                                                            "ignore_eos": True})
+            r = await client.post(
+                "/v1/completions", json={"prompt": p, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+            )
             probes[p] = r.json()["choices"][0]["text"]
         warm = await load(client, args.clients, args.warmup, args.seed + 1, probes, "warming up", args.quiet)
         warm_idle = await wait_idle(client)
@@ -279,6 +308,7 @@ async def soak(args: argparse.Namespace, url: str, pid: int) -> dict[str, Any]:
             while True:
                 await asyncio.sleep(1.0)
                 rss.append(rss_mb(pid))
+
         sampler = asyncio.create_task(sample_rss())
         t0 = time.monotonic()
         tally = await load(client, args.clients, args.duration, args.seed, probes, "soaking", args.quiet)
@@ -287,33 +317,53 @@ async def soak(args: argparse.Namespace, url: str, pid: int) -> dict[str, Any]:
         end = await wait_idle(client)
         end_rss = rss_mb(pid)
         health = (await client.get("/health")).status_code
-    grew = {k: int(end.get(k, 0) - warm_idle.get(k, 0)) for k in end
-            if k.endswith("_total") or k.startswith("request_success_total")}
+    grew = {
+        k: int(end.get(k, 0) - warm_idle.get(k, 0))
+        for k in end
+        if k.endswith("_total") or k.startswith("request_success_total")
+    }
     pages = end["kv_cache_pages_free"] + end["kv_cache_pages_evictable"]
     checks = {
         "no unexpected errors (soak and warm-up)": tally.outcomes["unexpected"] + warm.outcomes["unexpected"] == 0,
         "requests completed": tally.outcomes["ok"] > 0,
-        "idle at the end (running, waiting, in flight 0)": end["num_requests_running"] == end["num_requests_waiting"]
-        == end["num_requests_in_flight"] == 0,
+        "idle at the end (running, waiting, in flight 0)": end["num_requests_running"]
+        == end["num_requests_waiting"]
+        == end["num_requests_in_flight"]
+        == 0,
         "every KV page free or evictable": end["kv_cache_usage_perc"] == 0 and pages == args.num_pages,
         "/health 200": health == 200,
         f"RSS within {args.rss_slack_mb} MB of the warm baseline": end_rss - baseline <= args.rss_slack_mb,
     }
-    return {"duration_s": elapsed, "clients": args.clients, "requests": sum(tally.kinds.values()),
-            "by_kind": dict(tally.kinds), "outcomes": dict(tally.outcomes), "completed": tally.outcomes["ok"],
-            "unexpected_errors": tally.outcomes["unexpected"] + warm.outcomes["unexpected"],
-            "unexpected_examples": (warm.unexpected + tally.unexpected)[:20], "output_tokens": tally.tokens,
-            "requests_per_s": sum(tally.kinds.values()) / elapsed, "output_tokens_per_s": tally.tokens / elapsed,
-            "server_during_soak": grew, "preemptions": grew.get("num_preemptions_total", 0),
-            "prefix_cache_hit_rate": grew.get("prefix_cache_hits_total", 0)
-            / max(grew.get("prefix_cache_queries_total", 0), 1),
-            "rss_mb": {"baseline": baseline, "peak": max(rss), "end": end_rss, "growth": end_rss - baseline},
-            "kv_pages_end": {"total": args.num_pages, "free": int(end["kv_cache_pages_free"]),
-                             "evictable": int(end["kv_cache_pages_evictable"]),
-                             "in_use_fraction": end["kv_cache_usage_perc"]},
-            "end_state": {k: int(end[k]) for k in ("num_requests_running", "num_requests_waiting",
-                                                   "num_requests_in_flight")},
-            "health": health, "checks": checks, "warmup": {"seconds": args.warmup, "outcomes": dict(warm.outcomes)}}
+    return {
+        "duration_s": elapsed,
+        "clients": args.clients,
+        "requests": sum(tally.kinds.values()),
+        "by_kind": dict(tally.kinds),
+        "outcomes": dict(tally.outcomes),
+        "completed": tally.outcomes["ok"],
+        "unexpected_errors": tally.outcomes["unexpected"] + warm.outcomes["unexpected"],
+        "unexpected_examples": (warm.unexpected + tally.unexpected)[:20],
+        "output_tokens": tally.tokens,
+        "requests_per_s": sum(tally.kinds.values()) / elapsed,
+        "output_tokens_per_s": tally.tokens / elapsed,
+        "server_during_soak": grew,
+        "preemptions": grew.get("num_preemptions_total", 0),
+        "prefix_cache_hit_rate": grew.get("prefix_cache_hits_total", 0)
+        / max(grew.get("prefix_cache_queries_total", 0), 1),
+        "rss_mb": {"baseline": baseline, "peak": max(rss), "end": end_rss, "growth": end_rss - baseline},
+        "kv_pages_end": {
+            "total": args.num_pages,
+            "free": int(end["kv_cache_pages_free"]),
+            "evictable": int(end["kv_cache_pages_evictable"]),
+            "in_use_fraction": end["kv_cache_usage_perc"],
+        },
+        "end_state": {
+            k: int(end[k]) for k in ("num_requests_running", "num_requests_waiting", "num_requests_in_flight")
+        },
+        "health": health,
+        "checks": checks,
+        "warmup": {"seconds": args.warmup, "outcomes": dict(warm.outcomes)},
+    }
 
 
 def report(res: dict[str, Any]) -> None:
@@ -329,16 +379,24 @@ def report(res: dict[str, Any]) -> None:
         *((f"  {k}", v) for k, v in sorted(res["by_kind"].items())),
         *((f"outcome: {k}", v) for k, v in sorted(res["outcomes"].items())),
         ("unexpected errors (incl. warm-up)", res["unexpected_errors"]),
-        ("output tokens / s", res["output_tokens_per_s"]), ("requests / s", res["requests_per_s"]),
-        ("preemptions", res["preemptions"]), ("prefix cache hit rate", res["prefix_cache_hit_rate"]),
-        *((f"finished: {k.split('[')[1][:-1]}", v) for k, v in sorted(res["server_during_soak"].items())
-          if k.startswith("request_success_total[")),
+        ("output tokens / s", res["output_tokens_per_s"]),
+        ("requests / s", res["requests_per_s"]),
+        ("preemptions", res["preemptions"]),
+        ("prefix cache hit rate", res["prefix_cache_hit_rate"]),
+        *(
+            (f"finished: {k.split('[')[1][:-1]}", v)
+            for k, v in sorted(res["server_during_soak"].items())
+            if k.startswith("request_success_total[")
+        ),
         ("RSS MB baseline / peak / end", " / ".join(f"{res['rss_mb'][k]:.1f}" for k in ("baseline", "peak", "end"))),
         ("RSS growth MB", res["rss_mb"]["growth"]),
-        ("KV pages free + evictable / total",
-         f"{res['kv_pages_end']['free'] + res['kv_pages_end']['evictable']} / {res['kv_pages_end']['total']}"),
+        (
+            "KV pages free + evictable / total",
+            f"{res['kv_pages_end']['free'] + res['kv_pages_end']['evictable']} / {res['kv_pages_end']['total']}",
+        ),
         ("running / waiting / in flight", " / ".join(str(v) for v in res["end_state"].values())),
-        ("/health", res["health"]), ("server exit code (Ctrl-C)", res["server_exit_code"]),
+        ("/health", res["health"]),
+        ("server exit code (Ctrl-C)", res["server_exit_code"]),
     ]
     for label, value in rows:
         t.add_row(label, fmt(value))
@@ -358,8 +416,11 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=120.0, help="seconds of load (after the warm-up)")
     ap.add_argument("--warmup", type=float, default=10.0, help="seconds of load before the RSS baseline")
     ap.add_argument("--clients", type=int, default=8, help="concurrent clients")
-    ap.add_argument("--model", default=None, help="served model (default: a tiny Llama with peaked weights; the "
-                    "greedy probes only run on that one)")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="served model (default: a tiny Llama with peaked weights; the greedy probes only run on that one)",
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--num-pages", type=int, default=96, help="KV pool (small: waiting and preemption happen)")
     ap.add_argument("--max-running-requests", type=int, default=16)
@@ -374,9 +435,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or peaked_model(Path(tmp))
         port = free_port()
-        cmd = [sys.executable, "-m", "minisgl_cli", "serve", "--model", model, "--device", args.device,
-               "--num-pages", str(args.num_pages), "--max-running-requests", str(args.max_running_requests),
-               "--port", str(port), "--log-level", "warning"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "minisgl_cli",
+            "serve",
+            "--model",
+            model,
+            "--device",
+            args.device,
+            "--num-pages",
+            str(args.num_pages),
+            "--max-running-requests",
+            str(args.max_running_requests),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ]
         log_path = Path(tmp) / "server.log"  # a file, not a pipe: a chatty server must never block on its output
         log = log_path.open("w")
         server = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)

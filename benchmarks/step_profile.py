@@ -12,6 +12,7 @@ Variants switch one optimisation off to measure what it buys: `unfused` (separat
 `logits-fp32` (a float32 copy of the logits before sampling). A fresh GPU machine runs slower for its first ~30 s:
 repeat variants, interleaved, and compare the later runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,8 +74,9 @@ def run_variant(model: str, name: str, kernels: bool) -> dict:
     wl = random_workload(256, vocab_size=cfg.vocab_size)
     params = [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True) for n in wl.output_lens]
     warm = random_workload(16, (32, 64), (8, 16), seed=1, vocab_size=cfg.vocab_size)
-    llm.generate(warm.prompts, [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True)
-                                for n in warm.output_lens])
+    llm.generate(
+        warm.prompts, [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True) for n in warm.output_lens]
+    )
 
     runner = llm.engine.runner
     orig_run = runner.run
@@ -90,6 +92,7 @@ def run_variant(model: str, name: str, kernels: bool) -> dict:
         end.record()
         steps.append((batch.is_decode, len(batch.reqs), batch.num_tokens, start, end, cpu))
         return out
+
     runner.run = timed_run  # type: ignore[method-assign]
 
     torch.cuda.synchronize()
@@ -112,12 +115,20 @@ def run_variant(model: str, name: str, kernels: bool) -> dict:
         prev_end = end
     buckets = {k: dict(v) for k, v in sorted(agg.items())}
     floor = gpu_floor([len(p) for p in wl.prompts], wl.output_lens, cfg, 2, llm.engine.device)
-    res = dict(variant=name, model=model, output_tokens=tokens, duration=dur, output_throughput=tokens / dur,
-               floor_fraction=tokens / dur / floor.output_throughput if floor else None,
-               startup_seconds=startup, steps=len(steps), buckets=buckets,
-               gpu_busy_s=sum(b["gpu_ms"] for b in buckets.values()) / 1e3,
-               gpu_idle_s=sum(b["gap_ms"] for b in buckets.values()) / 1e3,
-               cpu_ms_per_step={k: v / max(len(steps), 1) * 1e3 for k, v in llm.engine.timing.items()})
+    res = dict(
+        variant=name,
+        model=model,
+        output_tokens=tokens,
+        duration=dur,
+        output_throughput=tokens / dur,
+        floor_fraction=tokens / dur / floor.output_throughput if floor else None,
+        startup_seconds=startup,
+        steps=len(steps),
+        buckets=buckets,
+        gpu_busy_s=sum(b["gpu_ms"] for b in buckets.values()) / 1e3,
+        gpu_idle_s=sum(b["gap_ms"] for b in buckets.values()) / 1e3,
+        cpu_ms_per_step={k: v / max(len(steps), 1) * 1e3 for k, v in llm.engine.timing.items()},
+    )
     if kernels:
         res["kernels_ms"] = kernel_breakdown(llm, wl.prompts, params)
     llm.shutdown()
@@ -160,19 +171,26 @@ def main() -> None:
         results.append(r)
         print(f"{name}: {r['output_throughput']:.0f} tok/s in {r['duration']:.2f} s", flush=True)
         with open(args.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results}, f,
-                      indent=1)
+            json.dump(
+                {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results}, f, indent=1
+            )
     print(f"\n{'variant':<14}{'tok/s':>9}{'wall s':>8}{'of floor':>9}{'gpu busy s':>11}{'gpu idle s':>11}")
     for r in results:
-        print(f"{r['variant']:<14}{r['output_throughput']:>9.0f}{r['duration']:>8.2f}{r['floor_fraction'] or 0:>9.3f}"
-              f"{r['gpu_busy_s']:>11.2f}{r['gpu_idle_s']:>11.2f}")
+        print(
+            f"{r['variant']:<14}{r['output_throughput']:>9.0f}{r['duration']:>8.2f}{r['floor_fraction'] or 0:>9.3f}"
+            f"{r['gpu_busy_s']:>11.2f}{r['gpu_idle_s']:>11.2f}"
+        )
     base = results[0]
-    print(f"\n{'steps of ' + base['variant']:<18}{'n':>6}{'gpu ms':>9}{'gpu ms/step':>12}{'gap ms':>9}"
-          f"{'launch cpu ms/step':>19}")
+    print(
+        f"\n{'steps of ' + base['variant']:<18}{'n':>6}{'gpu ms':>9}{'gpu ms/step':>12}{'gap ms':>9}"
+        f"{'launch cpu ms/step':>19}"
+    )
     for k, b in base["buckets"].items():
         n = b["steps"]
-        print(f"{k:<18}{n:>6.0f}{b['gpu_ms']:>9.0f}{b['gpu_ms'] / n:>12.2f}{b['gap_ms']:>9.0f}"
-              f"{b['launch_cpu_ms'] / n:>19.2f}")
+        print(
+            f"{k:<18}{n:>6.0f}{b['gpu_ms']:>9.0f}{b['gpu_ms'] / n:>12.2f}{b['gap_ms']:>9.0f}"
+            f"{b['launch_cpu_ms'] / n:>19.2f}"
+        )
     if "kernels_ms" in base:
         print("\nkernel ms by category:", json.dumps(base["kernels_ms"]["by_category"], indent=1))
 

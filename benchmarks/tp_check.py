@@ -5,6 +5,7 @@ dummy weights, then compare.
     torchrun --nproc-per-node 2 benchmarks/tp_check.py dump tp2.pt
     python benchmarks/tp_check.py compare tp1.pt tp2.pt
 """
+
 from __future__ import annotations
 
 import json
@@ -40,10 +41,21 @@ def dump(path: str) -> None:
 
 def compare(a_path: str, b_path: str) -> None:
     a, b = torch.load(a_path), torch.load(b_path)
-    prefill = [float((x - y).norm(dim=-1).max() / y.norm(dim=-1).min()) for x, y in zip(a["logits"][:1], b["logits"][:1])]
+    prefill = [
+        float((x - y).norm(dim=-1).max() / y.norm(dim=-1).min()) for x, y in zip(a["logits"][:1], b["logits"][:1])
+    ]
     rows = [float((x[i] - y[i]).norm() / y[i].norm()) for x, y in zip(a["logits"], b["logits"]) for i in range(len(x))]
-    print(json.dumps({"model": MODEL, "prefill_rel_err_max": max(prefill), "all_steps_rel_err_max": max(rows),
-                      "greedy_tokens_equal": a["tokens"] == b["tokens"]}, indent=1))
+    print(
+        json.dumps(
+            {
+                "model": MODEL,
+                "prefill_rel_err_max": max(prefill),
+                "all_steps_rel_err_max": max(rows),
+                "greedy_tokens_equal": a["tokens"] == b["tokens"],
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

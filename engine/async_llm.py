@@ -1,4 +1,5 @@
 """Runs the engine loop in a background thread so servers and UIs can stream many requests at once."""
+
 from __future__ import annotations
 
 import asyncio
@@ -66,8 +67,13 @@ class AsyncLLM:
     def alive(self) -> bool:
         return self._thread.is_alive() and self.error is None
 
-    def submit(self, prompt: Prompt, params: SamplingParams | None = None, rid: str | None = None,
-               loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
+    def submit(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        rid: str | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> RequestStream:
         """Validates now (raising ValueError for bad input), then queues the request for the engine thread."""
         if not self.alive:
             raise EngineDeadError(f"engine is not running: {self.error or 'stopped'}")

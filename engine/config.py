@@ -1,4 +1,5 @@
 """Engine settings: one frozen dataclass, validated once; every front end builds one of these."""
+
 from __future__ import annotations
 
 import re
@@ -29,8 +30,11 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         checks = [
-            (re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None, "device",
-             "must be auto, cpu, cuda or cuda:N"),
+            (
+                re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None,
+                "device",
+                "must be auto, cpu, cuda or cuda:N",
+            ),
             (self.page_size >= 1, "page_size", "must be >= 1"),
             (self.num_pages is None or self.num_pages >= 2, "num_pages", "must be >= 2"),
             (self.kv_cache_gb is None or self.kv_cache_gb > 0, "kv_cache_gb", "must be > 0"),
@@ -38,12 +42,18 @@ class EngineConfig:
             (self.max_running_requests >= 1, "max_running_requests", "must be >= 1"),
             (self.max_prefill_tokens >= 1, "max_prefill_tokens", "must be >= 1"),
             (self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be >= 2"),
-            (self.attention_backend in ("auto", "torch", "flashinfer"), "attention_backend",
-             "must be one of auto, torch, flashinfer"),
+            (
+                self.attention_backend in ("auto", "torch", "flashinfer"),
+                "attention_backend",
+                "must be one of auto, torch, flashinfer",
+            ),
             (self.cuda_graph_max_bs >= 0, "cuda_graph_max_bs", "must be >= 0"),
             (self.tp >= 1, "tp", "must be >= 1"),
-            (self.dtype in ("auto", "float32", "bfloat16", "float16"), "dtype",
-             "must be one of auto, float32, bfloat16, float16"),
+            (
+                self.dtype in ("auto", "float32", "bfloat16", "float16"),
+                "dtype",
+                "must be one of auto, float32, bfloat16, float16",
+            ),
         ]
         for ok, name, why in checks:
             if not ok:

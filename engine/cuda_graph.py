@@ -1,4 +1,5 @@
 """CUDA graphs for decode: captured once at start-up for a ladder of padded batch sizes, replayed per step."""
+
 from __future__ import annotations
 
 import time

@@ -1,4 +1,5 @@
 """The one process-wide context: this rank's place in the tensor-parallel group."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,8 +42,10 @@ def init_tp(size: int, device: str) -> TPContext:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if size != world:
-        raise ValueError(f"--tp {size} needs exactly {size} processes (torchrun --nproc-per-node {size}); "
-                         f"this run has WORLD_SIZE={world}")
+        raise ValueError(
+            f"--tp {size} needs exactly {size} processes (torchrun --nproc-per-node {size}); "
+            f"this run has WORLD_SIZE={world}"
+        )
     if size > 1 and not dist.is_initialized():
         backend = "nccl" if device.startswith("cuda") else "gloo"
         timeout = timedelta(seconds=float(os.environ.get("MINISGL_DIST_TIMEOUT", "600")))
@@ -70,7 +73,10 @@ def leave_failed_group(err: BaseException) -> NoReturn:
     import os
     import sys
 
-    print(f"minisgl: rank {TP.rank}: tensor-parallel group failed ({type(err).__name__}: {err}); exiting",
-          file=sys.stderr, flush=True)
+    print(
+        f"minisgl: rank {TP.rank}: tensor-parallel group failed ({type(err).__name__}: {err}); exiting",
+        file=sys.stderr,
+        flush=True,
+    )
     sys.stdout.flush()
     os._exit(1)

@@ -1,4 +1,5 @@
 """The engine core: requests in token ids, one step() at a time. No text here (see engine.llm)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -45,8 +46,13 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
-def load_model(spec: str | None, device: torch.device, dtype: torch.dtype, progress: Progress | None = None,
-               load_tokenizer: bool = True) -> LoadedModel:
+def load_model(
+    spec: str | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    progress: Progress | None = None,
+    load_tokenizer: bool = True,
+) -> LoadedModel:
     t0 = time.perf_counter()
     kind, where = weights.resolve(spec)
     reader = None
@@ -70,6 +76,7 @@ def load_model(spec: str | None, device: torch.device, dtype: torch.dtype, progr
                 done[0] += 1
                 if progress:
                     progress("loading weights", done[0], total)
+
             model.load_weights(weights.gguf_weights(where, cfg, reader, tick))  # type: ignore[arg-type]
         else:
             try:
@@ -112,13 +119,27 @@ class Engine:
         if num_pages < 2:
             raise ValueError("not enough memory for a KV cache: raise --kv-cache-gb / --memory-fraction")
         # One page more than the allocator hands out: a scratch page for padded CUDA-graph rows.
-        self.pool = KVPool.create(mc.num_layers, num_pages + 1, config.page_size, mc.num_kv_heads // TP.size,
-                                  mc.head_dim, self.dtype, self.device)
+        self.pool = KVPool.create(
+            mc.num_layers,
+            num_pages + 1,
+            config.page_size,
+            mc.num_kv_heads // TP.size,
+            mc.head_dim,
+            self.dtype,
+            self.device,
+        )
         self.cache = CacheManager(num_pages, config.page_size, config.radix_cache)
         self.scheduler = Scheduler(self.cache, config.max_running_requests, config.max_prefill_tokens)
         t0 = time.perf_counter()
-        self.runner = ModelRunner(self.loaded.model, self.pool, config.attention_backend, self.device,  # type: ignore[arg-type]
-                                  config.max_running_requests, config.cuda_graph_max_bs, scratch_page=num_pages)
+        self.runner = ModelRunner(
+            self.loaded.model,
+            self.pool,
+            config.attention_backend,
+            self.device,  # type: ignore[arg-type]
+            config.max_running_requests,
+            config.cuda_graph_max_bs,
+            scratch_page=num_pages,
+        )
         self.startup_seconds = {"load": self.loaded.load_seconds, "runner": time.perf_counter() - t0}
         self.overlap = config.use_overlap(self.device)
         self.reqs: dict[str, Req] = {}
@@ -161,15 +182,24 @@ class Engine:
             raise ValueError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
         total = len(prompt_ids) + params.max_tokens
         if total > self.max_model_len:
-            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                             f"exceeds the model's context length {self.max_model_len}")
+            raise ValueError(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                f"exceeds the model's context length {self.max_model_len}"
+            )
         capacity = self.cache.num_pages * self.cache.page_size
         if total > capacity:
-            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                             f"exceeds the KV cache capacity of {capacity} tokens")
+            raise ValueError(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                f"exceeds the KV cache capacity of {capacity} tokens"
+            )
 
-    def add_request(self, prompt_ids: list[int], params: SamplingParams, rid: str | None = None,
-                    eos_ids: frozenset[int] | None = None) -> Req:
+    def add_request(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        rid: str | None = None,
+        eos_ids: frozenset[int] | None = None,
+    ) -> Req:
         self.validate(prompt_ids, params)
         rid = rid or self.new_rid()
         if rid in self.reqs:
@@ -316,9 +346,17 @@ class Engine:
     def metrics(self) -> EngineMetrics:
         c = self.cache
         return EngineMetrics(
-            running=len(self.scheduler.live), waiting=len(self.scheduler.waiting), kv_pages_total=c.num_pages,
-            kv_pages_in_use=c.num_in_use, kv_pages_cached=c.num_evictable, kv_pages_free=c.num_free,
-            page_size=c.page_size, prompt_tokens=self.stats["prompt_tokens"],
-            cache_hit_tokens=self.stats["cache_hit_tokens"], generation_tokens=self.stats["generation_tokens"],
-            finished_requests=self.stats["finished"], preemptions=self.scheduler.num_preemptions,
-            steps=self.stats["steps"])
+            running=len(self.scheduler.live),
+            waiting=len(self.scheduler.waiting),
+            kv_pages_total=c.num_pages,
+            kv_pages_in_use=c.num_in_use,
+            kv_pages_cached=c.num_evictable,
+            kv_pages_free=c.num_free,
+            page_size=c.page_size,
+            prompt_tokens=self.stats["prompt_tokens"],
+            cache_hit_tokens=self.stats["cache_hit_tokens"],
+            generation_tokens=self.stats["generation_tokens"],
+            finished_requests=self.stats["finished"],
+            preemptions=self.scheduler.num_preemptions,
+            steps=self.stats["steps"],
+        )

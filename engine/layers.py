@@ -1,4 +1,5 @@
 """Building blocks of the models: tensor-parallel linear layers, RMSNorm, rotary embedding."""
+
 from __future__ import annotations
 
 import functools
@@ -41,7 +42,7 @@ class ColumnParallelLinear(nn.Module):
     def load_shard(self, index: int, full: torch.Tensor) -> None:
         n = self.sizes[index]
         start = sum(self.sizes[:index])
-        self.weight[start:start + n].copy_(full.narrow(0, TP.rank * n, n))
+        self.weight[start : start + n].copy_(full.narrow(0, TP.rank * n, n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight)

@@ -1,4 +1,5 @@
 """The one API every front end uses: text in, streamed text out, metrics on the side."""
+
 from __future__ import annotations
 
 import time
@@ -106,7 +107,7 @@ class LLM:
         st = self._text.get(req.rid)
         if st is None:
             return None  # already reported finished (e.g. a stop string ended it a step earlier)
-        new_ids = req.output_ids[st.n_ids:]
+        new_ids = req.output_ids[st.n_ids :]
         st.n_ids = len(req.output_ids)
         reason, error = req.finish_reason, req.error
         try:
@@ -119,16 +120,29 @@ class LLM:
             self.engine.abort(req.rid, reason, error)  # free its pages at the next step
         finished = reason is not None
         upto = len(st.text) if finished else max(len(st.text) - st.hold, st.emitted)
-        delta, st.emitted = st.text[st.emitted:upto], upto
+        delta, st.emitted = st.text[st.emitted : upto], upto
         if finished:
             del self._text[req.rid]
-        return RequestOutput(req.rid, req.prompt_ids, list(req.output_ids), st.text[:upto], delta, new_ids, finished,
-                             reason, error, req.cache_hit_tokens, req.arrival, req.first_token_time,
-                             list(req.token_times))
+        return RequestOutput(
+            req.rid,
+            req.prompt_ids,
+            list(req.output_ids),
+            st.text[:upto],
+            delta,
+            new_ids,
+            finished,
+            reason,
+            error,
+            req.cache_hit_tokens,
+            req.arrival,
+            req.first_token_time,
+            list(req.token_times),
+        )
 
     # ---- conveniences -------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 on_output=None) -> list[RequestOutput]:
+    def generate(
+        self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None, on_output=None
+    ) -> list[RequestOutput]:
         """Run a batch to completion; outputs in prompt order."""
         plist = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
         if len(plist) != len(prompts):
@@ -169,5 +183,10 @@ class LLM:
 
     def describe(self) -> dict[str, str]:
         e = self.engine
-        return {"model": e.model_cfg.name or str(self.config.model), "device": str(e.device),
-                "dtype": str(e.dtype).removeprefix("torch."), "attention": e.backend_name, "tp": str(self.config.tp)}
+        return {
+            "model": e.model_cfg.name or str(self.config.model),
+            "device": str(e.device),
+            "dtype": str(e.dtype).removeprefix("torch."),
+            "attention": e.backend_name,
+            "tp": str(self.config.tp),
+        }

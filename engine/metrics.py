@@ -1,4 +1,5 @@
 """A point-in-time view of the engine for front ends (TUI panel, /metrics, benchmarks)."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass

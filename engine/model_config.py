@@ -1,4 +1,5 @@
 """Model hyper-parameters, read from a Hugging Face config.json, GGUF metadata, or a named preset."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,15 @@ class ModelConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-                     "head_dim"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.num_heads % self.num_kv_heads:
@@ -73,7 +81,9 @@ class ModelConfig:
             num_kv_heads=int(d.get("num_key_value_heads") or heads),
             head_dim=int(d.get("head_dim") or d["hidden_size"] // heads),
             rope_theta=float(rope_theta or 10000.0),
-            rope_scaling=rope_scaling if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) not in (None, "default") else None,
+            rope_scaling=rope_scaling
+            if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) not in (None, "default")
+            else None,
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
@@ -101,13 +111,22 @@ class ModelConfig:
         """A transformers config dict for the same model (used to build the reference model in tests)."""
         mt = HF_MODEL_TYPES[self.architecture]
         d: dict[str, Any] = dict(
-            architectures=[self.architecture], model_type=mt, vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim, rope_theta=self.rope_theta,
-            rms_norm_eps=self.rms_norm_eps, tie_word_embeddings=self.tie_word_embeddings,
-            max_position_embeddings=self.max_position_embeddings, hidden_act="silu",
-            attention_bias=False, mlp_bias=False,
+            architectures=[self.architecture],
+            model_type=mt,
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            rope_theta=self.rope_theta,
+            rms_norm_eps=self.rms_norm_eps,
+            tie_word_embeddings=self.tie_word_embeddings,
+            max_position_embeddings=self.max_position_embeddings,
+            hidden_act="silu",
+            attention_bias=False,
+            mlp_bias=False,
         )
         if self.rope_scaling:
             d["rope_scaling"] = dict(self.rope_scaling)
@@ -121,28 +140,106 @@ class ModelConfig:
         return asdict(self)
 
 
-_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192}
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 # Real shapes for benchmarks with dummy weights (no download needed).
 PRESETS: dict[str, ModelConfig] = {
-    "Qwen3-0.6B": ModelConfig("Qwen3ForCausalLM", 151936, 1024, 3072, 28, 16, 8, 128, rope_theta=1e6,
-                              rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=40960,
-                              eos_token_ids=(151645,), name="Qwen3-0.6B"),
-    "Qwen3-32B": ModelConfig("Qwen3ForCausalLM", 151936, 5120, 25600, 64, 64, 8, 128, rope_theta=1e6,
-                             rms_norm_eps=1e-6, max_position_embeddings=40960, eos_token_ids=(151645,),
-                             name="Qwen3-32B"),
-    "Llama-3.1-8B": ModelConfig("LlamaForCausalLM", 128256, 4096, 14336, 32, 32, 8, 128, rope_theta=5e5,
-                                rope_scaling=_LLAMA3_ROPE, max_position_embeddings=131072,
-                                eos_token_ids=(128001, 128008, 128009), bos_token_id=128000,
-                                name="Llama-3.1-8B"),
-    "SmolLM2-135M": ModelConfig("LlamaForCausalLM", 49152, 576, 1536, 30, 9, 3, 64, rope_theta=100000.0,
-                                tie_word_embeddings=True, max_position_embeddings=8192, eos_token_ids=(2,),
-                                bos_token_id=1, name="SmolLM2-135M"),
+    "Qwen3-0.6B": ModelConfig(
+        "Qwen3ForCausalLM",
+        151936,
+        1024,
+        3072,
+        28,
+        16,
+        8,
+        128,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+        eos_token_ids=(151645,),
+        name="Qwen3-0.6B",
+    ),
+    "Qwen3-32B": ModelConfig(
+        "Qwen3ForCausalLM",
+        151936,
+        5120,
+        25600,
+        64,
+        64,
+        8,
+        128,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=40960,
+        eos_token_ids=(151645,),
+        name="Qwen3-32B",
+    ),
+    "Llama-3.1-8B": ModelConfig(
+        "LlamaForCausalLM",
+        128256,
+        4096,
+        14336,
+        32,
+        32,
+        8,
+        128,
+        rope_theta=5e5,
+        rope_scaling=_LLAMA3_ROPE,
+        max_position_embeddings=131072,
+        eos_token_ids=(128001, 128008, 128009),
+        bos_token_id=128000,
+        name="Llama-3.1-8B",
+    ),
+    "SmolLM2-135M": ModelConfig(
+        "LlamaForCausalLM",
+        49152,
+        576,
+        1536,
+        30,
+        9,
+        3,
+        64,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+        eos_token_ids=(2,),
+        bos_token_id=1,
+        name="SmolLM2-135M",
+    ),
     # Tiny configs for fast unit tests.
-    "tiny-llama": ModelConfig("LlamaForCausalLM", 512, 64, 128, 2, 4, 2, 16, rope_theta=10000.0,
-                              max_position_embeddings=2048, name="tiny-llama"),
-    "tiny-qwen3": ModelConfig("Qwen3ForCausalLM", 512, 64, 128, 2, 4, 2, 16, rope_theta=1e6,
-                              rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=2048,
-                              name="tiny-qwen3"),
+    "tiny-llama": ModelConfig(
+        "LlamaForCausalLM",
+        512,
+        64,
+        128,
+        2,
+        4,
+        2,
+        16,
+        rope_theta=10000.0,
+        max_position_embeddings=2048,
+        name="tiny-llama",
+    ),
+    "tiny-qwen3": ModelConfig(
+        "Qwen3ForCausalLM",
+        512,
+        64,
+        128,
+        2,
+        4,
+        2,
+        16,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        max_position_embeddings=2048,
+        name="tiny-qwen3",
+    ),
 }

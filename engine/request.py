@@ -1,4 +1,5 @@
 """A request's life in the engine: its tokens, its KV pages, and why it finished."""
+
 from __future__ import annotations
 
 import enum

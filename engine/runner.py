@@ -1,4 +1,5 @@
 """Model runner: turns a scheduled Batch into device tensors, runs the model, samples the next tokens."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,13 +27,22 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, pool: KVPool, backend_name: str, device: torch.device,
-                 max_slots: int, cuda_graph_max_bs: int = 0, scratch_page: int = -1):
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        pool: KVPool,
+        backend_name: str,
+        device: torch.device,
+        max_slots: int,
+        cuda_graph_max_bs: int = 0,
+        scratch_page: int = -1,
+    ):
         cfg = model.cfg
         self.model, self.pool, self.device = model, pool, device
         self.scratch_page = scratch_page  # a pool page no request owns (padded CUDA-graph rows write there)
-        self.backend = create_backend(backend_name, pool, cfg.num_heads // TP.size, cfg.num_kv_heads // TP.size,
-                                      cfg.head_dim, device)
+        self.backend = create_backend(
+            backend_name, pool, cfg.num_heads // TP.size, cfg.num_kv_heads // TP.size, cfg.head_dim, device
+        )
         self.sampler = Sampler(cfg.vocab_size, max_slots, device)
         # Last sampled token per request slot: decode reads its input here, so under overlap scheduling the
         # CPU never has to wait for step N's tokens before launching step N+1.
@@ -42,6 +52,7 @@ class ModelRunner:
         self.graphs = None
         if device.type == "cuda" and cuda_graph_max_bs > 0:
             from engine.cuda_graph import DecodeGraphs
+
             self.graphs = DecodeGraphs(self, min(cuda_graph_max_bs, max_slots))
 
     def _slots(self, pages: list[int], start: int, n: int) -> torch.Tensor:
@@ -62,9 +73,13 @@ class ModelRunner:
             pos = starts.to(dev, non_blocking=True)
         else:
             out = torch.cat([self._slots(r.pages, s, n) for r, s, n in zip(batch.reqs, batch.starts, batch.q_lens)])
-            ids = torch.tensor([t for r, s, n in zip(batch.reqs, batch.starts, batch.q_lens)
-                                for t in r.all_ids[s:s + n]], dtype=torch.int64).to(dev, non_blocking=True)
-            pos = torch.cat([torch.arange(s, s + n) for s, n in zip(batch.starts, batch.q_lens)]).to(dev, non_blocking=True)
+            ids = torch.tensor(
+                [t for r, s, n in zip(batch.reqs, batch.starts, batch.q_lens) for t in r.all_ids[s : s + n]],
+                dtype=torch.int64,
+            ).to(dev, non_blocking=True)
+            pos = torch.cat([torch.arange(s, s + n) for s, n in zip(batch.starts, batch.q_lens)]).to(
+                dev, non_blocking=True
+            )
         meta = AttnMeta(batch.is_decode, batch.q_lens, kv_lens, tables, out.to(dev, non_blocking=True))
         return ids, pos, meta
 
@@ -81,7 +96,11 @@ class ModelRunner:
         sampled = [batch.reqs[i] for i in sample_rows]
         if not sampled:
             return StepOutput(torch.empty(0, dtype=torch.int64), None)
-        h = hidden[last[sample_rows].to(self.device, non_blocking=True)] if batch.num_tokens != len(sample_rows) else hidden
+        h = (
+            hidden[last[sample_rows].to(self.device, non_blocking=True)]
+            if batch.num_tokens != len(sample_rows)
+            else hidden
+        )
         logits = self.model.logits(h)
         if self.keep_logits:
             self.last_logits = logits

@@ -1,4 +1,5 @@
 """Batched sampling on the device: penalties, temperature, top-k / top-p / min-p, per-request seeds."""
+
 from __future__ import annotations
 
 import torch
@@ -70,8 +71,11 @@ class Sampler:
             logits = logits.float()
         logits = self._penalize(logits, reqs)
         if fused:
-            tokens = ops.sample_gumbel(logits, _dev([0.0 if p.greedy else p.temperature for p in params], self.device),
-                                       _dev([self._row_seed(r) for r in reqs], self.device, torch.int64))
+            tokens = ops.sample_gumbel(
+                logits,
+                _dev([0.0 if p.greedy else p.temperature for p in params], self.device),
+                _dev([self._row_seed(r) for r in reqs], self.device, torch.int64),
+            )
         elif all(p.greedy for p in params):
             tokens = logits.argmax(-1)
         else:

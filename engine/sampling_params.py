@@ -1,4 +1,5 @@
 """Per-request sampling settings, validated at construction so bad values never reach the engine."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -25,19 +26,28 @@ class SamplingParams:
         checks = [
             (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "must be an integer >= 1"),
             (self.temperature >= 0, "temperature", "must be >= 0"),
-            (isinstance(self.top_k, int) and -1 <= self.top_k < 2**63, "top_k",
-             "must be -1 (off) or a positive 64-bit integer"),
+            (
+                isinstance(self.top_k, int) and -1 <= self.top_k < 2**63,
+                "top_k",
+                "must be -1 (off) or a positive 64-bit integer",
+            ),
             (0 < self.top_p <= 1, "top_p", "must be in (0, 1]"),
             (0 <= self.min_p <= 1, "min_p", "must be in [0, 1]"),
             # far below 1e-6, dividing fp32 logits by it overflows to inf and every draw turns into NaN noise
             (self.repetition_penalty >= 1e-6, "repetition_penalty", "must be >= 1e-6"),
             (-2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]"),
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]"),
-            (self.seed is None or (isinstance(self.seed, int) and -2**63 <= self.seed < 2**64), "seed",
-             "must be a 64-bit integer"),  # torch.Generator.manual_seed range; beyond it the sampler would raise
+            (
+                self.seed is None or (isinstance(self.seed, int) and -(2**63) <= self.seed < 2**64),
+                "seed",
+                "must be a 64-bit integer",
+            ),  # torch.Generator.manual_seed range; beyond it the sampler would raise
             (all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings"),
-            (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
-             "must be non-negative integers"),
+            (
+                all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+                "stop_token_ids",
+                "must be non-negative integers",
+            ),
         ]
         for ok, name, why in checks:
             if not ok:

@@ -1,4 +1,5 @@
 """Continuous batching: each step is a prefill batch (chunked under a token budget) or a decode batch."""
+
 from __future__ import annotations
 
 from collections import deque

@@ -1,4 +1,5 @@
 """Tokenizer glue: text <-> ids, chat templates, and incremental detokenization that never splits UTF-8."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -48,8 +49,11 @@ class Tokenizer:
         if not messages:
             raise ValueError("messages must not be empty")
         for m in messages:
-            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") \
-                    or not isinstance(m.get("content"), str):
+            if (
+                not isinstance(m, dict)
+                or m.get("role") not in ("system", "user", "assistant")
+                or not isinstance(m.get("content"), str)
+            ):
                 raise ValueError(f"each message needs a role (system/user/assistant) and string content; got {m!r}")
         if not self.has_chat_template:
             return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
@@ -97,15 +101,15 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int]):
         self.tok = tokenizer
-        self.ids = list(prompt_ids[-self.CONTEXT:])
+        self.ids = list(prompt_ids[-self.CONTEXT :])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
 
     def add(self, token: int) -> str:
         self.ids.append(token)
-        prefix = self.tok.decode(self.ids[self.prefix_offset:self.read_offset])
-        full = self.tok.decode(self.ids[self.prefix_offset:])
+        prefix = self.tok.decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self.tok.decode(self.ids[self.prefix_offset :])
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-            return full[len(prefix):]
+            return full[len(prefix) :]
         return ""

@@ -1,4 +1,5 @@
 """What ranks > 0 run under torchrun: the same engine steps as rank 0, driven by its broadcasts."""
+
 from __future__ import annotations
 
 import signal

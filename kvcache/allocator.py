@@ -1,4 +1,5 @@
 """Free-page bookkeeping for the KV pool."""
+
 from __future__ import annotations
 
 

@@ -1,4 +1,5 @@
 """Cache manager: the radix prefix cache and the page allocator behind one small API for the scheduler."""
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -9,6 +10,7 @@ from kvcache.radix import Node, RadixCache
 
 class CacheUser(Protocol):
     """What the manager needs of a request (engine.request.Req satisfies it)."""
+
     pages: list[int]
     cached_len: int
     device_len: int
@@ -110,7 +112,7 @@ class CacheManager:
         self.publish(req)  # no-op without a radix cache (cached_len stays 0: everything is freed below)
         if self.radix is not None and req.prefix_node is not None:
             self.radix.unlock(req.prefix_node)
-        self.allocator.free(req.pages[req.cached_len // self.page_size:])
+        self.allocator.free(req.pages[req.cached_len // self.page_size :])
         req.pages, req.prefix_node, req.cached_len, req.device_len = [], None, 0, 0
 
     def evict_all(self) -> int:
@@ -125,11 +127,12 @@ class CacheManager:
         ps = self.page_size
         free = self.allocator.free_set()
         locked, evictable = self.radix.page_sets() if self.radix else ([], [])
-        private = [p for r in live for p in r.pages[r.cached_len // ps:]]
+        private = [p for r in live for p in r.pages[r.cached_len // ps :]]
         everything = list(free) + locked + evictable + private
         assert len(everything) == self.num_pages == len(set(everything)), (
             f"page accounting broken: free {len(free)} + locked {len(locked)} + evictable {len(evictable)} "
-            f"+ private {len(private)} != {self.num_pages} (or duplicates)")
+            f"+ private {len(private)} != {self.num_pages} (or duplicates)"
+        )
         assert len(evictable) == self.num_evictable, "evictable page counter out of sync"
         assert self.num_free + self.num_evictable + self.num_in_use == self.num_pages
         tree_pages = set(locked)

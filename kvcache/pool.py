@@ -1,4 +1,5 @@
 """The paged KV pool: per layer, K and V of shape [num_pages, page_size, kv_heads, head_dim]."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,8 +15,15 @@ class KVPool:
     num_pages: int
 
     @staticmethod
-    def create(num_layers: int, num_pages: int, page_size: int, kv_heads: int, head_dim: int,
-               dtype: torch.dtype, device: torch.device | str) -> "KVPool":
+    def create(
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> "KVPool":
         shape = (num_pages, page_size, kv_heads, head_dim)
         k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]

@@ -3,6 +3,7 @@
 Keys are cut in whole pages: a node's key length is a multiple of page_size and its value holds one page
 id per page_size tokens, so a cached prefix always maps to whole pages.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -35,7 +36,7 @@ class RadixCache:
     def _match_len(self, a: tuple[int, ...], b: list[int] | tuple[int, ...]) -> int:
         n = min(len(a), len(b)) // self.ps * self.ps
         i = 0
-        while i < n and a[i:i + self.ps] == tuple(b[i:i + self.ps]):
+        while i < n and a[i : i + self.ps] == tuple(b[i : i + self.ps]):
             i += self.ps
         return i
 
@@ -44,7 +45,7 @@ class RadixCache:
         upper = Node(node.key[:at], node.pages[: at // self.ps], node.parent, {}, node.lock, node.last_used)
         assert node.parent is not None
         node.parent.children[self._first(upper.key)] = upper
-        node.key, node.pages = node.key[at:], node.pages[at // self.ps:]
+        node.key, node.pages = node.key[at:], node.pages[at // self.ps :]
         node.parent = upper
         upper.children[self._first(node.key)] = node
         return upper
@@ -92,7 +93,7 @@ class RadixCache:
         while i < len(tokens):
             child = node.children.get(self._first(tokens[i:]))
             if child is None:
-                new = Node(tuple(tokens[i:]), list(pages[i // self.ps:]), node, {}, 0, now)
+                new = Node(tuple(tokens[i:]), list(pages[i // self.ps :]), node, {}, 0, now)
                 node.children[self._first(new.key)] = new
                 self.evictable_pages += len(new.pages)
                 return i

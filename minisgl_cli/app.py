@@ -1,13 +1,18 @@
 """The `minisgl` command: chat, bench-offline, bench-trace, serve. Each command module imports torch and the
 engine only inside its command, so `minisgl --help` stays fast."""
+
 from __future__ import annotations
 
 import typer
 
 from minisgl_cli import bench_offline, bench_trace, chat, serve
 
-app = typer.Typer(help="minisgl: a small, fast LLM inference engine - chat, benchmark, serve.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="minisgl: a small, fast LLM inference engine - chat, benchmark, serve.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
 for module in (chat, bench_offline, bench_trace, serve):
     module.register(app)
 

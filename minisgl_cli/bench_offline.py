@@ -1,5 +1,6 @@
 """`minisgl bench-offline`: throughput of one batch workload (nano-vllm's by default), optionally side by side
 with Hugging Face transformers on the same weights and the same prompts."""
+
 from __future__ import annotations
 
 import time
@@ -21,24 +22,49 @@ def register(app: typer.Typer) -> None:
         output_len: Annotated[str, typer.Option(help="output length range A:B (uniform, inclusive)")] = "100:1024",
         seed: Annotated[int, typer.Option(help="seed of the workload draw and of the engines")] = 0,
         temperature: Annotated[float, typer.Option(help="sampling temperature (0: greedy)", min=0.0)] = 0.6,
-        dataset: Annotated[Path | None, typer.Option(help="real prompts from a local .json/.jsonl/.parquet file "
-                                                     "(ShareGPT `conversations` or a text column)")] = None,
+        dataset: Annotated[
+            Path | None,
+            typer.Option(
+                help="real prompts from a local .json/.jsonl/.parquet file (ShareGPT `conversations` or a text column)"
+            ),
+        ] = None,
         engine: Annotated[str, typer.Option(help="minisgl | transformers")] = "minisgl",
-        compare: Annotated[bool, typer.Option("--compare", help="run minisgl, then transformers, "
-                                              "and print the ratio")] = False,
-        peer_api: Annotated[str, typer.Option(help="transformers API: auto (generate_batch when the installed "
-                                              "version has it) | generate_batch | generate")] = "auto",
-        peer_batch_size: Annotated[int, typer.Option(help="batch size of the padded `generate` fallback",
-                                                     min=1)] = 64,
+        compare: Annotated[
+            bool, typer.Option("--compare", help="run minisgl, then transformers, and print the ratio")
+        ] = False,
+        peer_api: Annotated[
+            str,
+            typer.Option(
+                help="transformers API: auto (generate_batch when the installed "
+                "version has it) | generate_batch | generate"
+            ),
+        ] = "auto",
+        peer_batch_size: Annotated[int, typer.Option(help="batch size of the padded `generate` fallback", min=1)] = 64,
         json_path: Annotated[Path | None, typer.Option("--json", help="write the results to this JSON file")] = None,
-        runs: Annotated[int, typer.Option(help="timed minisgl runs of the workload; the median is reported "
-                                          "(a fresh GPU machine runs slower for its first ~30 s)", min=1)] = 1,
+        runs: Annotated[
+            int,
+            typer.Option(
+                help="timed minisgl runs of the workload; the median is reported "
+                "(a fresh GPU machine runs slower for its first ~30 s)",
+                min=1,
+            ),
+        ] = 1,
         quiet: Annotated[bool, typer.Option("--quiet", help="no progress bars")] = False,
-        model: o.Model = None, device: o.Device = "auto", dtype: o.Dtype = "auto", page_size: o.PageSize = 16,
-        num_pages: o.NumPages = None, kv_cache_gb: o.KvCacheGb = None, memory_fraction: o.MemoryFraction = 0.85,
-        max_running_requests: o.MaxRunning = 256, max_prefill_tokens: o.MaxPrefill = 8192,
-        max_model_len: o.MaxModelLen = None, no_radix_cache: o.NoRadix = False, attention_backend: o.Backend = "auto",
-        cuda_graph_max_bs: o.GraphBs = 256, no_overlap: o.NoOverlap = False, tp: o.Tp = 1,
+        model: o.Model = None,
+        device: o.Device = "auto",
+        dtype: o.Dtype = "auto",
+        page_size: o.PageSize = 16,
+        num_pages: o.NumPages = None,
+        kv_cache_gb: o.KvCacheGb = None,
+        memory_fraction: o.MemoryFraction = 0.85,
+        max_running_requests: o.MaxRunning = 256,
+        max_prefill_tokens: o.MaxPrefill = 8192,
+        max_model_len: o.MaxModelLen = None,
+        no_radix_cache: o.NoRadix = False,
+        attention_backend: o.Backend = "auto",
+        cuda_graph_max_bs: o.GraphBs = 256,
+        no_overlap: o.NoOverlap = False,
+        tp: o.Tp = 1,
     ) -> None:
         """Offline throughput: output tokens / wall time of one generate() after a warm-up.
 
@@ -62,16 +88,32 @@ def register(app: typer.Typer) -> None:
         results = []
         for name in engines:
             run = _run_minisgl if name == "minisgl" else _run_transformers
-            results.append(run(config, workload, temperature, quiet, peer_api=peer_api,
-                               peer_batch_size=peer_batch_size, repeats=runs))
+            results.append(
+                run(
+                    config,
+                    workload,
+                    temperature,
+                    quiet,
+                    peer_api=peer_api,
+                    peer_batch_size=peer_batch_size,
+                    repeats=runs,
+                )
+            )
         result: dict[str, Any] = dict(results[0])
         if len(results) == 2:
             result["peer"] = results[1]
             result["speedup"] = results[0]["output_throughput"] / max(results[1]["output_throughput"], 1e-9)
-        result["workload"] = {"source": workload.source, "num_seqs": workload.num_seqs, "input_len": input_len,
-                              "output_len": output_len, "seed": seed, "temperature": temperature,
-                              "ignore_eos": True, "folded_ids": workload.folded_ids,
-                              "truncated_prompts": workload.truncated}
+        result["workload"] = {
+            "source": workload.source,
+            "num_seqs": workload.num_seqs,
+            "input_len": input_len,
+            "output_len": output_len,
+            "seed": seed,
+            "temperature": temperature,
+            "ignore_eos": True,
+            "folded_ids": workload.folded_ids,
+            "truncated_prompts": workload.truncated,
+        }
         result["environment"] = environment()
         console.print(_table(results, workload))
         if "speedup" in result:
@@ -97,8 +139,10 @@ def _build_workload(config, num_seqs: int, input_len: str, output_len: str, seed
     context = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
     longest = (0 if dataset else in_range[1]) + out_range[1]
     if longest > context:
-        raise typer.BadParameter(f"the longest request ({longest} tokens) exceeds the model's context length "
-                                 f"{context}: lower --input-len / --output-len")
+        raise typer.BadParameter(
+            f"the longest request ({longest} tokens) exceeds the model's context length "
+            f"{context}: lower --input-len / --output-len"
+        )
     if dataset is None:
         return random_workload(num_seqs, in_range, out_range, seed, mc.vocab_size)
     try:
@@ -111,16 +155,30 @@ def _progress(quiet: bool):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
-                    TimeElapsedColumn(), console=Console(stderr=True), transient=True, disable=quiet)
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("tokens"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=quiet,
+    )
 
 
 def _summary(engine: str, n: int, input_tokens: int, output_tokens: int, duration: float) -> dict[str, Any]:
     """vLLM/SGLang field names."""
-    return {"engine": engine, "completed": n, "duration": duration, "total_input_tokens": input_tokens,
-            "total_output_tokens": output_tokens, "request_throughput": n / duration,
-            "output_throughput": output_tokens / duration,
-            "total_token_throughput": (input_tokens + output_tokens) / duration}
+    return {
+        "engine": engine,
+        "completed": n,
+        "duration": duration,
+        "total_input_tokens": input_tokens,
+        "total_output_tokens": output_tokens,
+        "request_throughput": n / duration,
+        "output_throughput": output_tokens / duration,
+        "total_token_throughput": (input_tokens + output_tokens) / duration,
+    }
 
 
 def _add_floor(result: dict[str, Any], workload, mc, dtype, device, tp: int) -> None:
@@ -128,8 +186,14 @@ def _add_floor(result: dict[str, Any], workload, mc, dtype, device, tp: int) -> 
 
     from minisgl_cli.roofline import gpu_floor
 
-    floor = gpu_floor([len(p) for p in workload.prompts], workload.output_lens, mc,
-                      torch.tensor([], dtype=dtype).element_size(), device, tp)
+    floor = gpu_floor(
+        [len(p) for p in workload.prompts],
+        workload.output_lens,
+        mc,
+        torch.tensor([], dtype=dtype).element_size(),
+        device,
+        tp,
+    )
     result["gpu"] = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     result["floor"] = floor.as_dict() if floor else None
     result["floor_fraction"] = result["output_throughput"] / floor.output_throughput if floor else None
@@ -157,8 +221,9 @@ def _run_minisgl(config, workload, temperature: float, quiet: bool, repeats: int
     for i in range(repeats):
         llm.engine.clear_cache()  # every run starts cold, as the first does
         with _progress(quiet) as bar:
-            task = bar.add_task("minisgl" if repeats == 1 else f"minisgl run {i + 1}/{repeats}",
-                                total=workload.output_tokens)
+            task = bar.add_task(
+                "minisgl" if repeats == 1 else f"minisgl run {i + 1}/{repeats}", total=workload.output_tokens
+            )
             on_output = _token_counter(lambda n: bar.update(task, completed=n))
             t0 = time.perf_counter()
             outs = llm.generate(workload.prompts, params, on_output=on_output)
@@ -167,11 +232,16 @@ def _run_minisgl(config, workload, temperature: float, quiet: bool, repeats: int
     duration, outs = sorted(timed, key=lambda t: t[0])[(repeats - 1) // 2]  # the median run (lower middle)
     ok = [out for out in outs if out.finish_reason in ("length", "stop")]
     result = _summary("minisgl", len(ok), workload.input_tokens, sum(len(out.token_ids) for out in ok), duration)
-    result.update(failed=len(outs) - len(ok), **llm.describe(), startup_seconds=startup, warmup_seconds=warmup,
-                  preemptions=after.preemptions - before.preemptions,
-                  cache_hit_tokens=after.cache_hit_tokens - before.cache_hit_tokens,
-                  runs=[{"duration": d, "output_throughput": sum(len(o.token_ids) for o in os) / d}
-                        for d, os in timed], startup_breakdown=_startup_breakdown(llm.engine))
+    result.update(
+        failed=len(outs) - len(ok),
+        **llm.describe(),
+        startup_seconds=startup,
+        warmup_seconds=warmup,
+        preemptions=after.preemptions - before.preemptions,
+        cache_hit_tokens=after.cache_hit_tokens - before.cache_hit_tokens,
+        runs=[{"duration": d, "output_throughput": sum(len(o.token_ids) for o in os) / d} for d, os in timed],
+        startup_breakdown=_startup_breakdown(llm.engine),
+    )
     _add_floor(result, workload, llm.engine.model_cfg, llm.engine.dtype, llm.engine.device, config.tp)
     del llm, outs
     _free_memory()
@@ -195,11 +265,13 @@ def _token_counter(show: Callable[[int], None]):
         state["calls"] += 1
         if out.finished or state["calls"] % 512 == 0:
             show(state["tokens"])
+
     return on_output
 
 
-def _run_transformers(config, workload, temperature: float, quiet: bool, peer_api: str = "auto",
-                      peer_batch_size: int = 64, **_: Any) -> dict[str, Any]:
+def _run_transformers(
+    config, workload, temperature: float, quiet: bool, peer_api: str = "auto", peer_batch_size: int = 64, **_: Any
+) -> dict[str, Any]:
     import torch
 
     from minisgl_cli.hf_peer import load_hf_model, model_config_for, run_peer
@@ -218,12 +290,25 @@ def _run_transformers(config, workload, temperature: float, quiet: bool, peer_ap
     warmup = time.perf_counter() - t0
     with _progress(quiet) as bar:
         task = bar.add_task("transformers", total=workload.output_tokens)
-        run = run_peer(model, workload.prompts, workload.output_lens, temperature, peer_api, peer_batch_size,
-                       on_done=lambda n: bar.advance(task, n))
-    result = _summary("transformers", len(run.output_lens), workload.input_tokens, sum(run.output_lens),
-                      run.duration)
-    result.update(failed=0, api=run.api, model=mc.name or str(config.model), device=str(device),
-                  dtype=str(dtype).removeprefix("torch."), startup_seconds=startup, warmup_seconds=warmup)
+        run = run_peer(
+            model,
+            workload.prompts,
+            workload.output_lens,
+            temperature,
+            peer_api,
+            peer_batch_size,
+            on_done=lambda n: bar.advance(task, n),
+        )
+    result = _summary("transformers", len(run.output_lens), workload.input_tokens, sum(run.output_lens), run.duration)
+    result.update(
+        failed=0,
+        api=run.api,
+        model=mc.name or str(config.model),
+        device=str(device),
+        dtype=str(dtype).removeprefix("torch."),
+        startup_seconds=startup,
+        warmup_seconds=warmup,
+    )
     _add_floor(result, workload, mc, dtype, device, 1)
     del model
     _free_memory()
@@ -243,19 +328,23 @@ def _free_memory() -> None:
 def _table(runs: list[dict[str, Any]], workload):
     from minisgl_cli.report import kv_table
 
-    rows = [("requests", *(r["completed"] for r in runs)),
-            ("input tokens", *(r["total_input_tokens"] for r in runs)),
-            ("output tokens", *(r["total_output_tokens"] for r in runs)),
-            ("wall time (s)", *(r["duration"] for r in runs)),
-            ("requests/s", *(r["request_throughput"] for r in runs)),
-            ("output tok/s", *(r["output_throughput"] for r in runs)),
-            ("total tok/s", *(r["total_token_throughput"] for r in runs)),
-            ("startup (s)", *(r["startup_seconds"] for r in runs))]
+    rows = [
+        ("requests", *(r["completed"] for r in runs)),
+        ("input tokens", *(r["total_input_tokens"] for r in runs)),
+        ("output tokens", *(r["total_output_tokens"] for r in runs)),
+        ("wall time (s)", *(r["duration"] for r in runs)),
+        ("requests/s", *(r["request_throughput"] for r in runs)),
+        ("output tok/s", *(r["output_throughput"] for r in runs)),
+        ("total tok/s", *(r["total_token_throughput"] for r in runs)),
+        ("startup (s)", *(r["startup_seconds"] for r in runs)),
+    ]
     if any(r["floor"] for r in runs):
         rows.append(("floor tok/s (bandwidth)", *((r["floor"] or {}).get("output_throughput") for r in runs)))
         rows.append(("fraction of floor", *(r["floor_fraction"] for r in runs)))
     if any(r["failed"] for r in runs):
         rows.append(("failed", *(r["failed"] for r in runs)))
     names = [f"{r['engine']} ({r.get('api', r.get('attention', ''))})" for r in runs]
-    title = f"bench-offline: {runs[0]['model']} on {runs[0]['device']}, {workload.num_seqs} requests ({workload.source})"
+    title = (
+        f"bench-offline: {runs[0]['model']} on {runs[0]['device']}, {workload.num_seqs} requests ({workload.source})"
+    )
     return kv_table(title, rows, ("", *names))

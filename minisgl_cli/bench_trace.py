@@ -1,5 +1,6 @@
 """`minisgl bench-trace`: replay a Qwen/Bailian or Mooncake request trace with its arrival times and its
 prefix sharing, in-process or against an OpenAI-compatible URL; report latency percentiles and cache hits."""
+
 from __future__ import annotations
 
 import time
@@ -15,6 +16,7 @@ from minisgl_cli import options as o
 @dataclass(slots=True)
 class Plan:
     """The replay after scaling and clamping, with the trace's own cache-hit upper bound."""
+
     trace: Any  # trace_reader.Trace (the effective one: scaled/clamped lengths)
     items: list  # replay.ReplayItem
     clamped: int
@@ -26,36 +28,61 @@ def register(app: typer.Typer) -> None:
     def bench_trace(
         trace: Annotated[Path, typer.Argument(help="JSONL trace (Qwen/Bailian or Mooncake format)")],
         format: Annotated[str, typer.Option("--format", help="auto | qwen | mooncake")] = "auto",
-        block_size: Annotated[int | None, typer.Option(help="tokens per hash_ids block (default: 16 for qwen, "
-                                                       "512 for mooncake)", min=1)] = None,
-        time_scale: Annotated[float, typer.Option(help="multiply arrival times by this (0.5: twice as fast, "
-                                                  "0: all at once)", min=0.0)] = 1.0,
+        block_size: Annotated[
+            int | None, typer.Option(help="tokens per hash_ids block (default: 16 for qwen, 512 for mooncake)", min=1)
+        ] = None,
+        time_scale: Annotated[
+            float, typer.Option(help="multiply arrival times by this (0.5: twice as fast, 0: all at once)", min=0.0)
+        ] = 1.0,
         num_requests: Annotated[int | None, typer.Option(help="replay at most this many requests", min=1)] = None,
         start: Annotated[int, typer.Option(help="first request to replay (index among good lines)", min=0)] = 0,
-        skip_bad_lines: Annotated[bool, typer.Option("--skip-bad-lines", help="skip (and count) bad lines "
-                                                     "instead of stopping at the first one")] = False,
-        length_scale: Annotated[float, typer.Option(help="multiply input lengths, output lengths and the block "
-                                                    "size by this (e.g. 1/64 to fit a long trace into a small "
-                                                    "model; prefix sharing is kept)", min=1e-6)] = 1.0,
+        skip_bad_lines: Annotated[
+            bool,
+            typer.Option("--skip-bad-lines", help="skip (and count) bad lines instead of stopping at the first one"),
+        ] = False,
+        length_scale: Annotated[
+            float,
+            typer.Option(
+                help="multiply input lengths, output lengths and the block "
+                "size by this (e.g. 1/64 to fit a long trace into a small "
+                "model; prefix sharing is kept)",
+                min=1e-6,
+            ),
+        ] = 1.0,
         max_input_len: Annotated[int | None, typer.Option(help="clamp prompts to this many tokens", min=1)] = None,
-        max_output_len: Annotated[int | None, typer.Option(help="clamp outputs to this many tokens",
-                                                           min=1)] = None,
+        max_output_len: Annotated[int | None, typer.Option(help="clamp outputs to this many tokens", min=1)] = None,
         temperature: Annotated[float, typer.Option(help="sampling temperature (0: greedy)", min=0.0)] = 0.0,
         seed: Annotated[int, typer.Option(help="seed of the synthesized prompt tokens and of the engine")] = 0,
-        url: Annotated[str | None, typer.Option(help="replay against this OpenAI-compatible server "
-                                                "(e.g. http://127.0.0.1:8000) instead of in-process")] = None,
-        served_model: Annotated[str | None, typer.Option(help="model name sent with --url "
-                                                         "(default: the first of /v1/models)")] = None,
-        vocab_size: Annotated[int | None, typer.Option(help="prompt token ids stay below this (default: the "
-                                                       "--model's vocabulary)", min=2)] = None,
+        url: Annotated[
+            str | None,
+            typer.Option(
+                help="replay against this OpenAI-compatible server (e.g. http://127.0.0.1:8000) instead of in-process"
+            ),
+        ] = None,
+        served_model: Annotated[
+            str | None, typer.Option(help="model name sent with --url (default: the first of /v1/models)")
+        ] = None,
+        vocab_size: Annotated[
+            int | None, typer.Option(help="prompt token ids stay below this (default: the --model's vocabulary)", min=2)
+        ] = None,
         request_timeout: Annotated[float, typer.Option(help="seconds per request with --url", min=1.0)] = 600.0,
         json_path: Annotated[Path | None, typer.Option("--json", help="write the results to this JSON file")] = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="no progress bars")] = False,
-        model: o.Model = None, device: o.Device = "auto", dtype: o.Dtype = "auto", page_size: o.PageSize = 16,
-        num_pages: o.NumPages = None, kv_cache_gb: o.KvCacheGb = None, memory_fraction: o.MemoryFraction = 0.85,
-        max_running_requests: o.MaxRunning = 256, max_prefill_tokens: o.MaxPrefill = 8192,
-        max_model_len: o.MaxModelLen = None, no_radix_cache: o.NoRadix = False, attention_backend: o.Backend = "auto",
-        cuda_graph_max_bs: o.GraphBs = 256, no_overlap: o.NoOverlap = False, tp: o.Tp = 1,
+        model: o.Model = None,
+        device: o.Device = "auto",
+        dtype: o.Dtype = "auto",
+        page_size: o.PageSize = 16,
+        num_pages: o.NumPages = None,
+        kv_cache_gb: o.KvCacheGb = None,
+        memory_fraction: o.MemoryFraction = 0.85,
+        max_running_requests: o.MaxRunning = 256,
+        max_prefill_tokens: o.MaxPrefill = 8192,
+        max_model_len: o.MaxModelLen = None,
+        no_radix_cache: o.NoRadix = False,
+        attention_backend: o.Backend = "auto",
+        cuda_graph_max_bs: o.GraphBs = 256,
+        no_overlap: o.NoOverlap = False,
+        tp: o.Tp = 1,
     ) -> None:
         """Replay a request trace in real time (scaled by --time-scale) and report TTFT, TBT (inter-token gap),
         TPOT and end-to-end latency (mean, p50, p90, p99, max), throughput, and the prefix-cache hit rate beside
@@ -81,10 +108,19 @@ def register(app: typer.Typer) -> None:
             result = _run_local(config, window, flags, quiet)
         else:
             result = _run_url(config, window, flags, quiet)
-        result.update(trace=str(trace), format=full.format, trace_block_size=full.block_size,
-                      skipped_lines=len(full.skipped), skipped=[{"line": n, "error": e} for n, e in full.skipped[:20]],
-                      time_scale=time_scale, length_scale=length_scale, start=start, seed=seed,
-                      temperature=temperature, environment=environment())
+        result.update(
+            trace=str(trace),
+            format=full.format,
+            trace_block_size=full.block_size,
+            skipped_lines=len(full.skipped),
+            skipped=[{"line": n, "error": e} for n, e in full.skipped[:20]],
+            time_scale=time_scale,
+            length_scale=length_scale,
+            start=start,
+            seed=seed,
+            temperature=temperature,
+            environment=environment(),
+        )
         console.print(_table(result))
         if json_path is not None:
             write_json(json_path, result)
@@ -110,8 +146,16 @@ def plan(window, vocab: int, context: int, flags: dict[str, Any]) -> Plan:
         reqs.append(replace(r, input_length=new_in, output_length=new_out))
     eff = Trace(window.path, window.format, bs, reqs, window.skipped)
     synth = PromptSynth(vocab, bs, flags["seed"])
-    items = [ReplayItem(r.index, r.line, r.timestamp * flags["time_scale"],
-                        synth.prompt(r.hash_ids, r.input_length, r.index), r.output_length) for r in reqs]
+    items = [
+        ReplayItem(
+            r.index,
+            r.line,
+            r.timestamp * flags["time_scale"],
+            synth.prompt(r.hash_ids, r.input_length, r.index),
+            r.output_length,
+        )
+        for r in reqs
+    ]
     return Plan(eff, items, clamped, eff.reuse_upper_bound())
 
 
@@ -119,8 +163,16 @@ def _progress(quiet: bool, total: int):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    bar = Progress(TextColumn("[bold]replaying"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
-                   TimeElapsedColumn(), console=Console(stderr=True), transient=True, disable=quiet)
+    bar = Progress(
+        TextColumn("[bold]replaying"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("requests"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=quiet,
+    )
     return bar, bar.add_task("replay", total=total)
 
 
@@ -138,17 +190,20 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> dict[str, 
     if p.trace.block_size % e.cache.page_size:
         from rich.console import Console
 
-        Console(stderr=True).print(f"[yellow]note:[/yellow] blocks of {p.trace.block_size} tokens are not whole KV "
-                                   f"pages of {e.cache.page_size}: the cache reuses only whole pages, so the hit rate "
-                                   f"stays below the trace's bound (pick --length-scale / --page-size to match)")
+        Console(stderr=True).print(
+            f"[yellow]note:[/yellow] blocks of {p.trace.block_size} tokens are not whole KV "
+            f"pages of {e.cache.page_size}: the cache reuses only whole pages, so the hit rate "
+            f"stays below the trace's bound (pick --length-scale / --page-size to match)"
+        )
     engine = AsyncLLM(llm)
     try:
         before = engine.call(lambda x: x.metrics())
         bar, task = _progress(quiet, len(p.items))
         with bar:
             t0 = time.perf_counter()
-            results = asyncio.run(replay_local(engine, p.items, flags["temperature"],
-                                               on_done=lambda _: bar.advance(task)))
+            results = asyncio.run(
+                replay_local(engine, p.items, flags["temperature"], on_done=lambda _: bar.advance(task))
+            )
             duration = time.perf_counter() - t0
         after = engine.call(lambda x: x.metrics())
     finally:
@@ -156,8 +211,13 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> dict[str, 
     d_prompt = after.prompt_tokens - before.prompt_tokens
     hit_rate = (after.cache_hit_tokens - before.cache_hit_tokens) / d_prompt if d_prompt else None
     out = summarize(results, duration, p, hit_rate)
-    out.update(mode="in-process", **llm.describe(), radix_cache=config.radix_cache, page_size=e.cache.page_size,
-               preemptions=after.preemptions - before.preemptions)
+    out.update(
+        mode="in-process",
+        **llm.describe(),
+        radix_cache=config.radix_cache,
+        page_size=e.cache.page_size,
+        preemptions=after.preemptions - before.preemptions,
+    )
     return out
 
 
@@ -174,8 +234,10 @@ def _run_url(config, window, flags: dict[str, Any], quiet: bool) -> dict[str, An
         try:
             mc = model_config_for(config.model)
         except (ValueError, FileNotFoundError) as e:
-            raise typer.BadParameter(f"{e} (with --url, --model names the served model's config; or pass "
-                                     f"--vocab-size and --max-model-len)", param_hint="--model") from e
+            raise typer.BadParameter(
+                f"{e} (with --url, --model names the served model's config; or pass --vocab-size and --max-model-len)",
+                param_hint="--model",
+            ) from e
         vocab, context = vocab or mc.vocab_size, context or mc.max_position_embeddings
     p = plan(window, vocab, context, flags)
     base = api_base(flags["url"])
@@ -192,8 +254,9 @@ def _run_url(config, window, flags: dict[str, Any], quiet: bool) -> dict[str, An
             bar, task = _progress(quiet, len(p.items))
             with bar:
                 t0 = time.perf_counter()
-                results = await replay_url(client, base, name, p.items, flags["temperature"],
-                                           on_done=lambda _: bar.advance(task))
+                results = await replay_url(
+                    client, base, name, p.items, flags["temperature"], on_done=lambda _: bar.advance(task)
+                )
                 duration = time.perf_counter() - t0
             after = await scrape_metrics(client, root)
             return name, results, duration, cache_hit_rate(before, after)
@@ -212,19 +275,27 @@ def summarize(results, duration: float, p: Plan, cache_hit_rate: float | None) -
     input_tokens = sum(r.input_len for r in ok)
     output_tokens = sum(r.output_tokens for r in ok)
     out: dict[str, Any] = {
-        "completed": len(ok), "failed": len(results) - len(ok), "duration": duration,
-        "total_input_tokens": input_tokens, "total_output_tokens": output_tokens,
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "duration": duration,
+        "total_input_tokens": input_tokens,
+        "total_output_tokens": output_tokens,
         "expected_output_tokens": sum(r.expected_output for r in ok),
-        "request_throughput": len(ok) / duration, "input_throughput": input_tokens / duration,
+        "request_throughput": len(ok) / duration,
+        "input_throughput": input_tokens / duration,
         "output_throughput": output_tokens / duration,
         "total_token_throughput": (input_tokens + output_tokens) / duration,
-        "cache_hit_rate": cache_hit_rate, "trace_cache_hit_upper_bound": p.upper_bound,
-        "block_size": p.trace.block_size, "clamped_requests": p.clamped,
+        "cache_hit_rate": cache_hit_rate,
+        "trace_cache_hit_upper_bound": p.upper_bound,
+        "block_size": p.trace.block_size,
+        "clamped_requests": p.clamped,
     }
-    series = {"ttft": [r.ttft for r in ok if r.ttft is not None],
-              "itl": [x for r in ok for x in r.itls],
-              "tpot": [r.tpot for r in ok if r.tpot is not None],
-              "e2e_latency": [r.e2e for r in ok if r.e2e is not None]}
+    series = {
+        "ttft": [r.ttft for r in ok if r.ttft is not None],
+        "itl": [x for r in ok for x in r.itls],
+        "tpot": [r.tpot for r in ok if r.tpot is not None],
+        "e2e_latency": [r.e2e for r in ok if r.e2e is not None],
+    }
     for name, values in series.items():
         for stat, v in latency_stats(values).items():
             out[f"{'median' if stat == 'p50' else stat}_{name}_ms"] = v
@@ -237,21 +308,25 @@ def _table(res: dict[str, Any]):
 
     from minisgl_cli.report import kv_table
 
-    rows = [(label, *(res[f"{s}_{key}_ms"] for s in ("mean", "median", "p90", "p99", "max")))
-            for label, key in (("TTFT", "ttft"), ("TBT (inter-token)", "itl"), ("TPOT", "tpot"),
-                               ("E2E", "e2e_latency"))]
+    rows = [
+        (label, *(res[f"{s}_{key}_ms"] for s in ("mean", "median", "p90", "p99", "max")))
+        for label, key in (("TTFT", "ttft"), ("TBT (inter-token)", "itl"), ("TPOT", "tpot"), ("E2E", "e2e_latency"))
+    ]
     latency = kv_table("latency (ms)", rows, ("", "mean", "p50", "p90", "p99", "max"))
     where = res.get("url") or f"{res['model']} on {res.get('device')}"
     hit = res["cache_hit_rate"]
-    summary = kv_table(f"bench-trace: {Path(res['trace']).name} ({res['format']}) -> {where}", [
-        ("requests completed / failed", f"{res['completed']:,} / {res['failed']:,}"),
-        ("skipped lines / clamped requests", f"{res['skipped_lines']:,} / {res['clamped_requests']:,}"),
-        ("input / output tokens", f"{res['total_input_tokens']:,} / {res['total_output_tokens']:,}"),
-        ("duration (s)", res["duration"]),
-        ("requests/s", res["request_throughput"]),
-        ("output tok/s", res["output_throughput"]),
-        ("total tok/s", res["total_token_throughput"]),
-        ("cache hit rate", "n/a" if hit is None else f"{hit:.1%}"),
-        ("trace upper bound", f"{res['trace_cache_hit_upper_bound']:.1%}"),
-    ])
+    summary = kv_table(
+        f"bench-trace: {Path(res['trace']).name} ({res['format']}) -> {where}",
+        [
+            ("requests completed / failed", f"{res['completed']:,} / {res['failed']:,}"),
+            ("skipped lines / clamped requests", f"{res['skipped_lines']:,} / {res['clamped_requests']:,}"),
+            ("input / output tokens", f"{res['total_input_tokens']:,} / {res['total_output_tokens']:,}"),
+            ("duration (s)", res["duration"]),
+            ("requests/s", res["request_throughput"]),
+            ("output tok/s", res["output_throughput"]),
+            ("total tok/s", res["total_token_throughput"]),
+            ("cache hit rate", "n/a" if hit is None else f"{hit:.1%}"),
+            ("trace upper bound", f"{res['trace_cache_hit_upper_bound']:.1%}"),
+        ],
+    )
     return Group(summary, latency)

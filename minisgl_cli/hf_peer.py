@@ -6,6 +6,7 @@ Which weights the peer gets:
 - a dummy preset: transformers' model class built from `ModelConfig.to_hf_dict()`, with the very weights the
   engine's dummy loader makes (built once here through `engine.engine.load_model`, copied in by HF names).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -79,16 +80,23 @@ def _generation_config(temperature: float):
     # eos_token_id=None: continuous batching then disables EOS (-1), i.e. ignore_eos; top_k=0 turns off HF's
     # default top-k of 50 so both engines sample from the same distribution.
     greedy = temperature == 0
-    return GenerationConfig(do_sample=not greedy, temperature=None if greedy else temperature, top_k=0, top_p=1.0,
-                            eos_token_id=None, pad_token_id=0)
+    return GenerationConfig(
+        do_sample=not greedy,
+        temperature=None if greedy else temperature,
+        top_k=0,
+        top_p=1.0,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
 
 
 def has_generate_batch(model) -> bool:
     return hasattr(model, "init_continuous_batching")
 
 
-def run_generate_batch(model, prompts: Sequence[list[int]], output_lens: Sequence[int], temperature: float,
-                       on_done: OnDone | None = None) -> PeerRun:
+def run_generate_batch(
+    model, prompts: Sequence[list[int]], output_lens: Sequence[int], temperature: float, on_done: OnDone | None = None
+) -> PeerRun:
     """transformers' continuous batching manager: one add_request per prompt with its own max_new_tokens."""
     import torch
 
@@ -96,8 +104,10 @@ def run_generate_batch(model, prompts: Sequence[list[int]], output_lens: Sequenc
     if "workload_hints" in inspect.signature(model.init_continuous_batching).parameters:
         # What generate_batch itself passes: buffers sized for this workload, not for all free memory.
         from transformers.generation.continuous_batching.utils import WorkloadHints
-        kw["workload_hints"] = WorkloadHints(max_prompt_length=max(map(len, prompts)),
-                                             max_generated_length=max(output_lens), num_requests=len(prompts))
+
+        kw["workload_hints"] = WorkloadHints(
+            max_prompt_length=max(map(len, prompts)), max_generated_length=max(output_lens), num_requests=len(prompts)
+        )
     manager = model.init_continuous_batching(generation_config=_generation_config(temperature), **kw)
     extra = {"eos_token_id": -1} if "eos_token_id" in inspect.signature(manager.add_request).parameters else {}
     if hasattr(manager, "warmup"):
@@ -126,8 +136,14 @@ def run_generate_batch(model, prompts: Sequence[list[int]], output_lens: Sequenc
     return PeerRun("generate_batch", [done[r] for r in rids], duration)
 
 
-def run_generate(model, prompts: Sequence[list[int]], output_lens: Sequence[int], temperature: float,
-                 batch_size: int, on_done: OnDone | None = None) -> PeerRun:
+def run_generate(
+    model,
+    prompts: Sequence[list[int]],
+    output_lens: Sequence[int],
+    temperature: float,
+    batch_size: int,
+    on_done: OnDone | None = None,
+) -> PeerRun:
     """Padded static batches through `model.generate` (left padding; every request in a batch runs to the batch's
     longest output, only the tokens it asked for are counted)."""
     import torch
@@ -137,17 +153,22 @@ def run_generate(model, prompts: Sequence[list[int]], output_lens: Sequence[int]
     made = [0] * len(prompts)
     t0 = time.perf_counter()
     for b in range(0, len(order), batch_size):
-        idx = order[b:b + batch_size]
+        idx = order[b : b + batch_size]
         width = max(len(prompts[i]) for i in idx)
         ids = torch.zeros(len(idx), width, dtype=torch.long)
         mask = torch.zeros(len(idx), width, dtype=torch.long)
         for row, i in enumerate(idx):
-            ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
-            mask[row, width - len(prompts[i]):] = 1
+            ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+            mask[row, width - len(prompts[i]) :] = 1
         n = max(output_lens[i] for i in idx)
         with torch.no_grad():
-            out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=n,
-                                 min_new_tokens=n, generation_config=_generation_config(temperature))
+            out = model.generate(
+                input_ids=ids.to(dev),
+                attention_mask=mask.to(dev),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                generation_config=_generation_config(temperature),
+            )
         for i in idx:
             made[i] = min(output_lens[i], out.shape[1] - width)
             if on_done:
@@ -155,8 +176,15 @@ def run_generate(model, prompts: Sequence[list[int]], output_lens: Sequence[int]
     return PeerRun("generate", made, time.perf_counter() - t0)
 
 
-def run_peer(model, prompts: Sequence[list[int]], output_lens: Sequence[int], temperature: float,
-             api: str = "auto", batch_size: int = 64, on_done: OnDone | None = None) -> PeerRun:
+def run_peer(
+    model,
+    prompts: Sequence[list[int]],
+    output_lens: Sequence[int],
+    temperature: float,
+    api: str = "auto",
+    batch_size: int = 64,
+    on_done: OnDone | None = None,
+) -> PeerRun:
     if api == "auto":
         api = "generate_batch" if has_generate_batch(model) else "generate"
     if api == "generate_batch":

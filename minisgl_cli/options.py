@@ -1,20 +1,30 @@
 """Engine flags shared by every command (Annotated aliases), and the EngineConfig they build.
 Nothing here imports torch: `minisgl --help` must stay fast."""
+
 from __future__ import annotations
 
 from typing import Annotated, Any
 
 import typer
 
-Model = Annotated[str | None, typer.Option("--model", "-m", help="HF directory, .gguf file, or dummy:<preset> "
-                                           "(Qwen3-0.6B, Llama-3.1-8B, Qwen3-32B, SmolLM2-135M, tiny-llama, "
-                                           "tiny-qwen3). Default: embedded SmolLM2-135M-Instruct.")]
+Model = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="HF directory, .gguf file, or dummy:<preset> "
+        "(Qwen3-0.6B, Llama-3.1-8B, Qwen3-32B, SmolLM2-135M, tiny-llama, "
+        "tiny-qwen3). Default: embedded SmolLM2-135M-Instruct.",
+    ),
+]
 Device = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")]
 Dtype = Annotated[str, typer.Option(help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16")]
 PageSize = Annotated[int, typer.Option(help="tokens per KV page", min=1)]
 NumPages = Annotated[int | None, typer.Option(help="KV pool size in pages (overrides --kv-cache-gb)", min=1)]
-KvCacheGb = Annotated[float | None, typer.Option(help="KV pool budget in GiB (default: 1 on CPU, "
-                                                 "--memory-fraction of GPU memory)", min=0.001)]
+KvCacheGb = Annotated[
+    float | None,
+    typer.Option(help="KV pool budget in GiB (default: 1 on CPU, --memory-fraction of GPU memory)", min=0.001),
+]
 MemoryFraction = Annotated[float, typer.Option(help="GPU memory fraction for weights + KV", min=0.01, max=1.0)]
 MaxRunning = Annotated[int, typer.Option(help="max concurrently running requests", min=1)]
 MaxPrefill = Annotated[int, typer.Option(help="prefill token budget per step (chunked prefill)", min=1)]
@@ -27,22 +37,47 @@ Tp = Annotated[int, typer.Option(help="tensor-parallel size (launch with torchru
 Seed = Annotated[int, typer.Option(help="engine random seed")]
 
 
-def engine_config(model: str | None = None, device: str = "auto", dtype: str = "auto", page_size: int = 16,
-                  num_pages: int | None = None, kv_cache_gb: float | None = None, memory_fraction: float = 0.85,
-                  max_running_requests: int = 256, max_prefill_tokens: int = 8192,
-                  max_model_len: int | None = None, no_radix_cache: bool = False, attention_backend: str = "auto",
-                  cuda_graph_max_bs: int = 256, no_overlap: bool = False, tp: int = 1, seed: int = 0,
-                  **_: Any):
+def engine_config(
+    model: str | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    page_size: int = 16,
+    num_pages: int | None = None,
+    kv_cache_gb: float | None = None,
+    memory_fraction: float = 0.85,
+    max_running_requests: int = 256,
+    max_prefill_tokens: int = 8192,
+    max_model_len: int | None = None,
+    no_radix_cache: bool = False,
+    attention_backend: str = "auto",
+    cuda_graph_max_bs: int = 256,
+    no_overlap: bool = False,
+    tp: int = 1,
+    seed: int = 0,
+    **_: Any,
+):
     """Build an EngineConfig from the shared flags; bad values become a clean CLI error."""
     from engine.config import EngineConfig
 
     try:
-        return EngineConfig(model=model, device=device, dtype=dtype, page_size=page_size, num_pages=num_pages,
-                            kv_cache_gb=kv_cache_gb, memory_fraction=memory_fraction,
-                            max_running_requests=max_running_requests, max_prefill_tokens=max_prefill_tokens,
-                            max_model_len=max_model_len, radix_cache=not no_radix_cache,
-                            attention_backend=attention_backend, cuda_graph_max_bs=cuda_graph_max_bs,
-                            overlap=False if no_overlap else None, tp=tp, seed=seed)
+        return EngineConfig(
+            model=model,
+            device=device,
+            dtype=dtype,
+            page_size=page_size,
+            num_pages=num_pages,
+            kv_cache_gb=kv_cache_gb,
+            memory_fraction=memory_fraction,
+            max_running_requests=max_running_requests,
+            max_prefill_tokens=max_prefill_tokens,
+            max_model_len=max_model_len,
+            radix_cache=not no_radix_cache,
+            attention_backend=attention_backend,
+            cuda_graph_max_bs=cuda_graph_max_bs,
+            overlap=False if no_overlap else None,
+            tp=tp,
+            seed=seed,
+        )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
 
@@ -59,12 +94,20 @@ def load_llm(config, quiet: bool = False):
     from engine.llm import LLM
 
     console = Console(stderr=True)
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True, disable=quiet or os.environ.get("RANK", "0") != "0") as bar:
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=quiet or os.environ.get("RANK", "0") != "0",
+    ) as bar:
         task = bar.add_task("loading model", total=None)
 
         def progress(stage: str, done: int, total: int) -> None:
             bar.update(task, description=stage, completed=done, total=total)
+
         try:
             llm = LLM(config, progress=progress)
         except (ValueError, FileNotFoundError) as e:

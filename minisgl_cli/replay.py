@@ -1,5 +1,6 @@
 """Replaying timed requests: in-process through AsyncLLM, or against an OpenAI-compatible /v1/completions URL.
 Both drivers sleep until each request's (scaled) arrival time and record per-request timings."""
+
 from __future__ import annotations
 
 import asyncio
@@ -53,8 +54,9 @@ async def _wait_until(t: float) -> None:
 
 
 # ---- in-process ------------------------------------------------------------------------------------------
-async def replay_local(async_llm, items: list[ReplayItem], temperature: float,
-                       on_done: OnDone | None = None) -> list[RequestResult]:
+async def replay_local(
+    async_llm, items: list[ReplayItem], temperature: float, on_done: OnDone | None = None
+) -> list[RequestResult]:
     from engine.sampling_params import SamplingParams
 
     loop = asyncio.get_running_loop()
@@ -102,16 +104,24 @@ async def served_model(client, base: str) -> str:
     return data[0]["id"]
 
 
-async def replay_url(client, base: str, model: str, items: list[ReplayItem], temperature: float,
-                     on_done: OnDone | None = None) -> list[RequestResult]:
+async def replay_url(
+    client, base: str, model: str, items: list[ReplayItem], temperature: float, on_done: OnDone | None = None
+) -> list[RequestResult]:
     """Streams /v1/completions with token-id prompts; each SSE chunk carrying a choice is timed as it arrives.
     Output tokens come from the final usage chunk when the server sends one, else from the chunk count."""
     t0 = time.perf_counter()
 
     async def one(item: ReplayItem) -> RequestResult:
         res = RequestResult(item.index, item.line, len(item.prompt), item.output_len)
-        body = {"model": model, "prompt": item.prompt, "max_tokens": item.output_len, "temperature": temperature,
-                "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+        body = {
+            "model": model,
+            "prompt": item.prompt,
+            "max_tokens": item.output_len,
+            "temperature": temperature,
+            "stream": True,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        }
         await _wait_until(t0 + item.arrival)
         res.start = time.perf_counter()
         times: list[float] = []
@@ -151,9 +161,11 @@ async def replay_url(client, base: str, model: str, items: list[ReplayItem], tem
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN|[+-]Inf)\s*$")
 # (hit tokens, prompt tokens) counter pairs in the /metrics of known servers; this project's first.
-CACHE_COUNTERS = [("minisgl:prefix_cache_hits", "minisgl:prefix_cache_queries"),
-                  ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
-                  ("sglang:cached_tokens", "sglang:prompt_tokens")]
+CACHE_COUNTERS = [
+    ("minisgl:prefix_cache_hits", "minisgl:prefix_cache_queries"),
+    ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
+    ("sglang:cached_tokens", "sglang:prompt_tokens"),
+]
 
 
 def parse_prometheus(text: str) -> dict[str, float]:

@@ -1,4 +1,5 @@
 """Benchmark results: latency statistics, rich tables, JSON files."""
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,13 @@ def latency_stats(values: Iterable[float]) -> dict[str, float | None]:
     v = sorted(x * 1000 for x in values)
     if not v:
         return {k: None for k in STATS}
-    return {"mean": sum(v) / len(v), "p50": percentile(v, 50), "p90": percentile(v, 90),
-            "p99": percentile(v, 99), "max": v[-1]}
+    return {
+        "mean": sum(v) / len(v),
+        "p50": percentile(v, 50),
+        "p90": percentile(v, 90),
+        "p99": percentile(v, 99),
+        "max": v[-1],
+    }
 
 
 def fmt(value: Any, digits: int = 2) -> str:
@@ -59,6 +65,7 @@ def environment() -> dict[str, str]:
     env = {"python": platform.python_version(), "torch": torch.__version__}
     try:
         import transformers
+
         env["transformers"] = transformers.__version__
     except ImportError:
         pass
@@ -66,8 +73,16 @@ def environment() -> dict[str, str]:
     env["commit"] = os.environ.get("MINISGL_COMMIT", "")
     if not env["commit"]:
         try:
-            env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                           cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
+            env["commit"] = (
+                subprocess.run(
+                    ["git", "rev-parse", "--short", "HEAD"],
+                    capture_output=True,
+                    text=True,
+                    cwd=Path(__file__).parent,
+                    timeout=5,
+                ).stdout.strip()
+                or "unknown"
+            )
         except (OSError, subprocess.SubprocessError):
             env["commit"] = "unknown"
     return env

@@ -4,6 +4,7 @@ Every decode step must read, at least once, the weights and the KV cache of ever
 requests running from the start the workload needs max(output_len) - 1 decode steps; request i's decode step j
 (1 <= j < out_i) reads its in_i + j cached tokens. The time to move those bytes at the GPU's copy bandwidth is
 a lower bound on the wall time (prefill and the matmul work come on top), hence an upper bound on tok/s."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -41,8 +42,9 @@ def weight_bytes_per_step(cfg, dtype_bytes: int) -> int:
     return params * dtype_bytes
 
 
-def decode_floor(input_lens: Sequence[int], output_lens: Sequence[int], cfg, dtype_bytes: int, gpu: str,
-                 bandwidth: float) -> Floor:
+def decode_floor(
+    input_lens: Sequence[int], output_lens: Sequence[int], cfg, dtype_bytes: int, gpu: str, bandwidth: float
+) -> Floor:
     kv_tokens = sum((o - 1) * i + (o - 1) * o // 2 for i, o in zip(input_lens, output_lens))
     kv = float(kv_tokens * cfg.kv_bytes_per_token(dtype_bytes))
     steps = max(output_lens, default=1) - 1
@@ -51,8 +53,9 @@ def decode_floor(input_lens: Sequence[int], output_lens: Sequence[int], cfg, dty
     return Floor(gpu, bandwidth, kv, w, steps, seconds, sum(output_lens) / seconds if seconds > 0 else 0.0)
 
 
-def gpu_floor(input_lens: Sequence[int], output_lens: Sequence[int], cfg, dtype_bytes: int, device,
-              tp: int = 1) -> Floor | None:
+def gpu_floor(
+    input_lens: Sequence[int], output_lens: Sequence[int], cfg, dtype_bytes: int, device, tp: int = 1
+) -> Floor | None:
     """The floor on this CUDA device, or None off CUDA or on a GPU whose bandwidth we have not measured."""
     import torch
 

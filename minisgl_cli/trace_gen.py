@@ -4,6 +4,7 @@ Multi-turn chats over a few shared system prompts: a follow-up turn repeats its 
 prompt + its answer + a new user message), so the traces have real prefix sharing, like the published ones.
     python -m minisgl_cli.trace_gen traces/    (deterministic: the same files every time)
 """
+
 from __future__ import annotations
 
 import json
@@ -26,10 +27,8 @@ class Shape:
 
 QWEN = Shape(block=16, requests=64, rate=4.0, system=(2, 6), user=(20, 200), output=(8, 64), max_input=1200)
 # The online run of the Qwen3-32B TP=4 issue: 1000 requests, longer shared system prompts and answers.
-QWEN_1K = Shape(block=16, requests=1000, rate=8.0, system=(16, 128), user=(50, 1500), output=(16, 768),
-                max_input=24000)
-MOONCAKE = Shape(block=512, requests=48, rate=2.0, system=(1, 3), user=(300, 4000), output=(16, 512),
-                 max_input=24000)
+QWEN_1K = Shape(block=16, requests=1000, rate=8.0, system=(16, 128), user=(50, 1500), output=(16, 768), max_input=24000)
+MOONCAKE = Shape(block=512, requests=48, rate=2.0, system=(1, 3), user=(300, 4000), output=(16, 512), max_input=24000)
 
 
 def generate(shape: Shape, seed: int = 0) -> list[dict]:
@@ -60,24 +59,40 @@ def generate(shape: Shape, seed: int = 0) -> list[dict]:
         if length > shape.max_input:
             continue
         blocks = -(-length // shape.block)
-        rec = {"chat_id": chat_id, "parent_chat_id": parent_id, "timestamp": round(t, 3), "input_length": length,
-               "output_length": rng.randint(*shape.output), "type": rng.choice(["text"] * 6 + ["search", "file"]),
-               "turn": turn, "hash_ids": prefix + fresh(blocks - len(prefix))}
+        rec = {
+            "chat_id": chat_id,
+            "parent_chat_id": parent_id,
+            "timestamp": round(t, 3),
+            "input_length": length,
+            "output_length": rng.randint(*shape.output),
+            "type": rng.choice(["text"] * 6 + ["search", "file"]),
+            "turn": turn,
+            "hash_ids": prefix + fresh(blocks - len(prefix)),
+        }
         chats.append(rec)
         out.append(rec)
     return out
 
 
 def to_mooncake(records: list[dict]) -> list[dict]:
-    return [{"timestamp": round(r["timestamp"] * 1000), "input_length": r["input_length"],
-             "output_length": r["output_length"], "hash_ids": r["hash_ids"]} for r in records]
+    return [
+        {
+            "timestamp": round(r["timestamp"] * 1000),
+            "input_length": r["input_length"],
+            "output_length": r["output_length"],
+            "hash_ids": r["hash_ids"],
+        }
+        for r in records
+    ]
 
 
 def write_samples(folder: Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
-    files = {folder / "qwen_sample.jsonl": generate(QWEN, seed=0),
-             folder / "mooncake_sample.jsonl": to_mooncake(generate(MOONCAKE, seed=1)),
-             folder / "qwen_1000.jsonl": generate(QWEN_1K, seed=2)}
+    files = {
+        folder / "qwen_sample.jsonl": generate(QWEN, seed=0),
+        folder / "mooncake_sample.jsonl": to_mooncake(generate(MOONCAKE, seed=1)),
+        folder / "qwen_1000.jsonl": generate(QWEN_1K, seed=2),
+    }
     for path, records in files.items():
         path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return list(files)

@@ -4,6 +4,7 @@ Qwen (alibaba-edu/qwen-bailian-usagetraces-anon): `timestamp` in seconds, `hash_
 `chat_id`, `parent_chat_id`, `turn`, `type`. Mooncake (kvcache-ai/Mooncake FAST'25): `timestamp` in milliseconds,
 `hash_ids` of 512-token blocks. Both: `input_length`, `output_length`, one JSON object per line.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,7 +44,7 @@ class Trace:
 
     def window(self, start: int = 0, num_requests: int | None = None) -> "Trace":
         """Requests [start, start + num_requests); the first one's arrival becomes time zero."""
-        reqs = self.requests[start:None if num_requests is None else start + num_requests]
+        reqs = self.requests[start : None if num_requests is None else start + num_requests]
         t0 = reqs[0].timestamp if reqs else 0.0
         reqs = [replace(r, timestamp=r.timestamp - t0) for r in reqs]
         return Trace(self.path, self.format, self.block_size, reqs, self.skipped)
@@ -99,12 +100,20 @@ def parse_record(rec: object, fmt: str, index: int, line: int) -> TraceRequest:
         extra = {k: rec.get(k) for k in QWEN_KEYS}
         if extra["type"] is not None and not isinstance(extra["type"], str):
             raise TraceError(f"'type' must be a string (got {extra['type']!r})")
-    return TraceRequest(index, line, ts * FORMATS[fmt][0], _int(rec, "input_length", 1),
-                        _int(rec, "output_length", 1), tuple(hashes), **extra)
+    return TraceRequest(
+        index,
+        line,
+        ts * FORMATS[fmt][0],
+        _int(rec, "input_length", 1),
+        _int(rec, "output_length", 1),
+        tuple(hashes),
+        **extra,
+    )
 
 
-def read_trace(path: Path | str, fmt: str = "auto", block_size: int | None = None,
-               skip_bad_lines: bool = False) -> Trace:
+def read_trace(
+    path: Path | str, fmt: str = "auto", block_size: int | None = None, skip_bad_lines: bool = False
+) -> Trace:
     """Parse a JSONL trace. A bad line (bad JSON, missing field, bad value, timestamp going back) raises a
     TraceError naming the file and line, or is counted in `skipped` with skip_bad_lines."""
     path = Path(path)
@@ -130,8 +139,10 @@ def read_trace(path: Path | str, fmt: str = "auto", block_size: int | None = Non
                 fmt = detect_format(rec)
             r = parse_record(rec, "mooncake" if fmt == "auto" else fmt, len(reqs), lineno)
             if reqs and r.timestamp < reqs[-1].timestamp:
-                raise TraceError(f"timestamp goes back in time ({rec['timestamp']} after the previous request's "
-                                 f"{reqs[-1].timestamp / FORMATS[fmt][0]:g})")
+                raise TraceError(
+                    f"timestamp goes back in time ({rec['timestamp']} after the previous request's "
+                    f"{reqs[-1].timestamp / FORMATS[fmt][0]:g})"
+                )
         except TraceError as e:
             if not skip_bad_lines:
                 raise TraceError(f"{path}:{lineno}: {e}") from None

@@ -1,4 +1,5 @@
 """The offline benchmark's workload: nano-vllm's random prompts, or real prompts from a local dataset file."""
+
 from __future__ import annotations
 
 import random
@@ -45,8 +46,13 @@ def parse_range(text: str, name: str) -> tuple[int, int]:
     return lo, hi
 
 
-def random_workload(num_seqs: int = 256, input_len: tuple[int, int] = (100, 1024),
-                    output_len: tuple[int, int] = (100, 1024), seed: int = 0, vocab_size: int | None = None) -> Workload:
+def random_workload(
+    num_seqs: int = 256,
+    input_len: tuple[int, int] = (100, 1024),
+    output_len: tuple[int, int] = (100, 1024),
+    seed: int = 0,
+    vocab_size: int | None = None,
+) -> Workload:
     """nano-vllm's bench.py, drawn in its order so the defaults ask for exactly 133,966 output tokens.
 
     Ids are always drawn from [0, 10000] so the lengths (and the random stream) stay those of the published
@@ -76,18 +82,22 @@ def read_dataset_prompts(path: Path, limit: int) -> list[str]:
     except Exception as e:
         raise ValueError(f"cannot read dataset {path}: {e}") from e
     if "conversations" in ds.column_names:
+
         def first_turn(conv) -> str:
             for turn in conv or []:
                 role = turn.get("from", turn.get("role"))
                 if role in ("human", "user"):
                     return str(turn.get("value", turn.get("content")) or "")
             return ""
+
         get: Callable[[dict], str] = lambda row: first_turn(row["conversations"])
     else:
         col = next((c for c in TEXT_COLUMNS if c in ds.column_names), None)
         if col is None:
-            raise ValueError(f"dataset {path} has no 'conversations' or text column "
-                             f"({', '.join(TEXT_COLUMNS)}); its columns: {', '.join(ds.column_names)}")
+            raise ValueError(
+                f"dataset {path} has no 'conversations' or text column "
+                f"({', '.join(TEXT_COLUMNS)}); its columns: {', '.join(ds.column_names)}"
+            )
         get = lambda row: str(row[col] or "")  # noqa: E731
     prompts: list[str] = []
     for row in ds:
@@ -100,8 +110,14 @@ def read_dataset_prompts(path: Path, limit: int) -> list[str]:
     return prompts
 
 
-def dataset_workload(path: Path, encode: Callable[[str], list[int]], num_seqs: int, output_len: tuple[int, int],
-                     seed: int, max_model_len: int) -> Workload:
+def dataset_workload(
+    path: Path,
+    encode: Callable[[str], list[int]],
+    num_seqs: int,
+    output_len: tuple[int, int],
+    seed: int,
+    max_model_len: int,
+) -> Workload:
     """Real prompts (tokenized with the model's tokenizer) with output lengths drawn from `output_len`;
     a prompt too long for the context keeps its first tokens."""
     texts = read_dataset_prompts(path, num_seqs)

@@ -1,4 +1,5 @@
 """Shared fixtures: the real embedded model (session-wide), tiny random models, GPU skipping; serve-process helpers."""
+
 from __future__ import annotations
 
 import contextlib
@@ -42,6 +43,7 @@ def smollm() -> LLM:
 
 
 # ---- serve processes (no openai here: the GPU machine lacks it) ---------------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket() as s:

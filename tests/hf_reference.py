@@ -1,4 +1,5 @@
 """Hugging Face transformers as the reference: build it from our config/weights, decode greedily."""
+
 from __future__ import annotations
 
 from pathlib import Path

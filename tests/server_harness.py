@@ -1,4 +1,5 @@
 """A real `minisgl serve` app on a free loopback port (uvicorn in a background thread) for the server tests."""
+
 from __future__ import annotations
 
 import contextlib
@@ -69,4 +70,3 @@ def live_server(llm: LLM, **app_kw) -> Iterator[LiveServer]:
         thread.join(timeout=15)
         async_llm.shutdown()
         sock.close()
-

@@ -5,6 +5,7 @@ Cases already tested elsewhere are not repeated here (docs/reliability.md lists 
 tests/test_serve.py (BAD), trace lines in tests/test_traces.py and tests/test_bench_trace.py, engine refusals
 in tests/test_engine.py, bench-offline and chat flags in tests/test_bench_offline.py and tests/test_chat_plain.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,30 +47,35 @@ def invoke(*args: str) -> tuple[int, str]:
 
 # ---- CLI flags -----------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(120)  # a flag wrongly accepted would start serving: fail, do not hang
-@pytest.mark.parametrize("flags, message", [
-    (["--page-size", "0"], "Invalid value for '--page-size'"),
-    (["--page-size", "-16"], "Invalid value for '--page-size'"),
-    (["--num-pages", "-1"], "Invalid value for '--num-pages'"),
-    (["--num-pages", "1"], "num_pages must be >= 2 (got 1)"),
-    (["--kv-cache-gb", "0"], "Invalid value for '--kv-cache-gb'"),
-    (["--memory-fraction", "1.5"], "Invalid value for '--memory-fraction'"),
-    (["--max-running-requests", "0"], "Invalid value for '--max-running-requests'"),
-    (["--max-prefill-tokens", "-5"], "Invalid value for '--max-prefill-tokens'"),
-    (["--max-model-len", "1"], "Invalid value for '--max-model-len'"),
-    (["--cuda-graph-max-bs", "-1"], "Invalid value for '--cuda-graph-max-bs'"),
-    (["--attention-backend", "magic"], "attention_backend must be one of auto, torch, flashinfer (got 'magic')"),
-    (["--dtype", "float64"], "dtype must be one of auto, float32, bfloat16, float16 (got 'float64')"),
-    (["--device", "tpu"], "device must be auto, cpu, cuda or cuda:N (got 'tpu')"),
-    (["--tp", "0"], "Invalid value for '--tp'"),
-    (["--tp", "2"], "--tp 2 needs exactly 2 processes (torchrun --nproc-per-node 2); this run has WORLD_SIZE=1"),
-    (["--model", "dummy:nope"], "unknown dummy model 'nope'; choose from"),
-    (["--model", "/no/such/model"], "model path '/no/such/model' does not exist"),
-    (["--port", "-3"], "Invalid value for '--port'"),
-    (["--max-queued-requests", "-1"], "Invalid value for '--max-queued-requests'"),
-    (["--seed", "x"], "Invalid value for '--seed'"),
-    (["--log-level", "loud"], "Invalid value for '--log-level'"),
-], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--page-size", "0"], "Invalid value for '--page-size'"),
+        (["--page-size", "-16"], "Invalid value for '--page-size'"),
+        (["--num-pages", "-1"], "Invalid value for '--num-pages'"),
+        (["--num-pages", "1"], "num_pages must be >= 2 (got 1)"),
+        (["--kv-cache-gb", "0"], "Invalid value for '--kv-cache-gb'"),
+        (["--memory-fraction", "1.5"], "Invalid value for '--memory-fraction'"),
+        (["--max-running-requests", "0"], "Invalid value for '--max-running-requests'"),
+        (["--max-prefill-tokens", "-5"], "Invalid value for '--max-prefill-tokens'"),
+        (["--max-model-len", "1"], "Invalid value for '--max-model-len'"),
+        (["--cuda-graph-max-bs", "-1"], "Invalid value for '--cuda-graph-max-bs'"),
+        (["--attention-backend", "magic"], "attention_backend must be one of auto, torch, flashinfer (got 'magic')"),
+        (["--dtype", "float64"], "dtype must be one of auto, float32, bfloat16, float16 (got 'float64')"),
+        (["--device", "tpu"], "device must be auto, cpu, cuda or cuda:N (got 'tpu')"),
+        (["--tp", "0"], "Invalid value for '--tp'"),
+        (["--tp", "2"], "--tp 2 needs exactly 2 processes (torchrun --nproc-per-node 2); this run has WORLD_SIZE=1"),
+        (["--model", "dummy:nope"], "unknown dummy model 'nope'; choose from"),
+        (["--model", "/no/such/model"], "model path '/no/such/model' does not exist"),
+        (["--port", "-3"], "Invalid value for '--port'"),
+        (["--max-queued-requests", "-1"], "Invalid value for '--max-queued-requests'"),
+        (["--seed", "x"], "Invalid value for '--seed'"),
+        (["--log-level", "loud"], "Invalid value for '--log-level'"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
 def test_bad_serve_flags_exit_2_naming_the_problem(flags, message):
     code, out = invoke(*SERVE, *flags)
     assert code == 2, out
@@ -85,16 +91,32 @@ def test_cuda_device_without_cuda():
 
 def test_real_console_script_exits_2_without_a_traceback():
     for flags, message in ((["--page-size", "0"], "--page-size"), (["--device", "tpu"], "device must be")):
-        p = subprocess.run([MINISGL, *SERVE, *flags], capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "COLUMNS": "300"})
+        p = subprocess.run(
+            [MINISGL, *SERVE, *flags], capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"}
+        )
         assert p.returncode == 2, p.stderr
         assert message in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
 def test_tp_that_does_not_divide_the_heads_under_torchrun():
     # SmolLM2-135M has 9 query heads and 3 KV heads: neither divides by 2.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m",
-           "minisgl_cli", *SERVE[:1], "--model", "dummy:SmolLM2-135M", "--device", "cpu", "--tp", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--standalone",
+        "-m",
+        "minisgl_cli",
+        *SERVE[:1],
+        "--model",
+        "dummy:SmolLM2-135M",
+        "--device",
+        "cpu",
+        "--tp",
+        "2",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MINISGL_DIST_TIMEOUT": "60", "PYTHONPATH": str(ROOT)}
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     out = p.stdout + p.stderr
@@ -117,35 +139,60 @@ def tiny():
         yield server
 
 
-@pytest.mark.parametrize("path, body, param, code, message", [
-    (C, {"prompt": [[]]}, "prompt", None, "prompt is empty"),
-    (C, {"prompt": [""]}, "prompt", None, "prompt is empty"),
-    (C, {"prompt": [[1, 600]]}, "prompt", None, "prompt token id 600 is outside the vocabulary [0, 512)"),
-    (C, {"prompt": [2**70]}, "prompt", None, f"prompt token id {2**70} is outside the vocabulary"),
-    (C, {"prompt": {"text": "hi"}}, "prompt", "invalid_type", "prompt: expected str or list[int]"),
-    (C, {"prompt": None}, "prompt", "invalid_type", "prompt: expected str"),
-    (C, {"prompt": "hi", "max_tokens": True}, "max_tokens", "int_type", "max_tokens: Input should be a valid integer"),
-    (C, {"prompt": "hi", "max_tokens": 10**30}, "prompt", "context_length_exceeded", "exceeds the model's context"),
-    (C, {"prompt": "hi", "n": 10**12}, "n", "unsupported_parameter", "n=1000000000000 is not supported"),
-    (C, {"prompt": "hi", "n": 0}, "n", "unsupported_parameter", "n=0 is not supported"),
-    (C, {"prompt": "hi", "n": 1.5}, "n", "int_type", "n: Input should be a valid integer"),
-    (C, {"prompt": "hi", "best_of": 3}, "best_of", "unsupported_parameter", "best_of=3 is not supported"),
-    (C, {"prompt": "hi", "stop": [1]}, "stop", "invalid_type", "stop: expected str or list[str]"),
-    (C, {"prompt": "hi", "stop_token_ids": [-1]}, "stop_token_ids", None, "stop_token_ids must be non-negative"),
-    (C, '{"prompt": "hi", "temperature": NaN}', "temperature", "finite_number", "temperature: Input should be a "
-                                                                               "finite number"),
-    (C, '{"prompt": "hi", "top_p": Infinity}', "top_p", "finite_number", "top_p: Input should be a finite number"),
-    (C, {"prompt": "hi", "repetition_penalty": 1e-300}, "repetition_penalty", None, "repetition_penalty must be"),
-    (C, {"prompt": "hi", "ignore_eos": "yes"}, "ignore_eos", "bool_type", "ignore_eos: Input should be a valid"),
-    (C, "null", None, "model_attributes_type", "request body: Input should be a valid dictionary"),
-    (CH, {"messages": MSG, "max_tokens": -5}, "max_tokens", None, "max_tokens must be an integer >= 1 (got -5)"),
-    (CH, {"messages": MSG, "max_completion_tokens": -5}, "max_completion_tokens", None,
-     "max_completion_tokens must be an integer >= 1 (got -5)"),
-    (CH, {"messages": [[]]}, "messages", "model_attributes_type", "messages.0: Input should be a valid dictionary"),
-    (CH, {"messages": MSG, "n": 10**12}, "n", "unsupported_parameter", "n=1000000000000 is not supported"),
-    (CH, {"messages": MSG * 3000, "max_tokens": 3}, "messages", "context_length_exceeded",
-     "exceeds the model's context length 2048"),
-], ids=lambda v: str(v)[:50] if not isinstance(v, str) or v.startswith("{") else None)
+@pytest.mark.parametrize(
+    "path, body, param, code, message",
+    [
+        (C, {"prompt": [[]]}, "prompt", None, "prompt is empty"),
+        (C, {"prompt": [""]}, "prompt", None, "prompt is empty"),
+        (C, {"prompt": [[1, 600]]}, "prompt", None, "prompt token id 600 is outside the vocabulary [0, 512)"),
+        (C, {"prompt": [2**70]}, "prompt", None, f"prompt token id {2**70} is outside the vocabulary"),
+        (C, {"prompt": {"text": "hi"}}, "prompt", "invalid_type", "prompt: expected str or list[int]"),
+        (C, {"prompt": None}, "prompt", "invalid_type", "prompt: expected str"),
+        (
+            C,
+            {"prompt": "hi", "max_tokens": True},
+            "max_tokens",
+            "int_type",
+            "max_tokens: Input should be a valid integer",
+        ),
+        (C, {"prompt": "hi", "max_tokens": 10**30}, "prompt", "context_length_exceeded", "exceeds the model's context"),
+        (C, {"prompt": "hi", "n": 10**12}, "n", "unsupported_parameter", "n=1000000000000 is not supported"),
+        (C, {"prompt": "hi", "n": 0}, "n", "unsupported_parameter", "n=0 is not supported"),
+        (C, {"prompt": "hi", "n": 1.5}, "n", "int_type", "n: Input should be a valid integer"),
+        (C, {"prompt": "hi", "best_of": 3}, "best_of", "unsupported_parameter", "best_of=3 is not supported"),
+        (C, {"prompt": "hi", "stop": [1]}, "stop", "invalid_type", "stop: expected str or list[str]"),
+        (C, {"prompt": "hi", "stop_token_ids": [-1]}, "stop_token_ids", None, "stop_token_ids must be non-negative"),
+        (
+            C,
+            '{"prompt": "hi", "temperature": NaN}',
+            "temperature",
+            "finite_number",
+            "temperature: Input should be a finite number",
+        ),
+        (C, '{"prompt": "hi", "top_p": Infinity}', "top_p", "finite_number", "top_p: Input should be a finite number"),
+        (C, {"prompt": "hi", "repetition_penalty": 1e-300}, "repetition_penalty", None, "repetition_penalty must be"),
+        (C, {"prompt": "hi", "ignore_eos": "yes"}, "ignore_eos", "bool_type", "ignore_eos: Input should be a valid"),
+        (C, "null", None, "model_attributes_type", "request body: Input should be a valid dictionary"),
+        (CH, {"messages": MSG, "max_tokens": -5}, "max_tokens", None, "max_tokens must be an integer >= 1 (got -5)"),
+        (
+            CH,
+            {"messages": MSG, "max_completion_tokens": -5},
+            "max_completion_tokens",
+            None,
+            "max_completion_tokens must be an integer >= 1 (got -5)",
+        ),
+        (CH, {"messages": [[]]}, "messages", "model_attributes_type", "messages.0: Input should be a valid dictionary"),
+        (CH, {"messages": MSG, "n": 10**12}, "n", "unsupported_parameter", "n=1000000000000 is not supported"),
+        (
+            CH,
+            {"messages": MSG * 3000, "max_tokens": 3},
+            "messages",
+            "context_length_exceeded",
+            "exceeds the model's context length 2048",
+        ),
+    ],
+    ids=lambda v: str(v)[:50] if not isinstance(v, str) or v.startswith("{") else None,
+)
 def test_bad_bodies_get_a_400_naming_the_field(tiny, path, body, param, code, message):
     raw = body if isinstance(body, str) else json.dumps(body)
     r = httpx.post(tiny.url + path, content=raw, headers={"content-type": "application/json"}, timeout=30)
@@ -160,20 +207,38 @@ def test_unknown_and_empty_fields_are_tolerated_and_change_nothing(tiny):
     is the one the same request gets without them."""
     client = tiny.openai()
     plain = client.chat.completions.create(model=tiny.model, messages=MSG, max_tokens=8, temperature=0)
-    extra = {"tool_choice": "auto", "response_format": {"type": "text"}, "user": "u", "metadata": {"k": "v"},
-             "logit_bias": {"5": 100}, "service_tier": "auto", "x-custom": [1, {"a": None}]}
+    extra = {
+        "tool_choice": "auto",
+        "response_format": {"type": "text"},
+        "user": "u",
+        "metadata": {"k": "v"},
+        "logit_bias": {"5": 100},
+        "service_tier": "auto",
+        "x-custom": [1, {"a": None}],
+    }
     messy = client.chat.completions.create(
-        model=tiny.model, messages=[{"role": "user", "content": "hi", "name": "bob", "x-note": 1}], max_tokens=8,
-        temperature=0, extra_body=extra)
+        model=tiny.model,
+        messages=[{"role": "user", "content": "hi", "name": "bob", "x-note": 1}],
+        max_tokens=8,
+        temperature=0,
+        extra_body=extra,
+    )
     assert messy.choices[0].message.content == plain.choices[0].message.content
-    streamed = client.chat.completions.create(model=tiny.model, messages=MSG, max_tokens=8, temperature=0,
-                                              stream=True, stream_options={"include_usage": True, "unknown": 1})
+    streamed = client.chat.completions.create(
+        model=tiny.model,
+        messages=MSG,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True, "unknown": 1},
+    )
     text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
     assert text == plain.choices[0].message.content
     # empty or missing content is an empty message, not an error: the chat template still makes a prompt of it
     for content in ("", None):
-        out = client.chat.completions.create(model=tiny.model, max_tokens=3,
-                                             messages=[{"role": "user", "content": content}])
+        out = client.chat.completions.create(
+            model=tiny.model, max_tokens=3, messages=[{"role": "user", "content": content}]
+        )
         assert out.usage.completion_tokens == 3
     m = tiny.wait_idle()
     assert (m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0)
@@ -182,18 +247,22 @@ def test_unknown_and_empty_fields_are_tolerated_and_change_nothing(tiny):
 
 # ---- the engine API ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("prompt, message", [
-    (None, "prompt must be a string, a list of token ids, or a list of chat messages"),
-    ([1, "a"], "prompt must be a string, a list of token ids"),
-    ([1, True], "prompt must be a string, a list of token ids"),
-    ([1.0, 2.0], "prompt must be a string, a list of token ids"),
-    ("", "prompt is empty"),
-    ([], "prompt is empty"),
-    ([[1, 2]], "prompt must be a string, a list of token ids"),
-    ([{"role": "wizard", "content": "hi"}], "each message needs a role"),
-    ([{"role": "user"}], "each message needs a role (system/user/assistant) and string content"),
-    ([-1], "prompt token id -1 is outside the vocabulary [0, 512)"),
-])
+
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        (None, "prompt must be a string, a list of token ids, or a list of chat messages"),
+        ([1, "a"], "prompt must be a string, a list of token ids"),
+        ([1, True], "prompt must be a string, a list of token ids"),
+        ([1.0, 2.0], "prompt must be a string, a list of token ids"),
+        ("", "prompt is empty"),
+        ([], "prompt is empty"),
+        ([[1, 2]], "prompt must be a string, a list of token ids"),
+        ([{"role": "wizard", "content": "hi"}], "each message needs a role"),
+        ([{"role": "user"}], "each message needs a role (system/user/assistant) and string content"),
+        ([-1], "prompt token id -1 is outside the vocabulary [0, 512)"),
+    ],
+)
 def test_bad_prompts_are_refused_by_the_engine_api(prompt, message):
     llm = make_llm(num_pages=64)
     with pytest.raises(ValueError) as e:
@@ -203,8 +272,9 @@ def test_bad_prompts_are_refused_by_the_engine_api(prompt, message):
 
 
 finite = st.floats(allow_nan=False, allow_infinity=False)
-extreme = st.one_of(finite, st.sampled_from([0.0, -0.0, 5e-324, 1e-300, 1e-6, 1e-5, 1.0, 2.0, 1e300,
-                                             math.inf, -math.inf, math.nan]))
+extreme = st.one_of(
+    finite, st.sampled_from([0.0, -0.0, 5e-324, 1e-300, 1e-6, 1e-5, 1.0, 2.0, 1e300, math.inf, -math.inf, math.nan])
+)
 FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
@@ -213,9 +283,9 @@ def sampling_values(draw) -> dict:
     """A few fields set to anything (others left at their defaults, so valid mixes come up often)."""
     kw = {name: draw(extreme) for name in draw(st.sets(st.sampled_from(FLOAT_FIELDS), max_size=3))}
     if draw(st.booleans()):
-        kw["top_k"] = draw(st.integers(-2**64, 2**64) | st.sampled_from([-1, 0, 1, 2]))
+        kw["top_k"] = draw(st.integers(-(2**64), 2**64) | st.sampled_from([-1, 0, 1, 2]))
     if draw(st.booleans()):
-        kw["seed"] = draw(st.integers(-2**65, 2**65))
+        kw["seed"] = draw(st.integers(-(2**65), 2**65))
     return kw
 
 
@@ -245,6 +315,7 @@ def test_any_sampling_values_are_refused_by_name_or_sampled_sanely(sampling_llm,
 
 # ---- trace files (beyond tests/test_traces.py) --------------------------------------------------------------------
 
+
 def _trace(tmp_path: Path, lines: list[str], name: str = "t.jsonl") -> Path:
     p = tmp_path / name
     p.write_text("".join(line + "\n" for line in lines))
@@ -255,21 +326,33 @@ def _mooncake(ts, n=100, out=5, hashes=(1,), **extra) -> str:
     return json.dumps({"timestamp": ts, "input_length": n, "output_length": out, "hash_ids": list(hashes), **extra})
 
 
-QWEN_LINE = {"chat_id": 1, "parent_chat_id": -1, "turn": 1, "type": "text", "input_length": 20, "output_length": 5,
-             "hash_ids": [1, 2]}
+QWEN_LINE = {
+    "chat_id": 1,
+    "parent_chat_id": -1,
+    "turn": 1,
+    "type": "text",
+    "input_length": 20,
+    "output_length": 5,
+    "hash_ids": [1, 2],
+}
 
 
-@pytest.mark.parametrize("bad, why", [
-    (json.dumps({"timestamp": 2, "input_length": 5, "hash_ids": [1]}), "missing field 'output_length'"),
-    (_mooncake(float("nan")), "'timestamp' must be a finite number >= 0 (got nan)"),
-    (_mooncake("12"), "'timestamp' must be a finite number >= 0 (got '12')"),
-    (_mooncake(True), "'timestamp' must be a finite number >= 0 (got True)"),
-    (_mooncake(5, n=0), "'input_length' must be >= 1 (got 0)"),
-    (_mooncake(5, n=True), "'input_length' must be an integer (got True)"),
-    (_mooncake(5, out=2.5), "'output_length' must be an integer (got 2.5)"),
-    (json.dumps({"timestamp": 5, "input_length": 5, "output_length": 5, "hash_ids": "1,2"}),
-     "'hash_ids' must be a list of integers"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        (json.dumps({"timestamp": 2, "input_length": 5, "hash_ids": [1]}), "missing field 'output_length'"),
+        (_mooncake(float("nan")), "'timestamp' must be a finite number >= 0 (got nan)"),
+        (_mooncake("12"), "'timestamp' must be a finite number >= 0 (got '12')"),
+        (_mooncake(True), "'timestamp' must be a finite number >= 0 (got True)"),
+        (_mooncake(5, n=0), "'input_length' must be >= 1 (got 0)"),
+        (_mooncake(5, n=True), "'input_length' must be an integer (got True)"),
+        (_mooncake(5, out=2.5), "'output_length' must be an integer (got 2.5)"),
+        (
+            json.dumps({"timestamp": 5, "input_length": 5, "output_length": 5, "hash_ids": "1,2"}),
+            "'hash_ids' must be a list of integers",
+        ),
+    ],
+)
 def test_more_bad_trace_lines_name_file_line_and_field(tmp_path, bad, why):
     path = _trace(tmp_path, [_mooncake(0), _mooncake(1), bad])
     with pytest.raises(TraceError) as e:
@@ -279,8 +362,11 @@ def test_more_bad_trace_lines_name_file_line_and_field(tmp_path, bad, why):
 
 def test_bad_qwen_lines_and_unreadable_traces(tmp_path):
     lines = [json.dumps({**QWEN_LINE, "timestamp": t}) for t in (0.5, 2.0, 1.5)]
-    with pytest.raises(TraceError, match=r"t.jsonl:3: timestamp goes back in time \(1.5 after the previous "
-                                         r"request's 2\)"):
+    with pytest.raises(
+        TraceError,
+        match=r"t.jsonl:3: timestamp goes back in time \(1.5 after the previous "
+        r"request's 2\)",
+    ):
         read_trace(_trace(tmp_path, lines))
     lines[2] = json.dumps({**QWEN_LINE, "timestamp": 3, "type": 7})
     with pytest.raises(TraceError, match=r"t.jsonl:3: 'type' must be a string \(got 7\)"):
@@ -294,21 +380,28 @@ def test_bad_qwen_lines_and_unreadable_traces(tmp_path):
         read_trace(tmp_path)  # a directory
 
 
-@pytest.mark.parametrize("lines, message", [
-    ([_mooncake(0), _mooncake(1, out=-4)], "t.jsonl:2: 'output_length' must be >= 1 (got -4)"),
-    ([_mooncake(10), _mooncake(5)], "t.jsonl:2: timestamp goes back in time (5 after the previous request's 10)"),
-    ([_mooncake(0), json.dumps({"input_length": 3, "output_length": 3, "hash_ids": []})],
-     "t.jsonl:2: missing field 'timestamp'"),
-])
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        ([_mooncake(0), _mooncake(1, out=-4)], "t.jsonl:2: 'output_length' must be >= 1 (got -4)"),
+        ([_mooncake(10), _mooncake(5)], "t.jsonl:2: timestamp goes back in time (5 after the previous request's 10)"),
+        (
+            [_mooncake(0), json.dumps({"input_length": 3, "output_length": 3, "hash_ids": []})],
+            "t.jsonl:2: missing field 'timestamp'",
+        ),
+    ],
+)
 def test_bench_trace_stops_on_a_bad_trace_with_exit_2(tmp_path, lines, message):
-    code, out = invoke("bench-trace", str(_trace(tmp_path, lines)), "--model", "dummy:tiny-llama", "--device", "cpu",
-                       "--quiet")
+    code, out = invoke(
+        "bench-trace", str(_trace(tmp_path, lines)), "--model", "dummy:tiny-llama", "--device", "cpu", "--quiet"
+    )
     assert code == 2 and message in out, out
     code, out = invoke("bench-trace", str(tmp_path / "missing.jsonl"), "--model", "dummy:tiny-llama", "--quiet")
     assert code == 2 and "cannot read trace" in out, out
 
 
 # ---- model files -----------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def good_dir(tmp_path_factory) -> Path:
@@ -378,11 +471,17 @@ def broken_model(kind: str, good: Path, tmp: Path) -> tuple[Path, str, str]:
     if kind == "weights for fewer layers":
         return _edit_config(d, num_hidden_layers=3), str(d), "checkpoint is missing 9 weights"
     if kind == "weights smaller than the config":
-        return (_edit_config(d, intermediate_size=256), str(d),
-                "weight 'layers.0.mlp.down_proj.weight' has shape (64, 128), but the config makes it (64, 256)")
+        return (
+            _edit_config(d, intermediate_size=256),
+            str(d),
+            "weight 'layers.0.mlp.down_proj.weight' has shape (64, 128), but the config makes it (64, 256)",
+        )
     if kind == "weights larger than the config":  # used to load quietly, cut down to the config's size
-        return (_edit_config(d, vocab_size=300), str(d),
-                "weight 'lm_head.weight' has shape (512, 64), but the config makes it (300, 64)")
+        return (
+            _edit_config(d, vocab_size=300),
+            str(d),
+            "weight 'lm_head.weight' has shape (512, 64), but the config makes it (300, 64)",
+        )
     raise AssertionError(kind)
 
 
@@ -398,10 +497,23 @@ def broken_gguf(kind: str, tmp: Path) -> tuple[Path, str, str]:
     return f, str(f), "is not a readable GGUF file"
 
 
-HF_CASES = ["missing config.json", "config.json not JSON", "config.json a list", "config.json lacks a field",
-            "zero heads", "heads as a string", "unsupported architecture", "a GPT-2 config.json", "no weights",
-            "truncated safetensors", "safetensors cut inside its header", "empty safetensors",
-            "weights for fewer layers", "weights smaller than the config", "weights larger than the config"]
+HF_CASES = [
+    "missing config.json",
+    "config.json not JSON",
+    "config.json a list",
+    "config.json lacks a field",
+    "zero heads",
+    "heads as a string",
+    "unsupported architecture",
+    "a GPT-2 config.json",
+    "no weights",
+    "truncated safetensors",
+    "safetensors cut inside its header",
+    "empty safetensors",
+    "weights for fewer layers",
+    "weights smaller than the config",
+    "weights larger than the config",
+]
 GGUF_CASES = ["random bytes", "empty", "truncated"]
 
 
@@ -413,8 +525,17 @@ def test_broken_model_files_are_named_in_the_error(kind, good_dir, tmp_path):
     assert names in str(e.value) and says in str(e.value), e.value
 
 
-@pytest.mark.parametrize("kind", ["missing config.json", "truncated safetensors", "unsupported architecture",
-                                  "weights larger than the config", "no weights", "random bytes"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "missing config.json",
+        "truncated safetensors",
+        "unsupported architecture",
+        "weights larger than the config",
+        "no weights",
+        "random bytes",
+    ],
+)
 def test_broken_model_files_exit_2_from_the_cli(kind, good_dir, tmp_path):
     path, names, says = broken_gguf(kind, tmp_path) if kind in GGUF_CASES else broken_model(kind, good_dir, tmp_path)
     code, out = invoke("bench-offline", "--model", str(path), "--device", "cpu", "--num-seqs", "1", "--quiet")

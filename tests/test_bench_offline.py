@@ -1,5 +1,6 @@
 """`minisgl bench-offline`: nano-vllm's workload, the bandwidth floor, and real end-to-end runs on tiny models
 (minisgl and the transformers peer) with the JSON checked against the workload."""
+
 from __future__ import annotations
 
 import json
@@ -112,19 +113,44 @@ def test_compare_runs_transformers_on_the_same_workload(tmp_path):
 
 
 def test_transformers_padded_generate_fallback(tmp_path):
-    res = bench(tmp_path, *TINY, "--engine", "transformers", "--peer-api", "generate", "--peer-batch-size", "3",
-                "--num-seqs", "5", "--input-len", "8:40", "--output-len", "4:12", "--temperature", "0")
+    res = bench(
+        tmp_path,
+        *TINY,
+        "--engine",
+        "transformers",
+        "--peer-api",
+        "generate",
+        "--peer-batch-size",
+        "3",
+        "--num-seqs",
+        "5",
+        "--input-len",
+        "8:40",
+        "--output-len",
+        "4:12",
+        "--temperature",
+        "0",
+    )
     w = random_workload(5, (8, 40), (4, 12), vocab_size=512)
     assert (res["engine"], res["api"], res["completed"]) == ("transformers", "generate", 5)
     assert res["total_output_tokens"] == w.output_tokens and res["total_input_tokens"] == w.input_tokens
 
 
 def test_dataset_prompts_sharegpt_jsonl_and_parquet(tmp_path):
-    convs = [{"conversations": [{"from": "system", "value": "be nice"}, {"from": "human", "value": f"question {i}"},
-                                {"from": "gpt", "value": "answer"}]} for i in range(5)]
+    convs = [
+        {
+            "conversations": [
+                {"from": "system", "value": "be nice"},
+                {"from": "human", "value": f"question {i}"},
+                {"from": "gpt", "value": "answer"},
+            ]
+        }
+        for i in range(5)
+    ]
     (tmp_path / "sharegpt.jsonl").write_text("".join(json.dumps(c) + "\n" for c in convs))
-    res = bench(tmp_path, *TINY, "--dataset", str(tmp_path / "sharegpt.jsonl"), "--num-seqs", "3",
-                "--output-len", "4:8")
+    res = bench(
+        tmp_path, *TINY, "--dataset", str(tmp_path / "sharegpt.jsonl"), "--num-seqs", "3", "--output-len", "4:8"
+    )
     # The dummy models' tokenizer is byte-level: "question 0" is 10 tokens.
     assert res["completed"] == 3 and res["total_input_tokens"] == 3 * len("question 0")
     assert res["workload"]["source"].endswith("sharegpt.jsonl")
@@ -134,21 +160,25 @@ def test_dataset_prompts_sharegpt_jsonl_and_parquet(tmp_path):
 
     texts = ["héllo wörld", "x" * 300]
     pq.write_table(pa.table({"id": [1, 2], "text": texts}), tmp_path / "p.parquet")
-    res = bench(tmp_path, *TINY, "--dataset", str(tmp_path / "p.parquet"), "--output-len", "4:4",
-                "--max-model-len", "100")
+    res = bench(
+        tmp_path, *TINY, "--dataset", str(tmp_path / "p.parquet"), "--output-len", "4:4", "--max-model-len", "100"
+    )
     assert res["completed"] == 2 and res["workload"]["truncated_prompts"] == 1
     assert res["total_input_tokens"] == len(texts[0].encode()) + 96  # 100 - 4 output tokens
     assert res["total_output_tokens"] == 8
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--input-len", "5:2"], "--input-len"),
-    (["--output-len", "x"], "--output-len"),
-    (["--engine", "vllm"], "minisgl, transformers"),
-    (["--input-len", "1500:1500", "--output-len", "600:600"], "context length 2048"),
-    (["--model", "dummy:nope"], "unknown dummy model"),
-    (["--page-size", "0"], "--page-size"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--input-len", "5:2"], "--input-len"),
+        (["--output-len", "x"], "--output-len"),
+        (["--engine", "vllm"], "minisgl, transformers"),
+        (["--input-len", "1500:1500", "--output-len", "600:600"], "context length 2048"),
+        (["--model", "dummy:nope"], "unknown dummy model"),
+        (["--page-size", "0"], "--page-size"),
+    ],
+)
 def test_bad_flags_exit_with_a_clear_message(tmp_path, args, message):
     r = CliRunner().invoke(app, ["bench-offline", *TINY, *args])
     assert r.exit_code == 2, r.output

@@ -1,5 +1,6 @@
 """`minisgl bench-trace`: real replays on a tiny model (in-process, and against a real `minisgl serve` over HTTP),
 with the JSON checked against the trace: token counts, ordered percentiles, cache hits, clamping, failures."""
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,21 @@ def test_qwen_replay_in_process(tmp_path, radix):
 
 def test_mooncake_window_scaled_and_clamped(tmp_path):
     trace = read_trace(TRACES / "mooncake_sample.jsonl")
-    res = replay(tmp_path, TRACES / "mooncake_sample.jsonl", *TINY, "--time-scale", "0.1", "--start", "5",
-                 "--num-requests", "20", "--length-scale", "0.03125", "--max-input-len", "100")
+    res = replay(
+        tmp_path,
+        TRACES / "mooncake_sample.jsonl",
+        *TINY,
+        "--time-scale",
+        "0.1",
+        "--start",
+        "5",
+        "--num-requests",
+        "20",
+        "--length-scale",
+        "0.03125",
+        "--max-input-len",
+        "100",
+    )
     window = trace.requests[5:25]
     inputs = [min(round(r.input_length / 32), 100) for r in window]
     outputs = [max(1, round(r.output_length / 32)) for r in window]
@@ -73,8 +87,19 @@ def test_mooncake_window_scaled_and_clamped(tmp_path):
 
 def test_lengths_clamped_to_the_context(tmp_path):
     # The published Mooncake slice at 1/64 has prompts of up to ~1,900 tokens; a 256-token context clamps them.
-    res = replay(tmp_path, TRACES / "mooncake_conversation_head200.jsonl", *TINY, "--time-scale", "0",
-                 "--num-requests", "30", "--length-scale", "0.015625", "--max-model-len", "256")
+    res = replay(
+        tmp_path,
+        TRACES / "mooncake_conversation_head200.jsonl",
+        *TINY,
+        "--time-scale",
+        "0",
+        "--num-requests",
+        "30",
+        "--length-scale",
+        "0.015625",
+        "--max-model-len",
+        "256",
+    )
     assert (res["completed"], res["failed"]) == (30, 0) and res["clamped_requests"] > 0
     assert res["total_input_tokens"] + res["total_output_tokens"] <= 30 * 256
 
@@ -112,15 +137,43 @@ def test_url_mode_against_minisgl_serve(tmp_path):
     if "serve" not in typer.main.get_command(app).commands:  # type: ignore[attr-defined]
         pytest.skip("`minisgl serve` is not registered yet")
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "minisgl_cli", "serve", "--model", "dummy:tiny-llama",
-                               "--device", "cpu", "--port", str(port), "--served-model-name", "tiny",
-                               "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "minisgl_cli",
+            "serve",
+            "--model",
+            "dummy:tiny-llama",
+            "--device",
+            "cpu",
+            "--port",
+            str(port),
+            "--served-model-name",
+            "tiny",
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(server, url)
         trace = read_trace(QWEN).window(0, 24)
-        res = replay(tmp_path, QWEN, "--url", url, "--model", "dummy:tiny-llama", "--num-requests", "24",
-                     "--time-scale", "0.2", "--quiet")
+        res = replay(
+            tmp_path,
+            QWEN,
+            "--url",
+            url,
+            "--model",
+            "dummy:tiny-llama",
+            "--num-requests",
+            "24",
+            "--time-scale",
+            "0.2",
+            "--quiet",
+        )
         assert (res["mode"], res["model"], res["completed"], res["failed"]) == ("url", "tiny", 24, 0)
         assert res["total_input_tokens"] == sum(r.input_length for r in trace.requests)
         assert res["total_output_tokens"] == sum(r.output_length for r in trace.requests)  # ignore_eos honoured

@@ -1,4 +1,5 @@
 """`minisgl chat` in plain mode: the real console script with piped stdin, and run_plain in-process."""
+
 from __future__ import annotations
 
 import io
@@ -23,13 +24,22 @@ def chat(*args: str, stdin: str) -> subprocess.CompletedProcess:
     return subprocess.run([MINISGL, "chat", *args], input=stdin, capture_output=True, text=True, timeout=300)
 
 
-TURN = re.compile(r"\[(\w+) · TTFT (\d+\.\d) ms · (\d+\.\d) tok/s · (\d+) tokens · cache hit (\d+)/(\d+) · "
-                  r"KV (\d+) in use, (\d+) cached, (\d+) free\]")
+TURN = re.compile(
+    r"\[(\w+) · TTFT (\d+\.\d) ms · (\d+\.\d) tok/s · (\d+) tokens · cache hit (\d+)/(\d+) · "
+    r"KV (\d+) in use, (\d+) cached, (\d+) free\]"
+)
 
 
 def test_piped_chat_with_slash_commands():
-    p = chat("--no-tui", *TINY, "--max-tokens", "12", "--system", "be brief",
-             stdin="hello\n/temp nope\n/max-tokens 0\n/max-tokens 8\n/bogus\n/stats\nsecond turn\n")
+    p = chat(
+        "--no-tui",
+        *TINY,
+        "--max-tokens",
+        "12",
+        "--system",
+        "be brief",
+        stdin="hello\n/temp nope\n/max-tokens 0\n/max-tokens 8\n/bogus\n/stats\nsecond turn\n",
+    )
     assert p.returncode == 0, p.stderr
     assert "tiny-llama · cpu · float32" in p.stderr
     turns = [m.groups() for m in TURN.finditer(p.stderr)]
@@ -52,12 +62,15 @@ def test_plain_mode_is_automatic_when_not_a_terminal():
     assert [m.group(4) for m in TURN.finditer(p.stderr)] == ["4"]
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--temperature", "5"], "--temperature"),
-    (["--max-tokens", "0"], "--max-tokens"),
-    (["--max-tokens", "4096"], "context of 2048"),
-    (["--model", "dummy:no-such-model"], "no-such-model"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--temperature", "5"], "--temperature"),
+        (["--max-tokens", "0"], "--max-tokens"),
+        (["--max-tokens", "4096"], "context of 2048"),
+        (["--model", "dummy:no-such-model"], "no-such-model"),
+    ],
+)
 def test_bad_flags_exit_with_a_clear_message(flags, message):
     p = chat("--no-tui", *TINY, *flags, stdin="hi\n")
     assert p.returncode == 2, p.stderr

@@ -1,5 +1,6 @@
 """The chat TUI driven through Textual's pilot against real engines: the embedded SmolLM2 for a real answer,
 the tiny random model elsewhere (fast, no EOS, so answers run to max_tokens)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -85,8 +86,10 @@ def test_real_model_streams_answer_and_reuses_prefix(smollm, monkeypatch):
         assert re.search(r"\bParis\b", first), first
         assert len(re.findall(r"[A-Za-z]{2,}", first)) >= 3, first
         assert app.turn.finish_reason == "stop" and app.turn.ttft and app.turn.ttft > 0
-        assert app.session.history == [{"role": "user", "content": "What is the capital of France?"},
-                                       {"role": "assistant", "content": first}]
+        assert app.session.history == [
+            {"role": "user", "content": "What is the capital of France?"},
+            {"role": "assistant", "content": first},
+        ]
         assert re.search(r"TTFT\s+\d+\.\d ms", panel_text(app, "turn"))
 
         # Second turn: its prompt starts with the whole first turn, which the radix cache holds.
@@ -100,7 +103,7 @@ def test_real_model_streams_answer_and_reuses_prefix(smollm, monkeypatch):
 
     run_app(smollm, scenario, temperature=0.0, max_tokens=48)
     # The first answer arrived in pieces, not as one block at the end.
-    prefixes = ["".join(appended[:i + 1]) for i in range(len(appended))]
+    prefixes = ["".join(appended[: i + 1]) for i in range(len(appended))]
     parts_until_paris = next(i for i, text in enumerate(prefixes) if "Paris" in text) + 1
     assert parts_until_paris >= 3, appended
 
@@ -110,8 +113,9 @@ def test_metrics_panel_updates_during_generation(tiny):
         await wait_for(pilot, lambda: app.last_metrics is not None, what="first metrics read")
         assert app.last_metrics.kv_pages_in_use == 0 and re.search(r"running\s+0", panel_text(app, "sched"))
         await send(pilot, "hello there")
-        await wait_for(pilot, lambda: app.last_metrics.kv_pages_in_use > 0 and app.turn.output_tokens > 40,
-                       what="pages in use")
+        await wait_for(
+            pilot, lambda: app.last_metrics.kv_pages_in_use > 0 and app.turn.output_tokens > 40, what="pages in use"
+        )
         assert app.generating and app.last_metrics.running == 1
         kv = panel_text(app, "kv")
         assert re.search(rf"█ in use\s+{app.last_metrics.kv_pages_in_use}\b", kv), kv
@@ -129,9 +133,16 @@ def test_metrics_panel_updates_during_generation(tiny):
 
         await pilot.press("escape")
         # Once idle the pages the answer used are cached (evictable), none in use.
-        await wait_for(pilot, lambda: not app.generating and app.last_metrics.running == 0
-                       and app.last_metrics.kv_pages_in_use == 0 and app.last_metrics.kv_pages_cached > 0,
-                       what="idle metrics")
+        await wait_for(
+            pilot,
+            lambda: (
+                not app.generating
+                and app.last_metrics.running == 0
+                and app.last_metrics.kv_pages_in_use == 0
+                and app.last_metrics.kv_pages_cached > 0
+            ),
+            what="idle metrics",
+        )
         assert re.search(r"in use\s+0\b", panel_text(app, "kv")) and re.search(r"running\s+0", panel_text(app, "sched"))
 
     run_app(tiny, scenario, max_tokens=1500)
@@ -160,8 +171,9 @@ def test_stop_aborts_and_frees_pages(tiny):
         assert app.turn.finish_reason == "abort" and app.turn.output_tokens < 2000
         assert app.query_one(AssistantMessage).has_class("-stopped")
         assert len(app.session.history) == 2  # the partial answer stays in the conversation
-        await wait_for(pilot, lambda: app.last_metrics.running == 0 and app.last_metrics.kv_pages_in_use == 0,
-                       what="pages back")
+        await wait_for(
+            pilot, lambda: app.last_metrics.running == 0 and app.last_metrics.kv_pages_in_use == 0, what="pages back"
+        )
         m = app.engine.call(lambda llm: (llm.engine.check(), llm.metrics())[1])
         assert m.kv_pages_in_use == 0 and m.kv_pages_free + m.kv_pages_cached == m.kv_pages_total
 
@@ -184,8 +196,9 @@ def test_reset_and_new_conversation_clear_history(tiny):
         await pilot.press("ctrl+n")
         await pilot.pause()
         assert not app.generating and app.session.history == [] and not app.query(AssistantMessage)
-        await wait_for(pilot, lambda: app.last_metrics.running == 0 and app.last_metrics.kv_pages_in_use == 0,
-                       what="pages back")
+        await wait_for(
+            pilot, lambda: app.last_metrics.running == 0 and app.last_metrics.kv_pages_in_use == 0, what="pages back"
+        )
         await send(pilot, "/max-tokens 4")
         await send(pilot, "fresh start")
         await wait_for(pilot, lambda: not app.generating, what="answer")
@@ -199,6 +212,7 @@ def test_turn_ends_when_its_whole_answer_was_queued_with_empty_deltas(tiny):
     (the tiny model's bytes 128-255 are held back as incomplete UTF-8) the worker never yields to the event loop,
     so its Markdown stream's render task is cancelled before it ever ran. Such a turn once never ended (the reset
     test above timed out waiting for a 4-token answer, ~1 in 8 suite runs)."""
+
     async def scenario(app: ChatApp, pilot) -> None:
         params = app.session.params()
         outs = await asyncio.to_thread(lambda: list(app.engine.submit("hi", params)))  # a real answer
@@ -221,9 +235,16 @@ def test_turn_ends_when_its_whole_answer_was_queued_with_empty_deltas(tiny):
 
 def test_slash_commands_and_bad_values(tiny):
     async def scenario(app: ChatApp, pilot) -> None:
-        bad = {"/temp abc": "not a number", "/temp 5": "temperature must be", "/temp": "needs a value",
-               "/max-tokens 0": "max_tokens must be >= 1", "/max-tokens 2.5": "not an integer",
-               "/max-tokens 4096": "context of 2048", "/nope": "/help lists", "/temp [/]": "'[/]' is not"}
+        bad = {
+            "/temp abc": "not a number",
+            "/temp 5": "temperature must be",
+            "/temp": "needs a value",
+            "/max-tokens 0": "max_tokens must be >= 1",
+            "/max-tokens 2.5": "not an integer",
+            "/max-tokens 4096": "context of 2048",
+            "/nope": "/help lists",
+            "/temp [/]": "'[/]' is not",
+        }
         for line, why in bad.items():
             await send(pilot, line)
             await pilot.pause()
@@ -238,8 +259,12 @@ def test_slash_commands_and_bad_values(tiny):
         await pilot.pause()
         assert (app.session.temperature, app.session.max_tokens, app.session.system) == (0, 6, "answer in French")
         infos = [str(n.message) for n in app._notifications if n.severity == "information"]
-        assert infos[-4:] == ["temperature = 0", "max tokens = 6", "system prompt set: [b]x[/",
-                              "system prompt set: answer in French"]
+        assert infos[-4:] == [
+            "temperature = 0",
+            "max tokens = 6",
+            "system prompt set: [b]x[/",
+            "system prompt set: answer in French",
+        ]
 
         await send(pilot, "/help")
         await send(pilot, "/stats")

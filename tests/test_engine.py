@@ -1,4 +1,5 @@
 """Engine properties: same tokens under every scheduling/cache setting, exact page accounting, preemption."""
+
 from __future__ import annotations
 
 import random
@@ -194,8 +195,19 @@ def test_top_k_1_and_tiny_top_p_are_greedy(tiny_dir):
     assert k1 == greedy == p0
 
 
-@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(max_tokens=0),
-                                 dict(top_k=-2), dict(min_p=2), dict(repetition_penalty=0), dict(stop=[""])])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(temperature=-1),
+        dict(top_p=0),
+        dict(top_p=1.5),
+        dict(max_tokens=0),
+        dict(top_k=-2),
+        dict(min_p=2),
+        dict(repetition_penalty=0),
+        dict(stop=[""]),
+    ],
+)
 def test_bad_sampling_params_are_named(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingParams(**bad)
@@ -205,8 +217,11 @@ def test_stop_token_ids_and_max_tokens(tiny_dir):
     base, _ = run(tiny_dir, prompts_with_shared_prefix(2))
     stop_tok = base[0][5]
     first = base[0].index(stop_tok)
-    tokens, _ = run(tiny_dir, prompts_with_shared_prefix(2)[:1],
-                    SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop_token_ids=[stop_tok]))
+    tokens, _ = run(
+        tiny_dir,
+        prompts_with_shared_prefix(2)[:1],
+        SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop_token_ids=[stop_tok]),
+    )
     assert tokens[0] == base[0][: first + 1]
     llm = make_llm(tiny_dir)
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=1, temperature=0))[0]

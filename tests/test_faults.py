@@ -9,6 +9,7 @@
 Faults are injected into the real engine by replacing one method of one object (a request's detokenizer, the
 LLM's step), never by mocking the engine.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -68,10 +69,12 @@ def fail_after(n: int, method):
         if calls[0] > n:
             raise RuntimeError(FAULT)
         return method(*args, **kw)
+
     return wrapper
 
 
 # ---- KV exhaustion -------------------------------------------------------------------------------------------------
+
 
 def test_more_work_than_the_pool_completes_and_the_impossible_is_refused(tiny_dir):  # noqa: F811
     prompts = prompts_with_shared_prefix(10, seed=5)
@@ -84,8 +87,11 @@ def test_more_work_than_the_pool_completes_and_the_impossible_is_refused(tiny_di
         llm.step()
         waited = max(waited, llm.metrics().waiting)
     in_use = llm.metrics().kv_pages_in_use
-    with pytest.raises(ValueError, match=r"prompt \(10 tokens\) \+ max_tokens \(183\) = 193 exceeds the KV cache "
-                                         r"capacity of 192 tokens"):
+    with pytest.raises(
+        ValueError,
+        match=r"prompt \(10 tokens\) \+ max_tokens \(183\) = 193 exceeds the KV cache "
+        r"capacity of 192 tokens",
+    ):
         llm.add_request(list(range(10)), SamplingParams(max_tokens=183))
     with pytest.raises(ValueError, match=r"= 2049 exceeds the model's context length 2048"):
         llm.add_request(list(range(10)), SamplingParams(max_tokens=2039))
@@ -114,6 +120,7 @@ def test_refused_over_http_while_others_stream():
 
 
 # ---- one request's fault ------------------------------------------------------------------------------------------
+
 
 def test_a_detokenizer_fault_ends_only_that_request(tiny_dir):  # noqa: F811
     prompts = prompts_with_shared_prefix(4, seed=2)
@@ -145,13 +152,20 @@ def _poison(server: LiveServer, prompt: str, good_tokens: int) -> None:
             detok = llm._text[rid].detok
             detok.add = fail_after(good_tokens, detok.add)
         return rid
+
     llm.add_request = add_request  # type: ignore[method-assign]
 
 
 def _stream_text(server: LiveServer, prompt: str, max_tokens: int) -> tuple[str, int]:
     client = server.openai()
-    stream = client.completions.create(model=server.model, prompt=prompt, max_tokens=max_tokens, stream=True,
-                                       stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    stream = client.completions.create(
+        model=server.model,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     text, used = "", 0
     for chunk in stream:
         text += "".join(c.text for c in chunk.choices)
@@ -185,17 +199,25 @@ def test_a_request_fault_behind_the_server_fails_that_request_only():
 
 # ---- the engine loop itself ---------------------------------------------------------------------------------------
 
+
 def test_engine_loop_crash_fails_everyone_clearly_behind_the_server():
-    with live_server(make_llm(max_running_requests=1, num_pages=256)) as server, \
-            concurrent.futures.ThreadPoolExecutor(3) as pool:
+    with (
+        live_server(make_llm(max_running_requests=1, num_pages=256)) as server,
+        concurrent.futures.ThreadPoolExecutor(3) as pool,
+    ):
         client = server.openai().with_options(timeout=30)  # a hang fails the test instead of blocking it
-        running = client.completions.create(model=server.model, prompt="running", max_tokens=2000, stream=True,
-                                            extra_body={"ignore_eos": True})
+        running = client.completions.create(
+            model=server.model, prompt="running", max_tokens=2000, stream=True, extra_body={"ignore_eos": True}
+        )
         first = next(iter(running))
         assert first.choices[0].text is not None
         waiting_stream = pool.submit(_stream_text, server, "waiting stream", 10)
-        waiting_whole = pool.submit(client.chat.completions.create, model=server.model, max_tokens=10,
-                                    messages=[{"role": "user", "content": "waiting"}])
+        waiting_whole = pool.submit(
+            client.chat.completions.create,
+            model=server.model,
+            max_tokens=10,
+            messages=[{"role": "user", "content": "waiting"}],
+        )
         _wait_for(lambda: server.engine_metrics().waiting == 2, "the two requests never queued")
         llm = server.async_llm.llm
         llm.step = fail_after(0, llm.step)  # type: ignore[method-assign]
@@ -268,20 +290,23 @@ def test_async_streams_fail_on_the_event_loop_too():
             except EngineDeadError as e:
                 return str(e)
             return "ended normally"
+
         out = await asyncio.wait_for(asyncio.gather(drain(it), drain(streams[1])), 10)
         a.shutdown()
         return out
+
     assert asyncio.run(main()) == [f"engine loop crashed: RuntimeError: {FAULT}"] * 2
 
 
 # ---- leaks that only show between calls ---------------------------------------------------------------------------
+
 
 def test_generate_and_stream_return_the_pages_of_requests_a_stop_string_ended(tiny_dir):  # noqa: F811
     llm = make_llm(tiny_dir, page_size=4, num_pages=64)
     prompts = prompts_with_shared_prefix(3, seed=4)
     base = llm.generate(prompts, GREEDY)
     # a two-character stop from the middle of each answer (U+FFFD: bytes that are no UTF-8, not a character)
-    cut = [next(o.text[i:i + 2] for i in range(2, len(o.text)) if "\ufffd" not in o.text[i:i + 2]) for o in base]
+    cut = [next(o.text[i : i + 2] for i in range(2, len(o.text)) if "\ufffd" not in o.text[i : i + 2]) for o in base]
     stops = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop=[c]) for c in cut]
     outs = llm.generate(prompts, stops)
     for o, b, s in zip(outs, base, stops):
@@ -293,6 +318,7 @@ def test_generate_and_stream_return_the_pages_of_requests_a_stop_string_ended(ti
 
 
 # ---- awkward output ------------------------------------------------------------------------------------------------
+
 
 def test_streamed_text_with_unicode_line_breaks_reaches_line_splitting_clients_intact():
     """U+0085, U+2028 and U+2029 are no line breaks to JSON or SSE, but str.splitlines() (so httpx's iter_lines, as
@@ -307,6 +333,7 @@ def test_streamed_text_with_unicode_line_breaks_reaches_line_splitting_clients_i
             rid = add(ids, params, rid)
             llm._text[rid].detok.add = lambda token: awkward
             return rid
+
         llm.add_request = add_request  # type: ignore[method-assign]
         body = {"prompt": "hi", "max_tokens": 2, "stream": True}
         with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as r:
@@ -314,19 +341,26 @@ def test_streamed_text_with_unicode_line_breaks_reaches_line_splitting_clients_i
         assert lines[-1] == "data: [DONE]"
         chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
         assert "".join(c["choices"][0]["text"] for c in chunks) == awkward * 2
-        stream = server.openai().chat.completions.create(model=server.model, messages=[{"role": "user", "content": "x"}],
-                                                         max_tokens=2, stream=True)
+        stream = server.openai().chat.completions.create(
+            model=server.model, messages=[{"role": "user", "content": "x"}], max_tokens=2, stream=True
+        )
         assert "".join(c.choices[0].delta.content or "" for c in stream) == awkward * 2
 
 
 # ---- the soak, opt-in ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_soak_serve_briefly(tmp_path):
     out = tmp_path / "soak.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--duration", "20",
-                           "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--duration", "20", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["passed"], res["checks"]

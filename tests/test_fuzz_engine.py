@@ -8,6 +8,7 @@ file asserts that no request is lost or duplicated, that every request ends exac
 slots and pages all come back, and that every request's greedy tokens equal a run of that request alone.
 MINISGL_SLOW=1 runs many more examples.
 """
+
 from __future__ import annotations
 
 import os
@@ -74,14 +75,23 @@ def workloads(draw) -> tuple[Setting, list[Arrival], Arrival | None]:
         else:
             prefix = draw(st.sampled_from([*prefixes, ()]))
             prompt = prefix + draw(token_lists(0 if prefix else 1, 40))
-        arrivals.append(Arrival(draw(st.integers(0, last_arrival)), prompt, draw(st.integers(1, MAX_TOKENS)),
-                                draw(st.none() | st.integers(0, 20)),
-                                draw(st.none() | st.tuples(st.sampled_from(["token", "text"]),
-                                                           st.integers(0, MAX_TOKENS - 1)))))
+        arrivals.append(
+            Arrival(
+                draw(st.integers(0, last_arrival)),
+                prompt,
+                draw(st.integers(1, MAX_TOKENS)),
+                draw(st.none() | st.integers(0, 20)),
+                draw(st.none() | st.tuples(st.sampled_from(["token", "text"]), st.integers(0, MAX_TOKENS - 1))),
+            )
+        )
     pages = [-(-(len(a.prompt) + a.max_tokens) // page_size) for a in arrivals]
     largest = max(max(pages), 2)  # the pool must hold the largest request alone, or that request is refused
-    num_pages = {"largest": largest, "a third": max(largest, sum(pages) // 3), "largest+3": largest + 3,
-                 "4096 tokens": 4096 // page_size}[pool]
+    num_pages = {
+        "largest": largest,
+        "a third": max(largest, sum(pages) // 3),
+        "largest+3": largest + 3,
+        "4096 tokens": 4096 // page_size,
+    }[pool]
     setting = Setting(page_size, num_pages, prefill_budget, radix, overlap, max_running)
     # Now and then one request that can never fit the pool or the context: refused at admission, and the rest
     # must not notice.
@@ -111,7 +121,7 @@ class Reference:
         base = self.run(a.prompt, greedy(MAX_TOKENS))
         if kind == "token":
             p.stop_token_ids = [base.token_ids[at]]
-        elif "\ufffd" not in (text := base.text[at % max(len(base.text), 1):][:2]) and text:
+        elif "\ufffd" not in (text := base.text[at % max(len(base.text), 1) :][:2]) and text:
             p.stop = [text]
         return p
 
@@ -181,14 +191,25 @@ def drive(llm: LLM, arrivals: list[Arrival], too_big: Arrival | None, reference:
     return run
 
 
-@settings(max_examples=5000 if SLOW else 800, deadline=None, derandomize=not SLOW, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=5000 if SLOW else 800,
+    deadline=None,
+    derandomize=not SLOW,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(case=workloads())
 def test_random_workloads_keep_every_promise(tiny_dir, reference, case):  # noqa: F811
     setting, arrivals, too_big = case
-    llm = make_llm(tiny_dir, page_size=setting.page_size, num_pages=setting.num_pages,
-                   max_prefill_tokens=setting.max_prefill_tokens, radix_cache=setting.radix_cache,
-                   overlap=setting.overlap, max_running_requests=setting.max_running_requests)
+    llm = make_llm(
+        tiny_dir,
+        page_size=setting.page_size,
+        num_pages=setting.num_pages,
+        max_prefill_tokens=setting.max_prefill_tokens,
+        radix_cache=setting.radix_cache,
+        overlap=setting.overlap,
+        max_running_requests=setting.max_running_requests,
+    )
     run = drive(llm, arrivals, too_big, reference)
 
     assert len(run.outputs) == len(arrivals)
@@ -198,7 +219,7 @@ def test_random_workloads_keep_every_promise(tiny_dir, reference, case):  # noqa
         final = outs[-1]
         seen: list[int] = []
         for o in outs:  # the stream only ever appends, and each delta is exactly what was appended
-            assert o.token_ids[: len(seen)] == seen and o.delta_token_ids == o.token_ids[len(seen):], rid
+            assert o.token_ids[: len(seen)] == seen and o.delta_token_ids == o.token_ids[len(seen) :], rid
             seen = o.token_ids
         want = reference.run(a.prompt, reference.params(a))
         if rid in run.aborted:
@@ -219,7 +240,11 @@ def test_random_workloads_keep_every_promise(tiny_dir, reference, case):  # noqa
     assert m.finished_requests == len(arrivals)
     assert not llm.engine.reqs and not llm._text
     llm.engine.check()
-    for what, happened in (("preempted", m.preemptions > 0), ("radix hit", m.cache_hit_tokens > 0),
-                           ("aborted", bool(run.aborted)), ("refused one", too_big is not None),
-                           ("stopped", any(o[-1].finish_reason == "stop" for o in run.outputs.values()))):
+    for what, happened in (
+        ("preempted", m.preemptions > 0),
+        ("radix hit", m.cache_hit_tokens > 0),
+        ("aborted", bool(run.aborted)),
+        ("refused one", too_big is not None),
+        ("stopped", any(o[-1].finish_reason == "stop" for o in run.outputs.values())),
+    ):
         event(f"{what}: {happened}")  # pytest --hypothesis-show-statistics shows how often each case came up

@@ -1,5 +1,6 @@
 """GPU checks (skipped without CUDA): fused kernels vs torch, FlashInfer vs torch attention,
 CUDA graphs and overlap scheduling give the same tokens, and bf16 logits vs transformers."""
+
 from __future__ import annotations
 
 import gc
@@ -78,13 +79,25 @@ def test_fused_qk_norm_rope_store_matches_torch(dtype, qk_norm):
     def torch_norm(x, w):
         xs = x.float()
         return w * (xs * torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+
     q_ref, k_ref = (torch_norm(q, qn.weight), torch_norm(k, kn.weight)) if qk_norm else (q, k)
     q_ref, k_ref = layers._rotate(q_ref, cos, sin), layers._rotate(k_ref, cos, sin)
     ref_pool = KVPool.create(1, 8, 16, KVH, D, dtype, "cuda")
     ref_pool.store(0, slots, k_ref, v)
     pool = KVPool.create(1, 8, 16, KVH, D, dtype, "cuda")
-    triton_ops.qk_norm_rope_store(q, k, v, qn.weight if qk_norm else None, kn.weight if qk_norm else None, 1e-6,
-                                  rope.cos_sin, pos, pool.k[0], pool.v[0], slots)
+    triton_ops.qk_norm_rope_store(
+        q,
+        k,
+        v,
+        qn.weight if qk_norm else None,
+        kn.weight if qk_norm else None,
+        1e-6,
+        rope.cos_sin,
+        pos,
+        pool.k[0],
+        pool.v[0],
+        slots,
+    )
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(q, q_ref, **tol)
     torch.testing.assert_close(pool.k[0], ref_pool.k[0], **tol)
@@ -100,8 +113,10 @@ def _llm(**kw) -> LLM:
 def _prompts(n: int = 24, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     shared = torch.randint(0, 10000, (200,), generator=g).tolist()
-    return [(shared if i % 3 == 0 else []) + torch.randint(0, 10000, (int(m),), generator=g).tolist()
-            for i, m in enumerate(torch.randint(5, 300, (n,), generator=g))]
+    return [
+        (shared if i % 3 == 0 else []) + torch.randint(0, 10000, (int(m),), generator=g).tolist()
+        for i, m in enumerate(torch.randint(5, 300, (n,), generator=g))
+    ]
 
 
 def _logits_log(llm: LLM) -> list[torch.Tensor]:
@@ -146,8 +161,16 @@ def peaked_model(tmp_path_factory) -> str:
 
 
 def _greedy_tokens(model: str, prompts, graphs: int, overlap: bool) -> list[list[int]]:
-    llm = LLM(EngineConfig(model=model, check_invariants=True, kv_cache_gb=4, dtype="bfloat16",
-                           cuda_graph_max_bs=graphs, overlap=overlap))
+    llm = LLM(
+        EngineConfig(
+            model=model,
+            check_invariants=True,
+            kv_cache_gb=4,
+            dtype="bfloat16",
+            cuda_graph_max_bs=graphs,
+            overlap=overlap,
+        )
+    )
     out = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True))]
     assert llm.metrics().kv_pages_in_use == 0
     del llm
@@ -206,8 +229,7 @@ def test_fused_sampler_distribution_and_greedy():
     assert torch.equal(greedy, logits.argmax(-1))
     # 20k draws of one row at temperature 0.7 follow softmax(logits / 0.7).
     row = logits[:1].expand(20000, -1).contiguous()
-    draws = triton_ops.sample_gumbel(row, torch.full((20000,), 0.7, device="cuda"),
-                                     torch.arange(20000, device="cuda"))
+    draws = triton_ops.sample_gumbel(row, torch.full((20000,), 0.7, device="cuda"), torch.arange(20000, device="cuda"))
     freq = torch.bincount(draws, minlength=1000).float() / 20000
     probs = torch.softmax(logits[0] / 0.7, -1)
     assert float((freq - probs).abs().sum()) < 0.1  # total variation distance
@@ -227,9 +249,30 @@ def test_tp2_ranks_exit_when_the_command_ends(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "result.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m",
-           "minisgl_cli", "bench-offline", "--model", "dummy:Qwen3-0.6B", "--tp", "2", "--num-seqs", "8",
-           "--input-len", "16:32", "--output-len", "8:16", "--quiet", "--json", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--standalone",
+        "-m",
+        "minisgl_cli",
+        "bench-offline",
+        "--model",
+        "dummy:Qwen3-0.6B",
+        "--tp",
+        "2",
+        "--num-seqs",
+        "8",
+        "--input-len",
+        "16:32",
+        "--output-len",
+        "8:16",
+        "--quiet",
+        "--json",
+        str(out),
+    ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
     proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,4 +1,5 @@
 """Greedy tokens identical to Hugging Face transformers on the same weights (fp32, CPU)."""
+
 from __future__ import annotations
 
 import random
@@ -67,10 +68,17 @@ def test_llama3_rope_scaling_matches_transformers(tmp_path):
     """Llama-3.x rope scaling (llama3 type) on a tiny config."""
     from dataclasses import replace
 
-    cfg = replace(PRESETS["tiny-llama"], rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                       "high_freq_factor": 4.0,
-                                                       "original_max_position_embeddings": 64},
-                  rope_theta=500000.0)
+    cfg = replace(
+        PRESETS["tiny-llama"],
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        rope_theta=500000.0,
+    )
     hf = hf_model_from_config(cfg, seed=3)
     save_hf(hf, tmp_path / "l3")
     llm = make_llm(str(tmp_path / "l3"))

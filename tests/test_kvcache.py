@@ -1,4 +1,5 @@
 """Radix tree, allocator and cache manager: exact page accounting."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

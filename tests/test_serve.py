@@ -1,5 +1,6 @@
 """`minisgl serve` end to end: a real uvicorn server on a loopback port, spoken to with the official openai client
 and raw httpx, checked against the in-process engine (LLM.generate with the same parameters)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,16 +20,28 @@ from tests.conftest import free_port, make_llm, wait_healthy
 from tests.server_harness import LiveServer, live_server
 
 TINY = dict(max_running_requests=8, num_pages=256)  # dummy:tiny-llama: vocab 512, context 2048, byte tokenizer
-CHAT = [{"role": "system", "content": "You are a helpful assistant."},
-        {"role": "user", "content": "Name three colors of the rainbow."}]
+CHAT = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Name three colors of the rainbow."},
+]
 COMPLETE = "The three primary colors are"
 # the real model's reference cases, each run alone in-process before the server takes the engine over
 SMOL_CASES = {
     "complete": (COMPLETE, SamplingParams(temperature=0, max_tokens=20)),
     "chat": (CHAT, SamplingParams(temperature=0, max_tokens=20)),
-    "sampled": ("Once upon a time", SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234, max_tokens=16,
-                                                   presence_penalty=0.5, frequency_penalty=0.3,
-                                                   repetition_penalty=1.1)),
+    "sampled": (
+        "Once upon a time",
+        SamplingParams(
+            temperature=0.9,
+            top_p=0.95,
+            top_k=50,
+            seed=1234,
+            max_tokens=16,
+            presence_penalty=0.5,
+            frequency_penalty=0.3,
+            repetition_penalty=1.1,
+        ),
+    ),
 }
 
 
@@ -59,11 +72,15 @@ def _stream_text(stream, chat: bool) -> tuple[str, list[str | None], list]:
 
 def _families(server: LiveServer) -> dict[tuple[str, tuple], float]:
     text = httpx.get(f"{server.url}/metrics").text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 # ---- the real model: same text as the in-process engine ----------------------------------------------------------
+
 
 def test_completion_greedy_matches_engine_streaming_and_not(smol):
     server, refs = smol
@@ -71,12 +88,21 @@ def test_completion_greedy_matches_engine_streaming_and_not(smol):
     assert ref.text.strip() and ref.finish_reason == "length"
     out = client.completions.create(model="smollm", prompt=COMPLETE, max_tokens=20, temperature=0)
     assert out.choices[0].text == ref.text and out.choices[0].finish_reason == "length"
-    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == \
-        (len(ref.prompt_token_ids), len(ref.token_ids), len(ref.prompt_token_ids) + len(ref.token_ids))
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (
+        len(ref.prompt_token_ids),
+        len(ref.token_ids),
+        len(ref.prompt_token_ids) + len(ref.token_ids),
+    )
     assert out.usage.prompt_tokens == len(server.async_llm.llm.tokenizer.encode(COMPLETE))
 
-    stream = client.completions.create(model="smollm", prompt=COMPLETE, max_tokens=20, temperature=0, stream=True,
-                                       stream_options={"include_usage": True})
+    stream = client.completions.create(
+        model="smollm",
+        prompt=COMPLETE,
+        max_tokens=20,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     text, reasons, usages = _stream_text(stream, chat=False)
     assert text == ref.text and reasons[-1] == "length" and set(reasons[:-1]) <= {None}
     assert len(usages) == 1
@@ -93,8 +119,9 @@ def test_chat_greedy_matches_engine_streaming_and_not(smol):
     assert out.usage.prompt_tokens == len(server.async_llm.llm.encode(CHAT)) == len(ref.prompt_token_ids)
     assert out.usage.completion_tokens == len(ref.token_ids)
 
-    chunks = list(client.chat.completions.create(model="smollm", messages=CHAT, max_tokens=20, temperature=0,
-                                                 stream=True))
+    chunks = list(
+        client.chat.completions.create(model="smollm", messages=CHAT, max_tokens=20, temperature=0, stream=True)
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert all(c.usage is None for c in chunks)  # no include_usage: no usage chunk
     text, reasons, _ = _stream_text(chunks, chat=True)
@@ -107,21 +134,34 @@ def test_stop_string_ends_the_text_before_it(smol):
     words = ref.text.split()
     assert len(words) >= 3, ref.text
     stop = words[2]
-    want = ref.text[:ref.text.index(stop)]
+    want = ref.text[: ref.text.index(stop)]
     client = server.openai()
     out = client.completions.create(model="smollm", prompt=COMPLETE, max_tokens=20, temperature=0, stop=[stop, "@@@"])
     assert (out.choices[0].text, out.choices[0].finish_reason) == (want, "stop")
     assert out.usage.completion_tokens < len(ref.token_ids)
-    text, reasons, _ = _stream_text(client.completions.create(model="smollm", prompt=COMPLETE, max_tokens=20,
-                                                              temperature=0, stop=stop, stream=True), chat=False)
+    text, reasons, _ = _stream_text(
+        client.completions.create(
+            model="smollm", prompt=COMPLETE, max_tokens=20, temperature=0, stop=stop, stream=True
+        ),
+        chat=False,
+    )
     assert (text, reasons[-1]) == (want, "stop")
 
 
 def test_seeded_sampling_with_penalties_matches_engine(smol):
     server, refs = smol
     ref = refs["sampled"]
-    kw = dict(model="smollm", prompt="Once upon a time", max_tokens=16, temperature=0.9, top_p=0.95, seed=1234,
-              presence_penalty=0.5, frequency_penalty=0.3, extra_body={"top_k": 50, "repetition_penalty": 1.1})
+    kw = dict(
+        model="smollm",
+        prompt="Once upon a time",
+        max_tokens=16,
+        temperature=0.9,
+        top_p=0.95,
+        seed=1234,
+        presence_penalty=0.5,
+        frequency_penalty=0.3,
+        extra_body={"top_k": 50, "repetition_penalty": 1.1},
+    )
     client = server.openai()
     texts = [client.completions.create(**kw).choices[0].text for _ in range(2)]
     assert texts == [ref.text, ref.text]
@@ -131,14 +171,16 @@ def test_seeded_sampling_with_penalties_matches_engine(smol):
 
 # ---- the tiny model: protocol, errors, admission, metrics ---------------------------------------------------------
 
+
 def test_models_health_and_token_id_prompts(tiny):
     client = tiny.openai()
     assert [m.id for m in client.models.list().data] == [tiny.model] == ["tiny-llama"]
     assert httpx.get(f"{tiny.url}/health").status_code == 200
     ids = [72, 101, 108, 108, 111, 300, 7, 511]
     ref = make_llm(**TINY).generate([ids], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
-    out = client.completions.create(model=tiny.model, prompt=ids, max_tokens=12, temperature=0,
-                                    extra_body={"ignore_eos": True})
+    out = client.completions.create(
+        model=tiny.model, prompt=ids, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert (out.choices[0].text, out.choices[0].finish_reason) == (ref.text, "length")
     assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (8, 12)
     one = client.completions.create(model=tiny.model, prompt=[ids], max_tokens=12, temperature=0)  # a list of one
@@ -192,8 +234,9 @@ BAD = [
     _case(CH, {"messages": [{"role": "wizard", "content": "hi"}]}, "messages"),
     _case(CH, {"messages": [{"content": "hi"}]}, "messages"),
     _case(CH, {"messages": [{"role": "user", "content": 5}]}, "messages"),
-    _case(CH, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-          "messages"),
+    _case(
+        CH, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages"
+    ),
     _case(CH, {"messages": MSG, "max_completion_tokens": 0}, "max_completion_tokens"),
     _case(CH, {"messages": MSG, "max_tokens": 1e9}, "max_tokens"),
     _case(CH, {"messages": MSG, "max_tokens": 10**9}, "messages", code="context_length_exceeded"),
@@ -232,14 +275,18 @@ def test_engine_serves_on_after_bad_requests(tiny):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="gpt-4o", messages=MSG)
     assert e.value.param == "model"
-    out = client.completions.create(model=tiny.model, prompt="still alive", max_tokens=5, extra_body={"x-unknown": 1,
-                                                                                                      "user": "u"})
+    out = client.completions.create(
+        model=tiny.model, prompt="still alive", max_tokens=5, extra_body={"x-unknown": 1, "user": "u"}
+    )
     assert out.usage.completion_tokens == 5 and out.choices[0].finish_reason == "length"
-    parts = [{"role": "developer", "content": "Be brief."},
-             {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}]
+    parts = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]},
+    ]
     chat = client.chat.completions.create(model=tiny.model, messages=parts, max_tokens=3)
-    want = tiny.async_llm.llm.encode([{"role": "system", "content": "Be brief."},
-                                      {"role": "user", "content": "hi there"}])
+    want = tiny.async_llm.llm.encode(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi there"}]
+    )
     assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (len(want), 3)
     m = tiny.wait_idle()
     assert (m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0)
@@ -270,19 +317,22 @@ def test_metrics_parse_and_move(tiny):
     for name in ("num_requests_running", "num_requests_waiting", "num_requests_in_flight"):
         assert (f"minisgl:{name}", lab) in after
     for h in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
-        buckets = sorted(((float(dict(k[1])["le"]), v) for k, v in after.items()
-                          if k[0] == f"minisgl:{h}_bucket"))
+        buckets = sorted(((float(dict(k[1])["le"]), v) for k, v in after.items() if k[0] == f"minisgl:{h}_bucket"))
         counts = [v for _, v in buckets]
         assert counts == sorted(counts) and buckets[-1][0] == float("inf")
         assert counts[-1] == after[(f"minisgl:{h}_count", lab)] and after[(f"minisgl:{h}_sum", lab)] > 0
 
 
 def test_queue_limit_answers_429_then_a_dead_engine_503():
-    with live_server(make_llm(max_running_requests=2, num_pages=512), max_queued_requests=1) as server, \
-            httpx.Client(base_url=server.url, timeout=60) as raw, contextlib.ExitStack() as held:
+    with (
+        live_server(make_llm(max_running_requests=2, num_pages=512), max_queued_requests=1) as server,
+        httpx.Client(base_url=server.url, timeout=60) as raw,
+        contextlib.ExitStack() as held,
+    ):
         for i in range(3):  # two running + one queued: the server is full
-            r = held.enter_context(raw.stream("POST", "/v1/completions", json={
-                "prompt": f"hold {i}", "max_tokens": 2000, "stream": True}))
+            r = held.enter_context(
+                raw.stream("POST", "/v1/completions", json={"prompt": f"hold {i}", "max_tokens": 2000, "stream": True})
+            )
             assert r.status_code == 200
         assert server.client.in_flight == 3
         with pytest.raises(openai.RateLimitError) as e:
@@ -307,9 +357,26 @@ def test_queue_limit_answers_429_then_a_dead_engine_503():
 
 def test_cli_serve_command():
     port = free_port()
-    cmd = [sys.executable, "-m", "minisgl_cli", "serve", "--model", "dummy:tiny-llama", "--device", "cpu",
-           "--num-pages", "64", "--port", str(port), "--served-model-name", "tiny", "--max-queued-requests", "4",
-           "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "minisgl_cli",
+        "serve",
+        "--model",
+        "dummy:tiny-llama",
+        "--device",
+        "cpu",
+        "--num-pages",
+        "64",
+        "--port",
+        str(port),
+        "--served-model-name",
+        "tiny",
+        "--max-queued-requests",
+        "4",
+        "--log-level",
+        "warning",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_healthy(proc, f"http://127.0.0.1:{port}")
@@ -328,6 +395,11 @@ def test_cli_serve_command():
 
 def test_cli_serve_rejects_bad_flags():
     env = {**os.environ, "COLUMNS": "200"}
-    r = subprocess.run([sys.executable, "-m", "minisgl_cli", "serve", "--port", "70000"], capture_output=True,
-                       text=True, env=env, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "minisgl_cli", "serve", "--port", "70000"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert r.returncode == 2 and "--port" in r.stderr

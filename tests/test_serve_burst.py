@@ -1,5 +1,6 @@
 """Clients that go away: a disconnect aborts the request and returns its KV pages, under a burst of concurrent
 streams too, while every other client gets its full answer."""
+
 from __future__ import annotations
 
 import asyncio
@@ -37,8 +38,12 @@ def test_non_streaming_disconnect_aborts(server):
 
 def test_streaming_disconnect_aborts(server):
     aborted = server.client.metrics.finished["abort"]
-    with httpx.stream("POST", f"{server.url}/v1/chat/completions", timeout=30, json={
-            "messages": [{"role": "user", "content": "go on forever"}], "max_tokens": 2000, "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        f"{server.url}/v1/chat/completions",
+        timeout=30,
+        json={"messages": [{"role": "user", "content": "go on forever"}], "max_tokens": 2000, "stream": True},
+    ) as r:
         first = next(r.iter_lines())
         assert first.startswith("data: ") and '"role": "assistant"' in first
     _idle_and_clean(server)
@@ -53,15 +58,26 @@ async def _finisher(server: LiveServer, i: int) -> tuple[int, str | None, int, i
     if i % 2:
         messages = [{"role": "user", "content": f"client {i} " + "ab" * (i % 7)}]
         want_prompt = len(server.async_llm.llm.encode(messages))
-        stream = await client.chat.completions.create(model=server.model, messages=messages, max_tokens=max_tokens,
-                                                      stream=True, stream_options={"include_usage": True},
-                                                      extra_body={"ignore_eos": True})
+        stream = await client.chat.completions.create(
+            model=server.model,
+            messages=messages,
+            max_tokens=max_tokens,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
     else:
         prompt = f"client {i} " + "xy" * (i % 5)
         want_prompt = len(prompt.encode())
-        stream = await client.completions.create(model=server.model, prompt=prompt, max_tokens=max_tokens,
-                                                 temperature=0.7, seed=i, stream=True,
-                                                 stream_options={"include_usage": True})
+        stream = await client.completions.create(
+            model=server.model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0.7,
+            seed=i,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
     async for chunk in stream:
         for c in chunk.choices:
             reason = c.finish_reason or reason
@@ -82,8 +98,9 @@ async def _leaver(raw: httpx.AsyncClient, i: int) -> None:
 
 async def _burst(server: LiveServer) -> list:
     async with httpx.AsyncClient(base_url=server.url, timeout=120) as raw:
-        return await asyncio.gather(*(_leaver(raw, i) if i % LEAVE_EVERY == LEAVE_EVERY - 1 else _finisher(server, i)
-                                      for i in range(N_CLIENTS)))
+        return await asyncio.gather(
+            *(_leaver(raw, i) if i % LEAVE_EVERY == LEAVE_EVERY - 1 else _finisher(server, i) for i in range(N_CLIENTS))
+        )
 
 
 def test_burst_with_early_disconnects(server):

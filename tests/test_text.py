@@ -1,4 +1,5 @@
 """Text handling on the real tokenizer: UTF-8-safe streaming, stop strings, chat template, penalties vs HF."""
+
 from __future__ import annotations
 
 import torch
@@ -19,8 +20,11 @@ def test_incremental_detokenizer_never_emits_broken_utf8(smollm):
 
 
 def test_streamed_deltas_add_up_to_the_final_text(smollm):
-    outs = list(smollm.stream([{"role": "user", "content": "Say hello in three languages."}],
-                              SamplingParams(max_tokens=40, temperature=0)))
+    outs = list(
+        smollm.stream(
+            [{"role": "user", "content": "Say hello in three languages."}], SamplingParams(max_tokens=40, temperature=0)
+        )
+    )
     assert outs[-1].finished
     full = smollm.tokenizer.decode(outs[-1].token_ids)
     # A character cut off by max_tokens stays out of the text (it would be U+FFFD).
@@ -31,7 +35,7 @@ def test_streamed_deltas_add_up_to_the_final_text(smollm):
 def test_stop_string_truncates_and_never_streams_past_it(smollm):
     prompt = [{"role": "user", "content": "Count from one to ten in words, comma separated."}]
     full = smollm.generate([prompt], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))[0].text
-    stop = full[len(full) // 3: len(full) // 3 + 4]
+    stop = full[len(full) // 3 : len(full) // 3 + 4]
     assert stop.strip()
     outs = list(smollm.stream(prompt, SamplingParams(max_tokens=40, temperature=0, stop=[stop])))
     final = outs[-1]
@@ -56,11 +60,18 @@ def test_repetition_penalty_matches_transformers(smollm):
     path = embedded_default_path()
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     ids = smollm.encode("The list of colors: red, green, blue, red, green, blue,")
-    out = smollm.generate([ids], SamplingParams(max_tokens=20, temperature=0, repetition_penalty=1.3,
-                                                ignore_eos=True))[0]
+    out = smollm.generate([ids], SamplingParams(max_tokens=20, temperature=0, repetition_penalty=1.3, ignore_eos=True))[
+        0
+    ]
     with torch.no_grad():
-        ref = hf.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False, repetition_penalty=1.3,
-                          eos_token_id=None, pad_token_id=0)
-    assert out.token_ids == ref[0, len(ids):].tolist()
+        ref = hf.generate(
+            torch.tensor([ids]),
+            max_new_tokens=20,
+            do_sample=False,
+            repetition_penalty=1.3,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    assert out.token_ids == ref[0, len(ids) :].tolist()
     plain = smollm.generate([ids], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))[0]
     assert plain.token_ids != out.token_ids

@@ -1,5 +1,6 @@
 """Tensor parallelism on CPU (gloo): TP=2 and TP=3 give the same tokens as TP=1; a rank that dies or hangs
 ends the whole group."""
+
 from __future__ import annotations
 
 import contextlib
@@ -26,8 +27,17 @@ ROOT = Path(__file__).resolve().parent.parent
 def tp_run(model: str, n: int, tmp_path: Path) -> dict:
     out = tmp_path / f"tp{n}.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT="120")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--standalone",
-           str(ROOT / "tests" / "tp_generate.py"), model, str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(n),
+        "--standalone",
+        str(ROOT / "tests" / "tp_generate.py"),
+        model,
+        str(out),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
@@ -54,15 +64,35 @@ def test_tp_size_must_match_world_and_divide_heads():
 
 # ---- a rank that dies or stops answering ends the whole group ------------------------------------------------------
 
+
 def _serve_tp2(timeout_s: int, model: str, device: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT=str(timeout_s))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m",
-           "minisgl_cli", "serve", "--model", model, "--device", device, "--tp", "2",
-           "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # one process group: the test can always clean it all up
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--standalone",
+        "-m",
+        "minisgl_cli",
+        "serve",
+        "--model",
+        model,
+        "--device",
+        device,
+        "--tp",
+        "2",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )  # one process group: the test can always clean it all up
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -99,10 +129,12 @@ def check_group_ends(how: str, model: str, device: str) -> str:
 
         def ask() -> None:
             try:
-                answer["status"] = httpx.post(url + "/v1/completions", timeout=120, json={
-                    "model": model, "prompt": "hi", "max_tokens": 1500}).status_code
+                answer["status"] = httpx.post(
+                    url + "/v1/completions", timeout=120, json={"model": model, "prompt": "hi", "max_tokens": 1500}
+                ).status_code
             except httpx.HTTPError as e:
                 answer["error"] = type(e).__name__
+
         client = threading.Thread(target=ask)
         client.start()
         time.sleep(0.5)

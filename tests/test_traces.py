@@ -1,4 +1,5 @@
 """Trace reading (Qwen/Bailian and Mooncake formats), bad lines, prompt synthesis, the shipped samples."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,16 @@ def write(tmp_path: Path, lines: list[str | dict], name: str = "t.jsonl") -> Pat
 
 
 def qwen(ts: float, n: int = 40, out: int = 5, hashes=(1, 2, 3), chat: int = 0) -> dict:
-    return {"chat_id": chat, "parent_chat_id": -1, "timestamp": ts, "input_length": n, "output_length": out,
-            "type": "text", "turn": 1, "hash_ids": list(hashes)}
+    return {
+        "chat_id": chat,
+        "parent_chat_id": -1,
+        "timestamp": ts,
+        "input_length": n,
+        "output_length": out,
+        "type": "text",
+        "turn": 1,
+        "hash_ids": list(hashes),
+    }
 
 
 def mooncake(ts: int, n: int = 1000, out: int = 5, hashes=(0, 1)) -> dict:
@@ -52,20 +61,23 @@ def test_format_and_block_size_overrides(tmp_path):
         read_trace(write(tmp_path, [mooncake(0)]), fmt="bailian")
 
 
-@pytest.mark.parametrize("bad, why", [
-    ('{"timestamp": 1, "input_length": 10', "invalid JSON"),
-    ("[1, 2, 3]", "expected a JSON object"),
-    (json.dumps({"timestamp": 2, "output_length": 5, "hash_ids": [1]}), "missing field 'input_length'"),
-    (json.dumps({"timestamp": 2, "input_length": 5, "output_length": 5}), "missing field 'hash_ids'"),
-    (json.dumps({"input_length": 5, "output_length": 5, "hash_ids": [1]}), "missing field 'timestamp'"),
-    (json.dumps(mooncake(2, n=-3)), "'input_length' must be >= 1"),
-    (json.dumps(mooncake(2, out=-1)), "'output_length' must be >= 1"),
-    (json.dumps(mooncake(2, out=0)), "'output_length' must be >= 1"),
-    (json.dumps({**mooncake(2), "input_length": "12"}), "'input_length' must be an integer"),
-    (json.dumps({**mooncake(2), "hash_ids": [1, "x"]}), "'hash_ids' must be a list of integers"),
-    (json.dumps(mooncake(-5)), "'timestamp' must be a finite number >= 0"),
-    (json.dumps(mooncake(0)), "timestamp goes back in time"),  # after a request at 1 ms
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ('{"timestamp": 1, "input_length": 10', "invalid JSON"),
+        ("[1, 2, 3]", "expected a JSON object"),
+        (json.dumps({"timestamp": 2, "output_length": 5, "hash_ids": [1]}), "missing field 'input_length'"),
+        (json.dumps({"timestamp": 2, "input_length": 5, "output_length": 5}), "missing field 'hash_ids'"),
+        (json.dumps({"input_length": 5, "output_length": 5, "hash_ids": [1]}), "missing field 'timestamp'"),
+        (json.dumps(mooncake(2, n=-3)), "'input_length' must be >= 1"),
+        (json.dumps(mooncake(2, out=-1)), "'output_length' must be >= 1"),
+        (json.dumps(mooncake(2, out=0)), "'output_length' must be >= 1"),
+        (json.dumps({**mooncake(2), "input_length": "12"}), "'input_length' must be an integer"),
+        (json.dumps({**mooncake(2), "hash_ids": [1, "x"]}), "'hash_ids' must be a list of integers"),
+        (json.dumps(mooncake(-5)), "'timestamp' must be a finite number >= 0"),
+        (json.dumps(mooncake(0)), "timestamp goes back in time"),  # after a request at 1 ms
+    ],
+)
 def test_bad_line_names_file_line_and_problem(tmp_path, bad, why):
     path = write(tmp_path, [mooncake(0), mooncake(1), bad, mooncake(3)])
     with pytest.raises(TraceError) as err:
@@ -125,9 +137,14 @@ def test_shipped_samples_are_the_generators_output(tmp_path):
         assert made.read_bytes() == (TRACES / made.name).read_bytes(), made.name
 
 
-@pytest.mark.parametrize("name, fmt, block", [("qwen_sample.jsonl", "qwen", 16),
-                                              ("mooncake_sample.jsonl", "mooncake", 512),
-                                              ("mooncake_conversation_head200.jsonl", "mooncake", 512)])
+@pytest.mark.parametrize(
+    "name, fmt, block",
+    [
+        ("qwen_sample.jsonl", "qwen", 16),
+        ("mooncake_sample.jsonl", "mooncake", 512),
+        ("mooncake_conversation_head200.jsonl", "mooncake", 512),
+    ],
+)
 def test_shipped_samples_parse_with_prefix_sharing(name, fmt, block):
     t = read_trace(TRACES / name)
     assert (t.format, t.block_size, t.skipped) == (fmt, block, [])

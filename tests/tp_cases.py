@@ -1,4 +1,5 @@
 """Prompts and sampling settings shared by the TP test and its torchrun worker."""
+
 from __future__ import annotations
 
 import random
@@ -7,8 +8,9 @@ from engine.sampling_params import SamplingParams
 
 PARAMS = {
     "greedy": SamplingParams(max_tokens=16, temperature=0, ignore_eos=True),
-    "seeded": [SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, seed=100 + i, ignore_eos=True)
-               for i in range(6)],
+    "seeded": [
+        SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, seed=100 + i, ignore_eos=True) for i in range(6)
+    ],
 }
 
 

@@ -1,7 +1,8 @@
 """Run under torchrun: generate with tensor parallelism and write rank 0's tokens to a JSON file.
 
-    python -m torch.distributed.run --nproc-per-node N tests/tp_generate.py MODEL OUT.json
+python -m torch.distributed.run --nproc-per-node N tests/tp_generate.py MODEL OUT.json
 """
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Model registry keyed by the Hugging Face `architectures` name."""
+
 from __future__ import annotations
 
 from torch import nn

@@ -1,4 +1,5 @@
 """Llama-architecture decoder (SmolLM2, Llama-3.x) and Qwen3 (the same with per-head q/k RMSNorm)."""
+
 from __future__ import annotations
 
 import re
@@ -8,14 +9,22 @@ import torch
 from torch import nn
 
 from engine.distributed import TP
-from engine.layers import (ColumnParallelLinear, RMSNorm, RotaryEmbedding, RowParallelLinear, VocabParallelEmbedding,
-                           fused_ops, silu_and_mul)
+from engine.layers import (
+    ColumnParallelLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    fused_ops,
+    silu_and_mul,
+)
 from engine.model_config import ModelConfig
 from kernels.attention import AttentionBackend
 
 
 class Narrowable(Protocol):
     """A weight that can be read in part (a rank reads only its shard)."""
+
     shape: torch.Size | tuple[int, ...]
 
     def narrow(self, dim: int, start: int, length: int) -> torch.Tensor: ...
@@ -29,19 +38,22 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()
         if cfg.num_heads % TP.size or cfg.num_kv_heads % TP.size:
-            raise ValueError(f"{cfg.num_heads} heads / {cfg.num_kv_heads} KV heads do not divide by "
-                             f"tensor-parallel size {TP.size}")
+            raise ValueError(
+                f"{cfg.num_heads} heads / {cfg.num_kv_heads} KV heads do not divide by tensor-parallel size {TP.size}"
+            )
         self.layer_id = layer_id
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads // TP.size, cfg.num_kv_heads // TP.size, cfg.head_dim
         d = cfg.head_dim
-        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [cfg.num_heads * d, cfg.num_kv_heads * d,
-                                                               cfg.num_kv_heads * d])
+        self.qkv_proj = ColumnParallelLinear(
+            cfg.hidden_size, [cfg.num_heads * d, cfg.num_kv_heads * d, cfg.num_kv_heads * d]
+        )
         self.o_proj = RowParallelLinear(cfg.num_heads * d, cfg.hidden_size)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, rope: RotaryEmbedding,
-                attn: AttentionBackend) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, pos: torch.Tensor, rope: RotaryEmbedding, attn: AttentionBackend
+    ) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split(self.qkv_proj.sizes, dim=-1)
         q = q.view(-1, self.heads, self.head_dim)
         k = k.view(-1, self.kv_heads, self.head_dim)
@@ -51,8 +63,9 @@ class Attention(nn.Module):
             kw = self.k_norm.weight if self.k_norm is not None else None
             eps = self.q_norm.eps if self.q_norm is not None else 0.0
             pool = attn.pool
-            ops.qk_norm_rope_store(q, k, v, qw, kw, eps, rope.cos_sin, pos, pool.k[self.layer_id],
-                                   pool.v[self.layer_id], attn.out_slots)
+            ops.qk_norm_rope_store(
+                q, k, v, qw, kw, eps, rope.cos_sin, pos, pool.k[self.layer_id], pool.v[self.layer_id], attn.out_slots
+            )
             return self.o_proj(attn.forward(self.layer_id, q, None, None).reshape(-1, self.heads * self.head_dim))
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -79,8 +92,14 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, pos: torch.Tensor, rope: RotaryEmbedding,
-                attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        pos: torch.Tensor,
+        rope: RotaryEmbedding,
+        attn: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
@@ -91,8 +110,13 @@ class DecoderLayer(nn.Module):
 
 
 # HF checkpoint name -> (our module path, index of the packed shard)
-_PACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-           "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+_PACKED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
 
 
 class LlamaForCausalLM(nn.Module):
@@ -102,8 +126,9 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else VocabParallelEmbedding(cfg.vocab_size,
-                                                                                             cfg.hidden_size)
+        self.lm_head = (
+            self.embed_tokens if cfg.tie_word_embeddings else VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+        )
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
@@ -142,14 +167,17 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"weight {name!r} has shape {tuple(w.shape)}, but the config makes it {want}")
             module.load_shard(index, w)  # type: ignore[operator]
             loaded.add(f"{path}#{index}")
-        expected = {f"{p}#{i}" for p, m in modules.items() if hasattr(m, "load_shard")
-                    for i in range(len(getattr(m, "sizes", [0])))}
+        expected = {
+            f"{p}#{i}"
+            for p, m in modules.items()
+            if hasattr(m, "load_shard")
+            for i in range(len(getattr(m, "sizes", [0])))
+        }
         if self.cfg.tie_word_embeddings:
             expected = {e for e in expected if not e.startswith("lm_head")}
         missing = sorted(expected - loaded)
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} weights, e.g. {missing[:3]}")
-
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """These weights under Hugging Face names (TP=1), to build a transformers twin of this model."""
@@ -167,7 +195,9 @@ class LlamaForCausalLM(nn.Module):
             for i, part in enumerate(parts):
                 name = inverse.get((leaf, i), leaf) if sizes else leaf
                 full = f"{parent}.{name}" if parent else name
-                out[f"{prefix}{full}.weight"] = part[: self.cfg.vocab_size] if "embed" in leaf or leaf == "lm_head" else part
+                out[f"{prefix}{full}.weight"] = (
+                    part[: self.cfg.vocab_size] if "embed" in leaf or leaf == "lm_head" else part
+                )
         return out
 
 

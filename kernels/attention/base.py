@@ -1,4 +1,5 @@
 """The attention backend interface: plan once per batch, then every layer stores K/V and attends."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -12,6 +13,7 @@ from kvcache.pool import KVPool
 @dataclass(slots=True)
 class AttnMeta:
     """One batch, described per request. Token j of request i sits at position kv_lens[i] - q_lens[i] + j."""
+
     is_decode: bool
     q_lens: list[int]
     kv_lens: list[int]  # tokens of KV after this step (prefix + new)
@@ -23,7 +25,7 @@ class AttentionBackend(ABC):
     def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int):
         self.pool = pool
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim**-0.5
         self.out_slots: torch.Tensor | None = None  # flat pool slots of the planned batch's new tokens
 
     @abstractmethod
@@ -40,18 +42,21 @@ def available_backends() -> list[str]:
     names = ["torch"]
     try:
         import flashinfer  # noqa: F401
+
         names.append("flashinfer")
     except Exception:
         pass
     return names
 
 
-def create_backend(name: str, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int,
-                   device: torch.device) -> AttentionBackend:
+def create_backend(
+    name: str, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device
+) -> AttentionBackend:
     if name == "auto":
         name = "flashinfer" if device.type == "cuda" and "flashinfer" in available_backends() else "torch"
     if name == "torch":
         from kernels.attention.torch_backend import TorchBackend
+
         return TorchBackend(pool, num_heads, num_kv_heads, head_dim)
     if name == "flashinfer":
         if device.type != "cuda":
@@ -59,5 +64,6 @@ def create_backend(name: str, pool: KVPool, num_heads: int, num_kv_heads: int, h
         if "flashinfer" not in available_backends():
             raise ValueError("the flashinfer attention backend needs the flashinfer-python package (extra 'gpu')")
         from kernels.attention.flashinfer_backend import FlashInferBackend
+
         return FlashInferBackend(pool, num_heads, num_kv_heads, head_dim, device)
     raise ValueError(f"unknown attention backend {name!r}; choose from auto, torch, flashinfer")

@@ -9,6 +9,7 @@ Every wrapper comes in two copies used in turn. A plan writes its schedule into 
 buffer and queues an async copy to the device; under overlap scheduling the next plan runs while the previous
 step may not have started, so reusing one wrapper would overwrite a schedule before the GPU has read it.
 """
+
 from __future__ import annotations
 
 from itertools import chain
@@ -44,11 +45,13 @@ class FlashInferBackend(AttentionBackend):
         self.dtype = pool.k[0].dtype
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.use_tensor_cores = True
-        self.prefill = [flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
-                        for _ in range(2)]
-        self.decode = [flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD",
-                                                                     use_tensor_cores=self.use_tensor_cores)
-                       for _ in range(2)]
+        self.prefill = [
+            flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2") for _ in range(2)
+        ]
+        self.decode = [
+            flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores)
+            for _ in range(2)
+        ]
         self.graph_wrappers: dict[tuple[int, int], object] = {}
         self.turn = 0  # which copy the next plan uses
         self.active: object = self.decode[0]
@@ -57,13 +60,24 @@ class FlashInferBackend(AttentionBackend):
         indptr, indices, last = paged_metadata(meta, self.pool.page_size)
         common = dict(q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale)
         if meta.is_decode:
-            wrapper.plan(indptr, indices, last, self.num_heads, self.num_kv_heads, self.head_dim,
-                         self.pool.page_size, **common)
+            wrapper.plan(
+                indptr, indices, last, self.num_heads, self.num_kv_heads, self.head_dim, self.pool.page_size, **common
+            )
         else:
             qo = torch.zeros(len(meta.q_lens) + 1, dtype=torch.int32)
             qo[1:] = torch.tensor(meta.q_lens, dtype=torch.int32).cumsum(0)
-            wrapper.plan(qo, indptr, indices, last, self.num_heads, self.num_kv_heads, self.head_dim,
-                         self.pool.page_size, causal=True, **common)
+            wrapper.plan(
+                qo,
+                indptr,
+                indices,
+                last,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                self.pool.page_size,
+                causal=True,
+                **common,
+            )
         self.active, self.out_slots = wrapper, meta.out_slots
 
     def _next_turn(self) -> int:
@@ -79,14 +93,19 @@ class FlashInferBackend(AttentionBackend):
         """A decode wrapper whose metadata lives in fixed buffers, so a captured graph can replay it."""
         if (bs, turn) not in self.graph_wrappers:
             self.graph_wrappers[bs, turn] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
-                self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.use_tensor_cores,
+                self.workspace,
+                "NHD",
+                use_cuda_graph=True,
+                use_tensor_cores=self.use_tensor_cores,
                 paged_kv_indptr_buffer=torch.zeros(bs + 1, dtype=torch.int32, device=self.device),
                 paged_kv_indices_buffer=torch.zeros(max_pages, dtype=torch.int32, device=self.device),
-                paged_kv_last_page_len_buffer=torch.zeros(bs, dtype=torch.int32, device=self.device))
+                paged_kv_last_page_len_buffer=torch.zeros(bs, dtype=torch.int32, device=self.device),
+            )
         return self.graph_wrappers[bs, turn]
 
-    def plan_graph(self, bs: int, max_pages: int, meta: AttnMeta, out_slots: torch.Tensor,
-                   turn: int | None = None) -> int:
+    def plan_graph(
+        self, bs: int, max_pages: int, meta: AttnMeta, out_slots: torch.Tensor, turn: int | None = None
+    ) -> int:
         """Plan the graph wrapper for this batch size; returns which copy (graph) must be replayed."""
         turn = self._next_turn() if turn is None else turn
         self._plan(self.graph_wrapper(bs, turn, max_pages), meta)

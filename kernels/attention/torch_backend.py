@@ -1,4 +1,5 @@
 """Reference attention over the paged pool in plain torch (CPU and GPU): gather each request's K/V, then SDPA."""
+
 from __future__ import annotations
 
 import torch
@@ -38,12 +39,13 @@ class TorchBackend(AttentionBackend):
         vf = self.pool.v[layer].view(-1, self.num_kv_heads, self.head_dim)
         if self.meta.is_decode:
             ks, vs = kf[self.idx].transpose(1, 2), vf[self.idx].transpose(1, 2)  # [B, KVH, L, D]
-            o = F.scaled_dot_product_attention(q.unsqueeze(2), ks, vs, attn_mask=self.mask, scale=self.scale,
-                                               enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                q.unsqueeze(2), ks, vs, attn_mask=self.mask, scale=self.scale, enable_gqa=True
+            )
             return o.squeeze(2)
         outs, start = [], 0
         for slots, mask, q_len in zip(self.slots, self.masks, self.meta.q_lens):
-            qi = q[start:start + q_len].transpose(0, 1).unsqueeze(0)
+            qi = q[start : start + q_len].transpose(0, 1).unsqueeze(0)
             ki, vi = kf[slots].transpose(0, 1).unsqueeze(0), vf[slots].transpose(0, 1).unsqueeze(0)
             o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=self.scale, enable_gqa=True)
             outs.append(o[0].transpose(0, 1))

@@ -1,4 +1,5 @@
 """The FastAPI app: OpenAI-compatible completions and chat, /v1/models, /health and /metrics over one AsyncLLM."""
+
 from __future__ import annotations
 
 import time
@@ -12,8 +13,7 @@ from minisgl_cli.server.engine_client import EngineClient
 from minisgl_cli.server.errors import APIError, install_error_handlers
 
 
-def create_app(async_llm: AsyncLLM, model_name: str | None = None,
-               max_queued_requests: int | None = None) -> FastAPI:
+def create_app(async_llm: AsyncLLM, model_name: str | None = None, max_queued_requests: int | None = None) -> FastAPI:
     """model_name: what clients pass as `model` (default: the engine's model name).
     max_queued_requests: beyond --max-running-requests + this many requests in flight, answer 429."""
     name = model_name or async_llm.llm.describe()["model"]
@@ -32,9 +32,20 @@ def create_app(async_llm: AsyncLLM, model_name: str | None = None,
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "minisgl",
-             "max_model_len": client.max_model_len}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": name,
+                        "object": "model",
+                        "created": created,
+                        "owned_by": "minisgl",
+                        "max_model_len": client.max_model_len,
+                    }
+                ],
+            }
+        )
 
     @app.get("/metrics")
     async def metrics(_: Request) -> PlainTextResponse:

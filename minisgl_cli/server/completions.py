@@ -1,4 +1,5 @@
 """POST /v1/completions and /v1/chat/completions: one path for both, streaming (SSE) or not."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,14 @@ from engine.llm import Prompt
 from engine.sampling_params import SamplingParams
 from minisgl_cli.server.engine_client import EngineClient, Job
 from minisgl_cli.server.errors import APIError
-from minisgl_cli.server.protocol import (SAMPLING_FIELDS, ChatCompletionRequest, CompletionRequest, Reply,
-                                         GenerationRequest, usage)
+from minisgl_cli.server.protocol import (
+    SAMPLING_FIELDS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    Reply,
+    GenerationRequest,
+    usage,
+)
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 
@@ -39,8 +46,9 @@ def _refusal(e: Exception, chat: bool) -> APIError:
     if isinstance(e, EngineDeadError):
         return APIError(503, str(e))
     param = "messages" if chat else "prompt"
-    return APIError(400, _naming(param, e), param=param,
-                    code="context_length_exceeded" if "exceeds" in str(e) else None)
+    return APIError(
+        400, _naming(param, e), param=param, code="context_length_exceeded" if "exceeds" in str(e) else None
+    )
 
 
 def _sampling_params(body: GenerationRequest, max_tokens: int, max_name: str) -> SamplingParams:
@@ -71,11 +79,18 @@ async def _generate(request: Request, body: GenerationRequest, prompt: Prompt, c
         job = client.start(request, ids, params)
     except (ValueError, EngineDeadError) as e:
         raise _refusal(e, chat) from e
-    reply = Reply(("chatcmpl-" if chat else "cmpl-") + job.rid, client.model_name, chat,
-                  include_usage=bool(body.stream) and body.include_usage)
+    reply = Reply(
+        ("chatcmpl-" if chat else "cmpl-") + job.rid,
+        client.model_name,
+        chat,
+        include_usage=bool(body.stream) and body.include_usage,
+    )
     if body.stream:
-        return StreamingResponse(_sse(reply, job), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            _sse(reply, job),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
     try:
         final = [out async for out in job.outputs()][-1]
     except (ValueError, EngineDeadError) as e:

@@ -1,6 +1,7 @@
 """The server's side of the engine: admission control, and one task per admitted request that drains its engine
 stream. The task (not the HTTP handler) owns the request's accounting, its latency metrics and its abort on
 client disconnect, so those happen even when the handler never starts streaming or stops reading."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,6 +24,7 @@ from minisgl_cli.server.metrics import ServerMetrics
 @dataclass(eq=False, slots=True)
 class Job:
     """One admitted request as its HTTP handler sees it."""
+
     rid: str
     prompt_ids: list[int]
     abort: Callable[[], None]
@@ -59,8 +61,12 @@ class EngineClient:
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
-            raise APIError(404, f"model {name!r} does not exist; this server serves {self.model_name!r}",
-                           param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"model {name!r} does not exist; this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
 
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids of a text, token list or chat conversation; ValueError for an empty or malformed one."""
@@ -73,9 +79,13 @@ class EngineClient:
         """Admit a request (ValueError if the engine refuses it, EngineDeadError if the engine is gone)."""
         if self.max_queued is not None and self.in_flight >= self.max_running + self.max_queued:
             self.metrics.rejected += 1
-            raise APIError(429, f"server is full: {self.in_flight} requests are running or queued "
-                           f"(--max-running-requests {self.max_running} + --max-queued-requests "
-                           f"{self.max_queued}); retry later", code="queue_full")
+            raise APIError(
+                429,
+                f"server is full: {self.in_flight} requests are running or queued "
+                f"(--max-running-requests {self.max_running} + --max-queued-requests "
+                f"{self.max_queued}); retry later",
+                code="queue_full",
+            )
         rid = uuid.uuid4().hex
         stream = self.async_llm.submit(prompt_ids, params, rid=rid, loop=asyncio.get_running_loop())
         self.in_flight += 1

@@ -1,5 +1,6 @@
 """Errors in the OpenAI shape {"error": {"message", "type", "param", "code"}}, for every failure the server
 answers, so clients see one format whether pydantic, the engine or the server itself refused a request."""
+
 from __future__ import annotations
 
 import logging
@@ -11,13 +12,19 @@ from starlette.exceptions import HTTPException
 
 log = logging.getLogger("minisgl.server")
 
-_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
-          429: "rate_limit_error", 503: "service_unavailable_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str | None = None):
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None, type: str | None = None
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type = type or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
@@ -39,8 +46,9 @@ def validation_error(exc: RequestValidationError) -> APIError:
     errors = exc.errors()
     err = errors[0]
     if err.get("type") == "json_invalid":
-        return APIError(400, f"malformed JSON body: {err.get('ctx', {}).get('error', err.get('msg'))}",
-                        code="json_invalid")
+        return APIError(
+            400, f"malformed JSON body: {err.get('ctx', {}).get('error', err.get('msg'))}", code="json_invalid"
+        )
     full = list(err.get("loc", ()))
     loc = full[1:] if full[:1] == ["body"] else []
     if not loc:
@@ -51,7 +59,7 @@ def validation_error(exc: RequestValidationError) -> APIError:
     if tag is None:
         why = err.get("msg")
     else:  # a union: say which shapes are accepted instead of why the first one failed
-        shapes = dict.fromkeys(e["loc"][tag + 1] for e in errors if list(e["loc"][1:tag + 1]) == loc[:tag])
+        shapes = dict.fromkeys(e["loc"][tag + 1] for e in errors if list(e["loc"][1 : tag + 1]) == loc[:tag])
         why, code = "expected " + " or ".join(shapes), "invalid_type"
     got = "" if err.get("type") == "missing" else f" (got {err.get('input')!r:.200})"
     return APIError(400, f"{where}: {why}{got}", param=str(loc[0]), code=code)

@@ -1,6 +1,7 @@
 """/metrics in the Prometheus text format (0.0.4), with vLLM-like names under the `minisgl:` prefix.
 Latency histograms are observed here from finished requests; gauges and token counters come from the
 engine's own EngineMetrics at scrape time."""
+
 from __future__ import annotations
 
 import bisect
@@ -11,8 +12,27 @@ from dataclasses import dataclass, field
 from engine.llm import RequestOutput
 from engine.metrics import EngineMetrics
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
 
@@ -49,12 +69,21 @@ def _label(value: str) -> str:
 @dataclass(slots=True)
 class ServerMetrics:
     model_name: str
-    ttft: Histogram = field(default_factory=lambda: Histogram(
-        "minisgl:time_to_first_token_seconds", "Time to first token (arrival to first token).", TTFT_BUCKETS))
-    itl: Histogram = field(default_factory=lambda: Histogram(
-        "minisgl:inter_token_latency_seconds", "Time between consecutive output tokens of a request.", ITL_BUCKETS))
-    e2e: Histogram = field(default_factory=lambda: Histogram(
-        "minisgl:e2e_request_latency_seconds", "Arrival to finish of a request.", E2E_BUCKETS))
+    ttft: Histogram = field(
+        default_factory=lambda: Histogram(
+            "minisgl:time_to_first_token_seconds", "Time to first token (arrival to first token).", TTFT_BUCKETS
+        )
+    )
+    itl: Histogram = field(
+        default_factory=lambda: Histogram(
+            "minisgl:inter_token_latency_seconds", "Time between consecutive output tokens of a request.", ITL_BUCKETS
+        )
+    )
+    e2e: Histogram = field(
+        default_factory=lambda: Histogram(
+            "minisgl:e2e_request_latency_seconds", "Arrival to finish of a request.", E2E_BUCKETS
+        )
+    )
     finished: Counter = field(default_factory=Counter)  # finish_reason -> requests
     rejected: int = 0  # 429s from admission control
 
@@ -79,28 +108,53 @@ class ServerMetrics:
             lines.append(f"{name}{{{labels}{extra}}} {value!r}")
 
         if engine is not None:  # None: the engine loop is gone, only the server's own numbers remain
-            scalar("gauge", "minisgl:num_requests_running", "Requests in the engine's running batch.",
-                   engine.running)
+            scalar("gauge", "minisgl:num_requests_running", "Requests in the engine's running batch.", engine.running)
             scalar("gauge", "minisgl:num_requests_waiting", "Requests waiting to be scheduled.", engine.waiting)
-            scalar("gauge", "minisgl:kv_cache_usage_perc", "Fraction of KV pages in use by live requests (0-1).",
-                   engine.kv_usage)
-            scalar("gauge", "minisgl:kv_cache_pages_evictable", "KV pages held only by the prefix cache.",
-                   engine.kv_pages_cached)
+            scalar(
+                "gauge",
+                "minisgl:kv_cache_usage_perc",
+                "Fraction of KV pages in use by live requests (0-1).",
+                engine.kv_usage,
+            )
+            scalar(
+                "gauge",
+                "minisgl:kv_cache_pages_evictable",
+                "KV pages held only by the prefix cache.",
+                engine.kv_pages_cached,
+            )
             scalar("gauge", "minisgl:kv_cache_pages_free", "Free KV pages.", engine.kv_pages_free)
-            scalar("counter", "minisgl:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
-                   engine.prompt_tokens)
-            scalar("counter", "minisgl:prefix_cache_hits_total", "Prompt tokens served from the prefix cache.",
-                   engine.cache_hit_tokens)
+            scalar(
+                "counter",
+                "minisgl:prefix_cache_queries_total",
+                "Prompt tokens looked up in the prefix cache.",
+                engine.prompt_tokens,
+            )
+            scalar(
+                "counter",
+                "minisgl:prefix_cache_hits_total",
+                "Prompt tokens served from the prefix cache.",
+                engine.cache_hit_tokens,
+            )
             scalar("counter", "minisgl:prompt_tokens_total", "Prompt tokens processed.", engine.prompt_tokens)
             scalar("counter", "minisgl:generation_tokens_total", "Tokens generated.", engine.generation_tokens)
-            scalar("counter", "minisgl:num_preemptions_total", "Requests preempted and recomputed later.",
-                   engine.preemptions)
+            scalar(
+                "counter",
+                "minisgl:num_preemptions_total",
+                "Requests preempted and recomputed later.",
+                engine.preemptions,
+            )
         scalar("gauge", "minisgl:num_requests_in_flight", "HTTP requests admitted and not yet finished.", in_flight)
-        scalar("counter", "minisgl:requests_rejected_total", "Requests refused by admission control (429).",
-               self.rejected)
+        scalar(
+            "counter", "minisgl:requests_rejected_total", "Requests refused by admission control (429).", self.rejected
+        )
         for reason in sorted(self.finished) or ["stop"]:
-            scalar("counter", "minisgl:request_success_total", "Finished requests by finish reason.",
-                   self.finished[reason], f',finished_reason="{_label(reason)}"')
+            scalar(
+                "counter",
+                "minisgl:request_success_total",
+                "Finished requests by finish reason.",
+                self.finished[reason],
+                f',finished_reason="{_label(reason)}"',
+            )
         for h in (self.ttft, self.itl, self.e2e):
             lines += h.lines(labels)
         return "\n".join(lines) + "\n"

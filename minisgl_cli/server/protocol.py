@@ -1,5 +1,6 @@
 """Request bodies of the OpenAI completions and chat completions APIs (strict types, unknown fields ignored) and
 the shapes of their responses and stream chunks."""
+
 from __future__ import annotations
 
 import time
@@ -11,8 +12,19 @@ from pydantic import BaseModel, ConfigDict
 from minisgl_cli.server.errors import APIError
 
 # Request fields passed straight to engine.sampling_params.SamplingParams (which validates them).
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "presence_penalty",
-                   "frequency_penalty", "repetition_penalty", "ignore_eos")
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "ignore_eos",
+)
 
 
 class _Body(BaseModel):
@@ -26,6 +38,7 @@ class StreamOptions(_Body):
 
 class GenerationRequest(_Body):
     """Fields both endpoints share. None means the default."""
+
     # field -> the values this server accepts (OpenAI features it does not implement)
     ONLY: ClassVar[dict[str, tuple]] = {"n": (None, 1)}
 
@@ -51,8 +64,12 @@ class GenerationRequest(_Body):
             value = getattr(self, name)
             if value not in accepted:
                 only = " or ".join(repr(v) for v in accepted if v is not None)
-                raise APIError(400, f"{name}={value!r} is not supported by this server"
-                               + (f" (only {only})" if only else ""), param=name, code="unsupported_parameter")
+                raise APIError(
+                    400,
+                    f"{name}={value!r} is not supported by this server" + (f" (only {only})" if only else ""),
+                    param=name,
+                    code="unsupported_parameter",
+                )
 
     def sampling_kwargs(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in SAMPLING_FIELDS if getattr(self, k) is not None}
@@ -63,8 +80,13 @@ class GenerationRequest(_Body):
 
 
 class CompletionRequest(GenerationRequest):
-    ONLY = {**GenerationRequest.ONLY, "best_of": (None, 1), "echo": (None, False), "logprobs": (None,),
-            "suffix": (None,)}
+    ONLY = {
+        **GenerationRequest.ONLY,
+        "best_of": (None, 1),
+        "echo": (None, False),
+        "logprobs": (None,),
+        "suffix": (None,),
+    }
 
     prompt: str | list[int] | list[str] | list[list[int]]
     best_of: int | None = None
@@ -76,8 +98,12 @@ class CompletionRequest(GenerationRequest):
         p = self.prompt
         if isinstance(p, list) and p and isinstance(p[0], (str, list)):
             if len(p) != 1:
-                raise APIError(400, f"prompt: got {len(p)} prompts, but this server takes one prompt per request "
-                               "(send them as separate requests)", param="prompt")
+                raise APIError(
+                    400,
+                    f"prompt: got {len(p)} prompts, but this server takes one prompt per request "
+                    "(send them as separate requests)",
+                    param="prompt",
+                )
             return p[0]  # type: ignore[return-value]
         return p  # type: ignore[return-value]
 
@@ -114,13 +140,17 @@ class ChatCompletionRequest(GenerationRequest):
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 @dataclass(frozen=True, slots=True)
 class Reply:
     """Builds the response body or the stream chunks of one request, for either endpoint."""
+
     id: str
     model: str
     chat: bool

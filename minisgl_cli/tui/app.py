@@ -1,6 +1,7 @@
 """The Textual chat app. The engine runs in AsyncLLM's thread; this app only submits requests, consumes each
 RequestStream with `async for` on its own event loop, and reads metrics through AsyncLLM.call off the UI loop,
 so the UI never waits for a model step."""
+
 from __future__ import annotations
 
 import asyncio
@@ -54,8 +55,9 @@ class ChatApp(App):
         super().__init__()
         self.engine, self.session = engine, session
         info = engine.llm.describe()
-        self.sub_title = (f"{info['model']} · {info['device']} · {info['dtype']} · "
-                          f"attention {info['attention']} · TP {info['tp']}")
+        self.sub_title = (
+            f"{info['model']} · {info['device']} · {info['dtype']} · attention {info['attention']} · TP {info['tp']}"
+        )
         self.rid: str | None = None  # the request being generated, if any
         self.turn = TurnStats()
         self.last_metrics: EngineMetrics | None = None
@@ -72,9 +74,17 @@ class ChatApp(App):
     def on_mount(self) -> None:
         self.query_one("#conversation", VerticalScroll).anchor()
         self.query_one("#prompt").focus()
-        self.query_one("#conversation").mount(NoteMessage([(
-            "Type a message and press enter. esc stops an answer, ctrl+n starts over, f1 or /help lists "
-            "commands.", [])]))
+        self.query_one("#conversation").mount(
+            NoteMessage(
+                [
+                    (
+                        "Type a message and press enter. esc stops an answer, ctrl+n starts over, f1 or /help lists "
+                        "commands.",
+                        [],
+                    )
+                ]
+            )
+        )
         self.set_interval(1 / self.METRICS_HZ, self.refresh_metrics)
         self.refresh_metrics()
 

@@ -1,5 +1,6 @@
 """Slash commands shared by the TUI and the plain mode: parse a line, apply it to the ChatSession, and say
 what the front end should do next. Bad input raises CommandError with a message meant for the user."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -71,4 +72,3 @@ def _apply(setter, value) -> None:
         setter(value)
     except ValueError as e:
         raise CommandError(str(e)) from None
-

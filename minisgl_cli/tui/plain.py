@@ -1,5 +1,6 @@
 """Line-by-line chat on stdin/stdout (for pipes, logs and terminals without a TUI): same session, same slash
 commands. Answers stream to stdout; per-turn numbers and command feedback go to stderr."""
+
 from __future__ import annotations
 
 import sys
@@ -12,12 +13,20 @@ from minisgl_cli.tui.session import ChatSession
 from minisgl_cli.tui.stats import TurnStats, engine_rows, ms, turn_rows
 
 
-def run_plain(engine: AsyncLLM, session: ChatSession, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout,
-              stderr: TextIO = sys.stderr) -> None:
+def run_plain(
+    engine: AsyncLLM,
+    session: ChatSession,
+    stdin: TextIO = sys.stdin,
+    stdout: TextIO = sys.stdout,
+    stderr: TextIO = sys.stderr,
+) -> None:
     interactive = stdin.isatty()
     info = engine.llm.describe()
-    print(f"minisgl chat · {info['model']} · {info['device']} · {info['dtype']} · attention {info['attention']} · "
-          f"TP {info['tp']}   (/help for commands, Ctrl-D to quit)", file=stderr)
+    print(
+        f"minisgl chat · {info['model']} · {info['device']} · {info['dtype']} · attention {info['attention']} · "
+        f"TP {info['tp']}   (/help for commands, Ctrl-D to quit)",
+        file=stderr,
+    )
     turn = TurnStats()
     while True:
         if interactive:
@@ -40,9 +49,12 @@ def run_plain(engine: AsyncLLM, session: ChatSession, stdin: TextIO = sys.stdin,
                 raise SystemExit(1) from e
             continue
         m = engine.call(lambda llm: llm.metrics())
-        print(f"[{turn.finish_reason} · TTFT {ms(turn.ttft)} · {turn.decode_tps:.1f} tok/s · "
-              f"{turn.output_tokens} tokens · cache hit {turn.cache_hit_tokens}/{turn.prompt_tokens} · "
-              f"KV {m.kv_pages_in_use} in use, {m.kv_pages_cached} cached, {m.kv_pages_free} free]", file=stderr)
+        print(
+            f"[{turn.finish_reason} · TTFT {ms(turn.ttft)} · {turn.decode_tps:.1f} tok/s · "
+            f"{turn.output_tokens} tokens · cache hit {turn.cache_hit_tokens}/{turn.prompt_tokens} · "
+            f"KV {m.kv_pages_in_use} in use, {m.kv_pages_cached} cached, {m.kv_pages_free} free]",
+            file=stderr,
+        )
 
 
 def _answer(engine: AsyncLLM, session: ChatSession, text: str, stdout: TextIO) -> TurnStats:

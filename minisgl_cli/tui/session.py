@@ -1,4 +1,5 @@
 """One chat conversation: its settings and the message history sent through the model's chat template."""
+
 from __future__ import annotations
 
 import math

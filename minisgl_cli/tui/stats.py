@@ -1,4 +1,5 @@
 """Numbers the chat shows: one turn's latency figures (from its RequestOutput) and engine-wide rows for /stats."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -28,8 +29,15 @@ class TurnStats:
     @classmethod
     def from_output(cls, out: RequestOutput) -> "TurnStats":
         t = out.token_times
-        return cls(len(out.prompt_token_ids), out.cache_hit_tokens, len(out.token_ids), out.ttft, out.itls,
-                   t[-1] - t[0] if len(t) > 1 else 0.0, out.finish_reason)
+        return cls(
+            len(out.prompt_token_ids),
+            out.cache_hit_tokens,
+            len(out.token_ids),
+            out.ttft,
+            out.itls,
+            t[-1] - t[0] if len(t) > 1 else 0.0,
+            out.finish_reason,
+        )
 
     @property
     def decode_tps(self) -> float:
@@ -41,18 +49,28 @@ def ms(seconds: float | None) -> str:
 
 
 def turn_rows(turn: TurnStats) -> list[tuple[str, str]]:
-    return [("TTFT", ms(turn.ttft)),
-            ("TBT p50 / p90", f"{ms(percentile(turn.itls, 50))} / {ms(percentile(turn.itls, 90))}"),
-            ("decode", f"{turn.decode_tps:.1f} tok/s"),
-            ("tokens", f"{turn.prompt_tokens} prompt, {turn.output_tokens} out"),
-            ("cache hit", f"{turn.cache_hit_tokens} / {turn.prompt_tokens} prompt tokens")]
+    return [
+        ("TTFT", ms(turn.ttft)),
+        ("TBT p50 / p90", f"{ms(percentile(turn.itls, 50))} / {ms(percentile(turn.itls, 90))}"),
+        ("decode", f"{turn.decode_tps:.1f} tok/s"),
+        ("tokens", f"{turn.prompt_tokens} prompt, {turn.output_tokens} out"),
+        ("cache hit", f"{turn.cache_hit_tokens} / {turn.prompt_tokens} prompt tokens"),
+    ]
 
 
 def engine_rows(m: EngineMetrics) -> list[tuple[str, str]]:
-    return [("KV pages", f"{m.kv_pages_in_use} in use, {m.kv_pages_cached} cached, {m.kv_pages_free} free "
-                         f"of {m.kv_pages_total} ({m.page_size} tokens each)"),
-            ("KV usage", f"{m.kv_usage:.1%}"),
-            ("requests", f"{m.running} running, {m.waiting} waiting, {m.finished_requests} finished"),
-            ("tokens", f"{m.prompt_tokens} prompt ({m.cache_hit_tokens} from cache, {m.cache_hit_rate:.0%}), "
-                       f"{m.generation_tokens} generated"),
-            ("steps", f"{m.steps} ({m.preemptions} preemptions)")]
+    return [
+        (
+            "KV pages",
+            f"{m.kv_pages_in_use} in use, {m.kv_pages_cached} cached, {m.kv_pages_free} free "
+            f"of {m.kv_pages_total} ({m.page_size} tokens each)",
+        ),
+        ("KV usage", f"{m.kv_usage:.1%}"),
+        ("requests", f"{m.running} running, {m.waiting} waiting, {m.finished_requests} finished"),
+        (
+            "tokens",
+            f"{m.prompt_tokens} prompt ({m.cache_hit_tokens} from cache, {m.cache_hit_rate:.0%}), "
+            f"{m.generation_tokens} generated",
+        ),
+        ("steps", f"{m.steps} ({m.preemptions} preemptions)"),
+    ]

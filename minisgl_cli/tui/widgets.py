@@ -1,5 +1,6 @@
 """The chat's widgets: message bubbles, the live metrics panel (TTFT, TBT sparkline, KV-cache bar), and an
 input box with history."""
+
 from __future__ import annotations
 
 from collections import deque
@@ -46,6 +47,7 @@ class AssistantMessage(Markdown):
 class NoteMessage(Static):
     """Help, /stats output and other messages from the app itself (never sent to the model):
     titled sections of (key, value) rows."""
+
     DEFAULT_CSS = """
     NoteMessage { border-left: thick $secondary; padding: 0 1; margin: 1 0 0 0; }
     """
@@ -68,12 +70,14 @@ def kv_bar(m: EngineMetrics, width: int) -> Text:
     if m.kv_pages_cached and not cached:
         cached = 1
     cached = min(cached, width - used)
-    return Text.assemble(("█" * used, "bold green"), ("▓" * cached, "yellow"),
-                         ("░" * (width - used - cached), "grey50"))
+    return Text.assemble(
+        ("█" * used, "bold green"), ("▓" * cached, "yellow"), ("░" * (width - used - cached), "grey50")
+    )
 
 
 class MetricsPanel(VerticalScroll):
     """Live numbers: the last turn (TTFT, TBT, tok/s, cache hits) and the engine (KV pages, requests)."""
+
     DEFAULT_CSS = """
     MetricsPanel { width: 40; border-left: solid $primary; padding: 0 1; }
     MetricsPanel .title { text-style: bold; color: $accent; margin: 1 0 0 0; }
@@ -107,40 +111,66 @@ class MetricsPanel(VerticalScroll):
 
     def show_turn(self, turn: TurnStats) -> None:
         self.turn = turn
-        self.tbt_ms.extend(g * 1e3 for g in turn.itls[self._turn_itls:])
+        self.tbt_ms.extend(g * 1e3 for g in turn.itls[self._turn_itls :])
         self._turn_itls = len(turn.itls)
-        self.query_one("#turn", Static).update(_rows([
-            ("TTFT", ms(turn.ttft)),
-            ("decode", f"{turn.decode_tps:.1f} tok/s"),
-            ("tokens", f"{turn.prompt_tokens} in / {turn.output_tokens} out"),
-            ("cache hit", f"{turn.cache_hit_tokens} tokens ({turn.cache_hit_tokens / max(turn.prompt_tokens, 1):.0%})"),
-        ]))
+        self.query_one("#turn", Static).update(
+            _rows(
+                [
+                    ("TTFT", ms(turn.ttft)),
+                    ("decode", f"{turn.decode_tps:.1f} tok/s"),
+                    ("tokens", f"{turn.prompt_tokens} in / {turn.output_tokens} out"),
+                    (
+                        "cache hit",
+                        f"{turn.cache_hit_tokens} tokens ({turn.cache_hit_tokens / max(turn.prompt_tokens, 1):.0%})",
+                    ),
+                ]
+            )
+        )
         window = list(self.tbt_ms)
-        self.query_one("#tbt", Static).update(_rows([
-            ("p50 / p90", f"{percentile(window, 50):.1f} / {percentile(window, 90):.1f} ms"),
-        ]))
+        self.query_one("#tbt", Static).update(
+            _rows(
+                [
+                    ("p50 / p90", f"{percentile(window, 50):.1f} / {percentile(window, 90):.1f} ms"),
+                ]
+            )
+        )
         self.query_one("#tbt-spark", Sparkline).data = window
 
     def show_engine(self, m: EngineMetrics) -> None:
         self.engine_metrics = m
         width = max(self.content_region.width, 10)
         bar = kv_bar(m, width)
-        self.query_one("#kv", Static).update(Text("\n").join([
-            bar, Text(f"{m.kv_usage:.2%} in use ({m.page_size} tokens/page)"),
-            Text.assemble(("█", "bold green"), f" in use  {m.kv_pages_in_use}"),
-            Text.assemble(("▓", "yellow"), f" cached  {m.kv_pages_cached} (evictable)"),
-            Text.assemble(("░", "grey50"), f" free    {m.kv_pages_free}")]))
-        self.query_one("#sched", Static).update(_rows([
-            ("running", str(m.running)), ("waiting", str(m.waiting)),
-            ("finished", str(m.finished_requests)), ("preempted", str(m.preemptions)),
-        ]))
+        self.query_one("#kv", Static).update(
+            Text("\n").join(
+                [
+                    bar,
+                    Text(f"{m.kv_usage:.2%} in use ({m.page_size} tokens/page)"),
+                    Text.assemble(("█", "bold green"), f" in use  {m.kv_pages_in_use}"),
+                    Text.assemble(("▓", "yellow"), f" cached  {m.kv_pages_cached} (evictable)"),
+                    Text.assemble(("░", "grey50"), f" free    {m.kv_pages_free}"),
+                ]
+            )
+        )
+        self.query_one("#sched", Static).update(
+            _rows(
+                [
+                    ("running", str(m.running)),
+                    ("waiting", str(m.waiting)),
+                    ("finished", str(m.finished_requests)),
+                    ("preempted", str(m.preemptions)),
+                ]
+            )
+        )
 
 
 class HistoryInput(Input):
     """An Input that recalls earlier entries with up/down."""
-    BINDINGS = [Binding("up", "history(-1)", "Previous", show=False),
-                Binding("down", "history(1)", "Next", show=False),
-                Binding("enter", "submit", "Send")]
+
+    BINDINGS = [
+        Binding("up", "history(-1)", "Previous", show=False),
+        Binding("down", "history(1)", "Next", show=False),
+        Binding("enter", "submit", "Send"),
+    ]
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
