@@ -20,6 +20,7 @@ from engine.request import Req, Status
 from engine.runner import ModelRunner, StepOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Batch, Scheduler
+from engine.text import RequestLimits
 from engine.tokenizer import ByteTokenizer, Tokenizer
 from kvcache.manager import CacheManager
 from kvcache.pool import KVPool
@@ -46,12 +47,22 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
+def load_tokenizer(spec: str | None, extra_eos: tuple[int, ...] = ()) -> Tokenizer:
+    """The tokenizer of a model spec (as --model): from the GGUF file, the HF directory, or bytes for dummy models."""
+    kind, where = weights.resolve(spec)
+    if kind == "gguf":
+        return Tokenizer.from_gguf(where, extra_eos)  # type: ignore[arg-type]
+    if kind == "hf":
+        return Tokenizer.from_hf_dir(where, extra_eos) or ByteTokenizer()  # type: ignore[arg-type]
+    return ByteTokenizer()
+
+
 def load_model(
     spec: str | None,
     device: torch.device,
     dtype: torch.dtype,
     progress: Progress | None = None,
-    load_tokenizer: bool = True,
+    with_tokenizer: bool = True,
 ) -> LoadedModel:
     t0 = time.perf_counter()
     kind, where = weights.resolve(spec)
@@ -86,15 +97,7 @@ def load_model(
                     raise
                 raise ValueError(f"{where}: {e}") from e
     model.eval()
-    tok: Tokenizer
-    if not load_tokenizer:
-        tok = ByteTokenizer()
-    elif kind == "gguf":
-        tok = Tokenizer.from_gguf(where, cfg.eos_token_ids)  # type: ignore[arg-type]
-    elif kind == "hf":
-        tok = Tokenizer.from_hf_dir(where, cfg.eos_token_ids) or ByteTokenizer()  # type: ignore[arg-type]
-    else:
-        tok = ByteTokenizer()
+    tok = load_tokenizer(spec, cfg.eos_token_ids) if with_tokenizer else ByteTokenizer()
     return LoadedModel(cfg, model, tok, f"{kind}:{where}", time.perf_counter() - t0)
 
 
@@ -107,7 +110,7 @@ class Engine:
         if self.device.type == "cuda" and TP.size > 1:
             self.device = torch.device("cuda", torch.cuda.current_device())
         torch.manual_seed(config.seed)
-        self.loaded = load_model(config.model, self.device, self.dtype, progress, load_tokenizer=TP.rank == 0)
+        self.loaded = load_model(config.model, self.device, self.dtype, progress, with_tokenizer=TP.rank == 0)
         mc = self.loaded.cfg
         self.model_cfg = mc
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
@@ -129,7 +132,8 @@ class Engine:
             self.device,
         )
         self.cache = CacheManager(num_pages, config.page_size, config.radix_cache)
-        self.scheduler = Scheduler(self.cache, config.max_running_requests, config.max_prefill_tokens)
+        self.limits = RequestLimits(mc.vocab_size, self.max_model_len, num_pages * config.page_size)
+        self.scheduler = Scheduler(self.cache, config.max_running_requests, config.max_batch_tokens, config.mixed_batch)
         t0 = time.perf_counter()
         self.runner = ModelRunner(
             self.loaded.model,
@@ -149,7 +153,7 @@ class Engine:
         self._finished_now: list[Req] = []
         self._shutdown = False
         self.timing = dict(schedule=0.0, launch=0.0, process=0.0)
-        self.stats = dict(prompt_tokens=0, cache_hit_tokens=0, generation_tokens=0, finished=0, steps=0)
+        self.stats = dict(prompt_tokens=0, cache_hit_tokens=0, generation_tokens=0, finished=0, steps=0, mixed_steps=0)
 
     @property
     def backend_name(self) -> str:
@@ -162,7 +166,7 @@ class Engine:
         elif self.device.type == "cuda":
             torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info(self.device)
-            reserve = 2 * 2**30 + self.config.max_prefill_tokens * mc.vocab_size * 4  # activations, logits
+            reserve = 2 * 2**30 + self.config.max_batch_tokens * mc.vocab_size * 4  # activations, logits
             budget = int(free - (1 - self.config.memory_fraction) * total) - reserve
         else:
             budget = 2**30
@@ -174,24 +178,7 @@ class Engine:
         return f"req-{self._counter}"
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        if not prompt_ids:
-            raise ValueError("prompt is empty")
-        vocab = self.model_cfg.vocab_size
-        bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
-        total = len(prompt_ids) + params.max_tokens
-        if total > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                f"exceeds the model's context length {self.max_model_len}"
-            )
-        capacity = self.cache.num_pages * self.cache.page_size
-        if total > capacity:
-            raise ValueError(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                f"exceeds the KV cache capacity of {capacity} tokens"
-            )
+        self.limits.check(prompt_ids, params)
 
     def add_request(
         self,
@@ -296,12 +283,13 @@ class Engine:
         t2 = time.perf_counter()
         if batch is not None:
             self.stats["steps"] += 1
-            if not batch.is_decode:
-                for req, start in zip(batch.reqs, batch.starts):
-                    if start == req.cache_hit_tokens and req.num_preemptions == 0:  # its first prefill chunk
-                        self.stats["prompt_tokens"] += len(req.prompt_ids)
-                        self.stats["cache_hit_tokens"] += req.cache_hit_tokens
-                    self.cache.publish(req)
+            self.stats["mixed_steps"] += batch.is_mixed
+            for i in batch.prefill_rows:
+                req = batch.reqs[i]
+                if batch.starts[i] == req.cache_hit_tokens and req.num_preemptions == 0:  # its first prefill chunk
+                    self.stats["prompt_tokens"] += len(req.prompt_ids)
+                    self.stats["cache_hit_tokens"] += req.cache_hit_tokens
+                self.cache.publish(req)
         changed: list[Req] = []
         if self.overlap:
             # Step N+1 is already queued on the GPU; only now wait for step N's tokens.
@@ -359,4 +347,5 @@ class Engine:
             finished_requests=self.stats["finished"],
             preemptions=self.scheduler.num_preemptions,
             steps=self.stats["steps"],
+            mixed_steps=self.stats["mixed_steps"],
         )

@@ -58,12 +58,13 @@ def register(app: typer.Typer) -> None:
         kv_cache_gb: o.KvCacheGb = None,
         memory_fraction: o.MemoryFraction = 0.85,
         max_running_requests: o.MaxRunning = 256,
-        max_prefill_tokens: o.MaxPrefill = 8192,
+        max_batch_tokens: o.MaxBatchTokens = 8192,
         max_model_len: o.MaxModelLen = None,
         no_radix_cache: o.NoRadix = False,
         attention_backend: o.Backend = "auto",
         cuda_graph_max_bs: o.GraphBs = 256,
         no_overlap: o.NoOverlap = False,
+        no_mixed_batch: o.NoMixed = False,
         tp: o.Tp = 1,
     ) -> None:
         """Offline throughput: output tokens / wall time of one generate() after a warm-up.

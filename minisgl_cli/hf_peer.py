@@ -63,7 +63,7 @@ def load_hf_model(spec: str | None, device, dtype):
     else:
         from engine.engine import load_model
 
-        ours = load_model(spec, device, dtype, load_tokenizer=False).model  # the engine's exact dummy weights
+        ours = load_model(spec, device, dtype, with_tokenizer=False).model  # the engine's exact dummy weights
         d = ours.cfg.to_hf_dict()
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(d.pop("model_type"), **d), dtype=dtype)
         missing, unexpected = model.to(device).load_state_dict(ours.hf_state_dict(), strict=False)

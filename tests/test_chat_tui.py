@@ -12,7 +12,8 @@ import time
 import pytest
 from rich.console import Console
 
-from engine.async_llm import _END, AsyncLLM, RequestStream
+from engine.async_llm import AsyncLLM, RequestStream
+from engine.streams import END as _END
 from minisgl_cli.tui.app import ChatApp
 from minisgl_cli.tui.session import ChatSession
 from minisgl_cli.tui.widgets import AssistantMessage, HistoryInput, MetricsPanel, NoteMessage, UserMessage

@@ -142,18 +142,18 @@ def test_a_detokenizer_fault_ends_only_that_request(tiny_dir):  # noqa: F811
 
 def _poison(server: LiveServer, prompt: str, good_tokens: int) -> None:
     """Every request for `prompt` gets a detokenizer that fails after good_tokens tokens."""
-    llm = server.async_llm.llm
-    poison_ids = llm.encode(prompt)
-    add = llm.add_request
+    remote = server.remote  # detokenization happens in the front end
+    poison_ids = remote.encode(prompt)
+    submit = remote.submit
 
-    def add_request(ids, params=None, rid=None):
-        rid = add(ids, params, rid)
-        if ids == poison_ids:
-            detok = llm._text[rid].detok
+    def poisoned_submit(prompt, params, rid):
+        stream = submit(prompt, params, rid)
+        if stream.prompt_ids == poison_ids:
+            detok = remote.pending[rid].text.detok
             detok.add = fail_after(good_tokens, detok.add)
-        return rid
+        return stream
 
-    llm.add_request = add_request  # type: ignore[method-assign]
+    remote.submit = poisoned_submit  # type: ignore[method-assign]
 
 
 def _stream_text(server: LiveServer, prompt: str, max_tokens: int) -> tuple[str, int]:
@@ -176,7 +176,7 @@ def _stream_text(server: LiveServer, prompt: str, max_tokens: int) -> tuple[str,
 def _assert_idle(server: LiveServer) -> None:
     m = server.wait_idle()
     assert (server.client.in_flight, m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0, 0), m
-    assert server.async_llm.call(lambda llm: (llm.engine.check(), len(llm.engine.reqs))[1]) == 0
+    assert server.on_engine(lambda engine: (engine.check(), len(engine.reqs))[1]) == 0
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
@@ -219,8 +219,8 @@ def test_engine_loop_crash_fails_everyone_clearly_behind_the_server():
             messages=[{"role": "user", "content": "waiting"}],
         )
         _wait_for(lambda: server.engine_metrics().waiting == 2, "the two requests never queued")
-        llm = server.async_llm.llm
-        llm.step = fail_after(0, llm.step)  # type: ignore[method-assign]
+        engine = server.llm.engine
+        engine.step = fail_after(0, engine.step)  # type: ignore[method-assign]
 
         crashed = f"engine loop crashed: RuntimeError: {FAULT}"
         with pytest.raises(openai.APIError) as e:
@@ -326,15 +326,15 @@ def test_streamed_text_with_unicode_line_breaks_reaches_line_splitting_clients_i
     request a detokenizer that does (found by the soak: a random byte model emitted U+0085)."""
     awkward = "a\x85b\u2028c\u2029d"
     with live_server(make_llm(max_running_requests=4, num_pages=64)) as server:
-        llm = server.async_llm.llm
-        add = llm.add_request
+        remote = server.remote
+        submit = remote.submit
 
-        def add_request(ids, params=None, rid=None):
-            rid = add(ids, params, rid)
-            llm._text[rid].detok.add = lambda token: awkward
-            return rid
+        def awkward_submit(prompt, params, rid):
+            stream = submit(prompt, params, rid)
+            remote.pending[rid].text.detok.add = lambda token: awkward
+            return stream
 
-        llm.add_request = add_request  # type: ignore[method-assign]
+        remote.submit = awkward_submit  # type: ignore[method-assign]
         body = {"prompt": "hi", "max_tokens": 2, "stream": True}
         with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as r:
             lines = [line for line in r.iter_lines() if line]

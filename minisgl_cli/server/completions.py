@@ -8,17 +8,17 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.async_llm import EngineDeadError
-from engine.llm import Prompt
 from engine.sampling_params import SamplingParams
+from engine.streams import EngineDeadError
+from engine.text import Prompt
 from minisgl_cli.server.engine_client import EngineClient, Job
 from minisgl_cli.server.errors import APIError
 from minisgl_cli.server.protocol import (
     SAMPLING_FIELDS,
     ChatCompletionRequest,
     CompletionRequest,
-    Reply,
     GenerationRequest,
+    Reply,
     usage,
 )
 
