@@ -218,7 +218,12 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> dict[str, 
         radix_cache=config.radix_cache,
         page_size=e.cache.page_size,
         preemptions=after.preemptions - before.preemptions,
+        mixed_batch=config.mixed_batch,
+        max_batch_tokens=config.max_batch_tokens,
+        engine_steps=after.steps - before.steps,
+        mixed_steps=after.mixed_steps - before.mixed_steps,
     )
+    out["mixed_step_share"] = out["mixed_steps"] / max(out["engine_steps"], 1)
     return out
 
 
@@ -328,6 +333,11 @@ def _table(res: dict[str, Any]):
             ("total tok/s", res["total_token_throughput"]),
             ("cache hit rate", "n/a" if hit is None else f"{hit:.1%}"),
             ("trace upper bound", f"{res['trace_cache_hit_upper_bound']:.1%}"),
+            *(
+                [("engine steps (mixed)", f"{res['engine_steps']:,} ({res['mixed_step_share']:.0%} mixed)")]
+                if "engine_steps" in res
+                else []
+            ),
         ],
     )
     return Group(summary, latency)

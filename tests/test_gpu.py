@@ -160,7 +160,7 @@ def peaked_model(tmp_path_factory) -> str:
     return str(save_hf(hf_model_from_config(cfg, seed=5, std=0.08), tmp_path_factory.mktemp("peaked") / "m"))
 
 
-def _greedy_tokens(model: str, prompts, graphs: int, overlap: bool) -> list[list[int]]:
+def _greedy_tokens(model: str, prompts, graphs: int, overlap: bool, **kw) -> list[list[int]]:
     llm = LLM(
         EngineConfig(
             model=model,
@@ -169,10 +169,13 @@ def _greedy_tokens(model: str, prompts, graphs: int, overlap: bool) -> list[list
             dtype="bfloat16",
             cuda_graph_max_bs=graphs,
             overlap=overlap,
+            **kw,
         )
     )
     out = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True))]
     assert llm.metrics().kv_pages_in_use == 0
+    if kw.get("mixed_batch"):
+        assert llm.metrics().mixed_steps > 0
     del llm
     gc.collect()
     return out
@@ -192,6 +195,16 @@ def test_cuda_graphs_and_overlap_give_identical_tokens(peaked_model):
 def test_overlap_gives_identical_tokens_on_padded_graphs(peaked_model):
     prompts = _prompts(40, seed=1)  # padded to the 48 graph
     assert _greedy_tokens(peaked_model, prompts, 64, True) == _greedy_tokens(peaked_model, prompts, 64, False)
+
+
+def test_mixed_batches_give_identical_tokens(peaked_model):
+    """A 512-token step budget: the first prompts decode while later ones prefill. Mixed steps run decode rows
+    through the prefill kernel beside prefill chunks; the greedy tokens must match prefill-first scheduling."""
+    prompts = _prompts(48, seed=3)
+    on = _greedy_tokens(peaked_model, prompts, 64, True, mixed_batch=True, max_batch_tokens=512)
+    off = _greedy_tokens(peaked_model, prompts, 64, True, mixed_batch=False, max_batch_tokens=512)
+    differing = [i for i, (a, b) in enumerate(zip(on, off)) if a != b]
+    assert not differing, f"{len(differing)} of {len(prompts)} sequences differ: {differing}"
 
 
 def test_seeded_sampling_same_with_graphs_and_overlap():
