@@ -21,6 +21,8 @@ import json
 import re
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -61,6 +63,23 @@ def apply_variant(name: str) -> None:
     llama.FUSED_QKV = name != "unfused"
 
 
+def timed(run: Callable[[Any], Any], steps: list[tuple]) -> Callable[[Any], Any]:
+    """`run` that appends (is_decode, batch size, tokens, start event, end event, launch CPU s) to `steps`."""
+
+    def timed_run(batch: Any) -> Any:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        t = time.perf_counter()
+        out = run(batch)
+        cpu = time.perf_counter() - t
+        end.record()
+        steps.append((batch.is_decode, len(batch.reqs), batch.num_tokens, start, end, cpu))
+        return out
+
+    return timed_run
+
+
 def run_variant(model: str, name: str, kernels: bool) -> dict:
     apply_variant(name)
     t0 = time.perf_counter()
@@ -81,19 +100,7 @@ def run_variant(model: str, name: str, kernels: bool) -> dict:
     runner = llm.engine.runner
     orig_run = runner.run
     steps: list[tuple] = []
-
-    def timed_run(batch):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        t = time.perf_counter()
-        out = orig_run(batch)
-        cpu = time.perf_counter() - t
-        end.record()
-        steps.append((batch.is_decode, len(batch.reqs), batch.num_tokens, start, end, cpu))
-        return out
-
-    runner.run = timed_run  # type: ignore[method-assign]
+    runner.run = timed(orig_run, steps)  # type: ignore[method-assign]
 
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -105,7 +112,7 @@ def run_variant(model: str, name: str, kernels: bool) -> dict:
 
     agg: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     prev_end = None
-    for decode, bs, ntok, start, end, cpu in steps:
+    for decode, bs, _ntok, start, end, cpu in steps:
         a = agg[bucket(decode, bs)]
         a["steps"] += 1
         a["gpu_ms"] += start.elapsed_time(end)

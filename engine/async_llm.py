@@ -6,7 +6,7 @@ import asyncio
 import queue
 import threading
 import traceback
-from typing import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 from engine.llm import LLM, Prompt, RequestOutput
 from engine.sampling_params import SamplingParams

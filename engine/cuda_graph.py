@@ -20,7 +20,7 @@ def batch_sizes(max_bs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, runner: "ModelRunner", max_bs: int):
+    def __init__(self, runner: ModelRunner, max_bs: int):
         from kernels.attention.flashinfer_backend import FlashInferBackend
 
         self.runner = runner
@@ -75,7 +75,7 @@ class DecodeGraphs:
         self.graphs.clear()
         self.outputs.clear()
 
-    def can_run(self, batch: "Batch") -> bool:
+    def can_run(self, batch: Batch) -> bool:
         return self.enabled and batch.is_decode and len(batch.reqs) <= self.max_bs
 
     def run(self, ids: torch.Tensor, pos: torch.Tensor, meta: AttnMeta) -> torch.Tensor:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence
 
 from engine.config import EngineConfig
 from engine.engine import Engine, Progress

@@ -18,7 +18,7 @@ class Tokenizer:
         self.has_chat_template = bool(getattr(hf, "chat_template", None))
 
     @staticmethod
-    def from_hf_dir(path: Path, extra_eos: tuple[int, ...] = ()) -> "Tokenizer | None":
+    def from_hf_dir(path: Path, extra_eos: tuple[int, ...] = ()) -> Tokenizer | None:
         from transformers import AutoTokenizer
 
         if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
@@ -26,7 +26,7 @@ class Tokenizer:
         return Tokenizer(AutoTokenizer.from_pretrained(str(path)), extra_eos)
 
     @staticmethod
-    def from_gguf(path: Path, extra_eos: tuple[int, ...] = ()) -> "Tokenizer":
+    def from_gguf(path: Path, extra_eos: tuple[int, ...] = ()) -> Tokenizer:
         from transformers import AutoTokenizer
 
         try:

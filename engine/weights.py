@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import struct
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 

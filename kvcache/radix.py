@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 class Node:
     key: tuple[int, ...] = ()
     pages: list[int] = field(default_factory=list)
-    parent: "Node | None" = None
-    children: dict[tuple[int, ...], "Node"] = field(default_factory=dict)
+    parent: Node | None = None
+    children: dict[tuple[int, ...], Node] = field(default_factory=dict)
     lock: int = 0
     last_used: int = 0
 

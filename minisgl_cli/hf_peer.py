@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 OnDone = Callable[[int], None]  # called with each finished request's output token count
 

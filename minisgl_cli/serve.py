@@ -30,7 +30,7 @@ from minisgl_cli.options import (
 )
 
 
-class LogLevel(str, enum.Enum):
+class LogLevel(enum.StrEnum):
     critical = "critical"
     error = "error"
     warning = "warning"

@@ -6,8 +6,8 @@ import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import openai
 import uvicorn
