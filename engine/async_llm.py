@@ -6,12 +6,14 @@ import asyncio
 import queue
 import threading
 import traceback
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, TypeVar, cast
 
 from engine.llm import LLM, Prompt, RequestOutput
 from engine.sampling_params import SamplingParams
 
 _END = object()
+T = TypeVar("T")
 
 
 class EngineDeadError(RuntimeError):
@@ -24,7 +26,8 @@ class RequestStream:
     def __init__(self, rid: str, prompt_ids: list[int], loop: asyncio.AbstractEventLoop | None):
         self.rid, self.prompt_ids = rid, prompt_ids
         self._loop = loop
-        self._q: queue.Queue | asyncio.Queue = asyncio.Queue() if loop else queue.Queue()
+        # Carries RequestOutputs, then an exception or _END.
+        self._q: queue.Queue[Any] | asyncio.Queue[Any] = asyncio.Queue() if loop else queue.Queue()
 
     def _put(self, item: object) -> None:
         if self._loop is not None:
@@ -37,14 +40,14 @@ class RequestStream:
         while (item := self._q.get()) is not _END:
             if isinstance(item, Exception):
                 raise item
-            yield item  # type: ignore[misc]
+            yield item
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
         assert isinstance(self._q, asyncio.Queue), "created for threads: use `for`"
         while (item := await self._q.get()) is not _END:
             if isinstance(item, Exception):
                 raise item
-            yield item  # type: ignore[misc]
+            yield item
 
 
 class AsyncLLM:
@@ -54,7 +57,7 @@ class AsyncLLM:
 
     def __init__(self, llm: LLM):
         self.llm = llm
-        self._inbox: queue.Queue = queue.Queue()
+        self._inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._streams: dict[str, RequestStream] = {}
         self._lock = threading.Lock()
         self.error: str | None = None
@@ -94,16 +97,16 @@ class AsyncLLM:
     def abort(self, rid: str) -> None:
         self._inbox.put(("abort", rid))
 
-    def call(self, fn, timeout: float = 30.0):
+    def call(self, fn: Callable[[LLM], T], timeout: float = 30.0) -> T:
         """Run fn(llm) on the engine thread (between steps) and return its result."""
-        box: queue.Queue = queue.Queue()
+        box: queue.Queue[tuple[bool, Any]] = queue.Queue()
         with self._lock:
             self._check_open()
             self._inbox.put(("call", fn, box))
         ok, value = box.get(timeout=timeout)
         if not ok:
             raise value
-        return value
+        return cast(T, value)
 
     def shutdown(self) -> None:
         self._stop.set()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -12,6 +12,7 @@ from kernels.attention import AttnMeta
 if TYPE_CHECKING:
     from engine.runner import ModelRunner
     from engine.scheduler import Batch
+    from kernels.attention.flashinfer_backend import FlashInferBackend
 
 
 def batch_sizes(max_bs: int) -> list[int]:
@@ -63,7 +64,8 @@ class DecodeGraphs:
 
     def _plan(self, bs: int, kv_lens: list[int], tables: list[list[int]], turn: int | None = None) -> int:
         meta = AttnMeta(True, [1] * bs, kv_lens, tables, self.out_slots[:bs])
-        return self.backend.plan_graph(bs, self.max_pages, meta, self.out_slots[:bs], turn)  # type: ignore[attr-defined]
+        backend = cast("FlashInferBackend", self.backend)  # graphs are enabled for it only (__init__)
+        return backend.plan_graph(bs, self.max_pages, meta, self.out_slots[:bs], turn)
 
     def release(self) -> None:
         """Destroy the captured graphs now, not whenever the garbage collector gets to them."""

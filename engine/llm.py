@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from engine.config import EngineConfig
 from engine.engine import Engine, Progress
@@ -68,7 +69,7 @@ class _TextState:
 
 
 class LLM:
-    def __init__(self, config: EngineConfig | None = None, progress: Progress | None = None, **overrides):
+    def __init__(self, config: EngineConfig | None = None, progress: Progress | None = None, **overrides: Any):
         self.config = config or EngineConfig(**overrides)
         self.engine = Engine(self.config, progress)
         self.tokenizer = self.engine.loaded.tokenizer
@@ -81,9 +82,9 @@ class LLM:
                 raise ValueError("prompt is empty")
             return self.tokenizer.encode(prompt)
         if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
-            return self.tokenizer.encode_chat(prompt)  # type: ignore[arg-type]
+            return self.tokenizer.encode_chat(cast(list[Message], prompt))
         if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return list(prompt)  # type: ignore[arg-type]
+            return list(cast(list[int], prompt))
         raise ValueError("prompt must be a string, a list of token ids, or a list of chat messages")
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None, rid: str | None = None) -> str:
@@ -140,10 +141,16 @@ class LLM:
 
     # ---- conveniences -------------------------------------------------------------------------------
     def generate(
-        self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None, on_output=None
+        self,
+        prompts: Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        on_output: Callable[[RequestOutput], object] | None = None,
     ) -> list[RequestOutput]:
         """Run a batch to completion; outputs in prompt order."""
-        plist = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
+        if params is None or isinstance(params, SamplingParams):
+            plist = [params or SamplingParams()] * len(prompts)
+        else:  # any sequence, not only a list or tuple
+            plist = list(params)
         if len(plist) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(plist)} sampling params")
         rids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]

@@ -43,7 +43,8 @@ class Tokenizer:
         return list(self.hf.encode(text))
 
     def decode(self, ids: list[int]) -> str:
-        return self.hf.decode(ids, skip_special_tokens=True)
+        text: str = self.hf.decode(ids, skip_special_tokens=True)
+        return text
 
     def chat_prompt(self, messages: list[Message]) -> str:
         if not messages:
@@ -57,7 +58,8 @@ class Tokenizer:
                 raise ValueError(f"each message needs a role (system/user/assistant) and string content; got {m!r}")
         if not self.has_chat_template:
             return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt: str = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return prompt
 
     def encode_chat(self, messages: list[Message]) -> list[int]:
         return list(self.hf.encode(self.chat_prompt(messages), add_special_tokens=False))
