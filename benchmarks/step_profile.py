@@ -22,13 +22,14 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from engine.config import EngineConfig
 from engine.llm import LLM
+from engine.runner import StepOutput
 from engine.sampling_params import SamplingParams
+from engine.scheduler import Batch
 from minisgl_cli.roofline import gpu_floor
 from minisgl_cli.workload import random_workload
 
@@ -63,10 +64,10 @@ def apply_variant(name: str) -> None:
     llama.FUSED_QKV = name != "unfused"
 
 
-def timed(run: Callable[[Any], Any], steps: list[tuple]) -> Callable[[Any], Any]:
+def timed(run: Callable[[Batch], StepOutput], steps: list[tuple]) -> Callable[[Batch], StepOutput]:
     """`run` that appends (is_decode, batch size, tokens, start event, end event, launch CPU s) to `steps`."""
 
-    def timed_run(batch: Any) -> Any:
+    def timed_run(batch: Batch) -> StepOutput:
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
@@ -88,7 +89,7 @@ def run_variant(model: str, name: str, kernels: bool) -> dict:
     if name == "logits-fp32":
         m = llm.engine.loaded.model
         orig_logits = m.logits
-        m.logits = lambda h: orig_logits(h).float()  # type: ignore[method-assign]
+        m.logits = lambda h: orig_logits(h).float()  # type: ignore[method-assign]  # the variant under test
     cfg = llm.engine.model_cfg
     wl = random_workload(256, vocab_size=cfg.vocab_size)
     params = [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True) for n in wl.output_lens]
@@ -100,14 +101,14 @@ def run_variant(model: str, name: str, kernels: bool) -> dict:
     runner = llm.engine.runner
     orig_run = runner.run
     steps: list[tuple] = []
-    runner.run = timed(orig_run, steps)  # type: ignore[method-assign]
+    runner.run = timed(orig_run, steps)  # type: ignore[method-assign, assignment]  # time each step
 
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     outs = llm.generate(wl.prompts, params)
     torch.cuda.synchronize()
     dur = time.perf_counter() - t0
-    runner.run = orig_run  # type: ignore[method-assign]
+    runner.run = orig_run  # type: ignore[method-assign]  # undo the timing wrapper
     tokens = sum(len(o.token_ids) for o in outs)
 
     agg: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -145,7 +146,7 @@ def run_variant(model: str, name: str, kernels: bool) -> dict:
     return res
 
 
-def kernel_breakdown(llm: LLM, prompts, params) -> dict[str, float]:
+def kernel_breakdown(llm: LLM, prompts, params) -> dict[str, dict[str, float]]:
     """Kernel time (ms) by category over one whole run of the workload (its own run: the profiler slows the CPU)."""
     from torch.profiler import ProfilerActivity, profile
 

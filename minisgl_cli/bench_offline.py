@@ -225,7 +225,8 @@ def _run_minisgl(config, workload, temperature: float, quiet: bool, repeats: int
             task = bar.add_task(
                 "minisgl" if repeats == 1 else f"minisgl run {i + 1}/{repeats}", total=workload.output_tokens
             )
-            on_output = _token_counter(lambda n, task=task: bar.update(task, completed=n))
+            # B023: the lambda reads this iteration's task, and only runs within this iteration.
+            on_output = _token_counter(lambda n: bar.update(task, completed=n))  # noqa: B023
             t0 = time.perf_counter()
             outs = llm.generate(workload.prompts, params, on_output=on_output)
             timed.append((time.perf_counter() - t0, outs))

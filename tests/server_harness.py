@@ -9,8 +9,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import openai
 import uvicorn
+from openai import AsyncOpenAI, OpenAI
 
 from engine.async_llm import AsyncLLM
 from engine.llm import LLM
@@ -29,11 +29,11 @@ class LiveServer:
     def model(self) -> str:
         return self.client.model_name
 
-    def openai(self, **kw) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=120, **kw)
+    def openai(self, **kw) -> OpenAI:
+        return OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=120, **kw)
 
-    def async_openai(self, **kw) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=120, **kw)
+    def async_openai(self, **kw) -> AsyncOpenAI:
+        return AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=120, **kw)
 
     def engine_metrics(self) -> EngineMetrics:
         return self.async_llm.call(lambda llm: llm.metrics())

@@ -14,7 +14,7 @@ import pytest
 from engine.async_llm import AsyncLLM
 from minisgl_cli.tui.plain import run_plain
 from minisgl_cli.tui.session import ChatSession
-from tests.conftest import make_llm
+from tests.conftest import checked, make_llm
 
 MINISGL = shutil.which("minisgl") or str(Path(sys.executable).parent / "minisgl")
 TINY = ["--model", "dummy:tiny-llama", "--device", "cpu", "--num-pages", "256"]
@@ -89,7 +89,7 @@ def test_run_plain_keeps_history_and_resets():
         run_plain(engine, session, io.StringIO("/reset\nthree\n"), out, err)
         assert [m["content"] for m in session.history if m["role"] == "user"] == ["three"]
         assert "new conversation" in err.getvalue()
-        m = engine.call(lambda llm: (llm.engine.check(), llm.metrics())[1])
+        m = engine.call(lambda llm: checked(llm).metrics())
         assert m.kv_pages_in_use == 0 and m.finished_requests == 3
     finally:
         engine.shutdown()

@@ -122,7 +122,12 @@ def _prompts(n: int = 24, seed: int = 0) -> list[list[int]]:
 def _logits_log(llm: LLM) -> list[torch.Tensor]:
     log: list[torch.Tensor] = []
     orig = llm.engine.loaded.model.logits
-    llm.engine.loaded.model.logits = lambda h: log.append(orig(h).clone()) or log[-1]
+
+    def logits(h: torch.Tensor) -> torch.Tensor:
+        log.append(orig(h).clone())
+        return log[-1]
+
+    llm.engine.loaded.model.logits = logits  # type: ignore[method-assign]  # record each step's logits
     return log
 
 

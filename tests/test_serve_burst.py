@@ -8,7 +8,7 @@ import asyncio
 import httpx
 import pytest
 
-from tests.conftest import make_llm
+from tests.conftest import checked, make_llm
 from tests.server_harness import LiveServer, live_server
 
 N_CLIENTS, LEAVE_EVERY = 64, 4  # every 4th client hangs up mid-stream
@@ -24,7 +24,7 @@ def _idle_and_clean(server: LiveServer) -> None:
     m = server.wait_idle()
     assert (server.client.in_flight, m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0, 0), m
     assert m.kv_pages_free + m.kv_pages_cached == m.kv_pages_total
-    assert server.async_llm.call(lambda llm: (llm.engine.check(), len(llm.engine.reqs))[1]) == 0
+    assert server.async_llm.call(lambda llm: len(checked(llm).engine.reqs)) == 0
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
@@ -58,7 +58,7 @@ async def _finisher(server: LiveServer, i: int) -> tuple[int, str | None, int, i
     if i % 2:
         messages = [{"role": "user", "content": f"client {i} " + "ab" * (i % 7)}]
         want_prompt = len(server.async_llm.llm.encode(messages))
-        stream = await client.chat.completions.create(
+        stream = await client.chat.completions.create(  # type: ignore[call-overload]  # plain-dict messages
             model=server.model,
             messages=messages,
             max_tokens=max_tokens,
