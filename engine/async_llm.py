@@ -6,12 +6,15 @@ import asyncio
 import queue
 import threading
 import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 from engine.llm import LLM, Prompt
 from engine.sampling_params import SamplingParams
 from engine.streams import END, EngineDeadError, RequestStream
 
 __all__ = ["AsyncLLM", "EngineDeadError", "RequestStream"]
+T = TypeVar("T")
 
 
 class AsyncLLM:
@@ -21,7 +24,7 @@ class AsyncLLM:
 
     def __init__(self, llm: LLM):
         self.llm = llm
-        self._inbox: queue.Queue = queue.Queue()
+        self._inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._streams: dict[str, RequestStream] = {}
         self._lock = threading.Lock()
         self.error: str | None = None
@@ -61,16 +64,16 @@ class AsyncLLM:
     def abort(self, rid: str) -> None:
         self._inbox.put(("abort", rid))
 
-    def call(self, fn, timeout: float = 30.0):
+    def call(self, fn: Callable[[LLM], T], timeout: float = 30.0) -> T:
         """Run fn(llm) on the engine thread (between steps) and return its result."""
-        box: queue.Queue = queue.Queue()
+        box: queue.Queue[tuple[bool, Any]] = queue.Queue()
         with self._lock:
             self._check_open()
             self._inbox.put(("call", fn, box))
         ok, value = box.get(timeout=timeout)
         if not ok:
             raise value
-        return value
+        return cast(T, value)
 
     def shutdown(self) -> None:
         self._stop.set()

@@ -71,7 +71,8 @@ class EngineConfig:
     def torch_dtype(self, device: torch.device) -> torch.dtype:
         if self.dtype == "auto":
             return torch.bfloat16 if device.type == "cuda" else torch.float32
-        return getattr(torch, self.dtype)
+        dtype: torch.dtype = getattr(torch, self.dtype)
+        return dtype
 
     def use_overlap(self, device: torch.device) -> bool:
         return device.type == "cuda" if self.overlap is None else self.overlap

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -16,6 +18,7 @@ from engine.distributed import TP, broadcast_objects, init_tp, leave_failed_grou
 from engine.metrics import EngineMetrics
 from engine.model_config import PRESETS, ModelConfig
 from engine.models import create_model
+from engine.models.llama import LlamaForCausalLM
 from engine.request import Req, Status
 from engine.runner import ModelRunner, StepOutput
 from engine.sampling_params import SamplingParams
@@ -31,14 +34,14 @@ Progress = Callable[[str, int, int], None]  # (stage, done, total)
 @dataclass(slots=True)
 class LoadedModel:
     cfg: ModelConfig
-    model: torch.nn.Module
+    model: LlamaForCausalLM
     tokenizer: Tokenizer
     source: str
     load_seconds: float
 
 
 @contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -66,21 +69,22 @@ def load_model(
 ) -> LoadedModel:
     t0 = time.perf_counter()
     kind, where = weights.resolve(spec)
+    path = Path(where)  # a file or directory unless kind is "dummy"
     reader = None
     if kind == "dummy":
         cfg = PRESETS[str(where)]
     elif kind == "gguf":
-        reader = weights._open_gguf(where)  # type: ignore[arg-type]
-        cfg = weights.gguf_config(where, reader)  # type: ignore[arg-type]
+        reader = weights._open_gguf(path)
+        cfg = weights.gguf_config(path, reader)
     else:
-        cfg = weights.hf_config(where)  # type: ignore[arg-type]
+        cfg = weights.hf_config(path)
     with torch.device(device), _default_dtype(dtype):
         model = create_model(cfg)
     with torch.no_grad():
         if kind == "dummy":
-            model.load_weights(weights.dummy_weights(cfg, device, dtype))  # type: ignore[operator]
+            model.load_weights(weights.dummy_weights(cfg, device, dtype))
         elif kind == "gguf":
-            total = weights.gguf_tensor_count(where, reader)  # type: ignore[arg-type]
+            total = weights.gguf_tensor_count(path, reader)
             done = [0]
 
             def tick() -> None:
@@ -88,10 +92,10 @@ def load_model(
                 if progress:
                     progress("loading weights", done[0], total)
 
-            model.load_weights(weights.gguf_weights(where, cfg, reader, tick))  # type: ignore[arg-type]
+            model.load_weights(weights.gguf_weights(path, cfg, reader, tick))
         else:
             try:
-                model.load_weights(weights.hf_weights(where))  # type: ignore[arg-type]
+                model.load_weights(weights.hf_weights(path))
             except ValueError as e:
                 if str(where) in str(e):  # already names the file
                     raise
@@ -139,7 +143,7 @@ class Engine:
             self.loaded.model,
             self.pool,
             config.attention_backend,
-            self.device,  # type: ignore[arg-type]
+            self.device,
             config.max_running_requests,
             config.cuda_graph_max_bs,
             scratch_page=num_pages,
@@ -147,7 +151,7 @@ class Engine:
         self.startup_seconds = {"load": self.loaded.load_seconds, "runner": time.perf_counter() - t0}
         self.overlap = config.use_overlap(self.device)
         self.reqs: dict[str, Req] = {}
-        self._commands: list[tuple] = []
+        self._commands: list[tuple[Any, ...]] = []
         self._inflight: tuple[Batch, StepOutput] | None = None
         self._counter = 0
         self._finished_now: list[Req] = []
@@ -204,13 +208,13 @@ class Engine:
         """Drop the radix cache's unused pages at the next step, on every rank (their trees must stay equal)."""
         self._commands.append(("evict_all",))
 
-    def _sync_commands(self) -> list[tuple]:
+    def _sync_commands(self) -> list[tuple[Any, ...]]:
         cmds, self._commands = self._commands, []
         if TP.size > 1:  # rank 0 decides; every rank applies the same adds/aborts at the same step
-            cmds = broadcast_objects(cmds)  # type: ignore[assignment]
+            cmds = broadcast_objects(cmds)
         return cmds
 
-    def _apply(self, cmds: list[tuple]) -> None:
+    def _apply(self, cmds: list[tuple[Any, ...]]) -> None:
         for cmd in cmds:
             if cmd[0] == "add":
                 _, rid, ids, params, eos = cmd
@@ -219,9 +223,9 @@ class Engine:
                 self.scheduler.add(req)
             elif cmd[0] == "finish":
                 _, rid, reason, error = cmd
-                req = self.reqs.get(rid)
-                if req is not None and not req.finished:
-                    self._finish(req, reason, error)
+                found = self.reqs.get(rid)
+                if found is not None and not found.finished:
+                    self._finish(found, reason, error)
             elif cmd[0] == "evict_all":
                 self.cache.evict_all()
             elif cmd[0] == "shutdown":
@@ -327,7 +331,7 @@ class Engine:
         return changed
 
     def check(self) -> None:
-        self.cache.check(self.scheduler.live)  # type: ignore[arg-type]
+        self.cache.check(self.scheduler.live)
         for r in self.scheduler.live:
             assert r.status is Status.RUNNING and r.device_len <= r.max_device_len, (r.rid, r.device_len)
 

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any, Callable
+from typing import Any
 
 import zmq
 
 from engine.distributed import TP
 from engine.engine import Engine
-from engine.ipc import Addresses, EngineInfo, pack, socket, unpack
+from engine.ipc import Addresses, EngineInfo, connect, pack, unpack
 from engine.llm import LLM
 from engine.request import Req
 from engine.sampling_params import SamplingParams
@@ -42,8 +43,8 @@ class EngineLoop:
     def __init__(self, engine: Engine, addrs: Addresses, info: EngineInfo):
         self.engine, self.info = engine, info
         self.ctx = zmq.Context()
-        self.commands = socket(self.ctx, zmq.PULL, addrs.commands, bind=True)
-        self.outputs = socket(self.ctx, zmq.PUSH, addrs.outputs, bind=True)
+        self.commands = connect(self.ctx.socket(zmq.PULL), addrs.commands, bind=True)
+        self.outputs = connect(self.ctx.socket(zmq.PUSH), addrs.outputs, bind=True)
         self.sent: dict[str, int] = {}  # rid -> output ids already sent, for requests still running
         self.error: str | None = None  # why the loop crashed
         self.stopped_by: str | None = None  # why the watch stopped it

@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import msgpack
 import zmq
@@ -63,15 +63,17 @@ def params_to_wire(p: SamplingParams) -> dict[str, Any]:
 
 
 def pack(msg: list[Any]) -> bytes:
-    return msgpack.packb(msg, use_bin_type=True)
+    return cast(bytes, msgpack.packb(msg, use_bin_type=True))
 
 
 def unpack(raw: bytes) -> list[Any]:
-    return msgpack.unpackb(raw, raw=False, strict_map_key=False)  # type: ignore[no-any-return]
+    return cast(list[Any], msgpack.unpackb(raw, raw=False, strict_map_key=False))
 
 
-def socket(ctx: zmq.Context, kind: int, address: str, bind: bool) -> zmq.Socket:
-    s = ctx.socket(kind)
+S = TypeVar("S", bound=zmq.Socket)  # type: ignore[type-arg]  # plain or asyncio socket, whatever its frame type
+
+
+def connect(s: S, address: str, bind: bool) -> S:
     s.setsockopt(zmq.LINGER, 0)
     # No high-water mark: the engine must never block on a slow reader; one message per step stays small.
     s.setsockopt(zmq.SNDHWM, 0)

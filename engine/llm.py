@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from engine.config import EngineConfig
 from engine.engine import Engine, Progress
@@ -15,7 +16,7 @@ __all__ = ["LLM", "Prompt", "RequestOutput"]
 
 
 class LLM:
-    def __init__(self, config: EngineConfig | None = None, progress: Progress | None = None, **overrides):
+    def __init__(self, config: EngineConfig | None = None, progress: Progress | None = None, **overrides: Any):
         self.config = config or EngineConfig(**overrides)
         self.engine = Engine(self.config, progress)
         self.tokenizer = self.engine.loaded.tokenizer
@@ -70,10 +71,16 @@ class LLM:
 
     # ---- conveniences -------------------------------------------------------------------------------
     def generate(
-        self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None, on_output=None
+        self,
+        prompts: Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        on_output: Callable[[RequestOutput], object] | None = None,
     ) -> list[RequestOutput]:
         """Run a batch to completion; outputs in prompt order."""
-        plist = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
+        if params is None or isinstance(params, SamplingParams):
+            plist = [params or SamplingParams()] * len(prompts)
+        else:  # any sequence, not only a list or tuple
+            plist = list(params)
         if len(plist) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(plist)} sampling params")
         rids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]

@@ -14,7 +14,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from engine.ipc import Addresses, EngineInfo, pack, params_to_wire, socket, unpack
+from engine.ipc import Addresses, EngineInfo, connect, pack, params_to_wire, unpack
 from engine.metrics import EngineMetrics
 from engine.sampling_params import SamplingParams
 from engine.streams import END, EngineDeadError, RequestStream
@@ -40,8 +40,8 @@ class RemoteLLM:
         self._sync_ctx = zmq.Context()
         self._async_ctx = zmq.asyncio.Context()
         # Sends never block (no high-water mark), so a plain socket serves the event loop's synchronous calls.
-        self._commands = socket(self._sync_ctx, zmq.PUSH, addrs.commands, bind=False)
-        self._outputs = socket(self._async_ctx, zmq.PULL, addrs.outputs, bind=False)
+        self._commands = connect(self._sync_ctx.socket(zmq.PUSH), addrs.commands, bind=False)
+        self._outputs = connect(self._async_ctx.socket(zmq.PULL), addrs.outputs, bind=False)
         self.pending: dict[str, _Pending] = {}
         self._metrics: dict[int, asyncio.Future[EngineMetrics]] = {}
         self._seq = itertools.count()
@@ -98,7 +98,7 @@ class RemoteLLM:
         self._send(["metrics", seq])
         try:
             return await asyncio.wait_for(fut, timeout)
-        except (asyncio.TimeoutError, EngineDeadError):
+        except (TimeoutError, EngineDeadError):
             return None
         finally:
             self._metrics.pop(seq, None)

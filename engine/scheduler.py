@@ -97,7 +97,9 @@ class Scheduler:
             if budget <= 0:
                 break
             n = min(req.num_tokens - req.device_len, budget)
-            reqs.append(req), starts.append(req.device_len), lens.append(n)
+            reqs.append(req)
+            starts.append(req.device_len)
+            lens.append(n)
             budget -= n
             req.device_len += n
             done = req.device_len == req.num_tokens

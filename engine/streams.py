@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import queue
-from typing import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from engine.text import RequestOutput
 
@@ -21,7 +22,7 @@ class RequestStream:
     def __init__(self, rid: str, prompt_ids: list[int], loop: asyncio.AbstractEventLoop | None):
         self.rid, self.prompt_ids = rid, prompt_ids
         self._loop = loop
-        self._q: queue.Queue | asyncio.Queue = asyncio.Queue() if loop else queue.Queue()
+        self._q: queue.Queue[Any] | asyncio.Queue[Any] = asyncio.Queue() if loop else queue.Queue()  # outputs, then END
 
     def put(self, item: object) -> None:
         """An output, an exception, or END; from any thread."""
@@ -35,11 +36,11 @@ class RequestStream:
         while (item := self._q.get()) is not END:
             if isinstance(item, Exception):
                 raise item
-            yield item  # type: ignore[misc]
+            yield item
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
         assert isinstance(self._q, asyncio.Queue), "created for threads: use `for`"
         while (item := await self._q.get()) is not END:
             if isinstance(item, Exception):
                 raise item
-            yield item  # type: ignore[misc]
+            yield item

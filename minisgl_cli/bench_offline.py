@@ -4,8 +4,9 @@ with Hugging Face transformers on the same weights and the same prompts."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any
 
 import typer
 
@@ -225,7 +226,8 @@ def _run_minisgl(config, workload, temperature: float, quiet: bool, repeats: int
             task = bar.add_task(
                 "minisgl" if repeats == 1 else f"minisgl run {i + 1}/{repeats}", total=workload.output_tokens
             )
-            on_output = _token_counter(lambda n: bar.update(task, completed=n))
+            # B023: the lambda reads this iteration's task, and only runs within this iteration.
+            on_output = _token_counter(lambda n: bar.update(task, completed=n))  # noqa: B023
             t0 = time.perf_counter()
             outs = llm.generate(workload.prompts, params, on_output=on_output)
             timed.append((time.perf_counter() - t0, outs))

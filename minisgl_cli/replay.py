@@ -7,8 +7,8 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 OnDone = Callable[["RequestResult"], None]
 

@@ -7,8 +7,9 @@ import math
 import os
 import platform
 import subprocess
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 STATS = ("mean", "p50", "p90", "p99", "max")
 

@@ -21,8 +21,8 @@ from minisgl_cli.options import (
     Dtype,
     GraphBs,
     KvCacheGb,
-    MaxModelLen,
     MaxBatchTokens,
+    MaxModelLen,
     MaxRunning,
     MemoryFraction,
     Model,
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from engine.llm import LLM
 
 
-class LogLevel(str, enum.Enum):
+class LogLevel(enum.StrEnum):
     critical = "critical"
     error = "error"
     warning = "warning"

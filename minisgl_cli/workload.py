@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 # nano-vllm / mini-sglang draw prompt ids with randint(0, 10000); the range is part of the published workload.
 PUBLISHED_MAX_ID = 10000
@@ -90,7 +90,8 @@ def read_dataset_prompts(path: Path, limit: int) -> list[str]:
                     return str(turn.get("value", turn.get("content")) or "")
             return ""
 
-        get: Callable[[dict], str] = lambda row: first_turn(row["conversations"])
+        def get(row: dict) -> str:
+            return first_turn(row["conversations"])
     else:
         col = next((c for c in TEXT_COLUMNS if c in ds.column_names), None)
         if col is None:
@@ -98,7 +99,10 @@ def read_dataset_prompts(path: Path, limit: int) -> list[str]:
                 f"dataset {path} has no 'conversations' or text column "
                 f"({', '.join(TEXT_COLUMNS)}); its columns: {', '.join(ds.column_names)}"
             )
-        get = lambda row: str(row[col] or "")  # noqa: E731
+
+        def get(row: dict) -> str:
+            return str(row[col] or "")
+
     prompts: list[str] = []
     for row in ds:
         if text := get(row).strip():

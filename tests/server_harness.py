@@ -10,11 +10,12 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
-import openai
 import uvicorn
+from openai import AsyncOpenAI, OpenAI
 
 from engine.engine import Engine
 from engine.engine_loop import EngineLoop, engine_info
@@ -59,11 +60,11 @@ class LiveServer:
     def model(self) -> str:
         return self.client.model_name
 
-    def openai(self, **kw) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=120, **kw)
+    def openai(self, **kw) -> OpenAI:
+        return OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=120, **kw)
 
-    def async_openai(self, **kw) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=120, **kw)
+    def async_openai(self, **kw) -> AsyncOpenAI:
+        return AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=120, **kw)
 
     def on_engine(self, fn: Callable[[Engine], Any], timeout: float = 30.0) -> Any:
         """fn(engine) run on the engine loop's thread between steps."""
@@ -74,12 +75,14 @@ class LiveServer:
             raise value
         return value
 
-    def on_front_end(self, fn: Callable[[], Any]) -> Any:
-        """fn() run on the front end's event loop (its request table is only touched there)."""
-        async def call() -> Any:
-            return fn()
+    def live_requests(self) -> int:
+        """Requests the engine still holds, after checking its page accounting (on its thread)."""
 
-        return asyncio.run_coroutine_threadsafe(call(), self.event_loop).result(30)
+        def check(engine: Engine) -> int:
+            engine.check()
+            return len(engine.reqs)
+
+        return int(self.on_engine(check))
 
     def engine_metrics(self) -> EngineMetrics:
         return self.on_engine(lambda engine: engine.metrics())

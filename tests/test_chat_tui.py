@@ -11,13 +11,15 @@ import time
 
 import pytest
 from rich.console import Console
+from textual.widgets import Sparkline, Static
 
 from engine.async_llm import AsyncLLM, RequestStream
+from engine.metrics import EngineMetrics
 from engine.streams import END as _END
 from minisgl_cli.tui.app import ChatApp
 from minisgl_cli.tui.session import ChatSession
 from minisgl_cli.tui.widgets import AssistantMessage, HistoryInput, MetricsPanel, NoteMessage, UserMessage
-from tests.conftest import make_llm
+from tests.conftest import checked, make_llm
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +68,12 @@ def rendered(renderable) -> str:
 
 
 def panel_text(app: ChatApp, part: str) -> str:
-    return rendered(app.query_one(MetricsPanel).query_one(f"#{part}").content)
+    return rendered(app.query_one(MetricsPanel).query_one(f"#{part}", Static).content)
+
+
+def metrics(app: ChatApp) -> EngineMetrics:
+    assert app.last_metrics is not None, "no metrics read yet"
+    return app.last_metrics
 
 
 def errors(app: ChatApp) -> list[str]:
@@ -112,25 +119,28 @@ def test_real_model_streams_answer_and_reuses_prefix(smollm, monkeypatch):
 def test_metrics_panel_updates_during_generation(tiny):
     async def scenario(app: ChatApp, pilot) -> None:
         await wait_for(pilot, lambda: app.last_metrics is not None, what="first metrics read")
-        assert app.last_metrics.kv_pages_in_use == 0 and re.search(r"running\s+0", panel_text(app, "sched"))
+        assert metrics(app).kv_pages_in_use == 0 and re.search(r"running\s+0", panel_text(app, "sched"))
         await send(pilot, "hello there")
         await wait_for(
-            pilot, lambda: app.last_metrics.kv_pages_in_use > 0 and app.turn.output_tokens > 40, what="pages in use"
+            pilot, lambda: metrics(app).kv_pages_in_use > 0 and app.turn.output_tokens > 40, what="pages in use"
         )
-        assert app.generating and app.last_metrics.running == 1
+        assert app.generating and metrics(app).running == 1
         kv = panel_text(app, "kv")
-        assert re.search(rf"█ in use\s+{app.last_metrics.kv_pages_in_use}\b", kv), kv
-        usage = app.last_metrics.kv_usage * 100
-        assert float(re.search(r"(\d+\.\d+)% in use", kv).group(1)) == pytest.approx(usage, abs=0.01) and usage > 0
+        assert re.search(rf"█ in use\s+{metrics(app).kv_pages_in_use}\b", kv), kv
+        usage = metrics(app).kv_usage * 100
+        shown = re.search(r"(\d+\.\d+)% in use", kv)
+        assert shown and float(shown.group(1)) == pytest.approx(usage, abs=0.01) and usage > 0
         assert re.search(r"running\s+1", panel_text(app, "sched"))
         turn = app.turn
-        assert turn.ttft > 0 and turn.decode_tps > 0 and len(turn.itls) == turn.output_tokens - 1
+        assert (
+            turn.ttft is not None and turn.ttft > 0 and turn.decode_tps > 0 and len(turn.itls) == turn.output_tokens - 1
+        )
         assert re.search(r"TTFT\s+\d+\.\d ms", panel_text(app, "turn"))
         assert re.search(r"decode\s+\d+\.\d tok/s", panel_text(app, "turn"))
         assert re.search(r"p50 / p90\s+\d+\.\d / \d+\.\d ms", panel_text(app, "tbt"))
         panel = app.query_one(MetricsPanel)
         assert len(panel.tbt_ms) == min(MetricsPanel.WINDOW, len(turn.itls))
-        assert app.query_one("#tbt-spark").data == list(panel.tbt_ms)
+        assert app.query_one("#tbt-spark", Sparkline).data == list(panel.tbt_ms)
 
         await pilot.press("escape")
         # Once idle the pages the answer used are cached (evictable), none in use.
@@ -138,9 +148,9 @@ def test_metrics_panel_updates_during_generation(tiny):
             pilot,
             lambda: (
                 not app.generating
-                and app.last_metrics.running == 0
-                and app.last_metrics.kv_pages_in_use == 0
-                and app.last_metrics.kv_pages_cached > 0
+                and metrics(app).running == 0
+                and metrics(app).kv_pages_in_use == 0
+                and metrics(app).kv_pages_cached > 0
             ),
             what="idle metrics",
         )
@@ -173,9 +183,9 @@ def test_stop_aborts_and_frees_pages(tiny):
         assert app.query_one(AssistantMessage).has_class("-stopped")
         assert len(app.session.history) == 2  # the partial answer stays in the conversation
         await wait_for(
-            pilot, lambda: app.last_metrics.running == 0 and app.last_metrics.kv_pages_in_use == 0, what="pages back"
+            pilot, lambda: metrics(app).running == 0 and metrics(app).kv_pages_in_use == 0, what="pages back"
         )
-        m = app.engine.call(lambda llm: (llm.engine.check(), llm.metrics())[1])
+        m = app.engine.call(lambda llm: checked(llm).metrics())
         assert m.kv_pages_in_use == 0 and m.kv_pages_free + m.kv_pages_cached == m.kv_pages_total
 
     run_app(tiny, scenario, max_tokens=2000)
@@ -198,7 +208,7 @@ def test_reset_and_new_conversation_clear_history(tiny):
         await pilot.pause()
         assert not app.generating and app.session.history == [] and not app.query(AssistantMessage)
         await wait_for(
-            pilot, lambda: app.last_metrics.running == 0 and app.last_metrics.kv_pages_in_use == 0, what="pages back"
+            pilot, lambda: metrics(app).running == 0 and metrics(app).kv_pages_in_use == 0, what="pages back"
         )
         await send(pilot, "/max-tokens 4")
         await send(pilot, "fresh start")
@@ -272,7 +282,7 @@ def test_slash_commands_and_bad_values(tiny):
         await pilot.pause()
         help_note, stats_note = [rendered(n.content) for n in app.query(NoteMessage)[-2:]]
         assert "/max-tokens" in help_note and "New chat" in help_note and "esc" in help_note
-        m = app.last_metrics
+        m = metrics(app)
         assert f"KV pages  0 in use, {m.kv_pages_cached} cached, {m.kv_pages_free} free of 512" in stats_note
         assert re.search(r"TTFT\s+-", stats_note), stats_note
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import random
 
 import pytest
@@ -262,3 +263,10 @@ def test_stop_token_ids_and_max_tokens(tiny_dir):
     llm = make_llm(tiny_dir)
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=1, temperature=0))[0]
     assert len(out.token_ids) == 1 and out.finish_reason == "length"
+
+
+def test_generate_takes_per_prompt_params_in_any_sequence():
+    # Any Sequence, not only a list or tuple: a deque was once taken for one SamplingParams and failed in add_request.
+    params = collections.deque(SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (2, 5))
+    outs = make_llm().generate([[1, 2, 3], [4, 5]], params)
+    assert [len(o.token_ids) for o in outs] == [2, 5]

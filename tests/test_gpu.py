@@ -122,7 +122,12 @@ def _prompts(n: int = 24, seed: int = 0) -> list[list[int]]:
 def _logits_log(llm: LLM) -> list[torch.Tensor]:
     log: list[torch.Tensor] = []
     orig = llm.engine.loaded.model.logits
-    llm.engine.loaded.model.logits = lambda h: log.append(orig(h).clone()) or log[-1]
+
+    def logits(h: torch.Tensor) -> torch.Tensor:
+        log.append(orig(h).clone())
+        return log[-1]
+
+    llm.engine.loaded.model.logits = logits  # type: ignore[method-assign]  # record each step's logits
     return log
 
 
@@ -208,7 +213,7 @@ def _greedy_with_logits(model: str, prompts, **kw) -> tuple[list[list[int]], dic
             logits[r.rid, len(r.output_ids)] = row.float().cpu()
         return sample(rows, reqs)
 
-    llm.engine.runner.sampler.sample = logged  # type: ignore[method-assign]
+    llm.engine.runner.sampler.sample = logged  # type: ignore[method-assign,assignment]  # logs, then samples
     outs = llm.generate(prompts, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True))
     assert llm.metrics().kv_pages_in_use == 0
     assert (llm.metrics().mixed_steps > 0) == kw["mixed_batch"]

@@ -8,8 +8,8 @@ import json
 import os
 import signal
 import subprocess
-import time
 import sys
+import time
 
 import httpx
 import openai
@@ -285,9 +285,7 @@ def test_engine_serves_on_after_bad_requests(tiny):
         {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]},
     ]
     chat = client.chat.completions.create(model=tiny.model, messages=parts, max_tokens=3)
-    want = tiny.llm.encode(
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi there"}]
-    )
+    want = tiny.llm.encode([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi there"}])
     assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (len(want), 3)
     m = tiny.wait_idle()
     assert (m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0)

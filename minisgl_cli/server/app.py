@@ -1,4 +1,5 @@
-"""The FastAPI app: OpenAI-compatible completions and chat, /v1/models, /health and /metrics over one engine (a RemoteLLM: the engine runs in its own process)."""
+"""The FastAPI app: OpenAI-compatible completions and chat, /v1/models, /health and /metrics over one engine
+(a RemoteLLM: the engine runs in its own process)."""
 
 from __future__ import annotations
 

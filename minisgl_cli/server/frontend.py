@@ -12,8 +12,8 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import Iterator
 
 import uvicorn
 

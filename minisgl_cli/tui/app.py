@@ -88,7 +88,7 @@ class ChatApp(App):
         self.set_interval(1 / self.METRICS_HZ, self.refresh_metrics)
         self.refresh_metrics()
 
-    def notify(self, message: str, *, markup: bool = False, **kw) -> None:  # type: ignore[override]
+    def notify(self, message: str, *, markup: bool = False, **kw) -> None:
         """Plain text by default: messages quote user input and engine errors, which may contain [brackets]."""
         super().notify(message, markup=markup, **kw)
 

@@ -27,7 +27,7 @@ class TurnStats:
     finish_reason: str | None = None
 
     @classmethod
-    def from_output(cls, out: RequestOutput) -> "TurnStats":
+    def from_output(cls, out: RequestOutput) -> TurnStats:
         t = out.token_times
         return cls(
             len(out.prompt_token_ids),
