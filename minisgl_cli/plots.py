@@ -69,6 +69,12 @@ def plot_timeline(results: Sequence[Any], path: Path, title: str) -> None:
     _save(fig, path)
 
 
+def _log_if_wide(ax, values: list[float | None]) -> None:
+    v = [x for x in values if x]
+    if v and min(v) > 0 and max(v) / min(v) > 20:
+        ax.set_yscale("log")
+
+
 def _load_axis(rows: Sequence[dict[str, Any]]) -> tuple[list[float], list[str]]:
     labels = [r["load"] for r in rows]
     return list(range(len(rows))), labels
@@ -94,7 +100,7 @@ def plot_sweep(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
         for stat, style in (("median", "o-"), ("p99", "s--")):
             ax.plot(x, [r.get(f"{stat}_{key}_ms") for r in rows], style, label=f"{'p50' if stat == 'median' else stat}")
         ax.set_ylabel(unit)
-        ax.set_yscale("log")
+        _log_if_wide(ax, [r.get(f"{s}_{key}_ms") for r in rows for s in ("median", "p99")])
         ax.legend(loc="upper left")
     for i, r in enumerate(rows):
         if r.get("knee"):
@@ -153,7 +159,9 @@ def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
                 if pct:
                     (line,) = ax.plot(xs, [row.get(f"median_{key}_ms") for row in run["rows"]], "o-", label=run["name"])
                     ax.plot(xs, [row.get(f"p99_{key}_ms") for row in run["rows"]], "s--", color=line.get_color())
-                    ax.set_yscale("log")
+                    _log_if_wide(
+                        ax, [row.get(f"{s}_{key}_ms") for r in sweeps for row in r["rows"] for s in ("median", "p99")]
+                    )
                 else:
                     ax.plot(xs, [row.get(key) for row in run["rows"]], "o-", label=run["name"])
                 ax.set_ylabel(unit)
