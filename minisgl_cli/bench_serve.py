@@ -136,12 +136,14 @@ def register(app: typer.Typer) -> None:
             require_matplotlib()
         config = o.engine_config(**flags)
         target = _target(config, flags)
+        served: dict[str, Any] = {}
+        plans, warm = _plans(target, loads, flags, served)
         check = None
         if url is not None and not no_client_check:
             from minisgl_cli.client_check import client_check_or_none
 
             check = client_check_or_none(quiet)
-        result = _run_sweep(console, target, loads, slo_targets, flags, check, api_key)
+        result = _run_sweep(console, target, plans, warm, slo_targets, flags, check, api_key, served)
         _report(console, result, flags)
 
 
@@ -274,10 +276,27 @@ def _sizes(load, flags: dict[str, Any]) -> int:
     return int(load.rate * flags["duration"] * 1.5) + 50
 
 
-def _run_sweep(
-    console, target: Target, loads, slo, flags: dict[str, Any], check, api_key: str | None
-) -> dict[str, Any]:
+def _plans(target: Target, loads, flags: dict[str, Any], served: dict[str, Any]):
+    """Every load's requests with their arrival times, and the warm-up's: all drawn before anything is sent, so bad
+    input fails first. Each load gets prompts of its own (seed + i), so no load reuses another's in a prefix cache."""
     from minisgl_cli.arrivals import arrival_times
+
+    plans = []
+    for i, load in enumerate(loads):
+        items, served["source"] = _workload(target, flags, _sizes(load, flags), flags["seed"] + i)
+        times = arrival_times(
+            len(items), load.rate, flags["burstiness"], flags["arrival"], flags["seed"] + i, flags["duration"]
+        )
+        for item, t in zip(items, times):
+            item.arrival = t
+        plans.append((load, items[: len(times)]))
+    warm = _workload(target, flags, flags["warmup"], flags["seed"] + 10_000)[0] if flags["warmup"] else []
+    return plans, warm
+
+
+def _run_sweep(
+    console, target: Target, plans, warm, slo, flags: dict[str, Any], check, api_key: str | None, served
+) -> dict[str, Any]:
     from minisgl_cli.live_view import LiveView
     from minisgl_cli.replay import LiveCounters, drive, local_sender, url_sender
     from minisgl_cli.serve_metrics import mark_knee
@@ -286,7 +305,6 @@ def _run_sweep(
     rows: list[dict[str, Any]] = []
     singles: list = []  # the per-request results of the last load (a single run's timeline plot)
     stopped: str | None = None
-    served: dict[str, Any] = {}
 
     async def run_all() -> None:
         nonlocal stopped
@@ -300,27 +318,18 @@ def _run_sweep(
             engine = AsyncLLM(target.llm)
             send = local_sender(engine, flags["temperature"], chat)
         try:
-            if flags["warmup"]:
-                items, _ = _workload(target, flags, flags["warmup"], flags["seed"] + 10_000)
+            if warm:
                 live = LiveCounters()
-                with LiveView("warm-up", len(items), live, flags["quiet"]):
-                    await drive(items, send, live=live)
-            for i, load in enumerate(loads):
-                items, source = _workload(target, flags, _sizes(load, flags), flags["seed"] + i)
-                served["source"] = source
-                times = arrival_times(
-                    len(items), load.rate, flags["burstiness"], flags["arrival"], flags["seed"] + i, flags["duration"]
-                )
-                items = items[: len(times)]
-                for item, t in zip(items, times):
-                    item.arrival = t
+                with LiveView("warm-up", len(warm), live, flags["quiet"]):
+                    await drive(warm, send, live=live)
+            for i, (load, items) in enumerate(plans):
                 live = LiveCounters()
                 before = await _hits(client, target)
                 t0 = time.perf_counter()
                 try:
-                    with LiveView(f"{load.label} ({i + 1}/{len(loads)})", len(items), live, flags["quiet"]):
+                    with LiveView(f"{load.label} ({i + 1}/{len(plans)})", len(items), live, flags["quiet"]):
                         results = await drive(
-                            items, send, load.max_concurrency, load.closed_loop, flags["duration"], live=live
+                            items, send, load.max_concurrency, load.closed_loop, flags["duration"], live=live, t0=t0
                         )
                 except asyncio.CancelledError:
                     results, stopped = list(live.done), "interrupted"

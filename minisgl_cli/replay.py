@@ -86,11 +86,13 @@ async def drive(
     duration: float | None = None,
     live: LiveCounters | None = None,
     on_done: OnDone | None = None,
+    t0: float | None = None,
 ) -> list[RequestResult]:
     """Send every item at t0 + item.arrival (open loop, a semaphore for the cap) or, closed loop, as soon as one of
-    max_concurrency slots is free until the items run out or `duration` passes. Results of the requests sent."""
+    max_concurrency slots is free until the items run out or `duration` passes. Results of the requests sent.
+    t0: the run's start on the perf_counter clock (default: now)."""
     live = live or LiveCounters()
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if t0 is None else t0
 
     async def run(item: ReplayItem, scheduled: float) -> RequestResult:
         res = RequestResult(item.index, item.line, item.input_len or len(item.prompt), item.output_len)

@@ -94,10 +94,11 @@ def per_request(results: list[RequestResult], t0: float, detailed: bool = False)
 def token_rate_peak(results: list[RequestResult], window: float = 1.0) -> float:
     """Tokens (or events) per second received in the busiest `window` seconds of the run."""
     bins: dict[int, int] = {}
+    start = min((r.scheduled for r in results), default=0.0)
     for r in results:
         if r.ttft is None:
             continue
-        t = r.scheduled + r.ttft
+        t = r.scheduled + r.ttft - start
         for i in range(len(r.itls) + 1):
             if i:
                 t += r.itls[i - 1]
@@ -114,7 +115,7 @@ def client_usage(row: dict[str, Any], results: list[RequestResult], absorb: floa
     return {
         "client_absorption_tok_s": absorb,
         "client_used_fraction": events / row["duration"] / absorb,
-        "client_peak_used_fraction": token_rate_peak(results) / absorb,
+        "client_peak_used_fraction": token_rate_peak(results, min(1.0, row["duration"])) / absorb,
     }
 
 
