@@ -141,16 +141,23 @@ class LLM:
 
     # ---- conveniences -------------------------------------------------------------------------------
     def generate(
-        self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None, on_output=None
+        self,
+        prompts: Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        on_output=None,
+        on_step=None,
     ) -> list[RequestOutput]:
-        """Run a batch to completion; outputs in prompt order."""
+        """Run a batch to completion; outputs in prompt order. on_step(outputs) sees each step's outputs at once."""
         plist = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(plist)} sampling params")
         rids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
         final: dict[str, RequestOutput] = {}
         while len(final) < len(rids):
-            for out in self.step():
+            outs = self.step()
+            if on_step is not None:
+                on_step(outs)
+            for out in outs:
                 if on_output is not None:
                     on_output(out)
                 if out.finished:

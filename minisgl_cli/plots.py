@@ -120,10 +120,11 @@ def plot_sweep(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     _save(fig, path)
 
 
-def plot_steps(steps: Sequence[tuple[float, int, int]], path: Path, title: str, window: float = 0.25) -> None:
-    """bench-offline: the batch size of every engine step and the output tokens/s (over `window` s) against time.
-    steps: (seconds since the start, requests in the step, tokens it produced)."""
+def plot_steps(steps: Sequence[tuple[float, int, int]], path: Path, title: str) -> None:
+    """bench-offline: the batch size of every engine step and the output tokens/s (in 1/40ths of the run) against
+    time. steps: (seconds since the start, requests in the step, tokens it produced)."""
     plt = _pyplot()
+    window = max(steps[-1][0] / 40, 1e-3) if steps else 1.0
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     a1.plot([s[0] for s in steps], [s[1] for s in steps], drawstyle="steps-post", lw=0.8)
     a1.set_ylabel("batch size (requests)")
@@ -166,17 +167,18 @@ def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
                     ax.plot(xs, [row.get(key) for row in run["rows"]], "o-", label=run["name"])
                 ax.set_ylabel(unit)
         longest = max(sweeps, key=lambda r: len(r["rows"]))
-        axes[-1].set_xticks(range(len(longest["rows"])), [row["load"] for row in longest["rows"]], rotation=20)
+        for ax in axes:
+            ax.set_xticks(range(len(longest["rows"])), [row["load"] for row in longest["rows"]], rotation=20)
         axes[-1].set_xlabel("load (points of each sweep, in order)")
     singles = [r for r in runs if r not in sweeps]
     if singles:
         if sweeps:  # both kinds: single runs as horizontal lines across the sweep axes
-            for run in singles:
+            for k, run in enumerate(singles):
                 row = run["rows"][0]
                 for ax, (key, _, pct) in zip(axes, panels):
                     v = row.get(f"median_{key}_ms" if pct else key)
                     if v is not None:
-                        ax.axhline(v, linestyle=":", alpha=0.7, label=run["name"])
+                        ax.axhline(v, linestyle=":", color=f"C{len(sweeps) + k}", label=f"{run['name']} (p50)")
         else:
             names = [r["name"] for r in singles]
             xs = list(range(len(singles)))
