@@ -316,7 +316,8 @@ def test_against_minisgl_serve(tmp_path):
         for r in rows:
             assert (r["completed"], r["failed"], r["total_output_tokens"]) == (8, 0, 64)  # ignore_eos honoured
             assert r["median_ttft_ms"] <= r["p99_ttft_ms"] <= r["p99_e2el_ms"]
-            assert 0.3 < r["cache_hit_rate"] < 1  # 6 of 8 prompts reuse their group's 64-token prefix
+            # at most 6 of 8 prompts reuse their group's 64-token prefix (all at once, fewer: same-step prefills)
+            assert 0 < r["cache_hit_rate"] <= 6 * 64 / r["total_input_tokens"]
         assert rows[0]["duration"] > rows[1]["duration"]  # paced at 4 req/s vs all at once
         res, _ = bench(tmp_path, *common, "--endpoint", "chat", "--num-requests", "4", "--output-len", "5:5")
         assert (res["completed"], res["total_output_tokens"], res["backend"]) == (4, 20, "openai-chat")
