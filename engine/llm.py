@@ -75,8 +75,9 @@ class LLM:
         prompts: Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         on_output: Callable[[RequestOutput], object] | None = None,
+        on_step: Callable[[list[RequestOutput]], object] | None = None,
     ) -> list[RequestOutput]:
-        """Run a batch to completion; outputs in prompt order."""
+        """Run a batch to completion; outputs in prompt order. on_step(outputs) sees each step's outputs at once."""
         if params is None or isinstance(params, SamplingParams):
             plist = [params or SamplingParams()] * len(prompts)
         else:  # any sequence, not only a list or tuple
@@ -86,7 +87,10 @@ class LLM:
         rids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
         final: dict[str, RequestOutput] = {}
         while len(final) < len(rids):
-            for out in self.step():
+            outs = self.step()
+            if on_step is not None:
+                on_step(outs)
+            for out in outs:
                 if on_output is not None:
                     on_output(out)
                 if out.finished:
