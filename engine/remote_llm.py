@@ -169,11 +169,13 @@ class RemoteLLM:
             if engine_reason is None:  # a stop string or a text fault ended it here: free its pages there
                 self._send(["abort", rid, reason])
         text = p.text.text[: p.text.emitted]
+        # token_ids / token_times are the request's growing lists, not copies (the front end's hot path): the
+        # server reads each output as it comes and keeps none but the last.
         p.stream.put(
             RequestOutput(
                 rid,
                 p.stream.prompt_ids,
-                list(p.token_ids),
+                p.token_ids,
                 text,
                 delta,
                 new_ids,
@@ -183,7 +185,7 @@ class RemoteLLM:
                 cache_hit_tokens,
                 p.arrival,
                 p.first_token_time,
-                list(p.token_times),
+                p.token_times,
             )
         )
         if finished:

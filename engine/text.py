@@ -90,15 +90,14 @@ class TextState:
     emitted: int = 0  # characters already handed out
     n_ids: int = 0  # output ids already fed
     finish_reason: str | None = None  # "stop" once a stop string matched
+    hold: int = field(init=False)  # characters held back while they could still be the start of a stop string
+
+    def __post_init__(self) -> None:
+        self.hold = max((len(s) for s in self.stop), default=1) - 1
 
     @classmethod
     def create(cls, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams) -> TextState:
         return cls(IncrementalDetokenizer(tokenizer, prompt_ids), list(params.stop))
-
-    @property
-    def hold(self) -> int:
-        """Characters held back while they could still be the start of a stop string."""
-        return max((len(s) for s in self.stop), default=1) - 1
 
     def _feed(self, new_ids: list[int]) -> None:
         for t in new_ids:

@@ -4,6 +4,7 @@ the engine steps rank 0 broadcasts. docs/serve.md draws the layout."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import signal
@@ -36,9 +37,11 @@ from minisgl_cli.options import (
     engine_config,
     load_llm,
 )
-from minisgl_cli.server.frontend import ORPHAN_GRACE_S
+from minisgl_cli.server.frontend import ORPHAN_GRACE_S, FrontendSpec
 
 if TYPE_CHECKING:
+    from engine.engine import Engine
+    from engine.ipc import EngineInfo
     from engine.llm import LLM
 
 
@@ -106,16 +109,26 @@ def run_server(
     max_queued_requests: int | None = None,
     log_level: str = "info",
 ) -> None:
-    """This process runs the engine loop; the HTTP front end runs in a child process (minisgl_cli.server.frontend)
-    until Ctrl-C / SIGTERM here. Exits non-zero if the engine loop crashes or the front end dies."""
-    from engine.engine_loop import EngineLoop, engine_info
-    from engine.ipc import Addresses
+    """Serve `llm` until Ctrl-C / SIGTERM. Exits non-zero if the engine loop crashes or the front end dies."""
+    from engine.engine_loop import engine_info
     from minisgl_cli.server.frontend import FrontendSpec
 
-    console = Console(stderr=True, soft_wrap=True)
+    spec = FrontendSpec(llm.config.model, None, host, port, model_name, max_queued_requests, log_level, os.getpid())
+    why = serve_engine(llm.engine, engine_info(llm), spec)
+    if why:
+        Console(stderr=True, soft_wrap=True).print(f"[red]minisgl serve:[/red] {why}; exiting")
+        raise typer.Exit(1)
+
+
+def serve_engine(engine: Engine, info: EngineInfo, spec: FrontendSpec) -> str | None:
+    """This process runs the engine loop; the HTTP front end runs in a child process (minisgl_cli.server.frontend)
+    until Ctrl-C / SIGTERM here. Returns why it ended, if not by a signal: the loop crashed or the front end died."""
+    from engine.engine_loop import EngineLoop
+    from engine.ipc import Addresses
+
     addrs = Addresses.temporary()
-    loop = EngineLoop(llm.engine, addrs, engine_info(llm))
-    spec = FrontendSpec(llm.config.model, addrs, host, port, model_name, max_queued_requests, log_level, os.getpid())
+    loop = EngineLoop(engine, addrs, info)
+    spec = dataclasses.replace(spec, addrs=addrs, engine_pid=os.getpid())
     front = subprocess.Popen([sys.executable, "-m", "minisgl_cli.server.frontend", spec.to_json()])
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: loop.stop())
@@ -138,10 +151,7 @@ def run_server(
                 front.wait()
         loop.close()
         addrs.remove()
-    why = loop.error or loop.stopped_by
-    if why:
-        console.print(f"[red]minisgl serve:[/red] {why}; exiting")
-        raise typer.Exit(1)
+    return loop.error or loop.stopped_by
 
 
 def _exit_status(code: int) -> str:

@@ -31,18 +31,32 @@ class Job:
     inbox: asyncio.Queue = field(default_factory=asyncio.Queue)  # RequestOutput | Exception
     finished: bool = False
 
-    async def outputs(self) -> AsyncIterator[RequestOutput]:
-        """Outputs up to and including the finished one. A consumer that stops early aborts the request."""
+    async def batches(self) -> AsyncIterator[list[RequestOutput]]:
+        """Outputs up to and including the finished one, each time all that arrived since the last batch: a
+        stream that fell behind catches up in one write. A consumer that stops early aborts the request."""
         try:
             while not self.finished:
                 item = await self.inbox.get()
-                if isinstance(item, Exception):
-                    raise item
-                self.finished = item.finished
-                yield item
+                batch: list[RequestOutput] = []
+                while True:
+                    if isinstance(item, Exception):
+                        if batch:
+                            yield batch
+                        raise item
+                    batch.append(item)
+                    self.finished = item.finished
+                    if self.finished or self.inbox.empty():
+                        break
+                    item = self.inbox.get_nowait()
+                yield batch
         finally:
             if not self.finished:
                 self.abort()
+
+    async def outputs(self) -> AsyncIterator[RequestOutput]:
+        async for batch in self.batches():
+            for out in batch:
+                yield out
 
 
 class EngineClient:

@@ -28,7 +28,7 @@ ENGINE_GONE_EXIT = 3
 @dataclass(frozen=True, slots=True)
 class FrontendSpec:
     model: str | None  # as --model: where the tokenizer comes from
-    addrs: Addresses
+    addrs: Addresses | None  # filled in by whoever starts the front end (serve_engine)
     host: str
     port: int
     model_name: str | None
@@ -42,7 +42,7 @@ class FrontendSpec:
     @staticmethod
     def from_json(text: str) -> FrontendSpec:
         d = json.loads(text)
-        return FrontendSpec(**{**d, "addrs": Addresses(**d["addrs"])})
+        return FrontendSpec(**{**d, "addrs": Addresses(**d["addrs"]) if d["addrs"] else None})
 
 
 class HTTPServer(uvicorn.Server):
@@ -84,6 +84,7 @@ async def _main(spec: FrontendSpec) -> int:
 
     from engine.engine import load_tokenizer
 
+    assert spec.addrs is not None
     remote = RemoteLLM(load_tokenizer(spec.model), spec.addrs)
     info = await remote.start()
     app = create_app(remote, spec.model_name, spec.max_queued_requests)
