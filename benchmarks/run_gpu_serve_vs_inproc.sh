@@ -3,14 +3,15 @@
 # saturating replay (1000 requests of qwen_1000 at 5x pace, "x5") and a light one (first 400 at the recorded pace,
 # "x1"), dummy Qwen3-0.6B; the client's absorption check first. STEPS picks what runs (default: all):
 #   tests          pytest tests/test_gpu.py (single-GPU ones)
-#   inproc         in-process x5 (mixed batches on)        light   in-process and serve x1
-#   serve          serve x5, mixed batches on              serve_nomixed   serve x5 with --no-mixed-batch
-#   nomixed        in-process x5 with --no-mixed-batch     old     a991c5d in-process x5 (needs .whl/a991c5d.tgz)
+#   inproc         in-process x5 (default scheduling)      light   in-process and serve x1
+#   serve          serve x5 (default scheduling)           serve_mixed     serve x5 with --mixed-batch
+#   mixed          in-process x5 with --mixed-batch        old     a991c5d in-process x5 (needs .whl/a991c5d.tgz)
+# (Runs recorded before b32b171 had mixed batches on by default: there `serve` was mixed, `serve_nomixed` not.)
 # Usage there: source .whl/use-bundle.sh && COMMIT=<sha> STEPS="..." bash benchmarks/run_gpu_serve_vs_inproc.sh
 set -u
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
 c=${COMMIT:-unknown}
-steps=" ${STEPS:-tests inproc serve serve_nomixed light nomixed old} "
+steps=" ${STEPS:-tests inproc serve serve_mixed light mixed old} "
 r="$OUT/r"; mkdir -p "$r"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$r/gpu.txt"
 M=(--model dummy:Qwen3-0.6B)
@@ -37,9 +38,9 @@ serve() {  # name, server flags... ; runs the x5 replay (and x1 with `light`) ag
 }
 has inproc && replay inproc_x5 "${X5[@]}"
 has serve && serve serve
-has serve_nomixed && serve serve_nomixed --no-mixed-batch
+has serve_mixed && serve serve_mixed --mixed-batch
 has light && replay inproc_x1_400 "${X1[@]}"
-has nomixed && replay nomixed_x5 "${X5[@]}" --no-mixed-batch
+has mixed && replay mixed_x5 "${X5[@]}" --mixed-batch
 if has old && [ -f .whl/a991c5d.tgz ]; then
   mkdir -p /tmp/old && tar xzf .whl/a991c5d.tgz -C /tmp/old
   (cd /tmp/old && PYTHONPATH=/tmp/site:/tmp/old timeout 170 python -m minisgl_cli bench-trace traces/qwen_1000.jsonl \

@@ -36,9 +36,12 @@ MaxBatchTokens = Annotated[
         min=1,
     ),
 ]
-NoMixed = Annotated[
+MixedBatch = Annotated[
     bool,
-    typer.Option("--no-mixed-batch", help="steps are prefill-only or decode-only (prefill first), for A/B runs"),
+    typer.Option(
+        "--mixed-batch/--no-mixed-batch",
+        help="one step carries every running request's decode token plus prefill chunks (off: prefill steps first)",
+    ),
 ]
 MaxModelLen = Annotated[int | None, typer.Option(help="context length limit (default: the model's)", min=2)]
 NoRadix = Annotated[bool, typer.Option("--no-radix-cache", help="disable the radix prefix cache")]
@@ -64,7 +67,7 @@ def engine_config(
     attention_backend: str = "auto",
     cuda_graph_max_bs: int = 256,
     no_overlap: bool = False,
-    no_mixed_batch: bool = False,
+    mixed_batch: bool = False,
     tp: int = 1,
     seed: int = 0,
     **_: Any,
@@ -88,7 +91,7 @@ def engine_config(
             attention_backend=attention_backend,
             cuda_graph_max_bs=cuda_graph_max_bs,
             overlap=False if no_overlap else None,
-            mixed_batch=not no_mixed_batch,
+            mixed_batch=mixed_batch,
             tp=tp,
             seed=seed,
         )

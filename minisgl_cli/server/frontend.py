@@ -109,10 +109,10 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     spec = FrontendSpec.from_json(sys.argv[1])
     try:  # uvloop where installed, as uvicorn itself would pick: the front end's hot path is the event loop
-        from uvloop import run
+        import uvloop
     except ImportError:
-        from asyncio import run
-    sys.exit(run(_main(spec)))
+        sys.exit(asyncio.run(_main(spec)))
+    sys.exit(uvloop.run(_main(spec)))
 
 
 if __name__ == "__main__":
