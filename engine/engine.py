@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from engine import weights
+from engine import weight_cache, weights
 from engine.config import EngineConfig
 from engine.distributed import TP, broadcast_objects, init_tp, leave_failed_group
 from engine.metrics import EngineMetrics
@@ -55,6 +55,10 @@ def load_model(
 ) -> LoadedModel:
     t0 = time.perf_counter()
     kind, where = weights.resolve(spec)
+    source = f"{kind}:{where}"
+    if kind == "gguf" and (cached := weight_cache.lookup(where)) is not None:  # type: ignore[arg-type]
+        kind, where = "hf", cached
+    keep: dict[str, torch.Tensor] | None = {} if kind == "gguf" and load_tokenizer and weight_cache.enabled() else None
     reader = None
     if kind == "dummy":
         cfg = PRESETS[str(where)]
@@ -77,7 +81,10 @@ def load_model(
                 if progress:
                     progress("loading weights", done[0], total)
 
-            model.load_weights(weights.gguf_weights(where, cfg, reader, tick))  # type: ignore[arg-type]
+            stream = weights.gguf_weights(where, cfg, reader, tick)  # type: ignore[arg-type]
+            if keep is not None:
+                stream = ((name, keep.setdefault(name, w)) for name, w in stream)  # type: ignore[assignment]
+            model.load_weights(stream)
         else:
             try:
                 model.load_weights(weights.hf_weights(where))  # type: ignore[arg-type]
@@ -95,7 +102,9 @@ def load_model(
         tok = Tokenizer.from_hf_dir(where, cfg.eos_token_ids) or ByteTokenizer()  # type: ignore[arg-type]
     else:
         tok = ByteTokenizer()
-    return LoadedModel(cfg, model, tok, f"{kind}:{where}", time.perf_counter() - t0)
+    if keep is not None:
+        weight_cache.store(where, cfg, keep, tok.hf)  # type: ignore[arg-type]
+    return LoadedModel(cfg, model, tok, source, time.perf_counter() - t0)
 
 
 class Engine:

@@ -20,6 +20,8 @@ torch.set_num_threads(int(os.environ.get("MINISGL_TEST_THREADS", "1")))
 # On a CPU with native bf16 `--dtype auto` means bf16; the suite compares with HF in fp32 (engine.cpu), here and in
 # the serve / chat processes it starts (they inherit the environment).
 os.environ.setdefault("MINISGL_CPU_DTYPE", "float32")
+# The suite reads the GGUF file itself (engine.weight_cache is tested on its own, in a temporary directory).
+os.environ.setdefault("MINISGL_WEIGHT_CACHE", "0")
 
 
 def pytest_collection_modifyitems(config, items):
