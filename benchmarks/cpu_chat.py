@@ -36,7 +36,7 @@ def single_stream(model: str | None, dtype: str, tokens: int, repeats: int) -> d
     sp = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
     hf = load_hf_model(model, torch.device("cpu"), llm.engine.dtype)
     x = torch.tensor([ids])
-    gen = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
+    gen = {"max_new_tokens": tokens, "min_new_tokens": tokens, "do_sample": False, "pad_token_id": 0}
     llm.generate([ids], SamplingParams(max_tokens=8, temperature=0))
     with torch.inference_mode():
         hf.generate(x, max_new_tokens=8, do_sample=False, pad_token_id=0)
@@ -50,14 +50,14 @@ def single_stream(model: str | None, dtype: str, tokens: int, repeats: int) -> d
             t = time.perf_counter()
             hf.generate(x, **gen)
             theirs.append(tokens / (time.perf_counter() - t))
-    r = dict(
-        dtype=str(llm.engine.dtype).removeprefix("torch."),
-        minisgl_tok_s=statistics.median(ours),
-        minisgl_tbt_p50_ms=statistics.median(tbt),
-        hf_generate_tok_s=statistics.median(theirs),
-        runs_minisgl=ours,
-        runs_hf=theirs,
-    )
+    r = {
+        "dtype": str(llm.engine.dtype).removeprefix("torch."),
+        "minisgl_tok_s": statistics.median(ours),
+        "minisgl_tbt_p50_ms": statistics.median(tbt),
+        "hf_generate_tok_s": statistics.median(theirs),
+        "runs_minisgl": ours,
+        "runs_hf": theirs,
+    }
     r["speedup"] = r["minisgl_tok_s"] / r["hf_generate_tok_s"]
     llm.engine.shutdown()
     return r
@@ -96,9 +96,11 @@ def batch(model: str | None, dtype: str) -> dict:
         cmd += ["--num-seqs", "16", "--input-len", "32:128", "--output-len", "16:64", "--compare", "--quiet"]
         subprocess.run(cmd + ["--json", f.name], check=True, stdout=subprocess.DEVNULL)
         r = json.loads(Path(f.name).read_text())
-    return dict(
-        minisgl_tok_s=r["output_throughput"], transformers_tok_s=r["peer"]["output_throughput"], speedup=r["speedup"]
-    )
+    return {
+        "minisgl_tok_s": r["output_throughput"],
+        "transformers_tok_s": r["peer"]["output_throughput"],
+        "speedup": r["speedup"],
+    }
 
 
 def answers(tokens: int) -> dict:
@@ -116,8 +118,16 @@ def answers(tokens: int) -> dict:
     rows = []
     for p, a, b in zip(PROMPTS, outs["float32"], outs["bfloat16"]):
         same = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), len(a.token_ids))
-        rows.append(dict(prompt=p, identical=same == len(a.token_ids), first_difference=same, fp32=a.text, bf16=b.text))
-    return dict(identical=sum(r["identical"] for r in rows), prompts=len(rows), rows=rows)
+        rows.append(
+            {
+                "prompt": p,
+                "identical": same == len(a.token_ids),
+                "first_difference": same,
+                "fp32": a.text,
+                "bf16": b.text,
+            }
+        )
+    return {"identical": sum(r["identical"] for r in rows), "prompts": len(rows), "rows": rows}
 
 
 def main() -> None:
@@ -135,13 +145,13 @@ def main() -> None:
     skip = set(filter(None, a.skip.split(",")))
     from engine.cpu import native_bf16
 
-    res: dict = dict(
-        cpu_capability=torch.backends.cpu.get_cpu_capability(),
-        native_bf16=native_bf16(),
-        threads=torch.get_num_threads(),
-        torch=torch.__version__,
-        load_average=os.getloadavg(),
-    )
+    res: dict = {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "native_bf16": native_bf16(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "load_average": os.getloadavg(),
+    }
     for dtype in a.dtypes.split(","):
         part = res.setdefault(dtype, {})
         if "single" not in skip:
