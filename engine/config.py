@@ -12,7 +12,7 @@ import torch
 class EngineConfig:
     model: str | None = None  # None: the embedded default; a HF dir, a .gguf file, or dummy:<preset>
     device: str = "auto"  # auto | cpu | cuda[:n]
-    dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16
+    dtype: str = "auto"  # auto (GPU: bf16; CPU: engine.cpu.auto_dtype) | float32 | bfloat16 | float16
     page_size: int = 16
     num_pages: int | None = None  # overrides the memory budget below
     kv_cache_gb: float | None = None  # KV pool budget; default: 1 GiB on CPU, memory_fraction of free GPU memory
@@ -72,7 +72,11 @@ class EngineConfig:
 
     def torch_dtype(self, device: torch.device) -> torch.dtype:
         if self.dtype == "auto":
-            return torch.bfloat16 if device.type == "cuda" else torch.float32
+            if device.type == "cuda":
+                return torch.bfloat16
+            from engine.cpu import auto_dtype
+
+            return auto_dtype()
         dtype: torch.dtype = getattr(torch, self.dtype)
         return dtype
 

@@ -18,7 +18,9 @@ Model = Annotated[
     ),
 ]
 Device = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")]
-Dtype = Annotated[str, typer.Option(help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16")]
+Dtype = Annotated[
+    str, typer.Option(help="auto (bf16 on GPU and on CPUs with native bf16, else fp32) | float32 | bfloat16 | float16")
+]
 PageSize = Annotated[int, typer.Option(help="tokens per KV page", min=1)]
 NumPages = Annotated[int | None, typer.Option(help="KV pool size in pages (overrides --kv-cache-gb)", min=1)]
 KvCacheGb = Annotated[
