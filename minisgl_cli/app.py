@@ -18,4 +18,7 @@ for module in (chat, bench_offline, bench_trace, serve):
 
 
 def main() -> None:
+    import sys
+
+    sys.argv = chat.resume_flag(sys.argv)
     app()

@@ -14,8 +14,9 @@ from rich.console import Console
 
 from engine.async_llm import _END, AsyncLLM, RequestStream
 from minisgl_cli.tui.app import ChatApp
-from minisgl_cli.tui.session import ChatSession
-from minisgl_cli.tui.widgets import AssistantMessage, HistoryInput, MetricsPanel, NoteMessage, UserMessage
+from minisgl_cli.tui.local import LocalAnswer, LocalBackend
+from minisgl_cli.tui.session import ChatMessage, ChatSession
+from minisgl_cli.tui.widgets import AnswerMarkdown, AssistantMessage, MetricsPanel, NoteMessage, PromptBox, UserMessage
 from tests.conftest import make_llm
 
 
@@ -25,9 +26,9 @@ def tiny():
 
 
 def run_app(llm, scenario, **session) -> ChatApp:
-    """Run `scenario(app, pilot)` inside a 120x40 headless app over a fresh AsyncLLM on `llm`."""
+    """Run `scenario(app, pilot)` inside a 120x40 headless app over a fresh AsyncLLM on `llm` (not saved)."""
     engine = AsyncLLM(llm)
-    app = ChatApp(engine, ChatSession(max_tokens_limit=llm.engine.max_model_len, **session))
+    app = ChatApp(LocalBackend(engine), ChatSession(max_tokens_limit=llm.engine.max_model_len, **session))
 
     async def main() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
@@ -54,7 +55,7 @@ async def send(pilot, text: str, typed: bool = False) -> None:
     if typed:
         await pilot.press(*text)
     else:
-        pilot.app.query_one(HistoryInput).value = text
+        pilot.app.query_one(PromptBox).value = text
     await pilot.press("enter")
 
 
@@ -74,19 +75,19 @@ def errors(app: ChatApp) -> list[str]:
 
 def test_real_model_streams_answer_and_reuses_prefix(smollm, monkeypatch):
     appended: list[str] = []  # every fragment the reply widget was given, to show it grew while streaming
-    append = AssistantMessage.append
-    monkeypatch.setattr(AssistantMessage, "append", lambda self, md: (appended.append(md), append(self, md))[1])
+    append = AnswerMarkdown.append
+    monkeypatch.setattr(AnswerMarkdown, "append", lambda self, md: (appended.append(md), append(self, md))[1])
 
     async def scenario(app: ChatApp, pilot) -> None:
         assert "SmolLM2" in app.sub_title and "cpu" in app.sub_title and "TP 1" in app.sub_title
         await send(pilot, "What is the capital of France?", typed=True)
         await wait_for(pilot, lambda: not app.generating, what="first answer")
         reply = app.query_one(AssistantMessage)
-        first = reply.source
+        first = reply.answer.source
         assert re.search(r"\bParis\b", first), first
         assert len(re.findall(r"[A-Za-z]{2,}", first)) >= 3, first
         assert app.turn.finish_reason == "stop" and app.turn.ttft and app.turn.ttft > 0
-        assert app.session.history == [
+        assert app.session.messages() == [
             {"role": "user", "content": "What is the capital of France?"},
             {"role": "assistant", "content": first},
         ]
@@ -97,7 +98,7 @@ def test_real_model_streams_answer_and_reuses_prefix(smollm, monkeypatch):
         await send(pilot, "And of Germany?")
         await wait_for(pilot, lambda: not app.generating, what="second answer")
         assert len(app.query(AssistantMessage)) == 2 and len(app.session.history) == 4
-        assert app.turn.cache_hit_tokens >= first_prompt - app.engine.llm.engine.cache.page_size
+        assert app.turn.cache_hit_tokens >= first_prompt - app.backend.engine.llm.engine.cache.page_size
         assert app.turn.cache_hit_tokens > 0
         assert re.search(rf"cache hit\s+{app.turn.cache_hit_tokens} tokens", panel_text(app, "turn"))
 
@@ -174,7 +175,7 @@ def test_stop_aborts_and_frees_pages(tiny):
         await wait_for(
             pilot, lambda: app.last_metrics.running == 0 and app.last_metrics.kv_pages_in_use == 0, what="pages back"
         )
-        m = app.engine.call(lambda llm: (llm.engine.check(), llm.metrics())[1])
+        m = app.backend.engine.call(lambda llm: (llm.engine.check(), llm.metrics())[1])
         assert m.kv_pages_in_use == 0 and m.kv_pages_free + m.kv_pages_cached == m.kv_pages_total
 
     run_app(tiny, scenario, max_tokens=2000)
@@ -202,7 +203,7 @@ def test_reset_and_new_conversation_clear_history(tiny):
         await send(pilot, "/max-tokens 4")
         await send(pilot, "fresh start")
         await wait_for(pilot, lambda: not app.generating, what="answer")
-        assert [m["content"] for m in app.session.history if m["role"] == "user"] == ["fresh start"]
+        assert [m.content for m in app.session.history if m.role == "user"] == ["fresh start"]
 
     run_app(tiny, scenario, max_tokens=4)
 
@@ -215,19 +216,21 @@ def test_turn_ends_when_its_whole_answer_was_queued_with_empty_deltas(tiny):
 
     async def scenario(app: ChatApp, pilot) -> None:
         params = app.session.params()
-        outs = await asyncio.to_thread(lambda: list(app.engine.submit("hi", params)))  # a real answer
+        engine = app.backend.engine
+        outs = await asyncio.to_thread(lambda: list(engine.submit("hi", params)))  # a real answer
         assert outs[-1].finished and len(outs[-1].token_ids) == 4
         stream = RequestStream("held-back", outs[0].prompt_token_ids, asyncio.get_running_loop())
         for out in outs:  # the same outputs, all queued already, with their text still held back
             stream._q.put_nowait(dataclasses.replace(out, delta_text=""))
         stream._q.put_nowait(_END)
-        reply = AssistantMessage()
+        app.session.add(ChatMessage("user", "hi"))
+        reply = AssistantMessage(1)
         await app.query_one("#conversation").mount(reply)
-        app.rid = stream.rid
-        app.generate(stream, "hi", reply)
+        app.answer = LocalAnswer(engine, stream)
+        app.generate(app.answer, reply)
         await wait_for(pilot, lambda: not app.generating, timeout=10, what="the turn to end")
         await pilot.pause()
-        assert [m["role"] for m in app.session.history] == ["user", "assistant"]
+        assert [m.role for m in app.session.history] == ["user", "assistant"]
         assert any("cut at 4 tokens" in str(n.message) for n in app._notifications)  # it ran to its end
 
     run_app(tiny, scenario, max_tokens=4)
@@ -283,14 +286,14 @@ def test_slash_commands_and_bad_values(tiny):
         await send(pilot, "/max-tokens 6")
         await send(pilot, "ok")
         await wait_for(pilot, lambda: not app.generating and app.turn.output_tokens == 6, what="answer")
-        assert app.session.history[0]["content"] == "ok"
+        assert app.session.history[0].content == "ok"
 
     run_app(tiny, scenario, max_tokens=16)
 
 
 def test_input_history_recall(tiny):
     async def scenario(app: ChatApp, pilot) -> None:
-        box = app.query_one(HistoryInput)
+        box = app.query_one(PromptBox)
         for line in ("/temp 0.5", "/temp 0.25"):
             await send(pilot, line)
         await pilot.press("u", "p")
