@@ -5,72 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import io
 import re
-import time
 
 import pytest
-from rich.console import Console
 
-from engine.async_llm import _END, AsyncLLM, RequestStream
+from engine.async_llm import _END, RequestStream
 from minisgl_cli.tui.app import ChatApp
-from minisgl_cli.tui.local import LocalAnswer, LocalBackend
-from minisgl_cli.tui.session import ChatMessage, ChatSession
+from minisgl_cli.tui.local import LocalAnswer
+from minisgl_cli.tui.session import ChatMessage
 from minisgl_cli.tui.widgets import AnswerMarkdown, AssistantMessage, MetricsPanel, NoteMessage, PromptBox, UserMessage
+from tests.chat_pilot import errors, panel_text, rendered, run_app, send, wait_for
 from tests.conftest import make_llm
 
 
 @pytest.fixture(scope="module")
 def tiny():
     return make_llm("dummy:tiny-llama", num_pages=512)
-
-
-def run_app(llm, scenario, **session) -> ChatApp:
-    """Run `scenario(app, pilot)` inside a 120x40 headless app over a fresh AsyncLLM on `llm` (not saved)."""
-    engine = AsyncLLM(llm)
-    app = ChatApp(LocalBackend(engine), ChatSession(max_tokens_limit=llm.engine.max_model_len, **session))
-
-    async def main() -> None:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await scenario(app, pilot)
-
-    try:
-        asyncio.run(main())
-    finally:
-        engine.shutdown()
-    assert engine.error is None
-    return app
-
-
-async def wait_for(pilot, cond, timeout: float = 60.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        await pilot.pause(0.02)
-
-
-async def send(pilot, text: str, typed: bool = False) -> None:
-    """Enter a line in the input box: key by key when `typed`, else set at once (faster) and press enter."""
-    await pilot.click("#prompt")
-    if typed:
-        await pilot.press(*text)
-    else:
-        pilot.app.query_one(PromptBox).value = text
-    await pilot.press("enter")
-
-
-def rendered(renderable) -> str:
-    console = Console(width=100, file=io.StringIO(), record=True)
-    console.print(renderable)
-    return console.export_text()
-
-
-def panel_text(app: ChatApp, part: str) -> str:
-    return rendered(app.query_one(MetricsPanel).query_one(f"#{part}").content)
-
-
-def errors(app: ChatApp) -> list[str]:
-    return [str(n.message) for n in app._notifications if n.severity == "error"]
 
 
 def test_real_model_streams_answer_and_reuses_prefix(smollm, monkeypatch):

@@ -66,6 +66,7 @@ class SessionsScreen(ModalScreen[int | None]):
             self.app.notify(str(e), title="sessions", severity="error")
             self.infos = []
         box = self.query_one(OptionList)
+        keep = box.highlighted or 0
         box.clear_options()
         box.add_options(
             [
@@ -78,6 +79,8 @@ class SessionsScreen(ModalScreen[int | None]):
         )
         if not self.infos:
             box.add_option(Option("(no saved chats yet)", disabled=True))
+        else:
+            box.highlighted = min(keep, len(self.infos) - 1)
 
     def selected(self) -> SessionInfo | None:
         box = self.query_one(OptionList)

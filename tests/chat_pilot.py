@@ -1,0 +1,93 @@
+"""Helpers for driving the chat app with Textual's pilot."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+
+from rich.console import Console
+
+from engine.async_llm import AsyncLLM
+from minisgl_cli.tui.app import ChatApp
+from minisgl_cli.tui.local import LocalBackend
+from minisgl_cli.tui.session import ChatSession
+from minisgl_cli.tui.store import ChatStore
+from minisgl_cli.tui.widgets import MetricsPanel, PromptBox
+
+
+def run_pilot(app: ChatApp, scenario) -> ChatApp:
+    """Run `scenario(app, pilot)` inside the app, headless at 120x40."""
+
+    async def main() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await scenario(app, pilot)
+
+    asyncio.run(main())
+    return app
+
+
+def run_app(
+    llm,
+    scenario,
+    store: ChatStore | None = None,
+    session: ChatSession | None = None,
+    inputs: list[str] | None = None,
+    **settings,
+) -> ChatApp:
+    """run_pilot over a fresh AsyncLLM on `llm`; saved to `store` if given; `session` (with its input history) or a
+    new one from `settings`."""
+    engine = AsyncLLM(llm)
+    if session is None:
+        session = ChatSession(max_tokens_limit=llm.engine.max_model_len, **settings)
+    app = ChatApp(LocalBackend(engine), session, store, inputs)
+    try:
+        run_pilot(app, scenario)
+    finally:
+        engine.shutdown()
+    assert engine.error is None
+    return app
+
+
+async def wait_for(pilot, cond, timeout: float = 60.0, what: str = "condition") -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        await pilot.pause(0.02)
+
+
+async def send(pilot, text: str, typed: bool = False) -> None:
+    """Enter a line in the input box: key by key when `typed`, else set at once (faster) and press enter."""
+    await pilot.click("#prompt")
+    if typed:
+        await pilot.press(*text)
+    else:
+        pilot.app.query_one(PromptBox).value = text
+    await pilot.press("enter")
+
+
+def rendered(renderable) -> str:
+    console = Console(width=100, file=io.StringIO(), record=True)
+    console.print(renderable)
+    return console.export_text()
+
+
+def panel_text(app: ChatApp, part: str) -> str:
+    return rendered(app.query_one(MetricsPanel).query_one(f"#{part}").content)
+
+
+def errors(app: ChatApp) -> list[str]:
+    return [str(n.message) for n in app._notifications if n.severity == "error"]
+
+
+def notices(app: ChatApp) -> list[str]:
+    return [str(n.message) for n in app._notifications]
+
+
+async def idle(app: ChatApp, pilot, what: str = "the answer") -> None:
+    """Wait until no answer is being generated and the last message is an answer."""
+    await wait_for(
+        pilot,
+        lambda: not app.generating and app.session.history and app.session.history[-1].role == "assistant",
+        what=what,
+    )
