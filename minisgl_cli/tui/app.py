@@ -14,6 +14,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.css.query import NoMatches
+from textual.timer import Timer
 from textual.widgets import Footer, Header, Markdown
 from textual.widgets.markdown import MarkdownStream
 
@@ -262,6 +263,13 @@ class ChatApp(App):
         think_md: MarkdownStream | None = None
         turn = TurnReader(answer.started, answer.opens_in_thinking)
         shown = 0.0
+        trailing: Timer | None = None
+
+        def show_later() -> None:
+            nonlocal trailing, shown
+            trailing, shown = None, time.monotonic()
+            self.show_turn(turn, reply)
+
         try:
             async for piece in answer:
                 thought, said = turn.add(piece)
@@ -276,9 +284,13 @@ class ChatApp(App):
                 if turn.finished or time.monotonic() - shown >= self.PANEL_INTERVAL:
                     shown = time.monotonic()
                     self.show_turn(turn, reply)
+                elif trailing is None:  # the stream may pause here: show these numbers a little later anyway
+                    trailing = self.set_timer(self.PANEL_INTERVAL, show_later)
                 if turn.finished:
                     break
         finally:
+            if trailing is not None:
+                trailing.stop()
             if self.answer is answer:  # ctrl+n may have moved on to a new answer already
                 self.answer = None
             await stop_markdown(md)

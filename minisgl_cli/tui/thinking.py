@@ -15,6 +15,13 @@ class ThinkSplitter:
         self.started = opened  # past the point where a <think> may still open
         self.closed = False
         self._held = ""
+        self._newlines = opened  # drop the newlines that follow a tag, in whichever delta they come
+
+    def _text(self, text: str) -> str:
+        if self._newlines:
+            text = text.lstrip("\n")
+            self._newlines = not text
+        return text
 
     def feed(self, text: str) -> tuple[str, str]:
         buf, self._held = self._held + text, ""
@@ -26,7 +33,7 @@ class ThinkSplitter:
                     self._held = buf
                     break
                 if stripped.startswith(OPEN):
-                    self.inside, self.started, buf = True, True, stripped[len(OPEN) :].lstrip("\n")
+                    self.inside, self.started, self._newlines, buf = True, True, True, stripped[len(OPEN) :]
                     continue
                 if OPEN.startswith(stripped):
                     self._held = buf
@@ -34,15 +41,15 @@ class ThinkSplitter:
                 self.started = True
                 continue
             if not self.inside:
-                answer += buf
+                answer += self._text(buf)
                 break
             i = buf.find(CLOSE)
             if i >= 0:
-                thinking += buf[:i]
-                self.inside, self.closed, buf = False, True, buf[i + len(CLOSE) :].lstrip("\n")
+                thinking += self._text(buf[:i])
+                self.inside, self.closed, self._newlines, buf = False, True, True, buf[i + len(CLOSE) :]
                 continue
             keep = _partial_suffix(buf, CLOSE)
-            thinking += buf[: len(buf) - keep]
+            thinking += self._text(buf[: len(buf) - keep])
             self._held = buf[len(buf) - keep :]
             break
         return thinking, answer
@@ -50,7 +57,7 @@ class ThinkSplitter:
     def flush(self) -> tuple[str, str]:
         """At the end of the answer: whatever is still held back."""
         held, self._held = self._held, ""
-        return (held, "") if self.inside else ("", held)
+        return (held, "") if self.inside else ("", self._text(held))
 
 
 def _partial_suffix(text: str, tag: str) -> int:
