@@ -69,7 +69,7 @@ def test_saved_session_resumes_in_a_second_app(tiny, db):
         await pilot.pause()
         assert [w.index for w in app.query(UserMessage)] == [0, 2]
         assert [w.answer.source for w in app.query(AssistantMessage)] == [saved[1][1], saved[3][1]]
-        assert app.title == "minisgl chat · first question"
+        assert app.title == "first question"
         await pilot.click("#prompt")
         await pilot.press("up")
         assert app.query_one(PromptBox).value == "second question"  # input history came back too

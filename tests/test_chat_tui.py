@@ -258,3 +258,27 @@ def test_input_history_recall(tiny):
         assert app.session.temperature == 0.25
 
     run_app(tiny, scenario)
+
+
+def test_multiline_input(tiny):
+    async def scenario(app: ChatApp, pilot) -> None:
+        box = app.query_one(PromptBox)
+        await pilot.click("#prompt")
+        await pilot.press(*"line one", "ctrl+j", *"line two", "enter")  # one burst, as a paste or tmux sends it
+        await wait_for(pilot, lambda: not app.generating and len(app.session.history) == 2, what="answer")
+        assert app.session.history[0].content == "line one\nline two" and box.value == ""
+        assert "line one\nline two" in rendered(app.query_one(UserMessage).content)
+
+        await pilot.press("f2")  # multi-line mode: enter adds lines, ctrl+s sends
+        assert box.multiline and box.has_class("-multiline")
+        await pilot.press(*"a", "enter", *"b", "enter", *"c")
+        assert box.value == "a\nb\nc" and len(app.session.history) == 2
+        await pilot.press("up")  # inside the text, up moves the cursor, not through the history
+        assert box.value == "a\nb\nc"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: not app.generating and len(app.session.history) == 4, what="second answer")
+        assert app.session.history[2].content == "a\nb\nc"
+        await pilot.press("f2", "up")
+        assert not box.multiline and box.value == "a\nb\nc"  # the history holds whole messages
+
+    run_app(tiny, scenario, max_tokens=3)

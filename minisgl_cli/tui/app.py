@@ -36,9 +36,13 @@ from minisgl_cli.tui.widgets import (
 )
 
 WELCOME = (
-    "Type a message and press enter (shift+enter or alt+enter: new line, f2: multi-line mode). esc stops an answer, "
+    "Type a message and press enter (ctrl+j: new line, f2: multi-line mode). esc stops an answer, "
     "ctrl+r answers again, ctrl+g edits your last message, ctrl+o lists saved chats, f1 or /help lists everything."
 )
+
+
+def _short(title: str, width: int = 32) -> str:
+    return title if len(title) <= width else title[: width - 1] + "…"
 
 
 async def stop_markdown(md: MarkdownStream) -> None:
@@ -147,7 +151,7 @@ class ChatApp(App):
         if stats is not None:
             self.turn = stats
             self.query_one(MetricsPanel).show_turn(stats)
-        self.title = f"minisgl chat · {self.session.title}" if self.session.title else "minisgl chat"
+        self.title = _short(self.session.title) or "minisgl chat"
 
     async def drop_from(self, index: int) -> None:
         """Remove history[index:] from the session and the screen."""
@@ -176,7 +180,7 @@ class ChatApp(App):
         if self.save_error is not None:
             self.notify("saved again")
             self.save_error = None
-        self.title = f"minisgl chat · {self.session.title}" if self.session.title else "minisgl chat"
+        self.title = _short(self.session.title) or "minisgl chat"
 
     # ---- input ------------------------------------------------------------------------------------------
     async def on_prompt_box_submitted(self, event: PromptBox.Submitted) -> None:
@@ -190,9 +194,12 @@ class ChatApp(App):
             await self.command(line)
         elif self.generating:
             self.notify("still answering: press Esc to stop it first", severity="warning")
-        elif await self.send(line):
-            box.remember(line)
-            box.value = ""
+        else:
+            box.value = ""  # now: what is typed while the turn starts belongs to the next message
+            if await self.send(line):
+                box.remember(line)
+            elif not box.value:
+                box.value = event.value
 
     async def command(self, line: str) -> None:
         try:
@@ -474,13 +481,13 @@ class ChatApp(App):
     def on_renamed(self, event: Renamed) -> None:
         if event.id == self.session.id:
             self.session.title = event.title
-            self.title = f"minisgl chat · {event.title}"
+            self.title = _short(event.title)
 
     async def action_help(self) -> None:
         keys = [(self.get_key_display(b), b.description) for b in self.BINDINGS if isinstance(b, Binding)]
         keys = [
             ("enter", "Send"),
-            ("shift+enter, alt+enter, ctrl+j", "new line (f2: enter adds lines, ctrl+s sends)"),
+            ("ctrl+j (shift+enter)", "new line (f2: enter adds lines, ctrl+s sends)"),
             ("up / down", "input history"),
         ] + keys
         await self.note([("Keys", keys), ("Commands", HELP)])

@@ -224,15 +224,17 @@ class MetricsPanel(VerticalScroll):
 
 
 class PromptBox(TextArea):
-    """The message box: Enter sends, shift+enter / alt+enter / ctrl+j add a line; in multi-line mode (f2) Enter adds
-    a line and ctrl+s sends. Up on the first line and down on the last recall earlier entries."""
+    """The message box: Enter sends, ctrl+j adds a line (so do shift+enter and alt+enter in terminals that report
+    them); in multi-line mode (f2) Enter adds a line and ctrl+s sends. Up on the first line and down on the last
+    recall earlier entries."""
 
     BINDINGS = [
         Binding("up", "history(-1)", "Previous", show=False),
         Binding("down", "history(1)", "Next", show=False),
-        Binding("shift+enter,alt+enter,ctrl+j", "newline", "New line", show=False),
+        Binding("enter", "send", "Send"),  # for the footer: _on_key sends (or adds a line in multi-line mode)
         Binding("ctrl+s", "send", "Send", show=False),
     ]
+    NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
     DEFAULT_CSS = """
     PromptBox { height: auto; min-height: 3; max-height: 10; }
     PromptBox.-multiline { border: tall $warning; }
@@ -265,10 +267,17 @@ class PromptBox(TextArea):
         self.border_subtitle = "multi-line: enter adds a line, ctrl+s sends (f2: off)" if on else ""
 
     async def _on_key(self, event: events.Key) -> None:
+        # Handled here, not as bindings: a binding's action runs later than the keys typed after it, so a newline
+        # or a send in a burst of keys (a paste, tmux send-keys) would land out of order.
         if event.key == "enter" and not self.multiline:
             event.stop()
             event.prevent_default()
             self.action_send()
+            return
+        if event.key in self.NEWLINE_KEYS:
+            event.stop()
+            event.prevent_default()
+            self.action_newline()
             return
         await super()._on_key(event)
 
