@@ -176,6 +176,10 @@ def test_copy_answer_and_code_blocks(tiny):
         await pilot.pause()
         assert "has 2 code block(s), not 3" in notices(app)[-2] and "/copy takes" in errors(app)[-1]
         assert "copied code block 1 of 2 (9 characters)" in notices(app)
+        # A stopped answer's unclosed block counts, as Markdown shows it.
+        app.session.history[1].content = "Here:\n```python\ndef f():\n    return"
+        await send(pilot, "/copy code")
+        assert app.clipboard == "def f():\n    return"
 
     run_app(tiny, scenario, session=session)
 
@@ -213,7 +217,7 @@ def test_sessions_list_opens_renames_and_deletes(tiny, db):
         assert app.query_one(PromptBox).entries == ["beta chat"]
 
     run_app(tiny, scenario, store, max_tokens=4)
-    assert [i.title for i in store.sessions()] == ["hello", "beta renamed"]
+    assert [i.title for i in store.sessions()] == ["beta renamed", "hello"]  # the one opened last comes first
 
 
 def test_locked_database_notifies_and_catches_up(tiny, db, monkeypatch):

@@ -476,6 +476,7 @@ class ChatApp(App):
         self.query_one(PromptBox).set_history(inputs)
         await self.query_one("#conversation").remove_children()
         await self.show_history()
+        self.save()  # now the last chat: --resume comes back to it
         self.notify(f"opened {session.title!r} ({len(session.history)} messages)")
 
     def on_renamed(self, event: Renamed) -> None:

@@ -77,9 +77,10 @@ def export(s: ChatSession, fmt: str, path: str = "") -> Path:
     return target
 
 
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})[^\n]*\n(.*?)^ {0,3}\1[ \t]*$", re.MULTILINE | re.DOTALL)
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})[^\n]*\n(.*?)(?:^ {0,3}\1[ \t]*$|\Z)", re.MULTILINE | re.DOTALL)
 
 
 def code_blocks(markdown: str) -> list[str]:
-    """The fenced code blocks of a Markdown text, without their fences."""
+    """The fenced code blocks of a Markdown text, without their fences; an unclosed last one runs to the end (as
+    Markdown renders it: a stopped answer)."""
     return [m.group(2) for m in _FENCE.finditer(markdown)]
