@@ -17,7 +17,15 @@ from minisgl_cli.tui.widgets import MetricsPanel, PromptBox
 
 
 def run_pilot(app: ChatApp, scenario) -> ChatApp:
-    """Run `scenario(app, pilot)` inside the app, headless at 120x40."""
+    """Run `scenario(app, pilot)` inside the app, headless at 120x40; `app.notified` keeps every notification."""
+    app.notified = []
+    show = app.notify
+
+    def notify(message: str, **kw) -> None:
+        app.notified.append((message, kw.get("severity", "information")))
+        show(message, **kw)
+
+    app.notify = notify
 
     async def main() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
@@ -52,7 +60,10 @@ def run_app(
 async def wait_for(pilot, cond, timeout: float = 60.0, what: str = "condition") -> None:
     end = time.monotonic() + timeout
     while not cond():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
+        assert time.monotonic() < end, (
+            f"timed out waiting for {what}; notices: {notices(pilot.app)}; "
+            f"history: {[(m.role, m.content[:40]) for m in pilot.app.session.history]}"
+        )
         await pilot.pause(0.02)
 
 
@@ -76,12 +87,13 @@ def panel_text(app: ChatApp, part: str) -> str:
     return rendered(app.query_one(MetricsPanel).query_one(f"#{part}").content)
 
 
-def errors(app: ChatApp) -> list[str]:
-    return [str(n.message) for n in app._notifications if n.severity == "error"]
-
-
 def notices(app: ChatApp) -> list[str]:
-    return [str(n.message) for n in app._notifications]
+    """Every notification so far (Textual drops them from the screen when they time out)."""
+    return [message for message, _ in app.notified]
+
+
+def errors(app: ChatApp) -> list[str]:
+    return [message for message, severity in app.notified if severity == "error"]
 
 
 async def idle(app: ChatApp, pilot, what: str = "the answer") -> None:

@@ -14,7 +14,7 @@ from minisgl_cli.tui.app import ChatApp
 from minisgl_cli.tui.local import LocalAnswer
 from minisgl_cli.tui.session import ChatMessage
 from minisgl_cli.tui.widgets import AnswerMarkdown, AssistantMessage, MetricsPanel, NoteMessage, PromptBox, UserMessage
-from tests.chat_pilot import errors, panel_text, rendered, run_app, send, wait_for
+from tests.chat_pilot import errors, notices, panel_text, rendered, run_app, send, wait_for
 from tests.conftest import make_llm
 
 
@@ -181,7 +181,7 @@ def test_turn_ends_when_its_whole_answer_was_queued_with_empty_deltas(tiny):
         await wait_for(pilot, lambda: not app.generating, timeout=10, what="the turn to end")
         await pilot.pause()
         assert [m.role for m in app.session.history] == ["user", "assistant"]
-        assert any("cut at 4 tokens" in str(n.message) for n in app._notifications)  # it ran to its end
+        assert any("cut at 4 tokens" in n for n in notices(app))  # it ran to its end
 
     run_app(tiny, scenario, max_tokens=4)
 
@@ -211,7 +211,7 @@ def test_slash_commands_and_bad_values(tiny):
         await send(pilot, "/system answer in French")
         await pilot.pause()
         assert (app.session.temperature, app.session.max_tokens, app.session.system) == (0, 6, "answer in French")
-        infos = [str(n.message) for n in app._notifications if n.severity == "information"]
+        infos = [m for m, severity in app.notified if severity == "information"]
         assert infos[-4:] == [
             "temperature = 0",
             "max tokens = 6",
