@@ -250,8 +250,10 @@ class ChatApp(App):
         return True
 
     def start(self, messages: list[dict[str, str]]) -> Answer | None:
+        """Send; the app is generating from here on (before any await), or the refusal is shown and None returned."""
         try:
-            return self.backend.start(messages, self.session.params(), self.session.thinking)
+            self.answer = self.backend.start(messages, self.session.params(), self.session.thinking)
+            return self.answer
         except (ValueError, BackendError) as e:
             hint = " (try /reset or a smaller /max-tokens)" if isinstance(e, ValueError) and self.session.turns else ""
             self.notify(f"{e}{hint}", title="cannot send", severity="error")
@@ -266,6 +268,13 @@ class ChatApp(App):
 
     @work(exclusive=True, group="generate")
     async def generate(self, answer: Answer, reply: AssistantMessage) -> None:
+        try:
+            await self._generate(answer, reply)
+        finally:  # the turn is over once its message is in the session (or it was cancelled)
+            if self.answer is answer:  # ctrl+n may have moved on to a new answer already
+                self.answer = None
+
+    async def _generate(self, answer: Answer, reply: AssistantMessage) -> None:
         md = Markdown.get_stream(reply.answer)  # coalesces fragments when tokens arrive faster than Markdown renders
         think_md: MarkdownStream | None = None
         turn = TurnReader(answer.started, answer.opens_in_thinking)
@@ -298,8 +307,6 @@ class ChatApp(App):
         finally:
             if trailing is not None:
                 trailing.stop()
-            if self.answer is answer:  # ctrl+n may have moved on to a new answer already
-                self.answer = None
             await stop_markdown(md)
             if think_md is not None:
                 await stop_markdown(think_md)
