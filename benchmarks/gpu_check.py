@@ -56,7 +56,7 @@ def traced(llm: LLM) -> list[torch.Tensor]:
         log.append(out.detach().clone())
         return out
 
-    model.logits = logits  # type: ignore[method-assign]
+    model.logits = logits  # type: ignore[method-assign]  # record each step's logits
     return log
 
 
@@ -77,7 +77,7 @@ def check_backends(model: str) -> dict:
     shared = torch.randint(0, 10000, (512,), generator=g).tolist()
     prompts = [torch.randint(0, 10000, (n,), generator=g).tolist() for n in (37, 300, 700, 129)]
     follow = shared + torch.randint(0, 10000, (64,), generator=g).tolist()
-    res = {}
+    res: dict[str, object] = {}
     logs = {}
     for backend in ("torch", "flashinfer"):
         llm = make(model, attention_backend=backend, cuda_graph_max_bs=0, overlap=False, kv_cache_gb=8)

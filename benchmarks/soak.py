@@ -55,7 +55,7 @@ PREFIXES = [
     "Context: the quick brown fox jumps over the lazy dog, twice, and then rests.\n",
 ]
 PROBES = ["probe one: count the pages", "probe two: " + "ab" * 40, "Context: the quick brown fox jumps over"]
-BAD = [
+BAD: list[tuple[dict[str, Any], str]] = [
     ({"prompt": "hi", "max_tokens": -1}, "max_tokens"),
     ({"prompt": [1, 2, 99999]}, "prompt"),
     ({"prompt": "x" * 3000}, "prompt"),

@@ -21,12 +21,15 @@ import json
 import re
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 
 from engine.config import EngineConfig
 from engine.llm import LLM
+from engine.runner import StepOutput
 from engine.sampling_params import SamplingParams
+from engine.scheduler import Batch
 from minisgl_cli.roofline import gpu_floor
 from minisgl_cli.workload import random_workload
 
@@ -61,6 +64,23 @@ def apply_variant(name: str) -> None:
     llama.FUSED_QKV = name != "unfused"
 
 
+def timed(run: Callable[[Batch], StepOutput], steps: list[tuple]) -> Callable[[Batch], StepOutput]:
+    """`run` that appends (is_decode, batch size, tokens, start event, end event, launch CPU s) to `steps`."""
+
+    def timed_run(batch: Batch) -> StepOutput:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        t = time.perf_counter()
+        out = run(batch)
+        cpu = time.perf_counter() - t
+        end.record()
+        steps.append((batch.is_decode, len(batch.reqs), batch.num_tokens, start, end, cpu))
+        return out
+
+    return timed_run
+
+
 def run_variant(model: str, name: str, kernels: bool) -> dict:
     apply_variant(name)
     t0 = time.perf_counter()
@@ -69,7 +89,7 @@ def run_variant(model: str, name: str, kernels: bool) -> dict:
     if name == "logits-fp32":
         m = llm.engine.loaded.model
         orig_logits = m.logits
-        m.logits = lambda h: orig_logits(h).float()  # type: ignore[method-assign]
+        m.logits = lambda h: orig_logits(h).float()  # type: ignore[method-assign]  # the variant under test
     cfg = llm.engine.model_cfg
     wl = random_workload(256, vocab_size=cfg.vocab_size)
     params = [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True) for n in wl.output_lens]
@@ -81,31 +101,19 @@ def run_variant(model: str, name: str, kernels: bool) -> dict:
     runner = llm.engine.runner
     orig_run = runner.run
     steps: list[tuple] = []
-
-    def timed_run(batch):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        t = time.perf_counter()
-        out = orig_run(batch)
-        cpu = time.perf_counter() - t
-        end.record()
-        steps.append((batch.is_decode, len(batch.reqs), batch.num_tokens, start, end, cpu))
-        return out
-
-    runner.run = timed_run  # type: ignore[method-assign]
+    runner.run = timed(orig_run, steps)  # type: ignore[method-assign, assignment]  # time each step
 
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     outs = llm.generate(wl.prompts, params)
     torch.cuda.synchronize()
     dur = time.perf_counter() - t0
-    runner.run = orig_run  # type: ignore[method-assign]
+    runner.run = orig_run  # type: ignore[method-assign]  # undo the timing wrapper
     tokens = sum(len(o.token_ids) for o in outs)
 
     agg: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     prev_end = None
-    for decode, bs, ntok, start, end, cpu in steps:
+    for decode, bs, _ntok, start, end, cpu in steps:
         a = agg[bucket(decode, bs)]
         a["steps"] += 1
         a["gpu_ms"] += start.elapsed_time(end)
@@ -138,7 +146,7 @@ def run_variant(model: str, name: str, kernels: bool) -> dict:
     return res
 
 
-def kernel_breakdown(llm: LLM, prompts, params) -> dict[str, float]:
+def kernel_breakdown(llm: LLM, prompts, params) -> dict[str, dict[str, float]]:
     """Kernel time (ms) by category over one whole run of the workload (its own run: the profiler slows the CPU)."""
     from torch.profiler import ProfilerActivity, profile
 

@@ -31,7 +31,12 @@ def dump(path: str) -> None:
         return
     log: list[torch.Tensor] = []
     orig = llm.engine.loaded.model.logits
-    llm.engine.loaded.model.logits = lambda h: log.append(orig(h).float().cpu()) or log[-1].to(h.device)
+
+    def logits(h: torch.Tensor) -> torch.Tensor:
+        log.append(orig(h).float().cpu())
+        return log[-1].to(h.device)
+
+    llm.engine.loaded.model.logits = logits  # type: ignore[method-assign]  # record each step's logits
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 10000, (n,), generator=g).tolist() for n in (16, 200, 700, 1500)]
     outs = llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))

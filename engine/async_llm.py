@@ -6,45 +6,15 @@ import asyncio
 import queue
 import threading
 import traceback
-from typing import AsyncIterator, Iterator
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
-from engine.llm import LLM, Prompt, RequestOutput
+from engine.llm import LLM, Prompt
 from engine.sampling_params import SamplingParams
+from engine.streams import END, EngineDeadError, RequestStream
 
-_END = object()
-
-
-class EngineDeadError(RuntimeError):
-    pass
-
-
-class RequestStream:
-    """Outputs of one request, consumable from plain threads (iterate) or asyncio (async iterate)."""
-
-    def __init__(self, rid: str, prompt_ids: list[int], loop: asyncio.AbstractEventLoop | None):
-        self.rid, self.prompt_ids = rid, prompt_ids
-        self._loop = loop
-        self._q: queue.Queue | asyncio.Queue = asyncio.Queue() if loop else queue.Queue()
-
-    def _put(self, item: object) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._q.put_nowait, item)
-        else:
-            self._q.put_nowait(item)
-
-    def __iter__(self) -> Iterator[RequestOutput]:
-        assert isinstance(self._q, queue.Queue), "created for asyncio: use `async for`"
-        while (item := self._q.get()) is not _END:
-            if isinstance(item, Exception):
-                raise item
-            yield item  # type: ignore[misc]
-
-    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        assert isinstance(self._q, asyncio.Queue), "created for threads: use `for`"
-        while (item := await self._q.get()) is not _END:
-            if isinstance(item, Exception):
-                raise item
-            yield item  # type: ignore[misc]
+__all__ = ["AsyncLLM", "EngineDeadError", "RequestStream"]
+T = TypeVar("T")
 
 
 class AsyncLLM:
@@ -54,7 +24,7 @@ class AsyncLLM:
 
     def __init__(self, llm: LLM):
         self.llm = llm
-        self._inbox: queue.Queue = queue.Queue()
+        self._inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._streams: dict[str, RequestStream] = {}
         self._lock = threading.Lock()
         self.error: str | None = None
@@ -94,16 +64,16 @@ class AsyncLLM:
     def abort(self, rid: str) -> None:
         self._inbox.put(("abort", rid))
 
-    def call(self, fn, timeout: float = 30.0):
+    def call(self, fn: Callable[[LLM], T], timeout: float = 30.0) -> T:
         """Run fn(llm) on the engine thread (between steps) and return its result."""
-        box: queue.Queue = queue.Queue()
+        box: queue.Queue[tuple[bool, Any]] = queue.Queue()
         with self._lock:
             self._check_open()
             self._inbox.put(("call", fn, box))
         ok, value = box.get(timeout=timeout)
         if not ok:
             raise value
-        return value
+        return cast(T, value)
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -123,7 +93,7 @@ class AsyncLLM:
                     self.llm.add_request(ids, params, rid)
                     self._streams[rid] = stream
                 except Exception as e:
-                    stream._put(ValueError(str(e)))
+                    stream.put(ValueError(str(e)))
             elif kind == "abort" and item[1] in self._streams:
                 self.llm.abort(item[1])
             elif kind == "call":
@@ -147,9 +117,9 @@ class AsyncLLM:
                     stream = self._streams.get(out.rid)
                     if stream is None:
                         continue
-                    stream._put(out)
+                    stream.put(out)
                     if out.finished:
-                        stream._put(_END)
+                        stream.put(END)
                         del self._streams[out.rid]
         except Exception as e:  # the loop itself broke: fail everyone clearly instead of hanging them
             self.error = f"engine loop crashed: {type(e).__name__}: {e}"
@@ -159,7 +129,7 @@ class AsyncLLM:
                 self._closed = True
             why = self.error or "engine shut down"
             for stream in self._streams.values():
-                stream._put(EngineDeadError(why))
+                stream.put(EngineDeadError(why))
             self._streams.clear()
             while True:
                 try:
@@ -167,6 +137,6 @@ class AsyncLLM:
                 except queue.Empty:
                     break
                 if item[0] == "add":
-                    item[4]._put(EngineDeadError(why))
+                    item[4].put(EngineDeadError(why))
                 elif item[0] == "call":
                     item[2].put((False, EngineDeadError(why)))

@@ -18,7 +18,8 @@ class EngineConfig:
     kv_cache_gb: float | None = None  # KV pool budget; default: 1 GiB on CPU, memory_fraction of free GPU memory
     memory_fraction: float = 0.85
     max_running_requests: int = 256
-    max_prefill_tokens: int = 8192  # per-step token budget; longer prompts are chunked
+    max_batch_tokens: int = 8192  # per-step token budget (decode tokens + prefill chunks); long prompts are chunked
+    mixed_batch: bool = True  # one step carries every running request's decode token plus prefill chunks
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     radix_cache: bool = True
     attention_backend: str = "auto"  # auto | torch | flashinfer
@@ -40,7 +41,7 @@ class EngineConfig:
             (self.kv_cache_gb is None or self.kv_cache_gb > 0, "kv_cache_gb", "must be > 0"),
             (0 < self.memory_fraction <= 1, "memory_fraction", "must be in (0, 1]"),
             (self.max_running_requests >= 1, "max_running_requests", "must be >= 1"),
-            (self.max_prefill_tokens >= 1, "max_prefill_tokens", "must be >= 1"),
+            (self.max_batch_tokens >= 1, "max_batch_tokens", "must be >= 1"),
             (self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be >= 2"),
             (
                 self.attention_backend in ("auto", "torch", "flashinfer"),
@@ -70,7 +71,8 @@ class EngineConfig:
     def torch_dtype(self, device: torch.device) -> torch.dtype:
         if self.dtype == "auto":
             return torch.bfloat16 if device.type == "cuda" else torch.float32
-        return getattr(torch, self.dtype)
+        dtype: torch.dtype = getattr(torch, self.dtype)
+        return dtype
 
     def use_overlap(self, device: torch.device) -> bool:
         return device.type == "cuda" if self.overlap is None else self.overlap

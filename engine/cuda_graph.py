@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -12,6 +12,7 @@ from kernels.attention import AttnMeta
 if TYPE_CHECKING:
     from engine.runner import ModelRunner
     from engine.scheduler import Batch
+    from kernels.attention.flashinfer_backend import FlashInferBackend
 
 
 def batch_sizes(max_bs: int) -> list[int]:
@@ -20,7 +21,7 @@ def batch_sizes(max_bs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, runner: "ModelRunner", max_bs: int):
+    def __init__(self, runner: ModelRunner, max_bs: int):
         from kernels.attention.flashinfer_backend import FlashInferBackend
 
         self.runner = runner
@@ -63,7 +64,8 @@ class DecodeGraphs:
 
     def _plan(self, bs: int, kv_lens: list[int], tables: list[list[int]], turn: int | None = None) -> int:
         meta = AttnMeta(True, [1] * bs, kv_lens, tables, self.out_slots[:bs])
-        return self.backend.plan_graph(bs, self.max_pages, meta, self.out_slots[:bs], turn)  # type: ignore[attr-defined]
+        backend = cast("FlashInferBackend", self.backend)  # graphs are enabled for it only (__init__)
+        return backend.plan_graph(bs, self.max_pages, meta, self.out_slots[:bs], turn)
 
     def release(self) -> None:
         """Destroy the captured graphs now, not whenever the garbage collector gets to them."""
@@ -75,7 +77,7 @@ class DecodeGraphs:
         self.graphs.clear()
         self.outputs.clear()
 
-    def can_run(self, batch: "Batch") -> bool:
+    def can_run(self, batch: Batch) -> bool:
         return self.enabled and batch.is_decode and len(batch.reqs) <= self.max_bs
 
     def run(self, ids: torch.Tensor, pos: torch.Tensor, meta: AttnMeta) -> torch.Tensor:

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import NoReturn, TypeVar, cast
 
 import torch
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
 class TPContext:
     rank: int = 0
     size: int = 1
-    cpu_group: object = None  # gloo group for the control plane (commands), so it never waits on the GPU stream
+    # gloo group for the control plane (commands), so it never waits on the GPU stream
+    cpu_group: dist.ProcessGroup | None = None
 
     @property
     def enabled(self) -> bool:
@@ -58,11 +61,11 @@ def init_tp(size: int, device: str) -> TPContext:
     return TP
 
 
-def broadcast_objects(obj: object) -> object:
+def broadcast_objects(obj: T) -> T:
     """Rank 0's object on every rank (control plane, over gloo)."""
     box = [obj if TP.rank == 0 else None]
-    dist.broadcast_object_list(box, src=0, group=TP.cpu_group)  # type: ignore[arg-type]
-    return box[0]
+    dist.broadcast_object_list(box, src=0, group=TP.cpu_group)
+    return cast(T, box[0])
 
 
 def leave_failed_group(err: BaseException) -> NoReturn:

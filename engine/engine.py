@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -16,10 +18,12 @@ from engine.distributed import TP, broadcast_objects, init_tp, leave_failed_grou
 from engine.metrics import EngineMetrics
 from engine.model_config import PRESETS, ModelConfig
 from engine.models import create_model
+from engine.models.llama import LlamaForCausalLM
 from engine.request import Req, Status
 from engine.runner import ModelRunner, StepOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Batch, Scheduler
+from engine.text import RequestLimits
 from engine.tokenizer import ByteTokenizer, Tokenizer
 from kvcache.manager import CacheManager
 from kvcache.pool import KVPool
@@ -30,14 +34,14 @@ Progress = Callable[[str, int, int], None]  # (stage, done, total)
 @dataclass(slots=True)
 class LoadedModel:
     cfg: ModelConfig
-    model: torch.nn.Module
+    model: LlamaForCausalLM
     tokenizer: Tokenizer
     source: str
     load_seconds: float
 
 
 @contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -46,30 +50,41 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
+def load_tokenizer(spec: str | None, extra_eos: tuple[int, ...] = ()) -> Tokenizer:
+    """The tokenizer of a model spec (as --model): from the GGUF file, the HF directory, or bytes for dummy models."""
+    kind, where = weights.resolve(spec)
+    if kind == "gguf":
+        return Tokenizer.from_gguf(where, extra_eos)  # type: ignore[arg-type]
+    if kind == "hf":
+        return Tokenizer.from_hf_dir(where, extra_eos) or ByteTokenizer()  # type: ignore[arg-type]
+    return ByteTokenizer()
+
+
 def load_model(
     spec: str | None,
     device: torch.device,
     dtype: torch.dtype,
     progress: Progress | None = None,
-    load_tokenizer: bool = True,
+    with_tokenizer: bool = True,
 ) -> LoadedModel:
     t0 = time.perf_counter()
     kind, where = weights.resolve(spec)
+    path = Path(where)  # a file or directory unless kind is "dummy"
     reader = None
     if kind == "dummy":
         cfg = PRESETS[str(where)]
     elif kind == "gguf":
-        reader = weights._open_gguf(where)  # type: ignore[arg-type]
-        cfg = weights.gguf_config(where, reader)  # type: ignore[arg-type]
+        reader = weights._open_gguf(path)
+        cfg = weights.gguf_config(path, reader)
     else:
-        cfg = weights.hf_config(where)  # type: ignore[arg-type]
+        cfg = weights.hf_config(path)
     with torch.device(device), _default_dtype(dtype):
         model = create_model(cfg)
     with torch.no_grad():
         if kind == "dummy":
-            model.load_weights(weights.dummy_weights(cfg, device, dtype))  # type: ignore[operator]
+            model.load_weights(weights.dummy_weights(cfg, device, dtype))
         elif kind == "gguf":
-            total = weights.gguf_tensor_count(where, reader)  # type: ignore[arg-type]
+            total = weights.gguf_tensor_count(path, reader)
             done = [0]
 
             def tick() -> None:
@@ -77,24 +92,16 @@ def load_model(
                 if progress:
                     progress("loading weights", done[0], total)
 
-            model.load_weights(weights.gguf_weights(where, cfg, reader, tick))  # type: ignore[arg-type]
+            model.load_weights(weights.gguf_weights(path, cfg, reader, tick))
         else:
             try:
-                model.load_weights(weights.hf_weights(where))  # type: ignore[arg-type]
+                model.load_weights(weights.hf_weights(path))
             except ValueError as e:
                 if str(where) in str(e):  # already names the file
                     raise
                 raise ValueError(f"{where}: {e}") from e
     model.eval()
-    tok: Tokenizer
-    if not load_tokenizer:
-        tok = ByteTokenizer()
-    elif kind == "gguf":
-        tok = Tokenizer.from_gguf(where, cfg.eos_token_ids)  # type: ignore[arg-type]
-    elif kind == "hf":
-        tok = Tokenizer.from_hf_dir(where, cfg.eos_token_ids) or ByteTokenizer()  # type: ignore[arg-type]
-    else:
-        tok = ByteTokenizer()
+    tok = load_tokenizer(spec, cfg.eos_token_ids) if with_tokenizer else ByteTokenizer()
     return LoadedModel(cfg, model, tok, f"{kind}:{where}", time.perf_counter() - t0)
 
 
@@ -107,7 +114,7 @@ class Engine:
         if self.device.type == "cuda" and TP.size > 1:
             self.device = torch.device("cuda", torch.cuda.current_device())
         torch.manual_seed(config.seed)
-        self.loaded = load_model(config.model, self.device, self.dtype, progress, load_tokenizer=TP.rank == 0)
+        self.loaded = load_model(config.model, self.device, self.dtype, progress, with_tokenizer=TP.rank == 0)
         mc = self.loaded.cfg
         self.model_cfg = mc
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
@@ -129,13 +136,14 @@ class Engine:
             self.device,
         )
         self.cache = CacheManager(num_pages, config.page_size, config.radix_cache)
-        self.scheduler = Scheduler(self.cache, config.max_running_requests, config.max_prefill_tokens)
+        self.limits = RequestLimits(mc.vocab_size, self.max_model_len, num_pages * config.page_size)
+        self.scheduler = Scheduler(self.cache, config.max_running_requests, config.max_batch_tokens, config.mixed_batch)
         t0 = time.perf_counter()
         self.runner = ModelRunner(
             self.loaded.model,
             self.pool,
             config.attention_backend,
-            self.device,  # type: ignore[arg-type]
+            self.device,
             config.max_running_requests,
             config.cuda_graph_max_bs,
             scratch_page=num_pages,
@@ -143,13 +151,13 @@ class Engine:
         self.startup_seconds = {"load": self.loaded.load_seconds, "runner": time.perf_counter() - t0}
         self.overlap = config.use_overlap(self.device)
         self.reqs: dict[str, Req] = {}
-        self._commands: list[tuple] = []
+        self._commands: list[tuple[Any, ...]] = []
         self._inflight: tuple[Batch, StepOutput] | None = None
         self._counter = 0
         self._finished_now: list[Req] = []
         self._shutdown = False
         self.timing = dict(schedule=0.0, launch=0.0, process=0.0)
-        self.stats = dict(prompt_tokens=0, cache_hit_tokens=0, generation_tokens=0, finished=0, steps=0)
+        self.stats = dict(prompt_tokens=0, cache_hit_tokens=0, generation_tokens=0, finished=0, steps=0, mixed_steps=0)
 
     @property
     def backend_name(self) -> str:
@@ -162,7 +170,7 @@ class Engine:
         elif self.device.type == "cuda":
             torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info(self.device)
-            reserve = 2 * 2**30 + self.config.max_prefill_tokens * mc.vocab_size * 4  # activations, logits
+            reserve = 2 * 2**30 + self.config.max_batch_tokens * mc.vocab_size * 4  # activations, logits
             budget = int(free - (1 - self.config.memory_fraction) * total) - reserve
         else:
             budget = 2**30
@@ -174,24 +182,7 @@ class Engine:
         return f"req-{self._counter}"
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        if not prompt_ids:
-            raise ValueError("prompt is empty")
-        vocab = self.model_cfg.vocab_size
-        bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
-        total = len(prompt_ids) + params.max_tokens
-        if total > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                f"exceeds the model's context length {self.max_model_len}"
-            )
-        capacity = self.cache.num_pages * self.cache.page_size
-        if total > capacity:
-            raise ValueError(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                f"exceeds the KV cache capacity of {capacity} tokens"
-            )
+        self.limits.check(prompt_ids, params)
 
     def add_request(
         self,
@@ -217,13 +208,13 @@ class Engine:
         """Drop the radix cache's unused pages at the next step, on every rank (their trees must stay equal)."""
         self._commands.append(("evict_all",))
 
-    def _sync_commands(self) -> list[tuple]:
+    def _sync_commands(self) -> list[tuple[Any, ...]]:
         cmds, self._commands = self._commands, []
         if TP.size > 1:  # rank 0 decides; every rank applies the same adds/aborts at the same step
-            cmds = broadcast_objects(cmds)  # type: ignore[assignment]
+            cmds = broadcast_objects(cmds)
         return cmds
 
-    def _apply(self, cmds: list[tuple]) -> None:
+    def _apply(self, cmds: list[tuple[Any, ...]]) -> None:
         for cmd in cmds:
             if cmd[0] == "add":
                 _, rid, ids, params, eos = cmd
@@ -232,9 +223,9 @@ class Engine:
                 self.scheduler.add(req)
             elif cmd[0] == "finish":
                 _, rid, reason, error = cmd
-                req = self.reqs.get(rid)
-                if req is not None and not req.finished:
-                    self._finish(req, reason, error)
+                found = self.reqs.get(rid)
+                if found is not None and not found.finished:
+                    self._finish(found, reason, error)
             elif cmd[0] == "evict_all":
                 self.cache.evict_all()
             elif cmd[0] == "shutdown":
@@ -296,12 +287,13 @@ class Engine:
         t2 = time.perf_counter()
         if batch is not None:
             self.stats["steps"] += 1
-            if not batch.is_decode:
-                for req, start in zip(batch.reqs, batch.starts):
-                    if start == req.cache_hit_tokens and req.num_preemptions == 0:  # its first prefill chunk
-                        self.stats["prompt_tokens"] += len(req.prompt_ids)
-                        self.stats["cache_hit_tokens"] += req.cache_hit_tokens
-                    self.cache.publish(req)
+            self.stats["mixed_steps"] += batch.is_mixed
+            for i in batch.prefill_rows:
+                req = batch.reqs[i]
+                if batch.starts[i] == req.cache_hit_tokens and req.num_preemptions == 0:  # its first prefill chunk
+                    self.stats["prompt_tokens"] += len(req.prompt_ids)
+                    self.stats["cache_hit_tokens"] += req.cache_hit_tokens
+                self.cache.publish(req)
         changed: list[Req] = []
         if self.overlap:
             # Step N+1 is already queued on the GPU; only now wait for step N's tokens.
@@ -339,7 +331,7 @@ class Engine:
         return changed
 
     def check(self) -> None:
-        self.cache.check(self.scheduler.live)  # type: ignore[arg-type]
+        self.cache.check(self.scheduler.live)
         for r in self.scheduler.live:
             assert r.status is Status.RUNNING and r.device_len <= r.max_device_len, (r.rid, r.device_len)
 
@@ -359,4 +351,5 @@ class Engine:
             finished_requests=self.stats["finished"],
             preemptions=self.scheduler.num_preemptions,
             steps=self.stats["steps"],
+            mixed_steps=self.stats["mixed_steps"],
         )

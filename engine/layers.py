@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -13,8 +13,33 @@ from torch import nn
 from engine.distributed import TP
 
 
+class FusedOps(Protocol):
+    """What the engine calls in kernels/triton_ops.py (that module satisfies this protocol)."""
+
+    def rmsnorm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
+    def rope_inplace(self, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor, pos: torch.Tensor) -> None: ...
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor: ...
+    def sample_gumbel(self, logits: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor: ...
+    def qk_norm_rope_store(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_weight: torch.Tensor | None,
+        k_weight: torch.Tensor | None,
+        eps: float,
+        cos_sin: torch.Tensor,
+        pos: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> None: ...
+
+
 @functools.cache
-def fused_ops():
+def fused_ops() -> FusedOps | None:
     """The Triton kernels (kernels/triton_ops.py) when a CUDA device and Triton are there, else None."""
     if not torch.cuda.is_available():
         return None
@@ -50,6 +75,10 @@ class ColumnParallelLinear(nn.Module):
 
 class RowParallelLinear(nn.Module):
     """y = x W^T with W's input columns split over ranks; partial sums are all-reduced."""
+
+    if TYPE_CHECKING:  # nn.Module types every call as returning Any
+
+        def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
@@ -140,6 +169,8 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
 
 class RotaryEmbedding(nn.Module):
     """Neox-style rotary embedding (rotate halves), as in HF Llama and Qwen3 checkpoints."""
+
+    cos_sin: torch.Tensor  # a buffer: [max_pos, head_dim] fp32, cos | sin
 
     def __init__(self, head_dim: int, max_pos: int, theta: float, scaling: dict[str, Any] | None):
         super().__init__()

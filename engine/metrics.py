@@ -20,6 +20,7 @@ class EngineMetrics:
     finished_requests: int
     preemptions: int
     steps: int
+    mixed_steps: int = 0  # steps that carried decode tokens and prefill chunks together
 
     @property
     def kv_usage(self) -> float:

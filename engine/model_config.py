@@ -7,7 +7,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 HF_MODEL_TYPES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}  # supported architectures
 
 
@@ -54,7 +53,7 @@ class ModelConfig:
         return 2 * self.num_layers * (self.num_kv_heads // tp_size) * self.head_dim * dtype_bytes
 
     @staticmethod
-    def from_hf_dict(d: dict[str, Any], name: str = "") -> "ModelConfig":
+    def from_hf_dict(d: dict[str, Any], name: str = "") -> ModelConfig:
         archs = d.get("architectures") or []
         if not archs or not isinstance(archs, list):
             raise ValueError(f"config of {name or 'model'} has no 'architectures' list")
@@ -93,7 +92,7 @@ class ModelConfig:
         )
 
     @staticmethod
-    def from_json_file(path: Path) -> "ModelConfig":
+    def from_json_file(path: Path) -> ModelConfig:
         try:
             d = json.loads(path.read_text())
         except json.JSONDecodeError as e:

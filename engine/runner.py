@@ -61,27 +61,29 @@ class ModelRunner:
         return torch.tensor(pages, dtype=torch.int64)[pos // ps] * ps + pos % ps
 
     def prepare(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, AttnMeta]:
-        dev, ps = self.device, self.pool.page_size
+        dev, ps, nd = self.device, self.pool.page_size, batch.num_decode
         kv_lens = [s + n for s, n in zip(batch.starts, batch.q_lens)]
         tables = [r.pages[: -(-kv // ps)] for r, kv in zip(batch.reqs, kv_lens)]
-        if batch.is_decode:
-            starts = torch.tensor(batch.starts, dtype=torch.int64)
-            pages = torch.tensor([t[s // ps] for t, s in zip(tables, batch.starts)], dtype=torch.int64)
-            out = pages * ps + starts % ps
-            slot_idx = torch.tensor([r.slot for r in batch.reqs], dtype=torch.int64).to(dev, non_blocking=True)
-            ids = self.next_tokens[slot_idx]
-            pos = starts.to(dev, non_blocking=True)
-        else:
-            out = torch.cat([self._slots(r.pages, s, n) for r, s, n in zip(batch.reqs, batch.starts, batch.q_lens)])
-            ids = torch.tensor(
-                [t for r, s, n in zip(batch.reqs, batch.starts, batch.q_lens) for t in r.all_ids[s : s + n]],
-                dtype=torch.int64,
-            ).to(dev, non_blocking=True)
-            pos = torch.cat([torch.arange(s, s + n) for s, n in zip(batch.starts, batch.q_lens)]).to(
-                dev, non_blocking=True
-            )
-        meta = AttnMeta(batch.is_decode, batch.q_lens, kv_lens, tables, out.to(dev, non_blocking=True))
-        return ids, pos, meta
+        # Decode rows: one token each, read from the device-side token table (under overlap scheduling the CPU
+        # does not know it yet). Prefill rows: their prompt (or recomputed) tokens, from the CPU.
+        starts = torch.tensor(batch.starts[:nd], dtype=torch.int64)
+        pages = torch.tensor([t[s // ps] for t, s in zip(tables[:nd], batch.starts[:nd])], dtype=torch.int64)
+        out = [pages * ps + starts % ps]
+        pos = [starts]
+        rows = batch.prefill_rows
+        out += [self._slots(batch.reqs[i].pages, batch.starts[i], batch.q_lens[i]) for i in rows]
+        pos += [torch.arange(batch.starts[i], batch.starts[i] + batch.q_lens[i]) for i in rows]
+        ids = []
+        if nd:
+            slot_idx = torch.tensor([r.slot for r in batch.reqs[:nd]], dtype=torch.int64)
+            ids.append(self.next_tokens[slot_idx.to(dev, non_blocking=True)])
+        if rows:
+            prompt = [
+                t for i in rows for t in batch.reqs[i].all_ids[batch.starts[i] : batch.starts[i] + batch.q_lens[i]]
+            ]
+            ids.append(torch.tensor(prompt, dtype=torch.int64).to(dev, non_blocking=True))
+        meta = AttnMeta(batch.is_decode, batch.q_lens, kv_lens, tables, torch.cat(out).to(dev, non_blocking=True))
+        return torch.cat(ids) if len(ids) > 1 else ids[0], torch.cat(pos).to(dev, non_blocking=True), meta
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> StepOutput:
@@ -104,9 +106,9 @@ class ModelRunner:
         logits = self.model.logits(h)
         if self.keep_logits:
             self.last_logits = logits
-        for r in sampled:
-            if not batch.is_decode:
-                self.sampler.start(r)  # (re)build penalty state from the full token history
+        for i in sample_rows:
+            if i >= batch.num_decode:
+                self.sampler.start(batch.reqs[i])  # (re)build penalty state from the full token history
         tokens = self.sampler.sample(logits, sampled)
         if TP.size > 1:  # every rank must continue with rank 0's token, whatever its own RNG drew
             dist.broadcast(tokens, src=0)

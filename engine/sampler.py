@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from engine.layers import fused_ops
 from engine.request import Req
+from engine.sampling_params import SamplingParams
 
 
-def _dev(values: list, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+def _dev(values: list[Any], device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A small host list on the device without a stream sync (a blocking copy would stall overlap scheduling)."""
     return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
@@ -70,7 +73,7 @@ class Sampler:
         if not fused or any(p.has_penalties for p in params):
             logits = logits.float()
         logits = self._penalize(logits, reqs)
-        if fused:
+        if fused and ops is not None:
             tokens = ops.sample_gumbel(
                 logits,
                 _dev([0.0 if p.greedy else p.temperature for p in params], self.device),
@@ -103,10 +106,10 @@ class Sampler:
     def _generator(self, req: Req) -> torch.Generator:
         if req.rng is None:
             req.rng = torch.Generator(device=self.device)
-            req.rng.manual_seed(int(req.params.seed))  # type: ignore[arg-type]
+            req.rng.manual_seed(int(req.params.seed))  # type: ignore[arg-type]  # called for seeded requests only
         return req.rng
 
-    def _filter(self, probs: torch.Tensor, params: list) -> torch.Tensor:
+    def _filter(self, probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         top_k = _dev([p.top_k if p.top_k > 0 else probs.shape[-1] for p in params], self.device)
         top_p = _dev([p.top_p for p in params], self.device)
         min_p = _dev([p.min_p for p in params], self.device)

@@ -1,4 +1,6 @@
-"""Continuous batching: each step is a prefill batch (chunked under a token budget) or a decode batch."""
+"""Continuous batching. A step is a mixed batch: every running request's next decode token, then prefill chunks
+of admitted prompts up to the per-step token budget, so arriving prompts never stall running streams. With
+mixed batches off, a step is either prefill (chunked under the budget, and first whenever there is any) or decode."""
 
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ from kvcache.manager import CacheManager
 
 @dataclass(slots=True)
 class Batch:
-    reqs: list[Req]
-    is_decode: bool
+    reqs: list[Req]  # decode rows first, then prefill rows
+    num_decode: int  # rows [0, num_decode) feed one token each from the device-side token table
     starts: list[int]  # first position fed this step, per request
     q_lens: list[int]  # tokens fed this step, per request
     sample: list[bool]  # does this step produce the request's next token?
@@ -21,12 +23,37 @@ class Batch:
     def num_tokens(self) -> int:
         return sum(self.q_lens)
 
+    @property
+    def is_decode(self) -> bool:
+        return self.num_decode == len(self.reqs)
+
+    @property
+    def is_mixed(self) -> bool:
+        return 0 < self.num_decode < len(self.reqs)
+
+    @property
+    def prefill_rows(self) -> range:
+        return range(self.num_decode, len(self.reqs))
+
+
+def join(decode: Batch | None, prefill: Batch | None) -> Batch | None:
+    if decode is None or prefill is None:
+        return decode or prefill
+    return Batch(
+        decode.reqs + prefill.reqs,
+        decode.num_decode,
+        decode.starts + prefill.starts,
+        decode.q_lens + prefill.q_lens,
+        decode.sample + prefill.sample,
+    )
+
 
 class Scheduler:
-    def __init__(self, cache: CacheManager, max_running: int, max_prefill_tokens: int):
+    def __init__(self, cache: CacheManager, max_running: int, max_batch_tokens: int, mixed: bool = True):
         self.cache = cache
         self.max_running = max_running
-        self.max_prefill_tokens = max_prefill_tokens
+        self.max_batch_tokens = max_batch_tokens
+        self.mixed = mixed
         self.waiting: deque[Req] = deque()
         self.prefilling: list[Req] = []  # admitted, prompt not fully in the KV cache yet
         self.running: list[Req] = []  # decoding, oldest first
@@ -44,10 +71,14 @@ class Scheduler:
         return bool(self.waiting or self.prefilling or self.running)
 
     def schedule(self) -> Batch | None:
-        return self._prefill() or self._decode()
+        if not self.mixed:
+            return self._prefill(self.max_batch_tokens) or self._decode()
+        # Decode first: running requests get their next page before new prompts are admitted into what is left.
+        decode = self._decode()
+        budget = self.max_batch_tokens - (decode.num_tokens if decode else 0)
+        return join(decode, self._prefill(budget) if budget > 0 else None)
 
-    def _prefill(self) -> Batch | None:
-        budget = self.max_prefill_tokens
+    def _prefill(self, budget: int) -> Batch | None:
         reqs, starts, lens, sample = [], [], [], []
         candidates = list(self.prefilling)
         while self.waiting and len(self.live) < self.max_running:
@@ -66,7 +97,9 @@ class Scheduler:
             if budget <= 0:
                 break
             n = min(req.num_tokens - req.device_len, budget)
-            reqs.append(req), starts.append(req.device_len), lens.append(n)
+            reqs.append(req)
+            starts.append(req.device_len)
+            lens.append(n)
             budget -= n
             req.device_len += n
             done = req.device_len == req.num_tokens
@@ -74,7 +107,7 @@ class Scheduler:
             if done:
                 self.prefilling.remove(req)
                 self.running.append(req)
-        return Batch(reqs, False, starts, lens, sample) if reqs else None
+        return Batch(reqs, 0, starts, lens, sample) if reqs else None
 
     def _decode(self) -> Batch | None:
         batch: list[Req] = []
@@ -93,7 +126,7 @@ class Scheduler:
         starts = [r.device_len for r in batch]
         for r in batch:
             r.device_len += 1
-        return Batch(batch, True, starts, [1] * len(batch), [True] * len(batch))
+        return Batch(batch, len(batch), starts, [1] * len(batch), [True] * len(batch))
 
     def preempt(self, req: Req) -> None:
         """Free a running request's pages and requeue it first; its tokens are kept and recomputed later."""

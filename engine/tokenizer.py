@@ -18,7 +18,7 @@ class Tokenizer:
         self.has_chat_template = bool(getattr(hf, "chat_template", None))
 
     @staticmethod
-    def from_hf_dir(path: Path, extra_eos: tuple[int, ...] = ()) -> "Tokenizer | None":
+    def from_hf_dir(path: Path, extra_eos: tuple[int, ...] = ()) -> Tokenizer | None:
         from transformers import AutoTokenizer
 
         if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
@@ -26,7 +26,7 @@ class Tokenizer:
         return Tokenizer(AutoTokenizer.from_pretrained(str(path)), extra_eos)
 
     @staticmethod
-    def from_gguf(path: Path, extra_eos: tuple[int, ...] = ()) -> "Tokenizer":
+    def from_gguf(path: Path, extra_eos: tuple[int, ...] = ()) -> Tokenizer:
         from transformers import AutoTokenizer
 
         try:
@@ -43,7 +43,8 @@ class Tokenizer:
         return list(self.hf.encode(text))
 
     def decode(self, ids: list[int]) -> str:
-        return self.hf.decode(ids, skip_special_tokens=True)
+        text: str = self.hf.decode(ids, skip_special_tokens=True)
+        return text
 
     @property
     def thinking_switch(self) -> bool:
@@ -63,7 +64,10 @@ class Tokenizer:
                 raise ValueError(f"each message needs a role (system/user/assistant) and string content; got {m!r}")
         if not self.has_chat_template:
             return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
+        prompt: str = self.hf.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **template_kwargs
+        )
+        return prompt
 
     def encode_chat(self, messages: list[Message], **template_kwargs: Any) -> list[int]:
         return list(self.hf.encode(self.chat_prompt(messages, **template_kwargs), add_special_tokens=False))

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import importlib.util
 import struct
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.model_config import PRESETS, ModelConfig
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
@@ -54,14 +58,15 @@ def resolve(spec: str | None) -> tuple[str, str | Path]:
 class _SafetensorSlice:
     """A lazily read safetensors tensor: narrow() reads only the requested rows/columns from disk."""
 
-    def __init__(self, handle, name: str):
+    def __init__(self, handle: Any, name: str):  # a safetensors safe_open handle
         self._slice = handle.get_slice(name)
         self.shape = tuple(self._slice.get_shape())
 
     def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
         index = [slice(None)] * len(self.shape)
         index[dim] = slice(start, start + length)
-        return self._slice[tuple(index)]
+        part: torch.Tensor = self._slice[tuple(index)]
+        return part
 
 
 def hf_weights(path: Path) -> Iterator[tuple[str, _SafetensorSlice]]:
@@ -104,7 +109,7 @@ _GGUF_NAMES = {
 _GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
-def _open_gguf(path: Path):
+def _open_gguf(path: Path) -> GGUFReader:
     import gguf
 
     try:
@@ -113,14 +118,14 @@ def _open_gguf(path: Path):
         raise ValueError(f"{path} is not a readable GGUF file: {e}") from e
 
 
-def _field(reader, key: str, default=None):
+def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
     f = reader.fields.get(key)
     if f is None:
         return default
     return f.contents()
 
 
-def gguf_config(path: Path, reader=None) -> ModelConfig:
+def gguf_config(path: Path, reader: GGUFReader | None = None) -> ModelConfig:
     r = reader or _open_gguf(path)
     arch = _field(r, "general.architecture")
     if arch not in _GGUF_ARCH:
@@ -156,7 +161,9 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_weights(path: Path, cfg: ModelConfig, reader=None, progress=None) -> Iterator[tuple[str, torch.Tensor]]:
+def gguf_weights(
+    path: Path, cfg: ModelConfig, reader: GGUFReader | None = None, progress: Callable[[], None] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Dequantized weights under HF names. Each rank dequantizes whole tensors and keeps its shard."""
     import gguf
 
@@ -189,7 +196,7 @@ def gguf_weights(path: Path, cfg: ModelConfig, reader=None, progress=None) -> It
         yield name, w
 
 
-def gguf_tensor_count(path: Path, reader=None) -> int:
+def gguf_tensor_count(path: Path, reader: GGUFReader | None = None) -> int:
     return len((reader or _open_gguf(path)).tensors)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from kvcache.allocator import PageAllocator
@@ -60,7 +61,8 @@ class CacheManager:
         """Match the longest cached prefix, lock it, and allocate pages for the rest of the known tokens.
         Leaves `headroom_pages` available for running requests to grow; returns False (nothing held) if short."""
         tokens = req.all_ids
-        node, pages = None, []
+        node: Node | None = None
+        pages: list[int] = []
         if self.radix is not None:
             node, pages = self.radix.match(tokens[: len(tokens) - 1])  # at least one token must be computed
             self.radix.lock(node)
@@ -123,7 +125,7 @@ class CacheManager:
         return len(freed)
 
     # ---- invariants (tests call this after every step) ------------------------------------------------
-    def check(self, live: list[CacheUser]) -> None:
+    def check(self, live: Sequence[CacheUser]) -> None:
         ps = self.page_size
         free = self.allocator.free_set()
         locked, evictable = self.radix.page_sets() if self.radix else ([], [])

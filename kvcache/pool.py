@@ -23,7 +23,7 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
-    ) -> "KVPool":
+    ) -> KVPool:
         shape = (num_pages, page_size, kv_heads, head_dim)
         k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 class Node:
     key: tuple[int, ...] = ()
     pages: list[int] = field(default_factory=list)
-    parent: "Node | None" = None
-    children: dict[tuple[int, ...], "Node"] = field(default_factory=dict)
+    parent: Node | None = None
+    children: dict[tuple[int, ...], Node] = field(default_factory=dict)
     lock: int = 0
     last_used: int = 0
 
@@ -73,7 +73,7 @@ class RadixCache:
                 self.evictable_pages -= len(node.pages)
                 self.locked_pages += len(node.pages)
             node.lock += 1
-            node = node.parent  # type: ignore[assignment]
+            node = node.parent  # type: ignore[assignment]  # only the root has no parent
 
     def unlock(self, node: Node) -> None:
         while node is not self.root:
@@ -82,7 +82,7 @@ class RadixCache:
             if node.lock == 0:
                 self.evictable_pages += len(node.pages)
                 self.locked_pages -= len(node.pages)
-            node = node.parent  # type: ignore[assignment]
+            node = node.parent  # type: ignore[assignment]  # only the root has no parent
 
     def insert(self, tokens: list[int], pages: list[int]) -> int:
         """Insert a whole-page sequence; returns how many leading tokens were already cached
@@ -131,7 +131,8 @@ class RadixCache:
 
     def page_sets(self) -> tuple[list[int], list[int]]:
         """(locked pages, evictable pages), walked from the tree itself for invariant checks."""
-        locked, free = [], []
+        locked: list[int] = []
+        free: list[int] = []
         for n in self._nodes():
             (locked if n.lock else free).extend(n.pages)
         return locked, free

@@ -4,8 +4,9 @@ with Hugging Face transformers on the same weights and the same prompts."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any
 
 import typer
 
@@ -49,6 +50,10 @@ def register(app: typer.Typer) -> None:
                 min=1,
             ),
         ] = 1,
+        plot: Annotated[
+            Path | None,
+            typer.Option("--plot", help="PNG of the (median) minisgl run: batch size per step and tok/s over time"),
+        ] = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="no progress bars")] = False,
         model: o.Model = None,
         device: o.Device = "auto",
@@ -58,12 +63,13 @@ def register(app: typer.Typer) -> None:
         kv_cache_gb: o.KvCacheGb = None,
         memory_fraction: o.MemoryFraction = 0.85,
         max_running_requests: o.MaxRunning = 256,
-        max_prefill_tokens: o.MaxPrefill = 8192,
+        max_batch_tokens: o.MaxBatchTokens = 8192,
         max_model_len: o.MaxModelLen = None,
         no_radix_cache: o.NoRadix = False,
         attention_backend: o.Backend = "auto",
         cuda_graph_max_bs: o.GraphBs = 256,
         no_overlap: o.NoOverlap = False,
+        no_mixed_batch: o.NoMixed = False,
         tp: o.Tp = 1,
     ) -> None:
         """Offline throughput: output tokens / wall time of one generate() after a warm-up.
@@ -74,7 +80,7 @@ def register(app: typer.Typer) -> None:
         flags = dict(locals())
         from rich.console import Console
 
-        from minisgl_cli.report import environment, write_json
+        from minisgl_cli.report import command_flags, environment, write_json
 
         console = Console()
         engine = engine.lower()
@@ -82,6 +88,10 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"must be one of {', '.join(ENGINES)} (got {engine!r})", param_hint="--engine")
         if peer_api not in ("auto", "generate_batch", "generate"):
             raise typer.BadParameter("must be auto, generate_batch or generate", param_hint="--peer-api")
+        if plot is not None:
+            from minisgl_cli.plots import require_matplotlib
+
+            require_matplotlib()
         config = o.engine_config(**flags)
         workload = _build_workload(config, num_seqs, input_len, output_len, seed, dataset)
         engines = list(ENGINES) if compare else [engine]
@@ -115,12 +125,23 @@ def register(app: typer.Typer) -> None:
             "truncated_prompts": workload.truncated,
         }
         result["environment"] = environment()
+        result["benchmark"] = "bench-offline"
+        result["flags"] = command_flags(flags)
+        steps = result.pop("_steps", None)
+        for r in results:
+            r.pop("_steps", None)
         console.print(_table(results, workload))
         if "speedup" in result:
             console.print(f"[bold]minisgl / transformers output throughput: {result['speedup']:.2f}x[/bold]")
         if json_path is not None:
             write_json(json_path, result)
             console.print(f"results written to {json_path}")
+        if plot is not None and steps is not None:
+            from minisgl_cli.plots import plot_steps
+
+            title = f"bench-offline: {result['model']} on {result['device']}, {workload.num_seqs} requests"
+            plot_steps(steps, plot, title)
+            console.print(f"plot written to {plot}")
 
 
 def _build_workload(config, num_seqs: int, input_len: str, output_len: str, seed: int, dataset: Path | None):
@@ -224,12 +245,18 @@ def _run_minisgl(config, workload, temperature: float, quiet: bool, repeats: int
             task = bar.add_task(
                 "minisgl" if repeats == 1 else f"minisgl run {i + 1}/{repeats}", total=workload.output_tokens
             )
-            on_output = _token_counter(lambda n: bar.update(task, completed=n))
+            # B023: the lambda reads this iteration's task, and only runs within this iteration.
+            on_output = _token_counter(lambda n: bar.update(task, completed=n))  # noqa: B023
+            steps: list[tuple[float, int, int]] = []  # (time, requests, tokens) of every step, for --plot
             t0 = time.perf_counter()
-            outs = llm.generate(workload.prompts, params, on_output=on_output)
-            timed.append((time.perf_counter() - t0, outs))
+
+            def on_step(outs, steps=steps, t0=t0) -> None:
+                steps.append((time.perf_counter() - t0, len(outs), sum(len(o.delta_token_ids) for o in outs)))
+
+            outs = llm.generate(workload.prompts, params, on_output=on_output, on_step=on_step)
+            timed.append((time.perf_counter() - t0, outs, steps))
     after = llm.metrics()
-    duration, outs = sorted(timed, key=lambda t: t[0])[(repeats - 1) // 2]  # the median run (lower middle)
+    duration, outs, steps = sorted(timed, key=lambda t: t[0])[(repeats - 1) // 2]  # the median run (lower middle)
     ok = [out for out in outs if out.finish_reason in ("length", "stop")]
     result = _summary("minisgl", len(ok), workload.input_tokens, sum(len(out.token_ids) for out in ok), duration)
     result.update(
@@ -239,7 +266,9 @@ def _run_minisgl(config, workload, temperature: float, quiet: bool, repeats: int
         warmup_seconds=warmup,
         preemptions=after.preemptions - before.preemptions,
         cache_hit_tokens=after.cache_hit_tokens - before.cache_hit_tokens,
-        runs=[{"duration": d, "output_throughput": sum(len(o.token_ids) for o in os) / d} for d, os in timed],
+        runs=[{"duration": d, "output_throughput": sum(len(o.token_ids) for o in os) / d} for d, os, _ in timed],
+        engine_steps=len(steps),
+        _steps=steps,
         startup_breakdown=_startup_breakdown(llm.engine),
     )
     _add_floor(result, workload, llm.engine.model_cfg, llm.engine.dtype, llm.engine.device, config.tp)

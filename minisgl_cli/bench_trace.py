@@ -66,8 +66,18 @@ def register(app: typer.Typer) -> None:
             int | None, typer.Option(help="prompt token ids stay below this (default: the --model's vocabulary)", min=2)
         ] = None,
         request_timeout: Annotated[float, typer.Option(help="seconds per request with --url", min=1.0)] = 600.0,
+        no_client_check: Annotated[
+            bool,
+            typer.Option(
+                "--no-client-check",
+                help="with --url, skip measuring the client's absorption rate (about a second) before the run",
+            ),
+        ] = False,
         json_path: Annotated[Path | None, typer.Option("--json", help="write the results to this JSON file")] = None,
-        quiet: Annotated[bool, typer.Option("--quiet", help="no progress bars")] = False,
+        plot: Annotated[
+            Path | None, typer.Option("--plot", help="draw per-request TTFT and TBT over time to this PNG (matplotlib)")
+        ] = None,
+        quiet: Annotated[bool, typer.Option("--quiet", help="no progress view")] = False,
         model: o.Model = None,
         device: o.Device = "auto",
         dtype: o.Dtype = "auto",
@@ -76,12 +86,13 @@ def register(app: typer.Typer) -> None:
         kv_cache_gb: o.KvCacheGb = None,
         memory_fraction: o.MemoryFraction = 0.85,
         max_running_requests: o.MaxRunning = 256,
-        max_prefill_tokens: o.MaxPrefill = 8192,
+        max_batch_tokens: o.MaxBatchTokens = 8192,
         max_model_len: o.MaxModelLen = None,
         no_radix_cache: o.NoRadix = False,
         attention_backend: o.Backend = "auto",
         cuda_graph_max_bs: o.GraphBs = 256,
         no_overlap: o.NoOverlap = False,
+        no_mixed_batch: o.NoMixed = False,
         tp: o.Tp = 1,
     ) -> None:
         """Replay a request trace in real time (scaled by --time-scale) and report TTFT, TBT (inter-token gap),
@@ -92,7 +103,7 @@ def register(app: typer.Typer) -> None:
         flags = dict(locals())
         from rich.console import Console
 
-        from minisgl_cli.report import environment, write_json
+        from minisgl_cli.report import command_flags, environment, write_json
         from minisgl_cli.trace_reader import TraceError, read_trace
 
         console = Console()
@@ -104,11 +115,16 @@ def register(app: typer.Typer) -> None:
         window = full.window(start, num_requests)
         if not window.requests:
             raise typer.BadParameter(f"the trace has {len(full.requests)} requests; --start {start} is past them")
+        if plot is not None:
+            from minisgl_cli.plots import require_matplotlib
+
+            require_matplotlib()
         if url is None:
-            result = _run_local(config, window, flags, quiet)
+            result, results = _run_local(config, window, flags, quiet)
         else:
-            result = _run_url(config, window, flags, quiet)
+            result, results = _run_url(config, window, flags, quiet)
         result.update(
+            benchmark="bench-trace",
             trace=str(trace),
             format=full.format,
             trace_block_size=full.block_size,
@@ -120,11 +136,17 @@ def register(app: typer.Typer) -> None:
             seed=seed,
             temperature=temperature,
             environment=environment(),
+            flags=command_flags(flags),
         )
         console.print(_table(result))
         if json_path is not None:
             write_json(json_path, result)
             console.print(f"results written to {json_path}")
+        if plot is not None:
+            from minisgl_cli.plots import plot_timeline
+
+            plot_timeline(results, plot, f"bench-trace {trace.name} -> {result.get('url') or result['model']}")
+            console.print(f"plot written to {plot}")
 
 
 def plan(window, vocab: int, context: int, flags: dict[str, Any]) -> Plan:
@@ -159,28 +181,12 @@ def plan(window, vocab: int, context: int, flags: dict[str, Any]) -> Plan:
     return Plan(eff, items, clamped, eff.reuse_upper_bound())
 
 
-def _progress(quiet: bool, total: int):
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    bar = Progress(
-        TextColumn("[bold]replaying"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("requests"),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-        disable=quiet,
-    )
-    return bar, bar.add_task("replay", total=total)
-
-
-def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> dict[str, Any]:
+def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[str, Any], list]:
     import asyncio
 
     from engine.async_llm import AsyncLLM
-    from minisgl_cli.replay import replay_local
+    from minisgl_cli.live_view import LiveView
+    from minisgl_cli.replay import LiveCounters, drive, local_sender
 
     # Tensor parallelism: under torchrun the follower ranks branch off right after this load (rank 0 goes on).
     llm = o.load_llm(config, quiet=quiet)
@@ -198,12 +204,10 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> dict[str, 
     engine = AsyncLLM(llm)
     try:
         before = engine.call(lambda x: x.metrics())
-        bar, task = _progress(quiet, len(p.items))
-        with bar:
+        live = LiveCounters()
+        with LiveView("replaying", len(p.items), live, quiet):
             t0 = time.perf_counter()
-            results = asyncio.run(
-                replay_local(engine, p.items, flags["temperature"], on_done=lambda _: bar.advance(task))
-            )
+            results = asyncio.run(drive(p.items, local_sender(engine, flags["temperature"]), live=live))
             duration = time.perf_counter() - t0
         after = engine.call(lambda x: x.metrics())
     finally:
@@ -217,17 +221,32 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> dict[str, 
         radix_cache=config.radix_cache,
         page_size=e.cache.page_size,
         preemptions=after.preemptions - before.preemptions,
+        mixed_batch=config.mixed_batch,
+        max_batch_tokens=config.max_batch_tokens,
+        engine_steps=after.steps - before.steps,
+        mixed_steps=after.mixed_steps - before.mixed_steps,
+        engine="minisgl",
+        gpu=_gpu_name(e.device),
     )
-    return out
+    out["mixed_step_share"] = out["mixed_steps"] / max(out["engine_steps"], 1)
+    return out, results
 
 
-def _run_url(config, window, flags: dict[str, Any], quiet: bool) -> dict[str, Any]:
+def _gpu_name(device) -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+
+
+def _run_url(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[str, Any], list]:
     import asyncio
 
-    import httpx
-
+    from minisgl_cli.client_check import client_check_or_none
     from minisgl_cli.hf_peer import model_config_for
-    from minisgl_cli.replay import api_base, cache_hit_rate, replay_url, scrape_metrics, served_model
+    from minisgl_cli.live_view import LiveView
+    from minisgl_cli.openai_client import HTTPStatusError, OpenAIClient, api_base
+    from minisgl_cli.replay import LiveCounters, cache_hit_rate, drive, scrape_metrics, served_model, url_sender
+    from minisgl_cli.serve_metrics import client_usage
 
     vocab, context = flags["vocab_size"], config.max_model_len
     if vocab is None or context is None:
@@ -240,66 +259,46 @@ def _run_url(config, window, flags: dict[str, Any], quiet: bool) -> dict[str, An
             ) from e
         vocab, context = vocab or mc.vocab_size, context or mc.max_position_embeddings
     p = plan(window, vocab, context, flags)
-    base = api_base(flags["url"])
-    root = base.removesuffix("/v1")
+    check = None if flags["no_client_check"] else client_check_or_none(quiet)
 
     async def main():
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(flags["request_timeout"]), limits=limits) as client:
+        try:
+            client = OpenAIClient(flags["url"], timeout=flags["request_timeout"])
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--url") from e
+        async with client:
             try:
-                name = flags["served_model"] or await served_model(client, base)
-            except (httpx.HTTPError, ValueError, KeyError) as e:
-                raise typer.BadParameter(f"cannot reach {base}/models: {e}", param_hint="--url") from e
-            before = await scrape_metrics(client, root)
-            bar, task = _progress(quiet, len(p.items))
-            with bar:
+                name = flags["served_model"] or await served_model(client)
+            except (OSError, ValueError, KeyError, HTTPStatusError) as e:
+                raise typer.BadParameter(
+                    f"cannot reach {api_base(flags['url'])}/models: {e}", param_hint="--url"
+                ) from e
+            before = await scrape_metrics(client)
+            live = LiveCounters()
+            with LiveView("replaying", len(p.items), live, quiet):
                 t0 = time.perf_counter()
-                results = await replay_url(
-                    client, base, name, p.items, flags["temperature"], on_done=lambda _: bar.advance(task)
-                )
+                results = await drive(p.items, url_sender(client, name, flags["temperature"]), live=live)
                 duration = time.perf_counter() - t0
-            after = await scrape_metrics(client, root)
+            after = await scrape_metrics(client)
             return name, results, duration, cache_hit_rate(before, after)
 
     name, results, duration, hit_rate = asyncio.run(main())
     out = summarize(results, duration, p, hit_rate)
-    out.update(mode="url", url=flags["url"], model=name)
-    return out
+    out.update(mode="url", url=flags["url"], model=name, engine=None)
+    out.update(client_usage(out, results, check.tok_per_s if check else None), client_check=check and check.as_dict())
+    return out, results
 
 
 def summarize(results, duration: float, p: Plan, cache_hit_rate: float | None) -> dict[str, Any]:
-    """SGLang/vLLM bench_serving field names (ms latencies; `median` is p50)."""
-    from minisgl_cli.report import latency_stats
+    from minisgl_cli.serve_metrics import summarize as figures
 
-    ok = [r for r in results if r.ok]
-    input_tokens = sum(r.input_len for r in ok)
-    output_tokens = sum(r.output_tokens for r in ok)
-    out: dict[str, Any] = {
-        "completed": len(ok),
-        "failed": len(results) - len(ok),
-        "duration": duration,
-        "total_input_tokens": input_tokens,
-        "total_output_tokens": output_tokens,
-        "expected_output_tokens": sum(r.expected_output for r in ok),
-        "request_throughput": len(ok) / duration,
-        "input_throughput": input_tokens / duration,
-        "output_throughput": output_tokens / duration,
-        "total_token_throughput": (input_tokens + output_tokens) / duration,
-        "cache_hit_rate": cache_hit_rate,
-        "trace_cache_hit_upper_bound": p.upper_bound,
-        "block_size": p.trace.block_size,
-        "clamped_requests": p.clamped,
-    }
-    series = {
-        "ttft": [r.ttft for r in ok if r.ttft is not None],
-        "itl": [x for r in ok for x in r.itls],
-        "tpot": [r.tpot for r in ok if r.tpot is not None],
-        "e2e_latency": [r.e2e for r in ok if r.e2e is not None],
-    }
-    for name, values in series.items():
-        for stat, v in latency_stats(values).items():
-            out[f"{'median' if stat == 'p50' else stat}_{name}_ms"] = v
-    out["errors"] = [{"index": r.index, "line": r.line, "error": r.error} for r in results if not r.ok][:20]
+    out = figures(results, duration, e2e_name="e2e_latency")
+    out.update(
+        cache_hit_rate=cache_hit_rate,
+        trace_cache_hit_upper_bound=p.upper_bound,
+        block_size=p.trace.block_size,
+        clamped_requests=p.clamped,
+    )
     return out
 
 
@@ -327,6 +326,11 @@ def _table(res: dict[str, Any]):
             ("total tok/s", res["total_token_throughput"]),
             ("cache hit rate", "n/a" if hit is None else f"{hit:.1%}"),
             ("trace upper bound", f"{res['trace_cache_hit_upper_bound']:.1%}"),
+            *(
+                [("engine steps (mixed)", f"{res['engine_steps']:,} ({res['mixed_step_share']:.0%} mixed)")]
+                if "engine_steps" in res
+                else []
+            ),
         ],
     )
     return Group(summary, latency)

@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.model_config import ModelConfig
+    from engine.tokenizer import Tokenizer
 
 OnDone = Callable[[int], None]  # called with each finished request's output token count
 
@@ -24,7 +30,7 @@ class PeerRun:
     duration: float
 
 
-def model_config_for(spec: str | None):
+def model_config_for(spec: str | None) -> ModelConfig:
     """The ModelConfig of a --model value without loading its weights."""
     from engine import weights
     from engine.model_config import PRESETS
@@ -33,20 +39,20 @@ def model_config_for(spec: str | None):
     if kind == "dummy":
         return PRESETS[str(where)]
     if kind == "gguf":
-        return weights.gguf_config(where)  # type: ignore[arg-type]
-    return weights.hf_config(where)  # type: ignore[arg-type]
+        return weights.gguf_config(Path(where))
+    return weights.hf_config(Path(where))
 
 
-def tokenizer_for(spec: str | None):
+def tokenizer_for(spec: str | None) -> Tokenizer:
     """The engine's tokenizer for a --model value (dataset prompts must be the same ids for both engines)."""
     from engine import weights
     from engine.tokenizer import ByteTokenizer, Tokenizer
 
     kind, where = weights.resolve(spec)
     if kind == "gguf":
-        return Tokenizer.from_gguf(where)  # type: ignore[arg-type]
+        return Tokenizer.from_gguf(Path(where))
     if kind == "hf":
-        return Tokenizer.from_hf_dir(where) or ByteTokenizer()  # type: ignore[arg-type]
+        return Tokenizer.from_hf_dir(Path(where)) or ByteTokenizer()
     return ByteTokenizer()
 
 
@@ -57,13 +63,14 @@ def load_hf_model(spec: str | None, device, dtype):
 
     kind, where = weights.resolve(spec)
     if kind == "gguf":
-        model = AutoModelForCausalLM.from_pretrained(str(where.parent), gguf_file=where.name, dtype=dtype)  # type: ignore[union-attr]
+        path = Path(where)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
     elif kind == "hf":
         model = AutoModelForCausalLM.from_pretrained(str(where), dtype=dtype)
     else:
         from engine.engine import load_model
 
-        ours = load_model(spec, device, dtype, load_tokenizer=False).model  # the engine's exact dummy weights
+        ours = load_model(spec, device, dtype, with_tokenizer=False).model  # the engine's exact dummy weights
         d = ours.cfg.to_hf_dict()
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(d.pop("model_type"), **d), dtype=dtype)
         missing, unexpected = model.to(device).load_state_dict(ours.hf_state_dict(), strict=False)

@@ -27,7 +27,19 @@ KvCacheGb = Annotated[
 ]
 MemoryFraction = Annotated[float, typer.Option(help="GPU memory fraction for weights + KV", min=0.01, max=1.0)]
 MaxRunning = Annotated[int, typer.Option(help="max concurrently running requests", min=1)]
-MaxPrefill = Annotated[int, typer.Option(help="prefill token budget per step (chunked prefill)", min=1)]
+MaxBatchTokens = Annotated[
+    int,
+    typer.Option(
+        "--max-batch-tokens",
+        "--max-prefill-tokens",
+        help="token budget per step: running requests' decode tokens plus prefill chunks (chunked prefill)",
+        min=1,
+    ),
+]
+NoMixed = Annotated[
+    bool,
+    typer.Option("--no-mixed-batch", help="steps are prefill-only or decode-only (prefill first), for A/B runs"),
+]
 MaxModelLen = Annotated[int | None, typer.Option(help="context length limit (default: the model's)", min=2)]
 NoRadix = Annotated[bool, typer.Option("--no-radix-cache", help="disable the radix prefix cache")]
 Backend = Annotated[str, typer.Option("--attention-backend", help="auto | torch | flashinfer")]
@@ -46,12 +58,13 @@ def engine_config(
     kv_cache_gb: float | None = None,
     memory_fraction: float = 0.85,
     max_running_requests: int = 256,
-    max_prefill_tokens: int = 8192,
+    max_batch_tokens: int = 8192,
     max_model_len: int | None = None,
     no_radix_cache: bool = False,
     attention_backend: str = "auto",
     cuda_graph_max_bs: int = 256,
     no_overlap: bool = False,
+    no_mixed_batch: bool = False,
     tp: int = 1,
     seed: int = 0,
     **_: Any,
@@ -69,12 +82,13 @@ def engine_config(
             kv_cache_gb=kv_cache_gb,
             memory_fraction=memory_fraction,
             max_running_requests=max_running_requests,
-            max_prefill_tokens=max_prefill_tokens,
+            max_batch_tokens=max_batch_tokens,
             max_model_len=max_model_len,
             radix_cache=not no_radix_cache,
             attention_backend=attention_backend,
             cuda_graph_max_bs=cuda_graph_max_bs,
             overlap=False if no_overlap else None,
+            mixed_batch=not no_mixed_batch,
             tp=tp,
             seed=seed,
         )

@@ -1,14 +1,19 @@
-"""Replaying timed requests: in-process through AsyncLLM, or against an OpenAI-compatible /v1/completions URL.
-Both drivers sleep until each request's (scaled) arrival time and record per-request timings."""
+"""Sending timed requests and timing their tokens: in-process through AsyncLLM, or to an OpenAI-compatible server
+through the project's streaming client. bench-trace and bench-serve both drive their runs through `drive`.
+
+Latencies count from each request's scheduled send time, not from when the client got round to sending it: time in
+the client's own queue (a late wake-up, a busy event loop, a request waiting for a --max-concurrency slot while the
+arrival process runs on) is part of what a user would wait. In a closed loop (no pacing, a concurrency cap) a request
+is scheduled when a slot frees."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Callable
 
 OnDone = Callable[["RequestResult"], None]
 
@@ -17,9 +22,10 @@ OnDone = Callable[["RequestResult"], None]
 class ReplayItem:
     index: int
     line: int
-    arrival: float  # seconds from the replay's start (already scaled)
-    prompt: list[int]
+    arrival: float  # seconds from the run's start (already scaled); unused in a closed loop
+    prompt: list[int] | str
     output_len: int
+    input_len: int | None = None  # token count of a text prompt, when known
 
 
 @dataclass(slots=True)
@@ -28,7 +34,8 @@ class RequestResult:
     line: int
     input_len: int
     expected_output: int
-    start: float = 0.0  # perf_counter when sent
+    scheduled: float = 0.0  # perf_counter when it was due to be sent; the latencies count from here
+    sent: float = 0.0  # perf_counter when it was sent
     ttft: float | None = None
     itls: list[float] = field(default_factory=list)  # gaps between token (or chunk) arrivals
     e2e: float | None = None
@@ -46,6 +53,24 @@ class RequestResult:
             return None
         return (self.e2e - self.ttft) / (self.output_tokens - 1)
 
+    def set_times(self, times: list[float]) -> None:
+        if times:
+            self.ttft, self.e2e = times[0] - self.scheduled, times[-1] - self.scheduled
+            self.itls = [b - a for a, b in zip(times, times[1:])]
+
+
+@dataclass(slots=True)
+class LiveCounters:
+    """What a progress view reads while a run goes on (plain counters: cheap to bump per token)."""
+
+    sent: int = 0
+    in_flight: int = 0
+    tokens: int = 0  # tokens (in-process) or token-carrying events (URL) received
+    done: list[RequestResult] = field(default_factory=list)
+
+
+Sender = Callable[[ReplayItem, RequestResult, LiveCounters], Awaitable[None]]
+
 
 async def _wait_until(t: float) -> None:
     delay = t - time.perf_counter()
@@ -53,110 +78,144 @@ async def _wait_until(t: float) -> None:
         await asyncio.sleep(delay)
 
 
-# ---- in-process ------------------------------------------------------------------------------------------
-async def replay_local(
-    async_llm, items: list[ReplayItem], temperature: float, on_done: OnDone | None = None
+async def drive(
+    items: list[ReplayItem],
+    send: Sender,
+    max_concurrency: int | None = None,
+    closed_loop: bool = False,
+    duration: float | None = None,
+    live: LiveCounters | None = None,
+    on_done: OnDone | None = None,
+    t0: float | None = None,
 ) -> list[RequestResult]:
-    from engine.sampling_params import SamplingParams
+    """Send every item at t0 + item.arrival (open loop, a semaphore for the cap) or, closed loop, as soon as one of
+    max_concurrency slots is free until the items run out or `duration` passes. Results of the requests sent.
+    t0: the run's start on the perf_counter clock (default: now)."""
+    live = live or LiveCounters()
+    t0 = time.perf_counter() if t0 is None else t0
 
-    loop = asyncio.get_running_loop()
-    t0 = time.perf_counter()
-
-    async def one(item: ReplayItem) -> RequestResult:
-        res = RequestResult(item.index, item.line, len(item.prompt), item.output_len)
-        await _wait_until(t0 + item.arrival)
-        res.start = time.perf_counter()
-        last = None
+    async def run(item: ReplayItem, scheduled: float) -> RequestResult:
+        res = RequestResult(item.index, item.line, item.input_len or len(item.prompt), item.output_len)
+        res.scheduled = scheduled
+        live.sent += 1
+        live.in_flight += 1
         try:
-            params = SamplingParams(max_tokens=item.output_len, temperature=temperature, ignore_eos=True)
-            async for out in async_llm.submit(item.prompt, params, loop=loop):
-                last = out
-        except Exception as e:  # a bad request (ValueError) or a dead engine fails this request only
-            res.error = f"{type(e).__name__}: {e}"
-        if last is not None:
-            times = last.token_times
-            res.output_tokens, res.cache_hit_tokens = len(last.token_ids), last.cache_hit_tokens
-            if times:
-                res.ttft, res.e2e = times[0] - res.start, times[-1] - res.start
-                res.itls = [b - a for a, b in zip(times, times[1:])]
-            if last.finish_reason not in ("length", "stop") and res.error is None:
-                res.error = f"finished with {last.finish_reason}: {last.error or ''}".strip()
+            await send(item, res, live)
+        finally:
+            live.in_flight -= 1
+        live.done.append(res)
         if on_done:
             on_done(res)
         return res
 
+    if closed_loop:
+        assert max_concurrency is not None
+        queue = iter(items)
+        out: list[RequestResult] = []
+
+        async def worker() -> None:
+            for item in queue:
+                now = time.perf_counter()
+                if duration is not None and now - t0 >= duration:
+                    return
+                out.append(await run(item, now))
+
+        await asyncio.gather(*(worker() for _ in range(max_concurrency)))
+        return sorted(out, key=lambda r: r.index)
+
+    slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
+    async def one(item: ReplayItem) -> RequestResult:
+        scheduled = t0 + item.arrival
+        await _wait_until(scheduled)
+        if slots is None:
+            return await run(item, scheduled)
+        async with slots:
+            return await run(item, scheduled)
+
     return list(await asyncio.gather(*(one(i) for i in items)))
 
 
+def _failure(e: BaseException, timeout: float | None = None) -> str:
+    if isinstance(e, TimeoutError):
+        return f"TimeoutError: no answer within {timeout:g} s" if timeout else "TimeoutError"
+    return f"{type(e).__name__}: {e}"
+
+
+# ---- in-process ------------------------------------------------------------------------------------------
+def local_sender(async_llm, temperature: float, chat: bool = False) -> Sender:
+    from engine.sampling_params import SamplingParams
+
+    async def send(item: ReplayItem, res: RequestResult, live: LiveCounters) -> None:
+        loop = asyncio.get_running_loop()
+        res.sent = time.perf_counter()
+        last = None
+        prompt = [{"role": "user", "content": item.prompt}] if chat else item.prompt
+        try:
+            params = SamplingParams(max_tokens=item.output_len, temperature=temperature, ignore_eos=True)
+            async for out in async_llm.submit(prompt, params, loop=loop):
+                live.tokens += len(out.delta_token_ids)
+                last = out
+        except Exception as e:  # a bad request (ValueError) or a dead engine fails this request only
+            res.error = _failure(e)
+        if last is not None:
+            res.output_tokens, res.cache_hit_tokens = len(last.token_ids), last.cache_hit_tokens
+            res.input_len = len(last.prompt_token_ids)
+            res.set_times(last.token_times)
+            if last.finish_reason not in ("length", "stop") and res.error is None:
+                res.error = f"finished with {last.finish_reason}: {last.error or ''}".strip()
+
+    return send
+
+
 # ---- OpenAI-compatible server ------------------------------------------------------------------------------
-def api_base(url: str) -> str:
-    """'http://host:port', '.../v1' or '.../v1/' -> 'http://host:port/v1'."""
-    url = url.rstrip("/")
-    return url if url.endswith("/v1") else url + "/v1"
+def url_sender(client, model: str, temperature: float, chat: bool = False) -> Sender:
+    """Streams /v1/completions (token-id or text prompts) or /v1/chat/completions (text as one user message) with
+    `ignore_eos` and `stream_options.include_usage`; each event carrying text is timed as it arrives. Output (and
+    prompt) token counts come from the final usage chunk when the server sends one, else from the event count."""
+    path = "/v1/chat/completions" if chat else "/v1/completions"
 
-
-async def served_model(client, base: str) -> str:
-    r = await client.get(base + "/models")
-    r.raise_for_status()
-    data = r.json().get("data") or []
-    if not data:
-        raise ValueError(f"{base}/models lists no model: pass --served-model")
-    return data[0]["id"]
-
-
-async def replay_url(
-    client, base: str, model: str, items: list[ReplayItem], temperature: float, on_done: OnDone | None = None
-) -> list[RequestResult]:
-    """Streams /v1/completions with token-id prompts; each SSE chunk carrying a choice is timed as it arrives.
-    Output tokens come from the final usage chunk when the server sends one, else from the chunk count."""
-    t0 = time.perf_counter()
-
-    async def one(item: ReplayItem) -> RequestResult:
-        res = RequestResult(item.index, item.line, len(item.prompt), item.output_len)
+    async def send(item: ReplayItem, res: RequestResult, live: LiveCounters) -> None:
         body = {
             "model": model,
-            "prompt": item.prompt,
             "max_tokens": item.output_len,
             "temperature": temperature,
             "stream": True,
             "ignore_eos": True,
             "stream_options": {"include_usage": True},
         }
-        await _wait_until(t0 + item.arrival)
-        res.start = time.perf_counter()
+        if chat:
+            body["messages"] = [{"role": "user", "content": item.prompt}]
+        else:
+            body["prompt"] = item.prompt
         times: list[float] = []
         usage = None
+        res.sent = time.perf_counter()
         try:
-            async with client.stream("POST", base + "/completions", json=body) as resp:
-                if resp.status_code != 200:
-                    text = (await resp.aread()).decode(errors="replace")
-                    raise RuntimeError(f"HTTP {resp.status_code}: {text[:300]}")
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    now = time.perf_counter()
-                    chunk = json.loads(data)
-                    if chunk.get("error"):
-                        raise RuntimeError(f"server error: {chunk['error']}")
-                    if chunk.get("choices"):
-                        times.append(now)
-                    usage = chunk.get("usage") or usage
+            async with asyncio.timeout(client.timeout), aclosing(client.stream(path, body)) as events:
+                async for ev in events:
+                    if ev.text:
+                        times.append(ev.time)
+                        live.tokens += 1
+                    if ev.usage:
+                        usage = ev.usage
         except Exception as e:
-            res.error = f"{type(e).__name__}: {e}"
+            res.error = _failure(e, client.timeout)
         res.output_tokens = int(usage["completion_tokens"]) if usage else len(times)
-        if times:
-            res.ttft, res.e2e = times[0] - res.start, times[-1] - res.start
-            res.itls = [b - a for a, b in zip(times, times[1:])]
-        elif res.error is None:
+        if usage and usage.get("prompt_tokens"):
+            res.input_len = int(usage["prompt_tokens"])
+        res.set_times(times)
+        if not times and res.error is None:
             res.error = "the stream carried no tokens"
-        if on_done:
-            on_done(res)
-        return res
 
-    return list(await asyncio.gather(*(one(i) for i in items)))
+    return send
+
+
+async def served_model(client) -> str:
+    names = await client.models()
+    if not names:
+        raise ValueError(f"{client.url} /v1/models lists no model: pass --served-model")
+    return names[0]
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN|[+-]Inf)\s*$")
@@ -179,12 +238,12 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
-async def scrape_metrics(client, root: str) -> dict[str, float] | None:
+async def scrape_metrics(client) -> dict[str, float] | None:
     try:
-        r = await client.get(root + "/metrics")
+        status, body = await client.get("/metrics")
     except Exception:
         return None
-    return parse_prometheus(r.text) if r.status_code == 200 else None
+    return parse_prometheus(body.decode(errors="replace")) if status == 200 else None
 
 
 def cache_hit_rate(before: dict[str, float] | None, after: dict[str, float] | None) -> float | None:

@@ -7,10 +7,11 @@ import math
 import os
 import platform
 import subprocess
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
-STATS = ("mean", "p50", "p90", "p99", "max")
+STATS = ("mean", "std", "p50", "p90", "p99", "max")
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -23,12 +24,14 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
 
 
 def latency_stats(values: Iterable[float]) -> dict[str, float | None]:
-    """mean/p50/p90/p99/max in milliseconds (None when there are no values)."""
+    """mean/std/p50/p90/p99/max in milliseconds (None when there are no values); std as numpy's (population)."""
     v = sorted(x * 1000 for x in values)
     if not v:
         return {k: None for k in STATS}
+    mean = sum(v) / len(v)
     return {
-        "mean": sum(v) / len(v),
+        "mean": mean,
+        "std": math.sqrt(sum((x - mean) ** 2 for x in v) / len(v)),
         "p50": percentile(v, 50),
         "p90": percentile(v, 90),
         "p99": percentile(v, 99),
@@ -46,7 +49,7 @@ def fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
-def kv_table(title: str, rows: Sequence[tuple[str, Any]], columns: Sequence[str] = ("", "")):
+def kv_table(title: str, rows: Sequence[tuple[Any, ...]], columns: Sequence[str] = ("", "")):
     from rich.table import Table
 
     table = Table(title=title, title_justify="left", show_header=any(columns))
@@ -91,3 +94,8 @@ def environment() -> dict[str, str]:
 def write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def command_flags(flags: dict[str, Any]) -> dict[str, Any]:
+    """A command's flags as given, JSON-ready, so a stored result says how it was produced."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in flags.items()}

@@ -7,8 +7,8 @@ a lower bound on the wall time (prefill and the matmul work come on top), hence 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 # Measured device-to-device copy bandwidth (GPU.md), bytes/s; matched against torch.cuda.get_device_name().
 GPU_BANDWIDTH = {"H200": 4.3e12, "H100": 3.0e12}

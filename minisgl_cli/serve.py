@@ -1,12 +1,20 @@
-"""`minisgl serve`: the OpenAI-compatible HTTP server (FastAPI + uvicorn) over the in-process engine.
-Under torchrun, rank 0 serves HTTP and the other ranks follow the engine steps it broadcasts."""
+"""`minisgl serve`: the OpenAI-compatible HTTP server. This process (rank 0 under torchrun) runs the engine loop;
+the HTTP front end (FastAPI + uvicorn, tokenizer, SSE) runs in a child process; the other torchrun ranks follow
+the engine steps rank 0 broadcasts. docs/serve.md draws the layout."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from typing import Annotated
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.console import Console
 
 from minisgl_cli.options import (
     Backend,
@@ -14,11 +22,12 @@ from minisgl_cli.options import (
     Dtype,
     GraphBs,
     KvCacheGb,
+    MaxBatchTokens,
     MaxModelLen,
-    MaxPrefill,
     MaxRunning,
     MemoryFraction,
     Model,
+    NoMixed,
     NoOverlap,
     NoRadix,
     NumPages,
@@ -28,9 +37,15 @@ from minisgl_cli.options import (
     engine_config,
     load_llm,
 )
+from minisgl_cli.server.frontend import ORPHAN_GRACE_S, FrontendSpec
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+    from engine.ipc import EngineInfo
+    from engine.llm import LLM
 
 
-class LogLevel(str, enum.Enum):
+class LogLevel(enum.StrEnum):
     critical = "critical"
     error = "error"
     warning = "warning"
@@ -64,12 +79,13 @@ def register(app: typer.Typer) -> None:
         kv_cache_gb: KvCacheGb = None,
         memory_fraction: MemoryFraction = 0.85,
         max_running_requests: MaxRunning = 256,
-        max_prefill_tokens: MaxPrefill = 8192,
+        max_batch_tokens: MaxBatchTokens = 8192,
         max_model_len: MaxModelLen = None,
         no_radix_cache: NoRadix = False,
         attention_backend: Backend = "auto",
         cuda_graph_max_bs: GraphBs = 256,
         no_overlap: NoOverlap = False,
+        no_mixed_batch: NoMixed = False,
         tp: Tp = 1,
         seed: Seed = 0,
         host: Host = "127.0.0.1",
@@ -81,45 +97,62 @@ def register(app: typer.Typer) -> None:
         """Serve the model over an OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions,
         /v1/models, /health, /metrics."""
         config = engine_config(**locals())
-        llm = load_llm(config)
-        from engine.distributed import TP
-
-        if tp > 1 and TP.rank != 0:
-            # ---- TP follower hook -------------------------------------------------------------------------
-            # Ranks other than 0 serve no HTTP: they run the engine steps rank 0 broadcasts until it shuts down.
-            from engine.tp_follower import run_tp_follower
-
-            run_tp_follower(llm)
-            return
+        llm = load_llm(config)  # under torchrun, ranks > 0 stay in there, following rank 0's steps
         run_server(llm, host, port, served_model_name or model, max_queued_requests, log_level.value)
 
 
 def run_server(
-    llm,
+    llm: LLM,
     host: str,
     port: int,
     model_name: str | None = None,
     max_queued_requests: int | None = None,
     log_level: str = "info",
 ) -> None:
-    """Serve `llm` until interrupted (Ctrl-C / SIGTERM), then stop the engine loop."""
-    import uvicorn
-    from rich.console import Console
+    """Serve `llm` until Ctrl-C / SIGTERM. Exits non-zero if the engine loop crashes or the front end dies."""
+    from engine.engine_loop import engine_info
+    from minisgl_cli.server.frontend import FrontendSpec
 
-    from engine.async_llm import AsyncLLM
-    from minisgl_cli.server import create_app
+    spec = FrontendSpec(llm.config.model, None, host, port, model_name, max_queued_requests, log_level, os.getpid())
+    why = serve_engine(llm.engine, engine_info(llm), spec)
+    if why:
+        Console(stderr=True, soft_wrap=True).print(f"[red]minisgl serve:[/red] {why}; exiting")
+        raise typer.Exit(1)
 
-    async_llm = AsyncLLM(llm)
+
+def serve_engine(engine: Engine, info: EngineInfo, spec: FrontendSpec) -> str | None:
+    """This process runs the engine loop; the HTTP front end runs in a child process (minisgl_cli.server.frontend)
+    until Ctrl-C / SIGTERM here. Returns why it ended, if not by a signal: the loop crashed or the front end died."""
+    from engine.engine_loop import EngineLoop
+    from engine.ipc import Addresses
+
+    addrs = Addresses.temporary()
+    loop = EngineLoop(engine, addrs, info)
+    spec = dataclasses.replace(spec, addrs=addrs, engine_pid=os.getpid())
+    front = subprocess.Popen([sys.executable, "-m", "minisgl_cli.server.frontend", spec.to_json()])
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: loop.stop())
+
+    def front_end_exited() -> str | None:
+        code = front.poll()
+        return None if code is None else f"the HTTP front end exited ({_exit_status(code)})"
+
     try:
-        app = create_app(async_llm, model_name, max_queued_requests)
-        name = app.state.client.model_name
-        d = llm.describe()
-        Console(stderr=True, soft_wrap=True).print(
-            f"[bold]minisgl serve[/bold]: model [cyan]{name}[/cyan] on {d['device']} ({d['dtype']}, "
-            f"{d['attention']} attention, tp={d['tp']}) at http://{host}:{port}/v1"
-        )
-        # No lifespan hooks here; with them on, a second Ctrl-C (torchrun forwards the terminal's to rank 0
-        # again) cancels uvicorn's lifespan task and logs a traceback on an otherwise clean shutdown.
-        uvicorn.run(app, host=host, port=port, log_level=log_level, lifespan="off")
+        loop.run(watch=front_end_exited)
+        if loop.error:  # the front end fails open requests and answers 503 meanwhile
+            time.sleep(ORPHAN_GRACE_S)
     finally:
-        async_llm.shutdown()
+        if front.poll() is None:
+            front.terminate()
+            try:
+                front.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                front.kill()
+                front.wait()
+        loop.close()
+        addrs.remove()
+    return loop.error or loop.stopped_by
+
+
+def _exit_status(code: int) -> str:
+    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"

@@ -42,7 +42,7 @@ class Trace:
     requests: list[TraceRequest]
     skipped: list[tuple[int, str]] = field(default_factory=list)  # (line, why) with --skip-bad-lines
 
-    def window(self, start: int = 0, num_requests: int | None = None) -> "Trace":
+    def window(self, start: int = 0, num_requests: int | None = None) -> Trace:
         """Requests [start, start + num_requests); the first one's arrival becomes time zero."""
         reqs = self.requests[start : None if num_requests is None else start + num_requests]
         t0 = reqs[0].timestamp if reqs else 0.0

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 # nano-vllm / mini-sglang draw prompt ids with randint(0, 10000); the range is part of the published workload.
 PUBLISHED_MAX_ID = 10000
@@ -90,7 +90,8 @@ def read_dataset_prompts(path: Path, limit: int) -> list[str]:
                     return str(turn.get("value", turn.get("content")) or "")
             return ""
 
-        get: Callable[[dict], str] = lambda row: first_turn(row["conversations"])
+        def get(row: dict) -> str:
+            return first_turn(row["conversations"])
     else:
         col = next((c for c in TEXT_COLUMNS if c in ds.column_names), None)
         if col is None:
@@ -98,7 +99,10 @@ def read_dataset_prompts(path: Path, limit: int) -> list[str]:
                 f"dataset {path} has no 'conversations' or text column "
                 f"({', '.join(TEXT_COLUMNS)}); its columns: {', '.join(ds.column_names)}"
             )
-        get = lambda row: str(row[col] or "")  # noqa: E731
+
+        def get(row: dict) -> str:
+            return str(row[col] or "")
+
     prompts: list[str] = []
     for row in ds:
         if text := get(row).strip():
@@ -131,3 +135,57 @@ def dataset_workload(
             ids, truncated = ids[:room], truncated + 1
         prompts.append(ids)
     return Workload(prompts, output_lens, str(path), truncated=truncated)
+
+
+@dataclass(slots=True)
+class ServeWorkload:
+    """bench-serve's requests: token ids for every prompt (their lengths are the input lengths) and, when prompts go
+    out as text, the text sent."""
+
+    prompts: list[list[int]]
+    output_lens: list[int]
+    texts: list[str] | None
+    source: str
+
+
+def serve_workload(
+    n: int,
+    input_len: tuple[int, int],
+    output_len: tuple[int, int],
+    seed: int,
+    vocab_size: int,
+    tokenizer=None,
+    text: bool = False,
+    dataset: Path | None = None,
+    prefix_groups: int = 0,
+    prefix_len: int = 0,
+    max_model_len: int | None = None,
+) -> ServeWorkload:
+    """Random prompts (nano-vllm's draw, ids folded into small vocabularies) or a dataset's; with prefix groups,
+    request i starts with group i % G's shared random prefix of `prefix_len` tokens. Text prompts are the dataset's
+    own, or random ids decoded by the tokenizer."""
+    if dataset is not None:
+        assert tokenizer is not None
+        base = dataset_workload(dataset, tokenizer.encode, n, output_len, seed, max_model_len or 1 << 30)
+        prompts, output_lens = base.prompts, base.output_lens
+        texts = read_dataset_prompts(dataset, n) if text else None
+        source = str(dataset)
+    else:
+        base = random_workload(n, input_len, output_len, seed, vocab_size)
+        prompts, output_lens, texts, source = base.prompts, base.output_lens, None, "random"
+        if text:
+            assert tokenizer is not None
+            texts = [tokenizer.decode(p) for p in prompts]
+    if prefix_groups:
+        rng = random.Random(seed + 1)
+        heads = [
+            [rng.randrange(min(vocab_size, PUBLISHED_MAX_ID)) for _ in range(prefix_len)] for _ in range(prefix_groups)
+        ]
+        prompts = [heads[i % prefix_groups] + p for i, p in enumerate(prompts)]
+        if texts is not None:
+            head_texts = [tokenizer.decode(h) for h in heads]
+            texts = [head_texts[i % prefix_groups] + t for i, t in enumerate(texts)]
+        source += f" + {prefix_groups} prefix groups of {prefix_len} tokens"
+    if texts is not None:
+        prompts = [tokenizer.encode(t) for t in texts]  # what the server will count
+    return ServeWorkload(prompts, output_lens, texts, source)

@@ -5,27 +5,37 @@ from __future__ import annotations
 import asyncio
 import io
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from rich.console import Console
+from textual.pilot import Pilot
+from textual.widgets import Static
 
 from engine.async_llm import AsyncLLM
 from minisgl_cli.tui.app import ChatApp
 from minisgl_cli.tui.local import LocalBackend
 from minisgl_cli.tui.session import ChatSession
+from minisgl_cli.tui.stats import Load
 from minisgl_cli.tui.store import ChatStore
 from minisgl_cli.tui.widgets import MetricsPanel, PromptBox
 
+T = TypeVar("T")
+_notified: dict[int, list[tuple[str, str]]] = {}  # id(app) -> every (notification, severity) it showed
 
-def run_pilot(app: ChatApp, scenario) -> ChatApp:
-    """Run `scenario(app, pilot)` inside the app, headless at 120x40; `app.notified` keeps every notification."""
-    app.notified = []
+
+def run_pilot(app: ChatApp, scenario: Callable[[ChatApp, Pilot], Awaitable[None]]) -> ChatApp:
+    """Run `scenario(app, pilot)` inside the app, headless at 120x40; notices(app) keeps every notification
+    (Textual drops them from the screen when they time out)."""
+    seen: list[tuple[str, str]] = []
+    _notified[id(app)] = seen
     show = app.notify
 
-    def notify(message: str, **kw) -> None:
-        app.notified.append((message, kw.get("severity", "information")))
+    def notify(message: str, **kw: Any) -> None:
+        seen.append((message, kw.get("severity", "information")))
         show(message, **kw)
 
-    app.notify = notify
+    setattr(app, "notify", notify)  # noqa: B010 (mypy refuses assigning to a method)
 
     async def main() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
@@ -84,16 +94,35 @@ def rendered(renderable) -> str:
 
 
 def panel_text(app: ChatApp, part: str) -> str:
-    return rendered(app.query_one(MetricsPanel).query_one(f"#{part}").content)
+    return rendered(app.query_one(MetricsPanel).query_one(f"#{part}", Static).content)
+
+
+def notified(app: ChatApp) -> list[tuple[str, str]]:
+    return _notified[id(app)]
 
 
 def notices(app: ChatApp) -> list[str]:
-    """Every notification so far (Textual drops them from the screen when they time out)."""
-    return [message for message, _ in app.notified]
+    return [message for message, _ in notified(app)]
 
 
 def errors(app: ChatApp) -> list[str]:
-    return [message for message, severity in app.notified if severity == "error"]
+    return [message for message, severity in notified(app) if severity == "error"]
+
+
+def known(value: T | None) -> T:
+    """A number the test knows its source gives (Load's fields are None where a server does not say)."""
+    assert value is not None
+    return value
+
+
+def load(app: ChatApp) -> Load:
+    assert app.last_metrics is not None, "no load read yet"
+    return app.last_metrics
+
+
+def engine(app: ChatApp) -> AsyncLLM:
+    assert isinstance(app.backend, LocalBackend)
+    return app.backend.engine
 
 
 async def idle(app: ChatApp, pilot, what: str = "the answer") -> None:

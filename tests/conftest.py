@@ -38,11 +38,17 @@ def private_data_dir(tmp_path_factory, monkeypatch):
     return path
 
 
-def make_llm(model: str = "dummy:tiny-llama", **kw) -> LLM:
+def make_llm(model: str | None = "dummy:tiny-llama", **kw) -> LLM:
     """A CPU engine that checks page accounting after every step."""
     kw.setdefault("device", "cpu")
     kw.setdefault("check_invariants", True)
     return LLM(EngineConfig(model=model, **kw))
+
+
+def checked(llm: LLM) -> LLM:
+    """`llm` after its page-accounting check; on an engine thread: `async_llm.call(lambda llm: checked(llm)...)`."""
+    llm.engine.check()
+    return llm
 
 
 @pytest.fixture(scope="session")

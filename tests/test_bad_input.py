@@ -59,7 +59,7 @@ def invoke(*args: str) -> tuple[int, str]:
         (["--kv-cache-gb", "0"], "Invalid value for '--kv-cache-gb'"),
         (["--memory-fraction", "1.5"], "Invalid value for '--memory-fraction'"),
         (["--max-running-requests", "0"], "Invalid value for '--max-running-requests'"),
-        (["--max-prefill-tokens", "-5"], "Invalid value for '--max-prefill-tokens'"),
+        (["--max-batch-tokens", "-5"], "Invalid value for '--max-batch-tokens'"),
         (["--max-model-len", "1"], "Invalid value for '--max-model-len'"),
         (["--cuda-graph-max-bs", "-1"], "Invalid value for '--cuda-graph-max-bs'"),
         (["--attention-backend", "magic"], "attention_backend must be one of auto, torch, flashinfer (got 'magic')"),

@@ -134,7 +134,7 @@ def test_bad_options(tmp_path):
 
 # ---- against a real server ---------------------------------------------------------------------------------------
 def test_url_mode_against_minisgl_serve(tmp_path):
-    if "serve" not in typer.main.get_command(app).commands:  # type: ignore[attr-defined]
+    if "serve" not in typer.main.get_command(app).commands:
         pytest.skip("`minisgl serve` is not registered yet")
     port = free_port()
     server = subprocess.Popen(

@@ -15,7 +15,7 @@ from engine.async_llm import AsyncLLM
 from minisgl_cli.tui.local import LocalBackend
 from minisgl_cli.tui.plain import run_plain
 from minisgl_cli.tui.session import ChatSession
-from tests.conftest import make_llm
+from tests.conftest import checked, make_llm
 
 MINISGL = shutil.which("minisgl") or str(Path(sys.executable).parent / "minisgl")
 TINY = ["--model", "dummy:tiny-llama", "--device", "cpu", "--num-pages", "256"]
@@ -45,7 +45,7 @@ def test_piped_chat_with_slash_commands():
     assert "tiny-llama · cpu · float32" in p.stderr
     turns = [m.groups() for m in TURN.finditer(p.stderr)]
     assert [(t[0], int(t[3])) for t in turns] == [("length", 12), ("length", 8)], p.stderr
-    for reason, ttft, tps, n, hit, prompt, in_use, cached, free in turns:
+    for _reason, ttft, tps, _n, _hit, _prompt, in_use, cached, free in turns:
         assert float(ttft) > 0 and float(tps) > 0 and int(in_use) == 0
         assert int(cached) > 0 and int(cached) + int(free) == 256
     assert int(turns[0][4]) == 0 and int(turns[1][4]) >= 32  # turn 2 reuses "system: be brief\nuser: hello\n..."
@@ -91,7 +91,7 @@ def test_run_plain_keeps_history_and_resets():
         run_plain(backend, session, None, None, io.StringIO("/reset\nthree\n"), out, err)
         assert [m.content for m in session.history if m.role == "user"] == ["three"]
         assert "new conversation" in err.getvalue()
-        m = engine.call(lambda l: (l.engine.check(), l.metrics())[1])
+        m = engine.call(lambda llm: checked(llm).metrics())
         assert m.kv_pages_in_use == 0 and m.finished_requests == 3
     finally:
         engine.shutdown()

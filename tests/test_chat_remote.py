@@ -10,8 +10,8 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -22,7 +22,7 @@ from minisgl_cli.tui.server_backend import ServerBackend
 from minisgl_cli.tui.session import ChatSession
 from minisgl_cli.tui.store import ChatStore
 from minisgl_cli.tui.widgets import AssistantMessage
-from tests.chat_pilot import errors, idle, notices, panel_text, run_pilot, send, wait_for
+from tests.chat_pilot import errors, idle, known, load, notices, panel_text, run_pilot, send, wait_for
 from tests.conftest import free_port, wait_healthy
 from tests.test_chat_plain import MINISGL
 
@@ -66,14 +66,12 @@ def test_url_streams_an_answer_and_fills_the_panel(server):
     async def scenario(app: ChatApp, pilot) -> None:
         assert app.sub_title == f"dummy:tiny-llama · {server}/v1"
         await wait_for(pilot, lambda: app.last_metrics is not None, what="the server's /metrics")
-        assert app.last_metrics.source == "minisgl" and app.query_one("#kv").display
+        assert load(app).source == "minisgl" and app.query_one("#kv").display
         await send(pilot, "hello over http")
         await wait_for(pilot, lambda: app.turn.output_tokens >= 20, what="tokens streaming in")
-        assert app.generating and app.turn.ttft > 0
+        assert app.generating and known(app.turn.ttft) > 0
         assert re.search(r"TTFT\s+\d+\.\d ms", panel_text(app, "turn"))
-        await wait_for(
-            pilot, lambda: app.last_metrics.running == 1 and app.last_metrics.kv_pages_in_use > 0, what="KV in use"
-        )
+        await wait_for(pilot, lambda: load(app).running == 1 and known(load(app).kv_pages_in_use) > 0, what="KV in use")
         assert re.search(r"running\s+1", panel_text(app, "sched"))
         assert re.search(r"█ in use\s+[1-9]", panel_text(app, "kv")) and "from minisgl /metrics" in panel_text(
             app, "kv"
@@ -83,7 +81,7 @@ def test_url_streams_an_answer_and_fills_the_panel(server):
         assert app.turn.finish_reason == "abort" and app.query_one(AssistantMessage).has_class("-stopped")
         await wait_for(
             pilot,
-            lambda: app.last_metrics.running == 0 and app.last_metrics.kv_pages_in_use == 0,
+            lambda: load(app).running == 0 and load(app).kv_pages_in_use == 0,
             what="pages back on the server",
         )
         await pilot.press("ctrl+n")  # the stopped answer's byte tokens could leave the next prompt no room
@@ -92,7 +90,7 @@ def test_url_streams_an_answer_and_fills_the_panel(server):
         await idle(app, pilot)
         turn = app.turn
         assert turn.finish_reason == "length" and turn.output_tokens == 12  # the server's usage count
-        assert turn.prompt_tokens > 0 and turn.ttft > 0 and turn.decode_tps > 0 and turn.itls
+        assert turn.prompt_tokens > 0 and known(turn.ttft) > 0 and turn.decode_tps > 0 and turn.itls
         assert app.query(AssistantMessage).last().answer.source == app.session.history[-1].content != ""
         assert re.search(r"cached\s+[1-9]", panel_text(app, "kv"))
 

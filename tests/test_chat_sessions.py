@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 
 import pytest
+from textual.widgets import Input
 
 from minisgl_cli.tui.app import ChatApp
 from minisgl_cli.tui.session import ChatMessage, ChatSession
@@ -16,7 +17,7 @@ from minisgl_cli.tui.sessions_screen import SessionsScreen
 from minisgl_cli.tui.store import ChatStore, default_db_path
 from minisgl_cli.tui.turn import TurnStats
 from minisgl_cli.tui.widgets import AssistantMessage, PromptBox, UserMessage
-from tests.chat_pilot import errors, idle, notices, run_app, send, wait_for
+from tests.chat_pilot import errors, idle, known, notices, run_app, send, wait_for
 from tests.conftest import make_llm
 from tests.test_chat_plain import MINISGL, TINY
 
@@ -83,7 +84,8 @@ def test_saved_session_resumes_in_a_second_app(tiny, db):
     rows = (
         sqlite3.connect(db)
         .execute(
-            "SELECT role, content, ttft, prompt_tokens, output_tokens, tbt_p50 FROM messages WHERE session_id=? ORDER BY seq",
+            "SELECT role, content, ttft, prompt_tokens, output_tokens, tbt_p50 FROM messages"
+            " WHERE session_id=? ORDER BY seq",
             (two.session.id,),
         )
         .fetchall()
@@ -136,7 +138,7 @@ def test_regenerate_and_edit_replace_the_last_turn(tiny, db):
         assert len(app.query(AssistantMessage)) == 1 and app.query_one(AssistantMessage).answer.source == (
             app.session.history[1].content
         )
-        assert app.session.history[1].stats.output_tokens == 4 and app.session.history[1].created > first.created
+        assert known(app.session.history[1].stats).output_tokens == 4 and app.session.history[1].created > first.created
 
         await send(pilot, "/edit")
         await pilot.pause()
@@ -198,11 +200,12 @@ def test_sessions_list_opens_renames_and_deletes(tiny, db):
         await pilot.press("ctrl+o")
         await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="sessions list")
         screen = app.screen
+        assert isinstance(screen, SessionsScreen)
         assert [i.title for i in screen.infos] == ["hello", "beta chat", "alpha chat"]  # newest first
         await pilot.press("d")  # the open chat cannot be deleted
         assert "this is the open chat" in notices(app)[-1]
         await pilot.press("down", "r")
-        screen.query_one("#rename").value = "beta renamed"
+        screen.query_one("#rename", Input).value = "beta renamed"
         await pilot.press("enter")
         await pilot.pause()
         assert [i.title for i in screen.infos][1] == "beta renamed"
@@ -210,7 +213,7 @@ def test_sessions_list_opens_renames_and_deletes(tiny, db):
         await pilot.press("d")
         await pilot.pause()
         assert [i.title for i in screen.infos] == ["hello", "beta renamed"]
-        assert screen.selected().title == "beta renamed"
+        assert known(screen.selected()).title == "beta renamed"
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.session.title == "beta renamed", what="opened chat")
         assert [w.answer.source for w in app.query(AssistantMessage)] == ["answer to beta chat"]

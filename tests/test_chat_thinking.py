@@ -96,17 +96,18 @@ def test_thinking_streams_apart_and_is_counted(tmp_path):
         await send(pilot, "/think on")
         await send(pilot, "what is 6*7?")
         reply = app.query_one(AssistantMessage)
-        await wait_for(
-            pilot, lambda: reply.thinking is not None and "6*7." in reply.thinking.body.source, what="thinking"
-        )
-        assert not reply.thinking.collapsed and reply.answer.source == ""  # open while it thinks, no answer yet
-        await wait_for(pilot, lambda: reply.thinking.title == "Thinking… 6 tokens", what="thinking tokens counted")
+        await wait_for(pilot, lambda: reply.thinking is not None, what="the thinking block")
+        block = reply.thinking
+        assert block is not None
+        await wait_for(pilot, lambda: "6*7." in block.body.source, what="thinking")
+        assert not block.collapsed and reply.answer.source == ""  # open while it thinks, no answer yet
+        await wait_for(pilot, lambda: block.title == "Thinking… 6 tokens", what="thinking tokens counted")
         assert app.generating
         backend.hold.set()
         await idle(app, pilot)
         await pilot.pause()
-        assert reply.thinking.body.source.strip() == THINKING and reply.answer.source == ANSWER
-        assert reply.thinking.collapsed and reply.thinking.title == "Thought · 7 tokens"
+        assert block.body.source.strip() == THINKING and reply.answer.source == ANSWER
+        assert block.collapsed and block.title == "Thought · 7 tokens"
         message = app.session.history[-1]
         assert (message.content, message.reasoning) == (ANSWER, THINKING)
         assert app.turn.output_tokens == len(TOKENS) and app.turn.reasoning_tokens == 7
@@ -152,8 +153,9 @@ def test_think_switch_refused_without_enable_thinking():
 @pytest.mark.parametrize("flag", [True, False])
 def test_enable_thinking_reaches_the_chat_template(flag):
     """The in-process backend passes /think to templates that read enable_thinking (here one written like Qwen3's)."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import models
     from transformers import PreTrainedTokenizerFast
-    from tokenizers import Tokenizer as RawTokenizer, models
 
     from engine.tokenizer import Tokenizer
 

@@ -8,14 +8,28 @@ import dataclasses
 import re
 
 import pytest
+from textual.widgets import Sparkline
 
-from engine.async_llm import _END, RequestStream
+from engine.streams import END as _END
+from engine.streams import RequestStream
 from minisgl_cli.tui.app import ChatApp
 from minisgl_cli.tui.local import LocalAnswer
 from minisgl_cli.tui.session import ChatMessage
 from minisgl_cli.tui.widgets import AnswerMarkdown, AssistantMessage, MetricsPanel, NoteMessage, PromptBox, UserMessage
-from tests.chat_pilot import errors, notices, panel_text, rendered, run_app, send, wait_for
-from tests.conftest import make_llm
+from tests.chat_pilot import (
+    engine,
+    errors,
+    known,
+    load,
+    notices,
+    notified,
+    panel_text,
+    rendered,
+    run_app,
+    send,
+    wait_for,
+)
+from tests.conftest import checked, make_llm
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +62,7 @@ def test_real_model_streams_answer_and_reuses_prefix(smollm, monkeypatch):
         await send(pilot, "And of Germany?")
         await wait_for(pilot, lambda: not app.generating, what="second answer")
         assert len(app.query(AssistantMessage)) == 2 and len(app.session.history) == 4
-        assert app.turn.cache_hit_tokens >= first_prompt - app.backend.engine.llm.engine.cache.page_size
+        assert app.turn.cache_hit_tokens >= first_prompt - engine(app).llm.engine.cache.page_size
         assert app.turn.cache_hit_tokens > 0
         assert re.search(rf"cache hit\s+{app.turn.cache_hit_tokens} tokens", panel_text(app, "turn"))
 
@@ -62,25 +76,26 @@ def test_real_model_streams_answer_and_reuses_prefix(smollm, monkeypatch):
 def test_metrics_panel_updates_during_generation(tiny):
     async def scenario(app: ChatApp, pilot) -> None:
         await wait_for(pilot, lambda: app.last_metrics is not None, what="first metrics read")
-        assert app.last_metrics.kv_pages_in_use == 0 and re.search(r"running\s+0", panel_text(app, "sched"))
+        assert load(app).kv_pages_in_use == 0 and re.search(r"running\s+0", panel_text(app, "sched"))
         await send(pilot, "hello there")
         await wait_for(
-            pilot, lambda: app.last_metrics.kv_pages_in_use > 0 and app.turn.output_tokens > 40, what="pages in use"
+            pilot, lambda: known(load(app).kv_pages_in_use) > 0 and app.turn.output_tokens > 40, what="pages in use"
         )
-        assert app.generating and app.last_metrics.running == 1
+        assert app.generating and load(app).running == 1
         kv = panel_text(app, "kv")
-        assert re.search(rf"█ in use\s+{app.last_metrics.kv_pages_in_use}\b", kv), kv
-        usage = app.last_metrics.kv_usage * 100
-        assert float(re.search(r"(\d+\.\d+)% in use", kv).group(1)) == pytest.approx(usage, abs=0.01) and usage > 0
+        assert re.search(rf"█ in use\s+{load(app).kv_pages_in_use}\b", kv), kv
+        usage = known(load(app).kv_usage) * 100
+        shown = re.search(r"(\d+\.\d+)% in use", kv)
+        assert shown and float(shown.group(1)) == pytest.approx(usage, abs=0.01) and usage > 0
         assert re.search(r"running\s+1", panel_text(app, "sched"))
         turn = app.turn
-        assert turn.ttft > 0 and turn.decode_tps > 0 and len(turn.itls) == turn.output_tokens - 1
+        assert known(turn.ttft) > 0 and turn.decode_tps > 0 and len(turn.itls) == turn.output_tokens - 1
         assert re.search(r"TTFT\s+\d+\.\d ms", panel_text(app, "turn"))
         assert re.search(r"decode\s+\d+\.\d tok/s", panel_text(app, "turn"))
         assert re.search(r"p50 / p90\s+\d+\.\d / \d+\.\d ms", panel_text(app, "tbt"))
         panel = app.query_one(MetricsPanel)
         assert len(panel.tbt_ms) == min(MetricsPanel.WINDOW, len(turn.itls))
-        assert app.query_one("#tbt-spark").data == list(panel.tbt_ms)
+        assert app.query_one("#tbt-spark", Sparkline).data == list(panel.tbt_ms)
 
         await pilot.press("escape")
         # Once idle the pages the answer used are cached (evictable), none in use.
@@ -88,9 +103,9 @@ def test_metrics_panel_updates_during_generation(tiny):
             pilot,
             lambda: (
                 not app.generating
-                and app.last_metrics.running == 0
-                and app.last_metrics.kv_pages_in_use == 0
-                and app.last_metrics.kv_pages_cached > 0
+                and load(app).running == 0
+                and load(app).kv_pages_in_use == 0
+                and known(load(app).kv_pages_cached) > 0
             ),
             what="idle metrics",
         )
@@ -122,10 +137,8 @@ def test_stop_aborts_and_frees_pages(tiny):
         assert app.turn.finish_reason == "abort" and app.turn.output_tokens < 2000
         assert app.query_one(AssistantMessage).has_class("-stopped")
         assert len(app.session.history) == 2  # the partial answer stays in the conversation
-        await wait_for(
-            pilot, lambda: app.last_metrics.running == 0 and app.last_metrics.kv_pages_in_use == 0, what="pages back"
-        )
-        m = app.backend.engine.call(lambda llm: (llm.engine.check(), llm.metrics())[1])
+        await wait_for(pilot, lambda: load(app).running == 0 and load(app).kv_pages_in_use == 0, what="pages back")
+        m = engine(app).call(lambda llm: checked(llm).metrics())
         assert m.kv_pages_in_use == 0 and m.kv_pages_free + m.kv_pages_cached == m.kv_pages_total
 
     run_app(tiny, scenario, max_tokens=2000)
@@ -147,9 +160,7 @@ def test_reset_and_new_conversation_clear_history(tiny):
         await pilot.press("ctrl+n")
         await pilot.pause()
         assert not app.generating and app.session.history == [] and not app.query(AssistantMessage)
-        await wait_for(
-            pilot, lambda: app.last_metrics.running == 0 and app.last_metrics.kv_pages_in_use == 0, what="pages back"
-        )
+        await wait_for(pilot, lambda: load(app).running == 0 and load(app).kv_pages_in_use == 0, what="pages back")
         await send(pilot, "/max-tokens 4")
         await send(pilot, "fresh start")
         await wait_for(pilot, lambda: not app.generating, what="answer")
@@ -166,17 +177,17 @@ def test_turn_ends_when_its_whole_answer_was_queued_with_empty_deltas(tiny):
 
     async def scenario(app: ChatApp, pilot) -> None:
         params = app.session.params()
-        engine = app.backend.engine
-        outs = await asyncio.to_thread(lambda: list(engine.submit("hi", params)))  # a real answer
+        llm = engine(app)
+        outs = await asyncio.to_thread(lambda: list(llm.submit("hi", params)))  # a real answer
         assert outs[-1].finished and len(outs[-1].token_ids) == 4
         stream = RequestStream("held-back", outs[0].prompt_token_ids, asyncio.get_running_loop())
         for out in outs:  # the same outputs, all queued already, with their text still held back
-            stream._q.put_nowait(dataclasses.replace(out, delta_text=""))
-        stream._q.put_nowait(_END)
+            stream.put(dataclasses.replace(out, delta_text=""))
+        stream.put(_END)
         app.session.add(ChatMessage("user", "hi"))
         reply = AssistantMessage(1)
         await app.query_one("#conversation").mount(reply)
-        app.answer = LocalAnswer(engine, stream)
+        app.answer = LocalAnswer(llm, stream)
         app.generate(app.answer, reply)
         await wait_for(pilot, lambda: not app.generating, timeout=10, what="the turn to end")
         await pilot.pause()
@@ -211,7 +222,7 @@ def test_slash_commands_and_bad_values(tiny):
         await send(pilot, "/system answer in French")
         await pilot.pause()
         assert (app.session.temperature, app.session.max_tokens, app.session.system) == (0, 6, "answer in French")
-        infos = [m for m, severity in app.notified if severity == "information"]
+        infos = [m for m, severity in notified(app) if severity == "information"]
         assert infos[-4:] == [
             "temperature = 0",
             "max tokens = 6",
@@ -224,7 +235,7 @@ def test_slash_commands_and_bad_values(tiny):
         await pilot.pause()
         help_note, stats_note = [rendered(n.content) for n in app.query(NoteMessage)[-2:]]
         assert "/max-tokens" in help_note and "New chat" in help_note and "esc" in help_note
-        m = app.last_metrics
+        m = load(app)
         assert f"KV pages  0 in use, {m.kv_pages_cached} cached, {m.kv_pages_free} free of 512" in stats_note
         assert re.search(r"TTFT\s+-", stats_note), stats_note
 

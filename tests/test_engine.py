@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import random
 
 import pytest
@@ -49,17 +50,53 @@ def test_same_tokens_across_settings(tiny_dir):
     base, llm = run(tiny_dir, prompts)
     assert_all_pages_back(llm)
     variants = {
-        "chunked prefill 16": dict(max_prefill_tokens=16),
+        "chunked prefill 16": dict(max_batch_tokens=16),
         "no radix cache": dict(radix_cache=False),
         "page size 1": dict(page_size=1),
-        "page size 1, chunk 7": dict(page_size=1, max_prefill_tokens=7),
+        "page size 1, chunk 7": dict(page_size=1, max_batch_tokens=7),
         "overlap scheduling": dict(overlap=True),
         "batch of 2": dict(max_running_requests=2),
+        "no mixed batches": dict(mixed_batch=False),
+        "no mixed batches, chunk 16, no radix cache": dict(mixed_batch=False, max_batch_tokens=16, radix_cache=False),
+        "mixed, chunk 16, overlap": dict(max_batch_tokens=16, overlap=True),
     }
     for name, cfg in variants.items():
         tokens, llm = run(tiny_dir, prompts, **cfg)
         assert tokens == base, name
         assert_all_pages_back(llm)
+        mixed_steps = llm.metrics().mixed_steps
+        if "no mixed" in name:
+            assert mixed_steps == 0, name
+        elif "chunk" in name:  # the first prompts decode while later ones still prefill
+            assert mixed_steps > 0, name
+
+
+@pytest.mark.parametrize("mixed", [True, False])
+def test_arriving_prompts_do_not_stall_running_streams_with_mixed_batches(tiny_dir, mixed):
+    """A long prompt arrives while a request decodes. With mixed batches every step carries the running request's
+    next token beside a prefill chunk of the new prompt; without, the prefill steps come first and the stream
+    stalls for as long. The tokens are the same either way."""
+    llm = make_llm(tiny_dir, max_batch_tokens=16, mixed_batch=mixed)
+    prompts = prompts_with_shared_prefix(2, seed=3)
+    first = llm.add_request(prompts[0][:8], GREEDY)
+    llm.step()  # its prefill: it is decoding from now on
+    second = llm.add_request(prompts[0][8:] * 3, GREEDY)  # > 80 tokens: several 16-token chunks
+    outs: dict = {first: [], second: []}
+    steps_until_second_starts = 0
+    while not outs[second]:
+        step = {o.rid: o for o in llm.step()}
+        steps_until_second_starts += 1
+        for rid, o in step.items():
+            outs[rid].append(o)
+        assert (first in step) == mixed, f"step {steps_until_second_starts}: running stream advanced: {first in step}"
+    assert steps_until_second_starts >= 5
+    assert llm.metrics().mixed_steps == (steps_until_second_starts if mixed else 0)
+    while llm.has_work():
+        for o in llm.step():
+            outs[o.rid].append(o)
+    alone = [run(tiny_dir, [p], max_batch_tokens=16)[0][0] for p in (prompts[0][:8], prompts[0][8:] * 3)]
+    assert [outs[first][-1].token_ids, outs[second][-1].token_ids] == alone
+    assert_all_pages_back(llm)
 
 
 def test_sequential_runs_hit_the_radix_cache(tiny_dir):
@@ -226,3 +263,10 @@ def test_stop_token_ids_and_max_tokens(tiny_dir):
     llm = make_llm(tiny_dir)
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=1, temperature=0))[0]
     assert len(out.token_ids) == 1 and out.finish_reason == "length"
+
+
+def test_generate_takes_per_prompt_params_in_any_sequence():
+    # Any Sequence, not only a list or tuple: a deque was once taken for one SamplingParams and failed in add_request.
+    params = collections.deque(SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (2, 5))
+    outs = make_llm().generate([[1, 2, 3], [4, 5]], params)
+    assert [len(o.token_ids) for o in outs] == [2, 5]

@@ -142,18 +142,18 @@ def test_a_detokenizer_fault_ends_only_that_request(tiny_dir):  # noqa: F811
 
 def _poison(server: LiveServer, prompt: str, good_tokens: int) -> None:
     """Every request for `prompt` gets a detokenizer that fails after good_tokens tokens."""
-    llm = server.async_llm.llm
-    poison_ids = llm.encode(prompt)
-    add = llm.add_request
+    remote = server.remote  # detokenization happens in the front end
+    poison_ids = remote.encode(prompt)
+    submit = remote.submit
 
-    def add_request(ids, params=None, rid=None):
-        rid = add(ids, params, rid)
-        if ids == poison_ids:
-            detok = llm._text[rid].detok
+    def poisoned_submit(prompt, params, rid):
+        stream = submit(prompt, params, rid)
+        if stream.prompt_ids == poison_ids:
+            detok = remote.pending[rid].text.detok
             detok.add = fail_after(good_tokens, detok.add)
-        return rid
+        return stream
 
-    llm.add_request = add_request  # type: ignore[method-assign]
+    remote.submit = poisoned_submit  # type: ignore[method-assign]
 
 
 def _stream_text(server: LiveServer, prompt: str, max_tokens: int) -> tuple[str, int]:
@@ -176,7 +176,7 @@ def _stream_text(server: LiveServer, prompt: str, max_tokens: int) -> tuple[str,
 def _assert_idle(server: LiveServer) -> None:
     m = server.wait_idle()
     assert (server.client.in_flight, m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0, 0), m
-    assert server.async_llm.call(lambda llm: (llm.engine.check(), len(llm.engine.reqs))[1]) == 0
+    assert server.live_requests() == 0
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
@@ -219,8 +219,8 @@ def test_engine_loop_crash_fails_everyone_clearly_behind_the_server():
             messages=[{"role": "user", "content": "waiting"}],
         )
         _wait_for(lambda: server.engine_metrics().waiting == 2, "the two requests never queued")
-        llm = server.async_llm.llm
-        llm.step = fail_after(0, llm.step)  # type: ignore[method-assign]
+        engine = server.llm.engine
+        engine.step = fail_after(0, engine.step)
 
         crashed = f"engine loop crashed: RuntimeError: {FAULT}"
         with pytest.raises(openai.APIError) as e:
@@ -258,7 +258,7 @@ def test_engine_loop_crash_and_shutdown_never_leave_a_stream_hanging():
         next(running)
         waiting = a.submit("waiting", SamplingParams(max_tokens=5))
         if stop == "crash":
-            a.llm.step = fail_after(0, a.llm.step)  # type: ignore[method-assign]
+            a.llm.step = fail_after(0, a.llm.step)
             want = f"engine loop crashed: RuntimeError: {FAULT}"
         else:
             a.shutdown()
@@ -281,7 +281,7 @@ def test_async_streams_fail_on_the_event_loop_too():
         streams = [a.submit(p, SamplingParams(max_tokens=1500, ignore_eos=True), loop=loop) for p in ("a", "b")]
         it = streams[0].__aiter__()
         await it.__anext__()
-        a.llm.step = fail_after(0, a.llm.step)  # type: ignore[method-assign]
+        a.llm.step = fail_after(0, a.llm.step)  # type: ignore[method-assign]  # fault injection
 
         async def drain(s) -> str:
             try:
@@ -293,7 +293,7 @@ def test_async_streams_fail_on_the_event_loop_too():
 
         out = await asyncio.wait_for(asyncio.gather(drain(it), drain(streams[1])), 10)
         a.shutdown()
-        return out
+        return list(out)
 
     assert asyncio.run(main()) == [f"engine loop crashed: RuntimeError: {FAULT}"] * 2
 
@@ -326,15 +326,15 @@ def test_streamed_text_with_unicode_line_breaks_reaches_line_splitting_clients_i
     request a detokenizer that does (found by the soak: a random byte model emitted U+0085)."""
     awkward = "a\x85b\u2028c\u2029d"
     with live_server(make_llm(max_running_requests=4, num_pages=64)) as server:
-        llm = server.async_llm.llm
-        add = llm.add_request
+        remote = server.remote
+        submit = remote.submit
 
-        def add_request(ids, params=None, rid=None):
-            rid = add(ids, params, rid)
-            llm._text[rid].detok.add = lambda token: awkward
-            return rid
+        def awkward_submit(prompt, params, rid):
+            stream = submit(prompt, params, rid)
+            remote.pending[rid].text.detok.add = lambda token: awkward
+            return stream
 
-        llm.add_request = add_request  # type: ignore[method-assign]
+        remote.submit = awkward_submit
         body = {"prompt": "hi", "max_tokens": 2, "stream": True}
         with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as r:
             lines = [line for line in r.iter_lines() if line]

@@ -43,10 +43,11 @@ class Arrival:
 class Setting:
     page_size: int
     num_pages: int
-    max_prefill_tokens: int
+    max_batch_tokens: int
     radix_cache: bool
     overlap: bool
     max_running_requests: int
+    mixed_batch: bool
 
 
 tokens = st.integers(0, VOCAB - 1)
@@ -63,7 +64,7 @@ def workloads(draw) -> tuple[Setting, list[Arrival], Arrival | None]:
     page_size = draw(st.sampled_from([1, 16]))
     pool = draw(st.sampled_from(["largest", "a third", "largest+3", "4096 tokens"]))  # of all requests' pages
     prefill_budget = draw(st.sampled_from([1, 5, 16, 8192]) | st.integers(1, 64))
-    radix, overlap = draw(st.booleans()), draw(st.booleans())
+    radix, overlap, mixed = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
     max_running = draw(st.sampled_from([1, 2, 3, 64]))
     last_arrival = draw(st.sampled_from([0, 0, 6, 40]))  # all at once (most contention) ... spread out (most reuse)
 
@@ -92,7 +93,7 @@ def workloads(draw) -> tuple[Setting, list[Arrival], Arrival | None]:
         "largest+3": largest + 3,
         "4096 tokens": 4096 // page_size,
     }[pool]
-    setting = Setting(page_size, num_pages, prefill_budget, radix, overlap, max_running)
+    setting = Setting(page_size, num_pages, prefill_budget, radix, overlap, max_running, mixed)
     # Now and then one request that can never fit the pool or the context: refused at admission, and the rest
     # must not notice.
     too_big = draw(st.none() | token_lists(1, 8).map(lambda p: Arrival(1, p, num_pages * page_size, None)))
@@ -205,10 +206,11 @@ def test_random_workloads_keep_every_promise(tiny_dir, reference, case):  # noqa
         tiny_dir,
         page_size=setting.page_size,
         num_pages=setting.num_pages,
-        max_prefill_tokens=setting.max_prefill_tokens,
+        max_batch_tokens=setting.max_batch_tokens,
         radix_cache=setting.radix_cache,
         overlap=setting.overlap,
         max_running_requests=setting.max_running_requests,
+        mixed_batch=setting.mixed_batch,
     )
     run = drive(llm, arrivals, too_big, reference)
 

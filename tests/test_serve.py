@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import httpx
 import openai
@@ -93,7 +94,7 @@ def test_completion_greedy_matches_engine_streaming_and_not(smol):
         len(ref.token_ids),
         len(ref.prompt_token_ids) + len(ref.token_ids),
     )
-    assert out.usage.prompt_tokens == len(server.async_llm.llm.tokenizer.encode(COMPLETE))
+    assert out.usage.prompt_tokens == len(server.llm.tokenizer.encode(COMPLETE))
 
     stream = client.completions.create(
         model="smollm",
@@ -116,7 +117,7 @@ def test_chat_greedy_matches_engine_streaming_and_not(smol):
     out = client.chat.completions.create(model="smollm", messages=CHAT, max_completion_tokens=20, temperature=0)
     msg = out.choices[0].message
     assert (msg.role, msg.content, out.choices[0].finish_reason) == ("assistant", ref.text, ref.finish_reason)
-    assert out.usage.prompt_tokens == len(server.async_llm.llm.encode(CHAT)) == len(ref.prompt_token_ids)
+    assert out.usage.prompt_tokens == len(server.llm.encode(CHAT)) == len(ref.prompt_token_ids)
     assert out.usage.completion_tokens == len(ref.token_ids)
 
     chunks = list(
@@ -284,13 +285,11 @@ def test_engine_serves_on_after_bad_requests(tiny):
         {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]},
     ]
     chat = client.chat.completions.create(model=tiny.model, messages=parts, max_tokens=3)
-    want = tiny.async_llm.llm.encode(
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi there"}]
-    )
+    want = tiny.llm.encode([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi there"}])
     assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (len(want), 3)
     m = tiny.wait_idle()
     assert (m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0)
-    tiny.async_llm.call(lambda llm: llm.engine.check())
+    tiny.on_engine(lambda engine: engine.check())
 
 
 def test_metrics_parse_and_move(tiny):
@@ -347,8 +346,10 @@ def test_queue_limit_answers_429_then_a_dead_engine_503():
         assert ok.usage.completion_tokens == 4
         assert _families(server)[("minisgl:requests_rejected_total", (("model_name", "tiny-llama"),))] == 1
 
-        server.async_llm.shutdown()  # the engine loop is gone: health says so, requests fail cleanly
-        h = raw.get("/health")
+        server.engine_loop.stop()  # the engine loop is gone: health says so, requests fail cleanly
+        deadline = time.monotonic() + 10
+        while (h := raw.get("/health")).status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert h.status_code == 503 and "engine is not running" in h.json()["error"]["message"]
         r = raw.post("/v1/chat/completions", json={"messages": MSG})
         assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable_error"

@@ -24,7 +24,7 @@ def _idle_and_clean(server: LiveServer) -> None:
     m = server.wait_idle()
     assert (server.client.in_flight, m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0, 0), m
     assert m.kv_pages_free + m.kv_pages_cached == m.kv_pages_total
-    assert server.async_llm.call(lambda llm: (llm.engine.check(), len(llm.engine.reqs))[1]) == 0
+    assert server.live_requests() == 0
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
@@ -57,8 +57,8 @@ async def _finisher(server: LiveServer, i: int) -> tuple[int, str | None, int, i
     reason, use = None, None
     if i % 2:
         messages = [{"role": "user", "content": f"client {i} " + "ab" * (i % 7)}]
-        want_prompt = len(server.async_llm.llm.encode(messages))
-        stream = await client.chat.completions.create(
+        want_prompt = len(server.llm.encode(messages))
+        stream = await client.chat.completions.create(  # type: ignore[call-overload]  # plain-dict messages
             model=server.model,
             messages=messages,
             max_tokens=max_tokens,

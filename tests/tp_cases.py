@@ -6,7 +6,7 @@ import random
 
 from engine.sampling_params import SamplingParams
 
-PARAMS = {
+PARAMS: dict[str, SamplingParams | list[SamplingParams]] = {
     "greedy": SamplingParams(max_tokens=16, temperature=0, ignore_eos=True),
     "seeded": [
         SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, seed=100 + i, ignore_eos=True) for i in range(6)

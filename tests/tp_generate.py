@@ -11,7 +11,6 @@ import sys
 from engine.config import EngineConfig
 from engine.distributed import TP
 from engine.llm import LLM
-from engine.sampling_params import SamplingParams
 from engine.tp_follower import run_tp_follower
 from tests.tp_cases import PARAMS, prompts
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from torch import nn
-
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM, Qwen3ForCausalLM
 
-MODELS: dict[str, type[nn.Module]] = {
+MODELS: dict[str, type[LlamaForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
 }
@@ -17,4 +15,4 @@ def create_model(cfg: ModelConfig) -> LlamaForCausalLM:
     cls = MODELS.get(cfg.architecture)
     if cls is None:
         raise ValueError(f"unsupported architecture {cfg.architecture!r}; supported: {', '.join(MODELS)}")
-    return cls(cfg)  # type: ignore[return-value]
+    return cls(cfg)

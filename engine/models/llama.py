@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Iterable, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -25,7 +26,8 @@ from kernels.attention import AttentionBackend
 class Narrowable(Protocol):
     """A weight that can be read in part (a rank reads only its shard)."""
 
-    shape: torch.Size | tuple[int, ...]
+    @property
+    def shape(self) -> torch.Size | tuple[int, ...]: ...
 
     def narrow(self, dim: int, start: int, length: int) -> torch.Tensor: ...
 
@@ -63,6 +65,7 @@ class Attention(nn.Module):
             kw = self.k_norm.weight if self.k_norm is not None else None
             eps = self.q_norm.eps if self.q_norm is not None else 0.0
             pool = attn.pool
+            assert attn.out_slots is not None  # set by the batch's plan
             ops.qk_norm_rope_store(
                 q, k, v, qw, kw, eps, rope.cos_sin, pos, pool.k[self.layer_id], pool.v[self.layer_id], attn.out_slots
             )
@@ -135,6 +138,7 @@ class LlamaForCausalLM(nn.Module):
         x, residual = self.embed_tokens(ids), None
         for layer in self.layers:
             x, residual = layer(x, residual, pos, self.rope, attn)
+        assert residual is not None  # every model has a layer
         x, _ = self.norm.add_forward(x, residual)
         return x
 
@@ -162,10 +166,10 @@ class LlamaForCausalLM(nn.Module):
             module = modules.get(path)
             if module is None or not hasattr(module, "load_shard"):
                 raise ValueError(f"unexpected weight {name!r} for {self.cfg.architecture}")
-            want = module.full_shape(index)  # type: ignore[operator]
+            want = module.full_shape(index)
             if tuple(w.shape) != want:  # a larger tensor would otherwise be cut down to size without a word
                 raise ValueError(f"weight {name!r} has shape {tuple(w.shape)}, but the config makes it {want}")
-            module.load_shard(index, w)  # type: ignore[operator]
+            module.load_shard(index, w)
             loaded.add(f"{path}#{index}")
         expected = {
             f"{p}#{i}"

@@ -13,6 +13,7 @@ step may not have started, so reusing one wrapper would overwrite a schedule bef
 from __future__ import annotations
 
 from itertools import chain
+from typing import Any, Protocol
 
 import torch
 
@@ -35,6 +36,13 @@ def paged_metadata(meta: AttnMeta, page_size: int) -> tuple[torch.Tensor, torch.
     return indptr, indices, last
 
 
+class _Wrapper(Protocol):
+    """The calls made on a FlashInfer prefill or decode wrapper (flashinfer ships no type information)."""
+
+    def plan(self, *args: Any, **kwargs: Any) -> None: ...
+    def run(self, q: torch.Tensor, paged_kv_cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor: ...
+
+
 class FlashInferBackend(AttentionBackend):
     def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device):
         super().__init__(pool, num_heads, num_kv_heads, head_dim)
@@ -52,11 +60,11 @@ class FlashInferBackend(AttentionBackend):
             flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores)
             for _ in range(2)
         ]
-        self.graph_wrappers: dict[tuple[int, int], object] = {}
+        self.graph_wrappers: dict[tuple[int, int], _Wrapper] = {}
         self.turn = 0  # which copy the next plan uses
-        self.active: object = self.decode[0]
+        self.active: _Wrapper = self.decode[0]
 
-    def _plan(self, wrapper, meta: AttnMeta) -> None:
+    def _plan(self, wrapper: _Wrapper, meta: AttnMeta) -> None:
         indptr, indices, last = paged_metadata(meta, self.pool.page_size)
         common = dict(q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale)
         if meta.is_decode:
@@ -89,7 +97,7 @@ class FlashInferBackend(AttentionBackend):
         self._plan((self.decode if meta.is_decode else self.prefill)[turn], meta)
 
     # ---- CUDA graphs --------------------------------------------------------------------------------
-    def graph_wrapper(self, bs: int, turn: int, max_pages: int):
+    def graph_wrapper(self, bs: int, turn: int, max_pages: int) -> _Wrapper:
         """A decode wrapper whose metadata lives in fixed buffers, so a captured graph can replay it."""
         if (bs, turn) not in self.graph_wrappers:
             self.graph_wrappers[bs, turn] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
@@ -116,4 +124,4 @@ class FlashInferBackend(AttentionBackend):
         assert self.out_slots is not None
         if k is not None and v is not None:
             self.pool.store(layer, self.out_slots, k, v)
-        return self.active.run(q, (self.pool.k[layer], self.pool.v[layer]))  # type: ignore[attr-defined]
+        return self.active.run(q, (self.pool.k[layer], self.pool.v[layer]))

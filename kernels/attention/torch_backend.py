@@ -34,6 +34,7 @@ class TorchBackend(AttentionBackend):
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
         if k is not None and v is not None:
+            assert self.out_slots is not None
             self.pool.store(layer, self.out_slots, k, v)
         kf = self.pool.k[layer].view(-1, self.num_kv_heads, self.head_dim)
         vf = self.pool.v[layer].view(-1, self.num_kv_heads, self.head_dim)

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP server behind `minisgl serve`: a FastAPI app over one in-process AsyncLLM."""
+"""The OpenAI-compatible HTTP server behind `minisgl serve`: a FastAPI app (this process) over an engine
+running in another process (engine.engine_loop), reached through engine.remote_llm.RemoteLLM."""
 
 from minisgl_cli.server.app import create_app
 

@@ -1,4 +1,5 @@
-"""The FastAPI app: OpenAI-compatible completions and chat, /v1/models, /health and /metrics over one AsyncLLM."""
+"""The FastAPI app: OpenAI-compatible completions and chat, /v1/models, /health and /metrics over one engine
+(a RemoteLLM: the engine runs in its own process)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,18 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from engine.async_llm import AsyncLLM
+from engine.remote_llm import RemoteLLM
 from minisgl_cli.server.completions import router
 from minisgl_cli.server.engine_client import EngineClient
 from minisgl_cli.server.errors import APIError, install_error_handlers
 
 
-def create_app(async_llm: AsyncLLM, model_name: str | None = None, max_queued_requests: int | None = None) -> FastAPI:
+def create_app(remote: RemoteLLM, model_name: str | None = None, max_queued_requests: int | None = None) -> FastAPI:
     """model_name: what clients pass as `model` (default: the engine's model name).
     max_queued_requests: beyond --max-running-requests + this many requests in flight, answer 429."""
-    name = model_name or async_llm.llm.describe()["model"]
-    client = EngineClient(async_llm, name, max_queued_requests)
+    assert remote.info is not None, "start() the RemoteLLM first"
+    name = model_name or remote.info.model
+    client = EngineClient(remote, name, max_queued_requests)
     created = int(time.time())
     app = FastAPI(title="minisgl", summary="OpenAI-compatible server over the minisgl engine")
     app.state.client = client
@@ -26,9 +28,9 @@ def create_app(async_llm: AsyncLLM, model_name: str | None = None, max_queued_re
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if async_llm.alive:
+        if remote.alive:
             return JSONResponse({"status": "ok"})
-        raise APIError(503, f"engine is not running: {async_llm.error or 'stopped'}")
+        raise APIError(503, f"engine is not running: {remote.error or 'stopped'}")
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

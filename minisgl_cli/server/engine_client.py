@@ -5,18 +5,18 @@ client disconnect, so those happen even when the handler never starts streaming 
 from __future__ import annotations
 
 import asyncio
-import queue
 import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable
 
 import jinja2
 from starlette.requests import Request
 
-from engine.async_llm import AsyncLLM, RequestStream
-from engine.llm import Prompt, RequestOutput
 from engine.metrics import EngineMetrics
+from engine.remote_llm import RemoteLLM
 from engine.sampling_params import SamplingParams
+from engine.streams import RequestStream
+from engine.text import Prompt, RequestOutput
 from minisgl_cli.server.errors import APIError
 from minisgl_cli.server.metrics import ServerMetrics
 
@@ -31,30 +31,43 @@ class Job:
     inbox: asyncio.Queue = field(default_factory=asyncio.Queue)  # RequestOutput | Exception
     finished: bool = False
 
-    async def outputs(self) -> AsyncIterator[RequestOutput]:
-        """Outputs up to and including the finished one. A consumer that stops early aborts the request."""
+    async def batches(self) -> AsyncIterator[list[RequestOutput]]:
+        """Outputs up to and including the finished one, each time all that arrived since the last batch: a
+        stream that fell behind catches up in one write. A consumer that stops early aborts the request."""
         try:
             while not self.finished:
                 item = await self.inbox.get()
-                if isinstance(item, Exception):
-                    raise item
-                self.finished = item.finished
-                yield item
+                batch: list[RequestOutput] = []
+                while True:
+                    if isinstance(item, Exception):
+                        if batch:
+                            yield batch
+                        raise item
+                    batch.append(item)
+                    self.finished = item.finished
+                    if self.finished or self.inbox.empty():
+                        break
+                    item = self.inbox.get_nowait()
+                yield batch
         finally:
             if not self.finished:
                 self.abort()
 
+    async def outputs(self) -> AsyncIterator[RequestOutput]:
+        async for batch in self.batches():
+            for out in batch:
+                yield out
+
 
 class EngineClient:
-    def __init__(self, async_llm: AsyncLLM, model_name: str, max_queued_requests: int | None = None):
-        self.async_llm = async_llm
-        engine = async_llm.llm.engine
+    def __init__(self, remote: RemoteLLM, model_name: str, max_queued_requests: int | None = None):
+        assert remote.info is not None, "start() the RemoteLLM first"
+        self.remote = remote
         self.model_name = model_name
-        self.max_running = async_llm.llm.config.max_running_requests
+        self.max_running = remote.info.max_running_requests
         self.max_queued = max_queued_requests
-        self.max_model_len = engine.max_model_len
-        # the most tokens (prompt + output) one request may span: the context, or the whole KV pool if smaller
-        self.max_request_tokens = min(engine.max_model_len, engine.cache.num_pages * engine.cache.page_size)
+        self.max_model_len = remote.info.limits.max_model_len
+        self.max_request_tokens = remote.info.limits.max_request_tokens
         self.metrics = ServerMetrics(model_name)
         self.in_flight = 0  # admitted, not yet finished: running in the engine or queued for it
         self._tasks: set[asyncio.Task] = set()
@@ -71,7 +84,7 @@ class EngineClient:
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids of a text, token list or chat conversation; ValueError for an empty or malformed one."""
         try:
-            return self.async_llm.llm.encode(prompt)
+            return self.remote.encode(prompt)
         except jinja2.TemplateError as e:  # templates may refuse a conversation (e.g. roles that do not alternate)
             raise ValueError(f"messages: the model's chat template refused them: {e}") from e
 
@@ -87,9 +100,9 @@ class EngineClient:
                 code="queue_full",
             )
         rid = uuid.uuid4().hex
-        stream = self.async_llm.submit(prompt_ids, params, rid=rid, loop=asyncio.get_running_loop())
+        stream = self.remote.submit(prompt_ids, params, rid)
         self.in_flight += 1
-        job = Job(rid, prompt_ids, lambda: self.async_llm.abort(rid))
+        job = Job(rid, prompt_ids, lambda: self.remote.abort(rid))
         task = asyncio.create_task(self._pump(request, job, stream))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -110,20 +123,15 @@ class EngineClient:
             watcher.cancel()
             self.in_flight -= 1
             if not done:
-                self.async_llm.abort(job.rid)
+                self.remote.abort(job.rid)
 
     async def _abort_on_disconnect(self, request: Request, rid: str) -> None:
         # The body is already read, so the next ASGI message is the disconnect (or the end of the response,
         # by which time this task is cancelled).
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        self.async_llm.abort(rid)
+        self.remote.abort(rid)
 
     async def engine_metrics(self) -> EngineMetrics | None:
-        """A consistent snapshot, read on the engine thread between steps; None if the engine is gone."""
-        if not self.async_llm.alive:
-            return None
-        try:
-            return await asyncio.to_thread(self.async_llm.call, lambda llm: llm.metrics(), 10.0)
-        except queue.Empty:
-            return None
+        """A consistent snapshot, taken by the engine between steps; None if the engine is gone."""
+        return await self.remote.metrics()

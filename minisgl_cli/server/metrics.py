@@ -9,8 +9,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from engine.llm import RequestOutput
 from engine.metrics import EngineMetrics
+from engine.text import RequestOutput
 
 TTFT_BUCKETS = (
     0.001,

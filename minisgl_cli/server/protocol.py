@@ -104,8 +104,8 @@ class CompletionRequest(GenerationRequest):
                     "(send them as separate requests)",
                     param="prompt",
                 )
-            return p[0]  # type: ignore[return-value]
-        return p  # type: ignore[return-value]
+            return p[0]
+        return p  # type: ignore[return-value]  # a list of ints here: a list of prompts was unwrapped above
 
 
 class ContentPart(_Body):
@@ -122,7 +122,7 @@ class ChatMessage(_Body):
             return self.content or ""
         if any(p.type != "text" or p.text is None for p in self.content):
             raise APIError(400, "messages: only text content parts are supported", param="messages")
-        return "".join(p.text for p in self.content)  # type: ignore[misc]
+        return "".join(p.text or "" for p in self.content)  # None was rejected above
 
 
 class ChatCompletionRequest(GenerationRequest):

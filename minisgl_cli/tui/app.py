@@ -15,6 +15,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.css.query import NoMatches
 from textual.timer import Timer
+from textual.widget import Widget
 from textual.widgets import Footer, Header, Markdown
 from textual.widgets.markdown import MarkdownStream
 
@@ -123,7 +124,7 @@ class ChatApp(App):
     async def on_unmount(self) -> None:
         await self.backend.aclose()
 
-    def notify(self, message: str, *, markup: bool = False, **kw) -> None:  # type: ignore[override]
+    def notify(self, message: str, *, markup: bool = False, **kw) -> None:
         """Plain text by default: messages quote user input and engine errors, which may contain [brackets]."""
         super().notify(message, markup=markup, **kw)
 
@@ -135,7 +136,7 @@ class ChatApp(App):
     async def show_history(self) -> None:
         """Mount the session's messages (a resumed or opened chat) and its last answer's numbers."""
         pane = self.query_one("#conversation")
-        widgets = []
+        widgets: list[Widget] = []
         for i, m in enumerate(self.session.history):
             if m.role == "user":
                 widgets.append(UserMessage(m.content, i))

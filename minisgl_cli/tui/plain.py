@@ -65,7 +65,7 @@ def run_plain(
             if is_command(line):
                 _command(line, loop, backend, session, turn, stderr)
                 if session.id is None and not session.history:  # /reset: a new session, its own input history
-                    inputs = [line]
+                    inputs[:] = [line]
                 _save(store, session, inputs, stderr)
                 continue
             try:

@@ -74,14 +74,14 @@ def load_from_metrics(text: str) -> Load | None:
             cache_hit_rate=hits / queries if hits is not None and queries else None,
         )
     if "sglang:num_running_reqs" in m:
-        used, total = m.get("sglang:num_used_tokens"), m.get("sglang:max_total_num_tokens")
+        used, capacity = m.get("sglang:num_used_tokens"), m.get("sglang:max_total_num_tokens")
         return Load(
             "sglang",
             m.get("sglang:token_usage"),
             _int(used),
             None,
-            _int(total - used) if used is not None and total is not None else None,
-            _int(total),
+            _int(capacity - used) if used is not None and capacity is not None else None,
+            _int(capacity),
             1,
             running=_int(m.get("sglang:num_running_reqs")),
             waiting=_int(m.get("sglang:num_queue_reqs")),

@@ -71,7 +71,8 @@ class SessionsScreen(ModalScreen[int | None]):
         box.add_options(
             [
                 Option(
-                    f"{'▶ ' if i.id == self.current else '  '}{i.title[:48]:<48} {i.messages:>3} msgs  {_when(i.updated)}",
+                    f"{'▶ ' if i.id == self.current else '  '}{i.title[:48]:<48} "
+                    f"{i.messages:>3} msgs  {_when(i.updated)}",
                     id=str(i.id),
                 )
                 for i in self.infos

@@ -1,0 +1,132 @@
+"""The engine's side of the server: its step loop, fed by a front end in another process (or thread).
+Commands arrive on one ZeroMQ pipe and are applied between steps; each step sends one message with every
+changed request's new token ids. No text is handled here: the front end tokenizes and detokenizes."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import zmq
+
+from engine.distributed import TP
+from engine.engine import Engine
+from engine.ipc import Addresses, EngineInfo, connect, pack, unpack
+from engine.llm import LLM
+from engine.request import Req
+from engine.sampling_params import SamplingParams
+
+
+def engine_info(llm: LLM) -> EngineInfo:
+    d = llm.describe()
+    return EngineInfo(
+        d["model"],
+        d["device"],
+        d["dtype"],
+        d["attention"],
+        int(d["tp"]),
+        llm.config.max_running_requests,
+        llm.engine.limits,
+    )
+
+
+Watch = Callable[[], str | None]  # returns why the loop must stop (e.g. the front end exited), else None
+
+
+class EngineLoop:
+    IDLE_TICK = 0.5  # seconds; under TP the loop steps even when idle so follower ranks stay in lockstep
+    WATCH_EVERY = 0.5  # seconds between calls of the watch function
+
+    def __init__(self, engine: Engine, addrs: Addresses, info: EngineInfo):
+        self.engine, self.info = engine, info
+        self.ctx = zmq.Context()
+        self.commands = connect(self.ctx.socket(zmq.PULL), addrs.commands, bind=True)
+        self.outputs = connect(self.ctx.socket(zmq.PUSH), addrs.outputs, bind=True)
+        self.sent: dict[str, int] = {}  # rid -> output ids already sent, for requests still running
+        self.error: str | None = None  # why the loop crashed
+        self.stopped_by: str | None = None  # why the watch stopped it
+        self._stop = False
+
+    def stop(self) -> None:
+        """Ask the loop to end after its current step (signal handlers, other threads)."""
+        self._stop = True
+
+    def run(self, watch: Watch | None = None) -> None:
+        next_watch = time.monotonic() + self.WATCH_EVERY
+        try:
+            while not self._stop:
+                self._receive(block=not self.engine.has_work())
+                if watch is not None and time.monotonic() >= next_watch:
+                    next_watch = time.monotonic() + self.WATCH_EVERY
+                    self.stopped_by = watch()
+                    if self.stopped_by:
+                        break
+                if self._stop or (not self.engine.has_work() and TP.size == 1):
+                    continue
+                changed = self.engine.step()
+                if changed:
+                    self._send_step(changed)
+        except Exception as e:  # the loop itself broke
+            self.error = f"engine loop crashed: {type(e).__name__}: {e}"
+            traceback.print_exc()
+        # Whatever ended the loop, the front end fails its open requests with this and answers 503 from now on.
+        self._send(["dead", self.error or self.stopped_by or "engine shut down"])
+
+    def close(self) -> None:
+        self.commands.close()
+        self.outputs.close()
+        self.ctx.term()
+
+    def _send(self, msg: list[Any]) -> None:
+        try:
+            self.outputs.send(pack(msg), zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            pass  # no front end connected (it is gone): nobody to tell, and the engine must never block
+
+    def _send_step(self, changed: list[Req]) -> None:
+        entries = []
+        for req in changed:
+            n = self.sent.get(req.rid)
+            if n is None:
+                continue  # already reported finished
+            if req.finished:
+                del self.sent[req.rid]
+            else:
+                self.sent[req.rid] = len(req.output_ids)
+            entries.append([req.rid, req.output_ids[n:], req.finish_reason, req.error, req.cache_hit_tokens])
+        if entries:
+            self._send(["step", entries])
+
+    def _receive(self, block: bool) -> None:
+        if block and not self.commands.poll(int(self.IDLE_TICK * 1000)):
+            return
+        while True:
+            try:
+                msg = unpack(self.commands.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            self._apply(msg)
+
+    def _apply(self, msg: list[Any]) -> None:
+        kind = msg[0]
+        if kind == "add":
+            _, rid, ids, params = msg
+            try:
+                self.engine.add_request(ids, SamplingParams(**params), rid)
+            except (ValueError, TypeError) as e:
+                self._send(["refused", rid, str(e)])
+                return
+            self.sent[rid] = 0
+        elif kind == "abort":
+            _, rid, reason = msg
+            if rid in self.sent:
+                self.engine.abort(rid, reason)
+        elif kind == "metrics":
+            self._send(["metrics", msg[1], asdict(self.engine.metrics())])
+        elif kind == "hello":
+            self._send(["hello", self.info.to_wire()])
+        elif kind == "shutdown":
+            self._stop = True

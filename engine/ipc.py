@@ -1,0 +1,82 @@
+"""The wire between the engine process and the HTTP front end: two ZeroMQ PUSH/PULL pipes over Unix sockets,
+msgpack-encoded lists. The front end sends commands; the engine answers with one message per step.
+
+Front end -> engine:            Engine -> front end:
+  ["hello"]                       ["hello", info]                 (EngineInfo as a dict)
+  ["add", rid, ids, params]       ["step", [[rid, new_ids, finish_reason, error, cache_hit_tokens], ...]]
+  ["abort", rid, reason]          ["refused", rid, message]       (the engine's own check refused an add)
+  ["metrics", seq]                ["metrics", seq, metrics]        (EngineMetrics as a dict)
+  ["shutdown"]                    ["dead", why]                    (the loop crashed; nothing more follows)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, fields
+from typing import Any, TypeVar, cast
+
+import msgpack
+import zmq
+
+from engine.sampling_params import SamplingParams
+from engine.text import RequestLimits
+
+
+@dataclass(frozen=True, slots=True)
+class Addresses:
+    commands: str  # front end -> engine
+    outputs: str  # engine -> front end
+
+    @staticmethod
+    def temporary() -> Addresses:
+        where = tempfile.mkdtemp(prefix="minisgl-")
+        return Addresses(f"ipc://{where}/commands", f"ipc://{where}/outputs")
+
+    def remove(self) -> None:
+        shutil.rmtree(os.path.dirname(self.commands.removeprefix("ipc://")), ignore_errors=True)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What the front end needs to know about the engine it serves."""
+
+    model: str
+    device: str
+    dtype: str
+    attention: str
+    tp: int
+    max_running_requests: int
+    limits: RequestLimits
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_wire(d: dict[str, Any]) -> EngineInfo:
+        return EngineInfo(**{**d, "limits": RequestLimits(**d["limits"])})
+
+
+def params_to_wire(p: SamplingParams) -> dict[str, Any]:
+    return {f.name: getattr(p, f.name) for f in fields(p)}
+
+
+def pack(msg: list[Any]) -> bytes:
+    return cast(bytes, msgpack.packb(msg, use_bin_type=True))
+
+
+def unpack(raw: bytes) -> list[Any]:
+    return cast(list[Any], msgpack.unpackb(raw, raw=False, strict_map_key=False))
+
+
+S = TypeVar("S", bound=zmq.Socket)  # type: ignore[type-arg]  # plain or asyncio socket, whatever its frame type
+
+
+def connect(s: S, address: str, bind: bool) -> S:
+    s.setsockopt(zmq.LINGER, 0)
+    # No high-water mark: the engine must never block on a slow reader; one message per step stays small.
+    s.setsockopt(zmq.SNDHWM, 0)
+    s.setsockopt(zmq.RCVHWM, 0)
+    s.bind(address) if bind else s.connect(address)
+    return s

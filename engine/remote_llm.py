@@ -1,0 +1,192 @@
+"""The front end's handle on an engine running in another process (engine_loop.EngineLoop): the same calls as
+AsyncLLM (submit, abort, alive, error, metrics), over ZeroMQ. Tokenization and detokenization happen here, in the
+front end, so the engine's loop spends nothing on text. Use it from one asyncio event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from engine.ipc import Addresses, EngineInfo, connect, pack, params_to_wire, unpack
+from engine.metrics import EngineMetrics
+from engine.sampling_params import SamplingParams
+from engine.streams import END, EngineDeadError, RequestStream
+from engine.text import Prompt, RequestOutput, TextState, encode_prompt
+from engine.tokenizer import Tokenizer
+
+
+@dataclass(eq=False, slots=True)
+class _Pending:
+    """A submitted request as the front end tracks it."""
+
+    stream: RequestStream
+    text: TextState
+    token_ids: list[int] = field(default_factory=list)
+    arrival: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+
+
+class RemoteLLM:
+    def __init__(self, tokenizer: Tokenizer, addrs: Addresses):
+        self.tokenizer = tokenizer
+        self._sync_ctx = zmq.Context()
+        self._async_ctx = zmq.asyncio.Context()
+        # Sends never block (no high-water mark), so a plain socket serves the event loop's synchronous calls.
+        self._commands = connect(self._sync_ctx.socket(zmq.PUSH), addrs.commands, bind=False)
+        self._outputs = connect(self._async_ctx.socket(zmq.PULL), addrs.outputs, bind=False)
+        self.pending: dict[str, _Pending] = {}
+        self._metrics: dict[int, asyncio.Future[EngineMetrics]] = {}
+        self._seq = itertools.count()
+        self.error: str | None = None
+        self.info: EngineInfo | None = None
+        self._receiver: asyncio.Task[None] | None = None
+
+    async def start(self, timeout: float = 60.0) -> EngineInfo:
+        """Greet the engine and start receiving its steps; returns what it serves. The greeting is repeated until
+        answered: either pipe may still be connecting, and a message sent before it is up is dropped."""
+        deadline = time.monotonic() + timeout
+        while self.info is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the engine did not answer within {timeout:.0f} s")
+            with contextlib.suppress(zmq.Again):
+                self._commands.send(pack(["hello"]), zmq.NOBLOCK)
+            if await self._outputs.poll(200):
+                msg = unpack(await self._outputs.recv())
+                if msg[0] == "hello":
+                    self.info = EngineInfo.from_wire(msg[1])
+        self._receiver = asyncio.create_task(self._receive())
+        return self.info
+
+    @property
+    def alive(self) -> bool:
+        return self.error is None and self._receiver is not None and not self._receiver.done()
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt)
+
+    def submit(self, prompt: Prompt, params: SamplingParams, rid: str) -> RequestStream:
+        """Validates now (ValueError for bad input, EngineDeadError once the engine is gone), then sends it."""
+        if not self.alive:
+            raise EngineDeadError(f"engine is not running: {self.error or 'stopped'}")
+        assert self.info is not None
+        ids = self.encode(prompt)
+        self.info.limits.check(ids, params)
+        stream = RequestStream(rid, ids, asyncio.get_running_loop())
+        self.pending[rid] = _Pending(stream, TextState.create(self.tokenizer, ids, params))
+        self._send(["add", rid, ids, params_to_wire(params)])
+        return stream
+
+    def abort(self, rid: str, reason: str = "abort") -> None:
+        if rid in self.pending and self.alive:
+            self._send(["abort", rid, reason])
+
+    async def metrics(self, timeout: float = 10.0) -> EngineMetrics | None:
+        """A snapshot taken by the engine between steps; None if the engine is gone or does not answer."""
+        if not self.alive:
+            return None
+        seq = next(self._seq)
+        fut: asyncio.Future[EngineMetrics] = asyncio.get_running_loop().create_future()
+        self._metrics[seq] = fut
+        self._send(["metrics", seq])
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except (TimeoutError, EngineDeadError):
+            return None
+        finally:
+            self._metrics.pop(seq, None)
+
+    def fail_all(self, why: str) -> None:
+        """The engine is gone: every open stream and metrics call ends with EngineDeadError(why)."""
+        self.error = self.error or why
+        for p in self.pending.values():
+            p.stream.put(EngineDeadError(why))
+        self.pending.clear()
+        for fut in self._metrics.values():
+            if not fut.done():
+                fut.set_exception(EngineDeadError(why))
+        if self._receiver is not None and self._receiver is not asyncio.current_task():
+            self._receiver.cancel()
+
+    def close(self) -> None:
+        if self._receiver is not None:
+            self._receiver.cancel()
+        self._commands.close()
+        self._outputs.close()
+        self._sync_ctx.term()
+        self._async_ctx.term()
+
+    # ---- receiving -------------------------------------------------------------------------------------
+    def _send(self, msg: list[Any]) -> None:
+        try:
+            self._commands.send(pack(msg), zmq.NOBLOCK, copy=False)
+        except zmq.Again:  # the engine's end is gone
+            self.fail_all("the engine process is gone")
+
+    async def _receive(self) -> None:
+        while True:
+            msg = unpack(await self._outputs.recv())
+            kind = msg[0]
+            if kind == "step":
+                now = time.perf_counter()
+                for entry in msg[1]:
+                    self._on_tokens(now, *entry)
+            elif kind == "metrics":
+                fut = self._metrics.get(msg[1])
+                if fut is not None and not fut.done():
+                    fut.set_result(EngineMetrics(**msg[2]))
+            elif kind == "refused":
+                p = self.pending.pop(msg[1], None)
+                if p is not None:
+                    p.stream.put(ValueError(msg[2]))
+            elif kind == "dead":
+                self.fail_all(msg[1])
+                return
+
+    def _on_tokens(
+        self, now: float, rid: str, new_ids: list[int], reason: str | None, error: str | None, cache_hit_tokens: int
+    ) -> None:
+        p = self.pending.get(rid)
+        if p is None:
+            return  # ended here already (a stop string, a text fault): the engine's last word is moot
+        if new_ids:
+            p.token_ids += new_ids
+            p.token_times += [now] * len(new_ids)
+            if p.first_token_time is None:
+                p.first_token_time = now
+        engine_reason = reason
+        delta, reason, error = p.text.advance(new_ids, reason, error)
+        finished = reason is not None
+        if finished:
+            del self.pending[rid]
+            if engine_reason is None:  # a stop string or a text fault ended it here: free its pages there
+                self._send(["abort", rid, reason])
+        text = p.text.text[: p.text.emitted]
+        # token_ids / token_times are the request's growing lists, not copies (the front end's hot path): the
+        # server reads each output as it comes and keeps none but the last.
+        p.stream.put(
+            RequestOutput(
+                rid,
+                p.stream.prompt_ids,
+                p.token_ids,
+                text,
+                delta,
+                new_ids,
+                finished,
+                reason,
+                error,
+                cache_hit_tokens,
+                p.arrival,
+                p.first_token_time,
+                p.token_times,
+            )
+        )
+        if finished:
+            p.stream.put(END)

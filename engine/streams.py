@@ -1,0 +1,46 @@
+"""Per-request output streams, shared by the in-process AsyncLLM and the server's RemoteLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from engine.text import RequestOutput
+
+END = object()
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class RequestStream:
+    """Outputs of one request, consumable from plain threads (iterate) or asyncio (async iterate)."""
+
+    def __init__(self, rid: str, prompt_ids: list[int], loop: asyncio.AbstractEventLoop | None):
+        self.rid, self.prompt_ids = rid, prompt_ids
+        self._loop = loop
+        self._q: queue.Queue[Any] | asyncio.Queue[Any] = asyncio.Queue() if loop else queue.Queue()  # outputs, then END
+
+    def put(self, item: object) -> None:
+        """An output, an exception, or END; from any thread."""
+        if self._loop is None or asyncio._get_running_loop() is self._loop:
+            self._q.put_nowait(item)
+        else:
+            self._loop.call_soon_threadsafe(self._q.put_nowait, item)
+
+    def __iter__(self) -> Iterator[RequestOutput]:
+        assert isinstance(self._q, queue.Queue), "created for asyncio: use `async for`"
+        while (item := self._q.get()) is not END:
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        assert isinstance(self._q, asyncio.Queue), "created for threads: use `for`"
+        while (item := await self._q.get()) is not END:
+            if isinstance(item, Exception):
+                raise item
+            yield item

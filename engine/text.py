@@ -1,0 +1,124 @@
+"""The text side of a request, shared by the in-process LLM and the server's front-end process: prompts to ids,
+ids to streamed text deltas (stop strings decided here), and the output record every front end consumes.
+Nothing here touches torch or the engine core, so a front end can run it in a process of its own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+from engine.tokenizer import IncrementalDetokenizer, Message, Tokenizer
+
+Prompt = str | list[int] | list[Message]
+
+
+def encode_prompt(tokenizer: Tokenizer, prompt: Prompt) -> list[int]:
+    """Token ids of a text, a token list or a chat conversation; ValueError for an empty or malformed one."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("prompt is empty")
+        return tokenizer.encode(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+        return tokenizer.encode_chat(prompt)  # type: ignore[arg-type]  # checked: a list of dicts
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return list(prompt)  # type: ignore[arg-type]  # checked: a list of ints
+    raise ValueError("prompt must be a string, a list of token ids, or a list of chat messages")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """What a request may ask of this engine; checked by the engine and, before sending, by a remote front end."""
+
+    vocab_size: int
+    max_model_len: int
+    kv_capacity: int  # tokens the whole KV pool holds
+
+    @property
+    def max_request_tokens(self) -> int:
+        """The most tokens (prompt + output) one request may span."""
+        return min(self.max_model_len, self.kv_capacity)
+
+    def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_ids:
+            raise ValueError("prompt is empty")
+        bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})")
+        total = len(prompt_ids) + params.max_tokens
+        asked = f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total}"
+        if total > self.max_model_len:
+            raise ValueError(f"{asked} exceeds the model's context length {self.max_model_len}")
+        if total > self.kv_capacity:
+            raise ValueError(f"{asked} exceeds the KV cache capacity of {self.kv_capacity} tokens")
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    rid: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    delta_text: str
+    delta_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None = None
+    error: str | None = None
+    cache_hit_tokens: int = 0
+    arrival: float = 0.0
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival
+
+    @property
+    def itls(self) -> list[float]:
+        """Inter-token latencies (TBT) in seconds."""
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+
+@dataclass(slots=True)
+class TextState:
+    """One request's text so far. `advance` takes the ids the engine produced since the last call and returns
+    what may be shown now: text that could still turn out to start a stop string is held back until decided."""
+
+    detok: IncrementalDetokenizer
+    stop: list[str]
+    text: str = ""
+    emitted: int = 0  # characters already handed out
+    n_ids: int = 0  # output ids already fed
+    finish_reason: str | None = None  # "stop" once a stop string matched
+    hold: int = field(init=False)  # characters held back while they could still be the start of a stop string
+
+    def __post_init__(self) -> None:
+        self.hold = max((len(s) for s in self.stop), default=1) - 1
+
+    @classmethod
+    def create(cls, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams) -> TextState:
+        return cls(IncrementalDetokenizer(tokenizer, prompt_ids), list(params.stop))
+
+    def _feed(self, new_ids: list[int]) -> None:
+        for t in new_ids:
+            start = max(len(self.text) - self.hold, 0)
+            self.text += self.detok.add(t)
+            for s in self.stop:
+                i = self.text.find(s, start)
+                if i >= 0:
+                    self.text, self.finish_reason = self.text[:i], "stop"
+                    return
+
+    def advance(self, new_ids: list[int], reason: str | None, error: str | None) -> tuple[str, str | None, str | None]:
+        """Feed the new ids; returns (delta text, finish reason, error). `reason` is the engine's (None while the
+        request runs); a stop string found here finishes it with "stop"; a detokenizer fault ends it with "error"."""
+        self.n_ids += len(new_ids)
+        try:
+            self._feed(new_ids)
+        except Exception as e:  # a fault in one request's text handling ends that request only
+            reason, error = "error", f"detokenization failed: {e}"
+        if self.finish_reason and reason is None:
+            reason = self.finish_reason
+        upto = len(self.text) if reason else max(len(self.text) - self.hold, self.emitted)
+        delta, self.emitted = self.text[self.emitted : upto], upto
+        return delta, reason, error

@@ -1,0 +1,136 @@
+"""`minisgl bench-compare a.json b.json ...`: one table and one plot across the JSON results of bench-serve (single runs
+and sweeps), bench-trace and bench-offline, from this project or from another engine's runs, with what produced each
+run (engine, GPU, commit, flags)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+FLAG_SKIP = {"json_path", "csv_path", "plot", "quiet", "save_detailed", "client_check", "no_client_check", "label"}
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("bench-compare")
+    def bench_compare(
+        files: Annotated[list[Path], typer.Argument(help="JSON results of bench-serve, bench-trace or bench-offline")],
+        plot: Annotated[Path | None, typer.Option("--plot", help="draw every run to this PNG (matplotlib)")] = None,
+    ) -> None:
+        """Compare runs: throughput, TTFT/TPOT/E2E p50 and p99 per run (per load point of a sweep), beside each run's
+        engine, GPU or device, commit and flags."""
+        from rich.console import Console
+
+        if plot is not None:
+            from minisgl_cli.plots import require_matplotlib
+
+            require_matplotlib()
+        runs = [load_run(f) for f in files]
+        console = Console()
+        console.print(_runs_table(runs))
+        console.print(_figures_table(runs))
+        if plot is not None:
+            from minisgl_cli.plots import plot_compare
+
+            plot_compare(runs, plot)
+            console.print(f"plot written to {plot}")
+
+
+def _kind(d: dict[str, Any]) -> str:
+    if "benchmark" in d:
+        return d["benchmark"]
+    if "sweep" in d:
+        return "bench-serve"
+    if "trace" in d:
+        return "bench-trace"
+    return "bench-offline" if "workload" in d and "num_seqs" in (d.get("workload") or {}) else "unknown"
+
+
+def _figures(d: dict[str, Any]) -> dict[str, Any]:
+    """One result's figures under the names bench-serve uses (bench-trace's e2e_latency read as e2el)."""
+    row = {k: v for k, v in d.items() if not isinstance(v, (list, dict))}
+    for stat in ("mean", "median", "p90", "p99", "max"):
+        if f"{stat}_e2e_latency_ms" in d and f"{stat}_e2el_ms" not in d:
+            row[f"{stat}_e2el_ms"] = d[f"{stat}_e2e_latency_ms"]
+    row.setdefault("load", d.get("load") or "-")
+    return row
+
+
+def _defaults(kind: str) -> dict[str, Any]:
+    """The command's own defaults, so a run shows only the flags it was given."""
+    from minisgl_cli.app import app
+
+    cmd = typer.main.get_command(app).commands.get(kind)  # type: ignore[attr-defined]
+    return {p.name: p.default for p in cmd.params} if cmd else {}
+
+
+def load_run(path: Path) -> dict[str, Any]:
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise typer.BadParameter(f"cannot read {path}: {e}", param_hint="FILES") from e
+    if not isinstance(d, dict) or "output_throughput" not in d and not d.get("sweep"):
+        raise typer.BadParameter(
+            f"{path} is not a bench-serve, bench-trace or bench-offline result (no output_throughput or sweep)",
+            param_hint="FILES",
+        )
+    kind = _kind(d)
+    rows = [_figures(r) for r in d["sweep"]] if kind == "bench-serve" else [_figures(d)]
+    env = d.get("environment") or {}
+    flags = d.get("flags") or {}
+    defaults = _defaults(kind)
+    shown = [f"--{k.replace('_', '-')} {v}" for k, v in flags.items() if k not in FLAG_SKIP and v != defaults.get(k)]
+    engine = d.get("engine") or ("minisgl" if d.get("mode") == "in-process" else None)
+    where = d.get("url") or d.get("device") or "?"
+    return {
+        "name": d.get("label") or f"{path.stem} ({engine or where})",
+        "file": str(path),
+        "kind": kind,
+        "engine": engine,
+        "model": d.get("model_id") or d.get("model"),
+        "gpu": d.get("gpu") or where,
+        "commit": env.get("commit"),
+        "flags": " ".join(shown),
+        "partial": bool(d.get("partial")),
+        "rows": rows,
+    }
+
+
+def _runs_table(runs: list[dict[str, Any]]):
+    from rich.table import Table
+
+    t = Table(title="runs", title_justify="left")
+    for col in ("#", "run", "benchmark", "engine", "model", "GPU / device / URL", "commit", "flags"):
+        t.add_column(col, overflow="fold")
+    for i, r in enumerate(runs, 1):
+        kind = r["kind"] + (" (partial)" if r["partial"] else "")
+        t.add_row(
+            str(i), r["name"], kind, r["engine"] or "?", str(r["model"]), str(r["gpu"]), str(r["commit"]), r["flags"]
+        )
+    return t
+
+
+def _figures_table(runs: list[dict[str, Any]]):
+    from minisgl_cli.report import fmt, kv_table
+
+    def pair(row: dict[str, Any], key: str) -> str:
+        return f"{fmt(row.get(f'median_{key}_ms'))} / {fmt(row.get(f'p99_{key}_ms'))}"
+
+    lines = []
+    for i, r in enumerate(runs, 1):
+        for row in r["rows"]:
+            load = str(row["load"]) + (" ◀ knee" if row.get("knee") else "")
+            lines.append(
+                (
+                    f"#{i} {load}",
+                    row.get("request_throughput"),
+                    row.get("output_throughput"),
+                    pair(row, "ttft"),
+                    pair(row, "tpot"),
+                    pair(row, "e2el"),
+                )
+            )
+    cols = ("run / load", "req/s", "out tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "E2E p50/p99 ms")
+    return kv_table("figures", lines, cols)

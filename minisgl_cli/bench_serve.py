@@ -1,0 +1,551 @@
+"""`minisgl bench-serve`: drive an OpenAI-compatible server (or the in-process engine) with a synthetic or dataset
+workload at a request rate and/or a concurrency limit; sweep the load to find the knee; goodput against latency
+targets; table, JSON (vLLM `bench serve` names), CSV and plots."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from minisgl_cli import options as o
+
+
+@dataclass(slots=True)
+class Target:
+    """Where requests go: the in-process engine or a URL, with what the workload needs to know about the model."""
+
+    vocab: int
+    context: int
+    tokenizer: Any
+    model: str
+    llm: Any = None  # the in-process engine
+    url: str | None = None
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("bench-serve")
+    def bench_serve(
+        url: Annotated[
+            str | None,
+            typer.Option(help="an OpenAI-compatible server (e.g. http://127.0.0.1:8000); default in-process"),
+        ] = None,
+        endpoint: Annotated[str, typer.Option(help="completions | chat (chat sends text prompts)")] = "completions",
+        served_model: Annotated[
+            str | None, typer.Option(help="model name sent with --url (default: the first of /v1/models)")
+        ] = None,
+        api_key: Annotated[
+            str | None, typer.Option(envvar="OPENAI_API_KEY", help="bearer token for --url", show_default=False)
+        ] = None,
+        num_requests: Annotated[
+            int | None,
+            typer.Option(help="requests per load point (default 200; with --duration: as many as fit)", min=1),
+        ] = None,
+        duration: Annotated[
+            float | None, typer.Option(help="stop sending after this many seconds per load", min=0.01)
+        ] = None,
+        warmup: Annotated[int, typer.Option(help="untimed requests sent before the first load point", min=0)] = 0,
+        input_len: Annotated[
+            str, typer.Option(help="prompt length range A:B in tokens (uniform, inclusive)")
+        ] = "128:128",
+        output_len: Annotated[str, typer.Option(help="output length range A:B in tokens (ignore_eos)")] = "128:128",
+        prompt_format: Annotated[
+            str, typer.Option(help="ids (token ids) | text (decoded by --model's tokenizer; chat always sends text)")
+        ] = "ids",
+        dataset: Annotated[
+            Path | None,
+            typer.Option(
+                help="prompts from a local .json/.jsonl/.parquet file (ShareGPT `conversations` or a text column)"
+            ),
+        ] = None,
+        prefix_groups: Annotated[int, typer.Option(help="G groups of requests sharing a prefix (0: none)", min=0)] = 0,
+        prefix_len: Annotated[int, typer.Option(help="tokens of each group's shared prefix", min=1)] = 256,
+        rate: Annotated[str, typer.Option(help="requests/s, or a list to sweep: 1,2,4,8,inf (inf: no pacing)")] = "inf",
+        max_concurrency: Annotated[
+            str | None, typer.Option(help="most requests in flight, or a list to sweep: 1,8,64")
+        ] = None,
+        burstiness: Annotated[
+            float, typer.Option(help="gamma shape of the arrival gaps (1: Poisson, <1 burstier)", min=1e-3)
+        ] = 1.0,
+        arrival: Annotated[str, typer.Option(help="poisson (gamma gaps, see --burstiness) | constant")] = "poisson",
+        slo: Annotated[
+            str | None, typer.Option(help="goodput targets, e.g. ttft=200ms,tpot=40ms,e2e=5s (every one must be met)")
+        ] = None,
+        seed: Annotated[int, typer.Option(help="seed of the workload and the arrivals")] = 0,
+        temperature: Annotated[float, typer.Option(help="sampling temperature", min=0.0)] = 0.0,
+        vocab_size: Annotated[
+            int | None,
+            typer.Option(help="with --url: prompt ids stay below this (default: --model's vocabulary)", min=2),
+        ] = None,
+        request_timeout: Annotated[float, typer.Option(help="seconds per request with --url", min=0.1)] = 600.0,
+        client_check: Annotated[
+            bool, typer.Option("--client-check", help="only measure the client's absorption rate and print it")
+        ] = False,
+        no_client_check: Annotated[
+            bool,
+            typer.Option("--no-client-check", help="skip measuring the client's absorption rate before a --url run"),
+        ] = False,
+        label: Annotated[str | None, typer.Option(help="this run's name in bench-compare (e.g. 'vllm H100')")] = None,
+        json_path: Annotated[Path | None, typer.Option("--json", help="write the results to this JSON file")] = None,
+        csv_path: Annotated[Path | None, typer.Option("--csv", help="write one row per load to this CSV file")] = None,
+        plot: Annotated[
+            Path | None,
+            typer.Option("--plot", help="PNG: throughput and TTFT/TPOT p50/p99 against load, or one run over time"),
+        ] = None,
+        save_detailed: Annotated[
+            bool, typer.Option("--save-detailed", help="also store every request's inter-token gaps in the JSON")
+        ] = False,
+        quiet: Annotated[bool, typer.Option("--quiet", help="no live view")] = False,
+        model: o.Model = None,
+        device: o.Device = "auto",
+        dtype: o.Dtype = "auto",
+        page_size: o.PageSize = 16,
+        num_pages: o.NumPages = None,
+        kv_cache_gb: o.KvCacheGb = None,
+        memory_fraction: o.MemoryFraction = 0.85,
+        max_running_requests: o.MaxRunning = 256,
+        max_batch_tokens: o.MaxBatchTokens = 8192,
+        max_model_len: o.MaxModelLen = None,
+        no_radix_cache: o.NoRadix = False,
+        attention_backend: o.Backend = "auto",
+        cuda_graph_max_bs: o.GraphBs = 256,
+        no_overlap: o.NoOverlap = False,
+        no_mixed_batch: o.NoMixed = False,
+        tp: o.Tp = 1,
+    ) -> None:
+        """Load-test a server or the engine: arrivals at --rate (Poisson, gamma with --burstiness, or constant) and/or
+        at most --max-concurrency in flight; a list of rates or concurrencies runs a sweep, one row per load, the knee
+        marked. Latencies count from each request's scheduled send time (the client's own queueing included). With
+        --url, the client's absorption rate is measured first and each run says how much of it it used."""
+        flags = dict(locals())
+        flags.pop("api_key")
+        from rich.console import Console
+
+        console = Console()
+        if client_check:
+            return _print_client_check(console, json_path)
+        loads, slo_targets = _parse_load(flags)
+        if plot is not None:
+            from minisgl_cli.plots import require_matplotlib
+
+            require_matplotlib()
+        config = o.engine_config(**flags)
+        target = _target(config, flags)
+        served: dict[str, Any] = {}
+        plans, warm = _plans(target, loads, flags, served)
+        check = None
+        if url is not None and not no_client_check:
+            from minisgl_cli.client_check import client_check_or_none
+
+            check = client_check_or_none(quiet)
+        result = _run_sweep(console, target, plans, warm, slo_targets, flags, check, api_key, served)
+        _report(console, result, flags)
+
+
+def _print_client_check(console, json_path: Path | None) -> None:
+    from minisgl_cli.client_check import check_client
+    from minisgl_cli.report import environment, kv_table, write_json
+
+    with console.status("streaming from the mock server"):
+        c = check_client(streams=128, tokens=2000, repeats=3)
+    console.print(
+        kv_table(
+            "client absorption (OpenAI client vs the trivial mock SSE server, best of 3)",
+            [
+                ("concurrent streams", c.streams),
+                ("one-token events per stream", c.tokens_per_stream),
+                ("events per server write", c.events_per_write),
+                ("seconds", c.seconds),
+                ("absorbed tok/s", c.tok_per_s),
+            ],
+        )
+    )
+    if json_path is not None:
+        write_json(json_path, {"benchmark": "client-check", **c.as_dict(), "environment": environment()})
+
+
+def _parse_load(flags: dict[str, Any]):
+    from minisgl_cli.arrivals import ARRIVALS, Load, parse_concurrency, parse_rates
+    from minisgl_cli.serve_metrics import load_sort_key, parse_slo
+
+    try:
+        rates = parse_rates(flags["rate"])
+        concs: list[int | None] = (
+            list(parse_concurrency(flags["max_concurrency"])) if flags["max_concurrency"] else [None]
+        )
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+    if flags["arrival"] not in ARRIVALS:
+        raise typer.BadParameter(
+            f"must be one of {', '.join(ARRIVALS)} (got {flags['arrival']!r})", param_hint="--arrival"
+        )
+    if flags["endpoint"] not in ("completions", "chat"):
+        raise typer.BadParameter(f"must be completions or chat (got {flags['endpoint']!r})", param_hint="--endpoint")
+    if flags["prompt_format"] not in ("ids", "text"):
+        raise typer.BadParameter(f"must be ids or text (got {flags['prompt_format']!r})", param_hint="--prompt-format")
+    slo = None
+    if flags["slo"]:
+        try:
+            slo = parse_slo(flags["slo"])
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--slo") from e
+    loads = sorted({Load(r, c) for r in rates for c in concs}, key=lambda x: load_sort_key(x.rate, x.max_concurrency))
+    return loads, slo
+
+
+def _target(config, flags: dict[str, Any]) -> Target:
+    from minisgl_cli.hf_peer import model_config_for, tokenizer_for
+
+    needs_text = flags["prompt_format"] == "text" or flags["endpoint"] == "chat" or flags["dataset"] is not None
+    if flags["url"] is None:
+        llm = o.load_llm(config, quiet=flags["quiet"])
+        e = llm.engine
+        context = min(e.max_model_len, e.cache.num_pages * e.cache.page_size)
+        vocab = flags["vocab_size"] or e.model_cfg.vocab_size
+        return Target(vocab, context, llm.tokenizer, llm.describe()["model"], llm=llm)
+    vocab, context = flags["vocab_size"], config.max_model_len
+    tokenizer = None
+    if vocab is None or context is None or needs_text:
+        try:
+            mc = model_config_for(config.model)
+            tokenizer = tokenizer_for(config.model) if needs_text else None
+        except (ValueError, FileNotFoundError) as e:
+            raise typer.BadParameter(
+                f"{e} (with --url, --model names the served model's config and tokenizer; or pass --vocab-size and "
+                "--max-model-len)",
+                param_hint="--model",
+            ) from e
+        vocab, context = vocab or mc.vocab_size, context or mc.max_position_embeddings
+    return Target(vocab, context, tokenizer, str(config.model), url=flags["url"])
+
+
+def _workload(target: Target, flags: dict[str, Any], n: int, seed: int):
+    from minisgl_cli.replay import ReplayItem
+    from minisgl_cli.workload import parse_range, serve_workload
+
+    try:
+        in_range = parse_range(flags["input_len"], "--input-len")
+        out_range = parse_range(flags["output_len"], "--output-len")
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+    text = flags["prompt_format"] == "text" or flags["endpoint"] == "chat"
+    groups = flags["prefix_groups"]
+    try:
+        w = serve_workload(
+            n,
+            in_range,
+            out_range,
+            seed,
+            target.vocab,
+            target.tokenizer,
+            text,
+            flags["dataset"],
+            groups,
+            flags["prefix_len"] if groups else 0,
+            target.context,
+        )
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--dataset") from e
+    longest = max(len(p) + out for p, out in zip(w.prompts, w.output_lens))
+    if longest > target.context:
+        raise typer.BadParameter(
+            f"the longest request ({longest} tokens) exceeds the context length {target.context}: lower --input-len / "
+            "--output-len / --prefix-len (or raise --max-model-len)"
+        )
+    prompts: list[str | list[int]] = list(w.texts if w.texts is not None else w.prompts)
+    items = [
+        ReplayItem(i, 0, 0.0, p, out, len(ids))
+        for i, (p, out, ids) in enumerate(zip(prompts, w.output_lens, w.prompts))
+    ]
+    return items, w.source
+
+
+def _sizes(load, flags: dict[str, Any]) -> int:
+    n = flags["num_requests"]
+    if n is not None:
+        return n
+    if flags["duration"] is None:
+        return 200
+    if math.isinf(load.rate):  # closed loop, or everything at once: a generous supply for the duration
+        return 10_000
+    return int(load.rate * flags["duration"] * 1.5) + 50
+
+
+def _plans(target: Target, loads, flags: dict[str, Any], served: dict[str, Any]):
+    """Every load's requests with their arrival times, and the warm-up's: all drawn before anything is sent, so bad
+    input fails first. Each load gets prompts of its own (seed + i), so no load reuses another's in a prefix cache."""
+    from minisgl_cli.arrivals import arrival_times
+
+    plans = []
+    for i, load in enumerate(loads):
+        items, served["source"] = _workload(target, flags, _sizes(load, flags), flags["seed"] + i)
+        times = arrival_times(
+            len(items), load.rate, flags["burstiness"], flags["arrival"], flags["seed"] + i, flags["duration"]
+        )
+        for item, t in zip(items, times):
+            item.arrival = t
+        plans.append((load, items[: len(times)]))
+    warm = _workload(target, flags, flags["warmup"], flags["seed"] + 10_000)[0] if flags["warmup"] else []
+    return plans, warm
+
+
+def _run_sweep(
+    console, target: Target, plans, warm, slo, flags: dict[str, Any], check, api_key: str | None, served
+) -> dict[str, Any]:
+    from minisgl_cli.live_view import LiveView
+    from minisgl_cli.replay import LiveCounters, drive, local_sender, url_sender
+    from minisgl_cli.serve_metrics import mark_knee
+
+    chat = flags["endpoint"] == "chat"
+    rows: list[dict[str, Any]] = []
+    singles: list = []  # the per-request results of the last load (a single run's timeline plot)
+    stopped: str | None = None
+
+    async def run_all() -> None:
+        nonlocal stopped
+        client = None
+        if target.url is not None:
+            client = await _connect(target, flags, api_key, served)
+            send = url_sender(client, served["name"], flags["temperature"], chat)
+        else:
+            from engine.async_llm import AsyncLLM
+
+            engine = AsyncLLM(target.llm)
+            send = local_sender(engine, flags["temperature"], chat)
+        try:
+            if warm:
+                live = LiveCounters()
+                with LiveView("warm-up", len(warm), live, flags["quiet"]):
+                    await drive(warm, send, live=live)
+            for i, (load, items) in enumerate(plans):
+                live = LiveCounters()
+                before = await _hits(client, target)
+                t0 = time.perf_counter()
+                try:
+                    with LiveView(f"{load.label} ({i + 1}/{len(plans)})", len(items), live, flags["quiet"]):
+                        results = await drive(
+                            items, send, load.max_concurrency, load.closed_loop, flags["duration"], live=live, t0=t0
+                        )
+                except asyncio.CancelledError:
+                    results, stopped = list(live.done), "interrupted"
+                duration = time.perf_counter() - t0
+                row = _row(load, results, duration, t0, slo, flags, check)
+                row["cache_hit_rate"] = _hit_rate(before, await _hits(client, target), target)
+                rows.append(row)
+                singles[:] = results
+                if stopped:
+                    return
+                if results and not any(r.ok for r in results):
+                    stopped = f"every request of {load.label} failed ({results[0].error})"
+                    return
+        finally:
+            if client is not None:
+                await client.close()
+            else:
+                engine.shutdown()
+
+    try:
+        asyncio.run(run_all())
+    except KeyboardInterrupt:
+        stopped = stopped or "interrupted"
+    if not rows:
+        console.print(f"[red]error:[/red] no load point finished ({stopped or 'nothing ran'})")
+        raise typer.Exit(1)
+    mark_knee(rows)
+    return _result(target, rows, singles, slo, flags, check, served, stopped)
+
+
+async def _connect(target: Target, flags: dict[str, Any], api_key: str | None, served: dict[str, Any]):
+    from minisgl_cli.openai_client import HTTPStatusError, OpenAIClient, api_base
+    from minisgl_cli.replay import served_model
+
+    try:
+        client = OpenAIClient(target.url, timeout=flags["request_timeout"], api_key=api_key)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--url") from e
+    try:
+        served["name"] = flags["served_model"] or await served_model(client)
+    except (OSError, ValueError, KeyError, HTTPStatusError, TimeoutError) as e:
+        await client.close()
+        raise typer.BadParameter(f"cannot reach {api_base(target.url)}/models: {e}", param_hint="--url") from e  # type: ignore[arg-type]
+    return client
+
+
+async def _hits(client, target: Target):
+    """Prefix-cache counters: the server's /metrics, or the in-process engine's."""
+    from minisgl_cli.replay import scrape_metrics
+
+    if client is not None:
+        return await scrape_metrics(client)
+    m = target.llm.metrics()  # between loads nothing runs: reading from this thread is safe
+    return {"hits": m.cache_hit_tokens, "prompts": m.prompt_tokens}
+
+
+def _hit_rate(before, after, target: Target) -> float | None:
+    from minisgl_cli.replay import cache_hit_rate
+
+    if target.url is not None:
+        return cache_hit_rate(before, after)
+    d = after["prompts"] - before["prompts"]
+    return (after["hits"] - before["hits"]) / d if d else None
+
+
+def _row(load, results, duration: float, t0: float, slo, flags: dict[str, Any], check) -> dict[str, Any]:
+    from minisgl_cli.serve_metrics import client_usage, per_request, summarize
+
+    row: dict[str, Any] = {
+        "load": load.label,
+        "request_rate": "inf" if math.isinf(load.rate) else load.rate,
+        "max_concurrency": load.max_concurrency,
+        "burstiness": flags["burstiness"],
+        "num_prompts": len(results),
+    }
+    row.update(summarize(results, duration, "e2el", slo))
+    if flags["url"] is not None:
+        row.update(client_usage(row, results, check.tok_per_s if check else None))
+    row["partial"] = row["failed"] > 0
+    row["requests"] = per_request(results, t0, flags["save_detailed"])
+    return row
+
+
+def _result(target: Target, rows, results, slo, flags, check, served, stopped) -> dict[str, Any]:
+    from minisgl_cli.report import command_flags, environment
+
+    llm = target.llm
+    out: dict[str, Any] = {
+        "benchmark": "bench-serve",
+        "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "label": flags["label"],
+        "backend": "openai-chat" if flags["endpoint"] == "chat" else "openai",
+        "mode": "url" if target.url else "in-process",
+        "url": target.url,
+        "engine": "minisgl" if llm is not None else None,
+        "model_id": served.get("name") or target.model,
+        "tokenizer_id": target.model,
+        **(llm.describe() if llm is not None else {"model": served.get("name")}),
+        "gpu": _gpu(llm),
+        "workload": {
+            "source": served.get("source"),
+            "input_len": flags["input_len"],
+            "output_len": flags["output_len"],
+            "prompt_format": "text" if flags["endpoint"] == "chat" else flags["prompt_format"],
+            "prefix_groups": flags["prefix_groups"],
+            "prefix_len": flags["prefix_len"] if flags["prefix_groups"] else 0,
+            "arrival": flags["arrival"],
+            "seed": flags["seed"],
+            "warmup": flags["warmup"],
+            "duration_limit": flags["duration"],
+        },
+        "slo": {k: v * 1000 for k, v in slo.items()} if slo else None,
+        "client_check": check.as_dict() if check else None,
+        "partial": bool(stopped) or any(r["partial"] for r in rows),
+        "stopped": stopped,
+        "sweep": rows,
+        "environment": environment(),
+        "flags": command_flags(flags),
+    }
+    if len(rows) == 1:  # a single run: vLLM's top-level fields and per-request arrays
+        out.update({k: v for k, v in rows[0].items() if k not in ("requests", "load")})
+        out.update(rows[0]["requests"])
+    out["_results"] = results  # for the timeline plot; not written
+    return out
+
+
+def _gpu(llm) -> str | None:
+    if llm is None:
+        return None
+    import torch
+
+    d = llm.engine.device
+    return torch.cuda.get_device_name(d) if d.type == "cuda" else None
+
+
+def _report(console, result: dict[str, Any], flags: dict[str, Any]) -> None:
+    from minisgl_cli.report import write_json
+
+    results = result.pop("_results")
+    console.print(_table(result))
+    check = result["client_check"]
+    if check:
+        peak = max((r.get("client_peak_used_fraction") or 0.0) for r in result["sweep"])
+        note = "  [yellow]the client may be the limit[/yellow]" if peak > 0.5 else ""
+        console.print(
+            f"client absorbed {check['tok_per_s']:,.0f} tok/s max (mock SSE server, {check['streams']} streams); "
+            f"this run used {peak:.1%} of it in its busiest second{note}"
+        )
+    if result["partial"]:
+        first = next((e for r in result["sweep"] for e in r["errors"]), None)
+        why = result["stopped"] or (f"first error: {first['error']}" if first else "")
+        console.print(f"[yellow]partial results:[/yellow] {why}")
+    if flags["json_path"] is not None:
+        write_json(flags["json_path"], result)
+        console.print(f"results written to {flags['json_path']}")
+    if flags["csv_path"] is not None:
+        _write_csv(flags["csv_path"], result["sweep"])
+        console.print(f"rows written to {flags['csv_path']}")
+    if flags["plot"] is not None:
+        from minisgl_cli.plots import plot_sweep, plot_timeline
+
+        where = result["url"] or f"{result['model_id']} in-process"
+        if len(result["sweep"]) > 1:
+            plot_sweep(result["sweep"], flags["plot"], f"bench-serve -> {where}")
+        else:
+            plot_timeline(results, flags["plot"], f"bench-serve {result['sweep'][0]['load']} -> {where}")
+        console.print(f"plot written to {flags['plot']}")
+
+
+CSV_SKIP = ("requests", "errors")
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    import csv
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = [k for k in rows[0] if k not in CSV_SKIP]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _table(res: dict[str, Any]):
+    """One column per load (as bench-offline's one per engine), one row per figure."""
+    from minisgl_cli.report import fmt, kv_table
+
+    rows = res["sweep"]
+
+    def pct(v: float | None, digits: int = 1) -> str:
+        return "n/a" if v is None else f"{v:.{digits}%}"
+
+    lines: list[tuple] = [
+        ("requests done / failed", *(f"{r['completed']:,} / {r['failed']:,}" for r in rows)),
+        ("requests/s", *(r["request_throughput"] for r in rows)),
+        ("output tok/s", *(r["output_throughput"] for r in rows)),
+    ]
+    for label, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2E", "e2el"), ("client queue", "queue")):
+        lines.append(
+            (f"{label} p50 / p99 (ms)", *(f"{fmt(r[f'median_{key}_ms'])} / {fmt(r[f'p99_{key}_ms'])}" for r in rows))
+        )
+    lines.append(("cache hit rate", *(pct(r["cache_hit_rate"]) for r in rows)))
+    if res["slo"] is not None:
+        lines.append(("goodput (req/s)", *(r["request_goodput"] for r in rows)))
+        lines.append(("met every SLO", *(pct(r["goodput_fraction"], 0) for r in rows)))
+    if any(r.get("client_used_fraction") is not None for r in rows):
+        lines.append(
+            (
+                "client load mean / peak",
+                *(f"{pct(r['client_used_fraction'])} / {pct(r['client_peak_used_fraction'])}" for r in rows),
+            )
+        )
+    if len(rows) > 1:
+        lines.append(("knee", *((r["knee_reason"] if r["knee"] else "") for r in rows)))
+    where = res["url"] or f"{res['model_id']} on {res.get('device')}"
+    slo = ", ".join(f"{k} <= {fmt(v, 0)} ms" for k, v in (res["slo"] or {}).items())
+    title = f"bench-serve -> {where} ({res['workload']['source']}{'; SLO ' + slo if slo else ''})"
+    return kv_table(title, lines, ("", *(r["load"] for r in rows)))

@@ -1,0 +1,209 @@
+"""PNG plots of benchmark results (matplotlib, the optional `plot` extra): a sweep against load, one run's
+per-request TTFT and TBT over time, bench-offline's steps over time, and several runs side by side."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import typer
+
+MAX_POINTS = 40_000  # TBT scatter points drawn (evenly thinned beyond this)
+
+
+def require_matplotlib() -> None:
+    """Fail before a run, not after it, when --plot cannot be honoured."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise typer.BadParameter(
+            "needs matplotlib, which is not installed: pip install 'minisgl[plot]' (or matplotlib)",
+            param_hint="--plot",
+        ) from None
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+
+
+def plot_timeline(results: Sequence[Any], path: Path, title: str) -> None:
+    """One run: each request's TTFT at its scheduled send time, and every inter-token gap at its arrival time."""
+    plt = _pyplot()
+    ok = [r for r in results if r.ttft is not None]
+    t0 = min((r.scheduled for r in results), default=0.0)
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
+    a1.scatter([r.scheduled - t0 for r in ok], [r.ttft * 1000 for r in ok], s=8, alpha=0.7)
+    failed = [r.scheduled - t0 for r in results if not r.ok]
+    if failed:
+        a1.scatter(failed, [0] * len(failed), marker="x", color="red", s=20, label=f"failed ({len(failed)})")
+        a1.legend(loc="upper left")
+    a1.set_ylabel("TTFT (ms)")
+    a1.set_title(title)
+    xs, ys = [], []
+    for r in ok:
+        t = r.scheduled + r.ttft
+        for gap in r.itls:
+            t += gap
+            xs.append(t - t0)
+            ys.append(gap * 1000)
+    step = max(1, len(xs) // MAX_POINTS)
+    a2.scatter(xs[::step], ys[::step], s=2, alpha=0.4, color="tab:orange")
+    a2.set_ylabel("TBT (ms, per token or chunk)")
+    a2.set_xlabel("time since the run's start (s)")
+    a2.set_yscale("symlog", linthresh=0.1)  # gaps of 0 (tokens read together) stay on the axis
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+    _save(fig, path)
+
+
+def _log_if_wide(ax, values: list[float | None]) -> None:
+    v = [x for x in values if x]
+    if v and min(v) > 0 and max(v) / min(v) > 20:
+        ax.set_yscale("log")
+
+
+def _load_axis(rows: Sequence[dict[str, Any]]) -> tuple[list[float], list[str]]:
+    labels = [r["load"] for r in rows]
+    return list(range(len(rows))), labels
+
+
+def plot_sweep(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
+    """A sweep: output throughput (and goodput), TTFT p50/p99 and TPOT p50/p99 against load; the knee marked."""
+    plt = _pyplot()
+    x, labels = _load_axis(rows)
+    fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+    a = axes[0]
+    a.plot(x, [r["output_throughput"] for r in rows], "o-", label="output tok/s")
+    a.set_ylabel("output tok/s")
+    if any(r.get("request_goodput") is not None for r in rows):
+        b = a.twinx()
+        b.plot(x, [r.get("request_goodput") for r in rows], "s--", color="tab:green", label="goodput (req/s)")
+        b.plot(x, [r["request_throughput"] for r in rows], "^:", color="tab:gray", label="requests/s")
+        b.set_ylabel("requests/s")
+        b.legend(loc="lower right")
+    a.legend(loc="upper left")
+    a.set_title(title)
+    for ax, key, unit in ((axes[1], "ttft", "TTFT (ms)"), (axes[2], "tpot", "TPOT (ms)")):
+        for stat, style in (("median", "o-"), ("p99", "s--")):
+            ax.plot(x, [r.get(f"{stat}_{key}_ms") for r in rows], style, label=f"{'p50' if stat == 'median' else stat}")
+        ax.set_ylabel(unit)
+        _log_if_wide(ax, [r.get(f"{s}_{key}_ms") for r in rows for s in ("median", "p99")])
+        ax.legend(loc="upper left")
+    for i, r in enumerate(rows):
+        if r.get("knee"):
+            for ax in axes:
+                ax.axvline(i, color="red", alpha=0.4, linestyle=":")
+            axes[0].annotate(
+                f"knee ({r['knee_reason']})",
+                (i, r["output_throughput"]),
+                color="red",
+                textcoords="offset points",
+                xytext=(5, -15),
+            )
+    axes[-1].set_xticks(x, labels, rotation=20)
+    axes[-1].set_xlabel("load")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    _save(fig, path)
+
+
+def plot_steps(steps: Sequence[tuple[float, int, int]], path: Path, title: str) -> None:
+    """bench-offline: the batch size of every engine step and the output tokens/s (in 1/40ths of the run) against
+    time. steps: (seconds since the start, requests in the step, tokens it produced)."""
+    plt = _pyplot()
+    window = max(steps[-1][0] / 40, 1e-3) if steps else 1.0
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    a1.plot([s[0] for s in steps], [s[1] for s in steps], drawstyle="steps-post", lw=0.8)
+    a1.set_ylabel("batch size (requests)")
+    a1.set_title(title)
+    end = steps[-1][0] if steps else 0.0
+    nbins = max(1, math.ceil(end / window))
+    bins = [0] * nbins
+    for t, _, tokens in steps:
+        bins[min(int(t / window), nbins - 1)] += tokens
+    a2.plot([(i + 0.5) * window for i in range(nbins)], [b / window for b in bins], lw=1)
+    a2.set_ylabel(f"output tok/s ({window:g} s bins)")
+    a2.set_xlabel("time since the timed run's start (s)")
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+    _save(fig, path)
+
+
+def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
+    """Several runs: sweeps as lines against their load points, single runs as bars (output tok/s, TTFT and TPOT
+    p50/p99)."""
+    plt = _pyplot()
+    sweeps = [r for r in runs if r["rows"] and len(r["rows"]) > 1]
+    fig, axes = plt.subplots(3, 1, figsize=(9, 9))
+    panels = (
+        ("output_throughput", "output tok/s", False),
+        ("ttft", "TTFT p50 / p99 (ms)", True),
+        ("tpot", "TPOT p50 / p99 (ms)", True),
+    )
+    if sweeps:
+        for run in sweeps:
+            xs = list(range(len(run["rows"])))
+            for ax, (key, unit, pct) in zip(axes, panels):
+                if pct:
+                    (line,) = ax.plot(xs, [row.get(f"median_{key}_ms") for row in run["rows"]], "o-", label=run["name"])
+                    ax.plot(xs, [row.get(f"p99_{key}_ms") for row in run["rows"]], "s--", color=line.get_color())
+                    _log_if_wide(
+                        ax, [row.get(f"{s}_{key}_ms") for r in sweeps for row in r["rows"] for s in ("median", "p99")]
+                    )
+                else:
+                    ax.plot(xs, [row.get(key) for row in run["rows"]], "o-", label=run["name"])
+                ax.set_ylabel(unit)
+        longest = max(sweeps, key=lambda r: len(r["rows"]))
+        for ax in axes:
+            ax.set_xticks(range(len(longest["rows"])), [row["load"] for row in longest["rows"]], rotation=20)
+        axes[-1].set_xlabel("load (points of each sweep, in order)")
+    singles = [r for r in runs if r not in sweeps]
+    if singles:
+        if sweeps:  # both kinds: single runs as horizontal lines across the sweep axes
+            for k, run in enumerate(singles):
+                row = run["rows"][0]
+                for ax, (key, _, pct) in zip(axes, panels):
+                    v = row.get(f"median_{key}_ms" if pct else key)
+                    if v is not None:
+                        ax.axhline(v, linestyle=":", color=f"C{len(sweeps) + k}", label=f"{run['name']} (p50)")
+        else:
+            names = [r["name"] for r in singles]
+            xs = list(range(len(singles)))
+            for ax, (key, unit, pct) in zip(axes, panels):
+                if pct:
+                    ax.bar(
+                        [x - 0.2 for x in xs],
+                        [r["rows"][0].get(f"median_{key}_ms") or 0 for r in singles],
+                        0.4,
+                        label="p50",
+                    )
+                    ax.bar(
+                        [x + 0.2 for x in xs],
+                        [r["rows"][0].get(f"p99_{key}_ms") or 0 for r in singles],
+                        0.4,
+                        label="p99",
+                    )
+                else:
+                    ax.bar(xs, [r["rows"][0].get(key) or 0 for r in singles], 0.6)
+                ax.set_ylabel(unit)
+                ax.set_xticks(xs, names, rotation=15, fontsize=8)
+    axes[0].set_title("bench-compare")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    _save(fig, path)

@@ -1,0 +1,114 @@
+"""The HTTP front end's process: tokenizer, FastAPI app and uvicorn, talking to the engine process over ZeroMQ.
+`minisgl serve` (the engine process; rank 0 under torchrun) starts it as its child and ends it with SIGTERM.
+If the engine process disappears, open requests end with an error, /health answers 503 for a moment, and this
+process exits non-zero."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+import uvicorn
+
+from engine.ipc import Addresses
+from engine.remote_llm import RemoteLLM
+from minisgl_cli.server.app import create_app
+
+ORPHAN_GRACE_S = 2.0  # /health answers 503 this long after the engine is gone, then the front end exits
+ENGINE_GONE_EXIT = 3
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendSpec:
+    model: str | None  # as --model: where the tokenizer comes from
+    addrs: Addresses | None  # filled in by whoever starts the front end (serve_engine)
+    host: str
+    port: int
+    model_name: str | None
+    max_queued_requests: int | None
+    log_level: str
+    engine_pid: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(text: str) -> FrontendSpec:
+        d = json.loads(text)
+        return FrontendSpec(**{**d, "addrs": Addresses(**d["addrs"]) if d["addrs"] else None})
+
+
+class HTTPServer(uvicorn.Server):
+    """uvicorn without signal handlers of its own: whoever runs it decides when it ends (should_exit)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def serve_http(
+    remote: RemoteLLM, server: HTTPServer, sockets: list[socket.socket] | None = None, engine_pid: int | None = None
+) -> int:
+    """Run the HTTP server until told to exit; returns the exit code. With engine_pid, watch that the engine
+    process (our parent) lives: once it is gone, fail every open request and exit with ENGINE_GONE_EXIT."""
+    code = 0
+
+    async def watch() -> None:
+        nonlocal code
+        while os.getppid() == engine_pid:
+            await asyncio.sleep(0.2)
+        why = f"the engine process (pid {engine_pid}) exited"
+        remote.fail_all(why)
+        print(f"minisgl serve: {why}; open requests ended with an error; the HTTP front end exits", file=sys.stderr)
+        await asyncio.sleep(ORPHAN_GRACE_S)
+        code, server.should_exit = ENGINE_GONE_EXIT, True
+
+    watcher = asyncio.create_task(watch()) if engine_pid is not None else None
+    try:
+        await server.serve(sockets)
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+    return code
+
+
+async def _main(spec: FrontendSpec) -> int:
+    from rich.console import Console
+
+    from engine.engine import load_tokenizer
+
+    assert spec.addrs is not None
+    remote = RemoteLLM(load_tokenizer(spec.model), spec.addrs)
+    info = await remote.start()
+    app = create_app(remote, spec.model_name, spec.max_queued_requests)
+    server = HTTPServer(
+        uvicorn.Config(
+            app, host=spec.host, port=spec.port, log_level=spec.log_level, lifespan="off", timeout_graceful_shutdown=2
+        )
+    )
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: setattr(server, "should_exit", True))
+    Console(stderr=True, soft_wrap=True).print(
+        f"[bold]minisgl serve[/bold]: model [cyan]{app.state.client.model_name}[/cyan] on {info.device} "
+        f"({info.dtype}, {info.attention} attention, tp={info.tp}) at http://{spec.host}:{spec.port}/v1"
+    )
+    try:
+        return await serve_http(remote, server, engine_pid=spec.engine_pid)
+    finally:
+        remote.close()
+
+
+def main() -> None:
+    # Ctrl-C reaches the whole process group; the engine process acts on it and ends this one with SIGTERM.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(asyncio.run(_main(FrontendSpec.from_json(sys.argv[1]))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""`minisgl bench-compare` over real results of the three benchmarks, and the --plot of bench-offline and bench-trace
+(each run's PNG drawn from its own per-step / per-request data)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from minisgl_cli.app import app
+from minisgl_cli.mock_server import MockConfig, mock_server_process
+from tests.conftest import free_port
+from tests.test_bench_offline import flat
+
+TRACE = Path(__file__).resolve().parent.parent / "traces" / "qwen_sample.jsonl"
+TINY = ["--model", "dummy:tiny-llama", "--device", "cpu", "--quiet"]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def run(*args: str) -> str:
+    r = CliRunner(env={"COLUMNS": "300"}).invoke(app, list(args))  # wide: no cell folded mid-word
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    return flat(r.output)
+
+
+def test_compare_offline_trace_and_serve_runs(tmp_path):
+    off, trace, sweep = tmp_path / "off.json", tmp_path / "trace.json", tmp_path / "sweep.json"
+    run(
+        "bench-offline",
+        *TINY,
+        "--num-seqs",
+        "6",
+        "--input-len",
+        "16:32",
+        "--output-len",
+        "8:16",
+        "--json",
+        str(off),
+        "--plot",
+        str(tmp_path / "off.png"),
+    )
+    run(
+        "bench-trace",
+        str(TRACE),
+        *TINY,
+        "--num-requests",
+        "8",
+        "--time-scale",
+        "0",
+        "--json",
+        str(trace),
+        "--plot",
+        str(tmp_path / "trace.png"),
+    )
+    with mock_server_process(MockConfig(ttft=0.01, tpot=0.002), free_port()) as url:
+        run(
+            "bench-serve",
+            "--url",
+            url,
+            "--vocab-size",
+            "1000",
+            "--max-model-len",
+            "4096",
+            "--quiet",
+            "--no-client-check",
+            "--num-requests",
+            "8",
+            "--output-len",
+            "10:10",
+            "--rate",
+            "20,inf",
+            "--label",
+            "mock engine",
+            "--json",
+            str(sweep),
+        )
+    for png in ("off.png", "trace.png"):
+        assert (tmp_path / png).read_bytes()[:8] == PNG
+    offline = json.loads(off.read_text())
+    assert offline["benchmark"] == "bench-offline" and offline["engine_steps"] > 0 and "_steps" not in offline
+    assert json.loads(trace.read_text())["flags"]["num_requests"] == 8
+
+    out = run("bench-compare", str(off), str(trace), str(sweep), "--plot", str(tmp_path / "cmp.png"))
+    assert (tmp_path / "cmp.png").read_bytes()[:8] == PNG
+    for needle in (
+        "bench-offline",
+        "bench-trace",
+        "bench-serve",
+        "mock engine",
+        "#3 rate 20",
+        "#3 rate inf",
+        f"{offline['output_throughput']:,.2f}",
+        offline["environment"]["commit"],
+        "--num-seqs 6",
+    ):
+        assert needle in out, needle
+    assert "--quiet" not in out  # flags shown are those that differ from the command's defaults
+
+
+def test_compare_single_runs_and_bad_files(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for path, tput in ((a, 100.0), (b, 250.0)):  # two single runs of the same shape from another engine
+        path.write_text(
+            json.dumps(
+                {
+                    "label": path.stem,
+                    "output_throughput": tput,
+                    "request_throughput": 1.0,
+                    "median_ttft_ms": 10.0,
+                    "p99_ttft_ms": 20.0,
+                }
+            )
+        )
+    out = run("bench-compare", str(a), str(b), "--plot", str(tmp_path / "bars.png"))
+    assert "250.00" in out and "100.00" in out and (tmp_path / "bars.png").read_bytes()[:8] == PNG
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"hello": 1}')
+    r = CliRunner().invoke(app, ["bench-compare", str(bad)])
+    assert r.exit_code == 2 and "is not a bench-serve, bench-trace or bench-offline result" in flat(r.output)
+    r = CliRunner().invoke(app, ["bench-compare", str(tmp_path / "missing.json")])
+    assert r.exit_code == 2 and "cannot read" in flat(r.output)

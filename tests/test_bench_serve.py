@@ -1,0 +1,326 @@
+"""`minisgl bench-serve` against servers whose behaviour is known: the mock OpenAI server (latencies, capacity and
+failures set by the test), a real `minisgl serve`, and the in-process engine; arrival statistics; the client's
+parser against json's; the absorption check. Timing tolerances are wide: the CI machine is a shared 2-core CPU."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from minisgl_cli.app import app
+from minisgl_cli.arrivals import arrival_times
+from minisgl_cli.mock_server import MockConfig, mock_server_process
+from minisgl_cli.openai_client import _data_of, decode_event
+from tests.conftest import free_port, wait_healthy
+from tests.test_bench_offline import flat
+
+URL_FLAGS = ["--vocab-size", "1000", "--max-model-len", "4096", "--quiet", "--no-client-check"]
+# vLLM `bench serve` fields every row (and a single run's top level) carries
+VLLM_FIELDS = [
+    "completed",
+    "duration",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    *(f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "std", "p99")),
+]
+
+
+def bench(tmp_path: Path, *args: str, code: int = 0) -> tuple[dict, str]:
+    out = tmp_path / "serve.json"
+    r = CliRunner().invoke(app, ["bench-serve", *args, "--json", str(out)])
+    assert r.exit_code == code, r.output + repr(r.exception)
+    return (json.loads(out.read_text()) if out.exists() else {}), r.output
+
+
+@pytest.fixture
+def mock(request):
+    with mock_server_process(request.param, free_port()) as url:
+        yield url
+
+
+# ---- arrivals ----------------------------------------------------------------------------------------------------
+def test_poisson_arrivals_have_exponential_gaps():
+    t = arrival_times(20_000, rate=10.0, seed=1)
+    gaps = [b - a for a, b in zip(t, t[1:])]
+    mean, cv = statistics.fmean(gaps), statistics.pstdev(gaps) / statistics.fmean(gaps)
+    assert t[0] == 0 and mean == pytest.approx(0.1, rel=0.03) and cv == pytest.approx(1.0, abs=0.04)
+    # exponential: P(gap < mean) = 1 - 1/e
+    assert sum(g < 0.1 for g in gaps) / len(gaps) == pytest.approx(1 - math.exp(-1), abs=0.015)
+    bursty = arrival_times(20_000, rate=10.0, burstiness=0.25, seed=1)
+    gaps = [b - a for a, b in zip(bursty, bursty[1:])]
+    assert statistics.fmean(gaps) == pytest.approx(0.1, rel=0.06)  # same rate, CV = 1/sqrt(shape) = 2
+    assert statistics.pstdev(gaps) / statistics.fmean(gaps) == pytest.approx(2.0, rel=0.08)
+    assert arrival_times(5, 4.0, kind="constant") == pytest.approx([0, 0.25, 0.5, 0.75, 1.0])
+    assert len(arrival_times(1000, 10.0, seed=2, duration=3.0)) == pytest.approx(30, abs=12)
+    assert arrival_times(3, math.inf) == [0.0, 0.0, 0.0]
+
+
+# ---- the client's parser -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"id": "c", "choices": [{"index": 0, "text": 'héllo "q" \\n', "logprobs": None, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {"content": "\u2028x"}, "finish_reason": None}], "usage": None},
+        {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]},
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}},
+        {"choices": [{"index": 0, "delta": {"reasoning_content": "a", "content": None}, "finish_reason": None}]},
+    ],
+)
+@pytest.mark.parametrize("compact", [True, False])
+def test_event_decoding_matches_json(obj, compact):
+    payload = json.dumps(obj, separators=(",", ":") if compact else None).encode()
+    c = (obj.get("choices") or [{}])[0]
+    text = c.get("text") or (c.get("delta") or {}).get("content") or ""
+    assert decode_event(payload) == (text, obj.get("usage"), c.get("finish_reason"))
+
+
+def test_event_blocks():
+    assert _data_of(b"data: {}") == b"{}"
+    assert _data_of(b": keep-alive") is None
+    assert _data_of(b'event: x\ndata:{"a":\ndata: 1}') == b'{"a":\n1}'
+    with pytest.raises(Exception, match="server error: boom"):
+        decode_event(b'{"error": {"message": "boom"}}')
+
+
+# ---- against the mock server ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mock", [MockConfig(ttft=0.1, tpot=0.02)], indirect=True)
+def test_measures_what_the_mock_was_told(tmp_path, mock):
+    # 30 requests of 10 tokens at a constant 10 req/s: TTFT 100 ms, TPOT 20 ms, nothing queues anywhere.
+    args = ["--url", mock, *URL_FLAGS, "--num-requests", "30", "--output-len", "10:10", "--input-len", "16:32"]
+    res, _ = bench(tmp_path, *args, "--rate", "10", "--arrival", "constant", "--slo", "ttft=160ms,tpot=26ms")
+    assert (res["completed"], res["failed"], res["partial"], res["total_output_tokens"]) == (30, 0, False, 300)
+    # tolerance: +60 ms TTFT, +-25% TPOT (a loaded 2-core machine wakes timers late, it never wakes them early)
+    assert 100 <= res["median_ttft_ms"] <= 160 and 100 <= res["p99_ttft_ms"] <= 250
+    assert res["median_tpot_ms"] == pytest.approx(20, rel=0.25)
+    assert res["median_e2el_ms"] == pytest.approx(100 + 9 * 20, abs=80)
+    assert res["duration"] >= 2.9 + 0.28  # the last arrival at 2.9 s, then its own 280 ms
+    assert res["goodput_fraction"] >= 0.9 and res["request_goodput"] == pytest.approx(
+        res["goodput_fraction"] * 30 / res["duration"]
+    )
+    assert res["p99_queue_ms"] < 60  # sent on schedule
+    assert res["send_times"] == pytest.approx([i / 10 for i in range(30)], abs=1e-9)
+    assert len(res["ttfts"]) == len(res["input_lens"]) == 30
+    # a target the mock cannot meet: no request is good
+    res, _ = bench(tmp_path, *args, "--rate", "inf", "--slo", "ttft=50ms")
+    assert res["completed"] == 30 and res["goodput_fraction"] == 0 and res["request_goodput"] == 0
+
+
+@pytest.mark.parametrize("mock", [MockConfig(ttft=0.02, tpot=0.005, capacity=2)], indirect=True)
+def test_concurrency_sweep_finds_the_knee(tmp_path, mock):
+    # The mock serves 2 streams at once (~70 ms each): concurrency 2 doubles the throughput of 1, 6 adds nothing
+    # but queueing inside the server, which shows as TTFT.
+    csv_path, png = tmp_path / "sweep.csv", tmp_path / "sweep.png"
+    res, out = bench(
+        tmp_path,
+        "--url",
+        mock,
+        *URL_FLAGS,
+        "--num-requests",
+        "24",
+        "--output-len",
+        "10:10",
+        "--max-concurrency",
+        "6,1,2",
+        "--warmup",
+        "2",
+        "--csv",
+        str(csv_path),
+        "--plot",
+        str(png),
+    )
+    rows = res["sweep"]
+    assert [r["max_concurrency"] for r in rows] == [1, 2, 6]  # sorted by load
+    assert all(r["completed"] == 24 and r["request_rate"] == "inf" for r in rows)
+    tput = [r["output_throughput"] for r in rows]
+    assert tput[1] > 1.5 * tput[0] and tput[2] < 1.25 * tput[1]
+    assert [r["knee"] for r in rows] == [False, True, False] and rows[1]["knee_reason"] == "throughput"
+    assert rows[2]["median_ttft_ms"] > 2 * rows[1]["median_ttft_ms"]  # waiting for one of the mock's 2 slots
+    assert rows[2]["p99_queue_ms"] < 60  # closed loop: a request is scheduled when its slot frees
+    for r in rows:
+        assert all(r[f] is not None for f in VLLM_FIELDS), [f for f in VLLM_FIELDS if r[f] is None]
+    assert "output_throughput" not in res  # a sweep keeps its figures per row
+    with csv_path.open() as f:
+        table = list(csv.DictReader(f))
+    assert [int(t["max_concurrency"]) for t in table] == [1, 2, 6]
+    assert float(table[1]["output_throughput"]) == pytest.approx(tput[1])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "knee" in flat(out)
+
+
+@pytest.mark.parametrize("mock", [MockConfig(tpot=0.001, fail_from=9)], indirect=True)
+def test_server_errors_mid_run_give_partial_results(tmp_path, mock):
+    res, out = bench(tmp_path, "--url", mock, *URL_FLAGS, "--num-requests", "20", "--max-concurrency", "1")
+    assert (res["completed"], res["failed"], res["partial"]) == (8, 12, True)
+    assert "HTTP 500" in res["errors"][0]["error"] and "mock failure" in res["errors"][0]["error"]
+    assert "partial results" in flat(out)
+
+
+@pytest.mark.parametrize("mock", [MockConfig(tpot=0.001, cut_from=3)], indirect=True)
+def test_streams_cut_short_are_failures(tmp_path, mock):
+    res, out = bench(tmp_path, "--url", mock, *URL_FLAGS, "--num-requests", "6", "--max-concurrency", "1,2")
+    assert [(r["completed"], r["failed"]) for r in res["sweep"]] == [(2, 4), (0, 6)]  # the sweep stops there
+    assert "closed" in res["sweep"][0]["errors"][0]["error"]
+    assert res["partial"] and "every request of concurrency 2 failed" in flat(out)
+
+
+def test_client_check_measures_absorption(tmp_path):
+    from minisgl_cli.client_check import check_client
+
+    c = check_client(streams=8, tokens=300, events_per_write=16, repeats=1)
+    assert c.events == 8 * 300 and c.tok_per_s == c.events / c.seconds > 0
+    out = tmp_path / "check.json"
+    r = CliRunner().invoke(app, ["bench-serve", "--client-check", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    res = json.loads(out.read_text())
+    assert res["events"] == res["streams"] * res["tokens_per_stream"] and res["tok_per_s"] > 0
+    assert "absorbed tok/s" in flat(r.output)
+
+
+@pytest.mark.parametrize("mock", [MockConfig(ttft=0.01, tpot=0.002)], indirect=True)
+def test_url_run_reports_its_share_of_the_client(tmp_path, mock):
+    res, out = bench(
+        tmp_path,
+        "--url",
+        mock,
+        "--vocab-size",
+        "1000",
+        "--max-model-len",
+        "4096",
+        "--quiet",
+        "--num-requests",
+        "16",
+        "--output-len",
+        "50:50",
+    )
+    check = res["client_check"]
+    assert check["tok_per_s"] > 0 and res["client_absorption_tok_s"] == check["tok_per_s"]
+    events = res["total_output_tokens"]  # one event per token from the mock
+    assert res["client_used_fraction"] == pytest.approx(events / res["duration"] / check["tok_per_s"])
+    assert 0 < res["client_used_fraction"] <= res["client_peak_used_fraction"]
+    assert "client absorbed" in flat(out)
+
+
+# ---- bad input ------------------------------------------------------------------------------------------------------
+def test_bad_input_is_named(tmp_path):
+    def fails(*args: str) -> str:
+        r = CliRunner().invoke(app, ["bench-serve", *args])
+        assert r.exit_code == 2, r.output + repr(r.exception)
+        assert "Traceback" not in r.output
+        return flat(r.output)
+
+    assert "--rate must be > 0" in fails("--rate", "0", "--url", "http://127.0.0.1:1")
+    assert "--rate takes numbers" in fails("--rate", "fast", "--url", "http://127.0.0.1:1")
+    assert "--max-concurrency must be >= 1" in fails("--max-concurrency", "4,0", "--url", "http://127.0.0.1:1")
+    assert "--slo takes" in fails("--slo", "latency=3", "--url", "http://127.0.0.1:1")
+    assert "cannot reach" in fails("--url", f"http://127.0.0.1:{free_port()}", *URL_FLAGS)
+    data = tmp_path / "d.json"
+    data.write_text(json.dumps([{"body": "hello", "lang": "en"}]))
+    out = fails("--dataset", str(data), "--url", "http://127.0.0.1:1", "--model", "dummy:tiny-llama", *URL_FLAGS)
+    assert "no 'conversations' or text column" in out and "body, lang" in out.replace(",", ", ").replace("  ", " ")
+
+
+def test_plot_without_matplotlib_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    r = CliRunner().invoke(app, ["bench-serve", "--url", "http://127.0.0.1:1", "--plot", "x.png", *URL_FLAGS])
+    assert r.exit_code == 2 and "needs matplotlib" in flat(r.output)
+
+
+# ---- the engine: in-process and behind a real `minisgl serve` -------------------------------------------------------
+def test_in_process_dataset_run(tmp_path):
+    data = tmp_path / "sharegpt.json"
+    turns = ["Why is the sky blue?", "Write a haiku about caches.", "What is 2+2?", "Name three rivers."]
+    data.write_text(
+        json.dumps([{"conversations": [{"from": "human", "value": t}, {"from": "gpt", "value": "x"}]} for t in turns])
+    )
+    png = tmp_path / "run.png"
+    res, _ = bench(
+        tmp_path,
+        "--model",
+        "dummy:tiny-llama",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--dataset",
+        str(data),
+        "--num-requests",
+        "4",
+        "--output-len",
+        "6:6",
+        "--max-concurrency",
+        "2",
+        "--plot",
+        str(png),
+    )
+    assert (res["mode"], res["engine"], res["completed"], res["failed"]) == ("in-process", "minisgl", 4, 0)
+    assert res["total_input_tokens"] == sum(len(t.encode()) for t in turns)  # byte tokenizer: one id per byte
+    assert res["total_output_tokens"] == 24 and res["workload"]["source"] == str(data)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_against_minisgl_serve(tmp_path):
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "minisgl_cli",
+            "serve",
+            "--model",
+            "dummy:tiny-llama",
+            "--device",
+            "cpu",
+            "--port",
+            str(port),
+            "--served-model-name",
+            "tiny",
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(server, url)
+        common = ["--url", url, "--model", "dummy:tiny-llama", "--quiet", "--no-client-check"]
+        res, _ = bench(
+            tmp_path,
+            *common,
+            "--num-requests",
+            "8",
+            "--input-len",
+            "8:24",
+            "--output-len",
+            "8:8",
+            "--prefix-groups",
+            "2",
+            "--prefix-len",
+            "64",
+            "--rate",
+            "4,inf",
+        )
+        rows = res["sweep"]
+        assert [r["request_rate"] for r in rows] == [4.0, "inf"] and res["model_id"] == "tiny"
+        for r in rows:
+            assert (r["completed"], r["failed"], r["total_output_tokens"]) == (8, 0, 64)  # ignore_eos honoured
+            assert r["median_ttft_ms"] <= r["p99_ttft_ms"] <= r["p99_e2el_ms"]
+            # at most 6 of 8 prompts reuse their group's 64-token prefix (all at once, fewer: same-step prefills)
+            assert 0 < r["cache_hit_rate"] <= 6 * 64 / r["total_input_tokens"]
+        assert rows[0]["duration"] > rows[1]["duration"]  # paced at 4 req/s vs all at once
+        res, _ = bench(tmp_path, *common, "--endpoint", "chat", "--num-requests", "4", "--output-len", "5:5")
+        assert (res["completed"], res["total_output_tokens"], res["backend"]) == (4, 20, "openai-chat")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -1,0 +1,96 @@
+"""`minisgl serve` as the two processes it is: the engine process (the command) and its HTTP front-end child.
+Killing either one, or Ctrl-C, ends the whole server clearly and leaves no process behind."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from tests.conftest import free_port, wait_healthy
+
+# Random SmolLM2-135M weights: a CPU step takes long enough that a 400-token answer is still streaming when killed.
+SERVE = ["--model", "dummy:SmolLM2-135M", "--device", "cpu", "--num-pages", "256", "--log-level", "warning"]
+
+
+@contextlib.contextmanager
+def serve() -> Iterator[tuple[subprocess.Popen, psutil.Process, str]]:
+    """The command, its front-end child and the URL; everything is killed on the way out whatever happened."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "minisgl_cli", "serve", *SERVE, "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    started: list[psutil.Process] = []
+    try:
+        wait_healthy(proc, url)
+        (front,) = psutil.Process(proc.pid).children()
+        started.append(front)
+        yield proc, front, url
+    finally:
+        for p in [psutil.Process(proc.pid)] if proc.poll() is None else []:
+            started += p.children(recursive=True)
+        proc.kill()
+        proc.wait()
+        for p in started:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+
+
+def streaming(url: str, max_tokens: int = 400):
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=60)
+    stream = client.completions.create(
+        model="dummy:SmolLM2-135M", prompt="hi", max_tokens=max_tokens, stream=True, extra_body={"ignore_eos": True}
+    )
+    chunks = iter(stream)
+    for _ in range(3):  # the answer is under way
+        next(chunks)
+    return chunks
+
+
+def gone_within(p: psutil.Process, seconds: float) -> bool:
+    with contextlib.suppress(psutil.TimeoutExpired):
+        p.wait(timeout=seconds)
+        return True
+    return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+
+
+def test_killed_engine_ends_open_streams_and_the_front_end():
+    with serve() as (proc, front, url):
+        chunks = streaming(url)
+        proc.send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(openai.APIError, match="engine process .* exited"):
+            for _ in chunks:
+                pass
+        status = httpx.get(f"{url}/health", timeout=5).status_code
+        assert status == 503 and time.monotonic() - t0 < 5
+        assert proc.wait(timeout=10) == -signal.SIGKILL  # the command exits non-zero
+        assert gone_within(front, 10), "the front end outlived its engine"
+
+
+def test_killed_front_end_ends_the_engine_process_naming_it():
+    with serve() as (proc, front, url):
+        front.kill()
+        assert proc.wait(timeout=15) == 1
+        out = proc.stdout.read() if proc.stdout else ""
+        assert "the HTTP front end exited (killed by SIGKILL)" in out, out[-2000:]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_leaves_no_process_behind(sig):
+    with serve() as (proc, front, url):
+        chunks = streaming(url)
+        proc.send_signal(sig)
+        with pytest.raises(openai.APIError):  # the open stream ends with an error, not a hang
+            for _ in chunks:
+                pass
+        assert proc.wait(timeout=10) == 0
+        assert gone_within(front, 1)
