@@ -46,7 +46,13 @@ class Tokenizer:
         text: str = self.hf.decode(ids, skip_special_tokens=True)
         return text
 
-    def chat_prompt(self, messages: list[Message]) -> str:
+    @property
+    def thinking_switch(self) -> bool:
+        """The chat template reads `enable_thinking` (Qwen3 and others): chat_prompt(..., enable_thinking=...)."""
+        return self.has_chat_template and "enable_thinking" in str(self.hf.chat_template)
+
+    def chat_prompt(self, messages: list[Message], **template_kwargs: Any) -> str:
+        """template_kwargs: extra variables for the chat template (e.g. enable_thinking)."""
         if not messages:
             raise ValueError("messages must not be empty")
         for m in messages:
@@ -58,11 +64,13 @@ class Tokenizer:
                 raise ValueError(f"each message needs a role (system/user/assistant) and string content; got {m!r}")
         if not self.has_chat_template:
             return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-        prompt: str = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt: str = self.hf.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **template_kwargs
+        )
         return prompt
 
-    def encode_chat(self, messages: list[Message]) -> list[int]:
-        return list(self.hf.encode(self.chat_prompt(messages), add_special_tokens=False))
+    def encode_chat(self, messages: list[Message], **template_kwargs: Any) -> list[int]:
+        return list(self.hf.encode(self.chat_prompt(messages, **template_kwargs), add_special_tokens=False))
 
 
 class ByteTokenizer(Tokenizer):
@@ -91,8 +99,8 @@ class ByteTokenizer(Tokenizer):
             run = bytearray()
         return "".join(parts) + run.decode(errors="replace")
 
-    def encode_chat(self, messages: list[Message]) -> list[int]:
-        return self.encode(self.chat_prompt(messages))
+    def encode_chat(self, messages: list[Message], **template_kwargs: Any) -> list[int]:
+        return self.encode(self.chat_prompt(messages, **template_kwargs))
 
 
 class IncrementalDetokenizer:

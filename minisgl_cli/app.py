@@ -18,4 +18,7 @@ for module in (chat, bench_offline, bench_trace, bench_serve, bench_compare, ser
 
 
 def main() -> None:
+    import sys
+
+    sys.argv = chat.resume_flag(sys.argv)
     app()

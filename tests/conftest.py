@@ -34,6 +34,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_slow)
 
 
+@pytest.fixture(autouse=True)
+def private_data_dir(tmp_path_factory, monkeypatch):
+    """No test writes to the real user's data dir: `minisgl chat` (in-process or a subprocess) saves its sessions
+    under a fresh XDG_DATA_HOME."""
+    path = tmp_path_factory.mktemp("xdg-data")
+    monkeypatch.setenv("XDG_DATA_HOME", str(path))
+    return path
+
+
 def make_llm(model: str | None = "dummy:tiny-llama", **kw) -> LLM:
     """A CPU engine that checks page accounting after every step."""
     kw.setdefault("device", "cpu")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine.async_llm import AsyncLLM
+from minisgl_cli.tui.local import LocalBackend
 from minisgl_cli.tui.plain import run_plain
 from minisgl_cli.tui.session import ChatSession
 from tests.conftest import checked, make_llm
@@ -83,11 +84,12 @@ def test_run_plain_keeps_history_and_resets():
     session = ChatSession(max_tokens=5, max_tokens_limit=llm.engine.max_model_len)
     out, err = io.StringIO(), io.StringIO()
     try:
-        run_plain(engine, session, io.StringIO("one\ntwo\n"), out, err)
-        assert [m["content"] for m in session.history if m["role"] == "user"] == ["one", "two"]
-        assert [m["role"] for m in session.history] == ["user", "assistant"] * 2
-        run_plain(engine, session, io.StringIO("/reset\nthree\n"), out, err)
-        assert [m["content"] for m in session.history if m["role"] == "user"] == ["three"]
+        backend = LocalBackend(engine)
+        run_plain(backend, session, None, None, io.StringIO("one\ntwo\n"), out, err)
+        assert [m.content for m in session.history if m.role == "user"] == ["one", "two"]
+        assert [m.role for m in session.history] == ["user", "assistant"] * 2
+        run_plain(backend, session, None, None, io.StringIO("/reset\nthree\n"), out, err)
+        assert [m.content for m in session.history if m.role == "user"] == ["three"]
         assert "new conversation" in err.getvalue()
         m = engine.call(lambda llm: checked(llm).metrics())
         assert m.kv_pages_in_use == 0 and m.finished_requests == 3

@@ -5,20 +5,30 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import io
 import re
-import time
 
 import pytest
-from rich.console import Console
-from textual.widgets import Sparkline, Static
+from textual.widgets import Sparkline
 
-from engine.async_llm import AsyncLLM, RequestStream
-from engine.metrics import EngineMetrics
 from engine.streams import END as _END
+from engine.streams import RequestStream
 from minisgl_cli.tui.app import ChatApp
-from minisgl_cli.tui.session import ChatSession
-from minisgl_cli.tui.widgets import AssistantMessage, HistoryInput, MetricsPanel, NoteMessage, UserMessage
+from minisgl_cli.tui.local import LocalAnswer
+from minisgl_cli.tui.session import ChatMessage
+from minisgl_cli.tui.widgets import AnswerMarkdown, AssistantMessage, MetricsPanel, NoteMessage, PromptBox, UserMessage
+from tests.chat_pilot import (
+    engine,
+    errors,
+    known,
+    load,
+    notices,
+    notified,
+    panel_text,
+    rendered,
+    run_app,
+    send,
+    wait_for,
+)
 from tests.conftest import checked, make_llm
 
 
@@ -27,74 +37,21 @@ def tiny():
     return make_llm("dummy:tiny-llama", num_pages=512)
 
 
-def run_app(llm, scenario, **session) -> ChatApp:
-    """Run `scenario(app, pilot)` inside a 120x40 headless app over a fresh AsyncLLM on `llm`."""
-    engine = AsyncLLM(llm)
-    app = ChatApp(engine, ChatSession(max_tokens_limit=llm.engine.max_model_len, **session))
-
-    async def main() -> None:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await scenario(app, pilot)
-
-    try:
-        asyncio.run(main())
-    finally:
-        engine.shutdown()
-    assert engine.error is None
-    return app
-
-
-async def wait_for(pilot, cond, timeout: float = 60.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        await pilot.pause(0.02)
-
-
-async def send(pilot, text: str, typed: bool = False) -> None:
-    """Enter a line in the input box: key by key when `typed`, else set at once (faster) and press enter."""
-    await pilot.click("#prompt")
-    if typed:
-        await pilot.press(*text)
-    else:
-        pilot.app.query_one(HistoryInput).value = text
-    await pilot.press("enter")
-
-
-def rendered(renderable) -> str:
-    console = Console(width=100, file=io.StringIO(), record=True)
-    console.print(renderable)
-    return console.export_text()
-
-
-def panel_text(app: ChatApp, part: str) -> str:
-    return rendered(app.query_one(MetricsPanel).query_one(f"#{part}", Static).content)
-
-
-def metrics(app: ChatApp) -> EngineMetrics:
-    assert app.last_metrics is not None, "no metrics read yet"
-    return app.last_metrics
-
-
-def errors(app: ChatApp) -> list[str]:
-    return [str(n.message) for n in app._notifications if n.severity == "error"]
-
-
 def test_real_model_streams_answer_and_reuses_prefix(smollm, monkeypatch):
     appended: list[str] = []  # every fragment the reply widget was given, to show it grew while streaming
-    append = AssistantMessage.append
-    monkeypatch.setattr(AssistantMessage, "append", lambda self, md: (appended.append(md), append(self, md))[1])
+    append = AnswerMarkdown.append
+    monkeypatch.setattr(AnswerMarkdown, "append", lambda self, md: (appended.append(md), append(self, md))[1])
 
     async def scenario(app: ChatApp, pilot) -> None:
         assert "SmolLM2" in app.sub_title and "cpu" in app.sub_title and "TP 1" in app.sub_title
         await send(pilot, "What is the capital of France?", typed=True)
         await wait_for(pilot, lambda: not app.generating, what="first answer")
         reply = app.query_one(AssistantMessage)
-        first = reply.source
+        first = reply.answer.source
         assert re.search(r"\bParis\b", first), first
         assert len(re.findall(r"[A-Za-z]{2,}", first)) >= 3, first
         assert app.turn.finish_reason == "stop" and app.turn.ttft and app.turn.ttft > 0
-        assert app.session.history == [
+        assert app.session.messages() == [
             {"role": "user", "content": "What is the capital of France?"},
             {"role": "assistant", "content": first},
         ]
@@ -105,7 +62,7 @@ def test_real_model_streams_answer_and_reuses_prefix(smollm, monkeypatch):
         await send(pilot, "And of Germany?")
         await wait_for(pilot, lambda: not app.generating, what="second answer")
         assert len(app.query(AssistantMessage)) == 2 and len(app.session.history) == 4
-        assert app.turn.cache_hit_tokens >= first_prompt - app.engine.llm.engine.cache.page_size
+        assert app.turn.cache_hit_tokens >= first_prompt - engine(app).llm.engine.cache.page_size
         assert app.turn.cache_hit_tokens > 0
         assert re.search(rf"cache hit\s+{app.turn.cache_hit_tokens} tokens", panel_text(app, "turn"))
 
@@ -119,22 +76,20 @@ def test_real_model_streams_answer_and_reuses_prefix(smollm, monkeypatch):
 def test_metrics_panel_updates_during_generation(tiny):
     async def scenario(app: ChatApp, pilot) -> None:
         await wait_for(pilot, lambda: app.last_metrics is not None, what="first metrics read")
-        assert metrics(app).kv_pages_in_use == 0 and re.search(r"running\s+0", panel_text(app, "sched"))
+        assert load(app).kv_pages_in_use == 0 and re.search(r"running\s+0", panel_text(app, "sched"))
         await send(pilot, "hello there")
         await wait_for(
-            pilot, lambda: metrics(app).kv_pages_in_use > 0 and app.turn.output_tokens > 40, what="pages in use"
+            pilot, lambda: known(load(app).kv_pages_in_use) > 0 and app.turn.output_tokens > 40, what="pages in use"
         )
-        assert app.generating and metrics(app).running == 1
+        assert app.generating and load(app).running == 1
         kv = panel_text(app, "kv")
-        assert re.search(rf"█ in use\s+{metrics(app).kv_pages_in_use}\b", kv), kv
-        usage = metrics(app).kv_usage * 100
+        assert re.search(rf"█ in use\s+{load(app).kv_pages_in_use}\b", kv), kv
+        usage = known(load(app).kv_usage) * 100
         shown = re.search(r"(\d+\.\d+)% in use", kv)
         assert shown and float(shown.group(1)) == pytest.approx(usage, abs=0.01) and usage > 0
         assert re.search(r"running\s+1", panel_text(app, "sched"))
         turn = app.turn
-        assert (
-            turn.ttft is not None and turn.ttft > 0 and turn.decode_tps > 0 and len(turn.itls) == turn.output_tokens - 1
-        )
+        assert known(turn.ttft) > 0 and turn.decode_tps > 0 and len(turn.itls) == turn.output_tokens - 1
         assert re.search(r"TTFT\s+\d+\.\d ms", panel_text(app, "turn"))
         assert re.search(r"decode\s+\d+\.\d tok/s", panel_text(app, "turn"))
         assert re.search(r"p50 / p90\s+\d+\.\d / \d+\.\d ms", panel_text(app, "tbt"))
@@ -148,9 +103,9 @@ def test_metrics_panel_updates_during_generation(tiny):
             pilot,
             lambda: (
                 not app.generating
-                and metrics(app).running == 0
-                and metrics(app).kv_pages_in_use == 0
-                and metrics(app).kv_pages_cached > 0
+                and load(app).running == 0
+                and load(app).kv_pages_in_use == 0
+                and known(load(app).kv_pages_cached) > 0
             ),
             what="idle metrics",
         )
@@ -182,10 +137,8 @@ def test_stop_aborts_and_frees_pages(tiny):
         assert app.turn.finish_reason == "abort" and app.turn.output_tokens < 2000
         assert app.query_one(AssistantMessage).has_class("-stopped")
         assert len(app.session.history) == 2  # the partial answer stays in the conversation
-        await wait_for(
-            pilot, lambda: metrics(app).running == 0 and metrics(app).kv_pages_in_use == 0, what="pages back"
-        )
-        m = app.engine.call(lambda llm: checked(llm).metrics())
+        await wait_for(pilot, lambda: load(app).running == 0 and load(app).kv_pages_in_use == 0, what="pages back")
+        m = engine(app).call(lambda llm: checked(llm).metrics())
         assert m.kv_pages_in_use == 0 and m.kv_pages_free + m.kv_pages_cached == m.kv_pages_total
 
     run_app(tiny, scenario, max_tokens=2000)
@@ -207,13 +160,11 @@ def test_reset_and_new_conversation_clear_history(tiny):
         await pilot.press("ctrl+n")
         await pilot.pause()
         assert not app.generating and app.session.history == [] and not app.query(AssistantMessage)
-        await wait_for(
-            pilot, lambda: metrics(app).running == 0 and metrics(app).kv_pages_in_use == 0, what="pages back"
-        )
+        await wait_for(pilot, lambda: load(app).running == 0 and load(app).kv_pages_in_use == 0, what="pages back")
         await send(pilot, "/max-tokens 4")
         await send(pilot, "fresh start")
         await wait_for(pilot, lambda: not app.generating, what="answer")
-        assert [m["content"] for m in app.session.history if m["role"] == "user"] == ["fresh start"]
+        assert [m.content for m in app.session.history if m.role == "user"] == ["fresh start"]
 
     run_app(tiny, scenario, max_tokens=4)
 
@@ -226,20 +177,22 @@ def test_turn_ends_when_its_whole_answer_was_queued_with_empty_deltas(tiny):
 
     async def scenario(app: ChatApp, pilot) -> None:
         params = app.session.params()
-        outs = await asyncio.to_thread(lambda: list(app.engine.submit("hi", params)))  # a real answer
+        llm = engine(app)
+        outs = await asyncio.to_thread(lambda: list(llm.submit("hi", params)))  # a real answer
         assert outs[-1].finished and len(outs[-1].token_ids) == 4
         stream = RequestStream("held-back", outs[0].prompt_token_ids, asyncio.get_running_loop())
         for out in outs:  # the same outputs, all queued already, with their text still held back
-            stream._q.put_nowait(dataclasses.replace(out, delta_text=""))
-        stream._q.put_nowait(_END)
-        reply = AssistantMessage()
+            stream.put(dataclasses.replace(out, delta_text=""))
+        stream.put(_END)
+        app.session.add(ChatMessage("user", "hi"))
+        reply = AssistantMessage(1)
         await app.query_one("#conversation").mount(reply)
-        app.rid = stream.rid
-        app.generate(stream, "hi", reply)
+        app.answer = LocalAnswer(llm, stream)
+        app.generate(app.answer, reply)
         await wait_for(pilot, lambda: not app.generating, timeout=10, what="the turn to end")
         await pilot.pause()
-        assert [m["role"] for m in app.session.history] == ["user", "assistant"]
-        assert any("cut at 4 tokens" in str(n.message) for n in app._notifications)  # it ran to its end
+        assert [m.role for m in app.session.history] == ["user", "assistant"]
+        assert any("cut at 4 tokens" in n for n in notices(app))  # it ran to its end
 
     run_app(tiny, scenario, max_tokens=4)
 
@@ -269,7 +222,7 @@ def test_slash_commands_and_bad_values(tiny):
         await send(pilot, "/system answer in French")
         await pilot.pause()
         assert (app.session.temperature, app.session.max_tokens, app.session.system) == (0, 6, "answer in French")
-        infos = [str(n.message) for n in app._notifications if n.severity == "information"]
+        infos = [m for m, severity in notified(app) if severity == "information"]
         assert infos[-4:] == [
             "temperature = 0",
             "max tokens = 6",
@@ -282,7 +235,7 @@ def test_slash_commands_and_bad_values(tiny):
         await pilot.pause()
         help_note, stats_note = [rendered(n.content) for n in app.query(NoteMessage)[-2:]]
         assert "/max-tokens" in help_note and "New chat" in help_note and "esc" in help_note
-        m = metrics(app)
+        m = load(app)
         assert f"KV pages  0 in use, {m.kv_pages_cached} cached, {m.kv_pages_free} free of 512" in stats_note
         assert re.search(r"TTFT\s+-", stats_note), stats_note
 
@@ -294,14 +247,14 @@ def test_slash_commands_and_bad_values(tiny):
         await send(pilot, "/max-tokens 6")
         await send(pilot, "ok")
         await wait_for(pilot, lambda: not app.generating and app.turn.output_tokens == 6, what="answer")
-        assert app.session.history[0]["content"] == "ok"
+        assert app.session.history[0].content == "ok"
 
     run_app(tiny, scenario, max_tokens=16)
 
 
 def test_input_history_recall(tiny):
     async def scenario(app: ChatApp, pilot) -> None:
-        box = app.query_one(HistoryInput)
+        box = app.query_one(PromptBox)
         for line in ("/temp 0.5", "/temp 0.25"):
             await send(pilot, line)
         await pilot.press("u", "p")
@@ -316,3 +269,27 @@ def test_input_history_recall(tiny):
         assert app.session.temperature == 0.25
 
     run_app(tiny, scenario)
+
+
+def test_multiline_input(tiny):
+    async def scenario(app: ChatApp, pilot) -> None:
+        box = app.query_one(PromptBox)
+        await pilot.click("#prompt")
+        await pilot.press(*"line one", "ctrl+j", *"line two", "enter")  # one burst, as a paste or tmux sends it
+        await wait_for(pilot, lambda: not app.generating and len(app.session.history) == 2, what="answer")
+        assert app.session.history[0].content == "line one\nline two" and box.value == ""
+        assert "line one\nline two" in rendered(app.query_one(UserMessage).content)
+
+        await pilot.press("f2")  # multi-line mode: enter adds lines, ctrl+s sends
+        assert box.multiline and box.has_class("-multiline")
+        await pilot.press(*"a", "enter", *"b", "enter", *"c")
+        assert box.value == "a\nb\nc" and len(app.session.history) == 2
+        await pilot.press("up")  # inside the text, up moves the cursor, not through the history
+        assert box.value == "a\nb\nc"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: not app.generating and len(app.session.history) == 4, what="second answer")
+        assert app.session.history[2].content == "a\nb\nc"
+        await pilot.press("f2", "up")
+        assert not box.multiline and box.value == "a\nb\nc"  # the history holds whole messages
+
+    run_app(tiny, scenario, max_tokens=3)

@@ -1,10 +1,12 @@
-"""The Textual chat app. The engine runs in AsyncLLM's thread; this app only submits requests, consumes each
-RequestStream with `async for` on its own event loop, and reads metrics through AsyncLLM.call off the UI loop,
-so the UI never waits for a model step."""
+"""The Textual chat app. It talks to one ChatBackend (the in-process engine, or a server with --url): it starts
+answers and consumes their Pieces with `async for` on its own event loop, and reads the load behind the panel off
+the UI loop, so the UI never waits for a model step or a server. The conversation is saved to the ChatStore at every
+change (when there is one)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 from textual import work
@@ -12,16 +14,36 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.css.query import NoMatches
+from textual.timer import Timer
+from textual.widget import Widget
 from textual.widgets import Footer, Header, Markdown
 from textual.widgets.markdown import MarkdownStream
 
-from engine.async_llm import AsyncLLM, EngineDeadError, RequestStream
-from engine.llm import RequestOutput
-from engine.metrics import EngineMetrics
+from minisgl_cli.tui.backend import Answer, BackendError, ChatBackend
 from minisgl_cli.tui.commands import HELP, CommandError, is_command, run_command
-from minisgl_cli.tui.session import ChatSession
-from minisgl_cli.tui.stats import TurnStats, engine_rows, turn_rows
-from minisgl_cli.tui.widgets import AssistantMessage, HistoryInput, MetricsPanel, NoteMessage, UserMessage
+from minisgl_cli.tui.export import code_blocks, export
+from minisgl_cli.tui.session import ChatMessage, ChatSession
+from minisgl_cli.tui.sessions_screen import Renamed, SessionsScreen
+from minisgl_cli.tui.stats import Load, load_rows, turn_rows
+from minisgl_cli.tui.store import ChatStore, StoreError
+from minisgl_cli.tui.turn import TurnReader, TurnStats
+from minisgl_cli.tui.widgets import (
+    AssistantMessage,
+    MetricsPanel,
+    NoteMessage,
+    PromptBox,
+    UserMessage,
+    thought_title,
+)
+
+WELCOME = (
+    "Type a message and press enter (ctrl+j: new line, f2: multi-line mode). esc stops an answer, "
+    "ctrl+r answers again, ctrl+g edits your last message, ctrl+o lists saved chats, f1 or /help lists everything."
+)
+
+
+def _short(title: str, width: int = 32) -> str:
+    return title if len(title) <= width else title[: width - 1] + "…"
 
 
 async def stop_markdown(md: MarkdownStream) -> None:
@@ -45,22 +67,38 @@ class ChatApp(App):
     BINDINGS = [
         Binding("escape", "stop", "Stop"),
         Binding("ctrl+n", "new_conversation", "New chat"),
+        Binding("ctrl+r", "regenerate", "Again"),
+        Binding("ctrl+g", "edit_last", "Edit"),
+        Binding("f3", "copy_answer", "Copy"),
+        Binding("ctrl+o", "sessions", "Chats"),
+        Binding("f2", "multiline", "Multi-line"),
         Binding("f1", "help", "Help"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
-    METRICS_HZ = 4  # engine metrics poll while idle; during an answer they refresh with the panel
+    METRICS_HZ = 4  # load poll while idle; during an answer it refreshes with the panel
     PANEL_INTERVAL = 0.05  # seconds between metrics-panel redraws while tokens stream in
 
-    def __init__(self, engine: AsyncLLM, session: ChatSession) -> None:
+    def __init__(
+        self,
+        backend: ChatBackend,
+        session: ChatSession,
+        store: ChatStore | None = None,
+        inputs: list[str] | None = None,
+        notice: str | None = None,
+    ) -> None:
+        """store: where the session is saved (None: not saved). inputs: the session's input history (resumed).
+        notice: shown as a warning at start (e.g. why the chat is not being saved)."""
         super().__init__()
-        self.engine, self.session = engine, session
-        info = engine.llm.describe()
-        self.sub_title = (
-            f"{info['model']} · {info['device']} · {info['dtype']} · attention {info['attention']} · TP {info['tp']}"
-        )
-        self.rid: str | None = None  # the request being generated, if any
+        self.backend, self.session, self.store = backend, session, store
+        self.session.model = self.session.model or backend.model
+        self.sub_title = backend.title
+        self.answer: Answer | None = None  # the answer being generated, if any
         self.turn = TurnStats()
-        self.last_metrics: EngineMetrics | None = None
+        self.last_metrics: Load | None = None
+        self.editing: int | None = None  # history index of the user message being edited
+        self.save_error: str | None = None
+        self._inputs = list(inputs or [])
+        self._notice = notice
         self._polling = False
 
     def compose(self) -> ComposeResult:
@@ -68,25 +106,23 @@ class ChatApp(App):
         with Horizontal():
             yield VerticalScroll(id="conversation")
             yield MetricsPanel(id="metrics")
-        yield HistoryInput(id="prompt", placeholder="Message (Enter to send, /help for commands)")
+        yield PromptBox(id="prompt", placeholder="Message (Enter to send, /help for commands)")
         yield Footer()
 
-    def on_mount(self) -> None:
+    async def on_mount(self) -> None:
         self.query_one("#conversation", VerticalScroll).anchor()
-        self.query_one("#prompt").focus()
-        self.query_one("#conversation").mount(
-            NoteMessage(
-                [
-                    (
-                        "Type a message and press enter. esc stops an answer, ctrl+n starts over, f1 or /help lists "
-                        "commands.",
-                        [],
-                    )
-                ]
-            )
-        )
+        box = self.query_one(PromptBox)
+        box.set_history(self._inputs)
+        box.focus()
+        await self.note([(WELCOME, [])])
+        await self.show_history()
+        if self._notice:
+            self.notify(self._notice, severity="warning", timeout=10)
         self.set_interval(1 / self.METRICS_HZ, self.refresh_metrics)
         self.refresh_metrics()
+
+    async def on_unmount(self) -> None:
+        await self.backend.aclose()
 
     def notify(self, message: str, *, markup: bool = False, **kw) -> None:
         """Plain text by default: messages quote user input and engine errors, which may contain [brackets]."""
@@ -94,128 +130,373 @@ class ChatApp(App):
 
     @property
     def generating(self) -> bool:
-        return self.rid is not None
+        return self.answer is not None
+
+    # ---- the conversation on screen --------------------------------------------------------------------------
+    async def show_history(self) -> None:
+        """Mount the session's messages (a resumed or opened chat) and its last answer's numbers."""
+        pane = self.query_one("#conversation")
+        widgets: list[Widget] = []
+        for i, m in enumerate(self.session.history):
+            if m.role == "user":
+                widgets.append(UserMessage(m.content, i))
+            else:
+                tokens = m.stats.reasoning_tokens if m.stats else 0
+                reply = AssistantMessage(i, m.content, m.reasoning, tokens)
+                if m.stats and m.stats.finish_reason in ("abort", "error"):
+                    reply.add_class("-stopped" if m.stats.finish_reason == "abort" else "-error")
+                widgets.append(reply)
+        await pane.mount_all(widgets)
+        last = self.session.last("assistant")
+        stats = self.session.history[last].stats if last is not None else None
+        if stats is not None:
+            self.turn = stats
+            self.query_one(MetricsPanel).show_turn(stats)
+        self.title = _short(self.session.title) or "minisgl chat"
+
+    async def drop_from(self, index: int) -> None:
+        """Remove history[index:] from the session and the screen."""
+        del self.session.history[index:]
+        for w in list(self.query(UserMessage)) + list(self.query(AssistantMessage)):
+            if w.index >= index:
+                await w.remove()
+
+    def save(self) -> None:
+        """Write the session (nothing until it has a message). A failure is shown once and retried at the next
+        change; the conversation stays in memory meanwhile."""
+        if self.store is None or (self.session.id is None and not self.session.history):
+            return
+        try:
+            self.store.save(self.session, self.query_one(PromptBox).entries)
+        except StoreError as e:
+            if self.save_error is None:
+                self.notify(
+                    f"{e} — the chat stays open and is saved at the next change",
+                    title="not saved",
+                    severity="error",
+                    timeout=10,
+                )
+            self.save_error = str(e)
+            return
+        if self.save_error is not None:
+            self.notify("saved again")
+            self.save_error = None
+        self.title = _short(self.session.title) or "minisgl chat"
 
     # ---- input ------------------------------------------------------------------------------------------
-    async def on_input_submitted(self, event: HistoryInput.Submitted) -> None:
+    async def on_prompt_box_submitted(self, event: PromptBox.Submitted) -> None:
         line = event.value.strip()
         if not line:
             return
-        box = self.query_one("#prompt", HistoryInput)
-        box.remember(line)
-        box.value = ""
-        if is_command(line):
+        box = event.box
+        if is_command(line) and "\n" not in line:
+            box.remember(line)
+            box.value = ""
             await self.command(line)
         elif self.generating:
             self.notify("still answering: press Esc to stop it first", severity="warning")
         else:
-            await self.send(line)
+            box.value = ""  # now: what is typed while the turn starts belongs to the next message
+            if await self.send(line):
+                box.remember(line)
+            elif not box.value:
+                box.value = event.value
 
     async def command(self, line: str) -> None:
         try:
-            result = run_command(line, self.session)
+            result = run_command(line, self.session, self.backend.thinking_switch)
         except CommandError as e:
             self.notify(str(e), title="command", severity="error")
             return
         if result.action == "reset":
             await self.action_new_conversation()
-        elif result.action == "stats":
-            engine = engine_rows(self.last_metrics) if self.last_metrics else []
-            await self.note([("Last turn", turn_rows(self.turn)), ("Engine", engine)])
+            return
+        if result.action == "stats":
+            load = load_rows(self.last_metrics) if self.last_metrics else [("", "no numbers from this backend")]
+            await self.note([("Last turn", turn_rows(self.turn)), ("Load", load)])
         elif result.action == "help":
             await self.action_help()
+        elif result.action == "regen":
+            await self.action_regenerate()
+        elif result.action == "edit":
+            self.action_edit_last()
+        elif result.action == "copy":
+            self.copy(*result.args)
+        elif result.action == "export":
+            self.export(*result.args)
+        elif result.action == "sessions":
+            self.action_sessions()
         else:
             self.notify(result.message)
+        self.save()
 
     async def note(self, sections: list[tuple[str, list[tuple[str, str]]]]) -> None:
         await self.query_one("#conversation").mount(NoteMessage(sections))
 
     # ---- one turn ---------------------------------------------------------------------------------------
-    async def send(self, text: str) -> None:
-        messages = self.session.messages(text)
+    async def send(self, text: str) -> bool:
+        """Send a new user message (in place of the one being edited, if any); False if it was refused."""
+        keep = self.editing if self.editing is not None else len(self.session.history)
+        messages = self.session.messages()[: keep + (1 if self.session.system else 0)]
+        answer = self.start(messages + [{"role": "user", "content": text}])
+        if answer is None:
+            return False
+        if self.editing is not None:
+            self.editing = None
+            await self.drop_from(keep)
+        self.session.add(ChatMessage("user", text, created=time.time()))
+        await self.query_one("#conversation").mount(UserMessage(text, len(self.session.history) - 1))
+        self.save()
+        await self.follow(answer)
+        return True
+
+    def start(self, messages: list[dict[str, str]]) -> Answer | None:
+        """Send; the app is generating from here on (before any await), or the refusal is shown and None returned."""
         try:
-            stream = self.engine.submit(messages, self.session.params(), loop=asyncio.get_running_loop())
-        except (ValueError, EngineDeadError) as e:
+            self.answer = self.backend.start(messages, self.session.params(), self.session.thinking)
+            return self.answer
+        except (ValueError, BackendError) as e:
             hint = " (try /reset or a smaller /max-tokens)" if isinstance(e, ValueError) and self.session.turns else ""
             self.notify(f"{e}{hint}", title="cannot send", severity="error")
-            return
-        self.rid = stream.rid
-        pane = self.query_one("#conversation")
-        reply = AssistantMessage()
-        await pane.mount_all([UserMessage(text), reply])
+            return None
+
+    async def follow(self, answer: Answer) -> None:
+        self.answer = answer
+        reply = AssistantMessage(len(self.session.history))
+        await self.query_one("#conversation").mount(reply)
         self.query_one(MetricsPanel).new_turn()
-        self.generate(stream, text, reply)
+        self.generate(answer, reply)
 
     @work(exclusive=True, group="generate")
-    async def generate(self, stream: RequestStream, text: str, reply: AssistantMessage) -> None:
-        md = Markdown.get_stream(reply)  # coalesces fragments when tokens arrive faster than Markdown renders
-        last: RequestOutput | None = None
-        shown = 0.0
+    async def generate(self, answer: Answer, reply: AssistantMessage) -> None:
         try:
-            async for out in stream:
-                last = out
-                await md.write(out.delta_text)
-                if out.finished or time.monotonic() - shown >= self.PANEL_INTERVAL:
+            await self._generate(answer, reply)
+        finally:  # the turn is over once its message is in the session (or it was cancelled)
+            if self.answer is answer:  # ctrl+n may have moved on to a new answer already
+                self.answer = None
+
+    async def _generate(self, answer: Answer, reply: AssistantMessage) -> None:
+        md = Markdown.get_stream(reply.answer)  # coalesces fragments when tokens arrive faster than Markdown renders
+        think_md: MarkdownStream | None = None
+        turn = TurnReader(answer.started, answer.opens_in_thinking)
+        shown = 0.0
+        trailing: Timer | None = None
+
+        def show_later() -> None:
+            nonlocal trailing, shown
+            trailing, shown = None, time.monotonic()
+            self.show_turn(turn, reply)
+
+        try:
+            async for piece in answer:
+                thought, said = turn.add(piece)
+                if thought:
+                    if think_md is None:
+                        think_md = Markdown.get_stream(await reply.open_thinking())
+                    await think_md.write(thought)
+                if said:
+                    if reply.thinking is not None and len(turn.content) == len(said):
+                        reply.thinking.collapsed = True  # the answer begins: fold the thinking away
+                    await md.write(said)
+                if turn.finished or time.monotonic() - shown >= self.PANEL_INTERVAL:
                     shown = time.monotonic()
-                    self.turn = TurnStats.from_output(out)
-                    self.query_one(MetricsPanel).show_turn(self.turn)
-                    self.refresh_metrics()
-        except EngineDeadError:
-            pass  # reported below as a failed turn
+                    self.show_turn(turn, reply)
+                elif trailing is None:  # the stream may pause here: show these numbers a little later anyway
+                    trailing = self.set_timer(self.PANEL_INTERVAL, show_later)
+                if turn.finished:
+                    break
         finally:
-            if self.rid == stream.rid:  # ctrl+n may have moved on to a new request already
-                self.rid = None
+            if trailing is not None:
+                trailing.stop()
             await stop_markdown(md)
-        reason = last.finish_reason if last is not None and last.finished else "error"
+            if think_md is not None:
+                await stop_markdown(think_md)
+        stats = turn.stats
+        self.show_turn(turn, reply)
+        if turn.content or turn.reasoning or stats.output_tokens:  # a partial answer (stopped, failed) stays as shown
+            message = ChatMessage("assistant", turn.content.lstrip("\n"), turn.reasoning.strip(), stats, time.time())
+            self.session.add(message)
+            self.save()
+        reason = stats.finish_reason
         if reason == "error":
             reply.add_class("-error")
-            why = (last.error if last is not None else None) or self.engine.error or "engine stopped"
-            self.notify(f"generation failed: {why}", severity="error")
-            return
-        assert last is not None
-        if last.token_ids:
-            self.session.commit(text, last.text)
-        if reason == "abort":
+            why = turn.error if turn.finished else "the answer stream ended early"
+            kept = "partial answer kept" if turn.content or turn.reasoning else "your message is kept"
+            self.notify(f"generation failed: {why} ({kept}; ctrl+r tries again)", severity="error", timeout=10)
+        elif reason == "abort":
             reply.add_class("-stopped")
             self.notify("stopped")
         elif reason == "length":
             self.notify(f"answer cut at {self.session.max_tokens} tokens (/max-tokens to change)")
         self.refresh_metrics()
 
+    def show_turn(self, turn: TurnReader, reply: AssistantMessage) -> None:
+        stats = turn.stats if turn.finished else turn.meter.stats
+        self.turn = dataclasses.replace(stats, itls=list(stats.itls))  # what the panel shows, as it shows it
+        self.query_one(MetricsPanel).show_turn(self.turn)
+        if reply.thinking is not None:
+            tokens = self.turn.reasoning_tokens
+            reply.thinking.title = f"Thinking… {tokens} tokens" if turn.thinking else thought_title(tokens)
+        self.refresh_metrics()
+
     # ---- metrics ---------------------------------------------------------------------------------------
     def refresh_metrics(self) -> None:
-        """Read EngineMetrics on the engine thread without blocking the UI loop; skip if a read is pending."""
-        if not self._polling and self.engine.alive:
+        """Read the load without blocking the UI loop; skip if a read is pending."""
+        if not self._polling:
             self._polling = True
             self.run_worker(self._read_metrics(), group="metrics")
 
     async def _read_metrics(self) -> None:
         try:
-            m = await asyncio.to_thread(self.engine.call, lambda llm: llm.metrics(), 5.0)
-        except Exception:  # a busy or stopped engine: try again at the next tick
-            return
+            m = await self.backend.load()
         finally:
             self._polling = False
         self.last_metrics = m
         try:
-            self.query_one(MetricsPanel).show_engine(m)
+            self.query_one(MetricsPanel).show_load(m)
         except NoMatches:  # the read outlived the screen: the app is closing and its widgets are gone
             pass
 
-    # ---- key bindings ----------------------------------------------------------------------------------
+    # ---- actions ------------------------------------------------------------------------------------------
     def action_stop(self) -> None:
-        if self.rid is not None:
-            self.engine.abort(self.rid)
+        if self.answer is not None:
+            self.answer.stop()
+        elif self.editing is not None:
+            self.cancel_edit()
 
     async def action_new_conversation(self) -> None:
-        if self.rid is not None:  # drop the answer in flight: its worker must not add it to the new history
-            self.engine.abort(self.rid)
+        if self.answer is not None:  # drop the answer in flight: its worker must not add it to the new history
+            self.answer.stop()
             self.workers.cancel_group(self, "generate")
-            self.rid = None
+            self.answer = None
+        self.editing = None
         self.session.reset()
+        box = self.query_one(PromptBox)
+        box.set_history([])
+        box.value = ""
         await self.query_one("#conversation").remove_children()
+        self.title = "minisgl chat"
         self.notify("new conversation" + (f" (system: {self.session.system})" if self.session.system else ""))
+
+    async def action_regenerate(self) -> None:
+        if self.generating:
+            self.notify("still answering: press Esc to stop it first", severity="warning")
+            return
+        if not self.session.awaiting_answer:
+            last = self.session.last("assistant")
+            if last is None or last != len(self.session.history) - 1:
+                self.notify("nothing to answer again yet", severity="warning")
+                return
+            answer = self.start(self.session.messages()[:-1])
+            if answer is None:
+                return
+            await self.drop_from(last)
+        else:
+            answer = self.start(self.session.messages())
+            if answer is None:
+                return
+            for w in self.query(AssistantMessage):  # the failed attempt's empty bubble
+                if w.index >= len(self.session.history):
+                    await w.remove()
+        self.save()
+        await self.follow(answer)
+
+    def action_edit_last(self) -> None:
+        if self.generating:
+            self.notify("still answering: press Esc to stop it first", severity="warning")
+            return
+        i = self.session.last("user")
+        if i is None:
+            self.notify("no message to edit yet", severity="warning")
+            return
+        self.editing = i
+        for w in self.query(UserMessage):
+            w.set_class(w.index == i, "-editing")
+        box = self.query_one(PromptBox)
+        box.value = self.session.history[i].content
+        box.focus()
+        self.notify("editing your last message: enter sends it in its place, esc cancels")
+
+    def cancel_edit(self) -> None:
+        self.editing = None
+        for w in self.query(UserMessage):
+            w.remove_class("-editing")
+        self.query_one(PromptBox).value = ""
+        self.notify("edit cancelled")
+
+    def action_copy_answer(self) -> None:
+        self.copy("", "")
+
+    def copy(self, what: str, n: str) -> None:
+        i = self.session.last("assistant")
+        if i is None:
+            self.notify("no answer to copy yet", severity="warning")
+            return
+        text = self.session.history[i].content
+        if what == "code":
+            blocks = code_blocks(text)
+            if not blocks:
+                self.notify("the last answer has no code block", severity="warning")
+                return
+            k = int(n) if n else len(blocks)
+            if k > len(blocks):
+                self.notify(f"the last answer has {len(blocks)} code block(s), not {k}", severity="warning")
+                return
+            text, label = blocks[k - 1], f"code block {k} of {len(blocks)}"
+        else:
+            label = "the last answer"
+        self.copy_to_clipboard(text)
+        self.notify(f"copied {label} ({len(text)} characters)")
+
+    def export(self, fmt: str, path: str) -> None:
+        try:
+            target = export(self.session, fmt, path)
+        except (OSError, ValueError) as e:
+            self.notify(f"cannot export: {e}", title="export", severity="error")
+            return
+        self.notify(f"exported to {target}")
+
+    def action_multiline(self) -> None:
+        box = self.query_one(PromptBox)
+        box.set_multiline(not box.multiline)
+        self.notify("multi-line: enter adds a line, ctrl+s sends" if box.multiline else "enter sends")
+
+    def action_sessions(self) -> None:
+        if self.store is None:
+            self.notify(
+                "this chat is not being saved (--no-save, or the database cannot be opened)", severity="warning"
+            )
+            return
+        self.push_screen(SessionsScreen(self.store, self.session.id), self.open_session)
+
+    async def open_session(self, id: int | None) -> None:
+        if id is None or id == self.session.id or self.store is None:
+            return
+        if self.generating:
+            self.notify("still answering: press Esc to stop it first", severity="warning")
+            return
+        try:
+            session, inputs = self.store.load(id, self.backend.context_limit)
+        except (StoreError, KeyError) as e:
+            self.notify(f"cannot open chat {id}: {e}", severity="error")
+            return
+        self.session, self.editing = session, None
+        self.query_one(PromptBox).set_history(inputs)
+        await self.query_one("#conversation").remove_children()
+        await self.show_history()
+        self.save()  # now the last chat: --resume comes back to it
+        self.notify(f"opened {session.title!r} ({len(session.history)} messages)")
+
+    def on_renamed(self, event: Renamed) -> None:
+        if event.id == self.session.id:
+            self.session.title = event.title
+            self.title = _short(event.title)
 
     async def action_help(self) -> None:
         keys = [(self.get_key_display(b), b.description) for b in self.BINDINGS if isinstance(b, Binding)]
-        await self.note([("Keys", [("enter", "Send"), ("up / down", "input history")] + keys), ("Commands", HELP)])
+        keys = [
+            ("enter", "Send"),
+            ("ctrl+j (shift+enter)", "new line (f2: enter adds lines, ctrl+s sends)"),
+            ("up / down", "input history"),
+        ] + keys
+        await self.note([("Keys", keys), ("Commands", HELP)])

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from minisgl_cli.tui.export import FORMATS
 from minisgl_cli.tui.session import ChatSession
 
 HELP: list[tuple[str, str]] = [
@@ -13,11 +14,18 @@ HELP: list[tuple[str, str]] = [
     ("/system <text>", "set the system prompt; /system alone clears it"),
     ("/temp <x>", "sampling temperature, 0 = greedy"),
     ("/max-tokens <n>", "longest answer in tokens"),
+    ("/think on|off", "thinking of reasoning models (chat templates with enable_thinking)"),
+    ("/regen", "answer the last message again"),
+    ("/edit", "edit the last message and send it again"),
+    ("/copy [code [n]]", "copy the last answer, or its n-th code block (default: the last)"),
+    ("/export md|json [path]", "write the conversation to a file"),
+    ("/sessions", "saved conversations: open, rename, delete"),
+    ("/rename <title>", "rename this conversation"),
     ("/stats", "engine metrics and the last turn's numbers"),
     ("/help", "this help"),
 ]
 
-Action = Literal["reset", "info", "stats", "help"]
+Action = Literal["reset", "info", "stats", "help", "regen", "edit", "copy", "export", "sessions"]
 
 
 class CommandError(ValueError):
@@ -28,13 +36,15 @@ class CommandError(ValueError):
 class CommandResult:
     action: Action
     message: str = ""
+    args: tuple[str, ...] = ()
 
 
 def is_command(line: str) -> bool:
     return line.lstrip().startswith("/")
 
 
-def run_command(line: str, session: ChatSession) -> CommandResult:
+def run_command(line: str, session: ChatSession, thinking_switch: bool | None = None) -> CommandResult:
+    """thinking_switch: whether the model's chat template has enable_thinking (None: unknown, a server's)."""
     name, _, arg = line.strip().partition(" ")
     arg = arg.strip()
     if name == "/reset":
@@ -51,6 +61,30 @@ def run_command(line: str, session: ChatSession) -> CommandResult:
         value = _number(name, arg, int, session.max_tokens)
         _apply(session.set_max_tokens, value)
         return CommandResult("info", f"max tokens = {session.max_tokens}")
+    if name == "/think":
+        if arg not in ("on", "off"):
+            raise CommandError(f"/think takes on or off (got {arg!r})" if arg else "/think needs on or off")
+        if thinking_switch is False:
+            raise CommandError("this model's chat template has no enable_thinking switch")
+        session.thinking = arg == "on"
+        return CommandResult("info", f"thinking {arg}")
+    if name == "/rename":
+        if not arg:
+            raise CommandError("/rename needs a title")
+        session.title = arg
+        return CommandResult("info", f"renamed to {arg}")
+    if name == "/export":
+        fmt, _, path = arg.partition(" ")
+        if fmt not in FORMATS:
+            raise CommandError(f"/export takes md or json, then an optional path (got {fmt!r})")
+        return CommandResult("export", args=(fmt, path.strip()))
+    if name == "/copy":
+        what, _, n = arg.partition(" ")
+        if what not in ("", "code") or (n and not n.strip().isdigit()) or (n and int(n) < 1):
+            raise CommandError(f"/copy takes nothing, code, or code <n> with n >= 1 (got {arg!r})")
+        return CommandResult("copy", args=(what, n.strip()))
+    if name in ("/regen", "/edit", "/sessions"):
+        return CommandResult(name[1:])  # type: ignore[arg-type]
     if name == "/stats":
         return CommandResult("stats")
     if name == "/help":

@@ -1,96 +1,170 @@
-"""Line-by-line chat on stdin/stdout (for pipes, logs and terminals without a TUI): same session, same slash
-commands. Answers stream to stdout; per-turn numbers and command feedback go to stderr."""
+"""Line-by-line chat on stdin/stdout (for pipes, logs and terminals without a TUI): same backends, session, saving
+and slash commands. Answers stream to stdout; thinking, per-turn numbers and command feedback go to stderr."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
-from typing import TextIO
+import threading
+import time
+from collections.abc import Coroutine
+from typing import Any, TextIO
 
-from engine.async_llm import AsyncLLM, EngineDeadError
-from engine.llm import RequestOutput
+from minisgl_cli.tui.backend import Answer, BackendError, ChatBackend
 from minisgl_cli.tui.commands import HELP, CommandError, is_command, run_command
-from minisgl_cli.tui.session import ChatSession
-from minisgl_cli.tui.stats import TurnStats, engine_rows, ms, turn_rows
+from minisgl_cli.tui.export import export
+from minisgl_cli.tui.session import ChatMessage, ChatSession
+from minisgl_cli.tui.stats import Load, load_rows, ms, turn_rows
+from minisgl_cli.tui.store import ChatStore, StoreError
+from minisgl_cli.tui.turn import TurnReader, TurnStats
+
+
+class LoopThread:
+    """An event loop in a thread of its own: turns run there while the main thread waits and can take Ctrl-C."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="minisgl-chat-loop", daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
 
 
 def run_plain(
-    engine: AsyncLLM,
+    backend: ChatBackend,
     session: ChatSession,
+    store: ChatStore | None = None,
+    inputs: list[str] | None = None,
     stdin: TextIO = sys.stdin,
     stdout: TextIO = sys.stdout,
     stderr: TextIO = sys.stderr,
 ) -> None:
     interactive = stdin.isatty()
-    info = engine.llm.describe()
-    print(
-        f"minisgl chat · {info['model']} · {info['device']} · {info['dtype']} · attention {info['attention']} · "
-        f"TP {info['tp']}   (/help for commands, Ctrl-D to quit)",
-        file=stderr,
-    )
+    print(f"minisgl chat · {backend.title}   (/help for commands, Ctrl-D to quit)", file=stderr)
+    loop = LoopThread()
+    inputs = list(inputs or [])
     turn = TurnStats()
-    while True:
-        if interactive:
-            stdout.write("\n> ")
-            stdout.flush()
-        line = stdin.readline()
-        if not line:
-            break
-        line = line.strip()
-        if not line:
-            continue
-        if is_command(line):
-            _command(line, engine, session, turn, stderr)
-            continue
-        try:
-            turn = _answer(engine, session, line, stdout)
-        except (ValueError, EngineDeadError) as e:
-            print(f"error: {e}", file=stderr)
-            if isinstance(e, EngineDeadError):
-                raise SystemExit(1) from e
-            continue
-        m = engine.call(lambda llm: llm.metrics())
-        print(
-            f"[{turn.finish_reason} · TTFT {ms(turn.ttft)} · {turn.decode_tps:.1f} tok/s · "
-            f"{turn.output_tokens} tokens · cache hit {turn.cache_hit_tokens}/{turn.prompt_tokens} · "
-            f"KV {m.kv_pages_in_use} in use, {m.kv_pages_cached} cached, {m.kv_pages_free} free]",
-            file=stderr,
-        )
-
-
-def _answer(engine: AsyncLLM, session: ChatSession, text: str, stdout: TextIO) -> TurnStats:
-    """Stream one answer to stdout; Ctrl-C stops it (the partial answer stays in the history)."""
-    stream = engine.submit(session.messages(text), session.params())
-    last: RequestOutput | None = None
     try:
-        for out in stream:
-            last = out
-            stdout.write(out.delta_text)
+        while True:
+            if interactive:
+                stdout.write("\n> ")
+                stdout.flush()
+            line = stdin.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line:
+                continue
+            inputs.append(line)
+            if is_command(line):
+                _command(line, loop, backend, session, turn, stderr)
+                if session.id is None and not session.history:  # /reset: a new session, its own input history
+                    inputs[:] = [line]
+                _save(store, session, inputs, stderr)
+                continue
+            try:
+                turn = _answer(
+                    loop, backend, session, line, stdout, stderr, lambda: _save(store, session, inputs, stderr)
+                )
+            except (ValueError, BackendError) as e:
+                print(f"error: {e}", file=stderr)
+                if isinstance(e, BackendError):
+                    raise SystemExit(1) from e
+                continue
+            m = loop.run(backend.load())
+            kv = ""
+            if m is not None and m.kv_pages_in_use is not None:
+                kv = f" · KV {m.kv_pages_in_use} in use, {m.kv_pages_cached} cached, {m.kv_pages_free} free"
+            print(
+                f"[{turn.finish_reason} · TTFT {ms(turn.ttft)} · {turn.decode_tps:.1f} tok/s · "
+                f"{turn.output_tokens} tokens · cache hit {turn.cache_hit_tokens}/{turn.prompt_tokens}{kv}]",
+                file=stderr,
+            )
+    finally:
+        loop.run(backend.aclose())
+        loop.close()
+
+
+def _save(store: ChatStore | None, session: ChatSession, inputs: list[str], err: TextIO) -> None:
+    if store is not None and (session.history or session.id is not None):
+        try:
+            store.save(session, inputs)
+        except StoreError as e:
+            print(f"error: not saved: {e}", file=err)
+
+
+def _answer(
+    loop: LoopThread, backend: ChatBackend, session: ChatSession, text: str, stdout: TextIO, stderr: TextIO, save
+) -> TurnStats:
+    """Stream one answer to stdout (its thinking to stderr); Ctrl-C stops it (the partial answer stays)."""
+    started: list[Answer] = []
+
+    def start() -> Answer:
+        answer = backend.start(
+            session.messages() + [{"role": "user", "content": text}], session.params(), session.thinking
+        )
+        session.add(ChatMessage("user", text, created=time.time()))
+        save()
+        started.append(answer)
+        return answer
+
+    async def read() -> TurnReader:
+        answer = start()
+        turn = TurnReader(answer.started, answer.opens_in_thinking)
+        async for piece in answer:
+            thought, said = turn.add(piece)
+            if thought:
+                stderr.write(thought)
+                stderr.flush()
+            stdout.write(said)
             stdout.flush()
-    except KeyboardInterrupt:
-        engine.abort(stream.rid)
-        for out in stream:  # drain to the final (aborted) output so the pages are back before the next turn
-            last = out
+        return turn
+
+    future = asyncio.run_coroutine_threadsafe(read(), loop.loop)
+    while True:
+        try:
+            turn = future.result()
+            break
+        except KeyboardInterrupt:
+            if started:
+                loop.loop.call_soon_threadsafe(started[0].stop)
     stdout.write("\n")
     stdout.flush()
-    if last is None:
-        raise EngineDeadError("engine stopped before answering")
-    if last.token_ids and last.finish_reason != "error":
-        session.commit(text, last.text)
-    if last.finish_reason == "error":
-        raise ValueError(f"generation failed: {last.error}")
-    return TurnStats.from_output(last)
+    stats = turn.stats
+    if turn.content or turn.reasoning or stats.output_tokens:
+        session.add(ChatMessage("assistant", turn.content.lstrip("\n"), turn.reasoning.strip(), stats, time.time()))
+        save()
+    if stats.finish_reason == "error":
+        raise ValueError(f"generation failed: {turn.error or 'the answer stream ended early'}")
+    return stats
 
 
-def _command(line: str, engine: AsyncLLM, session: ChatSession, turn: TurnStats, out: TextIO) -> None:
+def _command(
+    line: str, loop: LoopThread, backend: ChatBackend, session: ChatSession, turn: TurnStats, out: TextIO
+) -> None:
     try:
-        result = run_command(line, session)
+        result = run_command(line, session, backend.thinking_switch)
     except CommandError as e:
         print(f"error: {e}", file=out)
         return
     if result.action == "stats":
-        rows = turn_rows(turn) + engine_rows(engine.call(lambda llm: llm.metrics()))
+        load: Load | None = loop.run(backend.load())
+        rows = turn_rows(turn) + (load_rows(load) if load else [])
     elif result.action == "help":
         rows = HELP + [("Ctrl-C", "stop the answer"), ("Ctrl-D", "quit")]
+    elif result.action == "export":
+        try:
+            rows = [("", f"exported to {export(session, *result.args)}")]
+        except (OSError, ValueError) as e:
+            rows = [("", f"error: cannot export: {e}")]
+    elif result.action in ("regen", "edit", "copy", "sessions"):
+        rows = [("", f"error: {line.split()[0]} is for the TUI (run without --no-tui)")]
     else:
         rows = [("", result.message)]
     width = max(len(k) for k, _ in rows)

@@ -1,4 +1,4 @@
-"""One chat conversation: its settings and the message history sent through the model's chat template."""
+"""One chat conversation: its settings, its messages (with each answer's numbers), and what the next turn sends."""
 
 from __future__ import annotations
 
@@ -6,9 +6,18 @@ import math
 from dataclasses import dataclass, field
 
 from engine.sampling_params import SamplingParams
+from minisgl_cli.tui.turn import TurnStats
 
-Message = dict[str, str]
 MAX_TEMPERATURE = 2.0
+
+
+@dataclass(slots=True)
+class ChatMessage:
+    role: str  # system | user | assistant
+    content: str
+    reasoning: str = ""  # an answer's thinking (<think>...</think>), shown apart and never sent back
+    stats: TurnStats | None = None  # an answer's numbers
+    created: float = 0.0  # wall-clock time (time.time())
 
 
 @dataclass(slots=True)
@@ -17,7 +26,11 @@ class ChatSession:
     temperature: float = 0.7
     max_tokens: int = 512
     max_tokens_limit: int | None = None  # the model's context length, when known
-    history: list[Message] = field(default_factory=list)
+    thinking: bool | None = None  # the chat template's enable_thinking; None: the template's default
+    history: list[ChatMessage] = field(default_factory=list)
+    id: int | None = None  # row in the session store, once saved
+    title: str = ""
+    model: str = ""
 
     def __post_init__(self) -> None:
         self.set_temperature(self.temperature)
@@ -35,20 +48,33 @@ class ChatSession:
             raise ValueError(f"max_tokens must be >= 1{top} (got {value})")
         self.max_tokens = value
 
-    def messages(self, user_text: str) -> list[Message]:
-        """What the next turn sends: system prompt, the conversation so far, the new user message."""
+    def messages(self) -> list[dict[str, str]]:
+        """What the next turn sends: the system prompt and the conversation so far (ending with the user's turn)."""
         system = [{"role": "system", "content": self.system}] if self.system else []
-        return system + self.history + [{"role": "user", "content": user_text}]
+        return system + [{"role": m.role, "content": m.content} for m in self.history]
 
     def params(self) -> SamplingParams:
         return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature)
 
-    def commit(self, user_text: str, reply: str) -> None:
-        self.history += [{"role": "user", "content": user_text}, {"role": "assistant", "content": reply}]
+    def add(self, message: ChatMessage) -> None:
+        self.history.append(message)
+        if not self.title and message.role == "user":
+            self.title = " ".join(message.content.split())[:60]
+
+    @property
+    def awaiting_answer(self) -> bool:
+        """The last message is the user's: the next turn answers it (after a failed turn, or to regenerate)."""
+        return bool(self.history) and self.history[-1].role == "user"
+
+    def last(self, role: str) -> int | None:
+        """Index of the last message of `role`."""
+        return next((i for i in range(len(self.history) - 1, -1, -1) if self.history[i].role == role), None)
 
     def reset(self) -> None:
+        """A new, unsaved conversation with the same settings."""
         self.history.clear()
+        self.id, self.title = None, ""
 
     @property
     def turns(self) -> int:
-        return len(self.history) // 2
+        return sum(m.role == "assistant" for m in self.history)

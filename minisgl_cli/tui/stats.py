@@ -1,11 +1,14 @@
-"""Numbers the chat shows: one turn's latency figures (from its RequestOutput) and engine-wide rows for /stats."""
+"""Numbers the chat shows: the server or engine load behind the KV/scheduler panel (`Load`), and rows of one turn's
+and the load's figures for /stats and the plain mode."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from engine.llm import RequestOutput
-from engine.metrics import EngineMetrics
+if TYPE_CHECKING:
+    from engine.metrics import EngineMetrics
+    from minisgl_cli.tui.turn import TurnStats
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -16,61 +19,106 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-@dataclass(slots=True)
-class TurnStats:
-    prompt_tokens: int = 0
-    cache_hit_tokens: int = 0
-    output_tokens: int = 0
-    ttft: float | None = None  # seconds
-    itls: list[float] = field(default_factory=list)  # inter-token gaps (TBT), seconds
-    decode_seconds: float = 0.0  # first token to last token
-    finish_reason: str | None = None
+@dataclass(frozen=True, slots=True)
+class Load:
+    """KV cache and scheduler state, from the in-process engine or a server's /metrics. A server exposes only some
+    of these (None: not exposed); SGLang counts its KV in tokens, which shows here as pages of 1 token."""
+
+    source: str  # engine | minisgl | vllm | sglang
+    kv_usage: float | None = None  # fraction of the KV pool in use by running requests
+    kv_pages_in_use: int | None = None
+    kv_pages_cached: int | None = None  # evictable: held only by the prefix cache
+    kv_pages_free: int | None = None
+    kv_pages_total: int | None = None
+    page_size: int | None = None
+    running: int | None = None
+    waiting: int | None = None
+    finished_requests: int | None = None
+    preemptions: int | None = None
+    prompt_tokens: int | None = None
+    cache_hit_tokens: int | None = None
+    generation_tokens: int | None = None
+    cache_hit_rate: float | None = None
+    steps: int | None = None
 
     @classmethod
-    def from_output(cls, out: RequestOutput) -> TurnStats:
-        t = out.token_times
+    def from_engine(cls, m: EngineMetrics) -> Load:
         return cls(
-            len(out.prompt_token_ids),
-            out.cache_hit_tokens,
-            len(out.token_ids),
-            out.ttft,
-            out.itls,
-            t[-1] - t[0] if len(t) > 1 else 0.0,
-            out.finish_reason,
+            "engine",
+            m.kv_usage,
+            m.kv_pages_in_use,
+            m.kv_pages_cached,
+            m.kv_pages_free,
+            m.kv_pages_total,
+            m.page_size,
+            m.running,
+            m.waiting,
+            m.finished_requests,
+            m.preemptions,
+            m.prompt_tokens,
+            m.cache_hit_tokens,
+            m.generation_tokens,
+            m.cache_hit_rate,
+            m.steps,
         )
-
-    @property
-    def decode_tps(self) -> float:
-        return (self.output_tokens - 1) / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
 
 def ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
 
 
+def _known(value: object, text: str) -> str:
+    return "-" if value is None else text
+
+
 def turn_rows(turn: TurnStats) -> list[tuple[str, str]]:
+    thinking = f" ({turn.reasoning_tokens} thinking)" if turn.reasoning_tokens else ""
     return [
         ("TTFT", ms(turn.ttft)),
-        ("TBT p50 / p90", f"{ms(percentile(turn.itls, 50))} / {ms(percentile(turn.itls, 90))}"),
+        ("TBT p50 / p90", f"{ms(turn.tbt_p50)} / {ms(turn.tbt_p90)}"),
         ("decode", f"{turn.decode_tps:.1f} tok/s"),
-        ("tokens", f"{turn.prompt_tokens} prompt, {turn.output_tokens} out"),
+        ("tokens", f"{turn.prompt_tokens} prompt, {turn.output_tokens} out{thinking}"),
         ("cache hit", f"{turn.cache_hit_tokens} / {turn.prompt_tokens} prompt tokens"),
     ]
 
 
-def engine_rows(m: EngineMetrics) -> list[tuple[str, str]]:
-    return [
+def load_rows(m: Load) -> list[tuple[str, str]]:
+    rows = [("source", m.source)]
+    if m.kv_pages_total is not None:
+        unit = "tokens" if m.source == "sglang" else "KV pages"
+        each = f" ({m.page_size} tokens each)" if m.page_size and m.source != "sglang" else ""
+        rows.append(
+            (
+                unit,
+                f"{m.kv_pages_in_use} in use, {_known(m.kv_pages_cached, f'{m.kv_pages_cached} cached, ')}"
+                f"{_known(m.kv_pages_free, f'{m.kv_pages_free} free ')}of {m.kv_pages_total}{each}",
+            )
+        )
+    if m.kv_usage is not None:
+        rows.append(("KV usage", f"{m.kv_usage:.1%}"))
+    rows.append(
         (
-            "KV pages",
-            f"{m.kv_pages_in_use} in use, {m.kv_pages_cached} cached, {m.kv_pages_free} free "
-            f"of {m.kv_pages_total} ({m.page_size} tokens each)",
-        ),
-        ("KV usage", f"{m.kv_usage:.1%}"),
-        ("requests", f"{m.running} running, {m.waiting} waiting, {m.finished_requests} finished"),
-        (
-            "tokens",
-            f"{m.prompt_tokens} prompt ({m.cache_hit_tokens} from cache, {m.cache_hit_rate:.0%}), "
-            f"{m.generation_tokens} generated",
-        ),
-        ("steps", f"{m.steps} ({m.preemptions} preemptions)"),
-    ]
+            "requests",
+            f"{_known(m.running, str(m.running))} running, {_known(m.waiting, str(m.waiting))} waiting, "
+            f"{_known(m.finished_requests, str(m.finished_requests))} finished",
+        )
+    )
+    if m.prompt_tokens is not None:
+        hit = (
+            f" ({m.cache_hit_tokens} from cache, {m.cache_hit_rate:.0%})"
+            if m.cache_hit_tokens is not None and m.cache_hit_rate is not None
+            else ""
+        )
+        rows.append(
+            (
+                "tokens",
+                f"{m.prompt_tokens} prompt{hit}, {_known(m.generation_tokens, str(m.generation_tokens))} generated",
+            )
+        )
+    elif m.cache_hit_rate is not None:
+        rows.append(("cache hit rate", f"{m.cache_hit_rate:.0%}"))
+    if m.steps is not None:
+        rows.append(("steps", f"{m.steps} ({m.preemptions} preemptions)"))
+    elif m.preemptions is not None:
+        rows.append(("preemptions", str(m.preemptions)))
+    return rows

@@ -8,13 +8,15 @@ from collections import deque
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
-from textual.widgets import Input, Markdown, Sparkline, Static
+from textual.containers import Vertical, VerticalScroll
+from textual.message import Message
+from textual.widgets import Collapsible, Markdown, Sparkline, Static, TextArea
 
-from engine.metrics import EngineMetrics
-from minisgl_cli.tui.stats import TurnStats, ms, percentile
+from minisgl_cli.tui.stats import Load, ms, percentile
+from minisgl_cli.tui.turn import TurnStats
 
 
 def _rows(rows: list[tuple[str, str]]) -> Table:
@@ -29,19 +31,68 @@ def _rows(rows: list[tuple[str, str]]) -> Table:
 class UserMessage(Static):
     DEFAULT_CSS = """
     UserMessage { background: $boost; border-left: thick $accent; padding: 0 1; margin: 1 0 0 0; }
+    UserMessage.-editing { border-left: thick $warning; }
     """
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, index: int) -> None:
         super().__init__(Text(text))
+        self.index = index  # position in the session's history
 
 
-class AssistantMessage(Markdown):
+class AnswerMarkdown(Markdown):
     DEFAULT_CSS = """
-    AssistantMessage { border-left: thick $success; padding: 0 1; margin: 1 0 0 0; }
+    AnswerMarkdown { padding: 0; margin: 0; }
+    AnswerMarkdown MarkdownBlock:last-child { margin-bottom: 0; }
+    """
+
+
+class ThinkingBlock(Collapsible):
+    """A reasoning model's thinking, apart from its answer: open while it streams, folded once the answer starts."""
+
+    DEFAULT_CSS = """
+    ThinkingBlock { padding: 0; margin: 0 0 1 0; border-top: none; background: $surface; color: $text-muted; }
+    ThinkingBlock Contents { padding: 0 0 0 2; }
+    ThinkingBlock Markdown { padding: 0; margin: 0; color: $text-muted; }
+    """
+
+    def __init__(self, text: str = "", collapsed: bool = False) -> None:
+        self.body = Markdown(text)
+        super().__init__(self.body, title="Thinking…", collapsed=collapsed)
+
+
+class AssistantMessage(Vertical):
+    """An answer: its thinking (if any) in a ThinkingBlock, then the answer as Markdown."""
+
+    DEFAULT_CSS = """
+    AssistantMessage { height: auto; border-left: thick $success; padding: 0 1; margin: 1 0 0 0; }
     AssistantMessage.-stopped { border-left: thick $warning; }
     AssistantMessage.-error { border-left: thick $error; }
-    AssistantMessage MarkdownBlock:last-child { margin-bottom: 0; }
     """
+
+    def __init__(self, index: int, content: str = "", reasoning: str = "", reasoning_tokens: int = 0) -> None:
+        super().__init__()
+        self.index = index  # position its message has (or will have) in the session's history
+        self.answer = AnswerMarkdown(content)
+        self.thinking: ThinkingBlock | None = None
+        if reasoning:
+            self.thinking = ThinkingBlock(reasoning, collapsed=True)
+            self.thinking.title = thought_title(reasoning_tokens)
+
+    def compose(self) -> ComposeResult:
+        if self.thinking is not None:
+            yield self.thinking
+        yield self.answer
+
+    async def open_thinking(self) -> Markdown:
+        """The thinking's Markdown, mounting the block above the answer the first time."""
+        if self.thinking is None:
+            self.thinking = ThinkingBlock()
+            await self.mount(self.thinking, before=self.answer)
+        return self.thinking.body
+
+
+def thought_title(tokens: int) -> str:
+    return f"Thought · {tokens} tokens" if tokens else "Thought"
 
 
 class NoteMessage(Static):
@@ -60,23 +111,33 @@ class NoteMessage(Static):
         super().__init__(Group(*parts))
 
 
-def kv_bar(m: EngineMetrics, width: int) -> Text:
-    """Pages in use (solid), cached/evictable (shaded), free (light), in proportion to the pool."""
-    total = max(m.kv_pages_total, 1)
-    used = round(width * m.kv_pages_in_use / total)
-    cached = round(width * m.kv_pages_cached / total)
-    if m.kv_pages_in_use and not used:
+def kv_bar(m: Load, width: int) -> Text:
+    """Pages in use (solid), cached/evictable (shaded), free (light), in proportion to the pool; from the usage
+    fraction alone when the source gives no page counts."""
+    if m.kv_pages_total:
+        total = m.kv_pages_total
+        in_use, cached = m.kv_pages_in_use or 0, m.kv_pages_cached or 0
+    else:
+        total, in_use, cached = 10_000, round((m.kv_usage or 0) * 10_000), 0
+    used = round(width * in_use / total)
+    shaded = round(width * cached / total)
+    if in_use and not used:
         used = 1  # any page in use shows as at least one cell
-    if m.kv_pages_cached and not cached:
-        cached = 1
-    cached = min(cached, width - used)
+    if cached and not shaded:
+        shaded = 1
+    shaded = min(shaded, width - used)
     return Text.assemble(
-        ("█" * used, "bold green"), ("▓" * cached, "yellow"), ("░" * (width - used - cached), "grey50")
+        ("█" * used, "bold green"), ("▓" * shaded, "yellow"), ("░" * (width - used - shaded), "grey50")
     )
 
 
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
 class MetricsPanel(VerticalScroll):
-    """Live numbers: the last turn (TTFT, TBT, tok/s, cache hits) and the engine (KV pages, requests)."""
+    """Live numbers: the last turn (TTFT, TBT, tok/s, cache hits) and the load (KV pages, requests), which is
+    hidden when its source (a server without known /metrics) gives none."""
 
     DEFAULT_CSS = """
     MetricsPanel { width: 40; border-left: solid $primary; padding: 0 1; }
@@ -89,7 +150,7 @@ class MetricsPanel(VerticalScroll):
         super().__init__(**kw)
         self.tbt_ms: deque[float] = deque(maxlen=self.WINDOW)
         self.turn = TurnStats()
-        self.engine_metrics: EngineMetrics | None = None
+        self.load: Load | None = None
         self._turn_itls = 0  # gaps of the current turn already in the window
 
     def compose(self) -> ComposeResult:
@@ -98,13 +159,14 @@ class MetricsPanel(VerticalScroll):
         yield Static(f"TBT, last {self.WINDOW} tokens", classes="title")
         yield Static(id="tbt")
         yield Sparkline([], id="tbt-spark")
-        yield Static("KV cache", classes="title")
-        yield Static(id="kv")
-        yield Static("Scheduler", classes="title")
-        yield Static(id="sched")
+        yield Static("KV cache", classes="title load")
+        yield Static(id="kv", classes="load")
+        yield Static("Scheduler", classes="title load")
+        yield Static(id="sched", classes="load")
 
     def on_mount(self) -> None:
         self.show_turn(self.turn)
+        self.show_load(None)
 
     def new_turn(self) -> None:
         self._turn_itls = 0
@@ -113,81 +175,136 @@ class MetricsPanel(VerticalScroll):
         self.turn = turn
         self.tbt_ms.extend(g * 1e3 for g in turn.itls[self._turn_itls :])
         self._turn_itls = len(turn.itls)
-        self.query_one("#turn", Static).update(
-            _rows(
-                [
-                    ("TTFT", ms(turn.ttft)),
-                    ("decode", f"{turn.decode_tps:.1f} tok/s"),
-                    ("tokens", f"{turn.prompt_tokens} in / {turn.output_tokens} out"),
-                    (
-                        "cache hit",
-                        f"{turn.cache_hit_tokens} tokens ({turn.cache_hit_tokens / max(turn.prompt_tokens, 1):.0%})",
-                    ),
-                ]
-            )
-        )
+        rows = [
+            ("TTFT", ms(turn.ttft)),
+            ("decode", f"{turn.decode_tps:.1f} tok/s"),
+            ("tokens", f"{turn.prompt_tokens} in / {turn.output_tokens} out"),
+        ]
+        if turn.reasoning_tokens:
+            rows.append(("thinking", f"{turn.reasoning_tokens} tokens"))
+        hit = turn.cache_hit_tokens / max(turn.prompt_tokens, 1)
+        rows.append(("cache hit", f"{turn.cache_hit_tokens} tokens ({hit:.0%})"))
+        self.query_one("#turn", Static).update(_rows(rows))
         window = list(self.tbt_ms)
         self.query_one("#tbt", Static).update(
-            _rows(
-                [
-                    ("p50 / p90", f"{percentile(window, 50):.1f} / {percentile(window, 90):.1f} ms"),
-                ]
-            )
+            _rows([("p50 / p90", f"{percentile(window, 50):.1f} / {percentile(window, 90):.1f} ms")])
         )
         self.query_one("#tbt-spark", Sparkline).data = window
 
-    def show_engine(self, m: EngineMetrics) -> None:
-        self.engine_metrics = m
-        width = max(self.content_region.width, 10)
-        bar = kv_bar(m, width)
-        self.query_one("#kv", Static).update(
-            Text("\n").join(
-                [
-                    bar,
-                    Text(f"{m.kv_usage:.2%} in use ({m.page_size} tokens/page)"),
-                    Text.assemble(("█", "bold green"), f" in use  {m.kv_pages_in_use}"),
-                    Text.assemble(("▓", "yellow"), f" cached  {m.kv_pages_cached} (evictable)"),
-                    Text.assemble(("░", "grey50"), f" free    {m.kv_pages_free}"),
-                ]
-            )
-        )
+    def show_load(self, m: Load | None) -> None:
+        self.load = m
+        for part in self.query(".load"):
+            part.display = m is not None
+        if m is None:
+            return
+        unit = "tokens" if m.source == "sglang" else "pages"
+        lines = [kv_bar(m, max(self.content_region.width, 10))]
+        if m.kv_usage is not None:
+            per_page = f" ({m.page_size} tokens/page)" if m.page_size and m.source != "sglang" else ""
+            lines.append(Text(f"{m.kv_usage:.2%} in use{per_page}"))
+        if m.kv_pages_in_use is not None:
+            lines.append(Text.assemble(("█", "bold green"), f" in use  {m.kv_pages_in_use}"))
+        if m.kv_pages_cached is not None:
+            lines.append(Text.assemble(("▓", "yellow"), f" cached  {m.kv_pages_cached} (evictable)"))
+        if m.kv_pages_free is not None:
+            lines.append(Text.assemble(("░", "grey50"), f" free    {m.kv_pages_free}"))
+        if m.source != "engine":
+            lines.append(Text(f"from {m.source} /metrics, {unit}", style="italic grey50"))
+        self.query_one("#kv", Static).update(Text("\n").join(lines))
         self.query_one("#sched", Static).update(
             _rows(
                 [
-                    ("running", str(m.running)),
-                    ("waiting", str(m.waiting)),
-                    ("finished", str(m.finished_requests)),
-                    ("preempted", str(m.preemptions)),
+                    ("running", _count(m.running)),
+                    ("waiting", _count(m.waiting)),
+                    ("finished", _count(m.finished_requests)),
+                    ("preempted", _count(m.preemptions)),
                 ]
             )
         )
 
 
-class HistoryInput(Input):
-    """An Input that recalls earlier entries with up/down."""
+class PromptBox(TextArea):
+    """The message box: Enter sends, ctrl+j adds a line (so do shift+enter and alt+enter in terminals that report
+    them); in multi-line mode (f2) Enter adds a line and ctrl+s sends. Up on the first line and down on the last
+    recall earlier entries."""
 
     BINDINGS = [
         Binding("up", "history(-1)", "Previous", show=False),
         Binding("down", "history(1)", "Next", show=False),
-        Binding("enter", "submit", "Send"),
+        Binding("enter", "send", "Send"),  # for the footer: _on_key sends (or adds a line in multi-line mode)
+        Binding("ctrl+s", "send", "Send", show=False),
     ]
+    NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
+    DEFAULT_CSS = """
+    PromptBox { height: auto; min-height: 3; max-height: 10; }
+    PromptBox.-multiline { border: tall $warning; }
+    """
+
+    class Submitted(Message):
+        def __init__(self, box: PromptBox, value: str) -> None:
+            super().__init__()
+            self.box, self.value = box, value
 
     def __init__(self, **kw) -> None:
-        super().__init__(**kw)
-        self.history: list[str] = []
+        super().__init__(soft_wrap=True, show_line_numbers=False, highlight_cursor_line=False, **kw)
+        self.entries: list[str] = []
+        self.multiline = False
         self._pos = 0
         self._draft = ""
 
+    @property
+    def value(self) -> str:
+        return self.text
+
+    @value.setter
+    def value(self, text: str) -> None:
+        self.text = text
+        self.move_cursor(self.document.end)
+
+    def set_multiline(self, on: bool) -> None:
+        self.multiline = on
+        self.set_class(on, "-multiline")
+        self.border_subtitle = "multi-line: enter adds a line, ctrl+s sends (f2: off)" if on else ""
+
+    async def _on_key(self, event: events.Key) -> None:
+        # Handled here, not as bindings: a binding's action runs later than the keys typed after it, so a newline
+        # or a send in a burst of keys (a paste, tmux send-keys) would land out of order.
+        if event.key == "enter" and not self.multiline:
+            event.stop()
+            event.prevent_default()
+            self.action_send()
+            return
+        if event.key in self.NEWLINE_KEYS:
+            event.stop()
+            event.prevent_default()
+            self.action_newline()
+            return
+        await super()._on_key(event)
+
+    def action_send(self) -> None:
+        self.post_message(self.Submitted(self, self.text))
+
+    def action_newline(self) -> None:
+        self.insert("\n")
+
     def remember(self, line: str) -> None:
-        if line and (not self.history or self.history[-1] != line):
-            self.history.append(line)
-        self._pos = len(self.history)
+        if line and (not self.entries or self.entries[-1] != line):
+            self.entries.append(line)
+        self._pos = len(self.entries)
+
+    def set_history(self, lines: list[str]) -> None:
+        self.entries = list(lines)
+        self._pos = len(self.entries)
 
     def action_history(self, step: int) -> None:
-        if not self.history:
+        edge = self.cursor_at_first_line if step < 0 else self.cursor_at_last_line
+        if not edge or not self.entries:
+            (self.action_cursor_up if step < 0 else self.action_cursor_down)()
             return
-        if self._pos == len(self.history):
-            self._draft = self.value
-        self._pos = min(max(self._pos + step, 0), len(self.history))
-        self.value = self.history[self._pos] if self._pos < len(self.history) else self._draft
-        self.cursor_position = len(self.value)
+        if self._pos == len(self.entries):
+            self._draft = self.text
+        pos = min(max(self._pos + step, 0), len(self.entries))
+        if pos == self._pos:
+            return
+        self._pos = pos
+        self.value = self.entries[pos] if pos < len(self.entries) else self._draft

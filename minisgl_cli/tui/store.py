@@ -1,0 +1,238 @@
+"""Chat sessions saved in SQLite (the standard library's sqlite3): settings, messages with each answer's numbers,
+and the input history. `save` writes a whole session in one transaction, so a save that failed (a locked or broken
+file) is simply made good by the next one."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from minisgl_cli.tui.session import ChatMessage, ChatSession
+from minisgl_cli.tui.turn import TurnStats
+
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id INTEGER PRIMARY KEY,
+    title TEXT NOT NULL,
+    model TEXT NOT NULL,
+    system TEXT,
+    temperature REAL NOT NULL,
+    max_tokens INTEGER NOT NULL,
+    thinking INTEGER,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    reasoning TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL,
+    finish_reason TEXT,
+    ttft REAL,
+    tbt_p50 REAL,
+    tbt_p90 REAL,
+    decode_tps REAL,
+    prompt_tokens INTEGER,
+    output_tokens INTEGER,
+    reasoning_tokens INTEGER,
+    cache_hit_tokens INTEGER,
+    itls_ms TEXT,
+    PRIMARY KEY (session_id, seq)
+);
+CREATE TABLE IF NOT EXISTS inputs (
+    session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    line TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+);
+"""
+
+
+class StoreError(Exception):
+    """The database cannot be opened, read or written; the message says which file and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    id: int
+    title: str
+    model: str
+    messages: int
+    updated: float
+
+
+def default_db_path() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "minisgl" / "chat.db"
+
+
+class ChatStore:
+    LOCK_TIMEOUT = 1.0  # seconds to wait for another writer before a save fails (and the next one retries)
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(path, timeout=self.LOCK_TIMEOUT, isolation_level=None)
+        except (OSError, sqlite3.Error) as e:
+            raise StoreError(f"cannot open {path}: {e}") from e
+        try:
+            self._setup()
+        except StoreError:
+            self.db.close()
+            raise
+
+    def _setup(self) -> None:
+        self.db.execute("PRAGMA foreign_keys = ON")
+        with self._errors("open"):
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StoreError(f"{self.path} was written by a newer minisgl (schema {version}); not touching it")
+            if version < SCHEMA_VERSION:
+                self.db.executescript(SCHEMA + f"PRAGMA user_version = {SCHEMA_VERSION};")
+
+    @contextlib.contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot {what} {self.path}: {e}") from e
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ---- writing --------------------------------------------------------------------------------------------
+    def save(self, s: ChatSession, inputs: list[str]) -> None:
+        """Write the session (assigning s.id the first time), all its messages and its input history."""
+        now = time.time()
+        row = (s.title or "untitled", s.model, s.system, s.temperature, s.max_tokens, s.thinking, now)
+        with self._errors("save to"):
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                if s.id is None:
+                    cur = self.db.execute(
+                        "INSERT INTO sessions (title, model, system, temperature, max_tokens, thinking, updated,"
+                        " created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (*row, now),
+                    )
+                    s.id = cur.lastrowid
+                else:
+                    self.db.execute(
+                        "UPDATE sessions SET title=?, model=?, system=?, temperature=?, max_tokens=?, thinking=?,"
+                        " updated=? WHERE id=?",
+                        (*row, s.id),
+                    )
+                self.db.executemany(
+                    "INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(s.id, i, *_message_row(m)) for i, m in enumerate(s.history)],
+                )
+                self.db.execute("DELETE FROM messages WHERE session_id=? AND seq>=?", (s.id, len(s.history)))
+                self.db.execute("DELETE FROM inputs WHERE session_id=?", (s.id,))
+                self.db.executemany("INSERT INTO inputs VALUES (?, ?, ?)", [(s.id, i, x) for i, x in enumerate(inputs)])
+                self.db.execute("COMMIT")
+            except BaseException:
+                if self.db.in_transaction:
+                    self.db.execute("ROLLBACK")
+                if s.id is not None and not self._exists(s.id):
+                    s.id = None  # the insert was rolled back
+                raise
+
+    def _exists(self, id: int) -> bool:
+        try:
+            return self.db.execute("SELECT 1 FROM sessions WHERE id=?", (id,)).fetchone() is not None
+        except sqlite3.Error:
+            return False
+
+    def rename(self, id: int, title: str) -> None:
+        with self._errors("rename in"):
+            self.db.execute("UPDATE sessions SET title=? WHERE id=?", (title, id))
+
+    def delete(self, id: int) -> None:
+        with self._errors("delete from"):
+            self.db.execute("DELETE FROM sessions WHERE id=?", (id,))
+
+    # ---- reading --------------------------------------------------------------------------------------------
+    def sessions(self) -> list[SessionInfo]:
+        """Most recently updated first."""
+        with self._errors("read"):
+            rows = self.db.execute(
+                "SELECT s.id, s.title, s.model, COUNT(m.seq), s.updated FROM sessions s"
+                " LEFT JOIN messages m ON m.session_id = s.id GROUP BY s.id ORDER BY s.updated DESC, s.id DESC"
+            ).fetchall()
+        return [SessionInfo(*r) for r in rows]
+
+    def last_id(self) -> int | None:
+        found = self.sessions()
+        return found[0].id if found else None
+
+    def load(self, id: int, max_tokens_limit: int | None = None) -> tuple[ChatSession, list[str]]:
+        """The session and its input history; KeyError if there is no such session. max_tokens_limit: the context
+        of the model it goes on with (a saved max_tokens at or above it is cut below it)."""
+        with self._errors("read"):
+            row = self.db.execute(
+                "SELECT title, model, system, temperature, max_tokens, thinking FROM sessions WHERE id=?", (id,)
+            ).fetchone()
+            if row is None:
+                raise KeyError(id)
+            messages = self.db.execute(
+                "SELECT role, content, reasoning, created, finish_reason, ttft, prompt_tokens, output_tokens,"
+                " reasoning_tokens, cache_hit_tokens, itls_ms FROM messages WHERE session_id=? ORDER BY seq",
+                (id,),
+            ).fetchall()
+            inputs = [r[0] for r in self.db.execute("SELECT line FROM inputs WHERE session_id=? ORDER BY seq", (id,))]
+        title, model, system, temperature, max_tokens, thinking = row
+        if max_tokens_limit is not None:
+            max_tokens = min(max_tokens, max_tokens_limit - 1)
+        s = ChatSession(
+            system=system,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            max_tokens_limit=max_tokens_limit,
+            thinking=None if thinking is None else bool(thinking),
+            id=id,
+            title=title,
+            model=model,
+        )
+        s.history = [_message(r) for r in messages]
+        return s, inputs
+
+
+def _message_row(m: ChatMessage) -> tuple:
+    t = m.stats
+    if t is None:
+        return (m.role, m.content, m.reasoning, m.created) + (None,) * 10
+    itls = json.dumps([round(g * 1e3, 3) for g in t.itls])
+    return (
+        m.role,
+        m.content,
+        m.reasoning,
+        m.created,
+        t.finish_reason,
+        t.ttft,
+        t.tbt_p50,
+        t.tbt_p90,
+        t.decode_tps,
+        t.prompt_tokens,
+        t.output_tokens,
+        t.reasoning_tokens,
+        t.cache_hit_tokens,
+        itls,
+    )
+
+
+def _message(r: tuple) -> ChatMessage:
+    role, content, reasoning, created, finish, ttft, prompt, output, reasoning_tokens, hits, itls = r
+    stats = None
+    if output is not None:
+        gaps = [g / 1e3 for g in json.loads(itls or "[]")]
+        stats = TurnStats(prompt, hits or 0, output, reasoning_tokens or 0, ttft, gaps, sum(gaps), finish)
+    return ChatMessage(role, content, reasoning, stats, created)

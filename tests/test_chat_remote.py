@@ -1,0 +1,220 @@
+"""`minisgl chat --url`: the TUI (pilot) and the plain mode against a real `minisgl serve` on loopback: streamed
+answers with client-side TTFT/TBT, the KV panel from the server's /metrics, stop, a 4xx, and a server killed
+mid-answer. Also the /metrics parser on vLLM's and SGLang's names."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from minisgl_cli.tui.app import ChatApp
+from minisgl_cli.tui.prom import load_from_metrics
+from minisgl_cli.tui.remote import RemoteError
+from minisgl_cli.tui.server_backend import ServerBackend
+from minisgl_cli.tui.session import ChatSession
+from minisgl_cli.tui.store import ChatStore
+from minisgl_cli.tui.widgets import AssistantMessage
+from tests.chat_pilot import errors, idle, known, load, notices, panel_text, run_pilot, send, wait_for
+from tests.conftest import free_port, wait_healthy
+from tests.test_chat_plain import MINISGL
+
+
+@contextlib.contextmanager
+def serve(tmp_path: Path, num_pages: int = 256) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A real `minisgl serve` of the tiny model in its own process group (the server may be more than one process)."""
+    port = free_port()
+    log = open(tmp_path / f"serve-{port}.log", "w")
+    cmd = [sys.executable, "-m", "minisgl_cli", "serve", "--model", "dummy:tiny-llama", "--device", "cpu"]
+    cmd += ["--num-pages", str(num_pages), "--port", str(port), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        wait_healthy(proc, f"http://127.0.0.1:{port}")
+        yield f"http://127.0.0.1:{port}", proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever else the server started
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[str]:
+    with serve(tmp_path_factory.mktemp("serve")) as (url, _):
+        yield url
+
+
+def remote_app(url: str, store: ChatStore | None = None, **settings) -> ChatApp:
+    backend = ServerBackend.connect(url, None, None)
+    return ChatApp(backend, ChatSession(max_tokens_limit=backend.context_limit, **settings), store)
+
+
+def test_url_streams_an_answer_and_fills_the_panel(server):
+    async def scenario(app: ChatApp, pilot) -> None:
+        assert app.sub_title == f"dummy:tiny-llama · {server}/v1"
+        await wait_for(pilot, lambda: app.last_metrics is not None, what="the server's /metrics")
+        assert load(app).source == "minisgl" and app.query_one("#kv").display
+        await send(pilot, "hello over http")
+        await wait_for(pilot, lambda: app.turn.output_tokens >= 20, what="tokens streaming in")
+        assert app.generating and known(app.turn.ttft) > 0
+        assert re.search(r"TTFT\s+\d+\.\d ms", panel_text(app, "turn"))
+        await wait_for(pilot, lambda: load(app).running == 1 and known(load(app).kv_pages_in_use) > 0, what="KV in use")
+        assert re.search(r"running\s+1", panel_text(app, "sched"))
+        assert re.search(r"█ in use\s+[1-9]", panel_text(app, "kv")) and "from minisgl /metrics" in panel_text(
+            app, "kv"
+        )
+        await pilot.press("escape")  # closes the stream: the server aborts the request
+        await idle(app, pilot)
+        assert app.turn.finish_reason == "abort" and app.query_one(AssistantMessage).has_class("-stopped")
+        await wait_for(
+            pilot,
+            lambda: load(app).running == 0 and load(app).kv_pages_in_use == 0,
+            what="pages back on the server",
+        )
+        await pilot.press("ctrl+n")  # the stopped answer's byte tokens could leave the next prompt no room
+        await send(pilot, "/max-tokens 12")
+        await send(pilot, "and again")
+        await idle(app, pilot)
+        turn = app.turn
+        assert turn.finish_reason == "length" and turn.output_tokens == 12  # the server's usage count
+        assert turn.prompt_tokens > 0 and known(turn.ttft) > 0 and turn.decode_tps > 0 and turn.itls
+        assert app.query(AssistantMessage).last().answer.source == app.session.history[-1].content != ""
+        assert re.search(r"cached\s+[1-9]", panel_text(app, "kv"))
+
+    run_pilot(remote_app(server, max_tokens=1500), scenario)
+
+
+def test_url_4xx_is_a_notice_and_keeps_the_conversation(server, tmp_path):
+    store = ChatStore(tmp_path / "chat.db")
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "/max-tokens 2040")  # below the context, but not with the prompt on top
+        await send(pilot, "a prompt that is too long for the room left")
+        await wait_for(pilot, lambda: errors(app), what="the refusal")
+        await pilot.pause()
+        assert "server answered 400" in errors(app)[-1] and "your message is kept" in errors(app)[-1]
+        assert [m.role for m in app.session.history] == ["user"]
+        await send(pilot, "/max-tokens 5")
+        await pilot.press("ctrl+r")  # answers the kept message
+        await idle(app, pilot)
+        assert [m.role for m in app.session.history] == ["user", "assistant"]
+
+    app = run_pilot(remote_app(server, store), scenario)
+    saved, _ = ChatStore(tmp_path / "chat.db").load(app.session.id)
+    assert [(m.role, m.content) for m in saved.history][0] == ("user", "a prompt that is too long for the room left")
+    assert len(saved.history) == 2 and saved.model == "dummy:tiny-llama"
+
+
+def test_server_killed_mid_answer(tmp_path):
+    store = ChatStore(tmp_path / "chat.db")
+    with serve(tmp_path) as (url, proc):
+
+        async def scenario(app: ChatApp, pilot) -> None:
+            await send(pilot, "first")
+            await idle(app, pilot)
+            await send(pilot, "/max-tokens 1500")
+            await send(pilot, "a long answer please")
+            await wait_for(pilot, lambda: app.turn.output_tokens >= 10, what="tokens streaming in")
+            os.killpg(proc.pid, signal.SIGKILL)
+            await idle(app, pilot, "the failed answer")
+            await pilot.pause()
+            assert any("generation failed" in e and "partial answer kept" in e for e in errors(app)), notices(app)
+            assert app.query(AssistantMessage).last().has_class("-error") and app.turn.finish_reason == "error"
+            await wait_for(pilot, lambda: not app.query_one("#kv").display, what="the panel's load section hidden")
+            await send(pilot, "anyone there?")  # the server is gone: a notice, and the message is kept
+            await wait_for(pilot, lambda: len(errors(app)) >= 2, what="the second failure")
+            assert "generation failed" in errors(app)[-1] and app.is_running
+
+        app = run_pilot(remote_app(url, store, max_tokens=4), scenario)
+    saved, _ = ChatStore(tmp_path / "chat.db").load(app.session.id)
+    assert [m.role for m in saved.history] == ["user", "assistant", "user", "assistant", "user"]
+    partial = saved.history[3]
+    assert partial.stats.finish_reason == "error" and partial.stats.output_tokens >= 10 and partial.content
+
+
+def test_plain_mode_over_url(server):
+    p = subprocess.run(
+        [MINISGL, "chat", "--no-tui", "--url", server + "/v1", "--max-tokens", "7", "--no-save"],
+        input="hi\n/stats\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    assert f"dummy:tiny-llama · {server}/v1" in p.stderr
+    assert re.search(r"\[length · TTFT \d+\.\d ms · \d+\.\d tok/s · 7 tokens · cache hit 0/\d+ · KV 0 in use", p.stderr)
+    assert re.search(r"source\s+minisgl", p.stderr) and p.stdout.strip()
+
+
+def test_url_errors_are_clear():
+    port = free_port()  # nothing listens there
+    p = subprocess.run(
+        [MINISGL, "chat", "--url", f"http://127.0.0.1:{port}"], capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 2 and "cannot reach" in p.stderr and "Traceback" not in p.stderr
+    p = subprocess.run([MINISGL, "chat", "--url", "localhost:8000"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "must start with http://" in p.stderr
+    with pytest.raises(RemoteError, match="cannot reach"):
+        ServerBackend.connect(f"http://127.0.0.1:{port}", None, None)
+
+
+def test_served_model_must_exist(server):
+    with pytest.raises(RemoteError, match=r"does not serve 'nope' \(it serves: dummy:tiny-llama\)"):
+        ServerBackend.connect(server, None, "nope")
+    assert ServerBackend.connect(server, "key", "dummy:tiny-llama").model == "dummy:tiny-llama"
+
+
+VLLM = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-0.6B"} 2.0
+vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-0.6B"} 1.0
+vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-0.6B"} 0.25
+vllm:num_preemptions_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 3.0
+vllm:prefix_cache_queries_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 1000.0
+vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 400.0
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="Qwen/Qwen3-0.6B"} 5.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="Qwen/Qwen3-0.6B"} 2.0
+"""
+SGLANG = """sglang:num_running_reqs{model_name="m"} 4.0
+sglang:num_queue_reqs{model_name="m"} 0.0
+sglang:token_usage{model_name="m"} 0.5
+sglang:num_used_tokens{model_name="m"} 5000.0
+sglang:max_total_num_tokens{model_name="m"} 10000.0
+sglang:cache_hit_rate{model_name="m"} 0.75
+"""
+
+
+def test_metrics_of_vllm_and_sglang():
+    v = load_from_metrics(VLLM)
+    assert (v.source, v.running, v.waiting, v.kv_usage, v.preemptions, v.finished_requests) == (
+        "vllm",
+        2,
+        1,
+        0.25,
+        3,
+        7,
+    )
+    assert v.cache_hit_rate == 0.4 and v.kv_pages_total is None
+    s = load_from_metrics(SGLANG)
+    assert (s.source, s.running, s.kv_usage, s.kv_pages_in_use, s.kv_pages_free, s.cache_hit_rate) == (
+        "sglang",
+        4,
+        0.5,
+        5000,
+        5000,
+        0.75,
+    )
+    assert load_from_metrics("# nothing known\nprocess_cpu_seconds_total 1.5\n") is None

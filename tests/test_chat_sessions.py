@@ -1,0 +1,284 @@
+"""Saved chat sessions through the real TUI (Textual pilot) over the tiny model: save and resume in a second app,
+export, regenerate, edit, copy, the sessions list, and a locked or corrupted database."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import subprocess
+
+import pytest
+from textual.widgets import Input
+
+from minisgl_cli.tui.app import ChatApp
+from minisgl_cli.tui.session import ChatMessage, ChatSession
+from minisgl_cli.tui.sessions_screen import SessionsScreen
+from minisgl_cli.tui.store import ChatStore, default_db_path
+from minisgl_cli.tui.turn import TurnStats
+from minisgl_cli.tui.widgets import AssistantMessage, PromptBox, UserMessage
+from tests.chat_pilot import errors, idle, known, notices, run_app, send, wait_for
+from tests.conftest import make_llm
+from tests.test_chat_plain import MINISGL, TINY
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return make_llm("dummy:tiny-llama", num_pages=512)
+
+
+@pytest.fixture
+def db(tmp_path):
+    return tmp_path / "chat.db"
+
+
+def test_default_db_is_under_xdg_data_home(private_data_dir):
+    assert default_db_path() == private_data_dir / "minisgl" / "chat.db"
+
+
+def test_saved_session_resumes_in_a_second_app(tiny, db):
+    async def first(app: ChatApp, pilot) -> None:
+        await send(pilot, "/system be brief")
+        await send(pilot, "/temp 0.3")
+        await send(pilot, "first question")
+        await idle(app, pilot)
+        await send(pilot, "second question")
+        await idle(app, pilot)
+
+    store = ChatStore(db)
+    one = run_app(tiny, first, store, max_tokens=6)
+    store.close()
+    saved = [(m.role, m.content) for m in one.session.history]
+    assert [r for r, _ in saved] == ["user", "assistant"] * 2 and one.session.id is not None
+
+    # A second app instance, as `minisgl chat --resume` builds it: the last session from the database.
+    store = ChatStore(db)
+    assert store.last_id() == one.session.id
+    session, inputs = store.load(store.last_id(), tiny.engine.max_model_len)
+    assert inputs == ["/system be brief", "/temp 0.3", "first question", "second question"]
+    assert (session.system, session.temperature, session.max_tokens, session.model) == (
+        "be brief",
+        0.3,
+        6,
+        "tiny-llama",
+    )
+    first_stats = one.session.history[1].stats
+    assert session.history[1].stats.ttft == pytest.approx(first_stats.ttft)
+    assert session.history[1].stats.output_tokens == 6 and len(session.history[1].stats.itls) == 5
+
+    async def second(app: ChatApp, pilot) -> None:
+        await pilot.pause()
+        assert [w.index for w in app.query(UserMessage)] == [0, 2]
+        assert [w.answer.source for w in app.query(AssistantMessage)] == [saved[1][1], saved[3][1]]
+        assert app.title == "first question"
+        await pilot.click("#prompt")
+        await pilot.press("up")
+        assert app.query_one(PromptBox).value == "second question"  # input history came back too
+        app.query_one(PromptBox).value = ""
+        await send(pilot, "third question")
+        await idle(app, pilot)
+        assert app.turn.cache_hit_tokens >= 32  # the resumed history is the prompt's prefix, cached by the engine
+
+    two = run_app(tiny, second, store, session=session, inputs=inputs)
+    store.close()
+    rows = (
+        sqlite3.connect(db)
+        .execute(
+            "SELECT role, content, ttft, prompt_tokens, output_tokens, tbt_p50 FROM messages"
+            " WHERE session_id=? ORDER BY seq",
+            (two.session.id,),
+        )
+        .fetchall()
+    )
+    assert [(r[0], r[1]) for r in rows[:4]] == saved and rows[4][:2] == ("user", "third question")
+    assert all(r[2] > 0 and r[3] > 0 and r[4] == 6 and r[5] > 0 for r in rows if r[0] == "assistant")
+    assert len(rows) == 6
+
+
+def test_export_markdown_and_json(tiny, tmp_path):
+    md, js = tmp_path / "chat.md", tmp_path / "chat.json"
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "/system you are a test")
+        await send(pilot, "what is up")
+        await idle(app, pilot)
+        await send(pilot, f"/export md {md}")
+        await send(pilot, f"/export json {js}")
+        await send(pilot, "/export pdf")
+        await send(pilot, f"/export md {tmp_path}")
+        await pilot.pause()
+        assert f"exported to {md}" in notices(app) and f"exported to {js}" in notices(app)
+        assert "takes md or json" in errors(app)[-2] and "is a directory" in errors(app)[-1]
+
+    app = run_app(tiny, scenario, max_tokens=5)
+    answer = app.session.history[1]
+    text = md.read_text()
+    assert text.startswith("# what is up\n") and "**System:** you are a test" in text
+    assert "## You\n\nwhat is up\n" in text and f"## Assistant\n\n{answer.content}\n" in text
+    assert re.search(r"\*length · TTFT \d+\.\d ms · TBT p50 \d+\.\d ms · \d+\.\d tok/s · \d+ prompt / 5 output", text)
+    doc = json.loads(js.read_text())
+    assert doc["system"] == "you are a test" and doc["model"] == "tiny-llama" and doc["max_tokens"] == 5
+    assert [(m["role"], m["content"]) for m in doc["messages"]] == [
+        ("user", "what is up"),
+        ("assistant", answer.content),
+    ]
+    stats = doc["messages"][1]["stats"]
+    assert stats["output_tokens"] == 5 and stats["ttft"] == pytest.approx(answer.stats.ttft)
+    assert stats["finish_reason"] == "length" and stats["tbt_p50"] > 0
+
+
+def test_regenerate_and_edit_replace_the_last_turn(tiny, db):
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "tell me")
+        await idle(app, pilot)
+        first = app.session.history[1]
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: app.session.history[-1] is not first and not app.generating, what="regenerated")
+        assert [m.role for m in app.session.history] == ["user", "assistant"]
+        assert len(app.query(AssistantMessage)) == 1 and app.query_one(AssistantMessage).answer.source == (
+            app.session.history[1].content
+        )
+        assert known(app.session.history[1].stats).output_tokens == 4 and app.session.history[1].created > first.created
+
+        await send(pilot, "/edit")
+        await pilot.pause()
+        box = app.query_one(PromptBox)
+        assert box.value == "tell me" and app.query_one(UserMessage).has_class("-editing")
+        await pilot.press("escape")  # cancels the edit
+        assert app.editing is None and box.value == ""
+        await pilot.press("ctrl+g")
+        await pilot.press(*" more")
+        await pilot.press("enter")
+        await idle(app, pilot)
+        assert [(m.role, m.content) for m in app.session.history][0] == ("user", "tell me more")
+        assert len(app.session.history) == 2 and [w.index for w in app.query(UserMessage)] == [0]
+        assert len(app.query(AssistantMessage)) == 1
+
+    store = ChatStore(db)
+    app = run_app(tiny, scenario, store, max_tokens=4)
+    rows = sqlite3.connect(db).execute("SELECT role, content FROM messages ORDER BY seq").fetchall()
+    assert rows == [("user", "tell me more"), ("assistant", app.session.history[1].content)]
+
+
+def test_copy_answer_and_code_blocks(tiny):
+    code_answer = "Two ways:\n\n```python\nprint(1)\n```\n\nor\n\n```sh\necho 2\n```\n"
+    session = ChatSession(max_tokens=4, max_tokens_limit=tiny.engine.max_model_len)
+    session.add(ChatMessage("user", "show code"))
+    session.add(ChatMessage("assistant", code_answer, stats=TurnStats(10, 0, 30, finish_reason="stop")))
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await pilot.press("f3")
+        assert app.clipboard == code_answer
+        await send(pilot, "/copy code")
+        assert app.clipboard == "echo 2\n"
+        await send(pilot, "/copy code 1")
+        assert app.clipboard == "print(1)\n"
+        await send(pilot, "/copy code 3")
+        await send(pilot, "/copy nope")
+        await pilot.pause()
+        assert "has 2 code block(s), not 3" in notices(app)[-2] and "/copy takes" in errors(app)[-1]
+        assert "copied code block 1 of 2 (9 characters)" in notices(app)
+        # A stopped answer's unclosed block counts, as Markdown shows it.
+        app.session.history[1].content = "Here:\n```python\ndef f():\n    return"
+        await send(pilot, "/copy code")
+        assert app.clipboard == "def f():\n    return"
+
+    run_app(tiny, scenario, session=session)
+
+
+def test_sessions_list_opens_renames_and_deletes(tiny, db):
+    store = ChatStore(db)
+    for title in ("alpha chat", "beta chat"):
+        s = ChatSession(max_tokens=4, model="tiny-llama")
+        s.add(ChatMessage("user", title))
+        s.add(ChatMessage("assistant", f"answer to {title}"))
+        store.save(s, [title])
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "hello")
+        await idle(app, pilot)
+        await pilot.press("ctrl+o")
+        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="sessions list")
+        screen = app.screen
+        assert isinstance(screen, SessionsScreen)
+        assert [i.title for i in screen.infos] == ["hello", "beta chat", "alpha chat"]  # newest first
+        await pilot.press("d")  # the open chat cannot be deleted
+        assert "this is the open chat" in notices(app)[-1]
+        await pilot.press("down", "r")
+        screen.query_one("#rename", Input).value = "beta renamed"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert [i.title for i in screen.infos][1] == "beta renamed"
+        await pilot.press("down", "d")
+        await pilot.press("d")
+        await pilot.pause()
+        assert [i.title for i in screen.infos] == ["hello", "beta renamed"]
+        assert known(screen.selected()).title == "beta renamed"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.session.title == "beta renamed", what="opened chat")
+        assert [w.answer.source for w in app.query(AssistantMessage)] == ["answer to beta chat"]
+        assert app.query_one(PromptBox).entries == ["beta chat"]
+
+    run_app(tiny, scenario, store, max_tokens=4)
+    assert [i.title for i in store.sessions()] == ["beta renamed", "hello"]  # the one opened last comes first
+
+
+def test_locked_database_notifies_and_catches_up(tiny, db, monkeypatch):
+    monkeypatch.setattr(ChatStore, "LOCK_TIMEOUT", 0.1)
+    store = ChatStore(db)
+    other = sqlite3.connect(db, isolation_level=None)
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        other.execute("BEGIN EXCLUSIVE")  # another process holds the database
+        await send(pilot, "while locked")
+        await idle(app, pilot)
+        assert any("not saved" in n or "database is locked" in n for n in errors(app)), notices(app)
+        assert app.save_error and app.session.id is None
+        other.execute("ROLLBACK")
+        await send(pilot, "after unlock")
+        await idle(app, pilot)
+        assert "saved again" in notices(app) and app.save_error is None
+
+    app = run_app(tiny, scenario, store, max_tokens=3)
+    session, _ = ChatStore(db).load(app.session.id)
+    assert [m.content for m in session.history if m.role == "user"] == ["while locked", "after unlock"]
+    assert len(session.history) == 4
+
+
+def test_corrupted_database_leaves_the_file_and_chats_unsaved(tmp_path):
+    db = tmp_path / "chat.db"
+    db.write_bytes(b"this is not a database" * 100)
+    before = db.read_bytes()
+    p = subprocess.run(
+        [MINISGL, "chat", "--no-tui", *TINY, "--max-tokens", "4", "--db", str(db)],
+        input="hi\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "warning: cannot open" in p.stderr and "file is not a database" in p.stderr and "not saved" in p.stderr
+    assert "[length · TTFT" in p.stderr and db.read_bytes() == before
+    bad = subprocess.run(
+        [MINISGL, "chat", *TINY, "--db", str(db), "--resume"], capture_output=True, text=True, timeout=300
+    )
+    assert bad.returncode == 2 and "cannot resume" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_plain_mode_saves_and_resumes(tmp_path):
+    db = tmp_path / "chat.db"
+    args = ["--no-tui", *TINY, "--max-tokens", "4", "--db", str(db)]
+    p = subprocess.run([MINISGL, "chat", *args], input="one\n/temp 0.2\n", capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    first_prompt = int(re.findall(r"cache hit \d+/(\d+)", p.stderr)[0])
+    p = subprocess.run([MINISGL, "chat", *args, "--resume"], input="two\n", capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert int(re.findall(r"cache hit \d+/(\d+)", p.stderr)[0]) > first_prompt + 4  # the prompt carries turn one
+    session, inputs = ChatStore(db).load(1)
+    assert [m.content for m in session.history if m.role == "user"] == ["one", "two"]
+    assert session.temperature == 0.2 and inputs == ["one", "/temp 0.2", "two"]
+    assert len(ChatStore(db).sessions()) == 1
+    p = subprocess.run([MINISGL, "chat", *args, "--resume", "7"], input="", capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "no chat 7" in p.stderr
+    p = subprocess.run([MINISGL, "chat", *TINY, "--no-save"], input="x\n", capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and not default_db_path().exists()
