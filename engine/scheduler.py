@@ -74,14 +74,18 @@ class Scheduler:
         if not self.mixed:
             return self._prefill(self.max_batch_tokens) or self._decode()
         # Decode first: running requests get their next page before new prompts are admitted into what is left.
+        preempted = self.num_preemptions
         decode = self._decode()
         budget = self.max_batch_tokens - (decode.num_tokens if decode else 0)
-        return join(decode, self._prefill(budget) if budget > 0 else None)
+        # A step that had to preempt admits nobody: there is no room, and a victim re-admitted at once would be
+        # sized without its last token, still in flight under overlap scheduling.
+        admit = self.num_preemptions == preempted
+        return join(decode, self._prefill(budget, admit) if budget > 0 else None)
 
-    def _prefill(self, budget: int) -> Batch | None:
+    def _prefill(self, budget: int, admit: bool = True) -> Batch | None:
         reqs, starts, lens, sample = [], [], [], []
         candidates = list(self.prefilling)
-        while self.waiting and len(self.live) < self.max_running:
+        while admit and self.waiting and len(self.live) < self.max_running:
             req = self.waiting[0]
             if not self.cache.admit(req, headroom_pages=len(self.running)):
                 break

@@ -71,6 +71,21 @@ def test_same_tokens_across_settings(tiny_dir):
             assert mixed_steps > 0, name
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_mixed_batches_preempt_and_recompute_under_a_tiny_pool(tiny_dir, overlap):
+    """Found by the fuzzed suite: a decode row preempted for lack of pages was re-admitted in the same step's prefill
+    part while its last token was still in flight (overlap), so its pages were one short when the token landed."""
+    prompts = [[0, 0], [0, 0]]
+    cfgs = dict(page_size=1, num_pages=4, max_batch_tokens=1, radix_cache=False, max_running_requests=2)
+    llm = make_llm(tiny_dir, mixed_batch=True, overlap=overlap, **cfgs)
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (2, 1)]
+    outs = llm.generate(prompts, params)
+    assert llm.metrics().preemptions > 0
+    alone = [make_llm(tiny_dir, num_pages=64).generate([p], sp)[0].token_ids for p, sp in zip(prompts, params)]
+    assert [o.token_ids for o in outs] == alone
+    assert_all_pages_back(llm)
+
+
 @pytest.mark.parametrize("mixed", [True, False])
 def test_arriving_prompts_do_not_stall_running_streams_with_mixed_batches(tiny_dir, mixed):
     """A long prompt arrives while a request decodes. With mixed batches every step carries the running request's
