@@ -14,11 +14,11 @@ replay() {  # name, extra flags
   timeout 170 python -m minisgl_cli bench-trace traces/qwen_1000.jsonl --model dummy:Qwen3-0.6B --time-scale 0.2 \
     --quiet --json "$OUT/trace_$1_$c.json" "${@:2}" > "$OUT/trace_$1.log" 2>&1 || echo "replay $1 failed: $?"
 }
-replay mixed
+replay mixed --mixed-batch
 replay nomixed --no-mixed-batch
-replay mixed2048 --max-batch-tokens 2048
+replay mixed2048 --mixed-batch --max-batch-tokens 2048
 for m in mixed nomixed; do
-  flag=$([ $m = nomixed ] && echo --no-mixed-batch)
+  flag=$([ $m = nomixed ] && echo --no-mixed-batch || echo --mixed-batch)
   timeout 120 python -m minisgl_cli bench-offline --model dummy:Qwen3-0.6B --runs 2 $flag \
     --json "$OUT/offline_${m}_$c.json" > "$OUT/offline_$m.log" 2>&1 || echo "offline $m failed: $?"
 done

@@ -1,34 +1,50 @@
 #!/usr/bin/env bash
 # `serve` (engine process + HTTP front end) against the same engine in-process, one machine session: the
-# saturating replay (1000 requests of qwen_1000 at 5x pace) and a light one (first 400 at the recorded pace),
-# dummy Qwen3-0.6B, mixed batches on; the client's absorption check first. With .whl/a991c5d.tgz present, the
-# pre-mixed-batch engine (a991c5d) and today's --no-mixed-batch replay at 5x pace too (a regression check).
-# Usage there: source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_serve_vs_inproc.sh
+# saturating replay (1000 requests of qwen_1000 at 5x pace, "x5") and a light one (first 400 at the recorded pace,
+# "x1"), dummy Qwen3-0.6B; the client's absorption check first. STEPS picks what runs (default: all):
+#   tests          pytest tests/test_gpu.py (single-GPU ones)
+#   inproc         in-process x5 (default scheduling)      light   in-process and serve x1
+#   serve          serve x5 (default scheduling)           serve_mixed     serve x5 with --mixed-batch
+#   mixed          in-process x5 with --mixed-batch        old     a991c5d in-process x5 (needs .whl/a991c5d.tgz)
+# (Runs recorded before b32b171 had mixed batches on by default: there `serve` was mixed, `serve_nomixed` not.)
+# Usage there: source .whl/use-bundle.sh && COMMIT=<sha> STEPS="..." bash benchmarks/run_gpu_serve_vs_inproc.sh
 set -u
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
 c=${COMMIT:-unknown}
+steps=" ${STEPS:-tests inproc serve serve_mixed light mixed old} "
 r="$OUT/r"; mkdir -p "$r"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$r/gpu.txt"
 M=(--model dummy:Qwen3-0.6B)
-timeout 60 python -m minisgl_cli bench-serve --client-check --json "$r/client_check.json" 2>&1 | tail -4
-inproc() {  # name, flags...
+has() { [[ "$steps" == *" $1 "* ]]; }
+if has tests; then
+  timeout 200 python -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "not tp2" -s > "$r/pytest_gpu_$c.txt" 2>&1
+  grep -E "identical sequences|passed|failed|Error" "$r/pytest_gpu_$c.txt" | tail -n 8
+fi
+timeout 60 python -m minisgl_cli bench-serve --client-check --json "$r/client_check.json" 2>&1 | tail -3
+replay() {  # name, flags...
   timeout 170 python -m minisgl_cli bench-trace traces/qwen_1000.jsonl "${M[@]}" --quiet --json "$r/$1_$c.json" "${@:2}" \
     > "$r/$1.log" 2>&1 || echo "$1 failed: $?"
 }
-inproc inproc_x5 --time-scale 0.2
-(timeout 400 python -m minisgl_cli serve "${M[@]}" --port 8200 --log-level warning > "$r/serve.log" 2>&1 &)
-for i in $(seq 1 180); do curl -sf http://127.0.0.1:8200/health >/dev/null && break; sleep 1; done
-inproc serve_x5 --time-scale 0.2 --url http://127.0.0.1:8200
-inproc serve_x1_400 --time-scale 1.0 --num-requests 400 --url http://127.0.0.1:8200
-pkill -INT -f "minisgl_cli serve"
-for i in $(seq 1 30); do pgrep -f "minisgl_cli serve" >/dev/null || break; sleep 1; done
-pgrep -fa "minisgl" && echo "LEFT BEHIND" || echo "serve: no process left"
-inproc inproc_x1_400 --time-scale 1.0 --num-requests 400
-inproc nomixed_x5 --time-scale 0.2 --no-mixed-batch
-if [ -f .whl/a991c5d.tgz ]; then
+X5=(--time-scale 0.2)
+X1=(--time-scale 1.0 --num-requests 400)
+serve() {  # name, server flags... ; runs the x5 replay (and x1 with `light`) against it
+  (timeout 400 python -m minisgl_cli serve "${M[@]}" --port 8200 --log-level warning "${@:2}" > "$r/$1.log" 2>&1 &)
+  for i in $(seq 1 180); do curl -sf http://127.0.0.1:8200/health >/dev/null && break; sleep 1; done
+  replay "$1_x5" "${X5[@]}" --url http://127.0.0.1:8200
+  if has light && [ "$1" = serve ]; then replay serve_x1_400 "${X1[@]}" --url http://127.0.0.1:8200; fi
+  pkill -INT -f "minisgl_cli serve"
+  for i in $(seq 1 30); do pgrep -f "minisgl_cli serve" >/dev/null || break; sleep 1; done
+  pgrep -fa "minisgl_cli" && echo "LEFT BEHIND" || echo "$1: no process left"
+}
+has inproc && replay inproc_x5 "${X5[@]}"
+has serve && serve serve
+has serve_mixed && serve serve_mixed --mixed-batch
+has light && replay inproc_x1_400 "${X1[@]}"
+has mixed && replay mixed_x5 "${X5[@]}" --mixed-batch
+if has old && [ -f .whl/a991c5d.tgz ]; then
   mkdir -p /tmp/old && tar xzf .whl/a991c5d.tgz -C /tmp/old
   (cd /tmp/old && PYTHONPATH=/tmp/site:/tmp/old timeout 170 python -m minisgl_cli bench-trace traces/qwen_1000.jsonl \
-    "${M[@]}" --time-scale 0.2 --quiet --json "$r/a991c5d_x5.json" > "$r/a991c5d.log" 2>&1 || echo "old failed")
+    "${M[@]}" "${X5[@]}" --quiet --json "$r/a991c5d_x5.json" > "$r/a991c5d.log" 2>&1 || echo "old failed")
 fi
 tar czf "$OUT/results.tgz" -C "$OUT" r
 python - "$r" <<'PY'

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine import weights
+from engine import weight_cache, weights
 from engine.config import EngineConfig
 from engine.distributed import TP, broadcast_objects, init_tp, leave_failed_group
 from engine.metrics import EngineMetrics
@@ -51,12 +51,19 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def load_tokenizer(spec: str | None, extra_eos: tuple[int, ...] = ()) -> Tokenizer:
-    """The tokenizer of a model spec (as --model): from the GGUF file, the HF directory, or bytes for dummy models."""
+    """The tokenizer of a model spec (as --model): from the GGUF file (or its cached conversion), the HF directory,
+    or bytes for dummy models."""
     kind, where = weights.resolve(spec)
+    if kind == "gguf" and (cached := weight_cache.lookup(Path(where))) is not None:
+        kind, where = "hf", cached
+    return _tokenizer(kind, Path(where), extra_eos)
+
+
+def _tokenizer(kind: str, path: Path, extra_eos: tuple[int, ...]) -> Tokenizer:
     if kind == "gguf":
-        return Tokenizer.from_gguf(where, extra_eos)  # type: ignore[arg-type]
+        return Tokenizer.from_gguf(path, extra_eos)
     if kind == "hf":
-        return Tokenizer.from_hf_dir(where, extra_eos) or ByteTokenizer()  # type: ignore[arg-type]
+        return Tokenizer.from_hf_dir(path, extra_eos) or ByteTokenizer()
     return ByteTokenizer()
 
 
@@ -69,7 +76,11 @@ def load_model(
 ) -> LoadedModel:
     t0 = time.perf_counter()
     kind, where = weights.resolve(spec)
+    source = f"{kind}:{where}"
+    if kind == "gguf" and (cached := weight_cache.lookup(Path(where))) is not None:
+        kind, where = "hf", cached
     path = Path(where)  # a file or directory unless kind is "dummy"
+    keep: dict[str, torch.Tensor] | None = {} if kind == "gguf" and with_tokenizer and weight_cache.enabled() else None
     reader = None
     if kind == "dummy":
         cfg = PRESETS[str(where)]
@@ -92,7 +103,10 @@ def load_model(
                 if progress:
                     progress("loading weights", done[0], total)
 
-            model.load_weights(weights.gguf_weights(path, cfg, reader, tick))
+            stream = weights.gguf_weights(path, cfg, reader, tick)
+            if keep is not None:  # the dequantized weights, for the cache
+                stream = ((name, keep.setdefault(name, w)) for name, w in stream)
+            model.load_weights(stream)
         else:
             try:
                 model.load_weights(weights.hf_weights(path))
@@ -101,8 +115,10 @@ def load_model(
                     raise
                 raise ValueError(f"{where}: {e}") from e
     model.eval()
-    tok = load_tokenizer(spec, cfg.eos_token_ids) if with_tokenizer else ByteTokenizer()
-    return LoadedModel(cfg, model, tok, f"{kind}:{where}", time.perf_counter() - t0)
+    tok = _tokenizer(kind, path, cfg.eos_token_ids) if with_tokenizer else ByteTokenizer()
+    if keep is not None:
+        weight_cache.store(path, cfg, keep, tok.hf)
+    return LoadedModel(cfg, model, tok, source, time.perf_counter() - t0)
 
 
 class Engine:

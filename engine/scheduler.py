@@ -1,6 +1,6 @@
-"""Continuous batching. A step is a mixed batch: every running request's next decode token, then prefill chunks
-of admitted prompts up to the per-step token budget, so arriving prompts never stall running streams. With
-mixed batches off, a step is either prefill (chunked under the budget, and first whenever there is any) or decode."""
+"""Continuous batching. By default a step is either prefill (chunked under the per-step token budget, and first
+whenever there is any) or decode. With mixed batches on, a step carries every running request's next decode token,
+then prefill chunks of admitted prompts up to the budget, so arriving prompts never stall running streams."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def join(decode: Batch | None, prefill: Batch | None) -> Batch | None:
 
 
 class Scheduler:
-    def __init__(self, cache: CacheManager, max_running: int, max_batch_tokens: int, mixed: bool = True):
+    def __init__(self, cache: CacheManager, max_running: int, max_batch_tokens: int, mixed: bool = False):
         self.cache = cache
         self.max_running = max_running
         self.max_batch_tokens = max_batch_tokens

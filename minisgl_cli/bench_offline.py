@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
         attention_backend: o.Backend = "auto",
         cuda_graph_max_bs: o.GraphBs = 256,
         no_overlap: o.NoOverlap = False,
-        no_mixed_batch: o.NoMixed = False,
+        mixed_batch: o.MixedBatch = False,
         tp: o.Tp = 1,
     ) -> None:
         """Offline throughput: output tokens / wall time of one generate() after a warm-up.

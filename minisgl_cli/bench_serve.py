@@ -116,7 +116,7 @@ def register(app: typer.Typer) -> None:
         attention_backend: o.Backend = "auto",
         cuda_graph_max_bs: o.GraphBs = 256,
         no_overlap: o.NoOverlap = False,
-        no_mixed_batch: o.NoMixed = False,
+        mixed_batch: o.MixedBatch = False,
         tp: o.Tp = 1,
     ) -> None:
         """Load-test a server or the engine: arrivals at --rate (Poisson, gamma with --burstiness, or constant) and/or

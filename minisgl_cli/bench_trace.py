@@ -92,7 +92,7 @@ def register(app: typer.Typer) -> None:
         attention_backend: o.Backend = "auto",
         cuda_graph_max_bs: o.GraphBs = 256,
         no_overlap: o.NoOverlap = False,
-        no_mixed_batch: o.NoMixed = False,
+        mixed_batch: o.MixedBatch = False,
         tp: o.Tp = 1,
     ) -> None:
         """Replay a request trace in real time (scaled by --time-scale) and report TTFT, TBT (inter-token gap),

@@ -18,7 +18,9 @@ Model = Annotated[
     ),
 ]
 Device = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")]
-Dtype = Annotated[str, typer.Option(help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16")]
+Dtype = Annotated[
+    str, typer.Option(help="auto (bf16 on GPU and on CPUs with native bf16, else fp32) | float32 | bfloat16 | float16")
+]
 PageSize = Annotated[int, typer.Option(help="tokens per KV page", min=1)]
 NumPages = Annotated[int | None, typer.Option(help="KV pool size in pages (overrides --kv-cache-gb)", min=1)]
 KvCacheGb = Annotated[
@@ -36,9 +38,12 @@ MaxBatchTokens = Annotated[
         min=1,
     ),
 ]
-NoMixed = Annotated[
+MixedBatch = Annotated[
     bool,
-    typer.Option("--no-mixed-batch", help="steps are prefill-only or decode-only (prefill first), for A/B runs"),
+    typer.Option(
+        "--mixed-batch/--no-mixed-batch",
+        help="one step carries every running request's decode token plus prefill chunks (off: prefill steps first)",
+    ),
 ]
 MaxModelLen = Annotated[int | None, typer.Option(help="context length limit (default: the model's)", min=2)]
 NoRadix = Annotated[bool, typer.Option("--no-radix-cache", help="disable the radix prefix cache")]
@@ -64,7 +69,7 @@ def engine_config(
     attention_backend: str = "auto",
     cuda_graph_max_bs: int = 256,
     no_overlap: bool = False,
-    no_mixed_batch: bool = False,
+    mixed_batch: bool = False,
     tp: int = 1,
     seed: int = 0,
     **_: Any,
@@ -88,7 +93,7 @@ def engine_config(
             attention_backend=attention_backend,
             cuda_graph_max_bs=cuda_graph_max_bs,
             overlap=False if no_overlap else None,
-            mixed_batch=not no_mixed_batch,
+            mixed_batch=mixed_batch,
             tp=tp,
             seed=seed,
         )

@@ -17,6 +17,11 @@ from engine.llm import LLM
 # One intra-op thread: the suite runs engine threads, servers and UIs beside the test thread on 2 cores, where
 # OpenMP workers spinning for a core slowed tiny-model steps ~45x (0.025 s vs 1.1 s) and starved the TUI tests.
 torch.set_num_threads(int(os.environ.get("MINISGL_TEST_THREADS", "1")))
+# On a CPU with native bf16 `--dtype auto` means bf16; the suite compares with HF in fp32 (engine.cpu), here and in
+# the serve / chat processes it starts (they inherit the environment).
+os.environ.setdefault("MINISGL_CPU_DTYPE", "float32")
+# The suite reads the GGUF file itself (engine.weight_cache is tested on its own, in a temporary directory).
+os.environ.setdefault("MINISGL_WEIGHT_CACHE", "0")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -41,6 +46,7 @@ def private_data_dir(tmp_path_factory, monkeypatch):
 def make_llm(model: str | None = "dummy:tiny-llama", **kw) -> LLM:
     """A CPU engine that checks page accounting after every step."""
     kw.setdefault("device", "cpu")
+    kw.setdefault("dtype", "float32")
     kw.setdefault("check_invariants", True)
     return LLM(EngineConfig(model=model, **kw))
 

@@ -56,16 +56,16 @@ def test_same_tokens_across_settings(tiny_dir):
         "page size 1, chunk 7": dict(page_size=1, max_batch_tokens=7),
         "overlap scheduling": dict(overlap=True),
         "batch of 2": dict(max_running_requests=2),
-        "no mixed batches": dict(mixed_batch=False),
-        "no mixed batches, chunk 16, no radix cache": dict(mixed_batch=False, max_batch_tokens=16, radix_cache=False),
-        "mixed, chunk 16, overlap": dict(max_batch_tokens=16, overlap=True),
+        "mixed batches": dict(mixed_batch=True),
+        "mixed batches, chunk 16, no radix cache": dict(mixed_batch=True, max_batch_tokens=16, radix_cache=False),
+        "mixed batches, chunk 16, overlap": dict(mixed_batch=True, max_batch_tokens=16, overlap=True),
     }
     for name, cfg in variants.items():
         tokens, llm = run(tiny_dir, prompts, **cfg)
         assert tokens == base, name
         assert_all_pages_back(llm)
         mixed_steps = llm.metrics().mixed_steps
-        if "no mixed" in name:
+        if "mixed" not in name:
             assert mixed_steps == 0, name
         elif "chunk" in name:  # the first prompts decode while later ones still prefill
             assert mixed_steps > 0, name

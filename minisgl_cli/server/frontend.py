@@ -107,7 +107,12 @@ async def _main(spec: FrontendSpec) -> int:
 def main() -> None:
     # Ctrl-C reaches the whole process group; the engine process acts on it and ends this one with SIGTERM.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sys.exit(asyncio.run(_main(FrontendSpec.from_json(sys.argv[1]))))
+    spec = FrontendSpec.from_json(sys.argv[1])
+    try:  # uvloop where installed, as uvicorn itself would pick: the front end's hot path is the event loop
+        import uvloop
+    except ImportError:
+        sys.exit(asyncio.run(_main(spec)))
+    sys.exit(uvloop.run(_main(spec)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,58 @@
+"""The dequantized GGUF model cached as a HF directory: the second load gives the same model and tokenizer."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from engine import weight_cache
+from engine.engine import load_model
+from engine.weights import embedded_default_path
+from tests.test_hf_equivalence import PROMPTS
+
+
+def test_second_load_comes_from_the_cache_and_matches(smollm, tmp_path, monkeypatch):
+    monkeypatch.setenv("MINISGL_WEIGHT_CACHE", "1")
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path))
+    gguf = embedded_default_path()
+    assert weight_cache.lookup(gguf) is None
+    first = load_model(None, torch.device("cpu"), torch.float32)  # reads the GGUF, writes the cache
+    entry = weight_cache.lookup(gguf)
+    assert entry is not None and entry.is_relative_to(tmp_path)
+    second = load_model(None, torch.device("cpu"), torch.float32)
+    assert second.source == first.source == f"gguf:{gguf}"
+    assert second.cfg == first.cfg == smollm.engine.model_cfg
+    ref = smollm.engine.runner.model.state_dict()
+    for name, w in second.model.state_dict().items():
+        assert torch.equal(w, ref[name]), name
+    assert second.tokenizer.eos_ids == smollm.tokenizer.eos_ids
+    for p in PROMPTS:
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": p}]
+        assert second.tokenizer.encode_chat(msgs) == smollm.tokenizer.encode_chat(msgs)
+        ids = smollm.tokenizer.encode(p + " café 日本")
+        assert second.tokenizer.decode(ids) == smollm.tokenizer.decode(ids)
+
+
+def test_key_follows_size_and_mtime(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "c"))
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"x" * 10)
+    a = weight_cache.entry(f)
+    os.utime(f, ns=(1, 1))
+    assert weight_cache.entry(f) != a and weight_cache.entry(f).name == "m"
+
+
+def test_unwritable_cache_warns_and_carries_on(smollm, tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("MINISGL_WEIGHT_CACHE", "1")
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(blocker))
+    gguf = embedded_default_path()
+    assert weight_cache.store(gguf, smollm.engine.model_cfg, {"w": torch.zeros(2)}, None) is None
+    assert "cannot cache the dequantized weights" in capsys.readouterr().err
+    assert weight_cache.lookup(gguf) is None
+    monkeypatch.setenv("MINISGL_WEIGHT_CACHE", "0")
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "off"))
+    assert weight_cache.store(gguf, smollm.engine.model_cfg, {"w": torch.zeros(2)}, None) is None
+    assert not (tmp_path / "off").exists()
