@@ -61,8 +61,11 @@ RESUME_LAST = "last"
 
 
 def resume_flag(argv: list[str]) -> list[str]:
-    """`--resume` may stand alone (the last chat): give it its value before the parser, which wants one."""
+    """`minisgl chat --resume` may stand alone (the last chat): give it its value before the parser, which wants
+    one (typer has no optional-value options)."""
     out = list(argv)
+    if "chat" not in out[1:2]:
+        return out
     for i, arg in enumerate(out):
         if arg == "--resume" and (i + 1 == len(out) or out[i + 1].startswith("-")):
             out.insert(i + 1, RESUME_LAST)

@@ -11,6 +11,7 @@ import subprocess
 import pytest
 from textual.widgets import Input
 
+from minisgl_cli.chat import resume_flag
 from minisgl_cli.tui.app import ChatApp
 from minisgl_cli.tui.session import ChatMessage, ChatSession
 from minisgl_cli.tui.sessions_screen import SessionsScreen
@@ -282,3 +283,16 @@ def test_plain_mode_saves_and_resumes(tmp_path):
     assert p.returncode == 2 and "no chat 7" in p.stderr
     p = subprocess.run([MINISGL, "chat", *TINY, "--no-save"], input="x\n", capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and not default_db_path().exists()
+
+
+def test_resume_flag_takes_an_optional_id():
+    assert resume_flag(["minisgl", "chat", "--resume"]) == ["minisgl", "chat", "--resume", "last"]
+    assert resume_flag(["minisgl", "chat", "--resume", "--no-tui"]) == [
+        "minisgl",
+        "chat",
+        "--resume",
+        "last",
+        "--no-tui",
+    ]
+    assert resume_flag(["minisgl", "chat", "--resume", "3"]) == ["minisgl", "chat", "--resume", "3"]
+    assert resume_flag(["minisgl", "serve", "--resume"]) == ["minisgl", "serve", "--resume"]  # only chat's
