@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
 
 FLAG_SKIP = {"json_path", "csv_path", "plot", "quiet", "save_detailed", "client_check", "no_client_check", "label"}
@@ -62,7 +63,8 @@ def _defaults(kind: str) -> dict[str, Any]:
     """The command's own defaults, so a run shows only the flags it was given."""
     from minisgl_cli.app import app
 
-    cmd = typer.main.get_command(app).commands.get(kind)  # type: ignore[attr-defined]
+    group = typer.main.get_command(app)
+    cmd = group.commands.get(kind) if isinstance(group, click.Group) else None
     return {p.name: p.default for p in cmd.params} if cmd else {}
 
 

@@ -366,14 +366,14 @@ async def _connect(target: Target, flags: dict[str, Any], api_key: str | None, s
     from minisgl_cli.replay import served_model
 
     try:
-        client = OpenAIClient(target.url, timeout=flags["request_timeout"], api_key=api_key)  # type: ignore[arg-type]
+        client = OpenAIClient(target.url, timeout=flags["request_timeout"], api_key=api_key)  # type: ignore[arg-type]  # --url given
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--url") from e
     try:
         served["name"] = flags["served_model"] or await served_model(client)
     except (OSError, ValueError, KeyError, HTTPStatusError, TimeoutError) as e:
         await client.close()
-        raise typer.BadParameter(f"cannot reach {api_base(target.url)}/models: {e}", param_hint="--url") from e  # type: ignore[arg-type]
+        raise typer.BadParameter(f"cannot reach {api_base(target.url)}/models: {e}", param_hint="--url") from e  # type: ignore[arg-type]  # --url given
     return client
 
 

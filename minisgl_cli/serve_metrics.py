@@ -36,7 +36,7 @@ def parse_slo(text: str) -> dict[str, float]:
 
 def meets(r: RequestResult, slo: dict[str, float]) -> bool:
     values = {"ttft": r.ttft, "tpot": r.tpot if r.output_tokens > 1 else 0.0, "e2e": r.e2e}
-    return r.ok and all(values[k] is not None and values[k] <= v for k, v in slo.items())  # type: ignore[operator]
+    return r.ok and all((x := values[k]) is not None and x <= v for k, v in slo.items())
 
 
 def summarize(

@@ -153,7 +153,7 @@ def _poison(server: LiveServer, prompt: str, good_tokens: int) -> None:
             detok.add = fail_after(good_tokens, detok.add)
         return stream
 
-    remote.submit = poisoned_submit  # type: ignore[method-assign]
+    remote.submit = poisoned_submit  # type: ignore[method-assign]  # fault injection
 
 
 def _stream_text(server: LiveServer, prompt: str, max_tokens: int) -> tuple[str, int]:

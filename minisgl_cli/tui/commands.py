@@ -84,7 +84,7 @@ def run_command(line: str, session: ChatSession, thinking_switch: bool | None = 
             raise CommandError(f"/copy takes nothing, code, or code <n> with n >= 1 (got {arg!r})")
         return CommandResult("copy", args=(what, n.strip()))
     if name in ("/regen", "/edit", "/sessions"):
-        return CommandResult(name[1:])  # type: ignore[arg-type]
+        return CommandResult(name[1:])  # type: ignore[arg-type]  # one of the three action names, checked above
     if name == "/stats":
         return CommandResult("stats")
     if name == "/help":
