@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -78,9 +82,37 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 120.0) -> No
 
     deadline = time.monotonic() + timeout
     while True:
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert proc.poll() is None, (proc.communicate()[0] or "")[-3000:]
         with contextlib.suppress(httpx.TransportError):
             if httpx.get(url + "/health", timeout=1).status_code == 200:
                 return
         assert time.monotonic() < deadline, f"{url} did not come up in {timeout:.0f} s"
         time.sleep(0.3)
+
+
+@contextlib.contextmanager
+def serve_subprocess(log_dir: Path, *args: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A real `minisgl serve` of the tiny CPU model (plus `args`) in its own process group: the engine process and
+    its HTTP front end. Yields (url, process); on the way out everything the server started is ended."""
+    port = free_port()
+    log_path = log_dir / f"serve-{port}.log"
+    cmd = [sys.executable, "-m", "minisgl_cli", "serve", "--model", "dummy:tiny-llama", "--device", "cpu"]
+    cmd += ["--port", str(port), "--log-level", "warning", *args]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            try:
+                wait_healthy(proc, f"http://127.0.0.1:{port}")
+            except AssertionError as e:
+                raise AssertionError(f"{e}\n{log_path.read_text()[-3000:]}") from e
+            yield f"http://127.0.0.1:{port}", proc
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # whatever else the server started

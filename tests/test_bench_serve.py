@@ -8,7 +8,6 @@ import csv
 import json
 import math
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from minisgl_cli.app import app
 from minisgl_cli.arrivals import arrival_times
 from minisgl_cli.mock_server import MockConfig, mock_server_process
 from minisgl_cli.openai_client import _data_of, decode_event
-from tests.conftest import free_port, wait_healthy
+from tests.conftest import free_port, serve_subprocess
 from tests.test_bench_offline import flat
 
 URL_FLAGS = ["--vocab-size", "1000", "--max-model-len", "4096", "--quiet", "--no-client-check"]
@@ -270,30 +269,7 @@ def test_in_process_dataset_run(tmp_path):
 
 
 def test_against_minisgl_serve(tmp_path):
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "minisgl_cli",
-            "serve",
-            "--model",
-            "dummy:tiny-llama",
-            "--device",
-            "cpu",
-            "--port",
-            str(port),
-            "--served-model-name",
-            "tiny",
-            "--log-level",
-            "warning",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(server, url)
+    with serve_subprocess(tmp_path, "--served-model-name", "tiny") as (url, _):
         common = ["--url", url, "--model", "dummy:tiny-llama", "--quiet", "--no-client-check"]
         res, _ = bench(
             tmp_path,
@@ -321,6 +297,3 @@ def test_against_minisgl_serve(tmp_path):
         assert rows[0]["duration"] > rows[1]["duration"]  # paced at 4 req/s vs all at once
         res, _ = bench(tmp_path, *common, "--endpoint", "chat", "--num-requests", "4", "--output-len", "5:5")
         assert (res["completed"], res["total_output_tokens"], res["backend"]) == (4, 20, "openai-chat")
-    finally:
-        server.terminate()
-        server.wait(timeout=30)

@@ -4,8 +4,6 @@ with the JSON checked against the trace: token counts, ordered percentiles, cach
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,7 @@ from typer.testing import CliRunner
 
 from minisgl_cli.app import app
 from minisgl_cli.trace_reader import read_trace
-from tests.conftest import free_port, wait_healthy
+from tests.conftest import serve_subprocess
 from tests.test_bench_offline import flat
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
@@ -136,30 +134,7 @@ def test_bad_options(tmp_path):
 def test_url_mode_against_minisgl_serve(tmp_path):
     if "serve" not in typer.main.get_command(app).commands:
         pytest.skip("`minisgl serve` is not registered yet")
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "minisgl_cli",
-            "serve",
-            "--model",
-            "dummy:tiny-llama",
-            "--device",
-            "cpu",
-            "--port",
-            str(port),
-            "--served-model-name",
-            "tiny",
-            "--log-level",
-            "warning",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(server, url)
+    with serve_subprocess(tmp_path, "--served-model-name", "tiny") as (url, _):
         trace = read_trace(QWEN).window(0, 24)
         res = replay(
             tmp_path,
@@ -180,6 +155,3 @@ def test_url_mode_against_minisgl_serve(tmp_path):
         check_latencies(res)
         # The server's /metrics counters give the hit rate of exactly this replay.
         assert 0.1 < res["cache_hit_rate"] <= res["trace_cache_hit_upper_bound"]
-    finally:
-        server.terminate()
-        server.wait(timeout=30)

@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,32 +22,14 @@ from minisgl_cli.tui.session import ChatSession
 from minisgl_cli.tui.store import ChatStore
 from minisgl_cli.tui.widgets import AssistantMessage
 from tests.chat_pilot import errors, idle, known, load, notices, panel_text, run_pilot, send, wait_for
-from tests.conftest import free_port, wait_healthy
+from tests.conftest import free_port, serve_subprocess
 from tests.test_chat_plain import MINISGL
 
 
 @contextlib.contextmanager
 def serve(tmp_path: Path, num_pages: int = 256) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A real `minisgl serve` of the tiny model in its own process group (the server may be more than one process)."""
-    port = free_port()
-    log = open(tmp_path / f"serve-{port}.log", "w")
-    cmd = [sys.executable, "-m", "minisgl_cli", "serve", "--model", "dummy:tiny-llama", "--device", "cpu"]
-    cmd += ["--num-pages", str(num_pages), "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        wait_healthy(proc, f"http://127.0.0.1:{port}")
-        yield f"http://127.0.0.1:{port}", proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever else the server started
-        log.close()
+    with serve_subprocess(tmp_path, "--num-pages", str(num_pages)) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
