@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """On the CPU, zeros whose memory the OS maps in as it is first written: torch.zeros writes every byte of a
+    pool up front, so an idle 1 GiB pool cost 1 GiB of RAM; numpy's zeros come from calloc (fresh zero pages)."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
 
 
 @dataclass(slots=True)
@@ -25,8 +36,8 @@ class KVPool:
         device: torch.device | str,
     ) -> KVPool:
         shape = (num_pages, page_size, kv_heads, head_dim)
-        k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        k = [_zeros(shape, dtype, device) for _ in range(num_layers)]
+        v = [_zeros(shape, dtype, device) for _ in range(num_layers)]
         return KVPool(k, v, page_size, num_pages)
 
     @staticmethod
