@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Mixed batches vs prefill-first through `minisgl serve` (dummy Qwen3-0.6B, one GPU) at the loads where the rate
+# sweep (docs/benchmarks.md) shows arriving prompts stalling running streams: 512-token prompts, 256 output tokens,
+# Poisson at 48/64/96 req/s, 15 s each. One server per mode, same machine session; results in one tar in $OUT.
+# Usage there: source .whl/use-bundle.sh && MODES="nomixed mixed mixed2048" bash benchmarks/run_gpu_mixed_sweep.sh
+set -u
+(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+mkdir -p "$OUT/mixed_sweep"
+for mode in ${MODES:-nomixed mixed mixed2048}; do
+  attn=split
+  case $mode in
+    nomixed) flags="--no-mixed-batch" ;;
+    mixed) flags="--mixed-batch" ;;
+    mixed2048) flags="--mixed-batch --max-batch-tokens 2048" ;;
+    mixedpk) flags="--mixed-batch"; attn=prefill ;;  # mixed batches wholly through the prefill kernel
+    mixedpk2048) flags="--mixed-batch --max-batch-tokens 2048"; attn=prefill ;;
+    *) flags="${FLAGS:-}" ;;
+  esac
+  (MINISGL_MIXED_ATTN=$attn timeout 300 python -m minisgl_cli serve --model dummy:Qwen3-0.6B --port 8200 $flags \
+    > "$OUT/mixed_sweep/serve_$mode.log" 2>&1 &)
+  for i in $(seq 1 180); do curl -sf http://127.0.0.1:8200/health >/dev/null && break; sleep 1; done
+  timeout 200 python -m minisgl_cli bench-serve --url http://127.0.0.1:8200 --model dummy:Qwen3-0.6B \
+    --input-len 512:512 --output-len 256:256 --rate ${RATES:-48,64,96} --duration 15 --num-requests 600 \
+    --warmup 32 --slo ttft=500ms,tpot=25ms --quiet --no-client-check --label "$mode" \
+    --json "$OUT/mixed_sweep/sweep_$mode.json" 2>&1 | tail -3
+  pkill -INT -f "minisgl_cli serve"
+  for i in $(seq 1 60); do pgrep -f "minisgl_cli serve" >/dev/null || break; sleep 1; done
+done
+python - "$OUT/mixed_sweep" <<'PY'
+import glob, json, os, sys
+print(f"{'mode':10} {'load':9} {'tok/s':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'ITL p50':>8} {'ITL p99':>8}")
+for f in sorted(glob.glob(f"{sys.argv[1]}/sweep_*.json")):
+    for r in json.load(open(f))["sweep"]:
+        print(f"{os.path.basename(f)[6:-5]:10} {r['load']:9} {r['output_throughput']:7.0f} {r['median_ttft_ms']:9.1f} "
+              f"{r['p99_ttft_ms']:9.1f} {r['median_tpot_ms']:9.2f} {r['median_itl_ms']:8.2f} {r['p99_itl_ms']:8.1f}")
+PY
+tar czf "$OUT/mixed_sweep.tgz" -C "$OUT" mixed_sweep && rm -rf "$OUT/mixed_sweep"
