@@ -7,16 +7,13 @@ set -u
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
 mkdir -p "$OUT/mixed_sweep"
 for mode in ${MODES:-nomixed mixed mixed2048}; do
-  attn=split
   case $mode in
     nomixed) flags="--no-mixed-batch" ;;
     mixed) flags="--mixed-batch" ;;
     mixed2048) flags="--mixed-batch --max-batch-tokens 2048" ;;
-    mixedpk) flags="--mixed-batch"; attn=prefill ;;  # mixed batches wholly through the prefill kernel
-    mixedpk2048) flags="--mixed-batch --max-batch-tokens 2048"; attn=prefill ;;
     *) flags="${FLAGS:-}" ;;
   esac
-  (MINISGL_MIXED_ATTN=$attn timeout 300 python -m minisgl_cli serve --model dummy:Qwen3-0.6B --port 8200 $flags \
+  (timeout 300 python -m minisgl_cli serve --model dummy:Qwen3-0.6B --port 8200 $flags \
     > "$OUT/mixed_sweep/serve_$mode.log" 2>&1 &)
   for i in $(seq 1 180); do curl -sf http://127.0.0.1:8200/health >/dev/null && break; sleep 1; done
   timeout 200 python -m minisgl_cli bench-serve --url http://127.0.0.1:8200 --model dummy:Qwen3-0.6B \

@@ -63,7 +63,7 @@ class DecodeGraphs:
                 self.graphs[bs, turn] = g
 
     def _plan(self, bs: int, kv_lens: list[int], tables: list[list[int]], turn: int | None = None) -> int:
-        meta = AttnMeta(bs, [1] * bs, kv_lens, tables, self.out_slots[:bs])
+        meta = AttnMeta(True, [1] * bs, kv_lens, tables, self.out_slots[:bs])
         backend = cast("FlashInferBackend", self.backend)  # graphs are enabled for it only (__init__)
         return backend.plan_graph(bs, self.max_pages, meta, self.out_slots[:bs], turn)
 

@@ -82,7 +82,7 @@ class ModelRunner:
                 t for i in rows for t in batch.reqs[i].all_ids[batch.starts[i] : batch.starts[i] + batch.q_lens[i]]
             ]
             ids.append(torch.tensor(prompt, dtype=torch.int64).to(dev, non_blocking=True))
-        meta = AttnMeta(nd, batch.q_lens, kv_lens, tables, torch.cat(out).to(dev, non_blocking=True))
+        meta = AttnMeta(batch.is_decode, batch.q_lens, kv_lens, tables, torch.cat(out).to(dev, non_blocking=True))
         return torch.cat(ids) if len(ids) > 1 else ids[0], torch.cat(pos).to(dev, non_blocking=True), meta
 
     @torch.inference_mode()

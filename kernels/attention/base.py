@@ -12,18 +12,13 @@ from kvcache.pool import KVPool
 
 @dataclass(slots=True)
 class AttnMeta:
-    """One batch, described per request. Token j of request i sits at position kv_lens[i] - q_lens[i] + j.
-    Rows [0, num_decode) are decode rows (one new token each); the rest are prefill chunks."""
+    """One batch, described per request. Token j of request i sits at position kv_lens[i] - q_lens[i] + j."""
 
-    num_decode: int
+    is_decode: bool
     q_lens: list[int]
     kv_lens: list[int]  # tokens of KV after this step (prefix + new)
     page_tables: list[list[int]]  # pages covering [0, kv_len) per request
     out_slots: torch.Tensor  # [T] flat pool slot of each new token, on the device
-
-    @property
-    def is_decode(self) -> bool:
-        return self.num_decode == len(self.q_lens)
 
 
 class AttentionBackend(ABC):

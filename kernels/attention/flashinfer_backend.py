@@ -12,7 +12,6 @@ step may not have started, so reusing one wrapper would overwrite a schedule bef
 
 from __future__ import annotations
 
-import os
 from itertools import chain
 from typing import Any, Protocol
 
@@ -41,9 +40,7 @@ class _Wrapper(Protocol):
     """The calls made on a FlashInfer prefill or decode wrapper (flashinfer ships no type information)."""
 
     def plan(self, *args: Any, **kwargs: Any) -> None: ...
-    def run(
-        self, q: torch.Tensor, paged_kv_cache: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor | None = None
-    ) -> torch.Tensor: ...
+    def run(self, q: torch.Tensor, paged_kv_cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor: ...
 
 
 class FlashInferBackend(AttentionBackend):
@@ -65,10 +62,7 @@ class FlashInferBackend(AttentionBackend):
         ]
         self.graph_wrappers: dict[tuple[int, int], _Wrapper] = {}
         self.turn = 0  # which copy the next plan uses
-        # The planned batch's kernel calls: (wrapper, its rows of q), or one call (rows None) for the whole batch.
-        self.runs: list[tuple[_Wrapper, slice | None]] = [(self.decode[0], None)]
-        # A/B knob (MINISGL_MIXED_ATTN=prefill): mixed batches through the prefill kernel alone, as before.
-        self.split_mixed = os.environ.get("MINISGL_MIXED_ATTN", "split") == "split"
+        self.active: _Wrapper = self.decode[0]
 
     def _plan(self, wrapper: _Wrapper, meta: AttnMeta) -> None:
         indptr, indices, last = paged_metadata(meta, self.pool.page_size)
@@ -92,7 +86,7 @@ class FlashInferBackend(AttentionBackend):
                 causal=True,
                 **common,
             )
-        self.runs, self.out_slots = [(wrapper, None)], meta.out_slots
+        self.active, self.out_slots = wrapper, meta.out_slots
 
     def _next_turn(self) -> int:
         turn, self.turn = self.turn, self.turn ^ 1
@@ -100,17 +94,6 @@ class FlashInferBackend(AttentionBackend):
 
     def plan(self, meta: AttnMeta) -> None:
         turn = self._next_turn()
-        nd = meta.num_decode
-        if 0 < nd < len(meta.q_lens) and self.split_mixed:
-            # A mixed batch: its decode rows (first, one token each) through the decode kernel, its prefill chunks
-            # through the prefill kernel; both read the pool after this step's K/V is stored.
-            dec = AttnMeta(nd, meta.q_lens[:nd], meta.kv_lens[:nd], meta.page_tables[:nd], meta.out_slots)
-            pre = AttnMeta(0, meta.q_lens[nd:], meta.kv_lens[nd:], meta.page_tables[nd:], meta.out_slots)
-            self._plan(self.decode[turn], dec)
-            self._plan(self.prefill[turn], pre)
-            self.runs = [(self.decode[turn], slice(0, nd)), (self.prefill[turn], slice(nd, None))]
-            self.out_slots = meta.out_slots
-            return
         self._plan((self.decode if meta.is_decode else self.prefill)[turn], meta)
 
     # ---- CUDA graphs --------------------------------------------------------------------------------
@@ -141,10 +124,4 @@ class FlashInferBackend(AttentionBackend):
         assert self.out_slots is not None
         if k is not None and v is not None:
             self.pool.store(layer, self.out_slots, k, v)
-        kv = (self.pool.k[layer], self.pool.v[layer])
-        if len(self.runs) == 1:
-            return self.runs[0][0].run(q, kv)
-        out = torch.empty_like(q)
-        for wrapper, rows in self.runs:
-            wrapper.run(q[rows], kv, out=out[rows])
-        return out
+        return self.active.run(q, (self.pool.k[layer], self.pool.v[layer]))
