@@ -103,6 +103,7 @@ class TextState:
     detok: IncrementalDetokenizer
     stop: list[str]
     min_tokens: int = 0  # stop strings count only once this many tokens are out
+    stop_ids: frozenset[int] = frozenset()  # stop_token_ids: the one that ends the request adds no text (as vLLM)
     text: str = ""
     emitted: int = 0  # characters already handed out
     n_ids: int = 0  # output ids already fed
@@ -114,10 +115,12 @@ class TextState:
 
     @classmethod
     def create(cls, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams) -> TextState:
-        return cls(IncrementalDetokenizer(tokenizer, prompt_ids), list(params.stop), params.min_tokens)
+        detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+        return cls(detok, list(params.stop), params.min_tokens, frozenset(params.stop_token_ids))
 
-    def _feed(self, new_ids: list[int]) -> None:
-        for i, t in enumerate(new_ids, start=self.n_ids - len(new_ids) + 1):
+    def _feed(self, new_ids: list[int], first: int) -> None:
+        """first: the 1-based count of new_ids[0] among the output tokens."""
+        for i, t in enumerate(new_ids, start=first):
             start = max(len(self.text) - self.hold, 0)
             self.text += self.detok.add(t)
             if i < self.min_tokens:
@@ -131,9 +134,12 @@ class TextState:
     def advance(self, new_ids: list[int], reason: str | None, error: str | None) -> tuple[str, str | None, str | None]:
         """Feed the new ids; returns (delta text, finish reason, error). `reason` is the engine's (None while the
         request runs); a stop string found here finishes it with "stop"; a detokenizer fault ends it with "error"."""
+        first = self.n_ids + 1
         self.n_ids += len(new_ids)
+        if reason == "stop" and new_ids and new_ids[-1] in self.stop_ids:
+            new_ids = new_ids[:-1]
         try:
-            self._feed(new_ids)
+            self._feed(new_ids, first)
         except Exception as e:  # a fault in one request's text handling ends that request only
             reason, error = "error", f"detokenization failed: {e}"
         if self.finish_reason and reason is None:

@@ -100,7 +100,7 @@ class _Shape:
     """What the answer holds beyond text, and how to write it."""
 
     reply: Reply
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None  # None: tokens are named "token_id:ID"
     logprobs: int | None  # alternatives per token; None: no log-probabilities
 
     def logprobs_of(self, ch: _Choice, out: RequestOutput, start: int, end: int, echo: bool) -> dict[str, Any] | None:
@@ -180,7 +180,7 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Pro
             chat,
             include_usage=bool(body.stream) and body.include_usage,
         ),
-        client.remote.tokenizer,
+        None if body.return_tokens_as_token_ids else client.remote.tokenizer,
         k,
     )
     prompt_tokens = sum(len(ids) for ids in encoded)

@@ -1,7 +1,7 @@
 """OpenAI's two shapes of log-probabilities, made from the engine's TokenLogprob records: chat's
 `{"content": [{token, logprob, bytes, top_logprobs}]}` and completions' `{tokens, token_logprobs, top_logprobs,
 text_offset}`. Token strings are each token decoded on its own, special tokens included (a token holding part of a
-UTF-8 character shows as U+FFFD, as in vLLM)."""
+UTF-8 character shows as U+FFFD, as in vLLM), or "token_id:ID" when the request asks (return_tokens_as_token_ids)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ def _lp(x: float) -> float:
     return max(x, FLOOR)
 
 
-def _texts(tokenizer: Tokenizer, ids: list[int], records: list[TokenLogprob | None]) -> dict[int, str]:
-    every = set(ids) | {t for r in records if r is not None for t, _ in r.top}
-    order = sorted(every)
-    return dict(zip(order, tokenizer.token_texts(order)))
+def _texts(tokenizer: Tokenizer | None, ids: list[int], records: list[TokenLogprob | None]) -> dict[int, str]:
+    """Token strings; with no tokenizer, "token_id:ID" (vLLM's return_tokens_as_token_ids)."""
+    every = sorted(set(ids) | {t for r in records if r is not None for t, _ in r.top})
+    return dict(zip(every, tokenizer.token_texts(every) if tokenizer else (f"token_id:{t}" for t in every)))
 
 
-def chat_logprobs(tokenizer: Tokenizer, records: list[TokenLogprob]) -> dict[str, Any]:
+def chat_logprobs(tokenizer: Tokenizer | None, records: list[TokenLogprob]) -> dict[str, Any]:
     texts = _texts(tokenizer, [r.token for r in records], list(records))
 
     def entry(token: int, lp: float) -> dict[str, Any]:
@@ -36,7 +36,7 @@ def chat_logprobs(tokenizer: Tokenizer, records: list[TokenLogprob]) -> dict[str
 
 
 def completion_logprobs(
-    tokenizer: Tokenizer, ids: list[int], records: list[TokenLogprob | None], offset: int = 0
+    tokenizer: Tokenizer | None, ids: list[int], records: list[TokenLogprob | None], offset: int = 0
 ) -> tuple[dict[str, Any], int]:
     """Completions' logprobs of `ids`; a None record (an echoed prompt's first token) has null log-probabilities.
     text_offset counts characters of the token strings from `offset` (0 at the start of the choice's text);

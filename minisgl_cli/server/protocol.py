@@ -60,7 +60,6 @@ _REFUSED: dict[str, tuple[Any, ...]] = {
     "allowed_token_ids": (None,),
     "bad_words": (None, []),
     "logits_processors": (None,),
-    "return_tokens_as_token_ids": (None, False),
 }
 
 
@@ -87,6 +86,7 @@ class GenerationRequest(_Body):
     min_tokens: int | None = None
     logit_bias: dict[str, float] | None = None
     n: int | None = None
+    return_tokens_as_token_ids: bool | None = None  # vLLM's: logprobs name tokens "token_id:ID", not by their text
     stream: bool | None = False
     stream_options: StreamOptions | None = None
 
