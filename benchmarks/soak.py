@@ -47,6 +47,8 @@ KINDS = {
     "give up waiting": 1,
     "bad request": 1,
     "greedy probe": 1,
+    "api fields": 2,  # n, logprobs, echo (max_tokens 0), lists of prompts, logit_bias, min_tokens
+    "api fields stream": 1,
 }
 WORDS = "the a KV page cache radix tree token stream batch prefill decode request engine server soak".split()
 PREFIXES = [
@@ -59,7 +61,12 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"prompt": "hi", "max_tokens": -1}, "max_tokens"),
     ({"prompt": [1, 2, 99999]}, "prompt"),
     ({"prompt": "x" * 3000}, "prompt"),
-    ({"prompt": "hi", "n": 4}, "n"),
+    ({"prompt": "hi", "n": 0}, "n"),
+    ({"prompt": "hi", "n": 100, "max_tokens": 100}, "n"),  # more than the KV cache holds at once
+    ({"prompt": "hi", "logprobs": 21}, "logprobs"),
+    ({"prompt": "hi", "logit_bias": {"99999": 5}}, "logit_bias"),
+    ({"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"messages": []}, "messages"),
     ({"prompt": "hi", "temperature": "hot"}, "temperature"),
 ]
@@ -137,6 +144,97 @@ def make_body(rng: random.Random, chat: bool, stream: bool) -> dict[str, Any]:
     return body
 
 
+def api_body(rng: random.Random, chat: bool, stream: bool) -> dict[str, Any]:
+    """A request with the fields evaluation harnesses send: n, logprobs, echo (also with max_tokens 0), lists of
+    prompts, logit_bias (a banned token), min_tokens. ignore_eos and no stop strings: every choice runs to length."""
+    n_tokens = rng.randint(1, 16)
+    body: dict[str, Any] = {
+        "max_tokens": n_tokens,
+        "ignore_eos": True,
+        "n": rng.randint(1, 3),
+        "temperature": rng.choice([0, 0.8]),
+        "seed": rng.randrange(2**31),
+        "return_tokens_as_token_ids": True,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if rng.random() < 0.5:
+        body["logit_bias"] = {str(rng.randrange(256)): -100}
+    if rng.random() < 0.3:
+        body["min_tokens"] = rng.randint(0, n_tokens)
+
+    def text() -> str:
+        return " ".join(rng.choices(WORDS, k=rng.randint(1, 20)))
+
+    if chat:
+        body["messages"] = [{"role": "user", "content": text()}]
+        if rng.random() < 0.7:
+            body.update(logprobs=True, top_logprobs=rng.randint(0, 5))
+        return body
+    body["prompt"] = [text() for _ in range(rng.randint(2, 4))] if rng.random() < 0.4 else text()
+    if rng.random() < 0.7:
+        body["logprobs"] = rng.randint(0, 5)
+    if rng.random() < 0.3:
+        body["echo"] = True
+        if rng.random() < 0.5:
+            body["max_tokens"] = 0
+            body.pop("min_tokens", None)
+    return body
+
+
+def check_api_answer(body: dict, choices: list[dict], completion_tokens: int | None, chat: bool) -> str | None:
+    """What is wrong with the choices of an api_body request (streamed ones merged per index), or None."""
+    n_prompts = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 1
+    want, per = n_prompts * body["n"], body["max_tokens"]
+    if sorted(c["index"] for c in choices) != list(range(want)):
+        return f"choice indices {[c['index'] for c in choices]} for {n_prompts} prompts x n {body['n']}"
+    if completion_tokens != want * per:
+        return f"completion_tokens {completion_tokens} for {want} choices of {per} tokens"
+    banned = {int(t) for t in body.get("logit_bias", {})}
+    for c in choices:
+        if c["finish_reason"] != "length":
+            return f"finish_reason {c['finish_reason']!r} with ignore_eos"
+        lp = c.get("logprobs")
+        if (lp is not None) != (body.get("logprobs") is not None and body.get("logprobs") is not False):
+            return f"logprobs {'given' if lp else 'missing'} for logprobs={body.get('logprobs')!r}"
+        if lp is None:
+            continue
+        tokens = [e["token"] for e in lp["content"]] if chat else lp["tokens"]
+        ids = [int(t.removeprefix("token_id:")) for t in tokens][len(tokens) - per :] if per else []
+        if len(tokens) < per or (not body.get("echo") and len(tokens) != per):
+            return f"{len(tokens)} logprob entries for {per} tokens (echo {body.get('echo')})"
+        if banned & set(ids):
+            return f"token {banned & set(ids)} emitted despite logit_bias -100"
+    return None
+
+
+async def read_api_stream(r: httpx.Response, chat: bool) -> tuple[list[dict], int | None, str | None]:
+    """An api_body stream merged per choice index: (choices, completion tokens, error)."""
+    merged: dict[int, dict] = {}
+    used, done = None, False
+    async for line in r.aiter_lines():
+        if not line.startswith("data: "):
+            continue
+        if line == "data: [DONE]":
+            done = True
+            break
+        chunk = json.loads(line[6:])
+        if "error" in chunk:
+            return [], used, f"error event: {chunk['error'].get('message')}"
+        for c in chunk.get("choices", []):
+            m = merged.setdefault(c["index"], {"index": c["index"], "finish_reason": None, "logprobs": None})
+            m["finish_reason"] = c.get("finish_reason") or m["finish_reason"]
+            lp = c.get("logprobs")
+            if lp and chat:
+                m["logprobs"] = {"content": (m["logprobs"] or {"content": []})["content"] + lp["content"]}
+            elif lp:
+                m["logprobs"] = {"tokens": (m["logprobs"] or {"tokens": []})["tokens"] + lp["tokens"]}
+        if chunk.get("usage"):
+            used = chunk["usage"]["completion_tokens"]
+    return list(merged.values()), used, None if done else "stream ended without [DONE]"
+
+
 def check_answer(body: dict, text: str, reason: str | None, completion_tokens: int | None) -> str | None:
     """What is wrong with a finished answer, or None."""
     if reason not in ("length", "stop"):
@@ -197,6 +295,29 @@ async def one_request(
             tally.tokens += 24
         else:
             tally.bad(f"greedy probe {prompt!r} gave {got!r}, alone it gave {probes[prompt]!r}")
+        return
+    if kind.startswith("api fields"):
+        chat, stream = rng.random() < 0.4, kind.endswith("stream")
+        body = api_body(rng, chat, stream)
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        if stream:
+            async with client.stream("POST", path, json=body) as r:
+                if r.status_code != 200:
+                    tally.bad(f"{kind}: HTTP {r.status_code}")
+                    return
+                choices, used, error = await read_api_stream(r, chat)
+        else:
+            r = await client.post(path, json=body)
+            if r.status_code != 200:
+                tally.bad(f"{kind}: HTTP {r.status_code}: {r.text[:200]}")
+                return
+            choices, used, error = r.json()["choices"], r.json()["usage"]["completion_tokens"], None
+        problem = error or check_api_answer(body, choices, used, chat)
+        if problem:
+            tally.bad(f"{kind} {json.dumps(body)[:300]}: {problem}")
+        else:
+            tally.outcomes["ok"] += 1
+            tally.tokens += used or 0
         return
     if kind == "hang up mid-stream":
         body = {**make_body(rng, chat, True), "max_tokens": rng.randint(200, 1000)}

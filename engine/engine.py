@@ -331,10 +331,19 @@ class Engine:
         tokens = out.wait()
         now = time.perf_counter()
         changed = []
+        for p in out.prompt_logprobs:
+            for j, rec in enumerate(p.logprobs.records(p.tokens)):
+                if p.start + j == len(p.req.prompt_logprobs):  # a recomputed chunk repeats positions already kept
+                    p.req.prompt_logprobs.append(rec)
         sampled = [r for r, s in zip(batch.reqs, batch.sample) if s]
-        for req, tok in zip(sampled, tokens):
+        logprobs = {}
+        if out.logprobs is not None:
+            logprobs = dict(zip(out.logprob_rows, out.logprobs.records([tokens[j] for j in out.logprob_rows])))
+        for j, (req, tok) in enumerate(zip(sampled, tokens)):
             if req.finished:
                 continue  # ended (EOS, abort) while this step was in flight
+            if j in logprobs:
+                req.logprobs.append(logprobs[j])
             req.output_ids.append(tok)
             req.token_times.append(now)
             if req.first_token_time is None:

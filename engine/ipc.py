@@ -3,7 +3,8 @@ msgpack-encoded lists. The front end sends commands; the engine answers with one
 
 Front end -> engine:            Engine -> front end:
   ["hello"]                       ["hello", info]                 (EngineInfo as a dict)
-  ["add", rid, ids, params]       ["step", [[rid, new_ids, finish_reason, error, cache_hit_tokens], ...]]
+  ["add", rid, ids, params]       ["step", [[rid, new_ids, finish_reason, error, cache_hit_tokens(, logprobs,
+                                              prompt_logprobs: only for requests that asked)], ...]]
   ["abort", rid, reason]          ["refused", rid, message]       (the engine's own check refused an add)
   ["metrics", seq]                ["metrics", seq, metrics]        (EngineMetrics as a dict)
   ["shutdown"]                    ["dead", why]                    (the loop crashed; nothing more follows)

@@ -67,6 +67,8 @@ class LLM:
             req.arrival,
             req.first_token_time,
             list(req.token_times),
+            list(req.logprobs) if req.params.logprobs is not None else None,
+            list(req.prompt_logprobs) if req.params.prompt_logprobs is not None else None,
         )
 
     # ---- conveniences -------------------------------------------------------------------------------

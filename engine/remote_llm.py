@@ -15,6 +15,7 @@ import zmq
 import zmq.asyncio
 
 from engine.ipc import Addresses, EngineInfo, connect, pack, params_to_wire, unpack
+from engine.logprobs import TokenLogprob
 from engine.metrics import EngineMetrics
 from engine.sampling_params import SamplingParams
 from engine.streams import END, EngineDeadError, RequestStream
@@ -32,6 +33,8 @@ class _Pending:
     arrival: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class RemoteLLM:
@@ -80,7 +83,10 @@ class RemoteLLM:
         ids = self.encode(prompt)
         self.info.limits.check(ids, params)
         stream = RequestStream(rid, ids, asyncio.get_running_loop())
-        self.pending[rid] = _Pending(stream, TextState.create(self.tokenizer, ids, params))
+        p = _Pending(stream, TextState.create(self.tokenizer, ids, params))
+        if params.logprobs is not None:
+            p.logprobs = []
+        self.pending[rid] = p
         self._send(["add", rid, ids, params_to_wire(params)])
         return stream
 
@@ -151,11 +157,23 @@ class RemoteLLM:
                 return
 
     def _on_tokens(
-        self, now: float, rid: str, new_ids: list[int], reason: str | None, error: str | None, cache_hit_tokens: int
+        self,
+        now: float,
+        rid: str,
+        new_ids: list[int],
+        reason: str | None,
+        error: str | None,
+        cache_hit_tokens: int,
+        logprobs: list[list[Any]] | None = None,
+        prompt_logprobs: list[list[Any]] | None = None,
     ) -> None:
         p = self.pending.get(rid)
         if p is None:
             return  # ended here already (a stop string, a text fault): the engine's last word is moot
+        if logprobs and p.logprobs is not None:
+            p.logprobs += map(TokenLogprob.from_wire, logprobs)
+        if prompt_logprobs is not None:
+            p.prompt_logprobs = [TokenLogprob.from_wire(w) for w in prompt_logprobs]
         if new_ids:
             p.token_ids += new_ids
             p.token_times += [now] * len(new_ids)
@@ -186,6 +204,8 @@ class RemoteLLM:
                 p.arrival,
                 p.first_token_time,
                 p.token_times,
+                p.logprobs,
+                p.prompt_logprobs,
             )
         )
         if finished:

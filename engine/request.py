@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 from kvcache.radix import Node
 
@@ -40,6 +41,8 @@ class Req:
     rng: torch.Generator | None = None  # per-request generator when params.seed is set (CPU sampling)
     noise_seed: int = field(default_factory=lambda: random.getrandbits(31))  # GPU sampling of unseeded requests
     cache_hit_tokens: int = 0  # prompt tokens served from the radix cache at first admission
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token, if params.logprobs is set
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt tokens 1.. (params.prompt_logprobs)
     # timing (time.perf_counter seconds)
     arrival: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
@@ -62,12 +65,18 @@ class Req:
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Prompt logprobs asked for and not all collected: its prefill must not start from the prefix cache."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_ids) - 1
+
     def check_token_finish(self, token: int) -> str | None:
         """Token-level stop conditions; stop strings are checked on text by the front layer."""
-        if not self.params.ignore_eos and token in self.eos_ids:
-            return "stop"
-        if token in self.params.stop_token_ids:
-            return "stop"
+        if len(self.output_ids) > self.params.min_tokens:  # the sampler masks these before min_tokens anyway
+            if not self.params.ignore_eos and token in self.eos_ids:
+                return "stop"
+            if token in self.params.stop_token_ids:
+                return "stop"
         if len(self.output_ids) >= self.params.max_tokens:
             return "length"
         return None

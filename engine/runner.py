@@ -2,23 +2,38 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from engine.distributed import TP
 from engine.models.llama import LlamaForCausalLM
-from engine.sampler import Sampler
+from engine.request import Req
+from engine.sampler import Logprobs, Sampler
 from engine.scheduler import Batch
 from kernels.attention import AttnMeta, create_backend
 from kvcache.pool import KVPool
 
 
 @dataclass(slots=True)
+class PromptLogprobs:
+    """Log-probabilities of a request's prompt tokens start+1 .. start+len(tokens), computed in one prefill chunk."""
+
+    req: Req
+    start: int
+    tokens: list[int]
+    logprobs: Logprobs
+
+
+@dataclass(slots=True)
 class StepOutput:
     tokens: torch.Tensor  # [n_sampled] on the CPU (pinned on CUDA), valid once `ready` has completed
     ready: torch.cuda.Event | None
+    # for the sampled requests that asked (their indices among the sampled), valid once `ready` has completed
+    logprob_rows: list[int] = field(default_factory=list)
+    logprobs: Logprobs | None = None
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
 
     def wait(self) -> list[int]:
         if self.ready is not None:
@@ -27,6 +42,8 @@ class StepOutput:
 
 
 class ModelRunner:
+    PROMPT_LOGITS_BLOCK = 512  # prompt positions whose full-vocabulary logits are held at once
+
     def __init__(
         self,
         model: LlamaForCausalLM,
@@ -96,8 +113,9 @@ class ModelRunner:
             self.backend.plan(meta)
             hidden = self.model(ids, pos, self.backend)
         sampled = [batch.reqs[i] for i in sample_rows]
+        prompt_lps = self._prompt_logprobs(batch, hidden, last)
         if not sampled:
-            return StepOutput(torch.empty(0, dtype=torch.int64), None)
+            return self._output(torch.empty(0, dtype=torch.int64, device=self.device), prompt_lps=prompt_lps)
         h = (
             hidden[last[sample_rows].to(self.device, non_blocking=True)]
             if batch.num_tokens != len(sample_rows)
@@ -113,10 +131,44 @@ class ModelRunner:
         if TP.size > 1:  # every rank must continue with rank 0's token, whatever its own RNG drew
             dist.broadcast(tokens, src=0)
         self.next_tokens[torch.tensor([r.slot for r in sampled]).to(self.device, non_blocking=True)] = tokens
+        rows = [j for j, r in enumerate(sampled) if r.params.logprobs is not None]
+        lps = None
+        if rows:  # from the logits as the model produced them: the sampler changed only its own copies
+            idx = torch.tensor(rows).to(self.device, non_blocking=True)
+            lps = Logprobs.compute(logits[idx], tokens[idx], [sampled[j].params.logprobs or 0 for j in rows])
+        return self._output(tokens, rows, lps, prompt_lps)
+
+    def _output(
+        self,
+        tokens: torch.Tensor,
+        rows: list[int] | None = None,
+        lps: Logprobs | None = None,
+        prompt_lps: list[PromptLogprobs] | None = None,
+    ) -> StepOutput:
+        """The step's results, their host copies queued behind its kernels, with an event to wait for them."""
+        ready = None
         if self.device.type == "cuda":
             cpu = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
             cpu.copy_(tokens, non_blocking=True)
-            ready = torch.cuda.Event()
+            tokens, ready = cpu, torch.cuda.Event()
             ready.record()
-            return StepOutput(cpu, ready)
-        return StepOutput(tokens, None)
+        return StepOutput(tokens, ready, rows or [], lps, prompt_lps or [])
+
+    def _prompt_logprobs(self, batch: Batch, hidden: torch.Tensor, last: torch.Tensor) -> list[PromptLogprobs]:
+        """For prefill rows that asked for prompt logprobs: each fed position p < prompt length - 1 scores the
+        prompt token at p + 1 (the last prompt position's distribution is the first output token's)."""
+        out: list[PromptLogprobs] = []
+        for i in batch.prefill_rows:
+            req = batch.reqs[i]
+            if not req.needs_prompt_logprobs:
+                continue
+            start, end = batch.starts[i], min(batch.starts[i] + batch.q_lens[i], len(req.prompt_ids) - 1)
+            first = int(last[i]) - batch.q_lens[i] + 1  # the row's first position in `hidden`
+            k = req.params.prompt_logprobs or 0
+            for a in range(start, end, self.PROMPT_LOGITS_BLOCK):
+                b = min(a + self.PROMPT_LOGITS_BLOCK, end)
+                targets = req.prompt_ids[a + 1 : b + 1]
+                logits = self.model.logits(hidden[first + a - start : first + b - start])
+                ids = torch.tensor(targets).to(self.device, non_blocking=True)
+                out.append(PromptLogprobs(req, a, targets, Logprobs.compute(logits, ids, [k] * (b - a))))
+        return out

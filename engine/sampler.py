@@ -1,12 +1,15 @@
-"""Batched sampling on the device: penalties, temperature, top-k / top-p / min-p, per-request seeds."""
+"""Batched sampling on the device: penalties, logit bias, min_tokens, temperature, top-k / top-p / min-p,
+per-request seeds; and the log-probabilities requests ask for."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from engine.layers import fused_ops
+from engine.logprobs import TokenLogprob
 from engine.request import Req
 from engine.sampling_params import SamplingParams
 
@@ -14,6 +17,41 @@ from engine.sampling_params import SamplingParams
 def _dev(values: list[Any], device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A small host list on the device without a stream sync (a blocking copy would stall overlap scheduling)."""
     return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """A device tensor's copy on the host, queued behind the step's kernels (pinned, so it does not sync); read it
+    only once the step's event has completed."""
+    if not t.is_cuda:
+        return t
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    out.copy_(t, non_blocking=True)
+    return out
+
+
+@dataclass(slots=True)
+class Logprobs:
+    """Log-probabilities of some rows' tokens under the raw model distribution, and each row's top `ks[i]`
+    alternatives, on the host (see _host)."""
+
+    chosen: torch.Tensor  # [n]
+    top_ids: torch.Tensor  # [n, max(ks)]
+    top_logprobs: torch.Tensor  # [n, max(ks)]
+    ks: list[int]
+
+    @staticmethod
+    def compute(logits: torch.Tensor, tokens: torch.Tensor, ks: list[int]) -> Logprobs:
+        """logits: [n, V] as the model produced them; tokens: [n], the token whose log-probability each row wants."""
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        chosen = lp.gather(1, tokens[:, None]).squeeze(1)
+        top_lp, top_ids = lp.topk(max(ks), dim=-1)
+        return Logprobs(_host(chosen), _host(top_ids), _host(top_lp), ks)
+
+    def records(self, tokens: list[int]) -> list[TokenLogprob]:
+        chosen, ids, lps = self.chosen.tolist(), self.top_ids.tolist(), self.top_logprobs.tolist()
+        return [
+            TokenLogprob(t, c, tuple(zip(i[:k], lp[:k]))) for t, c, i, lp, k in zip(tokens, chosen, ids, lps, self.ks)
+        ]
 
 
 class Sampler:
@@ -73,6 +111,8 @@ class Sampler:
         if not fused or any(p.has_penalties for p in params):
             logits = logits.float()
         logits = self._penalize(logits, reqs)
+        if any(p.logit_bias or p.min_tokens for p in params):
+            logits = self._bias(logits, reqs)
         if fused and ops is not None:
             tokens = ops.sample_gumbel(
                 logits,
@@ -95,6 +135,31 @@ class Sampler:
             tokens = torch.where(greedy, logits.argmax(-1), (probs / noise).argmax(-1))
         self._record(tokens, reqs)
         return tokens
+
+    def _bias(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
+        """logit_bias, and min_tokens: the tokens that would end a request (EOS, stop_token_ids) are masked while
+        its output is shorter. device_len - prompt length is the index of the token sampled now, also under overlap
+        scheduling, where output_ids lags a step behind."""
+        rows: list[int] = []
+        cols: list[int] = []
+        vals: list[float] = []
+        for i, r in enumerate(reqs):
+            p = r.params
+            for t, b in p.logit_bias.items():
+                rows.append(i)
+                cols.append(t)
+                vals.append(b)
+            if r.device_len - len(r.prompt_ids) < p.min_tokens:
+                for t in set(p.stop_token_ids) | (set() if p.ignore_eos else r.eos_ids):
+                    rows.append(i)
+                    cols.append(t)
+                    vals.append(-float("inf"))
+        if not rows:
+            return logits
+        logits = logits.clone()
+        index = (_dev(rows, self.device), _dev(cols, self.device))
+        logits.index_put_(index, _dev(vals, self.device, logits.dtype), accumulate=True)
+        return logits
 
     @staticmethod
     def _row_seed(req: Req) -> int:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+MAX_LOGPROBS = 20  # most alternatives per position (vLLM's default --max-logprobs; OpenAI's top_logprobs limit)
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
 
 
 @dataclass(slots=True)
@@ -19,10 +23,18 @@ class SamplingParams:
     ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
+    min_tokens: int = 0  # EOS and stop_token_ids are masked (stop strings not matched) before this many tokens
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit before sampling
+    # Log-probabilities of the raw model distribution (before penalties, bias, temperature, top-k/p: vLLM's default
+    # `raw_logprobs`): None = none; k = the chosen token's and the k most likely alternatives'.
+    logprobs: int | None = None  # per output token
+    prompt_logprobs: int | None = None  # per prompt token after the first (the prompt is then not read from cache)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if isinstance(self.logit_bias, dict):  # JSON object keys are strings
+            self.logit_bias = {_token_id(k): v for k, v in self.logit_bias.items()}
         checks = [
             (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "must be an integer >= 1"),
             (self.temperature >= 0, "temperature", "must be >= 0"),
@@ -48,6 +60,22 @@ class SamplingParams:
                 "stop_token_ids",
                 "must be non-negative integers",
             ),
+            (
+                isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= max(self.max_tokens, 0),
+                "min_tokens",
+                "must be an integer in [0, max_tokens]",
+            ),
+            (
+                isinstance(self.logit_bias, dict)
+                and all(
+                    isinstance(k, int) and k >= 0 and _finite(v) and abs(v) <= MAX_LOGIT_BIAS
+                    for k, v in self.logit_bias.items()
+                ),
+                "logit_bias",
+                f"must map token ids to numbers in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
+            ),
+            (_logprob_count(self.logprobs), "logprobs", f"must be an integer in [0, {MAX_LOGPROBS}]"),
+            (_logprob_count(self.prompt_logprobs), "prompt_logprobs", f"must be an integer in [0, {MAX_LOGPROBS}]"),
         ]
         for ok, name, why in checks:
             if not ok:
@@ -62,3 +90,18 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0 or self.frequency_penalty != 0
+
+
+def _token_id(key: int | str) -> int:
+    """A logit_bias key as an int ("42" -> 42); anything else is left as it is, for the check to refuse."""
+    if isinstance(key, str) and key.strip().isdigit():
+        return int(key)
+    return key  # type: ignore[return-value]  # not an id: __post_init__'s check names logit_bias
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _logprob_count(k: object) -> bool:
+    return k is None or (isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= MAX_LOGPROBS)

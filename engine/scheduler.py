@@ -87,7 +87,7 @@ class Scheduler:
         candidates = list(self.prefilling)
         while admit and self.waiting and len(self.live) < self.max_running:
             req = self.waiting[0]
-            if not self.cache.admit(req, headroom_pages=len(self.running)):
+            if not self.cache.admit(req, headroom_pages=len(self.running), use_cache=not req.needs_prompt_logprobs):
                 break
             self.waiting.popleft()
             req.status, req.slot = Status.RUNNING, self.free_slots.pop()

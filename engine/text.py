@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import IncrementalDetokenizer, Message, Tokenizer
 
@@ -44,12 +45,25 @@ class RequestLimits:
         bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})")
+        for name, ids in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids)):
+            bad = [t for t in ids if t >= self.vocab_size]
+            if bad:
+                raise ValueError(f"{name}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
         total = len(prompt_ids) + params.max_tokens
         asked = f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total}"
         if total > self.max_model_len:
             raise ValueError(f"{asked} exceeds the model's context length {self.max_model_len}")
         if total > self.kv_capacity:
             raise ValueError(f"{asked} exceeds the KV cache capacity of {self.kv_capacity} tokens")
+
+    def check_choices(self, prompt_len: int, max_tokens: int, n: int, name: str = "n") -> None:
+        """n samples of one prompt share its KV pages: all of them must fit in the cache at once."""
+        need = prompt_len + n * max_tokens
+        if n > 1 and need > self.kv_capacity:
+            raise ValueError(
+                f"{name}={n} choices need prompt ({prompt_len} tokens) + {n} x max_tokens ({max_tokens}) = {need} "
+                f"tokens of KV cache at once, over its capacity of {self.kv_capacity}"
+            )
 
 
 @dataclass(slots=True)
@@ -67,6 +81,8 @@ class RequestOutput:
     arrival: float = 0.0
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # one per token of token_ids (SamplingParams.logprobs)
+    prompt_logprobs: list[TokenLogprob] | None = None  # prompt tokens after the first (SamplingParams.prompt_logprobs)
 
     @property
     def ttft(self) -> float | None:
@@ -86,6 +102,8 @@ class TextState:
 
     detok: IncrementalDetokenizer
     stop: list[str]
+    min_tokens: int = 0  # stop strings count only once this many tokens are out
+    stop_ids: frozenset[int] = frozenset()  # stop_token_ids: the one that ends the request adds no text (as vLLM)
     text: str = ""
     emitted: int = 0  # characters already handed out
     n_ids: int = 0  # output ids already fed
@@ -97,12 +115,16 @@ class TextState:
 
     @classmethod
     def create(cls, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams) -> TextState:
-        return cls(IncrementalDetokenizer(tokenizer, prompt_ids), list(params.stop))
+        detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+        return cls(detok, list(params.stop), params.min_tokens, frozenset(params.stop_token_ids))
 
-    def _feed(self, new_ids: list[int]) -> None:
-        for t in new_ids:
+    def _feed(self, new_ids: list[int], first: int) -> None:
+        """first: the 1-based count of new_ids[0] among the output tokens."""
+        for i, t in enumerate(new_ids, start=first):
             start = max(len(self.text) - self.hold, 0)
             self.text += self.detok.add(t)
+            if i < self.min_tokens:
+                continue
             for s in self.stop:
                 i = self.text.find(s, start)
                 if i >= 0:
@@ -112,9 +134,12 @@ class TextState:
     def advance(self, new_ids: list[int], reason: str | None, error: str | None) -> tuple[str, str | None, str | None]:
         """Feed the new ids; returns (delta text, finish reason, error). `reason` is the engine's (None while the
         request runs); a stop string found here finishes it with "stop"; a detokenizer fault ends it with "error"."""
+        first = self.n_ids + 1
         self.n_ids += len(new_ids)
+        if reason == "stop" and new_ids and new_ids[-1] in self.stop_ids:
+            new_ids = new_ids[:-1]
         try:
-            self._feed(new_ids)
+            self._feed(new_ids, first)
         except Exception as e:  # a fault in one request's text handling ends that request only
             reason, error = "error", f"detokenization failed: {e}"
         if self.finish_reason and reason is None:

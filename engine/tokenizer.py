@@ -46,6 +46,10 @@ class Tokenizer:
         text: str = self.hf.decode(ids, skip_special_tokens=True)
         return text
 
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """Each token's own text, special tokens included (what log-probability listings show)."""
+        return list(self.hf.batch_decode([[i] for i in ids], skip_special_tokens=False))
+
     @property
     def thinking_switch(self) -> bool:
         """The chat template reads `enable_thinking` (Qwen3 and others): chat_prompt(..., enable_thinking=...)."""
@@ -88,6 +92,9 @@ class ByteTokenizer(Tokenizer):
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode())
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        return [self.decode([i]) for i in ids]
 
     def decode(self, ids: list[int]) -> str:
         parts, run = [], bytearray()

@@ -57,13 +57,14 @@ class CacheManager:
             self.allocator.free(self.radix.evict(n - self.allocator.num_free))
         return self.allocator.alloc(n)
 
-    def admit(self, req: CacheUser, headroom_pages: int = 0) -> bool:
+    def admit(self, req: CacheUser, headroom_pages: int = 0, use_cache: bool = True) -> bool:
         """Match the longest cached prefix, lock it, and allocate pages for the rest of the known tokens.
-        Leaves `headroom_pages` available for running requests to grow; returns False (nothing held) if short."""
+        Leaves `headroom_pages` available for running requests to grow; returns False (nothing held) if short.
+        use_cache=False computes every token anew (a request that wants every prompt position's logits)."""
         tokens = req.all_ids
         node: Node | None = None
         pages: list[int] = []
-        if self.radix is not None:
+        if self.radix is not None and use_cache:
             node, pages = self.radix.match(tokens[: len(tokens) - 1])  # at least one token must be computed
             self.radix.lock(node)
         need = self.pages_for(len(tokens)) - len(pages)

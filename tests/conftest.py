@@ -67,6 +67,18 @@ def smollm() -> LLM:
     return make_llm(None, max_running_requests=32)
 
 
+@pytest.fixture(scope="session")
+def hf_smollm():
+    """The same SmolLM2 in Hugging Face transformers (fp32), which dequantizes the GGUF file with its own reader: an
+    independent reference. Loaded once for the session (tens of seconds)."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.weights import embedded_default_path
+
+    path = embedded_default_path()
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+
+
 # ---- serve processes (no openai here: the GPU machine lacks it) ---------------------------------------------------
 
 

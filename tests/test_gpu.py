@@ -342,3 +342,55 @@ def test_tp2_rank_that_dies_or_hangs_ends_the_group(how):
 
     out = check_group_ends(how, "dummy:Qwen3-0.6B", "cuda")
     print(out[-4000:])
+
+
+def test_logprobs_logit_bias_min_tokens_on_the_gpu_sampler(peaked_model):
+    """The GPU sampler's two paths (the fused Gumbel kernel; torch where top-k is set) under CUDA graphs and overlap
+    scheduling: each output token's logprob record is its own, greedy picks are their own top-1, the logprobs agree
+    with the same tokens scored by a prefill (prompt logprobs: other kernels, so a bf16 tolerance), logit_bias -100
+    bans a token and +100 forces one, and min_tokens masks a stop token."""
+    from dataclasses import replace
+
+    llm = LLM(
+        EngineConfig(
+            model=peaked_model,
+            check_invariants=True,
+            kv_cache_gb=4,
+            dtype="bfloat16",
+            cuda_graph_max_bs=16,
+            overlap=True,
+        )
+    )
+    prompts = _prompts(5, seed=6)
+    fused = SamplingParams(max_tokens=12, temperature=0.8, seed=3, ignore_eos=True, logprobs=4)
+    params = [
+        fused,
+        replace(fused, top_k=40),
+        SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2),
+    ]
+    outs = llm.generate(prompts * 3, [p for p in params for _ in prompts])
+    for out in outs:
+        assert [r.token for r in out.logprobs or []] == out.token_ids and len(out.token_ids) == 12
+        for r in out.logprobs or []:
+            lps = [lp for _, lp in r.top]
+            assert r.logprob <= 0 and lps == sorted(lps, reverse=True) and r.logprob <= lps[0] + 1e-3
+    for out in outs[10:]:
+        assert all(r.top[0][0] == r.token for r in out.logprobs or [])  # greedy: its own top-1
+    rescored = llm.generate(
+        [p + o.token_ids for p, o in zip(prompts * 3, outs)], SamplingParams(max_tokens=1, prompt_logprobs=0)
+    )
+    for p, o, r in zip(prompts * 3, outs, rescored):
+        again = (r.prompt_logprobs or [])[len(p) - 1 :]
+        assert [x.token for x in again] == o.token_ids
+        assert max(abs(a.logprob - b.logprob) for a, b in zip(o.logprobs or [], again)) < 0.1
+
+    first = [o.token_ids[0] for o in outs[10:]]  # each prompt's greedy first token
+    greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    for base in (greedy, replace(greedy, temperature=0.8, seed=1), replace(greedy, temperature=0.8, top_k=40, seed=1)):
+        banned = llm.generate(prompts, [replace(base, logit_bias={t: -100.0}) for t in first])
+        assert all(t not in o.token_ids for t, o in zip(first, banned))
+        assert all(o.token_ids == [7] * 8 for o in llm.generate(prompts, replace(base, logit_bias={7: 100.0})))
+        late = llm.generate(prompts, [replace(base, stop_token_ids=[t], min_tokens=5) for t in first])
+        for t, o in zip(first, late):
+            assert t not in o.token_ids[:5] and (o.finish_reason == "length" or len(o.token_ids) >= 6)
+    assert llm.metrics().kv_pages_in_use == 0

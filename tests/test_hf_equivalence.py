@@ -9,7 +9,6 @@ import torch
 
 from engine.model_config import PRESETS
 from engine.sampling_params import SamplingParams
-from engine.weights import embedded_default_path
 from tests.conftest import make_llm
 from tests.hf_reference import hf_greedy, hf_model_from_config, save_hf
 
@@ -23,14 +22,6 @@ PROMPTS = [
     "Name a famous painter.",
     "Why is the sky blue?",
 ]
-
-
-@pytest.fixture(scope="module")
-def hf_smollm():
-    from transformers import AutoModelForCausalLM
-
-    path = embedded_default_path()  # HF dequantizes the same GGUF with its own reader: an independent reference
-    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
 
 
 def test_smollm_matches_transformers(smollm, hf_smollm):

@@ -202,7 +202,6 @@ BAD = [
     _case(C, {"prompt": [1, 2, 512]}, "prompt"),  # vocab is 512
     _case(C, {"prompt": [-1]}, "prompt"),
     _case(C, {"prompt": [1, True]}, "prompt"),
-    _case(C, {"prompt": ["a", "b"]}, "prompt"),
     _case(C, {"prompt": "x" * 2100}, "prompt", code="context_length_exceeded"),
     _case(C, {"prompt": "hi", "max_tokens": 5000}, "prompt", code="context_length_exceeded"),
     _case(C, {"prompt": "hi", "max_tokens": -1}, "max_tokens"),
@@ -223,9 +222,26 @@ BAD = [
     _case(C, {"prompt": "hi", "presence_penalty": 3}, "presence_penalty"),
     _case(C, {"prompt": "hi", "frequency_penalty": -9}, "frequency_penalty"),
     _case(C, {"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
-    _case(C, {"prompt": "hi", "n": 5}, "n", code="unsupported_parameter"),
-    _case(C, {"prompt": "hi", "echo": True}, "echo", code="unsupported_parameter"),
-    _case(C, {"prompt": "hi", "logprobs": 3}, "logprobs", code="unsupported_parameter"),
+    _case(C, {"prompt": "hi", "n": 0}, "n"),
+    _case(C, {"prompt": "hi", "n": 129}, "n"),
+    _case(C, {"prompt": "hi", "n": 100, "max_tokens": 100}, "n"),  # 2 + 100 x 100 tokens > the 4096-token cache
+    _case(C, {"prompt": "hi", "best_of": 60, "max_tokens": 100}, "best_of"),
+    _case(C, {"prompt": "hi", "n": 3, "best_of": 2}, "best_of"),
+    _case(C, {"prompt": "hi", "n": 1, "best_of": 2, "stream": True}, "best_of"),
+    _case(C, {"prompt": "hi", "suffix": "!"}, "suffix", code="unsupported_parameter"),
+    _case(C, {"prompt": "hi", "logprobs": 21}, "logprobs"),
+    _case(C, {"prompt": "hi", "logprobs": -1}, "logprobs"),
+    _case(C, {"prompt": ["a", ""]}, "prompt"),
+    _case(C, {"prompt": "hi", "logit_bias": {"512": 5}}, "logit_bias"),  # vocab is 512
+    _case(C, {"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
+    _case(C, {"prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias"),
+    _case(C, {"prompt": "hi", "logit_bias": {"5": "1"}}, "logit_bias"),
+    _case(C, {"prompt": "hi", "stop_token_ids": [512]}, "stop_token_ids"),
+    _case(C, {"prompt": "hi", "min_tokens": 20, "max_tokens": 10}, "min_tokens"),
+    _case(
+        C, {"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format", code="unsupported_parameter"
+    ),
+    _case(C, {"prompt": "hi", "guided_json": {"type": "object"}}, "guided_json", code="unsupported_parameter"),
     _case(C, {"prompt": "hi", "stream": "yes"}, "stream"),
     _case(C, {"prompt": "hi", "stream_options": {"include_usage": 1}}, "stream_options"),
     _case(C, {"prompt": "hi", "model": "gpt-4"}, "model", status=404, code="model_not_found"),
@@ -241,9 +257,19 @@ BAD = [
     _case(CH, {"messages": MSG, "max_completion_tokens": 0}, "max_completion_tokens"),
     _case(CH, {"messages": MSG, "max_tokens": 1e9}, "max_tokens"),
     _case(CH, {"messages": MSG, "max_tokens": 10**9}, "messages", code="context_length_exceeded"),
-    _case(CH, {"messages": MSG, "n": 2}, "n"),
+    _case(CH, {"messages": MSG, "n": 0}, "n"),
+    _case(CH, {"messages": MSG, "top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+    _case(CH, {"messages": MSG, "top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+    _case(CH, {"messages": MSG, "logprobs": 1}, "logprobs"),
+    _case(CH, {"messages": MSG, "echo": True}, "echo", code="unsupported_parameter"),
+    _case(CH, {"messages": MSG, "tools": [{"type": "function"}]}, "tools", code="unsupported_parameter"),
+    _case(
+        CH,
+        {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {}}},
+        "response_format",
+        code="unsupported_parameter",
+    ),
     _case(CH, {"messages": MSG, "model": "nope", "stream": True}, "model", status=404),
-    _case(CH, {"messages": MSG, "logprobs": True}, "logprobs"),
     _case(CH, {"messages": MSG, "temperature": None, "top_p": 7}, "top_p"),
     _case(C, '{"prompt": "hi", ', None, code="json_invalid"),
     _case(C, "[1, 2]", None),
@@ -271,7 +297,7 @@ def test_engine_serves_on_after_bad_requests(tiny):
     assert httpx.get(f"{tiny.url}/health").status_code == 200
     client = tiny.openai()
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=tiny.model, prompt="hi", n=3)
+        client.completions.create(model=tiny.model, prompt="hi", n=0)
     assert e.value.param == "n" and e.value.status_code == 400
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="gpt-4o", messages=MSG)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.sampling_params import SamplingParams
+from engine.text import TextState
 from engine.tokenizer import IncrementalDetokenizer
 
 
@@ -75,3 +76,23 @@ def test_repetition_penalty_matches_transformers(smollm):
     assert out.token_ids == ref[0, len(ids) :].tolist()
     plain = smollm.generate([ids], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))[0]
     assert plain.token_ids != out.token_ids
+
+
+def test_stop_strings_and_stop_tokens_wait_for_min_tokens(smollm):
+    tok = smollm.tokenizer
+    ids = tok.encode(" one, two, three, four")
+    assert tok.token_texts(ids)[:4] == [" one", ",", " two", ","]
+
+    def run(**kw) -> tuple[str, str | None]:
+        state = TextState.create(tok, [1], SamplingParams(max_tokens=len(ids), **kw))
+        for t in ids:
+            _, reason, _ = state.advance([t], None, None)
+            if reason:
+                return state.text, reason
+        return state.text, None
+
+    assert run(stop=[","]) == (" one", "stop")
+    assert run(stop=[","], min_tokens=3) == (" one, two", "stop")  # the comma at token 2 came too early
+    # the engine ends a request at a stop token id; that token's text is left out
+    state = TextState.create(tok, [1], SamplingParams(stop_token_ids=[ids[2]]))
+    assert state.advance(ids[:3], "stop", None)[0] == " one,"

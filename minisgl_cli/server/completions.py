@@ -1,19 +1,26 @@
-"""POST /v1/completions and /v1/chat/completions: one path for both, streaming (SSE) or not."""
+"""POST /v1/completions and /v1/chat/completions: one path for both, streaming (SSE) or not, for any number of
+prompts (completions take a list) times n choices each."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 from engine.streams import EngineDeadError
-from engine.text import Prompt
-from minisgl_cli.server.engine_client import EngineClient, Job
+from engine.text import Prompt, RequestOutput
+from engine.tokenizer import Tokenizer
+from minisgl_cli.server.engine_client import EngineClient, Job, JobSpec
 from minisgl_cli.server.errors import APIError
+from minisgl_cli.server.logprobs import chat_logprobs, completion_logprobs
 from minisgl_cli.server.protocol import (
     SAMPLING_FIELDS,
     ChatCompletionRequest,
@@ -30,23 +37,29 @@ router = APIRouter()
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request):
-    return await _generate(request, body, body.single_prompt(), chat=False)
+    prompts: list[Prompt] = list(body.prompts())
+    return await _generate(request, body, prompts, chat=False)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
-    return await _generate(request, body, body.chat_messages(), chat=True)
+    return await _generate(request, body, [body.chat_messages()], chat=True)
 
 
 def _naming(param: str, e: Exception) -> str:
     return str(e) if param in str(e) else f"{param}: {e}"
 
 
+# ValueErrors of the engine's checks (RequestLimits) that start with one of these name it as the request's parameter
+_NAMED = ("logit_bias", "stop_token_ids", "n", "best_of")
+
+
 def _refusal(e: Exception, chat: bool) -> APIError:
     """The engine refused the prompt (vocabulary, context length, KV capacity: 400) or its loop is gone (503)."""
     if isinstance(e, EngineDeadError):
         return APIError(503, str(e))
-    param = "messages" if chat else "prompt"
+    first = str(e).replace("=", " ").replace(":", " ").split(" ", 1)[0]
+    param = first if first in _NAMED else "messages" if chat else "prompt"
     return APIError(
         400, _naming(param, e), param=param, code="context_length_exceeded" if "exceeds" in str(e) else None
     )
@@ -62,43 +75,161 @@ def _sampling_params(body: GenerationRequest, max_tokens: int, max_name: str) ->
         raise APIError(400, f"{name} {rest}", param=name if name in (*SAMPLING_FIELDS, max_name) else None) from e
 
 
-async def _generate(request: Request, body: GenerationRequest, prompt: Prompt, chat: bool):
+@dataclass(slots=True)
+class _Prompt:
+    ids: list[int]
+    echo: str | None  # completions' echo: the prompt's text, put before each of its choices' text
+    first: Job | None = None  # the job of its first choice, which carries the prompt's log-probabilities
+
+
+@dataclass(slots=True)
+class _Choice:
+    """One sample of one prompt, and where its stream stands."""
+
+    index: int  # in the response; best_of's extra samples get theirs once the best are picked
+    prompt: _Prompt
+    job: Job
+    discard: bool  # max_tokens 0 with echo: the one token generated (as vLLM does) is not part of the answer
+    started: bool = False  # streaming: its first chunk went out
+    logprobs_sent: int = 0
+    text_offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What the answer holds beyond text, and how to write it."""
+
+    reply: Reply
+    tokenizer: Tokenizer | None  # None: tokens are named "token_id:ID"
+    logprobs: int | None  # alternatives per token; None: no log-probabilities
+
+    def logprobs_of(self, ch: _Choice, out: RequestOutput, start: int, end: int, echo: bool) -> dict[str, Any] | None:
+        """The log-probabilities of output tokens [start, end) of `out`, and of the prompt first if `echo`."""
+        if self.logprobs is None:
+            return None
+        own = (out.logprobs or [])[start:end]
+        if self.reply.chat:
+            return chat_logprobs(self.tokenizer, own)
+        ids = out.token_ids[start:end]
+        records: list[TokenLogprob | None] = list(own)
+        if echo:
+            first = ch.prompt.first
+            prompt = first.prompt_logprobs if first is not None else None
+            ids = ch.prompt.ids + ids
+            before: list[TokenLogprob | None] = [None] * len(ch.prompt.ids)  # the first token is scored by nothing
+            if prompt:
+                before[1:] = prompt
+            records = before + records
+        body, ch.text_offset = completion_logprobs(self.tokenizer, ids, records, ch.text_offset)
+        return body
+
+
+async def _generate(request: Request, body: GenerationRequest, prompts: list[Prompt], chat: bool):
     client: EngineClient = request.app.state.client
     client.check_model(body.model)
     body.check_supported()
     try:
-        ids = client.encode(prompt)
+        encoded = [client.encode(p) for p in prompts]
     except ValueError as e:
         raise _refusal(e, chat) from e
     max_name, max_tokens = "max_tokens", body.max_tokens
     if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
         max_name, max_tokens = "max_completion_tokens", body.max_completion_tokens
-    if max_tokens is None:  # chat: whatever room the context leaves, as OpenAI does
-        max_tokens = max(client.max_request_tokens - len(ids), 1) if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
-    params = _sampling_params(body, max_tokens, max_name)
+    echo, k = body.echo_prompt, body.top_logprobs_count
+    discard = echo and max_tokens == 0
+    if discard:  # the prompt alone (lm-evaluation-harness scores log-likelihoods so): one token is made, not shown
+        max_tokens = 1
+    n, samples = body.num_choices, body.num_samples
+    rank_logprobs = 0 if samples > n and k is None else k  # best_of ranks samples by their tokens' log-probability
+    specs: list[JobSpec] = []
+    states: list[_Prompt] = []
+    for p, ids in zip(prompts, encoded):
+        room = max(client.max_request_tokens - len(ids), 1)  # chat's default: what the context leaves, as OpenAI
+        default = room if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
+        params = _sampling_params(body, default if max_tokens is None else max_tokens, max_name)
+        try:
+            client.limits.check_choices(len(ids), params.max_tokens, samples, "best_of" if samples > n else "n")
+        except ValueError as e:
+            raise _refusal(e, chat) from e
+        states.append(
+            _Prompt(ids, (p if isinstance(p, str) else client.remote.tokenizer.decode(ids)) if echo else None)
+        )
+        for j in range(samples):
+            try:
+                seed = params.seed + j if params.seed is not None else None  # seeded choices: each its own, fixed
+                choice = dataclasses.replace(
+                    params, seed=seed, logprobs=rank_logprobs, prompt_logprobs=k if echo and j == 0 else None
+                )
+            except ValueError as e:
+                raise APIError(400, str(e), param=str(e).split(" ")[0]) from e
+            specs.append(JobSpec(ids, choice, None if j == 0 else len(specs) - j))
     try:
-        job = client.start(request, ids, params)
+        jobs = client.start(request, specs)
     except (ValueError, EngineDeadError) as e:
         raise _refusal(e, chat) from e
-    reply = Reply(
-        ("chatcmpl-" if chat else "cmpl-") + job.rid,
-        client.model_name,
-        chat,
-        include_usage=bool(body.stream) and body.include_usage,
+    choices = []
+    for i, job in enumerate(jobs):
+        state = states[i // samples]
+        if i % samples == 0:
+            state.first = job
+        choices.append(_Choice((i // samples) * n + i % samples, state, job, discard))
+    shape = _Shape(
+        Reply(
+            ("chatcmpl-" if chat else "cmpl-") + jobs[0].rid,
+            client.model_name,
+            chat,
+            include_usage=bool(body.stream) and body.include_usage,
+        ),
+        None if body.return_tokens_as_token_ids else client.remote.tokenizer,
+        k,
     )
+    prompt_tokens = sum(len(ids) for ids in encoded)
     if body.stream:
         return StreamingResponse(
-            _sse(reply, job),
+            _sse(shape, choices, prompt_tokens),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
+    try:
+        finals = [await _final(job, chat) for job in jobs]
+    finally:
+        for job in jobs:  # one failed: the others are not waited for
+            if not job.finished:
+                job.abort()
+    if samples > n:  # best_of: each prompt's n samples of highest mean token log-probability, best first
+        for g in range(0, len(choices), samples):
+            group = sorted(range(g, g + samples), key=lambda i: -_mean_logprob(finals[i]))
+            for rank, i in enumerate(group):
+                choices[i].index = (g // samples) * n + rank if rank < n else -1
+    bodies = [
+        _choice_body(shape, ch, out)
+        for ch, out in sorted(zip(choices, finals), key=lambda c: c[0].index)
+        if ch.index >= 0
+    ]
+    completion_tokens = sum(0 if ch.discard else len(out.token_ids) for ch, out in zip(choices, finals))
+    return JSONResponse(shape.reply.body(bodies, usage(prompt_tokens, completion_tokens)))
+
+
+async def _final(job: Job, chat: bool) -> RequestOutput:
     try:
         final = [out async for out in job.outputs()][-1]
     except (ValueError, EngineDeadError) as e:
         raise _refusal(e, chat) from e
     if final.finish_reason == "error":
         raise APIError(500, f"generation failed: {final.error}")
-    return JSONResponse(reply.body(final.text, final.finish_reason, usage(len(ids), len(final.token_ids))))
+    return final
+
+
+def _mean_logprob(out: RequestOutput) -> float:
+    lps = [r.logprob for r in out.logprobs or []]
+    return sum(lps) / len(lps) if lps else 0.0
+
+
+def _choice_body(shape: _Shape, ch: _Choice, out: RequestOutput) -> dict[str, Any]:
+    end = 0 if ch.discard else len(out.token_ids)
+    text = (ch.prompt.echo or "") + ("" if ch.discard else out.text)
+    reason = "length" if ch.discard else out.finish_reason
+    return shape.reply.choice(ch.index, text, reason, shape.logprobs_of(ch, out, 0, end, ch.prompt.echo is not None))
 
 
 # json.dumps(ensure_ascii=False) leaves U+0085, U+2028 and U+2029 raw, but str.splitlines() (so httpx's iter_lines and
@@ -110,33 +241,87 @@ def _event(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False).translate(_LINE_BREAKS)}\n\n"
 
 
-def _text_event_parts(reply: Reply) -> tuple[str, str]:
+def _text_event_parts(reply: Reply, index: int) -> tuple[str, str]:
     """The text chunk's event split around its text, so each token's event is one small json.dumps, not the
     whole chunk's (the front end's hot path; the result is the same bytes)."""
     mark = "\ue000"
-    event = _event(reply.chunk(mark))
+    event = _event(reply.chunk(mark, index=index))
     head, tail = event.split(json.dumps(mark, ensure_ascii=False), 1)
     return head, tail
 
 
-async def _sse(reply: Reply, job: Job) -> AsyncIterator[str]:
-    head, tail = _text_event_parts(reply)
+async def _merged(jobs: list[Job]) -> AsyncIterator[tuple[int, list[RequestOutput]]]:
+    """(job index, batch) from every job as they arrive. Leaving early aborts the jobs still running."""
+    if len(jobs) == 1:
+        async for batch in jobs[0].batches():
+            yield 0, batch
+        return
+    queue: asyncio.Queue[tuple[int, list[RequestOutput] | Exception | None]] = asyncio.Queue()
+
+    async def drain(i: int, job: Job) -> None:
+        try:
+            async for batch in job.batches():
+                queue.put_nowait((i, batch))
+        except Exception as e:
+            queue.put_nowait((i, e))
+        finally:
+            queue.put_nowait((i, None))
+
+    tasks = [asyncio.create_task(drain(i, job)) for i, job in enumerate(jobs)]
+    try:
+        left = len(jobs)
+        while left:
+            i, item = await queue.get()
+            if item is None:
+                left -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()  # a job's batches() aborts it when cancelled before its end
+
+
+async def _sse(shape: _Shape, choices: list[_Choice], prompt_tokens: int) -> AsyncIterator[str]:
+    reply = shape.reply
+    templates = [_text_event_parts(reply, ch.index) for ch in choices] if shape.logprobs is None else []
+    completion_tokens = 0
     try:
         if reply.chat:
-            yield _event(reply.chunk("", role=True))
-        async for batch in job.batches():
-            events = []
+            yield "".join(_event(reply.chunk("", role=True, index=ch.index)) for ch in choices)
+        async for i, batch in _merged([ch.job for ch in choices]):
+            ch, events = choices[i], []
             for out in batch:
                 if out.finish_reason == "error":
                     events.append(_event(APIError(500, f"generation failed: {out.error}").body()))
-                elif out.finished:
-                    events.append(_event(reply.chunk(out.delta_text, out.finish_reason)))
+                    continue
+                if not ch.started:
+                    ch.started = True
+                    if ch.prompt.echo is not None:
+                        lp = shape.logprobs_of(ch, out, 0, 0, echo=True)
+                        events.append(_event(reply.chunk(ch.prompt.echo, index=ch.index, logprobs=lp)))
+                if ch.discard:
+                    if out.finished:
+                        events.append(_event(reply.chunk("", "length", index=ch.index)))
+                    continue
+                lp = None
+                if shape.logprobs is not None and out.delta_token_ids:
+                    start = ch.logprobs_sent
+                    ch.logprobs_sent += len(out.delta_token_ids)
+                    lp = shape.logprobs_of(ch, out, start, ch.logprobs_sent, echo=False)
+                if out.finished:
+                    completion_tokens += len(out.token_ids)
+                    events.append(_event(reply.chunk(out.delta_text, out.finish_reason, index=ch.index, logprobs=lp)))
+                elif lp is not None:
+                    events.append(_event(reply.chunk(out.delta_text, index=ch.index, logprobs=lp)))
                 elif out.delta_text:  # tokens that complete no character yet send nothing
+                    head, tail = templates[i]
                     events.append(head + json.dumps(out.delta_text, ensure_ascii=False).translate(_LINE_BREAKS) + tail)
-                if out.finished and reply.include_usage:
-                    events.append(_event(reply.usage_chunk(usage(len(job.prompt_ids), len(out.token_ids)))))
             if events:
                 yield "".join(events)
+        if reply.include_usage:
+            yield _event(reply.usage_chunk(usage(prompt_tokens, completion_tokens)))
     except (ValueError, EngineDeadError) as e:
         yield _event(_refusal(e, reply.chat).body())
     yield "data: [DONE]\n\n"

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from engine.sampling_params import MAX_LOGPROBS
 from minisgl_cli.server.errors import APIError
 
 # Request fields passed straight to engine.sampling_params.SamplingParams (which validates them).
@@ -24,7 +25,10 @@ SAMPLING_FIELDS = (
     "frequency_penalty",
     "repetition_penalty",
     "ignore_eos",
+    "min_tokens",
+    "logit_bias",
 )
+MAX_N = 128  # OpenAI's limit on n (and best_of)
 
 
 class _Body(BaseModel):
@@ -36,11 +40,35 @@ class StreamOptions(_Body):
     include_usage: bool | None = False
 
 
+# Fields of the OpenAI API and of vLLM's extensions that would change the answer and that this server does not
+# implement: refused with a 400 naming them unless absent or at their no-op value. Fields that change nothing a
+# client gets (user, metadata, store, service_tier, ...: docs/serve.md lists them) and unknown ones are ignored.
+_REFUSED: dict[str, tuple[Any, ...]] = {
+    "response_format": (None, {"type": "text"}),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "structured_outputs": (None,),
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1.0),
+    "prompt_logprobs": (None,),
+    "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True),
+    "spaces_between_special_tokens": (None, True),
+    "truncate_prompt_tokens": (None,),
+    "allowed_token_ids": (None,),
+    "bad_words": (None, []),
+    "logits_processors": (None,),
+}
+
+
 class GenerationRequest(_Body):
     """Fields both endpoints share. None means the default."""
 
-    # field -> the values this server accepts (OpenAI features it does not implement)
-    ONLY: ClassVar[dict[str, tuple]] = {"n": (None, 1)}
+    # unknown fields are kept (not ignored) so that check_supported can see the refused ones
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+    REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = _REFUSED
 
     model: str | None = None
     max_tokens: int | None = None
@@ -55,21 +83,27 @@ class GenerationRequest(_Body):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     ignore_eos: bool | None = None
+    min_tokens: int | None = None
+    logit_bias: dict[str, float] | None = None
     n: int | None = None
+    return_tokens_as_token_ids: bool | None = None  # vLLM's: logprobs name tokens "token_id:ID", not by their text
     stream: bool | None = False
     stream_options: StreamOptions | None = None
 
     def check_supported(self) -> None:
-        for name, accepted in self.ONLY.items():
-            value = getattr(self, name)
+        extra = self.model_extra or {}
+        for name, accepted in self.REFUSED.items():
+            value = extra.get(name, getattr(self, name, None))
             if value not in accepted:
-                only = " or ".join(repr(v) for v in accepted if v is not None)
+                ok = " or ".join(repr(v) for v in accepted if v is not None)
                 raise APIError(
                     400,
-                    f"{name}={value!r} is not supported by this server" + (f" (only {only})" if only else ""),
+                    f"{name}={value!r:.100} is not supported by this server" + (f" (only {ok})" if ok else ""),
                     param=name,
                     code="unsupported_parameter",
                 )
+        if self.n is not None and not 1 <= self.n <= MAX_N:
+            raise APIError(400, f"n must be in [1, {MAX_N}] (got {self.n})", param="n")
 
     def sampling_kwargs(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in SAMPLING_FIELDS if getattr(self, k) is not None}
@@ -78,34 +112,62 @@ class GenerationRequest(_Body):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def num_choices(self) -> int:
+        return self.n or 1
+
+    @property
+    def num_samples(self) -> int:
+        """Samples generated per prompt (best_of of them when more than n)."""
+        return self.num_choices
+
+    @property
+    def top_logprobs_count(self) -> int | None:
+        """Alternatives to report per token; None: no log-probabilities."""
+        return None
+
+    @property
+    def echo_prompt(self) -> bool:
+        return False
+
 
 class CompletionRequest(GenerationRequest):
-    ONLY = {
-        **GenerationRequest.ONLY,
-        "best_of": (None, 1),
-        "echo": (None, False),
-        "logprobs": (None,),
-        "suffix": (None,),
-    }
+    REFUSED = {**_REFUSED, "suffix": (None, ""), "add_special_tokens": (None, True)}
 
     prompt: str | list[int] | list[str] | list[list[int]]
     best_of: int | None = None
     echo: bool | None = None
     logprobs: int | None = None
-    suffix: str | None = None
 
-    def single_prompt(self) -> str | list[int]:
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise APIError(400, f"logprobs must be in [0, {MAX_LOGPROBS}] (got {self.logprobs})", param="logprobs")
+        if self.best_of is not None:
+            if not self.num_choices <= self.best_of <= MAX_N:
+                raise APIError(
+                    400, f"best_of must be in [n, {MAX_N}] (got {self.best_of}, n {self.num_choices})", param="best_of"
+                )
+            if self.stream and self.best_of > self.num_choices:
+                raise APIError(400, "best_of > n cannot be streamed (the best are known only at the end)", "best_of")
+
+    def prompts(self) -> list[str | list[int]]:
         p = self.prompt
         if isinstance(p, list) and p and isinstance(p[0], (str, list)):
-            if len(p) != 1:
-                raise APIError(
-                    400,
-                    f"prompt: got {len(p)} prompts, but this server takes one prompt per request "
-                    "(send them as separate requests)",
-                    param="prompt",
-                )
-            return p[0]
-        return p  # type: ignore[return-value]  # a list of ints here: a list of prompts was unwrapped above
+            return list(p)
+        return [p]  # type: ignore[list-item]  # a string or one list of ints (a list of prompts returned above)
+
+    @property
+    def num_samples(self) -> int:
+        return max(self.best_of or 1, self.num_choices)
+
+    @property
+    def top_logprobs_count(self) -> int | None:
+        return self.logprobs
+
+    @property
+    def echo_prompt(self) -> bool:
+        return bool(self.echo)
 
 
 class ContentPart(_Body):
@@ -126,13 +188,44 @@ class ChatMessage(_Body):
 
 
 class ChatCompletionRequest(GenerationRequest):
-    ONLY = {**GenerationRequest.ONLY, "logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, [])}
+    REFUSED = {
+        **_REFUSED,
+        "tools": (None, []),
+        "functions": (None, []),
+        "tool_choice": (None, "none", "auto"),
+        "function_call": (None, "none", "auto"),
+        "audio": (None,),
+        "modalities": (None, ["text"]),
+        "reasoning_effort": (None,),
+        "web_search_options": (None,),
+        "verbosity": (None,),
+        "echo": (None, False),
+        "add_special_tokens": (None, False),
+        "add_generation_prompt": (None, True),
+        "continue_final_message": (None, False),
+        "chat_template": (None,),
+        "chat_template_kwargs": (None, {}),
+        "documents": (None,),
+    }
 
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.top_logprobs is not None:
+            if not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+                raise APIError(
+                    400, f"top_logprobs must be in [0, {MAX_LOGPROBS}] (got {self.top_logprobs})", "top_logprobs"
+                )
+            if not self.logprobs:
+                raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+
+    @property
+    def top_logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def chat_messages(self) -> list[dict[str, str]]:
         # newer OpenAI clients send system prompts as "developer"; chat templates know them as "system"
@@ -160,16 +253,29 @@ class Reply:
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def body(self, text: str, finish_reason: str | None, use: dict[str, int]) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    def choice(
+        self, index: int, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """One choice of a whole (non-streamed) answer."""
+        choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        return {**self._envelope("chat.completion" if self.chat else "text_completion", [choice]), "usage": use}
+        return choice
 
-    def chunk(self, text: str, finish_reason: str | None = None, role: bool = False) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    def body(self, choices: list[dict[str, Any]], use: dict[str, int]) -> dict[str, Any]:
+        return {**self._envelope("chat.completion" if self.chat else "text_completion", choices), "usage": use}
+
+    def chunk(
+        self,
+        text: str,
+        finish_reason: str | None = None,
+        role: bool = False,
+        index: int = 0,
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
         if self.chat:
             delta: dict[str, str] = {"role": "assistant"} if role else {}
             choice["delta"] = {**delta, "content": text} if text or role else delta

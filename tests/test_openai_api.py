@@ -1,0 +1,231 @@
+"""The OpenAI API fields evaluation harnesses and clients send, against `minisgl serve` over the real SmolLM2 in fp32,
+through the official openai client: log-probabilities equal to log_softmax of Hugging Face transformers' logits on
+the same tokens (chat and completions, streamed and not), echo with max_tokens 0, lists of prompts, n and best_of
+(the prompt prefilled once), logit_bias, min_tokens and stop_token_ids. Bad values of these fields are in
+tests/test_serve.py's BAD and tests/test_bad_input.py."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.server_harness import LiveServer, live_server
+
+TOL = 1e-4  # fp32 engine vs fp32 transformers
+CHAT = [{"role": "user", "content": "Name three colors of the rainbow."}]
+AS_IDS = {"return_tokens_as_token_ids": True}  # vLLM's extension: logprobs name tokens "token_id:ID"
+
+
+@pytest.fixture(scope="module")
+def server(smollm):
+    with live_server(smollm, model_name="smollm") as s:
+        yield s
+
+
+@torch.no_grad()
+def hf_logprobs(hf, ids: list[int]) -> torch.Tensor:
+    """[len(ids), V]: row p is the model's log-distribution of the token at p + 1."""
+    return torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)
+
+
+def ids_of(tokens: list[str]) -> list[int]:
+    return [int(t.removeprefix("token_id:")) for t in tokens]
+
+
+def check_position(row: torch.Tensor, token: int, logprob: float, top: dict[int, float], k: int) -> None:
+    """One position's reported log-probabilities against the reference distribution `row`."""
+    assert abs(logprob - row[token].item()) < TOL, (token, logprob, row[token].item())
+    best = set(row.topk(k).indices.tolist())
+    assert best <= set(top) <= best | {token}  # the top k (completions also list the chosen token)
+    for t, lp in top.items():
+        assert abs(lp - row[t].item()) < TOL, (t, lp, row[t].item())
+
+
+def counters(server: LiveServer) -> dict[str, float]:
+    text = httpx.get(f"{server.url}/metrics").text
+    return {
+        s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples if not s.labels.get("le")
+    }
+
+
+# ---- log-probabilities against transformers ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_chat_logprobs_equal_transformers(server, hf_smollm, stream):
+    client = server.openai()
+    # sampled at temperature 0.7 with top_p: the reported logprobs are still the raw model's (vLLM's default)
+    kw = dict(model="smollm", messages=CHAT, max_tokens=8, temperature=0.7, top_p=0.9, seed=5, logprobs=True)
+    if stream:
+        chunks = list(client.chat.completions.create(**kw, top_logprobs=3, stream=True, extra_body=AS_IDS))
+        entries = [e for c in chunks for ch in c.choices if ch.logprobs for e in ch.logprobs.content]
+        text = "".join(ch.delta.content or "" for c in chunks for ch in c.choices)
+    else:
+        out = client.chat.completions.create(**kw, top_logprobs=3, extra_body=AS_IDS)
+        entries, text = out.choices[0].logprobs.content, out.choices[0].message.content
+        assert out.usage.completion_tokens == len(entries) == 8
+    ids = ids_of([e.token for e in entries])
+    prompt = server.llm.encode(CHAT)
+    ref = hf_logprobs(hf_smollm, prompt + ids)
+    for j, e in enumerate(entries):
+        top = dict(zip(ids_of([t.token for t in e.top_logprobs]), [t.logprob for t in e.top_logprobs]))
+        assert len(e.top_logprobs) == 3
+        check_position(ref[len(prompt) - 1 + j], ids[j], e.logprob, top, 3)
+    assert text == server.llm.tokenizer.decode(ids)
+    # the same answer without the extension names the tokens by their text, with their UTF-8 bytes
+    plain = client.chat.completions.create(**kw, stream=False).choices[0].logprobs.content
+    assert [e.token for e in plain] == server.llm.tokenizer.token_texts(ids)
+    assert [bytes(e.bytes) for e in plain] == [t.encode() for t in server.llm.tokenizer.token_texts(ids)]
+    assert all(e.top_logprobs == [] for e in plain)  # top_logprobs not asked: none listed
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_completion_logprobs_equal_transformers(server, hf_smollm, stream):
+    client = server.openai()
+    prompt = "The three primary colors are"
+    kw = dict(model="smollm", prompt=prompt, max_tokens=6, temperature=0, logprobs=2, extra_body=AS_IDS)
+    if stream:
+        chunks = list(client.completions.create(**kw, stream=True))
+        lps = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+        tokens = [t for lp in lps for t in lp.tokens]
+        token_lps = [x for lp in lps for x in lp.token_logprobs]
+        tops = [x for lp in lps for x in lp.top_logprobs]
+        offsets = [x for lp in lps for x in lp.text_offset]
+    else:
+        lp = client.completions.create(**kw).choices[0].logprobs
+        tokens, token_lps, tops, offsets = lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset
+    ids, p = ids_of(tokens), server.llm.encode(prompt)
+    assert len(ids) == 6
+    ref = hf_logprobs(hf_smollm, p + ids)
+    for j, t in enumerate(ids):
+        check_position(ref[len(p) - 1 + j], t, token_lps[j], dict(zip(ids_of(list(tops[j])), tops[j].values())), 2)
+    assert offsets == [sum(len(s) for s in tokens[:j]) for j in range(len(tokens))]
+
+
+def test_echo_with_max_tokens_0_scores_the_prompts(server, hf_smollm):
+    """lm-evaluation-harness's log-likelihood request: echo, max_tokens 0, logprobs 1, a batch of token-id prompts."""
+    client, tok = server.openai(), server.llm.tokenizer
+    prompts = [tok.encode("Paris is the capital of France."), tok.encode("Paris is the capital of Spain.")]
+    out = client.completions.create(model="smollm", prompt=prompts, max_tokens=0, echo=True, logprobs=1, temperature=0)
+    assert [c.index for c in out.choices] == [0, 1]
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (sum(map(len, prompts)), 0)
+    scores = []
+    for c, p in zip(out.choices, prompts):
+        lp = c.logprobs
+        assert (c.text, c.finish_reason) == (tok.decode(p), "length")
+        assert lp.tokens == tok.token_texts(p) and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        ref = hf_logprobs(hf_smollm, p)
+        for j in range(1, len(p)):
+            assert abs(lp.token_logprobs[j] - ref[j - 1, p[j]].item()) < TOL
+            assert len(lp.top_logprobs[j]) in (1, 2)  # the most likely token, and the prompt's own if it is another
+        scores.append(sum(lp.token_logprobs[1:]))
+    assert scores[0] > scores[1]  # the real model, really scoring
+    # again, now that the prompts are in the prefix cache (prompt logprobs recompute them), streamed, one more token
+    chunks = list(
+        client.completions.create(
+            model="smollm", prompt=prompts[0], max_tokens=1, echo=True, logprobs=1, temperature=0, stream=True
+        )
+    )
+    lps = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+    again = [x for lp in lps for x in lp.token_logprobs]
+    assert "".join(c.choices[0].text for c in chunks).startswith(tok.decode(prompts[0]))
+    assert len(again) == len(prompts[0]) + 1 and again[0] is None
+    assert max(abs(a - b) for a, b in zip(again[1:-1], out.choices[0].logprobs.token_logprobs[1:])) < TOL
+
+
+# ---- n, best_of, lists of prompts --------------------------------------------------------------------------------
+
+
+def test_n_choices_are_seeded_reproducible_and_share_the_prefilled_prompt(server):
+    client = server.openai()
+    prompt = (
+        "Here is a story about a dragon who learned to paint with fire, told in the voice of an old sailor who "
+        "had seen every harbour between the cold northern seas and the warm islands of the south:"
+    )
+    p = len(server.llm.encode(prompt))
+    kw = dict(model="smollm", prompt=prompt, max_tokens=4, temperature=1.0, seed=11, n=4)
+    before = counters(server)
+    out = client.completions.create(**kw)
+    after = counters(server)
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]
+    assert out.usage.prompt_tokens == p and out.usage.completion_tokens == 4 * 4
+    # choice 0 prefilled the prompt; the other three read its whole pages from the prefix cache
+    assert after["minisgl:prompt_tokens_total"] - before["minisgl:prompt_tokens_total"] == 4 * p
+    hits = after["minisgl:prefix_cache_hits_total"] - before["minisgl:prefix_cache_hits_total"]
+    assert p >= 32 and hits == 3 * ((p - 1) // 16 * 16)
+    texts = [c.text for c in out.choices]
+    assert len(set(texts)) > 1  # independent samples
+    assert [c.text for c in client.completions.create(**kw).choices] == texts  # reproducible
+    single = client.completions.create(**{**kw, "n": 1, "seed": 13})  # choice j is seeded with seed + j
+    assert single.choices[0].text == texts[2]
+
+
+def test_best_of_returns_the_sample_of_highest_mean_logprob(server):
+    client = server.openai()
+    kw = dict(model="smollm", prompt="My favourite animal is", max_tokens=6, temperature=1.0)
+    singles = [client.completions.create(**kw, seed=21 + j, logprobs=0).choices[0] for j in range(3)]
+    means = [sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs) for c in singles]
+    out = client.completions.create(**kw, seed=21, n=1, best_of=3)
+    assert len(out.choices) == 1 and out.choices[0].logprobs is None
+    assert out.choices[0].text == singles[means.index(max(means))].text
+    assert out.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in singles)  # every sample made counts
+
+
+def test_a_list_of_prompts_equals_single_requests(server):
+    client = server.openai()
+    prompts = [f"Question {i}: what is {i} plus {i}? Answer:" for i in range(8)]
+    kw = dict(model="smollm", max_tokens=3, temperature=0)
+    singles = [client.completions.create(prompt=p, **kw) for p in prompts]
+    batch = client.completions.create(prompt=prompts, **kw)
+    assert [c.index for c in batch.choices] == list(range(8))
+    assert [(c.text, c.finish_reason) for c in batch.choices] == [
+        (s.choices[0].text, s.choices[0].finish_reason) for s in singles
+    ]
+    assert batch.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles)
+    assert batch.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+    streamed = [""] * 8
+    for chunk in client.completions.create(prompt=prompts, stream=True, **kw):
+        for c in chunk.choices:
+            streamed[c.index] += c.text
+    assert streamed == [s.choices[0].text for s in singles]
+
+
+# ---- logit_bias, min_tokens, stop_token_ids -----------------------------------------------------------------------
+
+
+def _ids(client, **kw) -> list[int]:
+    return ids_of(
+        client.completions.create(model="smollm", logprobs=0, extra_body=AS_IDS, **kw).choices[0].logprobs.tokens
+    )
+
+
+def test_logit_bias_bans_and_forces_tokens(server):
+    client = server.openai()
+    kw = dict(prompt="The capital of France is", max_tokens=8)
+    greedy = _ids(client, temperature=0, **kw)
+    top = max(set(greedy), key=greedy.count)  # the token greedy decoding emits most
+    ban = {"logit_bias": {str(top): -100}}
+    assert top not in _ids(client, temperature=0, **kw, **ban)
+    for seed in range(2):
+        assert top not in _ids(client, temperature=1.0, seed=seed, top_p=0.9, **kw, **ban)
+    forced = server.llm.tokenizer.encode(" banana")[0]
+    assert _ids(client, temperature=0.8, seed=1, logit_bias={str(forced): 100}, **kw) == [forced] * 8
+
+
+def test_min_tokens_and_stop_token_ids(server):
+    client, tok = server.openai(), server.llm.tokenizer
+    kw = dict(model="smollm", messages=[{"role": "user", "content": "Say hi."}], temperature=0, max_tokens=60)
+    short = client.chat.completions.create(**kw, logprobs=True, extra_body=AS_IDS)
+    ids = ids_of([e.token for e in short.choices[0].logprobs.content])
+    assert short.choices[0].finish_reason == "stop" and len(ids) < 40  # ended by EOS
+    longer = client.chat.completions.create(**kw, extra_body={"min_tokens": len(ids) + 5})
+    assert longer.usage.completion_tokens >= len(ids) + 5
+    assert longer.choices[0].message.content.startswith(short.choices[0].message.content[:5])
+    j = next(j for j in range(2, len(ids)) if ids[j] not in ids[:j])
+    cut = client.chat.completions.create(**kw, extra_body={"stop_token_ids": [ids[j]]})
+    assert (cut.choices[0].finish_reason, cut.usage.completion_tokens) == ("stop", j + 1)
+    assert cut.choices[0].message.content == tok.decode(ids[:j])  # the stop token's own text is left out
+    m = server.wait_idle()
+    assert (m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0)
