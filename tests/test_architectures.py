@@ -141,3 +141,18 @@ def test_unsupported_sliding_window_layouts_are_refused():
         ModelConfig.from_hf_dict(base | {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 1})
     with pytest.raises(ValueError, match="attention_bias=true is not supported for MistralForCausalLM"):
         ModelConfig.from_hf_dict(base | {"architectures": ["MistralForCausalLM"], "attention_bias": True})
+
+
+def test_transformers_twin_of_a_dummy_moe_model_computes_the_same_logits():
+    """hf_state_dict names the stacked experts one by one, and hf_twin stacks them back for transformers 5: the
+    twin that the GPU checks and bench-offline --compare build of dummy:<MoE preset> is the same model."""
+    from minisgl_cli.hf_peer import hf_twin
+
+    llm = make_llm("dummy:tiny-qwen3-moe", num_pages=64)
+    llm.engine.runner.keep_logits = True
+    prompt = _prompts(1, seed=5)[0]
+    llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0))
+    hf = hf_twin(llm.engine.loaded.model, "cpu", torch.float32)
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0, -1]
+    torch.testing.assert_close(llm.engine.runner.last_logits[0], ref, rtol=1e-4, atol=1e-5)
