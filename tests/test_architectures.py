@@ -156,3 +156,22 @@ def test_transformers_twin_of_a_dummy_moe_model_computes_the_same_logits():
     with torch.no_grad():
         ref = hf(torch.tensor([prompt])).logits[0, -1]
     torch.testing.assert_close(llm.engine.runner.last_logits[0], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_every_preset_round_trips_through_a_transformers_config():
+    """to_hf_dict -> transformers' own config class -> config.json -> from_hf_dict gives the preset back (what the
+    GPU checks' HF twins and the weight cache rely on), the new fields included."""
+    from dataclasses import replace
+
+    from transformers import AutoConfig
+
+    from engine.model_config import PRESETS
+
+    for name, cfg in PRESETS.items():
+        d = cfg.to_hf_dict()
+        saved = AutoConfig.for_model(d.pop("model_type"), **d).to_dict()
+        back = ModelConfig.from_hf_dict(saved, name=name)
+        rope = {k: v for k, v in (back.rope_scaling or {}).items() if k != "rope_theta"} or None  # transformers 5
+        if not cfg.eos_token_ids:  # the tiny presets name none; transformers' config classes fill in their defaults
+            back = replace(back, eos_token_ids=(), bos_token_id=None)
+        assert replace(back, rope_scaling=rope) == cfg, name
