@@ -174,6 +174,7 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, Narrowable]]) -> None:
         """Load HF-named weights; raises on unknown or missing names so a wrong file is caught early."""
         modules = self.loadable()
+        shards = {p: set(m.shards()) for p, m in modules.items()}
         loaded: set[tuple[str, str, int]] = set()
         for name, w in weights:
             name = name.removeprefix("model.")
@@ -183,7 +184,7 @@ class LlamaForCausalLM(nn.Module):
                 continue
             where = _locate(name)
             module = modules.get(where[0]) if where else None
-            if where is None or module is None or (where[1], where[2]) not in module.shards():
+            if where is None or module is None or (where[1], where[2]) not in shards[where[0]]:
                 raise ValueError(f"unexpected weight {name!r} for {self.cfg.architecture}")
             _, param, index = where
             want = module.full_shape(param, index)
@@ -191,7 +192,7 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"weight {name!r} has shape {tuple(w.shape)}, but the config makes it {want}")
             module.load_shard(param, index, w)
             loaded.add(where)
-        expected = {(p, param, i) for p, m in modules.items() for param, i in m.shards()}
+        expected = {(p, param, i) for p, keys in shards.items() for param, i in keys}
         missing = sorted(_hf_name(*k) for k in expected - loaded)
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} weights, e.g. {missing[:3]}")
