@@ -36,6 +36,8 @@ from minisgl_cli.workload import random_workload
 KERNEL_KINDS = [  # (category, regex on the kernel name), first match wins
     ("attention", r"BatchPrefill|BatchDecode|Persistent|MergeState|VariableLengthMerge|flashinfer"),
     ("qkv-fused", r"_qkv_kernel"),
+    ("moe-gemm", r"_moe_gemm"),  # kernels/fused_moe.py
+    ("moe-routing", r"[Ss]oftmax|topk|[Ss]ort|scatter_add|searchsorted|cumsum|[Ss]can"),
     ("rmsnorm", r"_rmsnorm"),
     ("rope", r"_rope"),
     ("silu", r"_silu"),

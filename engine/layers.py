@@ -1,4 +1,4 @@
-"""Building blocks of the models: tensor-parallel linear layers, RMSNorm, rotary embedding."""
+"""Building blocks of the models: tensor-parallel linear layers, RMSNorm, rotary embedding; what loads weights."""
 
 from __future__ import annotations
 
@@ -50,30 +50,84 @@ def fused_ops() -> FusedOps | None:
     return triton_ops
 
 
-class ColumnParallelLinear(nn.Module):
-    """y = x W^T with W's output rows split over ranks. `sizes` packs several logical outputs (q|k|v)."""
+class Narrowable(Protocol):
+    """A checkpoint tensor that can be read in part (a rank reads only its shard)."""
 
-    def __init__(self, in_features: int, sizes: list[int]):
+    @property
+    def shape(self) -> torch.Size | tuple[int, ...]: ...
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor: ...
+
+
+class Loadable(nn.Module):
+    """A module holding checkpoint tensors. Each is addressed by (param, index): `index` picks one logical tensor of
+    several packed into one parameter (q|k|v in qkv_proj, the experts of a MoE layer), `param` is weight or bias."""
+
+    weight: nn.Parameter
+
+    def shards(self) -> list[tuple[str, int]]:
+        return [("weight", 0)]
+
+    def full_shape(self, param: str, index: int) -> tuple[int, ...]:
+        return tuple(self.weight.shape)
+
+    def load_shard(self, param: str, index: int, full: Narrowable) -> None:
+        self.weight.copy_(full.narrow(0, 0, full.shape[0]))
+
+    def hf_tensor(self, param: str, index: int) -> torch.Tensor:
+        """The whole checkpoint tensor (tensor-parallel size 1), to build a transformers twin."""
+        return self.weight.detach()
+
+
+class ColumnParallelLinear(Loadable):
+    """y = x W^T (+ b) with W's output rows split over ranks. `sizes` packs several logical outputs (q|k|v)."""
+
+    def __init__(self, in_features: int, sizes: list[int], bias: bool = False):
         super().__init__()
         for s in sizes:
             if s % TP.size:
                 raise ValueError(f"output size {s} does not divide by tensor-parallel size {TP.size}")
         self.sizes = [s // TP.size for s in sizes]
         self.weight = nn.Parameter(torch.empty(sum(self.sizes), in_features), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(sum(self.sizes)), requires_grad=False) if bias else None
 
-    def full_shape(self, index: int) -> tuple[int, ...]:
-        return (self.sizes[index] * TP.size, self.weight.shape[1])
+    def shards(self) -> list[tuple[str, int]]:
+        params = ["weight", "bias"] if self.bias is not None else ["weight"]
+        return [(p, i) for p in params for i in range(len(self.sizes))]
 
-    def load_shard(self, index: int, full: torch.Tensor) -> None:
+    def full_shape(self, param: str, index: int) -> tuple[int, ...]:
+        n = self.sizes[index] * TP.size
+        return (n, self.weight.shape[1]) if param == "weight" else (n,)
+
+    def load_shard(self, param: str, index: int, full: Narrowable) -> None:
         n = self.sizes[index]
         start = sum(self.sizes[:index])
-        self.weight[start : start + n].copy_(full.narrow(0, TP.rank * n, n))
+        target = self.weight if param == "weight" else self.bias
+        assert target is not None  # shards() lists a bias only when there is one
+        target[start : start + n].copy_(full.narrow(0, TP.rank * n, n))
+
+    def hf_tensor(self, param: str, index: int) -> torch.Tensor:
+        target = self.weight if param == "weight" else self.bias
+        assert target is not None
+        start = sum(self.sizes[:index])
+        return target.detach()[start : start + self.sizes[index]]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReplicatedLinear(Loadable):
+    """y = x W^T with the whole W on every rank (a MoE router)."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(Loadable):
     """y = x W^T with W's input columns split over ranks; partial sums are all-reduced."""
 
     if TYPE_CHECKING:  # nn.Module types every call as returning Any
@@ -87,17 +141,17 @@ class RowParallelLinear(nn.Module):
         self.in_per_rank = in_features // TP.size
         self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank), requires_grad=False)
 
-    def full_shape(self, index: int) -> tuple[int, ...]:
+    def full_shape(self, param: str, index: int) -> tuple[int, ...]:
         return (self.weight.shape[0], self.in_per_rank * TP.size)
 
-    def load_shard(self, index: int, full: torch.Tensor) -> None:
+    def load_shard(self, param: str, index: int, full: Narrowable) -> None:
         self.weight.copy_(full.narrow(1, TP.rank * self.in_per_rank, self.in_per_rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return TP.all_reduce(F.linear(x, self.weight))
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(Loadable):
     """Embedding rows split over ranks; each rank looks up its own range, the sum is all-reduced."""
 
     def __init__(self, vocab: int, dim: int):
@@ -107,12 +161,15 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab = vocab
         self.weight = nn.Parameter(torch.zeros(self.per_rank, dim), requires_grad=False)
 
-    def full_shape(self, index: int) -> tuple[int, ...]:
+    def full_shape(self, param: str, index: int) -> tuple[int, ...]:
         return (self.vocab, self.weight.shape[1])
 
-    def load_shard(self, index: int, full: torch.Tensor) -> None:
+    def load_shard(self, param: str, index: int, full: Narrowable) -> None:
         n = min(self.per_rank, self.vocab - self.start)
         self.weight[:n].copy_(full.narrow(0, self.start, n))
+
+    def hf_tensor(self, param: str, index: int) -> torch.Tensor:
+        return self.weight.detach()[: self.vocab]
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if TP.size == 1:
@@ -128,17 +185,11 @@ class VocabParallelEmbedding(nn.Module):
         return full[..., : self.vocab]
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(Loadable):
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
-
-    def full_shape(self, index: int) -> tuple[int, ...]:
-        return tuple(self.weight.shape)
-
-    def load_shard(self, index: int, full: torch.Tensor) -> None:
-        self.weight.copy_(full.narrow(0, 0, full.shape[0]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and (ops := fused_ops()) is not None:

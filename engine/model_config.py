@@ -7,7 +7,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-HF_MODEL_TYPES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}  # supported architectures
+# Supported architectures and their transformers model_type. All run through one decoder (engine/models/llama.py);
+# the differences are the flags below: q/k/v bias (Qwen2), per-head q/k norm (Qwen3), a sliding window (Mistral),
+# mixture-of-experts MLPs (Qwen3-MoE).
+HF_MODEL_TYPES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "MistralForCausalLM": "mistral",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+}
+_QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +39,16 @@ class ModelConfig:
     bos_token_id: int | None = None
     name: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    sliding_window: int | None = None  # attend to the last `sliding_window` positions (the query's own included)
+    # Mixture of experts (num_experts > 0): a softmax router picks num_experts_per_tok experts per token, each a
+    # SiLU-gated MLP of moe_intermediate_size; norm_topk_prob rescales the picked weights to sum to 1. Layer i is
+    # sparse unless listed in mlp_only_layers or (i + 1) % decoder_sparse_step != 0: a dense intermediate_size MLP.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in (
@@ -44,10 +64,27 @@ class ModelConfig:
                 raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"{self.num_heads} attention heads do not divide into {self.num_kv_heads} KV heads")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 (got {self.sliding_window})")
+        if self.num_experts:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                k = self.num_experts_per_tok
+                raise ValueError(f"num_experts_per_tok must be in [1, num_experts={self.num_experts}] (got {k})")
+            if self.moe_intermediate_size < 1 or self.decoder_sparse_step < 1:
+                raise ValueError("moe_intermediate_size and decoder_sparse_step must be >= 1")
 
     @property
     def qk_norm(self) -> bool:
-        return self.architecture == "Qwen3ForCausalLM"
+        return self.architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.architecture == "Qwen2ForCausalLM"
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return (
+            self.num_experts > 0 and layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+        )
 
     def kv_bytes_per_token(self, dtype_bytes: int, tp_size: int = 1) -> int:
         return 2 * self.num_layers * (self.num_kv_heads // tp_size) * self.head_dim * dtype_bytes
@@ -59,6 +96,19 @@ class ModelConfig:
             raise ValueError(f"config of {name or 'model'} has no 'architectures' list")
         if archs[0] not in HF_MODEL_TYPES:  # before the fields: another architecture names them differently
             raise ValueError(f"unsupported architecture {archs[0]!r} (supported: {', '.join(HF_MODEL_TYPES)})")
+        arch = archs[0]
+        if d.get("attention_bias") and arch != "Qwen2ForCausalLM":  # Qwen2's q/k/v bias is implied, not this flag
+            raise ValueError(f"attention_bias=true is not supported for {arch}")
+        window = d.get("sliding_window")
+        if arch in _QWEN:
+            # Qwen configs carry a sliding_window that applies only with use_sliding_window, and then only to the
+            # layers from max_window_layers on: per-layer windows, which this engine does not implement.
+            if d.get("use_sliding_window"):
+                raise ValueError(
+                    f"use_sliding_window=true ({arch} with sliding-window layers) is not supported; "
+                    "full-attention checkpoints (use_sliding_window=false) are"
+                )
+            window = None
         heads = int(d["num_attention_heads"])
         if heads < 1:
             raise ValueError(f"num_attention_heads must be >= 1 (got {heads})")
@@ -89,6 +139,8 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             bos_token_id=d.get("bos_token_id"),
             name=name,
+            sliding_window=None if window is None else int(window),
+            **(_moe_fields(d) if arch == "Qwen3MoeForCausalLM" else {}),
         )
 
     @staticmethod
@@ -127,6 +179,17 @@ class ModelConfig:
             attention_bias=False,
             mlp_bias=False,
         )
+        if self.architecture == "MistralForCausalLM":
+            d["sliding_window"] = self.sliding_window
+        if self.num_experts:
+            d.update(
+                num_experts=self.num_experts,
+                num_experts_per_tok=self.num_experts_per_tok,
+                moe_intermediate_size=self.moe_intermediate_size,
+                norm_topk_prob=self.norm_topk_prob,
+                decoder_sparse_step=self.decoder_sparse_step,
+                mlp_only_layers=list(self.mlp_only_layers),
+            )
         if self.rope_scaling:
             d["rope_scaling"] = dict(self.rope_scaling)
         if self.eos_token_ids:
@@ -137,6 +200,20 @@ class ModelConfig:
 
     def describe(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _moe_fields(d: dict[str, Any]) -> dict[str, Any]:
+    experts = d.get("num_experts", d.get("num_local_experts"))  # transformers 5 saves the latter
+    if experts is None:
+        raise KeyError("num_experts")
+    return dict(
+        num_experts=int(experts),
+        num_experts_per_tok=int(d["num_experts_per_tok"]),
+        moe_intermediate_size=int(d["moe_intermediate_size"]),
+        norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+        decoder_sparse_step=int(d.get("decoder_sparse_step", 1)),
+        mlp_only_layers=tuple(int(i) for i in d.get("mlp_only_layers") or ()),
+    )
 
 
 _LLAMA3_ROPE = {
@@ -196,6 +273,60 @@ PRESETS: dict[str, ModelConfig] = {
         bos_token_id=128000,
         name="Llama-3.1-8B",
     ),
+    # Published config.json shapes: Qwen/Qwen2.5-7B, mistralai/Mistral-7B-v0.1, Qwen/Qwen3-30B-A3B.
+    "Qwen2.5-7B": ModelConfig(
+        "Qwen2ForCausalLM",
+        152064,
+        3584,
+        18944,
+        28,
+        28,
+        4,
+        128,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=131072,
+        eos_token_ids=(151643,),
+        bos_token_id=151643,
+        name="Qwen2.5-7B",
+    ),
+    "Mistral-7B": ModelConfig(
+        "MistralForCausalLM",
+        32000,
+        4096,
+        14336,
+        32,
+        32,
+        8,
+        128,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=32768,
+        eos_token_ids=(2,),
+        bos_token_id=1,
+        name="Mistral-7B",
+        sliding_window=4096,
+    ),
+    "Qwen3-30B-A3B": ModelConfig(
+        "Qwen3MoeForCausalLM",
+        151936,
+        2048,
+        6144,
+        48,
+        32,
+        4,
+        128,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=40960,
+        eos_token_ids=(151645,),
+        bos_token_id=151643,
+        name="Qwen3-30B-A3B",
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+        norm_topk_prob=True,
+    ),
     "SmolLM2-135M": ModelConfig(
         "LlamaForCausalLM",
         49152,
@@ -240,5 +371,24 @@ PRESETS: dict[str, ModelConfig] = {
         tie_word_embeddings=True,
         max_position_embeddings=2048,
         name="tiny-qwen3",
+    ),
+    "tiny-qwen3-moe": ModelConfig(
+        "Qwen3MoeForCausalLM",
+        512,
+        64,
+        96,
+        2,
+        4,
+        2,
+        16,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=2048,
+        name="tiny-qwen3-moe",
+        num_experts=8,
+        num_experts_per_tok=3,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        mlp_only_layers=(1,),
     ),
 }

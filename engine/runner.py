@@ -58,7 +58,13 @@ class ModelRunner:
         self.model, self.pool, self.device = model, pool, device
         self.scratch_page = scratch_page  # a pool page no request owns (padded CUDA-graph rows write there)
         self.backend = create_backend(
-            backend_name, pool, cfg.num_heads // TP.size, cfg.num_kv_heads // TP.size, cfg.head_dim, device
+            backend_name,
+            pool,
+            cfg.num_heads // TP.size,
+            cfg.num_kv_heads // TP.size,
+            cfg.head_dim,
+            device,
+            cfg.sliding_window,
         )
         self.sampler = Sampler(cfg.vocab_size, max_slots, device)
         # Last sampled token per request slot: decode reads its input here, so under overlap scheduling the

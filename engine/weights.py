@@ -219,13 +219,34 @@ def dummy_weights(
                 p + "self_attn.k_proj.weight": (cfg.num_kv_heads * d, h),
                 p + "self_attn.v_proj.weight": (cfg.num_kv_heads * d, h),
                 p + "self_attn.o_proj.weight": (h, cfg.num_heads * d),
-                p + "mlp.gate_proj.weight": (i, h),
-                p + "mlp.up_proj.weight": (i, h),
-                p + "mlp.down_proj.weight": (h, i),
-                p + "input_layernorm.weight": (h,),
-                p + "post_attention_layernorm.weight": (h,),
             }
         )
+        if cfg.qkv_bias:
+            shapes.update(
+                {
+                    p + "self_attn.q_proj.bias": (cfg.num_heads * d,),
+                    p + "self_attn.k_proj.bias": (cfg.num_kv_heads * d,),
+                    p + "self_attn.v_proj.bias": (cfg.num_kv_heads * d,),
+                }
+            )
+        if cfg.is_moe_layer(n):
+            m = cfg.moe_intermediate_size
+            shapes[p + "mlp.gate.weight"] = (cfg.num_experts, h)
+            for e in range(cfg.num_experts):
+                q = f"{p}mlp.experts.{e}."
+                shapes.update(
+                    {q + "gate_proj.weight": (m, h), q + "up_proj.weight": (m, h), q + "down_proj.weight": (h, m)}
+                )
+        else:
+            shapes.update(
+                {
+                    p + "mlp.gate_proj.weight": (i, h),
+                    p + "mlp.up_proj.weight": (i, h),
+                    p + "mlp.down_proj.weight": (h, i),
+                }
+            )
+        # (In this order, which keys each tensor's seed: the dense presets keep the weights they always had.)
+        shapes.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)})
         if cfg.qk_norm:
             shapes.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
     g = torch.Generator(device=device)

@@ -218,6 +218,9 @@ def _add_floor(result: dict[str, Any], workload, mc, dtype, device, tp: int) -> 
     result["gpu"] = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     result["floor"] = floor.as_dict() if floor else None
     result["floor_fraction"] = result["output_throughput"] / floor.output_throughput if floor else None
+    if floor and floor.seconds_uniform_routing:  # MoE: the same run against experts spread as uniform routing would
+        uniform_tps = sum(workload.output_lens) / floor.seconds_uniform_routing
+        result["floor_fraction_uniform_routing"] = result["output_throughput"] / uniform_tps
 
 
 def _run_minisgl(config, workload, temperature: float, quiet: bool, repeats: int = 1, **_: Any) -> dict[str, Any]:
@@ -370,6 +373,8 @@ def _table(runs: list[dict[str, Any]], workload):
     if any(r["floor"] for r in runs):
         rows.append(("floor tok/s (bandwidth)", *((r["floor"] or {}).get("output_throughput") for r in runs)))
         rows.append(("fraction of floor", *(r["floor_fraction"] for r in runs)))
+    if any(r.get("floor_fraction_uniform_routing") for r in runs):  # MoE (minisgl_cli/roofline.py)
+        rows.append(("fraction, uniform routing", *(r.get("floor_fraction_uniform_routing") for r in runs)))
     if any(r["failed"] for r in runs):
         rows.append(("failed", *(r["failed"] for r in runs)))
     names = [f"{r['engine']} ({r.get('api', r.get('attention', ''))})" for r in runs]

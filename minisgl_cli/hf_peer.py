@@ -57,7 +57,7 @@ def tokenizer_for(spec: str | None) -> Tokenizer:
 
 
 def load_hf_model(spec: str | None, device, dtype):
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from engine import weights
 
@@ -71,14 +71,33 @@ def load_hf_model(spec: str | None, device, dtype):
         from engine.engine import load_model
 
         ours = load_model(spec, device, dtype, with_tokenizer=False).model  # the engine's exact dummy weights
-        d = ours.cfg.to_hf_dict()
-        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(d.pop("model_type"), **d), dtype=dtype)
-        missing, unexpected = model.to(device).load_state_dict(ours.hf_state_dict(), strict=False)
-        if unexpected or set(missing) - ({"lm_head.weight"} if ours.cfg.tie_word_embeddings else set()):
-            raise ValueError(f"transformers twin mismatch: missing {missing}, unexpected {unexpected}")
-        model.tie_weights()
+        model = hf_twin(ours, device, dtype)
         del ours
     return model.to(device).eval()
+
+
+def hf_twin(ours, device, dtype):
+    """transformers' own model class for `ours.cfg`, holding ours' very weights (tensor-parallel size 1)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    d = ours.cfg.to_hf_dict()
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(d.pop("model_type"), **d), dtype=dtype)
+    state = ours.hf_state_dict()
+    for key in [k for k in model.state_dict() if k.endswith(".experts.gate_up_proj")]:
+        # transformers 5 keeps each layer's experts stacked ([E, 2I, H] gate rows then up rows; [E, H, I]), as the
+        # engine does; its checkpoints (and hf_state_dict) name them one by one.
+        p, n = key.removesuffix("gate_up_proj"), ours.cfg.num_experts
+        state[key] = torch.stack(
+            [torch.cat([state.pop(f"{p}{e}.gate_proj.weight"), state.pop(f"{p}{e}.up_proj.weight")]) for e in range(n)]
+        )
+        state[p + "down_proj"] = torch.stack([state.pop(f"{p}{e}.down_proj.weight") for e in range(n)])
+    missing, unexpected = model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
+    if unexpected or set(missing) - ({"lm_head.weight"} if ours.cfg.tie_word_embeddings else set()):
+        raise ValueError(f"transformers twin mismatch: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    return model.eval()
 
 
 def _generation_config(temperature: float):

@@ -3,7 +3,14 @@
 Every decode step must read, at least once, the weights and the KV cache of every running request. With all
 requests running from the start the workload needs max(output_len) - 1 decode steps; request i's decode step j
 (1 <= j < out_i) reads its in_i + j cached tokens. The time to move those bytes at the GPU's copy bandwidth is
-a lower bound on the wall time (prefill and the matmul work come on top), hence an upper bound on tok/s."""
+a lower bound on the wall time (prefill and the matmul work come on top), hence an upper bound on tok/s.
+
+Mixture-of-experts models: a step's tokens may all route to the same experts, so what every decode step must read
+is the dense weights plus, in each sparse layer, the router and num_experts_per_tok experts (the "active"
+parameters; Qwen3-30B-A3B: 3.3 of 30.5 B). That is the floor. Real batches spread over many more experts (with
+uniform routing a batch of B tokens touches E * (1 - (1 - k/E)^B) of E experts: ~all 128 of Qwen3-30B-A3B from
+B = 64 on), so the floor also reports, for reference, the time with that expected count per step
+(`seconds_uniform_routing`); it is not a bound."""
 
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ class Floor:
     decode_steps: int
     seconds: float
     output_throughput: float  # tok/s at the floor
+    seconds_uniform_routing: float | None = None  # MoE only: experts read as uniform routing would spread them
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -32,14 +40,23 @@ def bandwidth_for(device_name: str) -> float | None:
     return next((bw for key, bw in GPU_BANDWIDTH.items() if key in device_name), None)
 
 
-def weight_bytes_per_step(cfg, dtype_bytes: int) -> int:
-    """Weights read by one forward pass: every matrix once, the LM head in full, the embedding only by rows."""
+def expert_params(cfg) -> int:
+    return 3 * cfg.hidden_size * cfg.moe_intermediate_size
+
+
+def weight_bytes_per_step(cfg, dtype_bytes: int, experts_per_layer: float | None = None) -> int:
+    """Weights read by one forward pass: every matrix once, the LM head in full, the embedding only by rows; in a
+    MoE layer the router and `experts_per_layer` experts (default: num_experts_per_tok, the fewest a step can use)."""
     h, hd = cfg.hidden_size, cfg.head_dim
-    attn = h * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
-    mlp = 3 * h * cfg.intermediate_size
+    attn = h * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + (
+        hd * (cfg.num_heads + 2 * cfg.num_kv_heads) if cfg.qkv_bias else 0
+    )
     norms = 2 * h + (2 * hd if cfg.qk_norm else 0)
-    params = cfg.num_layers * (attn + mlp + norms) + h + cfg.vocab_size * h
-    return params * dtype_bytes
+    k = cfg.num_experts_per_tok if experts_per_layer is None else experts_per_layer
+    sparse = cfg.num_experts * h + k * expert_params(cfg)
+    mlp = sum(sparse if cfg.is_moe_layer(i) else 3 * h * cfg.intermediate_size for i in range(cfg.num_layers))
+    params = cfg.num_layers * (attn + norms) + mlp + h + cfg.vocab_size * h
+    return round(params * dtype_bytes)
 
 
 def decode_floor(
@@ -50,7 +67,13 @@ def decode_floor(
     steps = max(output_lens, default=1) - 1
     w = float(steps * weight_bytes_per_step(cfg, dtype_bytes))
     seconds = (kv + w) / bandwidth
-    return Floor(gpu, bandwidth, kv, w, steps, seconds, sum(output_lens) / seconds if seconds > 0 else 0.0)
+    uniform = None
+    if cfg.num_experts:  # step j (1-based) decodes the requests with more than j output tokens
+        E, k = cfg.num_experts, cfg.num_experts_per_tok
+        running = [sum(o > j for o in output_lens) for j in range(1, steps + 1)]
+        wu = sum(weight_bytes_per_step(cfg, dtype_bytes, E * (1 - (1 - k / E) ** b)) for b in running)
+        uniform = (kv + wu) / bandwidth
+    return Floor(gpu, bandwidth, kv, w, steps, seconds, sum(output_lens) / seconds if seconds > 0 else 0.0, uniform)
 
 
 def gpu_floor(

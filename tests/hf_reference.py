@@ -16,7 +16,12 @@ def hf_model_from_config(cfg: ModelConfig, seed: int = 0, std: float = 0.25):
     d = cfg.to_hf_dict()
     hf_cfg = AutoConfig.for_model(d.pop("model_type"), **d)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32).eval()
+    return randomize(AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32).eval(), seed, std)
+
+
+def randomize(model, seed: int = 0, std: float = 0.25):
+    """Weights large enough that greedy choices are not near-ties (norms near 1, everything else N(0, std))."""
+    torch.manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:

@@ -68,14 +68,33 @@ def test_floor_of_the_published_workload_matches_gpu_md():
     assert h100.output_throughput == pytest.approx(f.output_throughput * 3.0 / 4.3)
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe"])
 def test_weight_bytes_match_the_engines_model(name):
-    # Per step: every parameter once, except an untied input embedding (only its rows are gathered).
-    model = make_llm(f"dummy:{name}").engine.loaded.model
+    # Per step: every parameter once, except an untied input embedding (only its rows are gathered) and, in a MoE
+    # layer, the experts beyond num_experts_per_tok (a step's tokens may all use the same k).
+    model = make_llm(f"dummy:{name}", num_pages=64).engine.loaded.model
     cfg = PRESETS[name]
     params = {id(p): p.numel() for p in model.parameters()}  # tied weights counted once
     total = sum(params.values()) - (0 if cfg.tie_word_embeddings else model.embed_tokens.weight.numel())
+    sparse = [i for i in range(cfg.num_layers) if cfg.is_moe_layer(i)]
+    total -= len(sparse) * (cfg.num_experts - cfg.num_experts_per_tok) * 3 * cfg.hidden_size * cfg.moe_intermediate_size
+    assert (len(sparse) > 0) == (name == "tiny-qwen3-moe")
     assert weight_bytes_per_step(cfg, 4) == 4 * total
+
+
+def test_moe_floor_counts_the_active_experts():
+    """Qwen3-30B-A3B: 3.3 B active parameters (the embedding among them, though a step reads only its rows) of 30.5 B
+    in all, as published; its floor on the published workload, and the reference figure for uniform routing."""
+    cfg = PRESETS["Qwen3-30B-A3B"]
+    active = weight_bytes_per_step(cfg, 1) + cfg.vocab_size * cfg.hidden_size  # + the embedding, for the param count
+    assert active == pytest.approx(3.35e9, rel=0.01)
+    every = weight_bytes_per_step(cfg, 1, experts_per_layer=cfg.num_experts) + cfg.vocab_size * cfg.hidden_size
+    assert every == pytest.approx(30.5e9, rel=0.01)
+    w = random_workload()
+    f = decode_floor([len(p) for p in w.prompts], w.output_lens, cfg, 2, "H200", 4.3e12)
+    assert f.weight_bytes == pytest.approx(1023 * weight_bytes_per_step(cfg, 2))
+    assert f.seconds_uniform_routing is not None and f.seconds_uniform_routing > 3 * f.seconds
+    assert decode_floor([100], [10], PRESETS["Qwen3-0.6B"], 2, "H200", 4.3e12).seconds_uniform_routing is None
 
 
 def test_minisgl_run_reports_the_workload(tmp_path):

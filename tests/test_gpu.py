@@ -4,6 +4,7 @@ CUDA graphs and overlap scheduling give the same tokens, and bf16 logits vs tran
 from __future__ import annotations
 
 import gc
+from typing import Any
 
 import pytest
 import torch
@@ -395,3 +396,132 @@ def test_logprobs_logit_bias_min_tokens_on_the_gpu_sampler(peaked_model):
         for t, o in zip(first, late):
             assert t not in o.token_ids[:5] and (o.finish_reason == "length" or len(o.token_ids) >= 6)
     assert llm.metrics().kv_pages_in_use == 0
+
+
+# ---- more architectures: the fused MoE kernel, and the new presets against transformers -------------------------
+
+
+def _moe_case(T: int, inter: int, dtype=torch.bfloat16, seed: int = 0, E: int = 128, k: int = 8, H: int = 2048):
+    """Qwen3-30B-A3B's MoE shapes (inter 768 whole, 384 on one rank of TP=2), routed by its router math."""
+    from engine.models.moe import route
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(T, H, device="cuda", generator=g, dtype=dtype)
+    w13 = torch.randn(E, 2 * inter, H, device="cuda", generator=g, dtype=dtype) * 0.03
+    w2 = torch.randn(E, H, inter, device="cuda", generator=g, dtype=dtype) * 0.03
+    weights, ids = route(torch.randn(T, E, device="cuda", generator=g, dtype=dtype), k, True)
+    return x, w13, w2, weights, ids
+
+
+@pytest.mark.parametrize("inter", [768, 384])
+@pytest.mark.parametrize("T", [1, 3, 8, 33, 256, 1000])
+def test_fused_moe_matches_the_torch_loop(T, inter):
+    from engine.models.moe import moe_reference
+    from kernels.fused_moe import fused_moe
+
+    x, w13, w2, weights, ids = _moe_case(T, inter, seed=T)
+    got = fused_moe(x, w13, w2, weights, ids)
+    loop = moe_reference(x, w13, w2, weights, ids)
+    exact = moe_reference(x.float(), w13.float(), w2.float(), weights.float(), ids)
+    assert got.dtype == torch.bfloat16 and got.shape == x.shape
+    assert rel_err(got, loop) < 2e-2, rel_err(got, loop)
+    assert rel_err(got, exact) < 1e-2, (rel_err(got, exact), rel_err(loop, exact))  # bf16 rounding, no more
+
+
+def test_fused_moe_float32_is_exact():
+    from engine.models.moe import moe_reference
+    from kernels.fused_moe import fused_moe
+
+    x, w13, w2, weights, ids = _moe_case(37, 256, dtype=torch.float32, E=16, k=4, H=512)
+    assert rel_err(fused_moe(x, w13, w2, weights, ids), moe_reference(x, w13, w2, weights, ids)) < 1e-5
+
+
+@pytest.mark.parametrize("T", [1, 5, 48])
+def test_fused_moe_replays_in_a_cuda_graph(T):
+    """Captured once, replayed on new tokens with new routing: no host sync, nothing baked in at capture."""
+    from engine.models.moe import moe_reference
+    from kernels.fused_moe import fused_moe
+
+    static = _moe_case(T, 384, seed=100)
+    x, w13, w2, weights, ids = static
+    fused_moe(x, w13, w2, weights, ids)  # compile outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fused_moe(x, w13, w2, weights, ids)
+    for seed in (1, 2, 3):
+        nx, _, _, nw, nids = _moe_case(T, 384, seed=seed)
+        assert not torch.equal(nids, ids)
+        x.copy_(nx)
+        weights.copy_(nw)
+        ids.copy_(nids)
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, moe_reference(x, w13, w2, weights, ids)) < 2e-2
+
+
+# id: (preset, overrides); 2 layers each (the HF twin runs in fp32 beside the engine)
+NEW_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "Qwen2.5-7B": ("Qwen2.5-7B", {}),
+    "Mistral-7B": ("Mistral-7B", {}),  # window 4096: one prompt of 4196 tokens
+    "Mistral-7B-window32": ("Mistral-7B", {"sliding_window": 32}),  # prompts and decode cross the window
+    "Qwen3-30B-A3B": ("Qwen3-30B-A3B", {}),
+}
+
+
+@pytest.mark.parametrize("case", list(NEW_PRESETS))
+def test_new_presets_logits_close_to_transformers(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dummy weights at the preset's shapes (2 layers), bf16, FlashInfer, CUDA-graph decode: every step's logits
+    (prefill and 7 decode steps, teacher-forced on the engine's own tokens) against transformers on the same weights.
+    Tolerance: bf16 error as measured, relative to fp32 transformers, at most max(3e-2, 2x transformers' own bf16
+    error) — MoE routing near-ties flip experts under bf16 rounding in either engine."""
+    from dataclasses import replace
+
+    from engine.model_config import PRESETS
+    from minisgl_cli.hf_peer import hf_twin
+
+    preset, over = NEW_PRESETS[case]
+    key = f"{case}-2L"
+    monkeypatch.setitem(PRESETS, key, replace(PRESETS[preset], num_layers=2, name=key, **over))
+    llm = LLM(
+        EngineConfig(
+            model=f"dummy:{key}",
+            attention_backend="flashinfer",
+            dtype="bfloat16",
+            kv_cache_gb=4,
+            cuda_graph_max_bs=16,
+            overlap=False,
+            check_invariants=True,
+        )
+    )
+    cfg = llm.engine.model_cfg
+    lens = [9, 200] + ([cfg.sliding_window + 100] if cfg.sliding_window else [])
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, min(cfg.vocab_size, 10000), (n,), generator=g).tolist() for n in lens]
+    logits: dict[tuple[str, int], torch.Tensor] = {}
+    sample = llm.engine.runner.sampler.sample
+
+    def logged(rows: torch.Tensor, reqs):
+        for row, r in zip(rows, reqs):
+            logits[r.rid, len(r.output_ids)] = row.float()
+        return sample(rows, reqs)
+
+    llm.engine.runner.sampler.sample = logged  # type: ignore[method-assign,assignment]  # logs, then samples
+    outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    assert llm.engine.runner.graphs is not None and llm.engine.runner.graphs.enabled
+    hf32 = hf_twin(llm.engine.loaded.model, "cuda", torch.float32)
+    hf16 = hf_twin(llm.engine.loaded.model, "cuda", torch.bfloat16)
+    ours_err, hf16_err = [], []
+    with torch.no_grad():
+        for i, (p, o) in enumerate(zip(prompts, outs)):
+            ids = torch.tensor([p + o.token_ids[:-1]], device="cuda")
+            ref = hf32(ids).logits[0, len(p) - 1 :].float()
+            ref16 = hf16(ids).logits[0, len(p) - 1 :].float()
+            for j in range(8):
+                ours_err.append(rel_err(logits[f"req-{i + 1}", j], ref[j]))
+                hf16_err.append(rel_err(ref16[j], ref[j]))
+    print(f"{case}: engine vs fp32 max {max(ours_err):.2e}; transformers bf16 vs fp32 max {max(hf16_err):.2e}")
+    assert max(ours_err) < max(3e-2, 2 * max(hf16_err)), (ours_err, hf16_err)
+    del llm, hf32, hf16
+    gc.collect()
+    torch.cuda.empty_cache()

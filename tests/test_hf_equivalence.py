@@ -38,7 +38,7 @@ def test_smollm_matches_transformers(smollm, hf_smollm):
 def test_tiny_random_matches_transformers(preset, tmp_path):
     hf = hf_model_from_config(PRESETS[preset])
     save_hf(hf, tmp_path / preset)
-    llm = make_llm(str(tmp_path / preset), page_size=4)
+    llm = make_llm(str(tmp_path / preset), page_size=4, num_pages=256)  # small: the page check is O(pages)
     llm.engine.runner.keep_logits = True
     rng = random.Random(1)
     prompts = [[rng.randrange(512) for _ in range(rng.randint(5, 40))] for _ in range(6)]

@@ -1,5 +1,5 @@
-"""Tensor parallelism on CPU (gloo): TP=2 and TP=3 give the same tokens as TP=1; a rank that dies or hangs
-ends the whole group."""
+"""Tensor parallelism on CPU (gloo): TP=2 (the MoE model: attention, a dense layer and a sparse one) and TP=3 (SmolLM2)
+give the same tokens as TP=1; a rank that dies or hangs ends the whole group."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.llm import LLM
 from tests.conftest import free_port, wait_healthy
-from tests.tp_cases import PARAMS, prompts
+from tests.tp_cases import ENGINE, PARAMS, prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,11 +44,11 @@ def tp_run(model: str, n: int, tmp_path: Path) -> dict:
 
 
 def tp1(model: str) -> dict:
-    llm = LLM(EngineConfig(model=model, device="cpu", check_invariants=True, page_size=4))
+    llm = LLM(EngineConfig(model=model, **ENGINE))
     return {name: [o.token_ids for o in llm.generate(prompts(model), p)] for name, p in PARAMS.items()}
 
 
-@pytest.mark.parametrize("model,n", [("dummy:tiny-llama", 2), (None, 3)], ids=["tiny-llama-tp2", "smollm2-tp3"])
+@pytest.mark.parametrize("model,n", [("dummy:tiny-qwen3-moe", 2), (None, 3)], ids=["tiny-qwen3-moe-tp2", "smollm2-tp3"])
 def test_tensor_parallel_matches_single_process(model, n, tmp_path):
     model_arg = model or str(__import__("engine.weights", fromlist=["x"]).embedded_default_path())
     expected = tp1(model_arg)

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from engine.sampling_params import SamplingParams
+
+# A small pool: check_invariants walks every page after every step (with the default 1 GiB pool a tiny model has
+# ~500k pages and that walk took ~95% of the run).
+ENGINE: dict[str, Any] = dict(device="cpu", check_invariants=True, page_size=4, num_pages=512)
 
 PARAMS: dict[str, SamplingParams | list[SamplingParams]] = {
     "greedy": SamplingParams(max_tokens=16, temperature=0, ignore_eos=True),

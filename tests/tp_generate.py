@@ -12,13 +12,13 @@ from engine.config import EngineConfig
 from engine.distributed import TP
 from engine.llm import LLM
 from engine.tp_follower import run_tp_follower
-from tests.tp_cases import PARAMS, prompts
+from tests.tp_cases import ENGINE, PARAMS, prompts
 
 
 def main() -> None:
     model, out = sys.argv[1], sys.argv[2]
     tp = int(__import__("os").environ["WORLD_SIZE"])
-    llm = LLM(EngineConfig(model=model, device="cpu", tp=tp, check_invariants=True, page_size=4))
+    llm = LLM(EngineConfig(model=model, tp=tp, **ENGINE))
     if TP.rank != 0:
         run_tp_follower(llm)
         return

@@ -1,14 +1,11 @@
-"""Model registry keyed by the Hugging Face `architectures` name."""
+"""Model registry keyed by the Hugging Face `architectures` name: one decoder, configured by ModelConfig's flags."""
 
 from __future__ import annotations
 
-from engine.model_config import ModelConfig
-from engine.models.llama import LlamaForCausalLM, Qwen3ForCausalLM
+from engine.model_config import HF_MODEL_TYPES, ModelConfig
+from engine.models.llama import LlamaForCausalLM
 
-MODELS: dict[str, type[LlamaForCausalLM]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
-}
+MODELS: dict[str, type[LlamaForCausalLM]] = dict.fromkeys(HF_MODEL_TYPES, LlamaForCausalLM)
 
 
 def create_model(cfg: ModelConfig) -> LlamaForCausalLM:

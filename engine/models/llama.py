@@ -1,10 +1,11 @@
-"""Llama-architecture decoder (SmolLM2, Llama-3.x) and Qwen3 (the same with per-head q/k RMSNorm)."""
+"""The one decoder every supported architecture runs: Llama (SmolLM2, Llama-3.x), Qwen2/Qwen2.5 (q/k/v bias), Mistral
+(sliding window, applied by the attention backend), Qwen3 (per-head q/k RMSNorm) and Qwen3-MoE (q/k norm, and
+mixture-of-experts MLPs in the layers the config makes sparse). The differences are ModelConfig flags."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Protocol
 
 import torch
 from torch import nn
@@ -12,6 +13,8 @@ from torch import nn
 from engine.distributed import TP
 from engine.layers import (
     ColumnParallelLinear,
+    Loadable,
+    Narrowable,
     RMSNorm,
     RotaryEmbedding,
     RowParallelLinear,
@@ -20,17 +23,8 @@ from engine.layers import (
     silu_and_mul,
 )
 from engine.model_config import ModelConfig
+from engine.models.moe import EXPERT_PROJ, SparseMoE
 from kernels.attention import AttentionBackend
-
-
-class Narrowable(Protocol):
-    """A weight that can be read in part (a rank reads only its shard)."""
-
-    @property
-    def shape(self) -> torch.Size | tuple[int, ...]: ...
-
-    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor: ...
-
 
 # On CUDA, q/k norm + rope + the K/V store run as one Triton kernel per layer (5-6 launches otherwise; docs/gpu.md).
 FUSED_QKV = True
@@ -47,7 +41,7 @@ class Attention(nn.Module):
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads // TP.size, cfg.num_kv_heads // TP.size, cfg.head_dim
         d = cfg.head_dim
         self.qkv_proj = ColumnParallelLinear(
-            cfg.hidden_size, [cfg.num_heads * d, cfg.num_kv_heads * d, cfg.num_kv_heads * d]
+            cfg.hidden_size, [cfg.num_heads * d, cfg.num_kv_heads * d, cfg.num_kv_heads * d], bias=cfg.qkv_bias
         )
         self.o_proj = RowParallelLinear(cfg.num_heads * d, cfg.hidden_size)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -91,7 +85,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()
         self.self_attn = Attention(cfg, layer_id)
-        self.mlp = MLP(cfg)
+        self.mlp: MLP | SparseMoE = SparseMoE(cfg) if cfg.is_moe_layer(layer_id) else MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -120,6 +114,31 @@ _PACKED = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
+_UNPACKED = {v: k for k, v in _PACKED.items()}
+_EXPERT = re.compile(r"(.*\.experts)\.(\d+)\.(\w+)_proj\.weight$")  # layers.N.mlp.experts.E.{gate,up,down}_proj
+_TENSOR = re.compile(r"(?:(.*)\.)?(\w+)\.(weight|bias)$")
+
+
+def _locate(name: str) -> tuple[str, str, int] | None:
+    """A checkpoint tensor's place here: (module path, param, index), or None for a name of no known shape."""
+    if m := _EXPERT.match(name):
+        if m.group(3) not in EXPERT_PROJ:
+            return None
+        return m.group(1), "weight", len(EXPERT_PROJ) * int(m.group(2)) + EXPERT_PROJ.index(m.group(3))
+    if m := _TENSOR.match(name):
+        parent, leaf, param = m.groups()
+        target, index = _PACKED.get(leaf, (leaf, 0))
+        return f"{parent}.{target}" if parent else target, param, index
+    return None
+
+
+def _hf_name(path: str, param: str, index: int) -> str:
+    if path.endswith(".experts"):
+        e, k = divmod(index, len(EXPERT_PROJ))
+        return f"{path}.{e}.{EXPERT_PROJ[k]}_proj.weight"
+    parent, _, leaf = path.rpartition(".")
+    leaf = _UNPACKED.get((leaf, index), leaf)
+    return f"{parent}.{leaf}.{param}" if parent else f"{leaf}.{param}"
 
 
 class LlamaForCausalLM(nn.Module):
@@ -147,63 +166,43 @@ class LlamaForCausalLM(nn.Module):
         costs more than the sampling itself); the sampler casts where it needs to."""
         return self.lm_head.logits(h)
 
+    def loadable(self) -> dict[str, Loadable]:
+        """Modules holding checkpoint tensors, by path; the LM head only when it is not the embedding."""
+        tied = self.cfg.tie_word_embeddings
+        return {p: m for p, m in self.named_modules() if isinstance(m, Loadable) and not (tied and p == "lm_head")}
+
     def load_weights(self, weights: Iterable[tuple[str, Narrowable]]) -> None:
         """Load HF-named weights; raises on unknown or missing names so a wrong file is caught early."""
-        modules = dict(self.named_modules())
-        loaded: set[str] = set()
+        modules = self.loadable()
+        shards = {p: set(m.shards()) for p, m in modules.items()}
+        loaded: set[tuple[str, str, int]] = set()
         for name, w in weights:
             name = name.removeprefix("model.")
             if name == "lm_head.weight" and self.cfg.tie_word_embeddings:
                 continue
             if name.endswith("rotary_emb.inv_freq"):
                 continue
-            m = re.match(r"(.*)\.(\w+)\.weight$", name) or re.match(r"()(\w+)\.weight$", name)
-            if m is None:
+            where = _locate(name)
+            module = modules.get(where[0]) if where else None
+            if where is None or module is None or (where[1], where[2]) not in shards[where[0]]:
                 raise ValueError(f"unexpected weight {name!r} for {self.cfg.architecture}")
-            parent, leaf = m.group(1), m.group(2)
-            target, index = _PACKED.get(leaf, (leaf, 0))
-            path = f"{parent}.{target}" if parent else target
-            module = modules.get(path)
-            if module is None or not hasattr(module, "load_shard"):
-                raise ValueError(f"unexpected weight {name!r} for {self.cfg.architecture}")
-            want = module.full_shape(index)
+            _, param, index = where
+            want = module.full_shape(param, index)
             if tuple(w.shape) != want:  # a larger tensor would otherwise be cut down to size without a word
                 raise ValueError(f"weight {name!r} has shape {tuple(w.shape)}, but the config makes it {want}")
-            module.load_shard(index, w)
-            loaded.add(f"{path}#{index}")
-        expected = {
-            f"{p}#{i}"
-            for p, m in modules.items()
-            if hasattr(m, "load_shard")
-            for i in range(len(getattr(m, "sizes", [0])))
-        }
-        if self.cfg.tie_word_embeddings:
-            expected = {e for e in expected if not e.startswith("lm_head")}
-        missing = sorted(expected - loaded)
+            module.load_shard(param, index, w)
+            loaded.add(where)
+        expected = {(p, param, i) for p, keys in shards.items() for param, i in keys}
+        missing = sorted(_hf_name(*k) for k in expected - loaded)
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} weights, e.g. {missing[:3]}")
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """These weights under Hugging Face names (TP=1), to build a transformers twin of this model."""
+        """These weights under Hugging Face checkpoint names (TP=1), to build a transformers twin of this model."""
         assert TP.size == 1, "hf_state_dict needs the whole model (tensor-parallel size 1)"
-        inverse = {(t, i): leaf for leaf, (t, i) in _PACKED.items()}
         out: dict[str, torch.Tensor] = {}
-        for path, m in self.named_modules():
-            if not hasattr(m, "load_shard") or (path == "lm_head" and self.cfg.tie_word_embeddings):
-                continue
-            parent, _, leaf = path.rpartition(".")
-            prefix = "" if path == "lm_head" else "model."
-            w = m.weight.detach()
-            sizes = getattr(m, "sizes", None)
-            parts = w.split(sizes) if sizes else [w]
-            for i, part in enumerate(parts):
-                name = inverse.get((leaf, i), leaf) if sizes else leaf
-                full = f"{parent}.{name}" if parent else name
-                out[f"{prefix}{full}.weight"] = (
-                    part[: self.cfg.vocab_size] if "embed" in leaf or leaf == "lm_head" else part
-                )
+        for path, m in self.loadable().items():
+            for param, i in m.shards():
+                prefix = "" if path == "lm_head" else "model."
+                out[prefix + _hf_name(path, param, i)] = m.hf_tensor(param, i)
         return out
-
-
-class Qwen3ForCausalLM(LlamaForCausalLM):
-    pass  # ModelConfig.qk_norm switches on the per-head q/k norms

@@ -22,9 +22,15 @@ class AttnMeta:
 
 
 class AttentionBackend(ABC):
-    def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int):
+    """Causal attention; with a `sliding_window` W a query at position p sees keys at positions p - W + 1 .. p (the
+    pool keeps the older ones: prefix sharing and chunking work as without a window, the mask hides them)."""
+
+    def __init__(
+        self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, sliding_window: int | None = None
+    ):
         self.pool = pool
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.sliding_window = sliding_window
         self.scale = head_dim**-0.5
         self.out_slots: torch.Tensor | None = None  # flat pool slots of the planned batch's new tokens
 
@@ -50,14 +56,20 @@ def available_backends() -> list[str]:
 
 
 def create_backend(
-    name: str, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device
+    name: str,
+    pool: KVPool,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    device: torch.device,
+    sliding_window: int | None = None,
 ) -> AttentionBackend:
     if name == "auto":
         name = "flashinfer" if device.type == "cuda" and "flashinfer" in available_backends() else "torch"
     if name == "torch":
         from kernels.attention.torch_backend import TorchBackend
 
-        return TorchBackend(pool, num_heads, num_kv_heads, head_dim)
+        return TorchBackend(pool, num_heads, num_kv_heads, head_dim, sliding_window)
     if name == "flashinfer":
         if device.type != "cuda":
             raise ValueError("the flashinfer attention backend needs a CUDA device")
@@ -65,5 +77,5 @@ def create_backend(
             raise ValueError("the flashinfer attention backend needs the flashinfer-python package (extra 'gpu')")
         from kernels.attention.flashinfer_backend import FlashInferBackend
 
-        return FlashInferBackend(pool, num_heads, num_kv_heads, head_dim, device)
+        return FlashInferBackend(pool, num_heads, num_kv_heads, head_dim, device, sliding_window)
     raise ValueError(f"unknown attention backend {name!r}; choose from auto, torch, flashinfer")

@@ -44,8 +44,19 @@ class _Wrapper(Protocol):
 
 
 class FlashInferBackend(AttentionBackend):
-    def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device):
-        super().__init__(pool, num_heads, num_kv_heads, head_dim)
+    def __init__(
+        self,
+        pool: KVPool,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        device: torch.device,
+        sliding_window: int | None = None,
+    ):
+        super().__init__(pool, num_heads, num_kv_heads, head_dim, sliding_window)
+        # FlashInfer's window_left counts the keys left of the query's own: W visible positions is W - 1. It is a plan
+        # argument (the kernel variant with the window is its own JIT build), so CUDA-graph replays keep it.
+        self.window_left = -1 if sliding_window is None else sliding_window - 1
         import flashinfer
 
         self.fi = flashinfer
@@ -66,7 +77,9 @@ class FlashInferBackend(AttentionBackend):
 
     def _plan(self, wrapper: _Wrapper, meta: AttnMeta) -> None:
         indptr, indices, last = paged_metadata(meta, self.pool.page_size)
-        common = dict(q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale)
+        common = dict(
+            q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale, window_left=self.window_left
+        )
         if meta.is_decode:
             wrapper.plan(
                 indptr, indices, last, self.num_heads, self.num_kv_heads, self.head_dim, self.pool.page_size, **common

@@ -24,13 +24,20 @@ class TorchBackend(AttentionBackend):
                 idx[i, : len(s)] = s
             self.idx = idx.to(dev)
             lens = torch.tensor(meta.kv_lens)
-            self.mask = (torch.arange(max_kv)[None, :] < lens[:, None]).to(dev)[:, None, None, :]
+            self.mask = self._visible(lens[:, None] - 1, torch.arange(max_kv)[None, :]).to(dev)[:, None, None, :]
         else:
             self.slots = [s.to(dev) for s in slots]
             self.masks = []
             for q_len, kv_len in zip(meta.q_lens, meta.kv_lens):
                 qpos = torch.arange(kv_len - q_len, kv_len)
-                self.masks.append((torch.arange(kv_len)[None, :] <= qpos[:, None]).to(dev))
+                self.masks.append(self._visible(qpos[:, None], torch.arange(kv_len)[None, :]).to(dev))
+
+    def _visible(self, qpos: torch.Tensor, kpos: torch.Tensor) -> torch.Tensor:
+        """Which key positions each query position attends to: causal, within the sliding window if any."""
+        mask = kpos <= qpos
+        if self.sliding_window is not None:
+            mask &= kpos > qpos - self.sliding_window
+        return mask
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
         if k is not None and v is not None:
