@@ -384,7 +384,8 @@ def test_logprobs_logit_bias_min_tokens_on_the_gpu_sampler(peaked_model):
     for p, o, r in zip(prompts * 3, outs, rescored):
         again = (r.prompt_logprobs or [])[len(p) - 1 :]
         assert [x.token for x in again] == o.token_ids
-        assert max(abs(a.logprob - b.logprob) for a, b in zip(o.logprobs or [], again)) < 0.1
+        # bf16 logits of this peaked model reach 16-32, where one bf16 step is 0.125: allow two (H200: 0.123 seen)
+        assert max(abs(a.logprob - b.logprob) for a, b in zip(o.logprobs or [], again)) < 0.25
 
     first = [o.token_ids[0] for o in outs[10:]]  # each prompt's greedy first token
     greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
