@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from engine.model_config import ModelConfig
@@ -126,7 +126,7 @@ def run_generate_batch(
     """transformers' continuous batching manager: one add_request per prompt with its own max_new_tokens."""
     import torch
 
-    kw = {}
+    kw: dict[str, Any] = {}
     if "workload_hints" in inspect.signature(model.init_continuous_batching).parameters:
         # What generate_batch itself passes: buffers sized for this workload, not for all free memory.
         from transformers.generation.continuous_batching.utils import WorkloadHints
@@ -134,6 +134,16 @@ def run_generate_batch(
         kw["workload_hints"] = WorkloadHints(
             max_prompt_length=max(map(len, prompts)), max_generated_length=max(output_lens), num_requests=len(prompts)
         )
+    params = inspect.signature(model.init_continuous_batching).parameters
+    if model.device.type == "cpu" and "continuous_batching_config" in params:
+        # On a GPU transformers sizes its KV cache from free device memory, as its users get it; on the CPU that
+        # rule takes most of the machine's RAM (13 GB of 24 here) and writes it all before the first token. A
+        # cache that holds the whole workload at once is all it can use.
+        from transformers import ContinuousBatchingConfig
+
+        page = ContinuousBatchingConfig().page_size
+        blocks = sum(-(-(len(p) + n) // page) for p, n in zip(prompts, output_lens)) + len(prompts)
+        kw["continuous_batching_config"] = ContinuousBatchingConfig(num_blocks=blocks)
     manager = model.init_continuous_batching(generation_config=_generation_config(temperature), **kw)
     extra = {"eos_token_id": -1} if "eos_token_id" in inspect.signature(manager.add_request).parameters else {}
     if hasattr(manager, "warmup"):
