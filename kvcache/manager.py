@@ -128,14 +128,17 @@ class CacheManager:
     # ---- invariants (tests call this after every step) ------------------------------------------------
     def check(self, live: Sequence[CacheUser]) -> None:
         ps = self.page_size
-        free = self.allocator.free_set()
+        # Every page is exactly one of free / locked in the tree / evictable in the tree / private to a request.
+        # Checked over the pages in use only (the free list checks itself), so it costs O(pages in use) per step.
+        self.allocator.check()
         locked, evictable = self.radix.page_sets() if self.radix else ([], [])
         private = [p for r in live for p in r.pages[r.cached_len // ps :]]
-        everything = list(free) + locked + evictable + private
-        assert len(everything) == self.num_pages == len(set(everything)), (
-            f"page accounting broken: free {len(free)} + locked {len(locked)} + evictable {len(evictable)} "
-            f"+ private {len(private)} != {self.num_pages} (or duplicates)"
+        used = locked + evictable + private
+        assert self.allocator.num_free + len(used) == self.num_pages and len(used) == len(set(used)), (
+            f"page accounting broken: free {self.allocator.num_free} + locked {len(locked)} + evictable "
+            f"{len(evictable)} + private {len(private)} != {self.num_pages} (or duplicates)"
         )
+        assert not any(self.allocator.is_free(p) for p in used), "a page both free and in use"
         assert len(evictable) == self.num_evictable, "evictable page counter out of sync"
         assert self.num_free + self.num_evictable + self.num_in_use == self.num_pages
         tree_pages = set(locked)

@@ -118,3 +118,20 @@ def test_evict_all_frees_unused_cached_pages_but_not_held_ones():
     m.check([held])
     assert m.num_evictable == 0 and m.num_free == 10 - len(held.pages)
     assert m.radix is not None and m.radix.match([1, 2, 3, 4, 9])[1] == held.pages[:2]  # held prefix kept
+
+
+@pytest.mark.parametrize("corrupt", ["lost", "shared", "free and held"])
+def test_check_catches_every_kind_of_broken_accounting(corrupt):
+    """check() looks at the pages in use only; each way a page can go astray must still fail it."""
+    m = CacheManager(num_pages=8, page_size=4)
+    a, b = FakeReq(list(range(6))), FakeReq(list(range(50, 56)))
+    assert m.admit(a) and m.admit(b)
+    m.check([a, b])
+    if corrupt == "lost":  # a request's page vanished: neither free nor held by anyone
+        a.pages.pop()
+    elif corrupt == "shared":  # two requests hold the same private page
+        b.pages[0] = a.pages[0]
+    else:  # freed behind its holder's back
+        m.allocator.free(a.pages[-1:])
+    with pytest.raises(AssertionError, match="page accounting broken|both free and in use"):
+        m.check([a, b])
