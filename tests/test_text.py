@@ -53,13 +53,8 @@ def test_chat_template_is_the_models(smollm):
     assert smollm.tokenizer.hf.decode(ids).count("<|im_start|>") == 3  # system, user, assistant header
 
 
-def test_repetition_penalty_matches_transformers(smollm):
-    from transformers import AutoModelForCausalLM
-
-    from engine.weights import embedded_default_path
-
-    path = embedded_default_path()
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+def test_repetition_penalty_matches_transformers(smollm, hf_smollm):
+    hf = hf_smollm
     ids = smollm.encode("The list of colors: red, green, blue, red, green, blue,")
     out = smollm.generate([ids], SamplingParams(max_tokens=20, temperature=0, repetition_penalty=1.3, ignore_eos=True))[
         0
