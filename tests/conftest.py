@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +27,15 @@ torch.set_num_threads(int(os.environ.get("MINISGL_TEST_THREADS", "1")))
 # On a CPU with native bf16 `--dtype auto` means bf16; the suite compares with HF in fp32 (engine.cpu), here and in
 # the serve / chat processes it starts (they inherit the environment).
 os.environ.setdefault("MINISGL_CPU_DTYPE", "float32")
-# The suite reads the GGUF file itself (engine.weight_cache is tested on its own, in a temporary directory).
-os.environ.setdefault("MINISGL_WEIGHT_CACHE", "0")
+# One weight cache per test process, in a fresh temporary directory: the first load of the embedded GGUF (read and
+# dequantized by the engine itself) fills it, and every later load (servers, chats, tensor-parallel ranks) reads
+# the saved copy instead of spending ~30 s on the GGUF and its tokenizer again. tests/test_weight_cache.py checks
+# that a cached load equals the GGUF load; it and the bad-model-file tests use caches of their own.
+# (pytest-xdist's workers inherit the first process's directory; only that process removes it.)
+os.environ.setdefault("MINISGL_WEIGHT_CACHE", "1")
+if "MINISGL_CACHE_DIR" not in os.environ:
+    os.environ["MINISGL_CACHE_DIR"] = tempfile.mkdtemp(prefix="minisgl-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["MINISGL_CACHE_DIR"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
