@@ -165,6 +165,24 @@ def test_vllm_missing_is_a_clear_error(args):
     assert "Traceback" not in r.output
 
 
+@pytest.mark.parametrize("name", ["Qwen3-0.6B", "Llama-3.1-8B"])
+def test_vllm_model_dir_describes_the_preset(tmp_path, name):
+    """vLLM builds a dummy:<preset> from the config.json written for it: read back (as the engine and transformers,
+    which vLLM uses, read a HF directory) it is the very same model."""
+    import dataclasses
+
+    from transformers import AutoConfig
+
+    from engine import weights
+    from minisgl_cli.vllm_peer import write_config_dir
+
+    write_config_dir(PRESETS[name], tmp_path)
+    assert dataclasses.replace(weights.hf_config(tmp_path), name=name) == PRESETS[name]
+    hf = AutoConfig.from_pretrained(str(tmp_path))
+    assert (hf.architectures, hf.num_hidden_layers) == ([PRESETS[name].architecture], PRESETS[name].num_layers)
+    assert not (tmp_path / "generation_config.json").exists()  # no sampling defaults to leak into the workload
+
+
 def test_a_failing_peer_child_stops_the_run(tmp_path):
     # The vLLM child starts as `bash -c 'source ENV && exec python -m minisgl_cli ...'`; an environment script that
     # fails (no bundle there) ends the run before minisgl starts.
