@@ -389,7 +389,6 @@ def _run_peer(
     from minisgl_cli.peers import PeerUnavailable, open_peer
     from minisgl_cli.workload import random_workload
 
-    device, mc = config.torch_device(), model_config_for(config.model)
     repeats = 1 if name == "transformers" else repeats
     t0 = time.perf_counter()
     try:
@@ -399,6 +398,7 @@ def _run_peer(
     except PeerUnavailable as e:
         raise typer.BadParameter(str(e), param_hint="--engine") from e
     startup = time.perf_counter() - t0
+    device, mc = config.torch_device(), model_config_for(config.model)
     t0 = time.perf_counter()
     warm = random_workload(min(workload.num_seqs, 4), (16, 64), (8, 8), seed=12345, vocab_size=mc.vocab_size)
     peer.generate(warm.prompts, warm.output_lens, temperature)
