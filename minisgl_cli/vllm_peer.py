@@ -8,8 +8,8 @@ as a child process (see bench_offline.py).
 Weights: a `dummy:<preset>` becomes a directory holding the preset's config.json (`ModelConfig.to_hf_dict()`) and
 vLLM makes its own random weights at those shapes (`load_format="dummy"`): the same shapes as minisgl's dummy
 weights, not the same values, which throughput does not depend on. A HF directory is loaded as it is. Prompts are
-token ids (`skip_tokenizer_init=True`). Otherwise vLLM's defaults: torch.compile and CUDA graphs on, prefix
-caching, async scheduling, its own batch limits; `describe()` reports the values it used."""
+token ids (`skip_tokenizer_init=True`, nothing detokenized). Otherwise vLLM's defaults: torch.compile and CUDA
+graphs on, prefix caching, async scheduling, its own batch limits; `describe()` reports the values it used."""
 
 from __future__ import annotations
 
@@ -108,10 +108,10 @@ class VllmPeer:
         on_done: OnDone | None = None,
     ) -> PeerRun:
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
 
-        inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        params = [SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=n) for n in output_lens]
+        inputs = [{"prompt_token_ids": list(p)} for p in prompts]  # vllm.inputs.TokensPrompt, a TypedDict
+        kw = {"temperature": temperature, "ignore_eos": True, "detokenize": False}
+        params = [SamplingParams(max_tokens=n, **kw) for n in output_lens]
         self.llm.reset_prefix_cache()  # every run starts cold, as minisgl's do (it clears its radix cache)
         t0 = time.perf_counter()
         outs = self.llm.generate(inputs, params, use_tqdm=False)
