@@ -1,23 +1,56 @@
 """`minisgl bench-offline`: throughput of one batch workload (nano-vllm's by default), optionally side by side
-with Hugging Face transformers on the same weights and the same prompts."""
+with peers (Hugging Face transformers, vLLM) on the same prompts.
+
+`--compare transformers,vllm` runs each peer first, each as a child process `bench-offline --engine NAME --json
+FILE` with the same flags (the vLLM one under `--vllm-env`, so that vLLM and the project's FlashInfer never share a
+process or a PYTHONPATH), then minisgl in this process, and merges the children's JSON into one table and file."""
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
 from minisgl_cli import options as o
+from minisgl_cli.peers import PEERS
 
-ENGINES = ("minisgl", "transformers")
+ENGINES = ("minisgl", *PEERS)
+PEER_CHILD_ENV = "MINISGL_PEER_CHILD"  # set in the environment of the child a --compare run starts for each peer
+
+
+class _BareCompare(TyperCommand):
+    """`--compare` with no value (the next word is another flag, or none) keeps its old meaning: transformers.
+    Typer has no optional option values, so the bare form is rewritten before parsing."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        args = [
+            "--compare=transformers" if a == "--compare" and (i + 1 == len(args) or args[i + 1].startswith("-")) else a
+            for i, a in enumerate(args)
+        ]
+        return super().parse_args(ctx, args)
+
+
+def parse_peers(text: str) -> list[str]:
+    """`--compare`'s list: peer names, comma separated, each once."""
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in PEERS]
+    if not names or bad:
+        raise ValueError(
+            f"must name peers among {', '.join(PEERS)}, comma separated (got {text!r}); minisgl always runs"
+        )
+    return list(dict.fromkeys(names))
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("bench-offline")
+    @app.command("bench-offline", cls=_BareCompare)
     def bench_offline(
+        ctx: typer.Context,
         num_seqs: Annotated[int, typer.Option(help="number of requests", min=1)] = 256,
         input_len: Annotated[str, typer.Option(help="prompt length range A:B (uniform, inclusive)")] = "100:1024",
         output_len: Annotated[str, typer.Option(help="output length range A:B (uniform, inclusive)")] = "100:1024",
@@ -29,10 +62,23 @@ def register(app: typer.Typer) -> None:
                 help="real prompts from a local .json/.jsonl/.parquet file (ShareGPT `conversations` or a text column)"
             ),
         ] = None,
-        engine: Annotated[str, typer.Option(help="minisgl | transformers")] = "minisgl",
+        engine: Annotated[str, typer.Option(help="minisgl | transformers | vllm")] = "minisgl",
         compare: Annotated[
-            bool, typer.Option("--compare", help="run minisgl, then transformers, and print the ratio")
-        ] = False,
+            str | None,
+            typer.Option(
+                "--compare",
+                help="peers to run on the same workload beside minisgl, each in a process of its own, "
+                "e.g. transformers,vllm (bare --compare: transformers); prints minisgl's speed-up over each",
+            ),
+        ] = None,
+        vllm_env: Annotated[
+            Path | None,
+            typer.Option(
+                envvar="MINISGL_VLLM_ENV",
+                help="shell script sourced before the vLLM peer's process starts "
+                "(the GPU machine: /root/vllm-site/vllm-env.sh)",
+            ),
+        ] = None,
         peer_api: Annotated[
             str,
             typer.Option(
@@ -45,8 +91,8 @@ def register(app: typer.Typer) -> None:
         runs: Annotated[
             int,
             typer.Option(
-                help="timed minisgl runs of the workload; the median is reported "
-                "(a fresh GPU machine runs slower for its first ~30 s)",
+                help="timed runs of the workload (minisgl and vLLM; transformers runs once); the median is "
+                "reported (a fresh GPU machine runs slower for its first ~30 s)",
                 min=1,
             ),
         ] = 1,
@@ -78,6 +124,7 @@ def register(app: typer.Typer) -> None:
         lengths uniform in [100, 1024], random prompt ids in [0, 10000] (folded as id % vocab for models with a
         smaller vocabulary), temperature 0.6, ignore_eos: 133,966 output tokens."""
         flags = dict(locals())
+        del flags["ctx"]
         from rich.console import Console
 
         from minisgl_cli.report import command_flags, environment, write_json
@@ -88,31 +135,47 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"must be one of {', '.join(ENGINES)} (got {engine!r})", param_hint="--engine")
         if peer_api not in ("auto", "generate_batch", "generate"):
             raise typer.BadParameter("must be auto, generate_batch or generate", param_hint="--peer-api")
+        try:
+            peers = [] if compare is None else parse_peers(compare)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--compare") from e
+        if peers and tp > 1:
+            raise typer.BadParameter(
+                "--compare runs with --tp 1 (each torchrun rank would start the peers): run `--engine vllm --tp N` "
+                "apart and set the JSON files side by side with bench-compare",
+                param_hint="--compare",
+            )
+        if vllm_env is not None and not vllm_env.is_file():
+            raise typer.BadParameter(f"{vllm_env} is not a file", param_hint="--vllm-env")
+        if "vllm" in peers and vllm_env is None:
+            import importlib.util
+
+            from minisgl_cli.vllm_peer import missing
+
+            # The child would have this environment: fail now rather than after it imports torch. vLLM itself is
+            # never imported in this process.
+            if importlib.util.find_spec("vllm") is None:
+                raise typer.BadParameter(missing("no module named 'vllm'"), param_hint="--compare")
         if plot is not None:
             from minisgl_cli.plots import require_matplotlib
 
             require_matplotlib()
         config = o.engine_config(**flags)
         workload = _build_workload(config, num_seqs, input_len, output_len, seed, dataset)
-        engines = list(ENGINES) if compare else [engine]
-        results = []
-        for name in engines:
-            run = _run_minisgl if name == "minisgl" else _run_transformers
-            results.append(
-                run(
-                    config,
-                    workload,
-                    temperature,
-                    quiet,
-                    peer_api=peer_api,
-                    peer_batch_size=peer_batch_size,
-                    repeats=runs,
-                )
-            )
-        result: dict[str, Any] = dict(results[0])
-        if len(results) == 2:
-            result["peer"] = results[1]
-            result["speedup"] = results[0]["output_throughput"] / max(results[1]["output_throughput"], 1e-9)
+        # Peers first: one that cannot run fails in seconds, and each finds the GPU free (vLLM claims 90% of it).
+        peer_results = [_run_child(name, ctx, workload, vllm_env if name == "vllm" else None) for name in peers]
+        if engine == "minisgl" or peers:
+            main = _run_minisgl(config, workload, temperature, quiet, repeats=runs)
+        else:
+            main = _run_peer(engine, config, workload, temperature, quiet, runs, peer_api, peer_batch_size)
+        results = [main, *peer_results]
+        result: dict[str, Any] = dict(main)
+        if peer_results:
+            speedups = {
+                p["engine"]: main["output_throughput"] / max(p["output_throughput"], 1e-9) for p in peer_results
+            }
+            # `peer` and `speedup` (the first peer) as before the list, for the files and scripts that read them
+            result.update(peers=peer_results, speedups=speedups, peer=peer_results[0], speedup=speedups[peers[0]])
         result["workload"] = {
             "source": workload.source,
             "num_seqs": workload.num_seqs,
@@ -123,6 +186,7 @@ def register(app: typer.Typer) -> None:
             "ignore_eos": True,
             "folded_ids": workload.folded_ids,
             "truncated_prompts": workload.truncated,
+            "digest": workload_digest(workload),
         }
         result["environment"] = environment()
         result["benchmark"] = "bench-offline"
@@ -131,8 +195,11 @@ def register(app: typer.Typer) -> None:
         for r in results:
             r.pop("_steps", None)
         console.print(_table(results, workload))
-        if "speedup" in result:
-            console.print(f"[bold]minisgl / transformers output throughput: {result['speedup']:.2f}x[/bold]")
+        for r in results:
+            if r.get("settings"):
+                console.print(f"{r['engine']} settings: " + ", ".join(f"{k} {v}" for k, v in r["settings"].items()))
+        for name, x in result.get("speedups", {}).items():
+            console.print(f"[bold]minisgl / {name} output throughput: {x:.2f}x[/bold]")
         if json_path is not None:
             write_json(json_path, result)
             console.print(f"results written to {json_path}")
@@ -142,6 +209,11 @@ def register(app: typer.Typer) -> None:
             title = f"bench-offline: {result['model']} on {result['device']}, {workload.num_seqs} requests"
             plot_steps(steps, plot, title)
             console.print(f"plot written to {plot}")
+        if os.environ.get(PEER_CHILD_ENV) == "1":
+            # A peer child is done once its JSON is written; vLLM's engine-core process can hold up a normal exit.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
 
 
 def _build_workload(config, num_seqs: int, input_len: str, output_len: str, seed: int, dataset: Path | None):
@@ -301,50 +373,115 @@ def _token_counter(show: Callable[[int], None]):
     return on_output
 
 
-def _run_transformers(
-    config, workload, temperature: float, quiet: bool, peer_api: str = "auto", peer_batch_size: int = 64, **_: Any
+def _run_peer(
+    name: str,
+    config,
+    workload,
+    temperature: float,
+    quiet: bool,
+    repeats: int = 1,
+    peer_api: str = "auto",
+    peer_batch_size: int = 64,
 ) -> dict[str, Any]:
-    import torch
+    """A peer in this process, timed as `_run_minisgl` times minisgl: start-up apart, a warm-up on other prompts,
+    then `repeats` timed passes over the workload (transformers: one, it is ~40x slower), the median reported."""
+    from minisgl_cli.hf_peer import model_config_for
+    from minisgl_cli.peers import PeerUnavailable, open_peer
+    from minisgl_cli.workload import random_workload
 
-    from minisgl_cli.hf_peer import load_hf_model, model_config_for, run_peer
-
-    device, mc = config.torch_device(), model_config_for(config.model)
-    dtype = config.torch_dtype(device)
+    repeats = 1 if name == "transformers" else repeats
     t0 = time.perf_counter()
-    torch.manual_seed(config.seed)
-    with _progress(quiet) as bar:
-        bar.add_task("loading transformers", total=None)
-        model = load_hf_model(config.model, device, dtype)
+    try:
+        with _progress(quiet) as bar:
+            bar.add_task(f"loading {name}", total=None)
+            peer = open_peer(name, config, peer_api, peer_batch_size)
+    except PeerUnavailable as e:
+        raise typer.BadParameter(str(e), param_hint="--engine") from e
     startup = time.perf_counter() - t0
+    device, mc = config.torch_device(), model_config_for(config.model)
     t0 = time.perf_counter()
-    warm = [list(p[:32]) for p in workload.prompts[:2]]
-    run_peer(model, warm, [8] * len(warm), temperature, peer_api, peer_batch_size)
+    warm = random_workload(min(workload.num_seqs, 4), (16, 64), (8, 8), seed=12345, vocab_size=mc.vocab_size)
+    peer.generate(warm.prompts, warm.output_lens, temperature)
     warmup = time.perf_counter() - t0
-    with _progress(quiet) as bar:
-        task = bar.add_task("transformers", total=workload.output_tokens)
-        run = run_peer(
-            model,
-            workload.prompts,
-            workload.output_lens,
-            temperature,
-            peer_api,
-            peer_batch_size,
-            on_done=lambda n: bar.advance(task, n),
-        )
-    result = _summary("transformers", len(run.output_lens), workload.input_tokens, sum(run.output_lens), run.duration)
+    runs = []
+    for i in range(repeats):
+        with _progress(quiet) as bar:
+            task = bar.add_task(name if repeats == 1 else f"{name} run {i + 1}/{repeats}", total=workload.output_tokens)
+            # B023: the lambda reads this iteration's task, and only runs within this iteration.
+            on_done = lambda n: bar.advance(task, n)  # noqa: B023, E731
+            runs.append(peer.generate(workload.prompts, workload.output_lens, temperature, on_done))
+    run = sorted(runs, key=lambda r: r.duration)[(repeats - 1) // 2]  # the median run (lower middle)
+    result = _summary(name, len(run.output_lens), workload.input_tokens, sum(run.output_lens), run.duration)
     result.update(
-        failed=0,
-        api=run.api,
-        model=mc.name or str(config.model),
-        device=str(device),
-        dtype=str(dtype).removeprefix("torch."),
+        failed=run.failed,
+        **peer.describe(),
         startup_seconds=startup,
         warmup_seconds=warmup,
+        runs=[{"duration": r.duration, "output_throughput": sum(r.output_lens) / r.duration} for r in runs],
     )
-    _add_floor(result, workload, mc, dtype, device, 1)
-    del model
+    _add_floor(result, workload, mc, config.torch_dtype(device), device, config.tp)
+    peer.close()
     _free_memory()
     return result
+
+
+def workload_digest(workload) -> str:
+    """A short hash of the prompts and output lengths: a peer child's run must be on the very same workload."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps([workload.prompts, workload.output_lens]).encode()).hexdigest()[:16]
+
+
+def _given_flags(ctx: typer.Context) -> list[str]:
+    """This command's flags that differ from their defaults, for a peer child (which has the same defaults and
+    environment), without those only the parent acts on."""
+    from typer.core import TyperOption
+
+    args: list[str] = []
+    for p in ctx.command.params:
+        if p.name in ("compare", "engine", "json_path", "plot", "vllm_env") or not isinstance(p, TyperOption):
+            continue
+        value = ctx.params[p.name or ""]
+        if value == p.default:
+            continue
+        if p.is_flag:
+            args += [p.opts[0]] if value else p.secondary_opts[:1]
+        else:
+            args += [p.opts[0], str(value)]
+    return args
+
+
+def _run_child(name: str, ctx: typer.Context, workload, env_script: Path | None) -> dict[str, Any]:
+    """`bench-offline --engine NAME` with this command's flags in a process of its own (after `source env_script`
+    when given); its JSON, checked to be of the same workload. Its own output (progress, its table, errors) shows
+    as it runs."""
+    import json
+    import shlex
+    import subprocess
+    import tempfile
+
+    from rich.console import Console
+
+    with tempfile.TemporaryDirectory(prefix="minisgl-peer-") as tmp:
+        out = Path(tmp) / f"{name}.json"
+        cmd = [sys.executable, "-m", "minisgl_cli", "bench-offline", *_given_flags(ctx), "--engine", name]
+        cmd += ["--json", str(out)]
+        if env_script is not None:
+            cmd = ["bash", "-c", 'source "$0" && exec "$@"', str(env_script), *cmd]
+        Console(stderr=True).print(f"[bold]{name}[/bold] in a process of its own: {shlex.join(cmd)}")
+        rc = subprocess.run(cmd, env={**os.environ, PEER_CHILD_ENV: "1"}).returncode
+        if rc != 0 or not out.is_file():
+            Console(stderr=True).print(
+                f"[red]bench-offline: the {name} peer failed (exit status {rc}); its messages are above[/red]"
+            )
+            raise typer.Exit(2 if rc == 2 else 1)
+        data: dict[str, Any] = json.loads(out.read_text())
+    if data.get("workload", {}).get("digest") != workload_digest(workload):
+        raise RuntimeError(f"the {name} peer ran another workload than this process drew (a bug)")
+    for key in ("workload", "flags", "benchmark"):
+        data.pop(key, None)
+    return data
 
 
 def _free_memory() -> None:

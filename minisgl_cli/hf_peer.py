@@ -11,23 +11,15 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from minisgl_cli.peers import OnDone, PeerRun
 
 if TYPE_CHECKING:
     from engine.model_config import ModelConfig
     from engine.tokenizer import Tokenizer
-
-OnDone = Callable[[int], None]  # called with each finished request's output token count
-
-
-@dataclass(slots=True)
-class PeerRun:
-    api: str  # "generate_batch" (continuous batching) or "generate" (padded static batches)
-    output_lens: list[int]  # tokens each request produced
-    duration: float
 
 
 def model_config_for(spec: str | None) -> ModelConfig:
@@ -228,3 +220,45 @@ def run_peer(
             raise ValueError("this transformers version has no continuous batching (generate_batch)")
         return run_generate_batch(model, prompts, output_lens, temperature, on_done)
     return run_generate(model, prompts, output_lens, temperature, batch_size, on_done)
+
+
+class TransformersPeer:
+    """The `Peer` interface (minisgl_cli/peers.py) over transformers: continuous batching (`generate_batch`) or
+    padded static batches (`generate`)."""
+
+    def __init__(self, config, api: str = "auto", batch_size: int = 64) -> None:
+        import torch
+
+        try:
+            import transformers  # noqa: F401
+        except ImportError as e:
+            from minisgl_cli.peers import PeerUnavailable
+
+            raise PeerUnavailable(f"the transformers peer needs the transformers package ({e})") from e
+        self.device = config.torch_device()
+        self.dtype = config.torch_dtype(self.device)
+        self.api, self.batch_size = api, batch_size
+        self.name = model_config_for(config.model).name or str(config.model)
+        torch.manual_seed(config.seed)
+        self.model = load_hf_model(config.model, self.device, self.dtype)
+
+    def generate(
+        self,
+        prompts: Sequence[list[int]],
+        output_lens: Sequence[int],
+        temperature: float,
+        on_done: OnDone | None = None,
+    ) -> PeerRun:
+        return run_peer(self.model, prompts, output_lens, temperature, self.api, self.batch_size, on_done)
+
+    def describe(self) -> dict[str, Any]:
+        api = self.api if self.api != "auto" else "generate_batch" if has_generate_batch(self.model) else "generate"
+        return {
+            "api": api,
+            "model": self.name,
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
+
+    def close(self) -> None:
+        del self.model

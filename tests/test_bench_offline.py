@@ -1,8 +1,10 @@
 """`minisgl bench-offline`: nano-vllm's workload, the bandwidth floor, and real end-to-end runs on tiny models
-(minisgl and the transformers peer) with the JSON checked against the workload."""
+(minisgl and the transformers peer, in-process and as a --compare child) with the JSON checked against the workload.
+vLLM cannot run on this CPU: its tests cover the --compare list, the errors, and the child mechanism it shares."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 
@@ -11,6 +13,7 @@ from typer.testing import CliRunner
 
 from engine.model_config import PRESETS
 from minisgl_cli.app import app
+from minisgl_cli.bench_offline import parse_peers, workload_digest
 from minisgl_cli.roofline import decode_floor, weight_bytes_per_step
 from minisgl_cli.workload import parse_range, random_workload
 from tests.conftest import make_llm
@@ -123,12 +126,70 @@ def test_repeated_runs_start_cold_and_report_the_median(tmp_path):
 
 
 def test_compare_runs_transformers_on_the_same_workload(tmp_path):
-    res = bench(tmp_path, *TINY, "--num-seqs", "6", "--input-len", "16:48", "--output-len", "4:16", "--compare")
+    """Bare --compare (transformers, as before the list): the peer runs as a child `bench-offline --engine
+    transformers --json ...` given this run's flags, and its JSON is merged after a check of the workload's digest."""
+    args = ("--num-seqs", "6", "--input-len", "16:48", "--output-len", "4:16", "--seed", "5", "--temperature", "0")
+    res = bench(tmp_path, *TINY, *args, "--compare")
+    w = random_workload(6, (16, 48), (4, 16), seed=5, vocab_size=512)
     peer = res["peer"]
     assert (peer["engine"], peer["api"], peer["completed"]) == ("transformers", "generate_batch", 6)
+    assert peer["total_input_tokens"] == w.input_tokens and peer["total_output_tokens"] == w.output_tokens
     for key in ("total_input_tokens", "total_output_tokens"):
         assert peer[key] == res[key]
+    assert res["peers"] == [peer] and "workload" not in peer and peer["environment"]["torch"]
+    assert res["workload"]["digest"] == workload_digest(w)
     assert res["speedup"] == pytest.approx(res["output_throughput"] / peer["output_throughput"])
+    assert res["speedups"] == {"transformers": res["speedup"]}
+
+
+@pytest.mark.parametrize(
+    "text, peers",
+    [("transformers", ["transformers"]), ("transformers,vllm", ["transformers", "vllm"]), (" VLLM, vllm ", ["vllm"])],
+)
+def test_compare_list(text, peers):
+    assert parse_peers(text) == peers
+
+
+@pytest.mark.parametrize("text", ["", ",", "minisgl", "transformers,sglang"])
+def test_compare_list_rejects(text):
+    with pytest.raises(ValueError, match="transformers, vllm"):
+        parse_peers(text)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+@pytest.mark.parametrize("args", [["--engine", "vllm"], ["--compare", "transformers,vllm"]])
+def test_vllm_missing_is_a_clear_error(args):
+    r = CliRunner().invoke(app, ["bench-offline", *TINY, *args])
+    assert r.exit_code == 2, r.output
+    assert "vLLM does not import here" in flat(r.output) and "--vllm-env" in flat(r.output)
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("name", ["Qwen3-0.6B", "Llama-3.1-8B"])
+def test_vllm_model_dir_describes_the_preset(tmp_path, name):
+    """vLLM builds a dummy:<preset> from the config.json written for it: read back (as the engine and transformers,
+    which vLLM uses, read a HF directory) it is the very same model."""
+    import dataclasses
+
+    from transformers import AutoConfig
+
+    from engine import weights
+    from minisgl_cli.vllm_peer import write_config_dir
+
+    write_config_dir(PRESETS[name], tmp_path)
+    assert dataclasses.replace(weights.hf_config(tmp_path), name=name) == PRESETS[name]
+    hf = AutoConfig.from_pretrained(str(tmp_path))
+    assert (hf.architectures, hf.num_hidden_layers) == ([PRESETS[name].architecture], PRESETS[name].num_layers)
+    assert not (tmp_path / "generation_config.json").exists()  # no sampling defaults to leak into the workload
+
+
+def test_a_failing_peer_child_stops_the_run(tmp_path):
+    # The vLLM child starts as `bash -c 'source ENV && exec python -m minisgl_cli ...'`; an environment script that
+    # fails (no bundle there) ends the run before minisgl starts.
+    env = tmp_path / "env.sh"
+    env.write_text("echo 'vllm-env: no unpacked bundle' >&2; return 1\n")
+    r = CliRunner().invoke(app, ["bench-offline", *TINY, "--compare", "vllm", "--vllm-env", str(env)])
+    assert r.exit_code == 1 and "the vllm peer failed (exit status 1)" in flat(r.output)
 
 
 def test_transformers_padded_generate_fallback(tmp_path):
@@ -192,7 +253,9 @@ def test_dataset_prompts_sharegpt_jsonl_and_parquet(tmp_path):
     [
         (["--input-len", "5:2"], "--input-len"),
         (["--output-len", "x"], "--output-len"),
-        (["--engine", "vllm"], "minisgl, transformers"),
+        (["--engine", "sglang"], "minisgl, transformers, vllm"),
+        (["--compare", "--tp", "2"], "--compare runs with --tp 1"),  # bare --compare does not take --tp as its value
+        (["--compare", "vllm", "--vllm-env", "/nonexistent.sh"], "is not a file"),
         (["--input-len", "1500:1500", "--output-len", "600:600"], "context length 2048"),
         (["--model", "dummy:nope"], "unknown dummy model"),
         (["--page-size", "0"], "--page-size"),

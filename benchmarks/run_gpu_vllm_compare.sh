@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Issue #17, vLLM side by side: `bench-offline --compare vllm` on one GPU, minisgl and vLLM 0.26.0 on the identical
+# workload (nano-vllm's, 133,966 output tokens) in one run, one table and one JSON per model.
+#
+# vLLM reaches the GPU machine in two ~40 MiB parts (../shared/gpu/peers/README.md; build them here, once, with
+# ../shared/gpu/peers/make-vllm-parts.sh), the project's FlashInfer bundle is ~29 MiB, and a call carries at most
+# 64 MiB with the ~5 MiB tree: no call can carry a part and the bundle. So the bundle is unpacked (to /tmp/site) in a
+# call of its own BEFORE the parts; then the call that brings the second part runs both engines in one command. The
+# machine keeps /tmp/site and /root only while it stays warm: send the calls one right after the other.
+#
+# The run() calls (kind nvidia-h200; nvidia-h100-x1 works the same, its figures are not comparable with H200 ones):
+#   0. carry [".whl/device-bundle.tgz", ".whl/use-bundle.sh", ".whl/fi-cache.tgz"]
+#      command: bash benchmarks/run_gpu_vllm_compare.sh bundle                                        (~1 min)
+#   1. carry [".whl/vllm/p00"]
+#      command: bash benchmarks/run_gpu_vllm_compare.sh assemble                 (exit 0: "have 1/2 vllm parts")
+#   2. carry [".whl/vllm/p01"], timeout_s 600
+#      command: bash benchmarks/run_gpu_vllm_compare.sh assemble qwen   (unpack ~1 min, then Qwen3-0.6B, ~6 min)
+#   3. no carry, timeout_s 600
+#      command: bash benchmarks/run_gpu_vllm_compare.sh llama                              (Llama-3.1-8B, ~7 min)
+# A stage that finds something missing says which call to send again (the machine may have been replaced).
+# The tree there may carry a stale .git: prefix the commands with MINISGL_COMMIT=<this commit> to name the results.
+# `timeout` ends a bench stage's whole process group (vLLM's child and its engine core too) if it runs over.
+#
+# Stages (several per call, in the order given):
+#   bundle    unpack the project's bundle (FlashInfer) into /tmp/site, restore FlashInfer's JIT cache
+#   assemble  store the carried vLLM part(s) (.whl/vllm/pNN); once both are there, unpack to /root/vllm-site and
+#             check that vLLM imports under vllm-env.sh (else probe-vllm.py's report goes to $OUT)
+#   qwen      bench-offline --model dummy:Qwen3-0.6B --runs ${RUNS:-3} --compare vllm
+#   llama     bench-offline --model dummy:Llama-3.1-8B --runs ${RUNS:-3} --compare vllm
+# Each bench stage: vLLM first, in a child process under /root/vllm-site/vllm-env.sh (no FlashInfer of ours on its
+# path), then minisgl in the parent with /tmp/site. Out: $OUT/bench_offline_vllm_<model>_<commit>.json (minisgl at
+# the top level, vLLM under `peers`), its log, summary_vllm_<commit>.txt, and fi-cache.tgz (keep it in .whl/).
+set -u
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && { sed -n '2,/^set -u/p' "$0" | sed '$d'; exit 2; }
+c=${MINISGL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+export MINISGL_COMMIT=$c
+summary=$OUT/summary_vllm_$c.txt
+log() { echo "$@" | tee -a "$summary"; }
+vllm_env=/root/vllm-site/vllm-env.sh
+rc=0
+
+bench() {  # bench MODEL TAG
+  if [ ! -f /tmp/site/.unpacked ]; then
+    log "$2: no /tmp/site (the machine was replaced?): send calls 0, 1 and 2 again"; rc=1; return
+  fi
+  if [ ! -f "$vllm_env" ]; then
+    log "$2: no vLLM at /root/vllm-site: send calls 1 and 2 (the two parts) again"; rc=1; return
+  fi
+  local json=$OUT/bench_offline_vllm_${2}_$c.json t0=$(date +%s)
+  PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 timeout 570 python -m minisgl_cli bench-offline --model "$1" \
+    --runs "${RUNS:-3}" --compare vllm --vllm-env "$vllm_env" --quiet --json "$json" > "$OUT/bench_offline_vllm_$2.log" 2>&1
+  local r=$?
+  log "$2: rc=$r in $(($(date +%s) - t0)) s"
+  [ $r -eq 0 ] || { rc=$r; tail -n 40 "$OUT/bench_offline_vllm_$2.log" | tee -a "$summary"; }
+  grep -E "^ *[┃│]|settings|output throughput|Error|error" "$OUT/bench_offline_vllm_$2.log" | tail -n 24 | tee -a "$summary"
+  (tar czf "$OUT/fi-cache.tgz" -C ~ .cache/flashinfer 2>/dev/null || true)
+}
+
+for s in "${stages[@]}"; do
+  case $s in
+    bundle)
+      [ -f .whl/device-bundle.tgz ] || { log "bundle: carry .whl/device-bundle.tgz and .whl/use-bundle.sh"; exit 1; }
+      source .whl/use-bundle.sh
+      (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+      nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$summary"
+      python -c "import torch, flashinfer as f; print('torch', torch.__version__, 'flashinfer', f.__version__)" \
+        2>&1 | tee -a "$summary"
+      ;;
+    assemble)
+      parts=(.whl/vllm/p*/)
+      [ -d "${parts[0]}" ] || { log "assemble: carry .whl/vllm/p00 (call 1) or .whl/vllm/p01 (call 2)"; exit 1; }
+      for d in "${parts[@]}"; do bash "$d/assemble-vllm.sh" 2>&1 | tee -a "$summary"; a=${PIPESTATUS[0]}; done
+      if [ "$a" = 3 ]; then log "assemble: part stored; send the other part in the next call"; continue; fi
+      [ "$a" = 0 ] || { log "assemble: failed (exit $a)"; exit 1; }
+      # shellcheck disable=SC1090
+      if ! (source "$vllm_env" && python -c "import vllm; print('vllm', vllm.__version__, 'imports')") 2>&1 \
+          | tail -n 3 | tee -a "$summary" | grep -q imports; then
+        (source "$vllm_env" && python /root/vllm-site/probe-vllm.py) > "$OUT/vllm_probe.log" 2>&1
+        log "assemble: vLLM does not import: see vllm_probe.txt / vllm_probe.log in \$OUT"; exit 1
+      fi
+      ;;
+    qwen) bench dummy:Qwen3-0.6B qwen3-0.6b ;;
+    llama) bench dummy:Llama-3.1-8B llama-3.1-8b ;;
+    *) log "unknown stage $s (bundle, assemble, qwen, llama)"; exit 2 ;;
+  esac
+done
+exit $rc

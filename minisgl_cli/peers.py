@@ -1,0 +1,56 @@
+"""The engines bench-offline runs beside minisgl on the same workload: one small interface, two implementations
+(transformers in `hf_peer.py`, vLLM in `vllm_peer.py`). Neither is a dependency of the project: a peer whose
+package does not import is a clear error (PeerUnavailable), not a traceback."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+PEERS = ("transformers", "vllm")
+OnDone = Callable[[int], None]  # called with each finished request's output token count
+
+
+class PeerUnavailable(Exception):
+    """The peer cannot run here (its package is missing, or the model or device is one it cannot take)."""
+
+
+@dataclass(slots=True)
+class PeerRun:
+    api: str  # how the peer batched the requests, e.g. "generate_batch", "generate", "LLM.generate"
+    output_lens: list[int]  # tokens each completed request produced
+    duration: float
+    failed: int = 0
+
+
+class Peer(Protocol):
+    def generate(
+        self,
+        prompts: Sequence[list[int]],
+        output_lens: Sequence[int],
+        temperature: float,
+        on_done: OnDone | None = None,
+    ) -> PeerRun:
+        """One timed pass over the prompts, each with its own output length (EOS ignored); every pass starts with
+        no cached prefixes from an earlier one."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """JSON fields of the run besides the figures: model, device, dtype and the engine's settings."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def open_peer(name: str, config, peer_api: str = "auto", peer_batch_size: int = 64) -> Peer:
+    """Load the named peer with `config`'s model (its start-up is the caller's to time)."""
+    if name == "transformers":
+        from minisgl_cli.hf_peer import TransformersPeer
+
+        return TransformersPeer(config, peer_api, peer_batch_size)
+    if name == "vllm":
+        from minisgl_cli.vllm_peer import VllmPeer
+
+        return VllmPeer(config)
+    raise ValueError(f"unknown peer {name!r} (known: {', '.join(PEERS)})")
