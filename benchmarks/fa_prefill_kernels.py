@@ -26,7 +26,7 @@ H, KVH, D, CHUNK = 16, 8, 128, 8192
 dev = torch.device("cuda")
 
 
-def layouts(prefix: int) -> dict[str, list[int]]:
+def layouts() -> dict[str, list[int]]:
     rng, lens, left = random.Random(0), [], CHUNK
     while left > 0:
         n = min(rng.randint(100, 1024), left)
@@ -74,7 +74,7 @@ def main() -> None:
     rows = []
     for ps in (16, 64, 128):
         for prefix in (0, 512):
-            for name, q_lens in layouts(prefix).items():
+            for name, q_lens in layouts().items():
                 torch.manual_seed(0)
                 pool, meta = batch(q_lens, prefix, ps)
                 q = torch.randn(CHUNK, H, D, dtype=torch.bfloat16, device=dev)

@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # FlashAttention-4 on the GPU machine (issue #16): assemble the FA4 bundle, then GPU tests, per-layer prefill kernels
 # FA4 vs FlashInfer fa2 (with FA4's JIT compile time apart), and bench-offline + the trace replay's TTFT with
-# `fa,flashinfer` vs `flashinfer`, in one run. Build the parts here first: benchmarks/make_fa_bundle.sh (.whl/fa/pNN).
+# `fa,flashinfer` vs `flashinfer` (both in one run). Build the parts here first: benchmarks/make_fa_bundle.sh.
 #
-# run() sequence (kind nvidia-h200; consecutive calls: /root is kept only while the machine stays warm):
-#   1. carry [".whl/fa/p00"]:  bash benchmarks/run_gpu_fa.sh assemble .whl/fa/p00      # "have 1/2 parts", exit 3
-#   2. carry [".whl/fa/p01"]:  bash benchmarks/run_gpu_fa.sh assemble .whl/fa/p01      # unpacks into /root/fa-site
-#      (one call per part, in any order; a call that reports a missing part means the machine was replaced: resend all)
+# run() sequence, kind nvidia-h200, calls sent back to back (/root and the JIT caches in ~ live only while the
+# machine stays warm; a call that finds /root/fa-site missing means the machine was replaced: start again at 1):
+#   1. carry [".whl/fa/p00"]   command: bash benchmarks/run_gpu_fa.sh assemble .whl/fa/p00   # "have 1/2 fa parts", rc 3
+#   2. carry [".whl/fa/p01"]   command: bash benchmarks/run_gpu_fa.sh assemble .whl/fa/p01   # "unpacked into /root/fa-site"
+#      (one call per part, any order; a part failing its sha256 is refused: send it again)
 #   3. carry [".whl/device-bundle.tgz", ".whl/use-bundle.sh", ".whl/fi-cache.tgz", ".whl/fa-cache.tgz"], timeout 600:
-#      source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_fa.sh all
-#      (fa-cache.tgz / fi-cache.tgz: the JIT caches that an earlier call 3 returned in $OUT; leave out if absent)
-# Results in $OUT (<= 8 files): gpu.txt, pytest_fa.txt, fa_prefill_<c>.json, offline_<c>.json, trace_<c>.json,
-# summary.txt, fi-cache.tgz, fa-cache.tgz (FA4's compiled kernels, FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=~/.cache/fa4).
+#      source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_fa.sh tests
+#   4. same carry:  source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_fa.sh kernels
+#   5. same carry:  source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_fa.sh e2e
+#   (fi-cache.tgz / fa-cache.tgz: JIT caches an earlier run returned in $OUT, kept in .whl/; leave out if absent.
+#   `kernels` before `e2e`, so FA4's Qwen3 kernels are compiled (and on disk) before the trace replay's TTFT counts.)
+# Each stage writes at most 5 files to $OUT: gpu.txt, its results (pytest_fa_<c>.txt | fa_prefill_<c>.json +
+# fa_prefill_<c>.txt | offline_<c>.json + trace_<c>.json), fi-cache.tgz and fa-cache.tgz (FA4's compiled kernels:
+# FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=~/.cache/fa4 with FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1).
 set -u
 SITE=/root/fa-site PARTS=/root/fa-parts NAME=fa-site.tar.xz
 
@@ -36,8 +41,9 @@ if [ "${1:-}" = assemble ]; then
   rm -rf "$SITE" && mkdir -p "$SITE" && tar xJf /root/$NAME -C "$SITE" && rm /root/$NAME && echo "unpacked into $SITE"
   exit 0
 fi
-[ "${1:-}" = all ] || { echo "usage: $0 assemble PARTDIR | all"; exit 2; }
-[ -d "$SITE/flash_attn" ] || { echo "$SITE missing: run the assemble calls first"; exit 1; }
+stage=${1:-}
+case $stage in tests|kernels|e2e) ;; *) echo "usage: $0 assemble PARTDIR | tests | kernels | e2e"; exit 2;; esac
+[ -d "$SITE/flash_attn" ] || { echo "$SITE missing: run the assemble calls first (the machine was replaced?)"; exit 1; }
 fa_env
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
 (tar xzf .whl/fa-cache.tgz -C ~ 2>/dev/null || true)
@@ -47,46 +53,44 @@ c=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
   python -c "import torch, flashinfer; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__)"
   python -c "import time; t = time.time(); import flash_attn.cute, cutlass; print('flash_attn.cute imports in',
 round(time.time() - t, 1), 's; cutlass-dsl', getattr(cutlass, '__version__', '?'))" 2>&1 | tail -5
-} 2>&1 | tee "$OUT/gpu.txt"
+} > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
 
-# 1. correctness (FA4 vs torch logits; greedy tokens vs FlashInfer), FA tests only
-timeout 420 python -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "fa_ or flashinfer_matches" -rs 2>&1 \
-  | tail -n 25 > "$OUT/pytest_fa.txt"
-# 2. per-layer prefill kernels, FA4 JIT time apart (first call of each variant)
-timeout 300 python benchmarks/fa_prefill_kernels.py "$OUT/fa_prefill_$c.json" > /tmp/fa_prefill.log 2>&1 \
-  || echo "fa_prefill_kernels failed: $?" >> /tmp/fa_prefill.log
-# 3. end to end, both backends in this one run: bench-offline default workload, trace replay TTFT
-python - "$OUT" "$c" <<'PY' > /tmp/e2e.log 2>&1
+save_caches() {
+  tar czf "$OUT/fi-cache.tgz" -C ~ .cache/flashinfer 2>/dev/null
+  tar czf "$OUT/fa-cache.tgz" -C ~ .cache/fa4 2>/dev/null
+}
+trap save_caches EXIT
+
+if [ "$stage" = tests ]; then  # FA4 logits vs torch (prefill, cached prefix, decode); greedy tokens vs FlashInfer
+  timeout 560 python -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "fa_ or flashinfer_matches" -rs --durations=10 \
+    2>&1 | tail -n 40 > "$OUT/pytest_fa_$c.txt"
+  cat "$OUT/pytest_fa_$c.txt"
+elif [ "$stage" = kernels ]; then  # per-layer prefill, FA4 JIT (first call per variant) apart
+  timeout 560 python benchmarks/fa_prefill_kernels.py "$OUT/fa_prefill_$c.json" > "$OUT/fa_prefill_$c.txt" 2>&1 \
+    || echo "fa_prefill_kernels failed: $?" >> "$OUT/fa_prefill_$c.txt"
+  tail -n 16 "$OUT/fa_prefill_$c.txt"
+else  # end to end, both backends in this one run
+  python - "$OUT" "$c" <<'PY'
 import json, subprocess, sys
 out, c = sys.argv[1:]
 res = {"offline": {}, "trace": {}}
-for be in ("flashinfer", "fa,flashinfer"):
-    tag = be.replace(",", "+")
-    for kind, cmd in (
-        ("offline", ["bench-offline", "--model", "dummy:Qwen3-0.6B", "--runs", "2"]),
-        ("trace", ["bench-trace", "traces/qwen_1000.jsonl", "--model", "dummy:Qwen3-0.6B", "--time-scale", "0.2"]),
-    ):
-        path = f"/tmp/{kind}_{tag}.json"
-        p = subprocess.run(["timeout", "150", sys.executable, "-m", "minisgl_cli", *cmd, "--quiet",
+for kind, limit, cmd in (
+    ("offline", 110, ["bench-offline", "--model", "dummy:Qwen3-0.6B", "--runs", "2"]),
+    ("trace", 150, ["bench-trace", "traces/qwen_1000.jsonl", "--model", "dummy:Qwen3-0.6B", "--time-scale", "0.2"]),
+):
+    for be in ("flashinfer", "fa,flashinfer"):
+        path = f"/tmp/{kind}_{be.replace(',', '+')}.json"
+        p = subprocess.run(["timeout", str(limit), sys.executable, "-m", "minisgl_cli", *cmd, "--quiet",
                             "--attention-backend", be, "--json", path], capture_output=True, text=True)
         try:
             res[kind][be] = json.load(open(path))
         except Exception:
             res[kind][be] = {"error": p.returncode, "tail": (p.stdout + p.stderr)[-3000:]}
-for kind in res:
     json.dump(res[kind], open(f"{out}/{kind}_{c}.json", "w"), indent=1)
-PY
-tar czf "$OUT/fi-cache.tgz" -C ~ .cache/flashinfer 2>/dev/null
-tar czf "$OUT/fa-cache.tgz" -C ~ .cache/fa4 2>/dev/null
-{
-  cat "$OUT/pytest_fa.txt"; echo; tail -n 14 /tmp/fa_prefill.log; echo; tail -n 5 /tmp/e2e.log
-  python - "$OUT" "$c" <<'PY'
-import json, sys
-out, c = sys.argv[1:]
-for be, r in json.load(open(f"{out}/offline_{c}.json")).items():
+for be, r in res["offline"].items():
     print("offline", be, {k: v for k, v in r.items() if "throughput" in k or k in ("runs", "output_tokens", "error")})
-for be, r in json.load(open(f"{out}/trace_{c}.json")).items():
+for be, r in res["trace"].items():
     print("trace", be, {k: r.get(k) for k in ("median_ttft_ms", "p99_ttft_ms", "output_throughput", "error")})
 PY
-} > "$OUT/summary.txt" 2>&1
-cat "$OUT/summary.txt"
+fi
