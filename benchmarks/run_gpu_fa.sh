@@ -18,7 +18,7 @@
 # fa_prefill_<c>.txt | offline_<c>.json + trace_<c>.json), fi-cache.tgz and fa-cache.tgz (FA4's compiled kernels:
 # FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=~/.cache/fa4 with FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1).
 set -u
-SITE=/root/fa-site PARTS=/root/fa-parts NAME=fa-site.tar.xz
+SITE=${FA_SITE:-/root/fa-site} PARTS=${FA_PARTS:-/root/fa-parts} NAME=fa-site.tar.xz
 
 fa_env() {  # put /root/fa-site on the path (and _compat/* only where the machine lacks the package)
   local extra=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages  # the second: what nvidia_cutlass_dsl's .pth would add
@@ -35,10 +35,10 @@ if [ "${1:-}" = assemble ]; then
   cp "$d"/$NAME.part* "$d"/SHA256SUMS "$PARTS"/
   want=$(grep -c "$NAME.part" "$PARTS/SHA256SUMS"); have=$(ls "$PARTS"/$NAME.part* | wc -l)
   [ "$have" -lt "$want" ] && { echo "have $have/$want fa parts"; exit 3; }
-  cat "$PARTS"/$NAME.part* > /root/$NAME
-  [ "$(sha256sum < /root/$NAME | cut -d' ' -f1)" = "$(awk -v n=$NAME '$2 == n {print $1}' "$PARTS/SHA256SUMS")" ] \
+  cat "$PARTS"/$NAME.part* > "$PARTS/whole.tar.xz"
+  [ "$(sha256sum < "$PARTS/whole.tar.xz" | cut -d' ' -f1)" = "$(awk -v n=$NAME '$2 == n {print $1}' "$PARTS/SHA256SUMS")" ] \
     || { echo "assembled archive fails its sha256"; exit 1; }
-  rm -rf "$SITE" && mkdir -p "$SITE" && tar xJf /root/$NAME -C "$SITE" && rm /root/$NAME && echo "unpacked into $SITE"
+  rm -rf "$SITE" && mkdir -p "$SITE" && tar xJf "$PARTS/whole.tar.xz" -C "$SITE" && rm "$PARTS/whole.tar.xz" && echo "unpacked into $SITE"
   exit 0
 fi
 stage=${1:-}
