@@ -12,10 +12,11 @@
 #      source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_fa.sh tests
 #   4. same carry:  source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_fa.sh kernels
 #   5. same carry:  source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_fa.sh e2e
+#      (page size 16, the default; if `kernels` shows FA4 faster at page 128 (its TMA path), repeat with PAGE=128)
 #   (fi-cache.tgz / fa-cache.tgz: JIT caches an earlier run returned in $OUT, kept in .whl/; leave out if absent.
 #   `kernels` before `e2e`, so FA4's Qwen3 kernels are compiled (and on disk) before the trace replay's TTFT counts.)
-# Each stage writes at most 5 files to $OUT: gpu.txt, its results (pytest_fa_<c>.txt | fa_prefill_<c>.json +
-# fa_prefill_<c>.txt | offline_<c>.json + trace_<c>.json), fi-cache.tgz and fa-cache.tgz (FA4's compiled kernels:
+# Each stage writes at most 5 files to $OUT: gpu.txt; its results (pytest_fa_<c>.txt | fa_prefill_<c>.json and .txt |
+# offline_p<PAGE>_<c>.json and trace_p<PAGE>_<c>.json); fi-cache.tgz; fa-cache.tgz (FA4's compiled kernels:
 # FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=~/.cache/fa4 with FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1).
 set -u
 SITE=${FA_SITE:-/root/fa-site} PARTS=${FA_PARTS:-/root/fa-parts} NAME=fa-site.tar.xz
@@ -71,9 +72,9 @@ elif [ "$stage" = kernels ]; then  # per-layer prefill, FA4 JIT (first call per 
     || echo "fa_prefill_kernels failed: $?" >> "$OUT/fa_prefill_$c.txt"
   tail -n 16 "$OUT/fa_prefill_$c.txt"
 else  # end to end, both backends in this one run
-  python - "$OUT" "$c" <<'PY'
+  python - "$OUT" "$c" "${PAGE:-16}" <<'PY'
 import json, subprocess, sys
-out, c = sys.argv[1:]
+out, c, page = sys.argv[1:]
 res = {"offline": {}, "trace": {}}
 for kind, limit, cmd in (
     ("offline", 110, ["bench-offline", "--model", "dummy:Qwen3-0.6B", "--runs", "2"]),
@@ -82,12 +83,13 @@ for kind, limit, cmd in (
     for be in ("flashinfer", "fa,flashinfer"):
         path = f"/tmp/{kind}_{be.replace(',', '+')}.json"
         p = subprocess.run(["timeout", str(limit), sys.executable, "-m", "minisgl_cli", *cmd, "--quiet",
-                            "--attention-backend", be, "--json", path], capture_output=True, text=True)
+                            "--page-size", page, "--attention-backend", be, "--json", path],
+                           capture_output=True, text=True)
         try:
             res[kind][be] = json.load(open(path))
         except Exception:
             res[kind][be] = {"error": p.returncode, "tail": (p.stdout + p.stderr)[-3000:]}
-    json.dump(res[kind], open(f"{out}/{kind}_{c}.json", "w"), indent=1)
+    json.dump(res[kind], open(f"{out}/{kind}_p{page}_{c}.json", "w"), indent=1)
 for be, r in res["offline"].items():
     print("offline", be, {k: v for k, v in r.items() if "throughput" in k or k in ("runs", "output_tokens", "error")})
 for be, r in res["trace"].items():
