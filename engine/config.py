@@ -8,6 +8,16 @@ from dataclasses import dataclass
 import torch
 
 
+def _backend_ok(name: str) -> bool:
+    from kernels.attention.base import parse_backend
+
+    try:
+        parse_backend(name)
+    except ValueError:
+        return False
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str | None = None  # None: the embedded default; a HF dir, a .gguf file, or dummy:<preset>
@@ -24,7 +34,7 @@ class EngineConfig:
     mixed_batch: bool = False
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     radix_cache: bool = True
-    attention_backend: str = "auto"  # auto | torch | flashinfer
+    attention_backend: str = "auto"  # auto | torch | flashinfer | fa, or PREFILL,DECODE (e.g. fa,flashinfer)
     cuda_graph_max_bs: int = 256  # 0 disables CUDA graphs
     overlap: bool | None = None  # default: on for CUDA
     tp: int = 1
@@ -46,9 +56,9 @@ class EngineConfig:
             (self.max_batch_tokens >= 1, "max_batch_tokens", "must be >= 1"),
             (self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be >= 2"),
             (
-                self.attention_backend in ("auto", "torch", "flashinfer"),
+                _backend_ok(self.attention_backend),
                 "attention_backend",
-                "must be one of auto, torch, flashinfer",
+                "must be one of auto, torch, flashinfer, fa, or PREFILL,DECODE of two of them (e.g. fa,flashinfer)",
             ),
             (self.cuda_graph_max_bs >= 0, "cuda_graph_max_bs", "must be >= 0"),
             (self.tp >= 1, "tp", "must be >= 1"),

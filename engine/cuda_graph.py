@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,12 +25,14 @@ class DecodeGraphs:
         from kernels.attention.flashinfer_backend import FlashInferBackend
 
         self.runner = runner
-        self.backend = runner.backend
-        self.enabled = isinstance(self.backend, FlashInferBackend)
+        # Only the decode backend is captured and replayed (under `fa,flashinfer` prefill runs on another one).
+        decode = runner.backend.decode_backend()
+        self.backend: FlashInferBackend | None = decode if isinstance(decode, FlashInferBackend) else None
+        self.enabled = self.backend is not None
         self.sizes = batch_sizes(max_bs)
         self.max_bs = max_bs
         self.capture_seconds = 0.0
-        if not self.enabled:  # the torch backend's gathers have data-dependent shapes
+        if not self.enabled:  # torch's gathers have data-dependent shapes; FA4 decode is not captured (fa_backend.py)
             return
         dev = runner.device
         pool = runner.pool
@@ -49,23 +51,24 @@ class DecodeGraphs:
         self.capture_seconds = time.perf_counter() - t0
 
     def _capture(self) -> None:
-        runner = self.runner
+        runner, backend = self.runner, self.backend
+        assert backend is not None
         mempool = torch.cuda.graph_pool_handle()
         for bs in reversed(self.sizes):
             for turn in (0, 1):
                 self._plan(bs, [1] * bs, [[self.scratch_page]] * bs, turn)
                 for _ in range(2):  # warm up (JIT, allocator) outside the graph
-                    runner.model(self.ids[:bs], self.pos[:bs], self.backend)
+                    runner.model(self.ids[:bs], self.pos[:bs], backend)
                 torch.cuda.synchronize()
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=mempool):
-                    self.outputs[bs, turn] = runner.model(self.ids[:bs], self.pos[:bs], self.backend)
+                    self.outputs[bs, turn] = runner.model(self.ids[:bs], self.pos[:bs], backend)
                 self.graphs[bs, turn] = g
 
     def _plan(self, bs: int, kv_lens: list[int], tables: list[list[int]], turn: int | None = None) -> int:
         meta = AttnMeta(True, [1] * bs, kv_lens, tables, self.out_slots[:bs])
-        backend = cast("FlashInferBackend", self.backend)  # graphs are enabled for it only (__init__)
-        return backend.plan_graph(bs, self.max_pages, meta, self.out_slots[:bs], turn)
+        assert self.backend is not None  # graphs are enabled for FlashInfer decode only (__init__)
+        return self.backend.plan_graph(bs, self.max_pages, meta, self.out_slots[:bs], turn)
 
     def release(self) -> None:
         """Destroy the captured graphs now, not whenever the garbage collector gets to them."""

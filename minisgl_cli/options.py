@@ -47,7 +47,13 @@ MixedBatch = Annotated[
 ]
 MaxModelLen = Annotated[int | None, typer.Option(help="context length limit (default: the model's)", min=2)]
 NoRadix = Annotated[bool, typer.Option("--no-radix-cache", help="disable the radix prefix cache")]
-Backend = Annotated[str, typer.Option("--attention-backend", help="auto | torch | flashinfer")]
+Backend = Annotated[
+    str,
+    typer.Option(
+        "--attention-backend",
+        help="auto | torch | flashinfer | fa (FlashAttention-4, extra 'fa'), or PREFILL,DECODE such as fa,flashinfer",
+    ),
+]
 GraphBs = Annotated[int, typer.Option(help="largest decode batch captured in a CUDA graph (0: off)", min=0)]
 NoOverlap = Annotated[bool, typer.Option("--no-overlap", help="disable overlap scheduling")]
 Tp = Annotated[int, typer.Option(help="tensor-parallel size (launch with torchrun --nproc-per-node N)", min=1)]

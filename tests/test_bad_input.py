@@ -62,7 +62,12 @@ def invoke(*args: str) -> tuple[int, str]:
         (["--max-batch-tokens", "-5"], "Invalid value for '--max-batch-tokens'"),
         (["--max-model-len", "1"], "Invalid value for '--max-model-len'"),
         (["--cuda-graph-max-bs", "-1"], "Invalid value for '--cuda-graph-max-bs'"),
-        (["--attention-backend", "magic"], "attention_backend must be one of auto, torch, flashinfer (got 'magic')"),
+        (
+            ["--attention-backend", "magic"],
+            "attention_backend must be one of auto, torch, flashinfer, fa, or PREFILL,DECODE of two of them "
+            "(e.g. fa,flashinfer) (got 'magic')",
+        ),
+        (["--attention-backend", "fa,torch,x"], "attention_backend must be one of auto, torch, flashinfer, fa"),
         (["--dtype", "float64"], "dtype must be one of auto, float32, bfloat16, float16 (got 'float64')"),
         (["--device", "tpu"], "device must be auto, cpu, cuda or cuda:N (got 'tpu')"),
         (["--tp", "0"], "Invalid value for '--tp'"),

@@ -132,25 +132,40 @@ def _logits_log(llm: LLM) -> list[torch.Tensor]:
     return log
 
 
-def test_flashinfer_matches_torch_backend():
+def _matches_torch_backend(backend: str, **kw: Any) -> None:
+    """`backend`'s logits within bf16 tolerance of the torch backend's: prefill, prefill on a cached prefix (radix
+    hit) and decode, step by step, while the greedy tokens so far agree."""
     prompts = _prompts(6)
     runs = {}
-    for backend in ("torch", "flashinfer"):
-        llm = _llm(attention_backend=backend, cuda_graph_max_bs=0, overlap=False)
+    for name in ("torch", backend):
+        llm = _llm(attention_backend=name, cuda_graph_max_bs=0, overlap=False, **kw)
         log = _logits_log(llm)
         p = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
         first = llm.generate(prompts, p)
         again = llm.generate(prompts[:1], p)[0]  # a prefill over a cached prefix
         assert again.cache_hit_tokens > 0
-        runs[backend] = (log, [o.token_ids for o in first])
+        runs[name] = (log, [o.token_ids for o in first])
         del llm
         gc.collect()
-    (lt, tt), (lf, tf) = runs["torch"], runs["flashinfer"]
+    (lt, tt), (lf, tf) = runs["torch"], runs[backend]
     assert len(lt) == len(lf)
     for step, (a, b) in enumerate(zip(lf, lt)):
         for row in range(a.shape[0]):
             if step == 0 or step >= 4 or tt[row][:step] == tf[row][:step]:
                 assert rel_err(a[row], b[row]) < 2e-2, (step, row)
+
+
+def test_flashinfer_matches_torch_backend():
+    _matches_torch_backend("flashinfer")
+
+
+# FlashAttention-4 (kernels/attention/fa_backend.py): skipped where flash_attn.cute does not import. Page 16 takes
+# FA4's cp.async path for the pages, page 128 its TMA path (a page holds a whole key tile there).
+@pytest.mark.parametrize("page_size", [16, 128])
+@pytest.mark.parametrize("backend", ["fa", "fa,flashinfer"])
+def test_fa_matches_torch_backend(backend: str, page_size: int) -> None:
+    pytest.importorskip("flash_attn.cute")
+    _matches_torch_backend(backend, page_size=page_size)
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +216,18 @@ def test_cuda_graphs_and_overlap_give_identical_tokens(peaked_model):
 def test_overlap_gives_identical_tokens_on_padded_graphs(peaked_model):
     prompts = _prompts(40, seed=1)  # padded to the 48 graph
     assert _greedy_tokens(peaked_model, prompts, 64, True) == _greedy_tokens(peaked_model, prompts, 64, False)
+
+
+@pytest.mark.parametrize("backend", ["fa,flashinfer", "fa"])
+def test_fa_greedy_tokens_match_flashinfer(peaked_model, backend):
+    """FA4 prefill (and, for `fa`, eager FA4 decode) picks the same greedy tokens as FlashInfer on the peaked model;
+    with `fa,flashinfer` decode still runs in FlashInfer's CUDA graphs, under overlap scheduling."""
+    pytest.importorskip("flash_attn.cute")
+    prompts = _prompts(48, seed=1)
+    ref = _greedy_tokens(peaked_model, prompts, 64, True, attention_backend="flashinfer")
+    got = _greedy_tokens(peaked_model, prompts, 64, True, attention_backend=backend)
+    differing = [i for i, (a, b) in enumerate(zip(got, ref)) if a != b]
+    assert not differing, f"{len(differing)}/48 sequences differ: {differing}"
 
 
 def _greedy_with_logits(model: str, prompts, **kw) -> tuple[list[list[int]], dict[tuple[str, int], torch.Tensor]]:

@@ -43,6 +43,30 @@ class AttentionBackend(ABC):
         """q: [T, H, D], k/v: [T, KVH, D] for the new tokens, stored into the pool at `out_slots` here, or None
         when a fused kernel has stored them already. Returns [T, H, D]."""
 
+    def decode_backend(self) -> AttentionBackend:
+        """The backend that runs decode batches (CUDA graphs capture it alone)."""
+        return self
+
+
+BACKENDS = ("torch", "flashinfer", "fa")
+
+# What `auto` picks per phase on CUDA, where that package imports. Each entry must cite a measurement (GPU, date,
+# source) that shows it faster there; none has been measured for FlashAttention-4 yet (docs/gpu.md,
+# "FlashAttention-4 backend"), so both phases stay on FlashInfer, the measured default.
+AUTO_CUDA = {"prefill": "flashinfer", "decode": "flashinfer"}
+
+
+def parse_backend(name: str) -> tuple[str, str]:
+    """`X` -> (X, X); `X,Y` -> (X for prefill and mixed batches, Y for decode). Names: auto, torch, flashinfer, fa."""
+    parts = [p.strip() for p in name.split(",")]
+    choices = ", ".join(("auto",) + BACKENDS)
+    if len(parts) > 2:
+        raise ValueError(f"attention backend {name!r}: at most two names, PREFILL,DECODE (e.g. fa,flashinfer)")
+    for p in parts:
+        if p != "auto" and p not in BACKENDS:
+            raise ValueError(f"unknown attention backend {p!r} in {name!r}; choose from {choices}, or PREFILL,DECODE")
+    return (parts[0], parts[-1])
+
 
 def available_backends() -> list[str]:
     names = ["torch"]
@@ -52,20 +76,53 @@ def available_backends() -> list[str]:
         names.append("flashinfer")
     except Exception:
         pass
+    try:
+        import flash_attn.cute  # noqa: F401
+
+        names.append("fa")
+    except Exception:
+        pass
     return names
 
 
-def create_backend(
+class SplitBackend(AttentionBackend):
+    """One backend for prefill (and mixed) batches, another for decode batches; both over the same pool.
+    Each batch is planned, and its layers run, on the backend of its kind."""
+
+    def __init__(self, prefill: AttentionBackend, decode: AttentionBackend):
+        super().__init__(prefill.pool, prefill.num_heads, prefill.num_kv_heads, prefill.head_dim)
+        self.sliding_window = prefill.sliding_window
+        self.prefill, self.decode = prefill, decode
+        self.active = decode
+
+    def plan(self, meta: AttnMeta) -> None:
+        self.active = self.decode if meta.is_decode else self.prefill
+        self.active.plan(meta)
+        self.out_slots = self.active.out_slots
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
+        return self.active.forward(layer, q, k, v)
+
+    def decode_backend(self) -> AttentionBackend:
+        return self.decode
+
+
+def _resolve_auto(phase: str, device: torch.device) -> str:
+    if device.type != "cuda":
+        return "torch"
+    pick = AUTO_CUDA[phase]
+    return pick if pick in available_backends() else "torch"
+
+
+def _create_one(
     name: str,
     pool: KVPool,
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
     device: torch.device,
-    sliding_window: int | None = None,
+    sliding_window: int | None,
 ) -> AttentionBackend:
-    if name == "auto":
-        name = "flashinfer" if device.type == "cuda" and "flashinfer" in available_backends() else "torch"
     if name == "torch":
         from kernels.attention.torch_backend import TorchBackend
 
@@ -78,4 +135,29 @@ def create_backend(
         from kernels.attention.flashinfer_backend import FlashInferBackend
 
         return FlashInferBackend(pool, num_heads, num_kv_heads, head_dim, device, sliding_window)
-    raise ValueError(f"unknown attention backend {name!r}; choose from auto, torch, flashinfer")
+    if name == "fa":
+        if device.type != "cuda":
+            raise ValueError("the fa (FlashAttention-4) attention backend needs a CUDA device")
+        from kernels.attention.fa_backend import FlashAttention4Backend
+
+        return FlashAttention4Backend(pool, num_heads, num_kv_heads, head_dim, device, sliding_window)
+    raise ValueError(f"unknown attention backend {name!r}")
+
+
+def create_backend(
+    name: str,
+    pool: KVPool,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    device: torch.device,
+    sliding_window: int | None = None,
+) -> AttentionBackend:
+    """`name` as parse_backend takes it; `auto` resolves per phase (AUTO_CUDA on CUDA, torch elsewhere)."""
+    prefill, decode = parse_backend(name)
+    prefill = _resolve_auto("prefill", device) if prefill == "auto" else prefill
+    decode = _resolve_auto("decode", device) if decode == "auto" else decode
+    args = (pool, num_heads, num_kv_heads, head_dim, device, sliding_window)
+    if prefill == decode:
+        return _create_one(prefill, *args)
+    return SplitBackend(_create_one(prefill, *args), _create_one(decode, *args))

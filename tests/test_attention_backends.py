@@ -1,0 +1,98 @@
+"""--attention-backend on the CPU: the names and PREFILL,DECODE splits it takes, the errors for the others, and a
+split backend that hands each batch to the backend of its kind (torch for both here, as two instances)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from kernels.attention.base import AUTO_CUDA, AttnMeta, SplitBackend, create_backend, parse_backend
+from kernels.attention.torch_backend import TorchBackend
+from kvcache.pool import KVPool
+
+CPU = torch.device("cpu")
+
+
+def _pool() -> KVPool:
+    return KVPool.create(1, 8, 4, 2, 8, torch.float32, "cpu")
+
+
+@pytest.mark.parametrize(
+    "name, parsed",
+    [
+        ("auto", ("auto", "auto")),
+        ("fa", ("fa", "fa")),
+        ("fa,flashinfer", ("fa", "flashinfer")),
+        (" fa , torch ", ("fa", "torch")),
+        ("auto,flashinfer", ("auto", "flashinfer")),
+    ],
+)
+def test_parse_backend(name: str, parsed: tuple[str, str]) -> None:
+    assert parse_backend(name) == parsed
+    EngineConfig(attention_backend=name)  # the config accepts what parses
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("magic", "unknown attention backend 'magic'"),
+        ("fa,magic", "unknown attention backend 'magic' in 'fa,magic'"),
+        ("fa,torch,x", "at most two names, PREFILL,DECODE"),
+        ("fa,", "unknown attention backend ''"),
+    ],
+)
+def test_bad_backend_names(name: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_backend(name)
+    with pytest.raises(ValueError, match="attention_backend must be one of auto, torch, flashinfer, fa"):
+        EngineConfig(attention_backend=name)
+
+
+@pytest.mark.parametrize("name", ["fa", "fa,torch", "torch,fa", "flashinfer", "torch,flashinfer"])
+def test_cuda_backends_on_the_cpu_say_so(name: str) -> None:
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        create_backend(name, _pool(), 4, 2, 8, CPU)
+
+
+def test_fa_without_the_package_names_the_extra() -> None:
+    from kernels.attention.fa_backend import import_fa4
+
+    try:
+        import flash_attn.cute  # noqa: F401
+
+        pytest.skip("flash_attn.cute imports here")
+    except Exception:
+        pass
+    with pytest.raises(ValueError, match=r"minisgl\[fa\].*flash-attn-4"):
+        import_fa4()
+
+
+def test_auto_is_torch_on_the_cpu_and_flashinfer_until_measured() -> None:
+    assert isinstance(create_backend("auto", _pool(), 4, 2, 8, CPU), TorchBackend)
+    assert isinstance(create_backend("auto,torch", _pool(), 4, 2, 8, CPU), TorchBackend)
+    # No FlashAttention-4 measurement is recorded yet: auto must not pick it (base.py, AUTO_CUDA).
+    assert AUTO_CUDA == {"prefill": "flashinfer", "decode": "flashinfer"}
+
+
+def test_split_backend_routes_each_batch_kind() -> None:
+    pool = _pool()
+    pre, dec = TorchBackend(pool, 4, 2, 8), TorchBackend(pool, 4, 2, 8)
+    split = SplitBackend(pre, dec)
+    assert split.decode_backend() is dec and pre.decode_backend() is pre
+    torch.manual_seed(0)
+    # prefill 5 tokens into pages [1, 2], then decode one more at position 5
+    q, k, v = torch.randn(5, 4, 8), torch.randn(5, 2, 8), torch.randn(5, 2, 8)
+    meta = AttnMeta(False, [5], [5], [[1, 2]], torch.tensor([4, 5, 6, 7, 8]))
+    split.plan(meta)
+    assert split.active is pre and split.out_slots is meta.out_slots
+    out = split.forward(0, q, k, v)
+    pre.plan(meta)
+    torch.testing.assert_close(out, pre.forward(0, q, k, v))
+    dmeta = AttnMeta(True, [1], [6], [[1, 2]], torch.tensor([9]))
+    split.plan(dmeta)
+    assert split.active is dec and split.out_slots is dmeta.out_slots
+    q1, k1, v1 = torch.randn(1, 4, 8), torch.randn(1, 2, 8), torch.randn(1, 2, 8)
+    got = split.forward(0, q1, k1, v1)
+    dec.plan(dmeta)
+    torch.testing.assert_close(got, dec.forward(0, q1, None, None))
