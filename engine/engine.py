@@ -279,11 +279,13 @@ class Engine:
         if graphs is not None:
             graphs.release()
         if dist.is_initialized():
-            # Every rank is here after the shutdown step (a failed group exits elsewhere); meeting first means no
-            # rank tears down its gloo connections while a peer still uses them (seen as a rank aborting with
-            # "terminate called without an active exception" under load, about 1 run in 10).
+            # Every rank is here after the shutdown step (a failed group exits elsewhere): meet, then tear down.
             dist.barrier(group=TP.cpu_group)
             dist.destroy_process_group()
+        # TP.cpu_group may be the default group itself: a reference left here kept its gloo threads alive until
+        # interpreter exit, where their destructor could run in any order and abort the rank ("terminate called
+        # without an active exception", about 1 CPU TP run in 10 under load).
+        TP.cpu_group = None
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self._inflight is not None or bool(self._commands)
