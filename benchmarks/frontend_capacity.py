@@ -69,7 +69,7 @@ class FakeEngine:
 
 def engine_main(port: int, step_ms: float) -> None:
     from minisgl_cli.serve import serve_engine
-    from minisgl_cli.server.frontend import FrontendSpec
+    from minisgl_cli.server.frontend_spec import FrontendSpec
 
     info = EngineInfo("fake", "none", "none", "none", 1, 4096, RequestLimits(1 << 16, 1 << 20, 1 << 30))
     spec = FrontendSpec("dummy:tiny-llama", None, "127.0.0.1", port, "fake", None, "warning", os.getpid())

@@ -468,7 +468,8 @@ def _run_child(name: str, ctx: typer.Context, workload, env_script: Path | None)
         cmd = [sys.executable, "-m", "minisgl_cli", "bench-offline", *_given_flags(ctx), "--engine", name]
         cmd += ["--json", str(out)]
         if env_script is not None:
-            cmd = ["bash", "-c", 'source "$0" && exec "$@"', str(env_script), *cmd]
+            # $0 is "bash", not the script: vllm-env.sh tells "sourced" from "run" by BASH_SOURCE[0] == $0
+            cmd = ["bash", "-c", 'source "$1" && shift && exec "$@"', "bash", str(env_script), *cmd]
         Console(stderr=True).print(f"[bold]{name}[/bold] in a process of its own: {shlex.join(cmd)}")
         rc = subprocess.run(cmd, env={**os.environ, PEER_CHILD_ENV: "1"}).returncode
         if rc != 0 or not out.is_file():

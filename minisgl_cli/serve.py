@@ -37,7 +37,7 @@ from minisgl_cli.options import (
     engine_config,
     load_llm,
 )
-from minisgl_cli.server.frontend import ORPHAN_GRACE_S, FrontendSpec
+from minisgl_cli.server.frontend_spec import ORPHAN_GRACE_S, FrontendSpec
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -111,7 +111,6 @@ def run_server(
 ) -> None:
     """Serve `llm` until Ctrl-C / SIGTERM. Exits non-zero if the engine loop crashes or the front end dies."""
     from engine.engine_loop import engine_info
-    from minisgl_cli.server.frontend import FrontendSpec
 
     spec = FrontendSpec(llm.config.model, None, host, port, model_name, max_queued_requests, log_level, os.getpid())
     why = serve_engine(llm.engine, engine_info(llm), spec)

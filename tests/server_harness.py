@@ -23,7 +23,7 @@ from engine.ipc import Addresses
 from engine.llm import LLM
 from engine.metrics import EngineMetrics
 from engine.remote_llm import RemoteLLM
-from minisgl_cli.server import create_app
+from minisgl_cli.server.app import create_app
 from minisgl_cli.server.engine_client import EngineClient
 from minisgl_cli.server.frontend import HTTPServer, serve_http
 

@@ -192,6 +192,30 @@ def test_a_failing_peer_child_stops_the_run(tmp_path):
     assert r.exit_code == 1 and "the vllm peer failed (exit status 1)" in flat(r.output)
 
 
+def test_peer_child_sources_its_environment_and_needs_no_server_packages(tmp_path, capfd):
+    # vllm-env.sh exports only when sourced (BASH_SOURCE[0] != $0) and drops the project's bundle, FastAPI and
+    # uvicorn with it, from PYTHONPATH: the child must source it and run the CLI without the server's packages.
+    block = tmp_path / "block"
+    block.mkdir()
+    (block / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('uvicorn', 'fastapi', 'starlette', 'vllm'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}')\n"
+        "sys.meta_path.insert(0, Block())\n"
+    )
+    env = tmp_path / "env.sh"
+    env.write_text(
+        '[ "${BASH_SOURCE[0]}" = "$0" ] && { echo "env.sh was run, not sourced" >&2; exit 1; }\n'
+        f"export PYTHONPATH={block}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+    )
+    r = CliRunner().invoke(app, ["bench-offline", *TINY, "--compare", "vllm", "--vllm-env", str(env)])
+    err = flat(capfd.readouterr().err)
+    assert r.exit_code == 2 and "the vllm peer failed (exit status 2)" in flat(r.output), err
+    assert "vLLM does not import here" in err and "not sourced" not in err and "uvicorn" not in err
+
+
 def test_transformers_padded_generate_fallback(tmp_path):
     res = bench(
         tmp_path,

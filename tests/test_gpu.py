@@ -218,18 +218,6 @@ def test_overlap_gives_identical_tokens_on_padded_graphs(peaked_model):
     assert _greedy_tokens(peaked_model, prompts, 64, True) == _greedy_tokens(peaked_model, prompts, 64, False)
 
 
-@pytest.mark.parametrize("backend", ["fa,flashinfer", "fa"])
-def test_fa_greedy_tokens_match_flashinfer(peaked_model, backend):
-    """FA4 prefill (and, for `fa`, eager FA4 decode) picks the same greedy tokens as FlashInfer on the peaked model;
-    with `fa,flashinfer` decode still runs in FlashInfer's CUDA graphs, under overlap scheduling."""
-    pytest.importorskip("flash_attn.cute")
-    prompts = _prompts(48, seed=1)
-    ref = _greedy_tokens(peaked_model, prompts, 64, True, attention_backend="flashinfer")
-    got = _greedy_tokens(peaked_model, prompts, 64, True, attention_backend=backend)
-    differing = [i for i, (a, b) in enumerate(zip(got, ref)) if a != b]
-    assert not differing, f"{len(differing)}/48 sequences differ: {differing}"
-
-
 def _greedy_with_logits(model: str, prompts, **kw) -> tuple[list[list[int]], dict[tuple[str, int], torch.Tensor]]:
     """Greedy tokens, and the logits each token was picked from, keyed by (request, output position)."""
     llm = LLM(EngineConfig(model=model, check_invariants=True, kv_cache_gb=4, dtype="bfloat16", overlap=False, **kw))
@@ -244,10 +232,28 @@ def _greedy_with_logits(model: str, prompts, **kw) -> tuple[list[list[int]], dic
     llm.engine.runner.sampler.sample = logged  # type: ignore[method-assign,assignment]  # logs, then samples
     outs = llm.generate(prompts, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True))
     assert llm.metrics().kv_pages_in_use == 0
-    assert (llm.metrics().mixed_steps > 0) == kw["mixed_batch"]
+    assert (llm.metrics().mixed_steps > 0) == kw.get("mixed_batch", False)
     del llm
     gc.collect()
     return [o.token_ids for o in outs], logits
+
+
+def _same_computation(prompts, got, ref) -> tuple[list[float], list[tuple[str, int, float, float]]]:
+    """Logit errors wherever the greedy tokens so far agree, and (request, position, gap of each pick below the top
+    of the reference logits) where a sequence first differs."""
+    (a_tok, a_log), (b_tok, b_log) = got, ref
+    errors, ties = [], []
+    for rid, a, b in zip([f"req-{i + 1}" for i in range(len(prompts))], a_tok, b_tok):
+        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+        errors += [rel_err(a_log[rid, i], b_log[rid, i]) for i in range(same + 1 if same < len(a) else same)]
+        if same < len(a):
+            r = b_log[rid, same]  # both picks judged on the same logits
+            ties.append((rid, same, float(r.max() - r[a[same]]), float(r.max() - r[b[same]])))
+    print(
+        f"identical sequences {len(prompts) - len(ties)}/{len(prompts)}; logits rel err max {max(errors):.2e}, "
+        f"first differences (request, position, gap of each pick below the top): {ties}"
+    )
+    return errors, ties
 
 
 def test_mixed_batches_compute_the_same_logits(peaked_model):
@@ -259,22 +265,27 @@ def test_mixed_batches_compute_the_same_logits(peaked_model):
     computation (a wrong KV slot or position gives errors of order 1). On an H200 (d590ff0): 6/48 sequences
     identical, rel err at most 3.0e-2, first differences at top-2 gaps of 0-0.125 (one three-way tie)."""
     prompts = _prompts(48, seed=3)
-    on, lon = _greedy_with_logits(peaked_model, prompts, mixed_batch=True, max_batch_tokens=512)
-    off, loff = _greedy_with_logits(peaked_model, prompts, mixed_batch=False, max_batch_tokens=512)
-    rids = [f"req-{i + 1}" for i in range(len(prompts))]
-    errors, ties = [], []
-    for rid, a, b in zip(rids, on, off):
-        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
-        errors += [rel_err(lon[rid, i], loff[rid, i]) for i in range(same + 1 if same < len(a) else same)]
-        if same < len(a):
-            ref = loff[rid, same]  # both picks judged on the same logits
-            ties.append((rid, same, float(ref.max() - ref[a[same]]), float(ref.max() - ref[b[same]])))
-    print(
-        f"identical sequences {len(prompts) - len(ties)}/{len(prompts)}; logits rel err max {max(errors):.2e}, "
-        f"first differences (request, position, gap of each pick below the top): {ties}"
-    )
+    on = _greedy_with_logits(peaked_model, prompts, mixed_batch=True, max_batch_tokens=512)
+    off = _greedy_with_logits(peaked_model, prompts, mixed_batch=False, max_batch_tokens=512)
+    errors, ties = _same_computation(prompts, on, off)
     assert max(errors) < 5e-2
     assert all(max(gap_on, gap_off) <= 0.25 for _, _, gap_on, gap_off in ties), ties
+
+
+@pytest.mark.parametrize("backend", ["fa,flashinfer", "fa"])
+def test_fa_computes_the_same_logits_as_flashinfer(peaked_model, backend):
+    """FA4 prefill (and, for `fa`, eager FA4 decode) against FlashInfer on the peaked model. Greedy tokens are not
+    bit-identical: FlashInfer itself differs from the torch backend's fp32-softmax reference in 44/48 sequences
+    over 48 tokens (H200, ef55463), FA4 in 41/48, from the first few positions on, because the peaked model still
+    has bf16 near-ties. What must hold is the same as for mixed batches: wherever the tokens agree the logits agree
+    within bf16 tolerance, and every first difference is a near-tie of the same logits."""
+    pytest.importorskip("flash_attn.cute")
+    prompts = _prompts(48, seed=1)
+    got = _greedy_with_logits(peaked_model, prompts, attention_backend=backend)
+    ref = _greedy_with_logits(peaked_model, prompts, attention_backend="flashinfer")
+    errors, ties = _same_computation(prompts, got, ref)
+    assert max(errors) < 5e-2
+    assert all(max(gap_got, gap_ref) <= 0.25 for _, _, gap_got, gap_ref in ties), ties
 
 
 def test_seeded_sampling_same_with_graphs_and_overlap():

@@ -7,42 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import socket
 import sys
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 
 import uvicorn
 
-from engine.ipc import Addresses
 from engine.remote_llm import RemoteLLM
 from minisgl_cli.server.app import create_app
-
-ORPHAN_GRACE_S = 2.0  # /health answers 503 this long after the engine is gone, then the front end exits
-ENGINE_GONE_EXIT = 3
-
-
-@dataclass(frozen=True, slots=True)
-class FrontendSpec:
-    model: str | None  # as --model: where the tokenizer comes from
-    addrs: Addresses | None  # filled in by whoever starts the front end (serve_engine)
-    host: str
-    port: int
-    model_name: str | None
-    max_queued_requests: int | None
-    log_level: str
-    engine_pid: int
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @staticmethod
-    def from_json(text: str) -> FrontendSpec:
-        d = json.loads(text)
-        return FrontendSpec(**{**d, "addrs": Addresses(**d["addrs"]) if d["addrs"] else None})
+from minisgl_cli.server.frontend_spec import ENGINE_GONE_EXIT, ORPHAN_GRACE_S, FrontendSpec
 
 
 class HTTPServer(uvicorn.Server):

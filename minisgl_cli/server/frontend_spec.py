@@ -1,0 +1,33 @@
+"""What `minisgl serve` hands its HTTP front end process (minisgl_cli.server.frontend), apart from the front end
+itself so that the CLI imports without the server's packages (uvicorn, FastAPI): a bench-offline peer child runs
+the CLI under another engine's environment."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from engine.ipc import Addresses
+
+ORPHAN_GRACE_S = 2.0  # /health answers 503 this long after the engine is gone, then the front end exits
+ENGINE_GONE_EXIT = 3
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendSpec:
+    model: str | None  # as --model: where the tokenizer comes from
+    addrs: Addresses | None  # filled in by whoever starts the front end (serve_engine)
+    host: str
+    port: int
+    model_name: str | None
+    max_queued_requests: int | None
+    log_level: str
+    engine_pid: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(text: str) -> FrontendSpec:
+        d = json.loads(text)
+        return FrontendSpec(**{**d, "addrs": Addresses(**d["addrs"]) if d["addrs"] else None})
