@@ -9,7 +9,9 @@ and records, per engine step, CUDA events around the launch: the GPU time of the
 run under torch.profiler (CUDA activity only) sums kernel time by category over the whole workload.
 
 Variants switch one optimisation off to measure what it buys: `unfused` (separate q/k norm, rope, KV store),
-`logits-fp32` (a float32 copy of the logits before sampling). A fresh GPU machine runs slower for its first ~30 s:
+`logits-fp32` (a float32 copy of the logits before sampling); or try one change: `decode-fa3` / `prefill-fa3`
+(FlashInfer's Hopper kernels for that wrapper instead of fa2), `page32` / `page64` (KV page size).
+A fresh GPU machine runs slower for its first ~30 s:
 repeat variants, interleaved, and compare the later runs.
 """
 
@@ -58,12 +60,20 @@ def bucket(decode: bool, bs: int) -> str:
     return f"decode {bs}"
 
 
-def apply_variant(name: str) -> None:
-    from engine.models import llama
+VARIANTS = ("base", "unfused", "logits-fp32", "decode-fa3", "prefill-fa3", "page32", "page64")
 
-    if name not in ("base", "unfused", "logits-fp32"):
-        raise SystemExit(f"unknown variant {name!r}: choose base, unfused or logits-fp32")
+
+def apply_variant(name: str) -> dict:
+    """Switch the variant's one change on (and every other off); returns EngineConfig fields it changes."""
+    from engine.models import llama
+    from kernels.attention import flashinfer_backend
+
+    if name not in VARIANTS:
+        raise SystemExit(f"unknown variant {name!r}: choose one of {', '.join(VARIANTS)}")
     llama.FUSED_QKV = name != "unfused"
+    flashinfer_backend.DECODE_KERNELS = "fa3" if name == "decode-fa3" else "fa2"
+    flashinfer_backend.PREFILL_KERNELS = "fa3" if name == "prefill-fa3" else "fa2"
+    return {"page_size": int(name[4:])} if name.startswith("page") else {}
 
 
 def timed(run: Callable[[Batch], StepOutput], steps: list[tuple]) -> Callable[[Batch], StepOutput]:
@@ -84,9 +94,9 @@ def timed(run: Callable[[Batch], StepOutput], steps: list[tuple]) -> Callable[[B
 
 
 def run_variant(model: str, name: str, kernels: bool) -> dict:
-    apply_variant(name)
+    changes = apply_variant(name)
     t0 = time.perf_counter()
-    llm = LLM(EngineConfig(model=model))
+    llm = LLM(EngineConfig(model=model, **changes))
     startup = time.perf_counter() - t0
     if name == "logits-fp32":
         m = llm.engine.loaded.model
@@ -171,7 +181,7 @@ def kernel_breakdown(llm: LLM, prompts, params) -> dict[str, dict[str, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="dummy:Qwen3-0.6B")
-    ap.add_argument("--variant", action="append", help="base | unfused | logits-fp32 (repeatable)")
+    ap.add_argument("--variant", action="append", help=f"{' | '.join(VARIANTS)} (repeatable)")
     ap.add_argument("--kernels", action="store_true", help="also sum kernel time by category (base variant only)")
     ap.add_argument("--out", default="step_profile.json")
     args = ap.parse_args()

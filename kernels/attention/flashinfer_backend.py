@@ -21,6 +21,10 @@ from kernels.attention.base import AttentionBackend, AttnMeta
 from kvcache.pool import KVPool
 
 WORKSPACE_BYTES = 256 * 2**20
+# FlashInfer's own kernel family for each wrapper ("fa2" | "fa3" on sm90): fa2 for both, one JIT build; the step
+# profile's variants switch them for an A/B (benchmarks/step_profile.py).
+PREFILL_KERNELS = "fa2"
+DECODE_KERNELS = "fa2"
 
 
 def paged_metadata(meta: AttnMeta, page_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -65,10 +69,13 @@ class FlashInferBackend(AttentionBackend):
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.use_tensor_cores = True
         self.prefill = [
-            flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2") for _ in range(2)
+            flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=PREFILL_KERNELS)
+            for _ in range(2)
         ]
         self.decode = [
-            flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores)
+            flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores, backend=DECODE_KERNELS
+            )
             for _ in range(2)
         ]
         self.graph_wrappers: dict[tuple[int, int], _Wrapper] = {}
@@ -118,6 +125,7 @@ class FlashInferBackend(AttentionBackend):
                 "NHD",
                 use_cuda_graph=True,
                 use_tensor_cores=self.use_tensor_cores,
+                backend=DECODE_KERNELS,
                 paged_kv_indptr_buffer=torch.zeros(bs + 1, dtype=torch.int32, device=self.device),
                 paged_kv_indices_buffer=torch.zeros(max_pages, dtype=torch.int32, device=self.device),
                 paged_kv_last_page_len_buffer=torch.zeros(bs, dtype=torch.int32, device=self.device),
