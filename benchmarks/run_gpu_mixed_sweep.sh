@@ -3,6 +3,9 @@
 # sweep (docs/benchmarks.md) shows arriving prompts stalling running streams: 512-token prompts, 256 output tokens,
 # Poisson at 48/64/96 req/s, 15 s each. One server per mode, same machine session; results in one tar in $OUT.
 # Usage there: source .whl/use-bundle.sh && MODES="nomixed mixed mixed2048" bash benchmarks/run_gpu_mixed_sweep.sh
+# Modes: nomixed (prefill-first), mixed (mixed steps, prefill-first while a backlog waits: --mixed-backlog 2, the
+# default), mixedalways (--mixed-backlog 0), mixed2048 (mixed, 2048-token budget), else $FLAGS.
+# TRACE=1 also replays traces/qwen_1000.jsonl at 5x pace (--time-scale 0.2) against each server (the saturating load).
 set -u
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
 mkdir -p "$OUT/mixed_sweep"
@@ -10,6 +13,7 @@ for mode in ${MODES:-nomixed mixed mixed2048}; do
   case $mode in
     nomixed) flags="--no-mixed-batch" ;;
     mixed) flags="--mixed-batch" ;;
+    mixedalways) flags="--mixed-batch --mixed-backlog 0" ;;
     mixed2048) flags="--mixed-batch --max-batch-tokens 2048" ;;
     *) flags="${FLAGS:-}" ;;
   esac
@@ -20,6 +24,10 @@ for mode in ${MODES:-nomixed mixed mixed2048}; do
     --input-len 512:512 --output-len 256:256 --rate ${RATES:-48,64,96} --duration 15 --num-requests 600 \
     --warmup 32 --slo ttft=500ms,tpot=25ms --quiet --no-client-check --label "$mode" \
     --json "$OUT/mixed_sweep/sweep_$mode.json" 2>&1 | tail -3
+  if [ -n "${TRACE:-}" ]; then
+    timeout 150 python -m minisgl_cli bench-trace traces/qwen_1000.jsonl --url http://127.0.0.1:8200 \
+      --model dummy:Qwen3-0.6B --time-scale 0.2 --quiet --json "$OUT/mixed_sweep/trace_$mode.json" 2>&1 | tail -2
+  fi
   pkill -INT -f "minisgl_cli serve"
   for i in $(seq 1 60); do pgrep -f "minisgl_cli serve" >/dev/null || break; sleep 1; done
 done
@@ -30,5 +38,9 @@ for f in sorted(glob.glob(f"{sys.argv[1]}/sweep_*.json")):
     for r in json.load(open(f))["sweep"]:
         print(f"{os.path.basename(f)[6:-5]:10} {r['load']:9} {r['output_throughput']:7.0f} {r['median_ttft_ms']:9.1f} "
               f"{r['p99_ttft_ms']:9.1f} {r['median_tpot_ms']:9.2f} {r['median_itl_ms']:8.2f} {r['p99_itl_ms']:8.1f}")
+for f in sorted(glob.glob(f"{sys.argv[1]}/trace_*.json")):
+    r = json.load(open(f))
+    print(f"{os.path.basename(f)[6:-5]:10} {'trace 5x':9} {r['output_throughput']:7.0f} {r['median_ttft_ms']:9.1f} "
+          f"{r['p99_ttft_ms']:9.1f} {r['median_tpot_ms']:9.2f} {r['median_itl_ms']:8.2f} {r['p99_itl_ms']:8.1f}")
 PY
 tar czf "$OUT/mixed_sweep.tgz" -C "$OUT" mixed_sweep && rm -rf "$OUT/mixed_sweep"

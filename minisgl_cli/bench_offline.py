@@ -116,6 +116,7 @@ def register(app: typer.Typer) -> None:
         cuda_graph_max_bs: o.GraphBs = 256,
         no_overlap: o.NoOverlap = False,
         mixed_batch: o.MixedBatch = False,
+        mixed_backlog: o.MixedBacklog = 2,
         tp: o.Tp = 1,
     ) -> None:
         """Offline throughput: output tokens / wall time of one generate() after a warm-up.

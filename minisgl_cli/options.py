@@ -45,6 +45,14 @@ MixedBatch = Annotated[
         help="one step carries every running request's decode token plus prefill chunks (off: prefill steps first)",
     ),
 ]
+MixedBacklog = Annotated[
+    int,
+    typer.Option(
+        help="with --mixed-batch: steps go prefill-first while this many prompts wait for admission and hold more "
+        "than one step's budget (0: always mixed)",
+        min=0,
+    ),
+]
 MaxModelLen = Annotated[int | None, typer.Option(help="context length limit (default: the model's)", min=2)]
 NoRadix = Annotated[bool, typer.Option("--no-radix-cache", help="disable the radix prefix cache")]
 Backend = Annotated[
@@ -76,6 +84,7 @@ def engine_config(
     cuda_graph_max_bs: int = 256,
     no_overlap: bool = False,
     mixed_batch: bool = False,
+    mixed_backlog: int = 2,
     tp: int = 1,
     seed: int = 0,
     **_: Any,
@@ -100,6 +109,7 @@ def engine_config(
             cuda_graph_max_bs=cuda_graph_max_bs,
             overlap=False if no_overlap else None,
             mixed_batch=mixed_batch,
+            mixed_backlog=mixed_backlog,
             tp=tp,
             seed=seed,
         )
