@@ -3,8 +3,9 @@
 # sweep (docs/benchmarks.md) shows arriving prompts stalling running streams: 512-token prompts, 256 output tokens,
 # Poisson at 48/64/96 req/s, 15 s each. One server per mode, same machine session; results in one tar in $OUT.
 # Usage there: source .whl/use-bundle.sh && MODES="nomixed mixed mixed2048" bash benchmarks/run_gpu_mixed_sweep.sh
-# Modes: nomixed (prefill-first), mixed (mixed steps, prefill-first while a backlog waits: --mixed-backlog 2, the
-# default), mixedalways (--mixed-backlog 0), mixed2048 (mixed, 2048-token budget), else $FLAGS.
+# Modes: nomixed (prefill-first), mixed (the default), mixed2048 (mixed, 2048-token budget), else $FLAGS.
+# (mixedalways / mixed with --mixed-backlog 2 in benchmarks/results/mixed_backlog_ab_h200_01ae9e1_*: commit 01ae9e1,
+# a backlog rule since reverted; there "mixedalways" is today's mixed.)
 # TRACE=1 also replays traces/qwen_1000.jsonl at 5x pace (--time-scale 0.2) against each server (the saturating load).
 set -u
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
@@ -13,7 +14,6 @@ for mode in ${MODES:-nomixed mixed mixed2048}; do
   case $mode in
     nomixed) flags="--no-mixed-batch" ;;
     mixed) flags="--mixed-batch" ;;
-    mixedalways) flags="--mixed-batch --mixed-backlog 0" ;;
     mixed2048) flags="--mixed-batch --max-batch-tokens 2048" ;;
     *) flags="${FLAGS:-}" ;;
   esac

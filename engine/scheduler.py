@@ -1,14 +1,11 @@
 """Continuous batching. By default a step is either prefill (chunked under the per-step token budget, and first
 whenever there is any) or decode. With mixed batches on, a step carries every running request's next decode token,
-then prefill chunks of admitted prompts up to the budget, so arriving prompts do not stall running streams; while
-a backlog of prompts waits for admission (more than one step's budget, over `mixed_backlog` or more prompts), steps
-go prefill-first again until it has drained."""
+then prefill chunks of admitted prompts up to the budget, so arriving prompts never stall running streams."""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from itertools import chain
 
 from engine.request import Req, Status
 from kvcache.manager import CacheManager
@@ -52,14 +49,11 @@ def join(decode: Batch | None, prefill: Batch | None) -> Batch | None:
 
 
 class Scheduler:
-    def __init__(
-        self, cache: CacheManager, max_running: int, max_batch_tokens: int, mixed: bool = False, backlog: int = 0
-    ):
+    def __init__(self, cache: CacheManager, max_running: int, max_batch_tokens: int, mixed: bool = False):
         self.cache = cache
         self.max_running = max_running
         self.max_batch_tokens = max_batch_tokens
         self.mixed = mixed
-        self.backlog = backlog
         self.waiting: deque[Req] = deque()
         self.prefilling: list[Req] = []  # admitted, prompt not fully in the KV cache yet
         self.running: list[Req] = []  # decoding, oldest first
@@ -77,7 +71,7 @@ class Scheduler:
         return bool(self.waiting or self.prefilling or self.running)
 
     def schedule(self) -> Batch | None:
-        if not self.mixed or self._backlogged():
+        if not self.mixed:
             return self._prefill(self.max_batch_tokens) or self._decode()
         # Decode first: running requests get their next page before new prompts are admitted into what is left.
         preempted = self.num_preemptions
@@ -87,17 +81,6 @@ class Scheduler:
         # sized without its last token, still in flight under overlap scheduling.
         admit = self.num_preemptions == preempted
         return join(decode, self._prefill(budget, admit) if budget > 0 else None)
-
-    def _backlogged(self) -> bool:
-        """At least `backlog` prompts wait, more prefill is pending than one step takes, and there is a free slot."""
-        if not self.backlog or len(self.waiting) < self.backlog or len(self.live) >= self.max_running:
-            return False
-        pending = 0
-        for req in chain(self.prefilling, self.waiting):
-            pending += req.num_tokens - req.device_len
-            if pending > self.max_batch_tokens:
-                return True
-        return False
 
     def _prefill(self, budget: int, admit: bool = True) -> Batch | None:
         reqs, starts, lens, sample = [], [], [], []

@@ -115,8 +115,7 @@ def register(app: typer.Typer) -> None:
         attention_backend: o.Backend = "auto",
         cuda_graph_max_bs: o.GraphBs = 256,
         no_overlap: o.NoOverlap = False,
-        mixed_batch: o.MixedBatch = False,
-        mixed_backlog: o.MixedBacklog = 2,
+        mixed_batch: o.MixedBatch = True,
         tp: o.Tp = 1,
     ) -> None:
         """Offline throughput: output tokens / wall time of one generate() after a warm-up.

@@ -92,8 +92,7 @@ def register(app: typer.Typer) -> None:
         attention_backend: o.Backend = "auto",
         cuda_graph_max_bs: o.GraphBs = 256,
         no_overlap: o.NoOverlap = False,
-        mixed_batch: o.MixedBatch = False,
-        mixed_backlog: o.MixedBacklog = 2,
+        mixed_batch: o.MixedBatch = True,
         tp: o.Tp = 1,
     ) -> None:
         """Replay a request trace in real time (scaled by --time-scale) and report TTFT, TBT (inter-token gap),
@@ -223,7 +222,6 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict
         page_size=e.cache.page_size,
         preemptions=after.preemptions - before.preemptions,
         mixed_batch=config.mixed_batch,
-        mixed_backlog=config.mixed_backlog,
         max_batch_tokens=config.max_batch_tokens,
         engine_steps=after.steps - before.steps,
         mixed_steps=after.mixed_steps - before.mixed_steps,

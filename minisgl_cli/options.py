@@ -42,15 +42,8 @@ MixedBatch = Annotated[
     bool,
     typer.Option(
         "--mixed-batch/--no-mixed-batch",
-        help="one step carries every running request's decode token plus prefill chunks (off: prefill steps first)",
-    ),
-]
-MixedBacklog = Annotated[
-    int,
-    typer.Option(
-        help="with --mixed-batch: steps go prefill-first while this many prompts wait for admission and hold more "
-        "than one step's budget (0: always mixed)",
-        min=0,
+        help="one step carries every running request's decode token plus prefill chunks (off: prefill steps first, "
+        "then decode)",
     ),
 ]
 MaxModelLen = Annotated[int | None, typer.Option(help="context length limit (default: the model's)", min=2)]
@@ -83,8 +76,7 @@ def engine_config(
     attention_backend: str = "auto",
     cuda_graph_max_bs: int = 256,
     no_overlap: bool = False,
-    mixed_batch: bool = False,
-    mixed_backlog: int = 2,
+    mixed_batch: bool = True,
     tp: int = 1,
     seed: int = 0,
     **_: Any,
@@ -109,7 +101,6 @@ def engine_config(
             cuda_graph_max_bs=cuda_graph_max_bs,
             overlap=False if no_overlap else None,
             mixed_batch=mixed_batch,
-            mixed_backlog=mixed_backlog,
             tp=tp,
             seed=seed,
         )

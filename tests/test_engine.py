@@ -50,16 +50,19 @@ def test_same_tokens_across_settings(tiny_dir):
     base, llm = run(tiny_dir, prompts)
     assert_all_pages_back(llm)
     variants = {
-        "chunked prefill 16": dict(max_batch_tokens=16),
-        "no radix cache": dict(radix_cache=False),
-        "page size 1": dict(page_size=1),
-        "page size 1, chunk 7": dict(page_size=1, max_batch_tokens=7),
-        "overlap scheduling": dict(overlap=True),
-        "batch of 2": dict(max_running_requests=2),
-        "mixed batches": dict(mixed_batch=True),
-        "mixed batches, chunk 16, no radix cache": dict(mixed_batch=True, max_batch_tokens=16, radix_cache=False),
-        "mixed batches, chunk 16, overlap": dict(mixed_batch=True, max_batch_tokens=16, overlap=True),
-        "mixed batches, chunk 16, never prefill-first": dict(mixed_batch=True, max_batch_tokens=16, mixed_backlog=0),
+        "prefill first": dict(mixed_batch=False),
+        "prefill first, chunk 16": dict(mixed_batch=False, max_batch_tokens=16),
+        "prefill first, no radix cache": dict(mixed_batch=False, radix_cache=False),
+        "prefill first, page size 1, chunk 7": dict(mixed_batch=False, page_size=1, max_batch_tokens=7),
+        "prefill first, overlap": dict(mixed_batch=False, overlap=True),
+        "mixed batches, chunk 16": dict(max_batch_tokens=16),
+        "mixed batches, no radix cache": dict(radix_cache=False),
+        "mixed batches, page size 1": dict(page_size=1),
+        "mixed batches, page size 1, chunk 7": dict(page_size=1, max_batch_tokens=7),
+        "mixed batches, overlap": dict(overlap=True),
+        "mixed batches, batch of 2": dict(max_running_requests=2),
+        "mixed batches, chunk 16, no radix cache": dict(max_batch_tokens=16, radix_cache=False),
+        "mixed batches, chunk 16, overlap": dict(max_batch_tokens=16, overlap=True),
     }
     for name, cfg in variants.items():
         tokens, llm = run(tiny_dir, prompts, **cfg)
@@ -112,33 +115,6 @@ def test_arriving_prompts_do_not_stall_running_streams_with_mixed_batches(tiny_d
             outs[o.rid].append(o)
     alone = [run(tiny_dir, [p], max_batch_tokens=16)[0][0] for p in (prompts[0][:8], prompts[0][8:] * 3)]
     assert [outs[first][-1].token_ids, outs[second][-1].token_ids] == alone
-    assert_all_pages_back(llm)
-
-
-@pytest.mark.parametrize("backlog", [2, 0])
-def test_a_backlog_drains_prefill_first_then_steps_mix_again(tiny_dir, backlog):
-    """Mixed batches with `mixed_backlog` 2: three prompts arriving at once (60 tokens against a 16-token budget) are
-    a backlog, so steps go prefill-first, stalling the running stream, until fewer than two prompts wait; from then
-    on every step carries the stream's next token again. With 0 every step mixes. Same tokens either way."""
-    llm = make_llm(tiny_dir, max_batch_tokens=16, mixed_batch=True, mixed_backlog=backlog)
-    rng = random.Random(5)
-    prompts = [[rng.randrange(512) for _ in range(20)] for _ in range(4)]  # nothing shared: no cache hits
-    long = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-    first = llm.add_request(prompts[0][:8], long)
-    llm.step()
-    later = [llm.add_request(p, GREEDY) for p in prompts[1:]]
-    carried = []  # per step: did it advance the running stream?
-    outs: dict = {}
-    while llm.has_work():
-        step = {o.rid: o for o in llm.step()}
-        outs.update(step)
-        carried.append(first in step)
-    # Step 1 admits the first prompt (20 tokens: its chunk fills the budget), two still wait: prefill-first again;
-    # step 2 finishes it and admits the second, one waits: no backlog, steps mix from then on.
-    assert carried[:12] == ([False, False] if backlog else []) + [True] * (12 if not backlog else 10), carried
-    assert outs[first].token_ids == run(tiny_dir, [prompts[0][:8]], long)[0][0]
-    ref, _ = run(tiny_dir, prompts[1:], max_batch_tokens=16)
-    assert [outs[r].token_ids for r in later] == ref
     assert_all_pages_back(llm)
 
 

@@ -48,7 +48,6 @@ class Setting:
     overlap: bool
     max_running_requests: int
     mixed_batch: bool
-    mixed_backlog: int  # prompts waiting at which mixed steps give way to prefill-first (0: never)
 
 
 tokens = st.integers(0, VOCAB - 1)
@@ -66,7 +65,6 @@ def workloads(draw) -> tuple[Setting, list[Arrival], Arrival | None]:
     pool = draw(st.sampled_from(["largest", "a third", "largest+3", "4096 tokens"]))  # of all requests' pages
     prefill_budget = draw(st.sampled_from([1, 5, 16, 8192]) | st.integers(1, 64))
     radix, overlap, mixed = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
-    backlog = draw(st.sampled_from([0, 1, 2, 3])) if mixed else 2
     max_running = draw(st.sampled_from([1, 2, 3, 64]))
     last_arrival = draw(st.sampled_from([0, 0, 6, 40]))  # all at once (most contention) ... spread out (most reuse)
 
@@ -95,7 +93,7 @@ def workloads(draw) -> tuple[Setting, list[Arrival], Arrival | None]:
         "largest+3": largest + 3,
         "4096 tokens": 4096 // page_size,
     }[pool]
-    setting = Setting(page_size, num_pages, prefill_budget, radix, overlap, max_running, mixed, backlog)
+    setting = Setting(page_size, num_pages, prefill_budget, radix, overlap, max_running, mixed)
     # Now and then one request that can never fit the pool or the context: refused at admission, and the rest
     # must not notice.
     too_big = draw(st.none() | token_lists(1, 8).map(lambda p: Arrival(1, p, num_pages * page_size, None)))
@@ -213,7 +211,6 @@ def test_random_workloads_keep_every_promise(tiny_dir, reference, case):  # noqa
         overlap=setting.overlap,
         max_running_requests=setting.max_running_requests,
         mixed_batch=setting.mixed_batch,
-        mixed_backlog=setting.mixed_backlog,
     )
     run = drive(llm, arrivals, too_big, reference)
 
