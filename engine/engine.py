@@ -15,6 +15,7 @@ import torch.distributed as dist
 from engine import weight_cache, weights
 from engine.config import EngineConfig
 from engine.distributed import TP, broadcast_objects, init_tp, leave_failed_group
+from engine.layers import cpu_weight_layout
 from engine.metrics import EngineMetrics
 from engine.model_config import PRESETS, ModelConfig
 from engine.models import create_model
@@ -115,6 +116,8 @@ def load_model(
                     raise
                 raise ValueError(f"{where}: {e}") from e
     model.eval()
+    if device.type == "cpu":
+        cpu_weight_layout(model)
     tok = _tokenizer(kind, path, cfg.eos_token_ids) if with_tokenizer else ByteTokenizer()
     if keep is not None:
         weight_cache.store(path, cfg, keep, tok.hf)

@@ -294,6 +294,8 @@ def test_against_minisgl_serve(tmp_path):
             assert r["median_ttft_ms"] <= r["p99_ttft_ms"] <= r["p99_e2el_ms"]
             # at most 6 of 8 prompts reuse their group's 64-token prefix (all at once, fewer: same-step prefills)
             assert 0 < r["cache_hit_rate"] <= 6 * 64 / r["total_input_tokens"]
-        assert rows[0]["duration"] > rows[1]["duration"]  # paced at 4 req/s vs all at once
+        # paced at 4 req/s: the seeded arrivals span 1.75 s (all at once: 0.05-0.08 s here, but a loaded 2-core
+        # machine stalled that run for 1.8 s once, so the paced run is checked against its own arrival span)
+        assert rows[0]["duration"] > 1.5
         res, _ = bench(tmp_path, *common, "--endpoint", "chat", "--num-requests", "4", "--output-len", "5:5")
         assert (res["completed"], res["total_output_tokens"], res["backend"]) == (4, 20, "openai-chat")
