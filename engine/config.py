@@ -33,6 +33,9 @@ class EngineConfig:
     # default since two same-session H200 runs through `serve` (docs/scheduling.md): the 5x trace replay 1.11-1.14x
     # the output, 0.07-0.21x the TTFT p50, half the ITL p99; bench-offline 0.99x.
     mixed_batch: bool = True
+    # Admission stops while the running requests' contexts hold this many tokens: a decode step reads all of their KV,
+    # so this bounds the inter-token gap under load (None: only the KV pool and max_running_requests bound it).
+    max_running_tokens: int | None = None
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     radix_cache: bool = True
     attention_backend: str = "auto"  # auto | torch | flashinfer | fa, or PREFILL,DECODE (e.g. fa,flashinfer)
@@ -55,6 +58,7 @@ class EngineConfig:
             (0 < self.memory_fraction <= 1, "memory_fraction", "must be in (0, 1]"),
             (self.max_running_requests >= 1, "max_running_requests", "must be >= 1"),
             (self.max_batch_tokens >= 1, "max_batch_tokens", "must be >= 1"),
+            (self.max_running_tokens is None or self.max_running_tokens >= 1, "max_running_tokens", "must be >= 1"),
             (self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be >= 2"),
             (
                 _backend_ok(self.attention_backend),

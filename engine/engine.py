@@ -156,7 +156,13 @@ class Engine:
         )
         self.cache = CacheManager(num_pages, config.page_size, config.radix_cache)
         self.limits = RequestLimits(mc.vocab_size, self.max_model_len, num_pages * config.page_size)
-        self.scheduler = Scheduler(self.cache, config.max_running_requests, config.max_batch_tokens, config.mixed_batch)
+        self.scheduler = Scheduler(
+            self.cache,
+            config.max_running_requests,
+            config.max_batch_tokens,
+            config.mixed_batch,
+            config.max_running_tokens,
+        )
         t0 = time.perf_counter()
         self.runner = ModelRunner(
             self.loaded.model,

@@ -49,11 +49,19 @@ def join(decode: Batch | None, prefill: Batch | None) -> Batch | None:
 
 
 class Scheduler:
-    def __init__(self, cache: CacheManager, max_running: int, max_batch_tokens: int, mixed: bool = False):
+    def __init__(
+        self,
+        cache: CacheManager,
+        max_running: int,
+        max_batch_tokens: int,
+        mixed: bool = False,
+        max_running_tokens: int | None = None,
+    ):
         self.cache = cache
         self.max_running = max_running
         self.max_batch_tokens = max_batch_tokens
         self.mixed = mixed
+        self.max_running_tokens = max_running_tokens
         self.waiting: deque[Req] = deque()
         self.prefilling: list[Req] = []  # admitted, prompt not fully in the KV cache yet
         self.running: list[Req] = []  # decoding, oldest first
@@ -85,11 +93,15 @@ class Scheduler:
     def _prefill(self, budget: int, admit: bool = True) -> Batch | None:
         reqs, starts, lens, sample = [], [], [], []
         candidates = list(self.prefilling)
+        context = sum(r.num_tokens for r in self.live) if self.max_running_tokens else 0
         while admit and self.waiting and len(self.live) < self.max_running:
             req = self.waiting[0]
+            if self.max_running_tokens and self.live and context + req.num_tokens > self.max_running_tokens:
+                break  # every decode step reads the whole context of every running request: keep steps short
             if not self.cache.admit(req, headroom_pages=len(self.running), use_cache=not req.needs_prompt_logprobs):
                 break
             self.waiting.popleft()
+            context += req.num_tokens
             req.status, req.slot = Status.RUNNING, self.free_slots.pop()
             if req.num_preemptions == 0:
                 req.cache_hit_tokens = req.cached_len

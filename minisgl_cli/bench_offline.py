@@ -110,6 +110,7 @@ def register(app: typer.Typer) -> None:
         memory_fraction: o.MemoryFraction = 0.85,
         max_running_requests: o.MaxRunning = 256,
         max_batch_tokens: o.MaxBatchTokens = 8192,
+        max_running_tokens: o.MaxRunningTokens = None,
         max_model_len: o.MaxModelLen = None,
         no_radix_cache: o.NoRadix = False,
         attention_backend: o.Backend = "auto",

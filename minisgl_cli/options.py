@@ -46,6 +46,14 @@ MixedBatch = Annotated[
         "then decode)",
     ),
 ]
+MaxRunningTokens = Annotated[
+    int | None,
+    typer.Option(
+        help="admit no new request while running requests' contexts hold this many tokens (each decode step reads "
+        "all of their KV, so this bounds the inter-token gap under load; default: no cap)",
+        min=1,
+    ),
+]
 MaxModelLen = Annotated[int | None, typer.Option(help="context length limit (default: the model's)", min=2)]
 NoRadix = Annotated[bool, typer.Option("--no-radix-cache", help="disable the radix prefix cache")]
 Backend = Annotated[
@@ -71,6 +79,7 @@ def engine_config(
     memory_fraction: float = 0.85,
     max_running_requests: int = 256,
     max_batch_tokens: int = 8192,
+    max_running_tokens: int | None = None,
     max_model_len: int | None = None,
     no_radix_cache: bool = False,
     attention_backend: str = "auto",
@@ -95,6 +104,7 @@ def engine_config(
             memory_fraction=memory_fraction,
             max_running_requests=max_running_requests,
             max_batch_tokens=max_batch_tokens,
+            max_running_tokens=max_running_tokens,
             max_model_len=max_model_len,
             radix_cache=not no_radix_cache,
             attention_backend=attention_backend,

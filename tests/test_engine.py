@@ -119,6 +119,31 @@ def test_arriving_prompts_do_not_stall_running_streams_with_mixed_batches(tiny_d
     assert_all_pages_back(llm)
 
 
+@pytest.mark.parametrize("mixed", [True, False])
+def test_running_token_cap_bounds_what_a_decode_step_reads(tiny_dir, mixed):
+    """--max-running-tokens: no request is admitted while the running requests' contexts would pass the cap (one
+    request alone always runs), so fewer requests decode at a time; the tokens are the same."""
+    prompts = prompts_with_shared_prefix()
+    base, _ = run(tiny_dir, prompts, mixed_batch=mixed)
+    cap = 120
+    llm = make_llm(tiny_dir, mixed_batch=mixed, max_running_tokens=cap)
+    rids = [llm.add_request(p, GREEDY) for p in prompts]
+    outs: dict = {}
+    most_live = 0
+    while llm.has_work():
+        s = llm.engine.scheduler
+        before = {id(r): r.num_tokens for r in s.live}
+        for o in llm.step():
+            outs[o.rid] = o.token_ids
+        admitted = [r for r in s.live if id(r) not in before]
+        if admitted and before:  # what was live then, plus each newcomer as admitted (its prompt: not decoded yet)
+            assert sum(before.values()) + sum(len(r.prompt_ids) for r in admitted) <= cap
+        most_live = max(most_live, len(s.live))
+    assert 1 < most_live < len(prompts)
+    assert [outs[r] for r in rids] == base
+    assert_all_pages_back(llm)
+
+
 def test_sequential_runs_hit_the_radix_cache(tiny_dir):
     llm = make_llm(tiny_dir, page_size=4)
     prompts = prompts_with_shared_prefix()
