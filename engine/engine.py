@@ -32,6 +32,18 @@ from kvcache.pool import KVPool
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One processed step, for schedule analysis (bench-trace --step-log): when its tokens reached the CPU, what it
+    carried, and the KV its attention read (every row's context)."""
+
+    t: float  # time.perf_counter() when its tokens were processed
+    decode_rows: int
+    prefill_rows: int
+    prefill_tokens: int
+    context_tokens: int
+
+
 @dataclass(slots=True)
 class LoadedModel:
     cfg: ModelConfig
@@ -182,6 +194,7 @@ class Engine:
         self._finished_now: list[Req] = []
         self._shutdown = False
         self.timing = dict(schedule=0.0, launch=0.0, process=0.0)
+        self.step_records: list[StepRecord] | None = None  # set to [] to record every step
         self.stats = dict(prompt_tokens=0, cache_hit_tokens=0, generation_tokens=0, finished=0, steps=0, mixed_steps=0)
 
     @property
@@ -345,6 +358,10 @@ class Engine:
     def _process(self, batch: Batch, out: StepOutput) -> list[Req]:
         tokens = out.wait()
         now = time.perf_counter()
+        if self.step_records is not None:
+            prefill = batch.q_lens[batch.num_decode :]
+            kv = sum(batch.starts) + batch.num_tokens
+            self.step_records.append(StepRecord(now, batch.num_decode, len(prefill), sum(prefill), kv))
         changed = []
         for p in out.prompt_logprobs:
             for j, rec in enumerate(p.logprobs.records(p.tokens)):

@@ -3,6 +3,7 @@ prefix sharing, in-process or against an OpenAI-compatible URL; report latency p
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -77,6 +78,13 @@ def register(app: typer.Typer) -> None:
         plot: Annotated[
             Path | None, typer.Option("--plot", help="draw per-request TTFT and TBT over time to this PNG (matplotlib)")
         ] = None,
+        step_log: Annotated[
+            Path | None,
+            typer.Option(
+                help="in-process: write one JSON line per engine step (time, decode rows, prefill rows and tokens, "
+                "KV tokens read) to this file"
+            ),
+        ] = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="no progress view")] = False,
         model: o.Model = None,
         device: o.Device = "auto",
@@ -116,6 +124,8 @@ def register(app: typer.Typer) -> None:
         window = full.window(start, num_requests)
         if not window.requests:
             raise typer.BadParameter(f"the trace has {len(full.requests)} requests; --start {start} is past them")
+        if step_log is not None and url is not None:
+            raise typer.BadParameter("records the in-process engine's steps: it does not go with --url", param_hint="--step-log")
         if plot is not None:
             from minisgl_cli.plots import require_matplotlib
 
@@ -204,6 +214,8 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict
         )
     engine = AsyncLLM(llm)
     try:
+        if flags["step_log"]:
+            engine.call(lambda x: setattr(x.engine, "step_records", []))
         before = engine.call(lambda x: x.metrics())
         live = LiveCounters()
         with LiveView("replaying", len(p.items), live, quiet):
@@ -211,6 +223,11 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict
             results = asyncio.run(drive(p.items, local_sender(engine, flags["temperature"]), live=live))
             duration = time.perf_counter() - t0
         after = engine.call(lambda x: x.metrics())
+        if flags["step_log"]:
+            records = engine.call(lambda x: x.engine.step_records)
+            with open(flags["step_log"], "w") as f:
+                for rec in records:
+                    f.write(json.dumps({k: getattr(rec, k) for k in rec.__slots__}) + "\n")
     finally:
         engine.shutdown()
     d_prompt = after.prompt_tokens - before.prompt_tokens

@@ -40,7 +40,10 @@ def check_latencies(res: dict) -> None:
 @pytest.mark.parametrize("radix", [True, False])
 def test_qwen_replay_in_process(tmp_path, radix):
     trace = read_trace(QWEN)
-    res = replay(tmp_path, QWEN, *TINY, "--time-scale", "0.1", *([] if radix else ["--no-radix-cache"]))
+    log = tmp_path / "steps.jsonl"
+    res = replay(
+        tmp_path, QWEN, *TINY, "--time-scale", "0.1", "--step-log", str(log), *([] if radix else ["--no-radix-cache"])
+    )
     n = len(trace.requests)
     assert (res["completed"], res["failed"], res["mode"], res["format"]) == (n, 0, "in-process", "qwen")
     assert res["total_input_tokens"] == sum(r.input_length for r in trace.requests)
@@ -54,6 +57,15 @@ def test_qwen_replay_in_process(tmp_path, radix):
         assert 0.2 < res["cache_hit_rate"] <= res["trace_cache_hit_upper_bound"]
     else:
         assert res["cache_hit_rate"] == 0.0
+    # The step log accounts for every token: each output token came from a decode row or a request's last prefill
+    # chunk; every prompt token not served by the cache went through a prefill chunk.
+    steps = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(steps) == res["engine_steps"] and res["preemptions"] == 0
+    assert sum(s["decode_rows"] for s in steps) + n == res["total_output_tokens"]
+    assert sum(s["prefill_tokens"] for s in steps) == round(res["total_input_tokens"] * (1 - res["cache_hit_rate"]))
+    assert sum(s["decode_rows"] > 0 and s["prefill_rows"] > 0 for s in steps) == res["mixed_steps"] > 0
+    assert all(a["t"] <= b["t"] for a, b in zip(steps, steps[1:]))
+    assert all(s["context_tokens"] >= s["decode_rows"] + s["prefill_tokens"] for s in steps)
 
 
 def test_mooncake_window_scaled_and_clamped(tmp_path):
@@ -128,6 +140,8 @@ def test_bad_options(tmp_path):
     assert r.exit_code == 2 and "past them" in flat(r.output)
     r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *TINY, "--format", "sharegpt"])
     assert r.exit_code == 2 and "unknown trace format" in flat(r.output)
+    r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *TINY, "--url", "http://x", "--step-log", "s.jsonl"])
+    assert r.exit_code == 2 and "does not go with --url" in flat(r.output)
 
 
 # ---- against a real server ---------------------------------------------------------------------------------------

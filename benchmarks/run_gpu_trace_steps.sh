@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Issue #15's saturating replay in-process (bench-trace traces/qwen_1000.jsonl --time-scale 0.2, dummy Qwen3-0.6B,
+# one GPU) per mode, with the engine's step log, then benchmarks/step_log_summary.py over all of them.
+# Usage there: source .whl/use-bundle.sh && MODES="nomixed mixed b2048=--max-batch-tokens,2048" bash <this>
+# Modes: nomixed, mixed (the default), or NAME=FLAG,FLAG,... Results in $OUT/trace_steps.tgz (+ the summary).
+set -u
+(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+d="$OUT/trace_steps"
+mkdir -p "$d"
+for mode in ${MODES:-nomixed mixed}; do
+  case $mode in
+    nomixed) flags="--no-mixed-batch" ;;
+    mixed) flags="" ;;
+    *=*) flags="${mode#*=}"; flags="${flags//,/ }"; mode="${mode%%=*}" ;;
+  esac
+  timeout 200 python -m minisgl_cli bench-trace traces/qwen_1000.jsonl --model dummy:Qwen3-0.6B --time-scale 0.2 \
+    --quiet $flags --json "$d/trace_$mode.json" --step-log "$d/steps_$mode.jsonl" > "$d/log_$mode.txt" 2>&1
+  python - "$d/trace_$mode.json" "$mode" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"{sys.argv[2]:12} out {r['output_throughput']:7.0f} tok/s  TTFT p50 {r['median_ttft_ms']:7.0f} ms  TBT p50/p90/p99/max "
+      f"{r['median_itl_ms']:5.1f} {r['p90_itl_ms']:5.1f} {r['p99_itl_ms']:5.1f} {r['max_itl_ms']:6.1f} ms  "
+      f"mixed {r['mixed_step_share']:.2f}  hit {r['cache_hit_rate']:.3f}")
+PY
+done
+python benchmarks/step_log_summary.py "$d"/steps_*.jsonl --json "$d/step_summary.json" | tee "$d/step_summary.txt"
+gzip -f "$d"/steps_*.jsonl
+tar czf "$OUT/trace_steps.tgz" -C "$OUT" trace_steps && cp "$d/step_summary.txt" "$OUT/" && rm -rf "$d"
