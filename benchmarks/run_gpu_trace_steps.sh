@@ -2,18 +2,20 @@
 # Issue #15's saturating replay in-process (bench-trace traces/qwen_1000.jsonl --time-scale 0.2, dummy Qwen3-0.6B,
 # one GPU) per mode, with the engine's step log, then benchmarks/step_log_summary.py over all of them.
 # Usage there: source .whl/use-bundle.sh && MODES="nomixed mixed b2048=--max-batch-tokens,2048" bash <this>
-# Modes: nomixed, mixed (the default), or NAME=FLAG,FLAG,... Results in $OUT/trace_steps.tgz (+ the summary).
+# Modes: nomixed, mixed (the default), or NAME=FLAG,FLAG,...; a mode ending in "-nogc" runs with Python's GC off. Results in $OUT/trace_steps.tgz (+ the summary).
 set -u
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
 d="$OUT/trace_steps"
 mkdir -p "$d"
 for mode in ${MODES:-nomixed mixed}; do
   case $mode in
-    nomixed) flags="--no-mixed-batch" ;;
-    mixed) flags="" ;;
+    nomixed*) flags="--no-mixed-batch" ;;
+    mixed*) flags="" ;;
     *=*) flags="${mode#*=}"; flags="${flags//,/ }"; mode="${mode%%=*}" ;;
   esac
-  timeout 200 python -m minisgl_cli bench-trace traces/qwen_1000.jsonl --model dummy:Qwen3-0.6B --time-scale 0.2 \
+  py="python -m minisgl_cli"
+  case $mode in *-nogc) py="python -c 'import gc; gc.disable(); from minisgl_cli.app import main; main()'" ;; esac
+  eval timeout 200 $py bench-trace traces/qwen_1000.jsonl --model dummy:Qwen3-0.6B --time-scale 0.2 \
     --quiet $flags --json "$d/trace_$mode.json" --step-log "$d/steps_$mode.jsonl" > "$d/log_$mode.txt" 2>&1
   python - "$d/trace_$mode.json" "$mode" <<'PY'
 import json, sys

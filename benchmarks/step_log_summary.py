@@ -50,6 +50,14 @@ def summarize(path: Path) -> dict:
             "ms_per_1k_prefill_tokens": coef[2],
             "residual_ms_p99": pct(resid.abs().tolist(), 0.99),
         }
+        # The slowest tenth of the steps against the model: what the engine's CPU did while they ran.
+        cpu = ("schedule_ms", "launch_ms", "wait_ms", "process_ms")
+        if all(k in busy[0][1] for k in cpu):
+            order = sorted(range(len(busy)), key=lambda i: float(resid[i]))
+            cut = len(order) * 9 // 10
+            for name, idx in (("typical steps", order[:cut]), ("slowest tenth", order[cut:])):
+                out[name] = {k: sum(busy[i][1][k] for i in idx) / len(idx) for k in cpu}
+                out[name]["gap_ms"] = sum(busy[i][0] * 1e3 for i in idx) / len(idx)
     return out
 
 
@@ -76,6 +84,13 @@ def main() -> None:
                 f"  model: {m['fixed_ms']:.2f} ms + {m['ms_per_100k_kv_tokens']:.2f} ms/100k KV tokens + "
                 f"{m['ms_per_1k_prefill_tokens']:.2f} ms/1k prefill tokens (|residual| p99 {m['residual_ms_p99']:.1f})"
             )
+        for name in ("typical steps", "slowest tenth"):
+            if name in r:
+                c = r[name]
+                print(
+                    f"  {name:14} gap {c['gap_ms']:6.2f} ms; engine CPU: schedule {c['schedule_ms']:5.2f} launch "
+                    f"{c['launch_ms']:5.2f} wait {c['wait_ms']:5.2f} process {c['process_ms']:5.2f} ms"
+                )
     if json_out:
         Path(json_out).write_text(json.dumps(res, indent=1))
 

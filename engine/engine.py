@@ -42,6 +42,11 @@ class StepRecord:
     prefill_rows: int
     prefill_tokens: int
     context_tokens: int
+    # CPU milliseconds of the engine step that processed it (under overlap, that step also launched the next batch)
+    schedule_ms: float
+    launch_ms: float
+    wait_ms: float  # blocked on the GPU for these tokens
+    process_ms: float
 
 
 @dataclass(slots=True)
@@ -195,6 +200,7 @@ class Engine:
         self._shutdown = False
         self.timing = dict(schedule=0.0, launch=0.0, process=0.0)
         self.step_records: list[StepRecord] | None = None  # set to [] to record every step
+        self._waited = self._processed_at = 0.0
         self.stats = dict(prompt_tokens=0, cache_hit_tokens=0, generation_tokens=0, finished=0, steps=0, mixed_steps=0)
 
     @property
@@ -339,29 +345,39 @@ class Engine:
                     self.stats["cache_hit_tokens"] += req.cache_hit_tokens
                 self.cache.publish(req)
         changed: list[Req] = []
+        processed: Batch | None = None
         if self.overlap:
             # Step N+1 is already queued on the GPU; only now wait for step N's tokens.
             if self._inflight is not None:
+                processed = self._inflight[0]
                 changed = self._process(*self._inflight)
             self._inflight = (batch, out) if batch is not None and out is not None else None
         elif batch is not None and out is not None:
+            processed = batch
             changed = self._process(batch, out)
         t3 = time.perf_counter()
         # CPU seconds spent scheduling, launching (building inputs + enqueueing kernels), and waiting/processing.
         for key, dt in (("schedule", t1 - t0), ("launch", t2 - t1), ("process", t3 - t2)):
             self.timing[key] += dt
+        if self.step_records is not None and processed is not None:
+            self._record(processed, t1 - t0, t2 - t1, t3 - t2)
         if self.config.check_invariants:
             self.check()
         done, self._finished_now = self._finished_now, []
         return changed + [r for r in done if r not in changed]
 
+    def _record(self, b: Batch, schedule: float, launch: float, process: float) -> None:
+        assert self.step_records is not None
+        prefill = b.q_lens[b.num_decode :]
+        kv = sum(b.starts) + b.num_tokens
+        ms = [1e3 * x for x in (schedule, launch, self._waited, process - self._waited)]
+        self.step_records.append(StepRecord(self._processed_at, b.num_decode, len(prefill), sum(prefill), kv, *ms))
+
     def _process(self, batch: Batch, out: StepOutput) -> list[Req]:
+        t0 = time.perf_counter()
         tokens = out.wait()
         now = time.perf_counter()
-        if self.step_records is not None:
-            prefill = batch.q_lens[batch.num_decode :]
-            kv = sum(batch.starts) + batch.num_tokens
-            self.step_records.append(StepRecord(now, batch.num_decode, len(prefill), sum(prefill), kv))
+        self._waited, self._processed_at = now - t0, now
         changed = []
         for p in out.prompt_logprobs:
             for j, rec in enumerate(p.logprobs.records(p.tokens)):

@@ -125,7 +125,8 @@ def register(app: typer.Typer) -> None:
         if not window.requests:
             raise typer.BadParameter(f"the trace has {len(full.requests)} requests; --start {start} is past them")
         if step_log is not None and url is not None:
-            raise typer.BadParameter("records the in-process engine's steps: it does not go with --url", param_hint="--step-log")
+            why = "records the in-process engine's steps: it does not go with --url"
+            raise typer.BadParameter(why, param_hint="--step-log")
         if plot is not None:
             from minisgl_cli.plots import require_matplotlib
 
@@ -226,7 +227,7 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict
         if flags["step_log"]:
             records = engine.call(lambda x: x.engine.step_records)
             with open(flags["step_log"], "w") as f:
-                for rec in records:
+                for rec in records or []:
                     f.write(json.dumps({k: getattr(rec, k) for k in rec.__slots__}) + "\n")
     finally:
         engine.shutdown()
