@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from kernels.attention.base import AttentionBackend, AttnMeta
+from kernels.transfer import int32_tensor, to_device
 from kvcache.pool import KVPool
 
 WORKSPACE_BYTES = 256 * 2**20
@@ -34,8 +35,8 @@ def paged_metadata(meta: AttnMeta, page_size: int) -> tuple[torch.Tensor, torch.
     counts = [len(t) for t in meta.page_tables]
     indptr = torch.zeros(len(counts) + 1, dtype=torch.int32)
     indptr[1:] = torch.tensor(counts, dtype=torch.int32).cumsum(0)
-    indices = torch.tensor(list(chain.from_iterable(meta.page_tables)), dtype=torch.int32)
-    indices = indices.to(meta.out_slots.device, non_blocking=True)
+    indices = int32_tensor(chain.from_iterable(meta.page_tables), int(indptr[-1]))
+    indices = to_device(indices, meta.out_slots.device)
     last = torch.tensor([(kv - 1) % page_size + 1 for kv in meta.kv_lens], dtype=torch.int32)
     return indptr, indices, last
 
