@@ -1,6 +1,8 @@
 """Does a host->device copy with non_blocking=True wait for the GPU? Queue ~50 ms of GPU work, then time (on the
 CPU) the copy call for a pageable and a pinned source of several sizes. Under overlap scheduling the engine issues
 these copies while the previous step still runs, so a copy call that blocks costs the GPU's remaining step time.
+H200 (25c5c49, benchmarks/results/h2d_sync_check_h200_25c5c49.json): up to 1 MiB neither source blocks (0.05-0.22 ms);
+at 4 MiB the pageable copy waited out the queued GPU work (25.7 ms), the pinned one did not (0.11 ms).
 Usage (GPU): python benchmarks/h2d_sync_check.py [--json out.json]"""
 
 from __future__ import annotations

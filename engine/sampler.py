@@ -12,12 +12,11 @@ from engine.layers import fused_ops
 from engine.logprobs import TokenLogprob
 from engine.request import Req
 from engine.sampling_params import SamplingParams
-from kernels.transfer import to_device
 
 
 def _dev(values: list[Any], device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A host list on the device without waiting for the GPU (which would stall overlap scheduling)."""
-    return to_device(torch.tensor(values, dtype=dtype), device)
+    """A small host list on the device without a stream sync (a blocking copy would stall overlap scheduling)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:
