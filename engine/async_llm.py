@@ -9,6 +9,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+from engine.gc_heap import frozen_heap
 from engine.llm import LLM, Prompt
 from engine.sampling_params import SamplingParams
 from engine.streams import END, EngineDeadError, RequestStream
@@ -80,6 +81,21 @@ class AsyncLLM:
         self._inbox.put(("wake",))
         self._thread.join(timeout=30)
 
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            idle = not self.llm.has_work()
+            self._drain_inbox(block=idle)
+            if not self.llm.has_work() and self.llm.config.tp == 1:
+                continue
+            for out in self.llm.step():
+                stream = self._streams.get(out.rid)
+                if stream is None:
+                    continue
+                stream.put(out)
+                if out.finished:
+                    stream.put(END)
+                    del self._streams[out.rid]
+
     def _drain_inbox(self, block: bool) -> None:
         try:
             item = self._inbox.get(timeout=self.IDLE_TICK) if block else self._inbox.get_nowait()
@@ -108,19 +124,8 @@ class AsyncLLM:
 
     def _run(self) -> None:
         try:
-            while not self._stop.is_set():
-                idle = not self.llm.has_work()
-                self._drain_inbox(block=idle)
-                if not self.llm.has_work() and self.llm.config.tp == 1:
-                    continue
-                for out in self.llm.step():
-                    stream = self._streams.get(out.rid)
-                    if stream is None:
-                        continue
-                    stream.put(out)
-                    if out.finished:
-                        stream.put(END)
-                        del self._streams[out.rid]
+            with frozen_heap():
+                self._loop()
         except Exception as e:  # the loop itself broke: fail everyone clearly instead of hanging them
             self.error = f"engine loop crashed: {type(e).__name__}: {e}"
             traceback.print_exc()

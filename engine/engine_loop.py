@@ -14,6 +14,7 @@ import zmq
 
 from engine.distributed import TP
 from engine.engine import Engine
+from engine.gc_heap import frozen_heap
 from engine.ipc import Addresses, EngineInfo, connect, pack, unpack
 from engine.llm import LLM
 from engine.request import Req
@@ -55,25 +56,29 @@ class EngineLoop:
         self._stop = True
 
     def run(self, watch: Watch | None = None) -> None:
-        next_watch = time.monotonic() + self.WATCH_EVERY
         try:
-            while not self._stop:
-                self._receive(block=not self.engine.has_work())
-                if watch is not None and time.monotonic() >= next_watch:
-                    next_watch = time.monotonic() + self.WATCH_EVERY
-                    self.stopped_by = watch()
-                    if self.stopped_by:
-                        break
-                if self._stop or (not self.engine.has_work() and TP.size == 1):
-                    continue
-                changed = self.engine.step()
-                if changed:
-                    self._send_step(changed)
+            with frozen_heap():
+                self._loop(watch)
         except Exception as e:  # the loop itself broke
             self.error = f"engine loop crashed: {type(e).__name__}: {e}"
             traceback.print_exc()
         # Whatever ended the loop, the front end fails its open requests with this and answers 503 from now on.
         self._send(["dead", self.error or self.stopped_by or "engine shut down"])
+
+    def _loop(self, watch: Watch | None) -> None:
+        next_watch = time.monotonic() + self.WATCH_EVERY
+        while not self._stop:
+            self._receive(block=not self.engine.has_work())
+            if watch is not None and time.monotonic() >= next_watch:
+                next_watch = time.monotonic() + self.WATCH_EVERY
+                self.stopped_by = watch()
+                if self.stopped_by:
+                    break
+            if self._stop or (not self.engine.has_work() and TP.size == 1):
+                continue
+            changed = self.engine.step()
+            if changed:
+                self._send_step(changed)
 
     def close(self) -> None:
         self.commands.close()
