@@ -131,11 +131,15 @@ def run_generate_batch(
         # On a GPU transformers sizes its KV cache from free device memory, as its users get it; on the CPU that
         # rule takes most of the machine's RAM (13 GB of 24 here) and writes it all before the first token. A
         # cache that holds the whole workload at once is all it can use.
+        # The page-size field's name differs between transformers releases (page_size in 5.23, not in the GPU
+        # machine's); without one it keeps its own sizing.
         from transformers import ContinuousBatchingConfig
 
-        page = ContinuousBatchingConfig().page_size
-        blocks = sum(-(-(len(p) + n) // page) for p, n in zip(prompts, output_lens)) + len(prompts)
-        kw["continuous_batching_config"] = ContinuousBatchingConfig(num_blocks=blocks)
+        default = ContinuousBatchingConfig()
+        page = next((v for k in ("page_size", "block_size") if isinstance(v := getattr(default, k, None), int)), None)
+        if page and "num_blocks" in inspect.signature(ContinuousBatchingConfig).parameters:
+            blocks = sum(-(-(len(p) + n) // page) for p, n in zip(prompts, output_lens)) + len(prompts)
+            kw["continuous_batching_config"] = ContinuousBatchingConfig(num_blocks=blocks)
     manager = model.init_continuous_batching(generation_config=_generation_config(temperature), **kw)
     extra = {"eos_token_id": -1} if "eos_token_id" in inspect.signature(manager.add_request).parameters else {}
     if hasattr(manager, "warmup"):
