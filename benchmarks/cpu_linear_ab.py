@@ -12,6 +12,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -20,15 +21,15 @@ H, FF, Q, KV, V, LAYERS = 576, 1536, 9 * 64, 3 * 64, 49152, 30
 SHAPES = [(Q + 2 * KV, H), (H, Q), (2 * FF, H), (H, FF)]  # [out, in]
 
 
-def ways(weights: list[torch.Tensor], m: int) -> dict[str, Callable[[list[torch.Tensor]], None]]:
-    out: dict[str, Callable[[list[torch.Tensor]], None]] = {}
+def ways(weights: list[torch.Tensor], m: int) -> dict[str, Callable[[list[torch.Tensor]], list[Any]]]:
+    out: dict[str, Callable[[list[torch.Tensor]], list[Any]]] = {}
     t32 = [w.t().contiguous().t() for w in weights]  # [out, in] view of an [in, out] matrix: engine's CPU layout
-    out["fp32 eager (engine layout)"] = lambda xs: [F.linear(x, w) for x, w in zip(xs, t32)]  # type: ignore[func-returns-value]
+    out["fp32 eager (engine layout)"] = lambda xs: [F.linear(x, w) for x, w in zip(xs, t32)]
     b16 = [w.to(torch.bfloat16) for w in weights]
-    out["bf16 eager"] = lambda xs: [F.linear(x.to(torch.bfloat16), w) for x, w in zip(xs, b16)]  # type: ignore[func-returns-value]
+    out["bf16 eager"] = lambda xs: [F.linear(x.to(torch.bfloat16), w) for x, w in zip(xs, b16)]
     try:
         packed = [torch.ops.mkldnn._reorder_linear_weight(w, m) for w in b16]
-        out["bf16 oneDNN prepacked"] = lambda xs: [  # type: ignore[func-returns-value]
+        out["bf16 oneDNN prepacked"] = lambda xs: [
             torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), p, None, "none", [], "")
             for x, p in zip(xs, packed)
         ]
@@ -36,7 +37,7 @@ def ways(weights: list[torch.Tensor], m: int) -> dict[str, Callable[[list[torch.
         print(f"bf16 oneDNN prepacked: unavailable ({e})")
     try:
         mkl = [torch.ops.mkl._mkl_reorder_linear_weight(w, m) for w in weights]
-        out["fp32 MKL prepacked"] = lambda xs: [  # type: ignore[func-returns-value]
+        out["fp32 MKL prepacked"] = lambda xs: [
             torch.ops.mkl._mkl_linear(x, p, w, None, m) for x, p, w in zip(xs, mkl, weights)
         ]
     except (RuntimeError, AttributeError) as e:
@@ -66,7 +67,7 @@ def main() -> None:
                     fn(xs)
                     times[k].append((time.perf_counter() - t) * 1e3)
             for k, fn in fns.items():
-                last = fn(xs)[-1].float()  # type: ignore[index]
+                last = fn(xs)[-1].float()
                 err = ((last - ref).abs().max() / ref.abs().max()).item()
                 med = statistics.median(times[k])
                 res["ms_per_pass"][f"M={m} {k}"] = med
