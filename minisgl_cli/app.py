@@ -1,11 +1,11 @@
-"""The `minisgl` command: chat, bench-offline, bench-trace, bench-serve, bench-compare, serve. Each command module
-imports torch and the engine only inside its command, so `minisgl --help` stays fast."""
+"""The `minisgl` command: chat, bench-offline, bench-trace, bench-serve, bench-compare, serve, cache. Each command
+module imports torch and the engine only inside its command, so `minisgl --help` stays fast."""
 
 from __future__ import annotations
 
 import typer
 
-from minisgl_cli import bench_compare, bench_offline, bench_serve, bench_trace, chat, serve
+from minisgl_cli import bench_compare, bench_offline, bench_serve, bench_trace, cache, chat, serve
 
 app = typer.Typer(
     help="minisgl: a small, fast LLM inference engine - chat, benchmark, serve.",
@@ -13,7 +13,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for module in (chat, bench_offline, bench_trace, bench_serve, bench_compare, serve):
+for module in (chat, bench_offline, bench_trace, bench_serve, bench_compare, serve, cache):
     module.register(app)
 
 

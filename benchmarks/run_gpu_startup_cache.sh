@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Start-up with and without the compile caches (issue #17), dummy Qwen3-0.6B on one GPU, in one call:
+#   1. cold Triton: FlashInfer's JIT cache from .whl/fi-cache.tgz (a cold FlashInfer build is not timed here),
+#      Triton's cache empty: bench-offline's start-up (load, runner, graph capture with Triton's first compiles);
+#   2. `minisgl cache export`, then both caches wiped (a new machine), then `minisgl cache import`;
+#   3. the same start again.
+# Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_startup_cache.sh   (JSON + log in $OUT)
+set -u
+(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+rm -rf ~/.triton
+run() {
+  local t0=$(date +%s.%N)
+  python -m minisgl_cli bench-offline --model dummy:Qwen3-0.6B --num-seqs 16 --input-len 64:64 --output-len 32:32 \
+    --quiet --json "$OUT/startup_$1.json" > "$OUT/startup_$1.log" 2>&1
+  python - "$OUT/startup_$1.json" "$1" "$t0" <<'PY'
+import json, sys, time
+r = json.load(open(sys.argv[1]))
+b = r.get("startup_breakdown", {})
+print(f"{sys.argv[2]:22} command {time.time() - float(sys.argv[3]):5.1f} s, engine start {r['startup_seconds']:5.1f} s "
+      f"(" + ", ".join(f"{k} {v:.1f}" for k, v in b.items()) + ")")
+PY
+}
+run cold_triton
+python -m minisgl_cli cache export /tmp/minisgl-caches.tar.gz | tail -1
+rm -rf ~/.triton ~/.cache/flashinfer
+python -m minisgl_cli cache import /tmp/minisgl-caches.tar.gz | tail -2
+run after_import
+python -m minisgl_cli cache info > "$OUT/cache_info.txt" 2>&1

@@ -1,0 +1,178 @@
+"""`minisgl cache`: what a start-up compiles or converts once (FlashInfer's JIT kernels, Triton's fused kernels,
+FlashAttention-4's kernels, the dequantized embedded model) lives in per-user cache directories. `export` packs
+them into one archive and `import` unpacks it where this machine looks for them, so a new machine of the same kind
+(same GPU, same package versions) starts without compiling (docs/gpu.md has the times)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path, PurePosixPath
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+MANIFEST = "minisgl-cache.json"
+PACKAGES = ("torch", "flashinfer-python", "triton", "flash-attn-4", "nvidia-cutlass-dsl")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheDir:
+    name: str  # the archive's top-level folder for it
+    path: Path  # where this machine keeps it (after the environment variables its owner reads)
+    what: str
+
+
+def locations() -> list[CacheDir]:
+    home = Path.home()
+    if d := os.environ.get("MINISGL_CACHE_DIR"):  # engine/weight_cache.py reads the same variables
+        ours = Path(d)
+    else:
+        ours = Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache") / "minisgl"
+    triton = os.environ.get("TRITON_CACHE_DIR") or Path(os.environ.get("TRITON_HOME") or home) / ".triton" / "cache"
+    fi_base = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE") or home)
+    out = [
+        CacheDir("minisgl", ours, "dequantized GGUF weights (the embedded model's second start)"),
+        CacheDir("flashinfer", fi_base / ".cache" / "flashinfer", "FlashInfer's JIT-compiled attention kernels"),
+        CacheDir("triton", Path(triton), "Triton's compiled kernels (fused norm, rope + KV store, SiLU, MoE)"),
+    ]
+    if fa := os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"):  # FA4 caches only when told where
+        out.append(CacheDir("fa4", Path(fa), "FlashAttention-4's compiled kernels"))
+    return out
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()) if root.is_dir() else []
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for pkg in PACKAGES:
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+class CacheArchiveError(ValueError):
+    pass
+
+
+def export(dest: Path) -> dict[str, int]:
+    """Pack every cache directory that exists into `dest` (tar.gz); returns files per cache."""
+    counts: dict[str, int] = {}
+    with tarfile.open(dest, "w:gz") as tar:
+        for loc in locations():
+            files = _files(loc.path)
+            for f in files:
+                tar.add(f, arcname=f"{loc.name}/{f.relative_to(loc.path).as_posix()}", recursive=False)
+            counts[loc.name] = len(files)
+        manifest = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": counts, "versions": _versions()}
+        raw = json.dumps(manifest, indent=1).encode()
+        info = tarfile.TarInfo(MANIFEST)
+        info.size, info.mtime = len(raw), int(time.time())
+        tar.addfile(info, io.BytesIO(raw))
+    return counts
+
+
+def import_(src: Path) -> tuple[dict[str, int], dict]:
+    """Check every member first (known cache, relative path, regular file), then write them; returns files per
+    cache and the archive's manifest."""
+    where = {loc.name: loc.path for loc in locations()}
+    try:
+        tar = tarfile.open(src, "r:*")
+    except (tarfile.TarError, OSError) as e:
+        raise CacheArchiveError(f"{src}: not a cache archive ({e})") from e
+    with tar:
+        members = tar.getmembers()
+        if MANIFEST not in [m.name for m in members]:
+            raise CacheArchiveError(f"{src}: not a cache archive made by `minisgl cache export` (no {MANIFEST})")
+        plan = []
+        for m in members:
+            if m.name == MANIFEST or m.isdir():
+                continue
+            parts = PurePosixPath(m.name).parts
+            if not m.isfile() or PurePosixPath(m.name).is_absolute() or ".." in parts or len(parts) < 2:
+                raise CacheArchiveError(f"{src}: refusing member {m.name!r} (only files under a cache folder)")
+            if parts[0] not in where:
+                known = ", ".join(where)
+                raise CacheArchiveError(f"{src}: member {m.name!r} belongs to no cache this machine has ({known})")
+            plan.append((m, where[parts[0]].joinpath(*parts[1:])))
+        manifest_file = tar.extractfile(MANIFEST)
+        assert manifest_file is not None
+        manifest = json.loads(manifest_file.read())
+        counts: dict[str, int] = {}
+        for m, target in plan:
+            data = tar.extractfile(m)
+            assert data is not None
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(target.name + ".minisgl-import")
+            tmp.write_bytes(data.read())
+            os.chmod(tmp, m.mode & 0o777 or 0o644)
+            tmp.replace(target)  # a reader never sees half a kernel
+            name = PurePosixPath(m.name).parts[0]
+            counts[name] = counts.get(name, 0) + 1
+    return counts, manifest
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def register(app: typer.Typer) -> None:
+    cache = typer.Typer(help="Start-up caches (compiled kernels, converted weights): show, export, import.")
+    app.add_typer(cache, name="cache")
+
+    @cache.command("info")
+    def info() -> None:
+        """Where each cache lives on this machine, and how much it holds."""
+        t = Table("cache", "path", "files", "size", "what")
+        t.columns[1].overflow = "fold"
+        for loc in locations():
+            files = _files(loc.path)
+            t.add_row(loc.name, str(loc.path), str(len(files)), _size(sum(f.stat().st_size for f in files)), loc.what)
+        Console().print(t)
+
+    @cache.command("export")
+    def export_cmd(
+        archive: Annotated[Path, typer.Argument(help="the .tar.gz to write")],
+    ) -> None:
+        """Pack every cache into one archive, for `minisgl cache import` on a machine of the same kind."""
+        if archive.exists() and archive.is_dir():
+            raise typer.BadParameter(f"{archive} is a directory", param_hint="ARCHIVE")
+        counts = export(archive)
+        Console().print(
+            f"wrote {archive} ({_size(archive.stat().st_size)}): "
+            + ", ".join(f"{name} {n} files" for name, n in counts.items())
+        )
+
+    @cache.command("import")
+    def import_cmd(
+        archive: Annotated[Path, typer.Argument(help="an archive from `minisgl cache export`")],
+    ) -> None:
+        """Unpack an exported archive into this machine's cache directories (same GPU and versions, or the caches
+        simply miss: each owner keys its entries by GPU architecture and version)."""
+        if not archive.is_file():
+            raise typer.BadParameter(f"{archive} does not exist", param_hint="ARCHIVE")
+        try:
+            counts, manifest = import_(archive)
+        except CacheArchiveError as e:
+            raise typer.BadParameter(str(e), param_hint="ARCHIVE") from e
+        console = Console()
+        console.print(
+            f"imported {sum(counts.values())} files: " + ", ".join(f"{k} {v}" for k, v in counts.items()) or "nothing"
+        )
+        theirs, ours = manifest.get("versions", {}), _versions()
+        differ = [f"{p} {theirs.get(p)} there, {ours.get(p)} here" for p in PACKAGES if theirs.get(p) != ours.get(p)]
+        if differ:
+            console.print(
+                "[yellow]note:[/yellow] versions differ, so some entries may never be used: " + "; ".join(differ)
+            )

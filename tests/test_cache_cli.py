@@ -1,0 +1,107 @@
+"""`minisgl cache export / import / info`: a real round trip through the caches' directories (pointed at temporary
+ones by the variables their owners read), and archives that must be refused before anything is written."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from minisgl_cli.app import app
+from tests.test_bench_offline import flat
+
+
+@pytest.fixture
+def caches(tmp_path, monkeypatch) -> dict[str, Path]:
+    dirs = {
+        "minisgl": tmp_path / "m",
+        "flashinfer": tmp_path / "fi" / ".cache" / "flashinfer",
+        "triton": tmp_path / "tr",
+        "fa4": tmp_path / "fa4",
+    }
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(dirs["minisgl"]))
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "fi"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(dirs["triton"]))
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(dirs["fa4"]))
+    return dirs
+
+
+def fill(dirs: dict[str, Path]) -> dict[str, bytes]:
+    files = {
+        "minisgl/gguf-v1/1-2/model/model.safetensors": b"w" * 1000,
+        "flashinfer/0.7.2/90a/cached_ops/batch_prefill/batch_prefill.so": b"\x7fELF" + bytes(range(256)),
+        "triton/ABCD/rms_norm.cubin": b"cubin",
+        "triton/ABCD/rms_norm.json": b"{}",
+        "fa4/k.o": b"o",
+    }
+    for rel, data in files.items():
+        name, rest = rel.split("/", 1)
+        p = dirs[name] / rest
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    return files
+
+
+def read_back(dirs: dict[str, Path]) -> dict[str, bytes]:
+    return {
+        f"{name}/{p.relative_to(d).as_posix()}": p.read_bytes()
+        for name, d in dirs.items()
+        if d.exists()
+        for p in d.rglob("*")
+        if p.is_file()
+    }
+
+
+def test_export_then_import_restores_every_cache(caches, tmp_path):
+    files = fill(caches)
+    archive = tmp_path / "caches.tar.gz"
+    r = CliRunner().invoke(app, ["cache", "export", str(archive)])
+    assert r.exit_code == 0, r.output
+    assert "flashinfer 1 files" in flat(r.output) and "triton 2 files" in flat(r.output)
+    info = CliRunner().invoke(app, ["cache", "info"], env={"COLUMNS": "250"})
+    assert info.exit_code == 0 and str(caches["triton"]) in info.output
+    for d in caches.values():  # a new machine: nothing cached
+        for p in sorted(d.rglob("*"), reverse=True):
+            p.unlink() if p.is_file() else p.rmdir()
+    assert read_back(caches) == {}
+    r = CliRunner().invoke(app, ["cache", "import", str(archive)])
+    assert r.exit_code == 0, r.output
+    assert "imported 5 files" in flat(r.output) and "versions differ" not in r.output
+    assert read_back(caches) == files
+
+
+def _archive(path: Path, members: dict[str, bytes], manifest: bool = True) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in {**members, **({"minisgl-cache.json": b"{}"} if manifest else {})}.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    "members, manifest, why",
+    [
+        ({"triton/x": b"1", "../evil": b"2"}, True, "refusing member '../evil'"),
+        ({"triton/x": b"1", "/etc/evil": b"2"}, True, "refusing member '/etc/evil'"),
+        ({"triton/x": b"1", "vllm/x": b"2"}, True, "belongs to no cache this machine has"),
+        ({"triton/x": b"1"}, False, "no minisgl-cache.json"),
+    ],
+)
+def test_bad_archives_are_refused_before_anything_is_written(caches, tmp_path, members, manifest, why):
+    archive = _archive(tmp_path / "bad.tar.gz", members, manifest)
+    r = CliRunner().invoke(app, ["cache", "import", str(archive)])
+    assert r.exit_code == 2 and why in flat(r.output), r.output
+    assert read_back(caches) == {} and not (tmp_path.parent / "evil").exists()
+
+
+def test_not_an_archive(caches, tmp_path):
+    junk = tmp_path / "junk.tar.gz"
+    junk.write_text("hello")
+    r = CliRunner().invoke(app, ["cache", "import", str(junk)])
+    assert r.exit_code == 2 and "not a cache archive" in flat(r.output)
+    r = CliRunner().invoke(app, ["cache", "import", str(tmp_path / "missing.tar.gz")])
+    assert r.exit_code == 2 and "does not exist" in flat(r.output)
