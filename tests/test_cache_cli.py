@@ -4,6 +4,7 @@ ones by the variables their owners read), and archives that must be refused befo
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from pathlib import Path
 
@@ -37,12 +38,23 @@ def fill(dirs: dict[str, Path]) -> dict[str, bytes]:
         "triton/ABCD/rms_norm.json": b"{}",
         "fa4/k.o": b"o",
     }
-    for rel, data in files.items():
+    for i, (rel, data) in enumerate(files.items()):
         name, rest = rel.split("/", 1)
         p = dirs[name] / rest
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
+        os.utime(p, (1_700_000_000 + i, 1_700_000_000 + i))  # build tools compare these: they must survive
     return files
+
+
+def mtimes(dirs: dict[str, Path]) -> dict[str, int]:
+    return {
+        f"{name}/{p.relative_to(d).as_posix()}": int(p.stat().st_mtime)
+        for name, d in dirs.items()
+        if d.exists()
+        for p in d.rglob("*")
+        if p.is_file()
+    }
 
 
 def read_back(dirs: dict[str, Path]) -> dict[str, bytes]:
@@ -57,6 +69,7 @@ def read_back(dirs: dict[str, Path]) -> dict[str, bytes]:
 
 def test_export_then_import_restores_every_cache(caches, tmp_path):
     files = fill(caches)
+    times = mtimes(caches)
     archive = tmp_path / "caches.tar.gz"
     r = CliRunner().invoke(app, ["cache", "export", str(archive)])
     assert r.exit_code == 0, r.output
@@ -71,6 +84,7 @@ def test_export_then_import_restores_every_cache(caches, tmp_path):
     assert r.exit_code == 0, r.output
     assert "imported 5 files" in flat(r.output) and "versions differ" not in r.output
     assert read_back(caches) == files
+    assert mtimes(caches) == times
 
 
 def _archive(path: Path, members: dict[str, bytes], manifest: bool = True) -> Path:
