@@ -3,6 +3,7 @@
 #   1. cold Triton: FlashInfer's JIT cache from .whl/fi-cache.tgz (a cold FlashInfer build is not timed here),
 #      Triton's cache empty: bench-offline's start-up (load, runner, graph capture with Triton's first compiles);
 #   2. `minisgl cache export`, then both caches wiped (a new machine), then `minisgl cache import`;
+#   (between 1 and 2 a warm start on the same machine, for reference)
 #   3. the same start again.
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_startup_cache.sh   (JSON + log in $OUT)
 set -u
@@ -21,6 +22,7 @@ print(f"{sys.argv[2]:22} command {time.time() - float(sys.argv[3]):5.1f} s, engi
 PY
 }
 run cold_triton
+run warm
 python -m minisgl_cli cache export /tmp/minisgl-caches.tar.gz | tail -1
 rm -rf ~/.triton ~/.cache/flashinfer
 python -m minisgl_cli cache import /tmp/minisgl-caches.tar.gz | tail -2
