@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from engine.cache_paths import cache_root
 from engine.model_config import ModelConfig
 
 FORMAT = 1  # bump when what is stored changes
@@ -21,13 +22,6 @@ FORMAT = 1  # bump when what is stored changes
 
 def enabled() -> bool:
     return os.environ.get("MINISGL_WEIGHT_CACHE", "1") != "0"
-
-
-def cache_root() -> Path:
-    if d := os.environ.get("MINISGL_CACHE_DIR"):
-        return Path(d)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "minisgl"
 
 
 def entry(gguf: Path) -> Path:

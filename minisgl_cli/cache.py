@@ -19,6 +19,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from engine.cache_paths import cache_root  # torch-free, like this module: `minisgl --help` stays fast
+
 MANIFEST = "minisgl-cache.json"
 PACKAGES = ("torch", "flashinfer-python", "triton", "flash-attn-4", "nvidia-cutlass-dsl")
 
@@ -32,14 +34,10 @@ class CacheDir:
 
 def locations() -> list[CacheDir]:
     home = Path.home()
-    if d := os.environ.get("MINISGL_CACHE_DIR"):  # engine/weight_cache.py reads the same variables
-        ours = Path(d)
-    else:
-        ours = Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache") / "minisgl"
     triton = os.environ.get("TRITON_CACHE_DIR") or Path(os.environ.get("TRITON_HOME") or home) / ".triton" / "cache"
     fi_base = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE") or home)
     out = [
-        CacheDir("minisgl", ours, "dequantized GGUF weights (the embedded model's second start)"),
+        CacheDir("minisgl", cache_root(), "dequantized GGUF weights (the embedded model's second start)"),
         CacheDir("flashinfer", fi_base / ".cache" / "flashinfer", "FlashInfer's JIT-compiled attention kernels"),
         CacheDir("triton", Path(triton), "Triton's compiled kernels (fused norm, rope + KV store, SiLU, MoE)"),
     ]
