@@ -22,9 +22,11 @@ class TorchBackend(AttentionBackend):
             idx = torch.zeros(len(slots), max_kv, dtype=torch.int64)
             for i, s in enumerate(slots):
                 idx[i, : len(s)] = s
-            self.idx = idx.to(dev)
+            self.idx = idx.flatten().to(dev)  # index_select: a third of advanced indexing's time per call on a CPU
             lens = torch.tensor(meta.kv_lens)
-            self.mask = self._visible(lens[:, None] - 1, torch.arange(max_kv)[None, :]).to(dev)[:, None, None, :]
+            self.mask: torch.Tensor | None = None  # every key visible (one stream): SDPA's faster maskless path
+            if self.sliding_window is not None or min(meta.kv_lens) < max_kv:
+                self.mask = self._visible(lens[:, None] - 1, torch.arange(max_kv)[None, :]).to(dev)[:, None, None, :]
         else:
             self.slots = [s.to(dev) for s in slots]
             self.masks = []
@@ -46,7 +48,9 @@ class TorchBackend(AttentionBackend):
         kf = self.pool.k[layer].view(-1, self.num_kv_heads, self.head_dim)
         vf = self.pool.v[layer].view(-1, self.num_kv_heads, self.head_dim)
         if self.meta.is_decode:
-            ks, vs = kf[self.idx].transpose(1, 2), vf[self.idx].transpose(1, 2)  # [B, KVH, L, D]
+            shape = (len(self.meta.kv_lens), -1, self.num_kv_heads, self.head_dim)
+            ks = kf.index_select(0, self.idx).view(shape).transpose(1, 2)  # [B, KVH, L, D]
+            vs = vf.index_select(0, self.idx).view(shape).transpose(1, 2)
             o = F.scaled_dot_product_attention(
                 q.unsqueeze(2), ks, vs, attn_mask=self.mask, scale=self.scale, enable_gqa=True
             )
@@ -54,7 +58,8 @@ class TorchBackend(AttentionBackend):
         outs, start = [], 0
         for slots, mask, q_len in zip(self.slots, self.masks, self.meta.q_lens):
             qi = q[start : start + q_len].transpose(0, 1).unsqueeze(0)
-            ki, vi = kf[slots].transpose(0, 1).unsqueeze(0), vf[slots].transpose(0, 1).unsqueeze(0)
+            ki = kf.index_select(0, slots).transpose(0, 1).unsqueeze(0)
+            vi = vf.index_select(0, slots).transpose(0, 1).unsqueeze(0)
             o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=self.scale, enable_gqa=True)
             outs.append(o[0].transpose(0, 1))
             start += q_len
