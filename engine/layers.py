@@ -249,8 +249,8 @@ class RotaryEmbedding(nn.Module):
         t = torch.arange(max_pos, dtype=torch.float64)
         freqs = torch.outer(t, inv_freq)
         self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1).float(), persistent=False)
-        self._pos: torch.Tensor | None = None  # the positions of the last lookup, and its cos / sin
-        self._cos_sin: tuple[torch.Tensor, torch.Tensor] = (self.cos_sin, self.cos_sin)
+        self._pos: torch.Tensor | None = None  # the positions of the last lookup (None: none yet), and its cos / sin
+        self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if q.is_cuda and (ops := fused_ops()) is not None:
@@ -259,6 +259,7 @@ class RotaryEmbedding(nn.Module):
         if pos is not self._pos:  # one lookup per step: every layer rotates at the same positions
             cos, sin = self.cos_sin.index_select(0, pos).unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2]
             self._pos, self._cos_sin = pos, (cos, sin)
+        assert self._cos_sin is not None
         return _rotate(q, *self._cos_sin), _rotate(k, *self._cos_sin)
 
 

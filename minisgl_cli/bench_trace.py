@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -227,8 +227,7 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict
         if flags["step_log"]:
             records = engine.call(lambda x: x.engine.step_records)
             with open(flags["step_log"], "w") as f:
-                for rec in records or []:
-                    f.write(json.dumps({k: getattr(rec, k) for k in rec.__slots__}) + "\n")
+                f.writelines(json.dumps(asdict(rec)) + "\n" for rec in records or [])
     finally:
         engine.shutdown()
     d_prompt = after.prompt_tokens - before.prompt_tokens

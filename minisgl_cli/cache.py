@@ -147,7 +147,7 @@ def register(app: typer.Typer) -> None:
         archive: Annotated[Path, typer.Argument(help="the .tar.gz to write")],
     ) -> None:
         """Pack every cache into one archive, for `minisgl cache import` on a machine of the same kind."""
-        if archive.exists() and archive.is_dir():
+        if archive.is_dir():
             raise typer.BadParameter(f"{archive} is a directory", param_hint="ARCHIVE")
         counts = export(archive)
         Console().print(
