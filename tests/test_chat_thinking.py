@@ -35,6 +35,9 @@ def test_splitter_at_every_boundary():
         assert (thinking.strip(), answer) == (THINKING, ANSWER), size
     assert split_all(["Plain answer, no <think> here"]) == ("", "Plain answer, no <think> here")
     assert split_all(["  <thin", "king is not a tag"]) == ("", "  <thinking is not a tag")
+    # Leading newlines of an answer are dropped as it streams, so what is shown is what the session keeps (a sampled
+    # "\n" first token once made the TUI's answer and the saved message differ).
+    assert split_all(["\n", "\nHi\n", "there"]) == ("", "Hi\nthere")
     assert split_all(["reasoning", "</think>answer"], opened=True) == ("reasoning", "answer")
     assert split_all(["<think>cut off mid-thought</th"]) == ("cut off mid-thought</th", "")
 

@@ -314,7 +314,7 @@ class ChatApp(App):
         stats = turn.stats
         self.show_turn(turn, reply)
         if turn.content or turn.reasoning or stats.output_tokens:  # a partial answer (stopped, failed) stays as shown
-            message = ChatMessage("assistant", turn.content.lstrip("\n"), turn.reasoning.strip(), stats, time.time())
+            message = ChatMessage("assistant", turn.content, turn.reasoning.strip(), stats, time.time())
             self.session.add(message)
             self.save()
         reason = stats.finish_reason

@@ -138,7 +138,7 @@ def _answer(
     stdout.flush()
     stats = turn.stats
     if turn.content or turn.reasoning or stats.output_tokens:
-        session.add(ChatMessage("assistant", turn.content.lstrip("\n"), turn.reasoning.strip(), stats, time.time()))
+        session.add(ChatMessage("assistant", turn.content, turn.reasoning.strip(), stats, time.time()))
         save()
     if stats.finish_reason == "error":
         raise ValueError(f"generation failed: {turn.error or 'the answer stream ended early'}")

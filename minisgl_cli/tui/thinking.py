@@ -38,7 +38,7 @@ class ThinkSplitter:
                 if OPEN.startswith(stripped):
                     self._held = buf
                     break
-                self.started = True
+                self.started, self._newlines = True, True  # an answer's leading newlines are not shown or kept
                 continue
             if not self.inside:
                 answer += self._text(buf)
