@@ -5,9 +5,10 @@
 #   2. `minisgl cache export`, then both caches wiped (a new machine), then `minisgl cache import`;
 #   (between 1 and 2 a warm start on the same machine, for reference)
 #   3. the same start again.
+# With COLD_FI=1, FlashInfer's cache starts empty too, so step 1 includes its JIT build (a machine that never ran it).
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_startup_cache.sh   (JSON + log in $OUT)
 set -u
-(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+if [ "${COLD_FI:-0}" = 1 ]; then rm -rf ~/.cache/flashinfer; else (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true); fi
 rm -rf ~/.triton
 run() {
   local t0=$(date +%s.%N)
@@ -21,7 +22,7 @@ print(f"{sys.argv[2]:22} command {time.time() - float(sys.argv[3]):5.1f} s, engi
       f"(" + ", ".join(f"{k} {v:.1f}" for k, v in b.items()) + ")")
 PY
 }
-run cold_triton
+run cold_$([ "${COLD_FI:-0}" = 1 ] && echo all || echo triton)
 run warm
 python -m minisgl_cli cache export /tmp/minisgl-caches.tar.gz | tail -1
 rm -rf ~/.triton ~/.cache/flashinfer

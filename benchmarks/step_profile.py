@@ -10,7 +10,8 @@ run under torch.profiler (CUDA activity only) sums kernel time by category over 
 
 Variants switch one optimisation off to measure what it buys: `unfused` (separate q/k norm, rope, KV store),
 `logits-fp32` (a float32 copy of the logits before sampling); or try one change: `decode-fa3` / `prefill-fa3`
-(FlashInfer's Hopper kernels for that wrapper instead of fa2), `page32` / `page64` (KV page size).
+(FlashInfer's Hopper kernels for that wrapper instead of fa2), `page32` / `page64` (KV page size), `blaslt` (torch's
+cuBLASLt GEMM path instead of its default).
 A fresh GPU machine runs slower for its first ~30 s:
 repeat variants, interleaved, and compare the later runs.
 """
@@ -60,7 +61,10 @@ def bucket(decode: bool, bs: int) -> str:
     return f"decode {bs}"
 
 
-VARIANTS = ("base", "unfused", "logits-fp32", "decode-fa3", "prefill-fa3", "page32", "page64")
+VARIANTS = ("base", "unfused", "logits-fp32", "decode-fa3", "prefill-fa3", "page32", "page64", "blaslt")
+
+
+DEFAULT_BLAS = torch.backends.cuda.preferred_blas_library()
 
 
 def apply_variant(name: str) -> dict:
@@ -73,6 +77,7 @@ def apply_variant(name: str) -> dict:
     llama.FUSED_QKV = name != "unfused"
     flashinfer_backend.DECODE_KERNELS = "fa3" if name == "decode-fa3" else "fa2"
     flashinfer_backend.PREFILL_KERNELS = "fa3" if name == "prefill-fa3" else "fa2"
+    torch.backends.cuda.preferred_blas_library("cublaslt" if name == "blaslt" else DEFAULT_BLAS)
     return {"page_size": int(name[4:])} if name.startswith("page") else {}
 
 

@@ -22,6 +22,10 @@ from rich.table import Table
 from engine.cache_paths import cache_root  # torch-free, like this module: `minisgl --help` stays fast
 
 MANIFEST = "minisgl-cache.json"
+# A file's modification time to the nanosecond, in the member's PAX header: tarfile keeps it only as a float, which
+# can round a freshly built object a few hundred ns later than ninja's deps log says it was written, and ninja then
+# rebuilds the whole module (an imported start took 26 s against 6.9 s on an H200; docs/gpu.md).
+MTIME_NS = "MINISGL.mtime_ns"
 PACKAGES = ("torch", "flashinfer-python", "triton", "flash-attn-4", "nvidia-cutlass-dsl")
 
 
@@ -71,7 +75,10 @@ def export(dest: Path) -> dict[str, int]:
         for loc in locations():
             files = _files(loc.path)
             for f in files:
-                tar.add(f, arcname=f"{loc.name}/{f.relative_to(loc.path).as_posix()}", recursive=False)
+                info = tar.gettarinfo(f, arcname=f"{loc.name}/{f.relative_to(loc.path).as_posix()}")
+                info.pax_headers = {MTIME_NS: str(f.stat().st_mtime_ns)}
+                with f.open("rb") as data:
+                    tar.addfile(info, data)
             counts[loc.name] = len(files)
         manifest = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": counts, "versions": _versions()}
         raw = json.dumps(manifest, indent=1).encode()
@@ -115,9 +122,11 @@ def import_(src: Path) -> tuple[dict[str, int], dict]:
             tmp = target.with_name(target.name + ".minisgl-import")
             tmp.write_bytes(data.read())
             os.chmod(tmp, m.mode & 0o777 or 0o644)
-            # The exported times, not now: FlashInfer's ninja rebuilds a module whose outputs look older than its
-            # sources (without this the imported start took 29 s against 9 s, its kernels rebuilt; docs/gpu.md).
-            os.utime(tmp, (m.mtime, m.mtime))
+            # The exported times, not now, to the nanosecond: FlashInfer's ninja rebuilds a module whose outputs look
+            # older than its sources or newer than its deps log (the imported start took 29 s, then 26 s, against
+            # 6.9 s; docs/gpu.md).
+            ns = int(m.pax_headers.get(MTIME_NS) or int(m.mtime * 1e9))
+            os.utime(tmp, ns=(ns, ns))
             tmp.replace(target)  # a reader never sees half a kernel
             name = PurePosixPath(m.name).parts[0]
             counts[name] = counts.get(name, 0) + 1

@@ -43,13 +43,16 @@ def fill(dirs: dict[str, Path]) -> dict[str, bytes]:
         p = dirs[name] / rest
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
-        os.utime(p, (1_700_000_000 + i, 1_700_000_000 + i))  # build tools compare these: they must survive
+        # Build tools compare these to the nanosecond (ninja's deps log): they must survive exactly, sub-second part
+        # included (a float of seconds since 1970 keeps only ~0.2 us).
+        ns = (1_700_000_000 + i) * 10**9 + 123_456_789
+        os.utime(p, ns=(ns, ns))
     return files
 
 
 def mtimes(dirs: dict[str, Path]) -> dict[str, int]:
     return {
-        f"{name}/{p.relative_to(d).as_posix()}": int(p.stat().st_mtime)
+        f"{name}/{p.relative_to(d).as_posix()}": p.stat().st_mtime_ns
         for name, d in dirs.items()
         if d.exists()
         for p in d.rglob("*")
