@@ -90,8 +90,13 @@ class EngineConfig:
             if device.type == "cuda":
                 return torch.bfloat16
             from engine.cpu import auto_dtype
+            from engine.weights import resolve
 
-            return auto_dtype()
+            try:
+                gguf = resolve(self.model)[0] == "gguf"
+            except (ValueError, FileNotFoundError):  # reported where the model loads
+                gguf = False
+            return auto_dtype(gguf)
         dtype: torch.dtype = getattr(torch, self.dtype)
         return dtype
 

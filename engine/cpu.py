@@ -29,11 +29,13 @@ def native_bf16() -> bool:
         return False
 
 
-def auto_dtype() -> torch.dtype:
-    """bf16 where the CPU has it natively (half the weight and KV traffic per token), else fp32."""
+def auto_dtype(gguf: bool = False) -> torch.dtype:
+    """bf16 where the CPU has it natively (half the weight and KV traffic per token), else fp32. A GGUF model runs
+    in fp32 everywhere: its linear layers read the file's 4- and 8-bit blocks (kernels/cpu_quant.py, fp32 only),
+    fewer bytes than bf16 weights, with the dequantized model's fp32 results."""
     forced = os.environ.get(DTYPE_ENV)
     if forced:
         if forced not in ("float32", "bfloat16"):
             raise ValueError(f"{DTYPE_ENV} must be float32 or bfloat16 (got {forced!r})")
         return torch.bfloat16 if forced == "bfloat16" else torch.float32
-    return torch.bfloat16 if native_bf16() else torch.float32
+    return torch.bfloat16 if native_bf16() and not gguf else torch.float32

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from engine import weight_cache, weights
+from engine.cache_paths import cache_root
 from engine.config import EngineConfig
 from engine.distributed import TP, broadcast_objects, init_tp, leave_failed_group
 from engine.layers import cpu_weight_layout
@@ -26,6 +28,8 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Batch, Scheduler
 from engine.text import RequestLimits
 from engine.tokenizer import ByteTokenizer, Tokenizer
+from kernels import cpu_quant
+from kernels.cpu_quant import QuantMatrix
 from kvcache.manager import CacheManager
 from kvcache.pool import KVPool
 
@@ -95,10 +99,14 @@ def load_model(
     t0 = time.perf_counter()
     kind, where = weights.resolve(spec)
     source = f"{kind}:{where}"
-    if kind == "gguf" and (cached := weight_cache.lookup(Path(where))) is not None:
+    cached = weight_cache.lookup(Path(where)) if kind == "gguf" else None
+    if cached is not None:
         kind, where = "hf", cached
     path = Path(where)  # a file or directory unless kind is "dummy"
     keep: dict[str, torch.Tensor] | None = {} if kind == "gguf" and with_tokenizer and weight_cache.enabled() else None
+    # GGUF blocks for the CPU kernel (kernels/cpu_quant.py): it computes in fp32, on one process
+    use_blocks = device.type == "cpu" and dtype == torch.float32 and TP.size == 1
+    quantized: dict[str, QuantMatrix] | None = {} if kind == "gguf" and (use_blocks or keep is not None) else None
     reader = None
     if kind == "dummy":
         cfg = PRESETS[str(where)]
@@ -121,7 +129,7 @@ def load_model(
                 if progress:
                     progress("loading weights", done[0], total)
 
-            stream = weights.gguf_weights(path, cfg, reader, tick)
+            stream = weights.gguf_weights(path, cfg, reader, tick, quantized)
             if keep is not None:  # the dequantized weights, for the cache
                 stream = ((name, keep.setdefault(name, w)) for name, w in stream)
             model.load_weights(stream)
@@ -135,9 +143,16 @@ def load_model(
     model.eval()
     if device.type == "cpu":
         cpu_weight_layout(model)
+    if use_blocks and cached is not None:
+        quantized = weight_cache.load_quantized(cached)
+    if use_blocks and quantized:
+        if (why := cpu_quant.load(cache_root() / "kernels")) is None:
+            model.load_quantized(quantized)
+        else:
+            print(f"minisgl: no quantized CPU kernel ({why}); running the dequantized weights", file=sys.stderr)
     tok = _tokenizer(kind, path, cfg.eos_token_ids) if with_tokenizer else ByteTokenizer()
     if keep is not None:
-        weight_cache.store(path, cfg, keep, tok.hf)
+        weight_cache.store(path, cfg, keep, tok.hf, quantized or {})
     return LoadedModel(cfg, model, tok, source, time.perf_counter() - t0)
 
 

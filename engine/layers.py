@@ -11,6 +11,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.distributed import TP
+from kernels import cpu_quant
+from kernels.cpu_quant import QuantMatrix
+
+# At most this many rows (tokens) go through the quantized CPU kernel (kernels/cpu_quant.py); longer prefills use
+# the dense fp32 weights. Measured on the project's AVX2 machine, one pass over SmolLM2's matrices: 16 rows
+# 90 ms against 170 dense (docs/benchmarks.md).
+CPU_QUANT_MAX_ROWS = 16
+
+
+def _linear(
+    x: torch.Tensor, weight: torch.Tensor, quant: QuantMatrix | None, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x W^T (+ b), from the quantized blocks when a CPU kernel holds them and the batch is small."""
+    if quant is not None and x.shape[0] <= CPU_QUANT_MAX_ROWS:
+        y = cpu_quant.matmul(x, quant)
+        return y if bias is None else y + bias
+    return F.linear(x, weight, bias)
 
 
 class FusedOps(Protocol):
@@ -61,9 +78,11 @@ class Narrowable(Protocol):
 
 class Loadable(nn.Module):
     """A module holding checkpoint tensors. Each is addressed by (param, index): `index` picks one logical tensor of
-    several packed into one parameter (q|k|v in qkv_proj, the experts of a MoE layer), `param` is weight or bias."""
+    several packed into one parameter (q|k|v in qkv_proj, the experts of a MoE layer), `param` is weight or bias.
+    A linear layer may also hold its weight as GGUF blocks (`quant`, engine.models.llama.load_quantized)."""
 
     weight: nn.Parameter
+    quant: QuantMatrix | None = None
 
     def shards(self) -> list[tuple[str, int]]:
         return [("weight", 0)]
@@ -113,7 +132,7 @@ class ColumnParallelLinear(Loadable):
         return target.detach()[start : start + self.sizes[index]]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return _linear(x, self.weight, self.quant, self.bias)
 
 
 class ReplicatedLinear(Loadable):
@@ -148,7 +167,7 @@ class RowParallelLinear(Loadable):
         self.weight.copy_(full.narrow(1, TP.rank * self.in_per_rank, self.in_per_rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return TP.all_reduce(F.linear(x, self.weight))
+        return TP.all_reduce(_linear(x, self.weight, self.quant))
 
 
 class VocabParallelEmbedding(Loadable):
@@ -181,7 +200,7 @@ class VocabParallelEmbedding(Loadable):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """LM head over this rank's vocab rows, gathered into the full vocabulary."""
-        full = TP.all_gather_last_dim(F.linear(h, self.weight))
+        full = TP.all_gather_last_dim(_linear(h, self.weight, self.quant))
         return full[..., : self.vocab]
 
 

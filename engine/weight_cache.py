@@ -1,7 +1,10 @@
 """The dequantized GGUF model kept as a Hugging Face directory (config.json, model.safetensors, tokenizer files)
 in the user's cache, so the second start skips the GGUF reader, the dequantization and the slow GGUF tokenizer
-conversion (docs/benchmarks.md has the times). Keyed by the file's name, size and mtime; an unwritable cache
-costs a warning, never a failure. MINISGL_WEIGHT_CACHE=0 turns it off; MINISGL_CACHE_DIR moves it."""
+conversion (docs/benchmarks.md has the times). Beside them, gguf-blocks/ keeps the file's quantized blocks that
+the CPU kernel reads (kernels/cpu_quant.py), the block type of each in the safetensors metadata; a folder of its
+own, so that a reader of the directory's *.safetensors (ours, transformers) sees only the model. Keyed by the file's
+name, size and mtime; an unwritable cache costs a warning, never a failure. MINISGL_WEIGHT_CACHE=0 turns it off;
+MINISGL_CACHE_DIR moves it."""
 
 from __future__ import annotations
 
@@ -16,8 +19,10 @@ import torch
 
 from engine.cache_paths import cache_root
 from engine.model_config import ModelConfig
+from kernels.cpu_quant import QuantMatrix
 
-FORMAT = 1  # bump when what is stored changes
+FORMAT = 2  # bump when what is stored changes (2: gguf-blocks/)
+QUANT_FILE = "gguf-blocks/blocks.safetensors"
 
 
 def enabled() -> bool:
@@ -37,10 +42,17 @@ def lookup(gguf: Path) -> Path | None:
         d = entry(gguf)
     except OSError:
         return None
-    return d if (d / "config.json").is_file() and (d / "model.safetensors").is_file() else None
+    files = ("config.json", "model.safetensors", QUANT_FILE)
+    return d if all((d / f).is_file() for f in files) else None
 
 
-def store(gguf: Path, cfg: ModelConfig, weights: dict[str, torch.Tensor], tokenizer: Any | None) -> Path | None:
+def store(
+    gguf: Path,
+    cfg: ModelConfig,
+    weights: dict[str, torch.Tensor],
+    tokenizer: Any | None,
+    quantized: dict[str, QuantMatrix],
+) -> Path | None:
     """Write the entry (to a temporary directory renamed into place, so a reader never sees half of one)."""
     if not enabled():
         return None
@@ -53,6 +65,9 @@ def store(gguf: Path, cfg: ModelConfig, weights: dict[str, torch.Tensor], tokeni
         tmp.mkdir(parents=True, exist_ok=True)
         (tmp / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=1))
         save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+        blocks = {k: v for name, q in quantized.items() for k, v in q.tensors(name).items()}
+        (tmp / QUANT_FILE).parent.mkdir()
+        save_file(blocks, str(tmp / QUANT_FILE), metadata={name: q.kind for name, q in quantized.items()})
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
         try:
@@ -71,3 +86,13 @@ def store(gguf: Path, cfg: ModelConfig, weights: dict[str, torch.Tensor], tokeni
     finally:
         if tmp is not None and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_quantized(entry_dir: Path) -> dict[str, QuantMatrix]:
+    """The quantized blocks stored with a cache entry, by weight name."""
+    from safetensors import safe_open
+
+    with safe_open(str(entry_dir / QUANT_FILE), "pt") as f:
+        kinds = f.metadata() or {}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118  # safe_open is no mapping
+    return {name: QuantMatrix.from_tensors(kind, name, tensors) for name, kind in kinds.items()}

@@ -15,6 +15,8 @@ from engine.model_config import PRESETS, ModelConfig
 if TYPE_CHECKING:
     from gguf import GGUFReader
 
+    from kernels.cpu_quant import QuantMatrix
+
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 
@@ -162,10 +164,17 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def gguf_weights(
-    path: Path, cfg: ModelConfig, reader: GGUFReader | None = None, progress: Callable[[], None] | None = None
+    path: Path,
+    cfg: ModelConfig,
+    reader: GGUFReader | None = None,
+    progress: Callable[[], None] | None = None,
+    quantized: dict[str, QuantMatrix] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Dequantized weights under HF names. Each rank dequantizes whole tensors and keeps its shard."""
+    """Dequantized weights under HF names. Each rank dequantizes whole tensors and keeps its shard. With
+    `quantized`, the tensors a CPU kernel reads as stored (Q4_1, Q8_0) are also put there, under the same names."""
     import gguf
+
+    from kernels.cpu_quant import BLOCK_BYTES, QuantMatrix
 
     r = reader or _open_gguf(path)
     llama_rope = cfg.architecture == "LlamaForCausalLM"
@@ -187,10 +196,16 @@ def gguf_weights(
             w = torch.from_numpy(gguf.dequantize(t.data, t.tensor_type).copy()).float()
         except Exception as e:
             raise ValueError(f"{path}: cannot dequantize {t.name} ({t.tensor_type.name}): {e}") from e
+        heads = None
         if llama_rope and parts[-2:-1] == ["attn_q"]:
-            w = _unpermute(w, cfg.num_heads)
+            heads = cfg.num_heads
         elif llama_rope and parts[-2:-1] == ["attn_k"]:
-            w = _unpermute(w, cfg.num_kv_heads)
+            heads = cfg.num_kv_heads
+        if heads is not None:
+            w = _unpermute(w, heads)
+        if quantized is not None and t.tensor_type.name in BLOCK_BYTES and w.dim() == 2:
+            q = QuantMatrix.from_gguf(t.tensor_type.name, t.data, *w.shape)
+            quantized[name] = q if heads is None else q.rows(_unpermute(torch.arange(w.shape[0]), heads))
         if progress is not None:
             progress()
         yield name, w

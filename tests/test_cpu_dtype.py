@@ -1,4 +1,5 @@
-"""The `auto` dtype: bf16 on GPU and on CPUs with native bf16, fp32 elsewhere; --dtype and the env var override."""
+"""The `auto` dtype: bf16 on GPU and on CPUs with native bf16, fp32 elsewhere and for GGUF models on a CPU (their
+quantized blocks run in fp32); --dtype and the env var override."""
 
 from __future__ import annotations
 
@@ -15,16 +16,24 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 def test_cpu_auto_follows_native_bf16(monkeypatch, native, want):
     monkeypatch.delenv(cpu.DTYPE_ENV, raising=False)
     monkeypatch.setattr(cpu, "native_bf16", lambda: native)
-    assert EngineConfig().torch_dtype(CPU) == want
-    assert EngineConfig().torch_dtype(CUDA) == torch.bfloat16  # the GPU default never changes
-    assert EngineConfig(dtype="float32").torch_dtype(CPU) == torch.float32
+    tiny = "dummy:tiny-llama"
+    assert EngineConfig(model=tiny).torch_dtype(CPU) == want
+    assert EngineConfig(model=tiny).torch_dtype(CUDA) == torch.bfloat16  # the GPU default never changes
+    assert EngineConfig(model=tiny, dtype="float32").torch_dtype(CPU) == torch.float32
+    assert EngineConfig(model=tiny, dtype="bfloat16").torch_dtype(CPU) == torch.bfloat16
+    # the embedded GGUF model: fp32 on any CPU, bf16 on the GPU, --dtype still wins
+    assert EngineConfig().torch_dtype(CPU) == torch.float32
+    assert EngineConfig().torch_dtype(CUDA) == torch.bfloat16
     assert EngineConfig(dtype="bfloat16").torch_dtype(CPU) == torch.bfloat16
 
 
 def test_env_pins_the_cpu_auto_dtype(monkeypatch):
     monkeypatch.setattr(cpu, "native_bf16", lambda: True)
     monkeypatch.setenv(cpu.DTYPE_ENV, "float32")
-    assert EngineConfig().torch_dtype(CPU) == torch.float32
+    assert EngineConfig(model="dummy:tiny-llama").torch_dtype(CPU) == torch.float32
+    monkeypatch.setenv(cpu.DTYPE_ENV, "bfloat16")
+    assert EngineConfig().torch_dtype(CPU) == torch.bfloat16
+    monkeypatch.setenv(cpu.DTYPE_ENV, "float32")
     assert EngineConfig().torch_dtype(CUDA) == torch.bfloat16
     monkeypatch.setenv(cpu.DTYPE_ENV, "float64")
     with pytest.raises(ValueError, match="MINISGL_CPU_DTYPE must be float32 or bfloat16"):

@@ -9,6 +9,7 @@ import torch
 from engine import weight_cache
 from engine.engine import load_model
 from engine.weights import embedded_default_path
+from tests.test_cpu_quant import quantized_modules
 from tests.test_hf_equivalence import PROMPTS
 
 
@@ -26,6 +27,12 @@ def test_second_load_comes_from_the_cache_and_matches(smollm, tmp_path, monkeypa
     ref = smollm.engine.runner.model.state_dict()
     for name, w in second.model.state_dict().items():
         assert torch.equal(w, ref[name]), name
+    blocks, cached_blocks = quantized_modules(first.model), quantized_modules(second.model)
+    assert blocks.keys() == cached_blocks.keys() and len(blocks) == 4 * first.cfg.num_layers + 1
+    for name, q in blocks.items():
+        c = cached_blocks[name]
+        assert q.kind == c.kind and torch.equal(q.qs, c.qs) and torch.equal(q.d, c.d), name
+        assert (q.m is None and c.m is None) or (q.m is not None and c.m is not None and torch.equal(q.m, c.m)), name
     assert second.tokenizer.eos_ids == smollm.tokenizer.eos_ids
     for p in PROMPTS:
         msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": p}]
@@ -49,10 +56,10 @@ def test_unwritable_cache_warns_and_carries_on(smollm, tmp_path, monkeypatch, ca
     monkeypatch.setenv("MINISGL_WEIGHT_CACHE", "1")
     monkeypatch.setenv("MINISGL_CACHE_DIR", str(blocker))
     gguf = embedded_default_path()
-    assert weight_cache.store(gguf, smollm.engine.model_cfg, {"w": torch.zeros(2)}, None) is None
+    assert weight_cache.store(gguf, smollm.engine.model_cfg, {"w": torch.zeros(2)}, None, {}) is None
     assert "cannot cache the dequantized weights" in capsys.readouterr().err
     assert weight_cache.lookup(gguf) is None
     monkeypatch.setenv("MINISGL_WEIGHT_CACHE", "0")
     monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "off"))
-    assert weight_cache.store(gguf, smollm.engine.model_cfg, {"w": torch.zeros(2)}, None) is None
+    assert weight_cache.store(gguf, smollm.engine.model_cfg, {"w": torch.zeros(2)}, None, {}) is None
     assert not (tmp_path / "off").exists()

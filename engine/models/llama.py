@@ -25,6 +25,7 @@ from engine.layers import (
 from engine.model_config import ModelConfig
 from engine.models.moe import EXPERT_PROJ, SparseMoE
 from kernels.attention import AttentionBackend
+from kernels.cpu_quant import QuantMatrix
 
 # On CUDA, q/k norm + rope + the K/V store run as one Triton kernel per layer (5-6 launches otherwise; docs/gpu.md).
 FUSED_QKV = True
@@ -196,6 +197,35 @@ class LlamaForCausalLM(nn.Module):
         missing = sorted(_hf_name(*k) for k in expected - loaded)
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} weights, e.g. {missing[:3]}")
+
+    def load_quantized(self, quantized: dict[str, QuantMatrix]) -> int:
+        """Give linear layers (and the LM head) their GGUF blocks beside the dense weights, for the CPU kernel
+        (kernels/cpu_quant.py). A packed layer (q|k|v, gate|up) takes them only when every part has them, stacked
+        in its order. Returns how many modules took them."""
+        modules = self.loadable()
+        if self.cfg.tie_word_embeddings:
+            modules["lm_head"] = self.embed_tokens
+        parts: dict[str, dict[int, QuantMatrix]] = {}
+        for name, q in quantized.items():
+            name = name.removeprefix("model.")
+            where = _locate(name)
+            if where is None or where[1] != "weight" or where[0] not in modules:
+                continue
+            if name == "embed_tokens.weight" and self.cfg.tie_word_embeddings:
+                where = ("lm_head", "weight", 0)
+            parts.setdefault(where[0], {})[where[2]] = q
+        taken = 0
+        for path, by_index in parts.items():
+            module = modules[path]
+            shape = tuple(module.weight.shape)
+            if path.endswith(".experts") or sorted(by_index) != list(range(len({i for _, i in module.shards()}))):
+                continue
+            q = QuantMatrix.cat([by_index[i] for i in sorted(by_index)])
+            if q.shape != shape:  # a vocabulary padded for tensor parallelism, or a layout this kernel does not read
+                continue
+            module.quant = q
+            taken += 1
+        return taken
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """These weights under Hugging Face checkpoint names (TP=1), to build a transformers twin of this model."""
