@@ -31,7 +31,7 @@ def native_bf16() -> bool:
 
 def auto_dtype(gguf: bool = False) -> torch.dtype:
     """bf16 where the CPU has it natively (half the weight and KV traffic per token), else fp32. A GGUF model runs
-    in fp32 everywhere: its linear layers read the file's 4- and 8-bit blocks (kernels/cpu_quant.py, fp32 only),
+    in fp32 everywhere: its linear layers read the file's 4- and 8-bit blocks (kernels/cpu_ops.py, fp32 only),
     fewer bytes than bf16 weights, with the dequantized model's fp32 results."""
     forced = os.environ.get(DTYPE_ENV)
     if forced:

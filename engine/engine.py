@@ -17,7 +17,7 @@ from engine import weight_cache, weights
 from engine.cache_paths import cache_root
 from engine.config import EngineConfig
 from engine.distributed import TP, broadcast_objects, init_tp, leave_failed_group
-from engine.layers import cpu_weight_layout
+from engine.layers import cpu_weight_layout, use_cpu_ops
 from engine.metrics import EngineMetrics
 from engine.model_config import PRESETS, ModelConfig
 from engine.models import create_model
@@ -28,8 +28,9 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Batch, Scheduler
 from engine.text import RequestLimits
 from engine.tokenizer import ByteTokenizer, Tokenizer
-from kernels import cpu_quant
-from kernels.cpu_quant import QuantMatrix
+from kernels import cpu_ops
+from kernels.attention.torch_backend import TorchBackend
+from kernels.cpu_ops import QuantMatrix
 from kvcache.manager import CacheManager
 from kvcache.pool import KVPool
 
@@ -60,6 +61,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     source: str
     load_seconds: float
+    cpu_ops: bool = False  # layers run through kernels/cpu_ops (GGUF blocks, fused small ops, decode attention)
 
 
 @contextlib.contextmanager
@@ -104,8 +106,9 @@ def load_model(
         kind, where = "hf", cached
     path = Path(where)  # a file or directory unless kind is "dummy"
     keep: dict[str, torch.Tensor] | None = {} if kind == "gguf" and with_tokenizer and weight_cache.enabled() else None
-    # GGUF blocks for the CPU kernel (kernels/cpu_quant.py): it computes in fp32, on one process
+    # GGUF blocks for the CPU kernel (kernels/cpu_ops.py): it computes in fp32, on one process
     use_blocks = device.type == "cpu" and dtype == torch.float32 and TP.size == 1
+    uses_cpu_ops = False
     quantized: dict[str, QuantMatrix] | None = {} if kind == "gguf" and (use_blocks or keep is not None) else None
     reader = None
     if kind == "dummy":
@@ -146,14 +149,16 @@ def load_model(
     if use_blocks and cached is not None:
         quantized = weight_cache.load_quantized(cached)
     if use_blocks and quantized:
-        if (why := cpu_quant.load(cache_root() / "kernels")) is None:
+        if (why := cpu_ops.load(cache_root() / "kernels")) is None:
             model.load_quantized(quantized)
+            use_cpu_ops(model)
+            uses_cpu_ops = True
         else:
             print(f"minisgl: no quantized CPU kernel ({why}); running the dequantized weights", file=sys.stderr)
     tok = _tokenizer(kind, path, cfg.eos_token_ids) if with_tokenizer else ByteTokenizer()
     if keep is not None:
         weight_cache.store(path, cfg, keep, tok.hf, quantized or {})
-    return LoadedModel(cfg, model, tok, source, time.perf_counter() - t0)
+    return LoadedModel(cfg, model, tok, source, time.perf_counter() - t0, uses_cpu_ops)
 
 
 class Engine:
@@ -205,6 +210,8 @@ class Engine:
             config.cuda_graph_max_bs,
             scratch_page=num_pages,
         )
+        if self.loaded.cpu_ops and isinstance(self.runner.backend, TorchBackend):
+            self.runner.backend.cpu_ops = True
         self.startup_seconds = {"load": self.loaded.load_seconds, "runner": time.perf_counter() - t0}
         self.overlap = config.use_overlap(self.device)
         self.reqs: dict[str, Req] = {}

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.distributed import TP
-from kernels import cpu_quant
-from kernels.cpu_quant import QuantMatrix
+from kernels import cpu_ops
+from kernels.cpu_ops import QuantMatrix
 
-# At most this many rows (tokens) go through the quantized CPU kernel (kernels/cpu_quant.py); longer prefills use
+# At most this many rows (tokens) go through the quantized CPU kernel (kernels/cpu_ops.py); longer prefills use
 # the dense fp32 weights. Measured on the project's AVX2 machine, one pass over SmolLM2's matrices: 16 rows
 # 90 ms against 170 dense (docs/benchmarks.md).
 CPU_QUANT_MAX_ROWS = 16
@@ -25,7 +25,7 @@ def _linear(
 ) -> torch.Tensor:
     """x W^T (+ b), from the quantized blocks when a CPU kernel holds them and the batch is small."""
     if quant is not None and x.shape[0] <= CPU_QUANT_MAX_ROWS:
-        y = cpu_quant.matmul(x, quant)
+        y = cpu_ops.matmul(x, quant)
         return y if bias is None else y + bias
     return F.linear(x, weight, bias)
 
@@ -215,7 +215,17 @@ def cpu_weight_layout(model: nn.Module) -> None:
                 mod.weight.data = mod.weight.data.t().contiguous().t()
 
 
+def use_cpu_ops(model: nn.Module) -> None:
+    """Run the model's RMSNorms, rotary embedding and SiLU-and-mul through the C kernels (kernels/cpu_ops.py, fp32 on
+    a CPU, loaded by the caller): the modules that can declare a `cpu_ops` flag."""
+    for mod in model.modules():
+        if hasattr(type(mod), "cpu_ops"):
+            setattr(mod, "cpu_ops", True)  # noqa: B010  # nn.Module types attribute writes as tensors or modules
+
+
 class RMSNorm(Loadable):
+    cpu_ops = False  # use_cpu_ops()
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
@@ -224,6 +234,8 @@ class RMSNorm(Loadable):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and (ops := fused_ops()) is not None:
             return ops.rmsnorm(x, self.weight, self.eps)
+        if self.cpu_ops:
+            return cpu_ops.rmsnorm(x, self.weight, self.eps).view(x.shape)
         if x.dtype == torch.float32 and not x.is_cuda:
             # torch's fused CPU kernel: bitwise equal to the formula below in fp32 (checked on 200 random inputs),
             # one op instead of six; 35 vs 53 us per call at SmolLM2's width on the 2-core machine.
@@ -237,6 +249,8 @@ class RMSNorm(Loadable):
         """norm(x + residual), returning the new residual too."""
         if x.is_cuda and (ops := fused_ops()) is not None:
             return ops.rmsnorm(x, self.weight, self.eps, residual), residual  # residual updated in place
+        if self.cpu_ops:
+            return cpu_ops.rmsnorm(x, self.weight, self.eps, residual), residual  # residual updated in place
         residual = x + residual
         return self.forward(residual), residual
 
@@ -256,6 +270,7 @@ class RotaryEmbedding(nn.Module):
     """Neox-style rotary embedding (rotate halves), as in HF Llama and Qwen3 checkpoints."""
 
     cos_sin: torch.Tensor  # a buffer: [max_pos, head_dim] fp32, cos | sin
+    cpu_ops = False  # use_cpu_ops()
 
     def __init__(self, head_dim: int, max_pos: int, theta: float, scaling: dict[str, Any] | None):
         super().__init__()
@@ -275,6 +290,10 @@ class RotaryEmbedding(nn.Module):
         if q.is_cuda and (ops := fused_ops()) is not None:
             ops.rope_inplace(q, k, self.cos_sin, pos)
             return q, k
+        if self.cpu_ops:
+            cpu_ops.rope_(q, self.cos_sin, pos)
+            cpu_ops.rope_(k, self.cos_sin, pos)
+            return q, k
         if pos is not self._pos:  # one lookup per step: every layer rotates at the same positions
             cos, sin = self.cos_sin.index_select(0, pos).unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2]
             self._pos, self._cos_sin = pos, (cos, sin)
@@ -282,9 +301,12 @@ class RotaryEmbedding(nn.Module):
         return _rotate(q, *self._cos_sin), _rotate(k, *self._cos_sin)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, cpu: bool = False) -> torch.Tensor:
+    """silu(gate) * up of x = gate | up; `cpu`: through kernels/cpu_ops (a module that use_cpu_ops() switched)."""
     if x.is_cuda and (ops := fused_ops()) is not None:
         return ops.silu_and_mul(x)
+    if cpu:
+        return cpu_ops.silu_and_mul(x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 

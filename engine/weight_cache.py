@@ -1,7 +1,7 @@
 """The dequantized GGUF model kept as a Hugging Face directory (config.json, model.safetensors, tokenizer files)
 in the user's cache, so the second start skips the GGUF reader, the dequantization and the slow GGUF tokenizer
 conversion (docs/benchmarks.md has the times). Beside them, gguf-blocks/ keeps the file's quantized blocks that
-the CPU kernel reads (kernels/cpu_quant.py), the block type of each in the safetensors metadata; a folder of its
+the CPU kernel reads (kernels/cpu_ops.py), the block type of each in the safetensors metadata; a folder of its
 own, so that a reader of the directory's *.safetensors (ours, transformers) sees only the model. Keyed by the file's
 name, size and mtime; an unwritable cache costs a warning, never a failure. MINISGL_WEIGHT_CACHE=0 turns it off;
 MINISGL_CACHE_DIR moves it."""
@@ -19,9 +19,9 @@ import torch
 
 from engine.cache_paths import cache_root
 from engine.model_config import ModelConfig
-from kernels.cpu_quant import QuantMatrix
+from kernels.cpu_ops import QuantMatrix
 
-FORMAT = 2  # bump when what is stored changes (2: gguf-blocks/)
+FORMAT = 3  # bump when what is stored changes (3: gguf-blocks/)
 QUANT_FILE = "gguf-blocks/blocks.safetensors"
 
 

@@ -15,7 +15,7 @@ from engine.model_config import PRESETS, ModelConfig
 if TYPE_CHECKING:
     from gguf import GGUFReader
 
-    from kernels.cpu_quant import QuantMatrix
+    from kernels.cpu_ops import QuantMatrix
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
@@ -174,7 +174,7 @@ def gguf_weights(
     `quantized`, the tensors a CPU kernel reads as stored (Q4_1, Q8_0) are also put there, under the same names."""
     import gguf
 
-    from kernels.cpu_quant import BLOCK_BYTES, QuantMatrix
+    from kernels.cpu_ops import BLOCK_BYTES, QuantMatrix
 
     r = reader or _open_gguf(path)
     llama_rope = cfg.architecture == "LlamaForCausalLM"

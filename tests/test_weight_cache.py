@@ -9,7 +9,7 @@ import torch
 from engine import weight_cache
 from engine.engine import load_model
 from engine.weights import embedded_default_path
-from tests.test_cpu_quant import quantized_modules
+from tests.test_cpu_ops import quantized_modules
 from tests.test_hf_equivalence import PROMPTS
 
 

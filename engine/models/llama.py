@@ -25,7 +25,7 @@ from engine.layers import (
 from engine.model_config import ModelConfig
 from engine.models.moe import EXPERT_PROJ, SparseMoE
 from kernels.attention import AttentionBackend
-from kernels.cpu_quant import QuantMatrix
+from kernels.cpu_ops import QuantMatrix
 
 # On CUDA, q/k norm + rope + the K/V store run as one Triton kernel per layer (5-6 launches otherwise; docs/gpu.md).
 FUSED_QKV = True
@@ -73,13 +73,15 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    cpu_ops = False  # engine.layers.use_cpu_ops()
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2)
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x), self.cpu_ops))
 
 
 class DecoderLayer(nn.Module):
@@ -200,7 +202,7 @@ class LlamaForCausalLM(nn.Module):
 
     def load_quantized(self, quantized: dict[str, QuantMatrix]) -> int:
         """Give linear layers (and the LM head) their GGUF blocks beside the dense weights, for the CPU kernel
-        (kernels/cpu_quant.py). A packed layer (q|k|v, gate|up) takes them only when every part has them, stacked
+        (kernels/cpu_ops.py). A packed layer (q|k|v, gate|up) takes them only when every part has them, stacked
         in its order. Returns how many modules took them."""
         modules = self.loadable()
         if self.cfg.tie_word_embeddings:

@@ -5,10 +5,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_ops
 from kernels.attention.base import AttentionBackend, AttnMeta
 
 
 class TorchBackend(AttentionBackend):
+    # Decode through the C kernel (kernels/cpu_ops.py: K/V store and attention in one call, no gather) where the
+    # engine switched it on: fp32 on a CPU, no sliding window.
+    cpu_ops = False
+
     def plan(self, meta: AttnMeta) -> None:
         self.meta, self.out_slots = meta, meta.out_slots
         ps, dev = self.pool.page_size, meta.out_slots.device
@@ -24,6 +29,7 @@ class TorchBackend(AttentionBackend):
                 idx[i, : len(s)] = s
             self.idx = idx.flatten().to(dev)  # index_select: a third of advanced indexing's time per call on a CPU
             lens = torch.tensor(meta.kv_lens)
+            self.idx_rows, self.lens = idx, lens  # for the C kernel
             self.mask: torch.Tensor | None = None  # every key visible (one stream): SDPA's faster maskless path
             if self.sliding_window is not None or min(meta.kv_lens) < max_kv:
                 self.mask = self._visible(lens[:, None] - 1, torch.arange(max_kv)[None, :]).to(dev)[:, None, None, :]
@@ -42,6 +48,11 @@ class TorchBackend(AttentionBackend):
         return mask
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
+        if self.cpu_ops and self.meta.is_decode and k is not None and v is not None and self.sliding_window is None:
+            assert self.out_slots is not None
+            slots = self.out_slots if self.out_slots.dtype == torch.int64 else self.out_slots.long()
+            pool_k, pool_v = self.pool.k[layer], self.pool.v[layer]
+            return cpu_ops.decode_attention(q, k, v, slots, pool_k, pool_v, self.idx_rows, self.lens, self.scale)
         if k is not None and v is not None:
             assert self.out_slots is not None
             self.pool.store(layer, self.out_slots, k, v)

@@ -1,13 +1,18 @@
-"""Linear layers on a CPU straight from GGUF's quantized blocks (Q4_1, Q8_0), fp32 activations and accumulation.
+"""C kernels for the CPU path (kernels/cpu_ops.c): linear layers straight from GGUF's quantized blocks, and the
+small fused ops of a decoder layer (residual add + RMSNorm, rotary embedding, SiLU-and-mul), all fp32.
 
-The embedded SmolLM2 ships as Q4_1 (its embedding/LM head as Q8_0): 98 MB, against 540 MB dequantized to fp32. A
-decode step reads every weight once, so on a CPU its matmuls are bound by memory traffic; reading the blocks as
-stored moves 5-8.5 bits a weight instead of 32. The products are the dequantized model's to fp32 rounding (the
-weights are exact: d * q + m of the file's values), not a new approximation: activations are never quantized.
+Quantized linear layers (Q4_1, Q8_0): the embedded SmolLM2 ships as Q4_1 (its embedding / LM head as Q8_0): 98 MB,
+against 540 MB dequantized to fp32. A decode step reads every weight once, so on a CPU its matmuls are bound by
+memory traffic; reading the blocks as stored moves 5-8.5 bits a weight instead of 32. The products are the
+dequantized model's to fp32 rounding (the weights are exact: d * q + m of the file's values), not a new
+approximation: activations are never quantized.
 
-The kernel is C (kernels/cpu_quant.c), built once per machine with the system's C compiler (`cc`, or $CC) into a
+The small ops: at one row each eager torch op costs a fixed ~3-10 us, and a SmolLM2 decode step ran ~400 of them
+(61 RMSNorms alone took ~4 ms of a 32 ms step); one C call does each fused op in ~1-2 us.
+
+The kernels are C (kernels/cpu_ops.c), built once per machine with the system's C compiler (`cc`, or $CC) into a
 cache directory the caller names (`load`) and called through ctypes; where it cannot be built the engine keeps its
-dense fp32 matmuls and says why.
+dense fp32 matmuls and eager ops, and says why.
 """
 
 from __future__ import annotations
@@ -24,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-SOURCE = Path(__file__).with_name("cpu_quant.c")
+SOURCE = Path(__file__).with_name("cpu_ops.c")
 QK = 32  # weights per block
 # bytes per block: Q4_1 = fp16 d, fp16 m, 16 bytes of nibbles; Q8_0 = fp16 d, 32 int8
 BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-lm"]
 
 
 @dataclass(frozen=True)
@@ -109,8 +114,8 @@ def load(cache_dir: Path) -> str | None:
     global _lib
     if _lib is not None:
         return None
-    if os.environ.get("MINISGL_CPU_QUANT", "1") == "0":
-        return "turned off by MINISGL_CPU_QUANT=0"
+    if os.environ.get("MINISGL_CPU_OPS", "1") == "0":
+        return "turned off by MINISGL_CPU_OPS=0"
     try:
         lib = ctypes.CDLL(str(_build(cache_dir)))
     except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
@@ -119,7 +124,20 @@ def load(cache_dir: Path) -> str | None:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.q4_1_matmul.argtypes = [p, i64, i64, p, p, p, i64, p]
     lib.q8_0_matmul.argtypes = [p, i64, i64, p, p, i64, p]
-    lib.q4_1_matmul.restype = lib.q8_0_matmul.restype = None
+    f32 = ctypes.c_float
+    lib.rmsnorm_f32.argtypes = [p, p, p, f32, i64, i64, i64, p]
+    lib.rope_f32.argtypes = [p, i64, i64, i64, i64, p, p]
+    lib.silu_mul_f32.argtypes = [p, i64, i64, p]
+    lib.decode_attention_f32.argtypes = [p, i64, p, i64, p, i64, p, p, p, p, i64, p, i64, i64, i64, i64, f32, p, p]
+    for f in (
+        lib.q4_1_matmul,
+        lib.q8_0_matmul,
+        lib.rmsnorm_f32,
+        lib.rope_f32,
+        lib.silu_mul_f32,
+        lib.decode_attention_f32,
+    ):
+        f.restype = None
     _lib = lib
     return None
 
@@ -141,6 +159,79 @@ def matmul(x: torch.Tensor, w: QuantMatrix) -> torch.Tensor:
     return y if x2 is x else y.reshape(*x.shape[:-1], n)
 
 
+def available() -> bool:
+    return _lib is not None
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm of x [T, H] fp32 (of x + residual, with residual updated in place to that sum, when given)."""
+    assert _lib is not None
+    if x.dim() != 2 or x.stride(1) != 1:
+        x = x.reshape(-1, x.shape[-1]).contiguous()
+    t, h = x.shape
+    out = torch.empty((t, h))
+    res = 0
+    if residual is not None:
+        assert residual.is_contiguous() and residual.shape == x.shape and residual.dtype == torch.float32
+        res = residual.data_ptr()
+    _lib.rmsnorm_f32(x.data_ptr(), res, weight.data_ptr(), eps, t, h, x.stride(0), out.data_ptr())
+    return out
+
+
+def rope_(x: torch.Tensor, cos_sin: torch.Tensor, pos: torch.Tensor) -> None:
+    """Rotate-half rotary embedding of x [T, heads, D] fp32 in place (rows may be strided, heads packed)."""
+    assert _lib is not None
+    t, heads, d = x.shape
+    if x.stride(2) != 1 or x.stride(1) != d or x.dtype != torch.float32:
+        raise ValueError(f"rope_ takes float32 [T, heads, D] with packed heads, got {x.dtype} strides {x.stride()}")
+    pos64 = pos if pos.dtype == torch.int64 and pos.is_contiguous() else pos.to(torch.int64).contiguous()
+    _lib.rope_f32(x.data_ptr(), t, heads, d, x.stride(0), cos_sin.data_ptr(), pos64.data_ptr())
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of x [T, 2I] fp32 (gate | up)."""
+    assert _lib is not None
+    x = x.contiguous()
+    t, two_i = x.shape
+    out = torch.empty((t, two_i // 2))
+    _lib.silu_mul_f32(x.data_ptr(), t, two_i // 2, out.data_ptr())
+    return out
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out_slots: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    idx: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One decode token per sequence: store k/v [B, KVH, D] at out_slots of the pools ([pages, page, KVH, D], fp32),
+    then attend q [B, H, D] over slots idx [B, max_kv] (the first lens[b] of row b). Returns [B, H, D]."""
+    assert _lib is not None
+    b, heads, d = q.shape
+    kvh = k.shape[1]
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype != torch.float32 or t.stride(2) != 1 or t.stride(1) != d:
+            raise ValueError(
+                f"decode_attention takes float32 [B, heads, D] rows for {name}, got {t.dtype} {t.stride()}"
+            )
+    assert k_pool.is_contiguous() and v_pool.is_contiguous() and idx.is_contiguous() and lens.is_contiguous()
+    assert out_slots.dtype == idx.dtype == lens.dtype == torch.int64 and idx.shape[0] == b
+    max_kv = idx.shape[1]
+    out = torch.empty((b, heads, d))
+    scratch = torch.empty(b * heads * max_kv)
+    _lib.decode_attention_f32(
+        q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), out_slots.data_ptr(),
+        k_pool.data_ptr(), v_pool.data_ptr(), idx.data_ptr(), max_kv, lens.data_ptr(), b, heads, kvh, d, scale,
+        out.data_ptr(), scratch.data_ptr(),
+    )  # fmt: skip
+    return out
+
+
 def _build(cache_dir: Path) -> Path:
     """The shared library for this source, compiler and CPU, built on first use (a second or two) and kept."""
     cc = os.environ.get("CC", "cc")
@@ -148,7 +239,7 @@ def _build(cache_dir: Path) -> Path:
     key = hashlib.sha256(
         "\0".join([SOURCE.read_text(), cc, version, " ".join(_FLAGS), _cpu_flags(), platform.machine()]).encode()
     ).hexdigest()[:16]
-    out = cache_dir / f"cpu_quant-{key}.so"
+    out = cache_dir / f"cpu_ops-{key}.so"
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

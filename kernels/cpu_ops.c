@@ -1,7 +1,7 @@
 /* Matrix products with GGUF block-quantized weights on a CPU: y[M, N] = x[M, K] W^T, fp32 activations, fp32
  * accumulation, the weights read as they are stored (4 or 8 bits plus a scale per 32) instead of dequantized fp32.
  * At one row (a decode step) the product streams the weights once, so reading 5 or 8.5 bits a weight instead of 32
- * is the whole gain (kernels/cpu_quant.py builds this file with the machine's compiler and explains the layout).
+ * is the whole gain (kernels/cpu_ops.py builds this file with the machine's compiler and explains the layout).
  *
  * Every row n of W is nb = K / 32 blocks. For block b of row n (i = n * nb + b):
  *   Q4_1: w[k] = d[i] * q + mn[i], q the low nibble of qs[16 i + k] for k < 16, the high nibble of qs[16 i + k - 16]
@@ -154,4 +154,102 @@ void q4_1_matmul(const float *x, int64_t M, int64_t K, const uint8_t *qs, const 
 
 void q8_0_matmul(const float *x, int64_t M, int64_t K, const int8_t *qs, const float *d, int64_t N, float *y) {
     matmul(0, x, M, K, (const uint8_t *)qs, d, NULL, N, y);
+}
+
+/* ---- small fused ops of a decoder layer (fp32, rows of a [T, width] tensor) --------------------------------------
+ * Each replaces several eager torch ops whose fixed cost (~3-10 us each at one row) made up half of a single-stream
+ * decode step once the matmuls read quantized blocks. Rows are split over the threads only when there are many. */
+
+/* out = (x + res) * rsqrt(mean((x + res)^2) + eps) * w, and res = x + res in place; res NULL: norm of x alone. */
+void rmsnorm_f32(const float *x, float *res, const float *w, float eps, int64_t T, int64_t H, int64_t ldx,
+                 float *out) {
+#pragma omp parallel for schedule(static) if (T > 32)
+    for (int64_t t = 0; t < T; t++) {
+        const float *xt = x + t * ldx;
+        float *rt = res ? res + t * H : NULL;
+        float *ot = out + t * H;
+        double ss = 0.0;
+        for (int64_t j = 0; j < H; j++) {
+            float v = rt ? xt[j] + rt[j] : xt[j];
+            if (rt) rt[j] = v;
+            ot[j] = v;
+            ss += (double)v * v;
+        }
+        const float r = (float)(1.0 / __builtin_sqrt(ss / (double)H + (double)eps));
+        for (int64_t j = 0; j < H; j++) ot[j] = ot[j] * r * w[j];
+    }
+}
+
+/* Rotate-half (neox) rotary embedding in place: heads of D values at x + t * ldx + h * D, by cos|sin of pos[t]
+ * (cos_sin rows: D/2 cos then D/2 sin). */
+void rope_f32(float *x, int64_t T, int64_t heads, int64_t D, int64_t ldx, const float *cos_sin, const int64_t *pos) {
+    const int64_t half = D / 2;
+#pragma omp parallel for schedule(static) if (T > 32)
+    for (int64_t t = 0; t < T; t++) {
+        const float *c = cos_sin + pos[t] * D, *s = c + half;
+        for (int64_t h = 0; h < heads; h++) {
+            float *v = x + t * ldx + h * D;
+            for (int64_t j = 0; j < half; j++) {
+                const float a = v[j], b = v[j + half];
+                v[j] = a * c[j] - b * s[j];
+                v[j + half] = b * c[j] + a * s[j];
+            }
+        }
+    }
+}
+
+/* out[t] = silu(x[t, :I]) * x[t, I:] */
+void silu_mul_f32(const float *x, int64_t T, int64_t I, float *out) {
+#pragma omp parallel for schedule(static) if (T > 32)
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = x + t * 2 * I, *u = g + I;
+        float *o = out + t * I;
+        for (int64_t j = 0; j < I; j++) o[j] = g[j] / (1.0f + __builtin_expf(-g[j])) * u[j];
+    }
+}
+
+/* Decode attention over the paged KV pool, one new token per sequence (fp32). First the new tokens' K/V go to
+ * their pool slots (slot s holds kvh * d values at pool + s * kvh * d), then each (sequence b, head h) attends
+ * over the slots idx[b, 0 .. lens[b]) in order: scores q.k * scale, softmax, sum of p v. Query head h reads KV head
+ * h / (heads / kvh) (grouped-query attention). `scratch` holds B * heads * max_kv scores. */
+void decode_attention_f32(const float *q, int64_t ldq, const float *k_new, int64_t ldk, const float *v_new,
+                          int64_t ldv, const int64_t *out_slots, float *k_pool, float *v_pool, const int64_t *idx,
+                          int64_t max_kv, const int64_t *lens, int64_t B, int64_t heads, int64_t kvh, int64_t d,
+                          float scale, float *out, float *scratch) {
+    const int64_t row = kvh * d;
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t j = 0; j < row; j++) {
+            k_pool[out_slots[b] * row + j] = k_new[b * ldk + j];
+            v_pool[out_slots[b] * row + j] = v_new[b * ldv + j];
+        }
+    }
+    const int64_t group = heads / kvh;
+#pragma omp parallel for schedule(static) if (B * heads > 8)
+    for (int64_t bh = 0; bh < B * heads; bh++) {
+        const int64_t b = bh / heads, h = bh % heads, g = h / group, n = lens[b];
+        const float *qv = q + b * ldq + h * d;
+        const int64_t *slots = idx + b * max_kv;
+        float *s = scratch + bh * max_kv;
+        float mx = -__builtin_inff();
+        for (int64_t j = 0; j < n; j++) {
+            const float *kv = k_pool + slots[j] * row + g * d;
+            float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+            for (int64_t e = 0; e < d; e++) acc += qv[e] * kv[e];
+            s[j] = acc * scale;
+            if (s[j] > mx) mx = s[j];
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < n; j++) {
+            s[j] = __builtin_expf(s[j] - mx);
+            sum += s[j];
+        }
+        float *o = out + bh * d;
+        for (int64_t e = 0; e < d; e++) o[e] = 0.0f;
+        for (int64_t j = 0; j < n; j++) {
+            const float *vv = v_pool + slots[j] * row + g * d;
+            const float p = s[j] / sum;
+            for (int64_t e = 0; e < d; e++) o[e] += p * vv[e];
+        }
+    }
 }
