@@ -67,7 +67,8 @@ def store(
         save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
         blocks = {k: v for name, q in quantized.items() for k, v in q.tensors(name).items()}
         (tmp / QUANT_FILE).parent.mkdir()
-        save_file(blocks, str(tmp / QUANT_FILE), metadata={name: q.kind for name, q in quantized.items()})
+        # `or None`: safetensors writes an unreadable header for an empty metadata dict (a GGUF without such blocks)
+        save_file(blocks, str(tmp / QUANT_FILE), metadata={name: q.kind for name, q in quantized.items()} or None)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
         try:

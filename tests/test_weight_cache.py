@@ -63,3 +63,16 @@ def test_unwritable_cache_warns_and_carries_on(smollm, tmp_path, monkeypatch, ca
     monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "off"))
     assert weight_cache.store(gguf, smollm.engine.model_cfg, {"w": torch.zeros(2)}, None, {}) is None
     assert not (tmp_path / "off").exists()
+
+
+def test_an_entry_without_quantized_blocks_reads_back(tmp_path, monkeypatch):
+    """A GGUF whose tensors are all F16/F32 has no blocks for the CPU kernel: its entry still loads."""
+    from engine.model_config import PRESETS
+
+    monkeypatch.setenv("MINISGL_WEIGHT_CACHE", "1")
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "c"))
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"x" * 10)
+    entry = weight_cache.store(f, PRESETS["tiny-llama"], {"w": torch.zeros(2)}, None, {})
+    assert entry is not None and weight_cache.lookup(f) == entry
+    assert weight_cache.load_quantized(entry) == {}
