@@ -44,6 +44,14 @@ static inline void unpack_q8(const int8_t *qs, __m256 out[4]) {
         out[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * j))));
 }
 
+/* Block i of W (Q4_1 or Q8_0) as 4 vectors of 8 floats. */
+static inline void unpack(int q4, const uint8_t *qs, int64_t i, __m256 w[4]) {
+    if (q4)
+        unpack_q4(qs + 16 * i, w);
+    else
+        unpack_q8((const int8_t *)qs + 32 * i, w);
+}
+
 static inline __m256 dot_block(const __m256 w[4], const float *xb) {
     __m256 t = _mm256_mul_ps(w[0], _mm256_loadu_ps(xb));
     t = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), t);
@@ -53,7 +61,7 @@ static inline __m256 dot_block(const __m256 w[4], const float *xb) {
 #endif
 
 /* One row of x times row n of W (a decode step's case; kept apart from the general case below so the compiler
- * keeps everything in registers: 2x faster at one row). */
+ * keeps everything in registers: 1.3-1.5x faster at one row on the LM head's matrix, 1 and 2 threads). */
 static float row1(int q4, const float *x, int64_t K, const uint8_t *qs, const float *d, const float *mn,
                   const float *xs, int64_t n) {
     const int64_t nb = K / QK;
@@ -63,10 +71,7 @@ static float row1(int q4, const float *x, int64_t K, const uint8_t *qs, const fl
     for (int64_t b = 0; b < nb; b++) {
         const int64_t i = n * nb + b;
         __m256 w[4];
-        if (q4)
-            unpack_q4(qs + 16 * i, w);
-        else
-            unpack_q8((const int8_t *)qs + 32 * i, w);
+        unpack(q4, qs, i, w);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d[i]), dot_block(w, x + b * QK), acc);
     }
     s = hsum(acc);
@@ -101,10 +106,7 @@ static void block_rows(int q4, const float *x, int64_t rows, int64_t K, const ui
     for (int64_t b = 0; b < nb; b++) {
         const int64_t i = n * nb + b;
         __m256 w[4];
-        if (q4)
-            unpack_q4(qs + 16 * i, w);
-        else
-            unpack_q8((const int8_t *)qs + 32 * i, w);
+        unpack(q4, qs, i, w);
         const __m256 scale = _mm256_set1_ps(d[i]);
         for (int64_t m = 0; m < rows; m++) acc[m] = _mm256_fmadd_ps(scale, dot_block(w, x + m * K + b * QK), acc[m]);
     }
