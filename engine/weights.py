@@ -11,11 +11,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.model_config import PRESETS, ModelConfig
+from kernels.cpu_ops import BLOCK_BYTES, QuantMatrix
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
-
-    from kernels.cpu_ops import QuantMatrix
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
@@ -173,8 +172,6 @@ def gguf_weights(
     """Dequantized weights under HF names. Each rank dequantizes whole tensors and keeps its shard. With
     `quantized`, the tensors a CPU kernel reads as stored (Q4_1, Q8_0) are also put there, under the same names."""
     import gguf
-
-    from kernels.cpu_ops import BLOCK_BYTES, QuantMatrix
 
     r = reader or _open_gguf(path)
     llama_rope = cfg.architecture == "LlamaForCausalLM"

@@ -72,7 +72,7 @@ class QuantMatrix:
         return QuantMatrix(kind, qs, d, None)
 
     def rows(self, index: torch.Tensor) -> QuantMatrix:
-        """These output rows, in this order (llama.cpp's q/k row permutation, a tensor-parallel shard)."""
+        """These output rows, in this order (undoing llama.cpp's q/k row permutation)."""
         m = None if self.m is None else self.m[index].contiguous()
         return QuantMatrix(self.kind, self.qs[index].contiguous(), self.d[index].contiguous(), m)
 

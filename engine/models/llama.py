@@ -200,10 +200,10 @@ class LlamaForCausalLM(nn.Module):
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} weights, e.g. {missing[:3]}")
 
-    def load_quantized(self, quantized: dict[str, QuantMatrix]) -> int:
+    def load_quantized(self, quantized: dict[str, QuantMatrix]) -> None:
         """Give linear layers (and the LM head) their GGUF blocks beside the dense weights, for the CPU kernel
         (kernels/cpu_ops.py). A packed layer (q|k|v, gate|up) takes them only when every part has them, stacked
-        in its order. Returns how many modules took them."""
+        in its order."""
         modules = self.loadable()
         if self.cfg.tie_word_embeddings:
             modules["lm_head"] = self.embed_tokens
@@ -216,18 +216,14 @@ class LlamaForCausalLM(nn.Module):
             if name == "embed_tokens.weight" and self.cfg.tie_word_embeddings:
                 where = ("lm_head", "weight", 0)
             parts.setdefault(where[0], {})[where[2]] = q
-        taken = 0
         for path, by_index in parts.items():
             module = modules[path]
-            shape = tuple(module.weight.shape)
-            if path.endswith(".experts") or sorted(by_index) != list(range(len({i for _, i in module.shards()}))):
+            if sorted(by_index) != list(range(len({i for _, i in module.shards()}))):
                 continue
             q = QuantMatrix.cat([by_index[i] for i in sorted(by_index)])
-            if q.shape != shape:  # a vocabulary padded for tensor parallelism, or a layout this kernel does not read
-                continue
-            module.quant = q
-            taken += 1
-        return taken
+            # not for a vocabulary padded for tensor parallelism, or a layout this kernel does not read (experts)
+            if q.shape == tuple(module.weight.shape):
+                module.quant = q
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """These weights under Hugging Face checkpoint names (TP=1), to build a transformers twin of this model."""

@@ -50,9 +50,10 @@ class TorchBackend(AttentionBackend):
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
         if self.cpu_ops and self.meta.is_decode and k is not None and v is not None and self.sliding_window is None:
             assert self.out_slots is not None
-            slots = self.out_slots if self.out_slots.dtype == torch.int64 else self.out_slots.long()
             pool_k, pool_v = self.pool.k[layer], self.pool.v[layer]
-            return cpu_ops.decode_attention(q, k, v, slots, pool_k, pool_v, self.idx_rows, self.lens, self.scale)
+            return cpu_ops.decode_attention(
+                q, k, v, self.out_slots, pool_k, pool_v, self.idx_rows, self.lens, self.scale
+            )
         if k is not None and v is not None:
             assert self.out_slots is not None
             self.pool.store(layer, self.out_slots, k, v)
