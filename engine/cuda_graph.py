@@ -21,7 +21,7 @@ def batch_sizes(max_bs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, runner: ModelRunner, max_bs: int):
+    def __init__(self, runner: ModelRunner, max_bs: int, max_request_tokens: int):
         from kernels.attention.flashinfer_backend import FlashInferBackend
 
         self.runner = runner
@@ -37,7 +37,9 @@ class DecodeGraphs:
         dev = runner.device
         pool = runner.pool
         self.scratch_page = runner.scratch_page
-        self.max_pages = pool.num_pages + max_bs  # every page at most once, plus one scratch page per padded row
+        # Page ids a replayed batch may list: requests that share a cached prefix each list its pages, so the
+        # pool's size is no bound; one request spans at most max_request_tokens (a padded row, one page).
+        self.max_pages = max_bs * max(1, -(-max_request_tokens // pool.page_size))
         self.ids = torch.zeros(max_bs, dtype=torch.int64, device=dev)
         self.pos = torch.zeros(max_bs, dtype=torch.int64, device=dev)
         self.out_slots = torch.zeros(max_bs, dtype=torch.int64, device=dev)

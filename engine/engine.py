@@ -209,6 +209,7 @@ class Engine:
             config.max_running_requests,
             config.cuda_graph_max_bs,
             scratch_page=num_pages,
+            max_request_tokens=self.limits.max_request_tokens,
         )
         if self.loaded.cpu_ops and isinstance(self.runner.backend, TorchBackend):
             self.runner.backend.cpu_ops = True

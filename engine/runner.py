@@ -53,6 +53,7 @@ class ModelRunner:
         max_slots: int,
         cuda_graph_max_bs: int = 0,
         scratch_page: int = -1,
+        max_request_tokens: int = 0,
     ):
         cfg = model.cfg
         self.model, self.pool, self.device = model, pool, device
@@ -76,7 +77,7 @@ class ModelRunner:
         if device.type == "cuda" and cuda_graph_max_bs > 0:
             from engine.cuda_graph import DecodeGraphs
 
-            self.graphs = DecodeGraphs(self, min(cuda_graph_max_bs, max_slots))
+            self.graphs = DecodeGraphs(self, min(cuda_graph_max_bs, max_slots), max_request_tokens)
 
     def _slots(self, pages: list[int], start: int, n: int) -> torch.Tensor:
         ps = self.pool.page_size

@@ -213,6 +213,29 @@ def test_cuda_graphs_and_overlap_give_identical_tokens(peaked_model):
     assert all(n == 0 for n in differing.values()), differing
 
 
+def test_graph_decode_lists_more_pages_than_the_pool_holds(peaked_model):
+    """48 requests on one cached 640-token prefix list its 40 pages each: 2,000+ page ids per replayed step from a
+    300-page pool (a saturated trace replay crashed here when the graphs' page-id buffer was sized by the pool)."""
+    g = torch.Generator().manual_seed(3)
+    prefix = torch.randint(0, 10000, (640,), generator=g).tolist()
+    prompts = [prefix + torch.randint(0, 10000, (20,), generator=g).tolist() for _ in range(48)]
+    results = []
+    for graphs in (64, 0):
+        llm = LLM(
+            EngineConfig(
+                model=peaked_model, check_invariants=True, num_pages=300, dtype="bfloat16", cuda_graph_max_bs=graphs
+            )
+        )
+        llm.generate([prefix], SamplingParams(max_tokens=1))  # the prefix is now cached: the 48 share its pages
+        outs = llm.generate(prompts, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
+        assert all(o.cache_hit_tokens >= 600 for o in outs)
+        assert llm.metrics().preemptions == 0
+        results.append([o.token_ids for o in outs])
+        del llm
+        gc.collect()
+    assert results[0] == results[1]
+
+
 def test_overlap_gives_identical_tokens_on_padded_graphs(peaked_model):
     prompts = _prompts(40, seed=1)  # padded to the 48 graph
     assert _greedy_tokens(peaked_model, prompts, 64, True) == _greedy_tokens(peaked_model, prompts, 64, False)

@@ -82,6 +82,7 @@ class FlashInferBackend(AttentionBackend):
             for _ in range(2)
         ]
         self.graph_wrappers: dict[tuple[int, int], _Wrapper] = {}
+        self.graph_indices: dict[int, torch.Tensor] = {}  # per copy: one page-id buffer for every batch size
         self.turn = 0  # which copy the next plan uses
         self.active: _Wrapper = self.decode[0]
 
@@ -123,6 +124,10 @@ class FlashInferBackend(AttentionBackend):
     def graph_wrapper(self, bs: int, turn: int, max_pages: int) -> _Wrapper:
         """A decode wrapper whose metadata lives in fixed buffers, so a captured graph can replay it."""
         if (bs, turn) not in self.graph_wrappers:
+            # Batch sizes share a copy's page-id buffer: only the graph replayed next reads it, and each plan
+            # refills it with a copy queued on the stream behind the replays before it.
+            if turn not in self.graph_indices or self.graph_indices[turn].numel() < max_pages:
+                self.graph_indices[turn] = torch.zeros(max_pages, dtype=torch.int32, device=self.device)
             self.graph_wrappers[bs, turn] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace,
                 "NHD",
@@ -130,7 +135,7 @@ class FlashInferBackend(AttentionBackend):
                 use_tensor_cores=self.use_tensor_cores,
                 backend=DECODE_KERNELS,
                 paged_kv_indptr_buffer=torch.zeros(bs + 1, dtype=torch.int32, device=self.device),
-                paged_kv_indices_buffer=torch.zeros(max_pages, dtype=torch.int32, device=self.device),
+                paged_kv_indices_buffer=self.graph_indices[turn],
                 paged_kv_last_page_len_buffer=torch.zeros(bs, dtype=torch.int32, device=self.device),
             )
         return self.graph_wrappers[bs, turn]
