@@ -44,8 +44,11 @@ class AsyncLLM:
         params: SamplingParams | None = None,
         rid: str | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        final_only: bool = False,
     ) -> RequestStream:
-        """Validates now (raising ValueError for bad input), then queues the request for the engine thread."""
+        """Validates now (raising ValueError for bad input), then queues the request for the engine thread.
+        final_only: the stream gets the finished output alone, not one per step: a consumer that wants only the
+        result (its token times are the engine's) then costs the engine thread no wake-up of its loop per token."""
         if not self.alive:
             raise EngineDeadError(f"engine is not running: {self.error or 'stopped'}")
         params = params or SamplingParams()
@@ -54,7 +57,7 @@ class AsyncLLM:
         with self._lock:
             self._check_open()
             rid = rid or self.llm.engine.new_rid()
-            stream = RequestStream(rid, ids, loop)
+            stream = RequestStream(rid, ids, loop, final_only)
             self._inbox.put(("add", rid, ids, params, stream))
         return stream
 
@@ -89,7 +92,7 @@ class AsyncLLM:
                 continue
             for out in self.llm.step():
                 stream = self._streams.get(out.rid)
-                if stream is None:
+                if stream is None or (stream.final_only and not out.finished):
                     continue
                 stream.put(out)
                 if out.finished:

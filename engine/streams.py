@@ -19,8 +19,11 @@ class EngineDeadError(RuntimeError):
 class RequestStream:
     """Outputs of one request, consumable from plain threads (iterate) or asyncio (async iterate)."""
 
-    def __init__(self, rid: str, prompt_ids: list[int], loop: asyncio.AbstractEventLoop | None):
+    def __init__(
+        self, rid: str, prompt_ids: list[int], loop: asyncio.AbstractEventLoop | None, final_only: bool = False
+    ):
         self.rid, self.prompt_ids = rid, prompt_ids
+        self.final_only = final_only  # only the finished output (with every token's time) arrives
         self._loop = loop
         self._q: queue.Queue[Any] | asyncio.Queue[Any] = asyncio.Queue() if loop else queue.Queue()  # outputs, then END
 

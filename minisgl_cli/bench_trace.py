@@ -86,6 +86,15 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="no progress view")] = False,
+        token_stream: Annotated[
+            bool,
+            typer.Option(
+                "--token-stream/--no-token-stream",
+                help="in-process: the replay client receives each token as it is made (default: each request's "
+                "finished output, as the engine's token times are taken in the engine either way; a client woken per "
+                "token and request shares the engine's interpreter lock and slowed it by 10%, docs/scheduling.md)",
+            ),
+        ] = False,
         model: o.Model = None,
         device: o.Device = "auto",
         dtype: o.Dtype = "auto",
@@ -221,7 +230,11 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict
         live = LiveCounters()
         with LiveView("replaying", len(p.items), live, quiet):
             t0 = time.perf_counter()
-            results = asyncio.run(drive(p.items, local_sender(engine, flags["temperature"]), live=live))
+            results = asyncio.run(
+                drive(
+                    p.items, local_sender(engine, flags["temperature"], token_stream=flags["token_stream"]), live=live
+                )
+            )
             duration = time.perf_counter() - t0
         after = engine.call(lambda x: x.metrics())
         if flags["step_log"]:

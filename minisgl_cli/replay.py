@@ -143,7 +143,9 @@ def _failure(e: BaseException, timeout: float | None = None) -> str:
 
 
 # ---- in-process ------------------------------------------------------------------------------------------
-def local_sender(async_llm, temperature: float, chat: bool = False) -> Sender:
+def local_sender(async_llm, temperature: float, chat: bool = False, token_stream: bool = True) -> Sender:
+    """token_stream=False: each request's finished output alone (token times are the engine's either way), so the
+    client's loop does not wake once per token and request on the engine's interpreter lock."""
     from engine.sampling_params import SamplingParams
 
     async def send(item: ReplayItem, res: RequestResult, live: LiveCounters) -> None:
@@ -153,8 +155,8 @@ def local_sender(async_llm, temperature: float, chat: bool = False) -> Sender:
         prompt = [{"role": "user", "content": item.prompt}] if chat else item.prompt
         try:
             params = SamplingParams(max_tokens=item.output_len, temperature=temperature, ignore_eos=True)
-            async for out in async_llm.submit(prompt, params, loop=loop):
-                live.tokens += len(out.delta_token_ids)
+            async for out in async_llm.submit(prompt, params, loop=loop, final_only=not token_stream):
+                live.tokens += len(out.delta_token_ids) if token_stream else len(out.token_ids)
                 last = out
         except Exception as e:  # a bad request (ValueError) or a dead engine fails this request only
             res.error = _failure(e)

@@ -339,3 +339,33 @@ def test_torch_sampler_draws_from_the_distribution(seeded):
         tokens = Sampler(5, n, torch.device("cpu")).sample(logits.expand(n, 5).clone(), reqs)
         freq = torch.bincount(tokens, minlength=5).float() / n
         assert freq[4] == 0 and (freq - want).abs().max() < 0.03, (top_p, freq, want)
+
+
+def test_final_only_streams_get_the_finished_output_alone():
+    import asyncio
+
+    from engine.async_llm import AsyncLLM
+
+    a = AsyncLLM(make_llm(num_pages=256))
+    prompts = prompts_with_shared_prefix(4)
+
+    async def both() -> tuple[list, list]:
+        loop = asyncio.get_running_loop()
+        streams = [a.submit(p, GREEDY, loop=loop, final_only=i % 2 == 1) for i, p in enumerate(prompts)]
+
+        async def drain(s):
+            return [o async for o in s]
+
+        got = await asyncio.gather(*(drain(s) for s in streams))
+        return got[0::2], got[1::2]
+
+    try:
+        streamed, final = asyncio.run(both())
+    finally:
+        a.shutdown()
+    assert all(len(outs) == GREEDY.max_tokens for outs in streamed)  # one output per token (one token a step)
+    assert all(len(outs) == 1 and outs[0].finished for outs in final)
+    ref, _ = run("dummy:tiny-llama", prompts)
+    assert [outs[-1].token_ids for outs in streamed] == ref[0::2]
+    assert [outs[0].token_ids for outs in final] == ref[1::2]
+    assert all(len(outs[0].token_times) == GREEDY.max_tokens for outs in final)
