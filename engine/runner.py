@@ -78,6 +78,7 @@ class ModelRunner:
             from engine.cuda_graph import DecodeGraphs
 
             self.graphs = DecodeGraphs(self, min(cuda_graph_max_bs, max_slots), max_request_tokens)
+        self.sampler.warm_up(pool.k[0].dtype)
 
     def _slots(self, pages: list[int], start: int, n: int) -> torch.Tensor:
         ps = self.pool.page_size

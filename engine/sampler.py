@@ -102,6 +102,16 @@ class Sampler:
             self.seen[slots, toks] = True
             self.counts[slots, toks] += 1
 
+    def warm_up(self, dtype: torch.dtype) -> None:
+        """Compile the fused sampler now, for the model's logits and for float32 ones (penalties), rather than
+        in the first steps that sample: a fresh H100 stalled a saturated replay for about a second there."""
+        ops = fused_ops() if self.device.type == "cuda" else None
+        if ops is None:
+            return
+        for dt in {dtype, torch.float32}:
+            logits = torch.zeros(2, self.vocab, dtype=dt, device=self.device)
+            ops.sample_gumbel(logits, _dev([0.0, 1.0], self.device), _dev([1, 2], self.device, torch.int64))
+
     # ---- sampling -----------------------------------------------------------------------------------
     def sample(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
         """logits: [B, V] (one row per request). Returns [B] int64 token ids on the device."""

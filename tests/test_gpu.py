@@ -587,3 +587,28 @@ def test_new_presets_logits_close_to_transformers(case: str, monkeypatch: pytest
     del llm, hf32, hf16
     gc.collect()
     torch.cuda.empty_cache()
+
+
+def test_sampler_is_compiled_at_start(peaked_model, monkeypatch):
+    """The fused sampler compiles while the engine starts, not in the first steps that sample (about a second of
+    stall for every running stream on a fresh machine)."""
+    from triton.runtime.jit import JITFunction
+
+    if not hasattr(JITFunction, "_do_compile"):
+        pytest.skip("this Triton has no JITFunction._do_compile to watch")
+    llm = LLM(EngineConfig(model=peaked_model, kv_cache_gb=2, dtype="bfloat16"))
+    compiled: list[str] = []
+    orig = JITFunction._do_compile
+
+    def watch(self, *args, **kwargs):
+        compiled.append(self.fn.__name__)
+        return orig(self, *args, **kwargs)
+
+    monkeypatch.setattr(JITFunction, "_do_compile", watch)
+    params = [SamplingParams(max_tokens=4, temperature=t, ignore_eos=True) for t in (0.0, 1.0)]
+    for p in params:
+        llm.generate([[1, 2, 3, 4]], p)
+    llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=1.0, repetition_penalty=1.2))
+    assert "_sample_kernel" not in compiled, compiled
+    del llm
+    gc.collect()
