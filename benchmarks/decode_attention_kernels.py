@@ -6,6 +6,7 @@ Qwen3-0.6B's shapes (16 query heads, 8 KV heads, head_dim 128, bf16). Each case 
 context lengths follow the offline workload mid-run (prompt 100-1024 plus 0-1024 generated tokens), with the pages
 of every sequence scattered over the pool as they are after churn. Kernels:
   fi-tc        FlashInfer's tensor-core decode (the engine's choice), NHD pool [pages, page, heads, dim]
+  fi-tc-nosplit  the same with disable_split_kv: no KV split across CTAs, so no merge kernel after it
   fi-tc-hnd    the same kernel on an HND pool [pages, heads, page, dim] (each head's page contiguous)
   fi-cc        FlashInfer's CUDA-core decode, NHD;  fi-cc-hnd  on HND
   xqa          FlashInfer's XQA decode kernel (TensorRT-LLM's GQA decode), NHD;  xqa-hnd  on HND
@@ -62,9 +63,9 @@ def case(batch: int, page: int, kernels: list[str], seed: int = 0) -> list[dict]
     ws = torch.zeros(256 * 2**20, dtype=torch.uint8, device=dev)
     scale = DIM**-0.5
 
-    def fi(tc: bool, layout: str) -> Callable[[], torch.Tensor]:
+    def fi(tc: bool, layout: str, **plan: bool) -> Callable[[], torch.Tensor]:
         w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, layout, use_tensor_cores=tc)
-        w.plan(indptr, indices, last, HEADS, KV_HEADS, DIM, page, q_data_type=torch.bfloat16, sm_scale=scale)
+        w.plan(indptr, indices, last, HEADS, KV_HEADS, DIM, page, q_data_type=torch.bfloat16, sm_scale=scale, **plan)
         kv = (k_nhd, v_nhd) if layout == "NHD" else (k_hnd, v_hnd)
         return lambda: w.run(q, kv)
 
@@ -77,6 +78,7 @@ def case(batch: int, page: int, kernels: list[str], seed: int = 0) -> list[dict]
 
     makers: dict[str, Callable[[], Callable[[], torch.Tensor]]] = {
         "fi-tc": lambda: fi(True, "NHD"),
+        "fi-tc-nosplit": lambda: fi(True, "NHD", disable_split_kv=True),
         "fi-tc-hnd": lambda: fi(True, "HND"),
         "fi-cc": lambda: fi(False, "NHD"),
         "fi-cc-hnd": lambda: fi(False, "HND"),
