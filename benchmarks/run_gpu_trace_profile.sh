@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue #15's saturating replay in-process (bench-trace traces/qwen_1000.jsonl --time-scale 0.2, dummy Qwen3-0.6B)
-# under py-spy (from the device bundle: ../shared/gpu/make-bundle.sh py-spy), with the engine's step log: where the
+# under py-spy (from the device bundle, docs/gpu.md "Running it"), with the engine's step log: where the
 # engine thread's wall time goes between steps. Usage there:
 #   source .whl/use-bundle.sh && FLAGS="..." NAME=mixed bash benchmarks/run_gpu_trace_profile.sh
 # Results: $OUT/profile_$NAME.txt (py-spy summary per thread + the step summary) and $OUT/profile_$NAME.tgz.
