@@ -113,12 +113,14 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 120.0) -> No
 
 
 @contextlib.contextmanager
-def serve_subprocess(log_dir: Path, *args: str) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A real `minisgl serve` of the tiny CPU model (plus `args`) in its own process group: the engine process and
-    its HTTP front end. Yields (url, process); on the way out everything the server started is ended."""
+def serve_subprocess(
+    log_dir: Path, *args: str, model: str = "dummy:tiny-llama"
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A real `minisgl serve` of a CPU model (the tiny one unless told; plus `args`) in its own process group: the
+    engine process and its HTTP front end. Yields (url, process); on the way out everything it started is ended."""
     port = free_port()
     log_path = log_dir / f"serve-{port}.log"
-    cmd = [sys.executable, "-m", "minisgl_cli", "serve", "--model", "dummy:tiny-llama", "--device", "cpu"]
+    cmd = [sys.executable, "-m", "minisgl_cli", "serve", "--model", model, "--device", "cpu"]
     cmd += ["--port", str(port), "--log-level", "warning", *args]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
