@@ -53,7 +53,7 @@ class ModelRunner:
         max_slots: int,
         cuda_graph_max_bs: int = 0,
         scratch_page: int = -1,
-        max_request_tokens: int = 0,
+        max_request_tokens: int | None = None,  # the most tokens one request spans; default: the whole pool
     ):
         cfg = model.cfg
         self.model, self.pool, self.device = model, pool, device
@@ -77,7 +77,8 @@ class ModelRunner:
         if device.type == "cuda" and cuda_graph_max_bs > 0:
             from engine.cuda_graph import DecodeGraphs
 
-            self.graphs = DecodeGraphs(self, min(cuda_graph_max_bs, max_slots), max_request_tokens)
+            longest = max_request_tokens or pool.num_pages * pool.page_size
+            self.graphs = DecodeGraphs(self, min(cuda_graph_max_bs, max_slots), longest)
         self.sampler.warm_up(pool.k[0].dtype)
 
     def _slots(self, pages: list[int], start: int, n: int) -> torch.Tensor:
