@@ -41,7 +41,7 @@ def main() -> None:
         name = head.split(": ", 1)[1] if ": " in head else head
         if want and name != want:
             continue
-        frames = [short(f) for f in frames[1:]] if ": " in head else [short(f) for f in frames[1:]]
+        frames = [short(f) for f in frames[1:]]  # the first is the thread, "thread (id)" or "thread (id): name"
         count = int(n)
         totals[name] += count
         for f in set(frames):

@@ -16,12 +16,7 @@ for mode in ${ORDER:-stream final final stream}; do
   [ "$mode" = final ] && flag=--no-token-stream
   timeout 250 python -m minisgl_cli bench-trace traces/qwen_1000.jsonl --model dummy:Qwen3-0.6B --time-scale 0.2 --quiet \
     $flag ${FLAGS:-} --json "$d/trace_${i}_$mode.json" --step-log "$d/steps_${i}_$mode.jsonl" > "$d/log_${i}_$mode.txt" 2>&1
-  python - "$d/trace_${i}_$mode.json" "$i $mode" <<'PY' | tee -a "$OUT/token_stream_ab.txt"
-import json, sys
-r = json.load(open(sys.argv[1]))
-print(f"{sys.argv[2]:10} out {r['output_throughput']:7.0f} tok/s  TTFT p50 {r['median_ttft_ms']:7.0f} ms  TBT p50/p90/p99/max "
-      f"{r['median_itl_ms']:5.1f} {r['p90_itl_ms']:5.1f} {r['p99_itl_ms']:5.1f} {r['max_itl_ms']:6.1f} ms  mixed {r['mixed_step_share']:.2f}")
-PY
+  python benchmarks/trace_line.py "$d/trace_${i}_$mode.json" "$i $mode" | tee -a "$OUT/token_stream_ab.txt"
 done
 python benchmarks/step_log_summary.py "$d"/steps_*.jsonl >> "$OUT/token_stream_ab.txt"
 gzip -f "$d"/steps_*.jsonl

@@ -16,13 +16,7 @@ timeout 400 "$spy" record -r ${RATE:-200} -t -i ${SPY_FLAGS:-} --nonblocking -f 
   python -c "${PRE:-pass}; import sys; sys.argv[0] = 'minisgl'; from minisgl_cli.app import main; main()" bench-trace traces/qwen_1000.jsonl --model dummy:Qwen3-0.6B --time-scale 0.2 \
   --quiet ${FLAGS:-} --json "$d/trace.json" --step-log "$d/steps.jsonl" > "$d/log.txt" 2>&1
 tail -3 "$d/log.txt"
-python - "$d/trace.json" "$name" <<'PY' | tee "$OUT/profile_$name.txt"
-import json, sys
-r = json.load(open(sys.argv[1]))
-print(f"{sys.argv[2]:12} out {r['output_throughput']:7.0f} tok/s  TTFT p50 {r['median_ttft_ms']:7.0f} ms  TBT p50/p90/p99/max "
-      f"{r['median_itl_ms']:5.1f} {r['p90_itl_ms']:5.1f} {r['p99_itl_ms']:5.1f} {r['max_itl_ms']:6.1f} ms  "
-      f"mixed {r['mixed_step_share']:.2f}  hit {r['cache_hit_rate']:.3f}")
-PY
+python benchmarks/trace_line.py "$d/trace.json" "$name" | tee "$OUT/profile_$name.txt"
 python benchmarks/step_log_summary.py "$d/steps.jsonl" | tee -a "$OUT/profile_$name.txt"
 python benchmarks/pyspy_summary.py "$d/pyspy.txt" --top 60 >> "$OUT/profile_$name.txt"
 gzip -f "$d"/steps.jsonl "$d/pyspy.txt"

@@ -17,13 +17,7 @@ for mode in ${MODES:-nomixed mixed}; do
   case $mode in *-nogc) py="python -c 'import gc; gc.disable(); from minisgl_cli.app import main; main()'" ;; esac
   eval timeout 200 $py bench-trace traces/qwen_1000.jsonl --model dummy:Qwen3-0.6B --time-scale 0.2 \
     --quiet $flags --json "$d/trace_$mode.json" --step-log "$d/steps_$mode.jsonl" > "$d/log_$mode.txt" 2>&1
-  python - "$d/trace_$mode.json" "$mode" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-print(f"{sys.argv[2]:12} out {r['output_throughput']:7.0f} tok/s  TTFT p50 {r['median_ttft_ms']:7.0f} ms  TBT p50/p90/p99/max "
-      f"{r['median_itl_ms']:5.1f} {r['p90_itl_ms']:5.1f} {r['p99_itl_ms']:5.1f} {r['max_itl_ms']:6.1f} ms  "
-      f"mixed {r['mixed_step_share']:.2f}  hit {r['cache_hit_rate']:.3f}")
-PY
+  python benchmarks/trace_line.py "$d/trace_$mode.json" "$mode"
 done
 python benchmarks/step_log_summary.py "$d"/steps_*.jsonl --json "$d/step_summary.json" | tee "$d/step_summary.txt"
 gzip -f "$d"/steps_*.jsonl

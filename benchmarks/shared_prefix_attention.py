@@ -19,21 +19,10 @@ import argparse
 import json
 
 import torch
+from decode_attention_kernels import time_us  # this script's folder is on sys.path when run as a script
 
 HEADS, KV_HEADS, DIM, PAGE = 16, 8, 128, 16
 GROUPS = [(110, 2016), (81, 1984), (65, 368)]
-
-
-def time_us(fn, iters: int = 30) -> float:
-    for _ in range(5):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters
 
 
 def main() -> None:
