@@ -11,7 +11,8 @@ run under torch.profiler (CUDA activity only) sums kernel time by category over 
 Variants switch one optimisation off to measure what it buys: `unfused` (separate q/k norm, rope, KV store),
 `logits-fp32` (a float32 copy of the logits before sampling); or try one change: `decode-fa3` / `prefill-fa3`
 (FlashInfer's Hopper kernels for that wrapper instead of fa2), `page32` / `page64` (KV page size), `blaslt` (torch's
-cuBLASLt GEMM path instead of its default).
+cuBLASLt GEMM path instead of its default), `split-always` (decode always splits the KV over CTAs and merges the
+parts, FlashInfer's choice in CUDA-graph mode, instead of only for batches too small or too uneven to fill the GPU).
 A fresh GPU machine runs slower for its first ~30 s:
 repeat variants, interleaved, and compare the later runs.
 """
@@ -61,7 +62,17 @@ def bucket(decode: bool, bs: int) -> str:
     return f"decode {bs}"
 
 
-VARIANTS = ("base", "unfused", "logits-fp32", "decode-fa3", "prefill-fa3", "page32", "page64", "blaslt")
+VARIANTS = (
+    "base",
+    "unfused",
+    "logits-fp32",
+    "decode-fa3",
+    "prefill-fa3",
+    "page32",
+    "page64",
+    "blaslt",
+    "split-always",
+)
 
 
 DEFAULT_BLAS = torch.backends.cuda.preferred_blas_library()
@@ -77,6 +88,7 @@ def apply_variant(name: str) -> dict:
     llama.FUSED_QKV = name != "unfused"
     flashinfer_backend.DECODE_KERNELS = "fa3" if name == "decode-fa3" else "fa2"
     flashinfer_backend.PREFILL_KERNELS = "fa3" if name == "prefill-fa3" else "fa2"
+    flashinfer_backend.NO_SPLIT_WHEN_BALANCED = name != "split-always"
     torch.backends.cuda.preferred_blas_library("cublaslt" if name == "blaslt" else DEFAULT_BLAS)
     return {"page_size": int(name[4:])} if name.startswith("page") else {}
 
@@ -163,7 +175,7 @@ def run_variant(model: str, name: str, kernels: bool) -> dict:
     return res
 
 
-def kernel_breakdown(llm: LLM, prompts, params) -> dict[str, dict[str, float]]:
+def kernel_breakdown(llm: LLM, prompts, params) -> dict[str, dict]:
     """Kernel time (ms) by category over one whole run of the workload (its own run: the profiler slows the CPU)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -171,6 +183,7 @@ def kernel_breakdown(llm: LLM, prompts, params) -> dict[str, dict[str, float]]:
         llm.generate(prompts, params)
         torch.cuda.synchronize()
     cats: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
     names: dict[str, float] = defaultdict(float)
     for ev in prof.key_averages():
         us = getattr(ev, "self_device_time_total", 0.0) or getattr(ev, "self_cuda_time_total", 0.0)
@@ -178,9 +191,14 @@ def kernel_breakdown(llm: LLM, prompts, params) -> dict[str, dict[str, float]]:
             continue
         cat = next((c for c, rx in KERNEL_KINDS if re.search(rx, ev.key)), "other")
         cats[cat] += us / 1e3
+        counts[cat] += ev.count
         names[f"{cat}: {ev.key[:90]}"] += us / 1e3
     top = dict(sorted(names.items(), key=lambda kv: -kv[1])[:25])
-    return {"by_category": dict(sorted(cats.items(), key=lambda kv: -kv[1])), "top_kernels": top}
+    return {
+        "by_category": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
+        "launches_by_category": dict(counts),
+        "top_kernels": top,
+    }
 
 
 def main() -> None:

@@ -43,9 +43,9 @@ class DecodeGraphs:
         self.ids = torch.zeros(max_bs, dtype=torch.int64, device=dev)
         self.pos = torch.zeros(max_bs, dtype=torch.int64, device=dev)
         self.out_slots = torch.zeros(max_bs, dtype=torch.int64, device=dev)
-        # Two graphs per size, one per copy of the backend's wrappers (see flashinfer_backend.py).
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
+        # Per size, one graph per copy of the backend's wrappers and split-KV choice (see flashinfer_backend.py).
+        self.graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int, bool], torch.Tensor] = {}
         t0 = time.perf_counter()
         with torch.inference_mode():
             self._capture()
@@ -58,19 +58,28 @@ class DecodeGraphs:
         mempool = torch.cuda.graph_pool_handle()
         for bs in reversed(self.sizes):
             for turn in (0, 1):
-                self._plan(bs, [1] * bs, [[self.scratch_page]] * bs, turn)
-                for _ in range(2):  # warm up (JIT, allocator) outside the graph
-                    runner.model(self.ids[:bs], self.pos[:bs], backend)
-                torch.cuda.synchronize()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=mempool):
-                    self.outputs[bs, turn] = runner.model(self.ids[:bs], self.pos[:bs], backend)
-                self.graphs[bs, turn] = g
+                for split in backend.graph_splits(bs):
+                    key = self._plan(bs, [1] * bs, [[self.scratch_page]] * bs, turn, split)
+                    for _ in range(2):  # warm up (JIT, allocator) outside the graph
+                        runner.model(self.ids[:bs], self.pos[:bs], backend)
+                    torch.cuda.synchronize()
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, pool=mempool):
+                        self.outputs[key] = runner.model(self.ids[:bs], self.pos[:bs], backend)
+                    self.graphs[key] = g
 
-    def _plan(self, bs: int, kv_lens: list[int], tables: list[list[int]], turn: int | None = None) -> int:
+    def _plan(
+        self,
+        bs: int,
+        kv_lens: list[int],
+        tables: list[list[int]],
+        turn: int | None = None,
+        split: bool | None = None,
+    ) -> tuple[int, int, bool]:
+        """Plan the batch; returns the key of the graph to replay."""
         meta = AttnMeta(True, [1] * bs, kv_lens, tables, self.out_slots[:bs])
         assert self.backend is not None  # graphs are enabled for FlashInfer decode only (__init__)
-        return self.backend.plan_graph(bs, self.max_pages, meta, self.out_slots[:bs], turn)
+        return (bs, *self.backend.plan_graph(bs, self.max_pages, meta, self.out_slots[:bs], turn, split))
 
     def release(self) -> None:
         """Destroy the captured graphs now, not whenever the garbage collector gets to them."""
@@ -97,6 +106,6 @@ class DecodeGraphs:
             self.ids[n:bs].zero_()
             self.pos[n:bs].zero_()
             self.out_slots[n:bs].fill_(self.scratch_page * ps)
-        turn = self._plan(bs, meta.kv_lens + [1] * pad, meta.page_tables + [[self.scratch_page]] * pad)
-        self.graphs[bs, turn].replay()
-        return self.outputs[bs, turn][:n]
+        key = self._plan(bs, meta.kv_lens + [1] * pad, meta.page_tables + [[self.scratch_page]] * pad)
+        self.graphs[key].replay()
+        return self.outputs[key][:n]

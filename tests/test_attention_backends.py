@@ -96,3 +96,15 @@ def test_split_backend_routes_each_batch_kind() -> None:
     got = split.forward(0, q1, k1, v1)
     dec.plan(dmeta)
     torch.testing.assert_close(got, dec.forward(0, q1, None, None))
+
+
+def test_decode_splits_the_kv_only_when_the_batch_cannot_fill_the_gpu_evenly() -> None:
+    from kernels.attention.flashinfer_backend import decode_split_kv
+
+    slots = 264  # two CTAs on each of an H100's 132 SMs
+    assert not decode_split_kv([1100] * 256, 8, slots)  # the offline workload mid-run: 2,048 even CTAs
+    assert not decode_split_kv([600 + 7 * i for i in range(256)], 8, slots)  # uneven, but none beyond a slot's share
+    assert decode_split_kv([1100] * 32, 8, slots)  # 256 CTAs: fewer than the slots
+    assert decode_split_kv([2000], 8, slots)  # one request: its KV must be spread to use the GPU
+    assert decode_split_kv([1100] * 255 + [32_000], 8, slots)  # one long request would keep its CTAs busy alone
+    assert not decode_split_kv([1100] * 255 + [8_000], 8, slots)  # within one slot's share (~8.6k tokens)

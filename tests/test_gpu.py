@@ -295,6 +295,42 @@ def test_mixed_batches_compute_the_same_logits(peaked_model):
     assert all(max(gap_on, gap_off) <= 0.25 for _, _, gap_on, gap_off in ties), ties
 
 
+def test_decode_without_split_kv(peaked_model, monkeypatch):
+    """Decode batches that fill the GPU evenly run FlashInfer without split-KV, so without its merge kernel
+    (flashinfer_backend.decode_split_kv), eagerly and from CUDA graphs (captured for both choices): the same tokens
+    both ways at a captured size, and against always splitting the same computation (the KV is summed in another
+    order, so bf16 rounding differs: the check of test_mixed_batches_compute_the_same_logits)."""
+    from kernels.attention import flashinfer_backend as fb
+
+    g = torch.Generator().manual_seed(6)  # 128 even requests: 384 (request, KV head) CTAs for SmolLM2's 3 KV heads
+    prompts = [
+        torch.randint(0, 10000, (int(n),), generator=g).tolist() for n in torch.randint(200, 240, (128,), generator=g)
+    ]
+    plans: list[tuple[int, bool]] = []
+    plan = fb.FlashInferBackend._plan
+
+    def recorded(self, wrapper, meta, split=True):
+        if meta.is_decode:
+            plans.append((len(meta.kv_lens), split))
+        return plan(self, wrapper, meta, split)
+
+    monkeypatch.setattr(fb.FlashInferBackend, "_plan", recorded)
+    tokens = {}
+    for graphs in (256, 0):
+        plans.clear()
+        tokens[graphs] = _greedy_tokens(peaked_model, prompts, graphs, True)
+        assert (128, False) in plans, sorted(set(plans))
+    assert tokens[256] == tokens[0]
+    no_split = _greedy_with_logits(peaked_model, prompts, mixed_batch=False)
+    monkeypatch.setattr(fb, "NO_SPLIT_WHEN_BALANCED", False)
+    plans.clear()
+    split = _greedy_with_logits(peaked_model, prompts, mixed_batch=False)
+    assert plans and all(s for _, s in plans)
+    errors, ties = _same_computation(prompts, no_split, split)
+    assert max(errors) < 5e-2
+    assert all(max(gap_a, gap_b) <= 0.25 for _, _, gap_a, gap_b in ties), ties
+
+
 @pytest.mark.parametrize("backend", ["fa,flashinfer", "fa"])
 def test_fa_computes_the_same_logits_as_flashinfer(peaked_model, backend):
     """FA4 prefill (and, for `fa`, eager FA4 decode) against FlashInfer on the peaked model. Greedy tokens are not

@@ -26,6 +26,9 @@ WORKSPACE_BYTES = 256 * 2**20
 # profile's variants switch them for an A/B (benchmarks/step_profile.py).
 PREFILL_KERNELS = "fa2"
 DECODE_KERNELS = "fa2"
+# Decode without split-KV (see FlashInferBackend.split_kv) where it is the faster choice; off: FlashInfer's own
+# choice, which in CUDA-graph mode is always to split (benchmarks/step_profile.py's `split-always` variant).
+NO_SPLIT_WHEN_BALANCED = True
 
 
 def paged_metadata(meta: AttnMeta, page_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -41,6 +44,15 @@ def paged_metadata(meta: AttnMeta, page_size: int) -> tuple[torch.Tensor, torch.
     indices = indices.to(meta.out_slots.device, non_blocking=True)
     last = torch.tensor([(kv - 1) % page_size + 1 for kv in meta.kv_lens], dtype=torch.int32)
     return indptr, indices, last
+
+
+def decode_split_kv(kv_lens: list[int], num_kv_heads: int, slots: int) -> bool:
+    """Whether a decode batch splits each request's KV over several CTAs and merges the parts in a second kernel.
+    Without the split each CTA reads one (request, KV head) whole, which is faster once the batch has enough of them
+    to fill the GPU's `slots` and no request is longer than one slot's share of all the KV (H100, offline workload:
+    decode steps of 129-256 rows 2-4% faster, docs/gpu.md); a lone long request would keep one CTA busy while the
+    rest idle. FlashInfer splits by itself when it sees fit; in CUDA-graph mode it always splits."""
+    return max(kv_lens) * slots > sum(kv_lens) * num_kv_heads
 
 
 class _Wrapper(Protocol):
@@ -81,19 +93,32 @@ class FlashInferBackend(AttentionBackend):
             )
             for _ in range(2)
         ]
-        self.graph_wrappers: dict[tuple[int, int], _Wrapper] = {}
+        # Enough CTAs to fill the GPU: a no-split decode runs one CTA per (request, KV head), about two per SM.
+        self.split_slots = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+        self.graph_wrappers: dict[tuple[int, int, bool], _Wrapper] = {}
         self.graph_indices: dict[int, torch.Tensor] = {}  # per copy: one page-id buffer for every batch size
         self.turn = 0  # which copy the next plan uses
         self.active: _Wrapper = self.decode[0]
 
-    def _plan(self, wrapper: _Wrapper, meta: AttnMeta) -> None:
+    def split_kv(self, kv_lens: list[int]) -> bool:
+        return not NO_SPLIT_WHEN_BALANCED or decode_split_kv(kv_lens, self.num_kv_heads, self.split_slots)
+
+    def _plan(self, wrapper: _Wrapper, meta: AttnMeta, split: bool = True) -> None:
         indptr, indices, last = paged_metadata(meta, self.pool.page_size)
         common = dict(
             q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale, window_left=self.window_left
         )
         if meta.is_decode:
             wrapper.plan(
-                indptr, indices, last, self.num_heads, self.num_kv_heads, self.head_dim, self.pool.page_size, **common
+                indptr,
+                indices,
+                last,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                self.pool.page_size,
+                disable_split_kv=not split,
+                **common,
             )
         else:
             qo = torch.zeros(len(meta.q_lens) + 1, dtype=torch.int32)
@@ -118,17 +143,25 @@ class FlashInferBackend(AttentionBackend):
 
     def plan(self, meta: AttnMeta) -> None:
         turn = self._next_turn()
-        self._plan((self.decode if meta.is_decode else self.prefill)[turn], meta)
+        if meta.is_decode:
+            self._plan(self.decode[turn], meta, self.split_kv(meta.kv_lens))
+        else:
+            self._plan(self.prefill[turn], meta)
 
     # ---- CUDA graphs --------------------------------------------------------------------------------
-    def graph_wrapper(self, bs: int, turn: int, max_pages: int) -> _Wrapper:
+    def graph_splits(self, bs: int) -> tuple[bool, ...]:
+        """The split_kv choices a decode graph of `bs` rows is captured for (each is its own graph: with a split the
+        graph holds the merge kernel). Below split_slots / KV heads rows every batch splits."""
+        return (True, False) if NO_SPLIT_WHEN_BALANCED and bs * self.num_kv_heads >= self.split_slots else (True,)
+
+    def graph_wrapper(self, bs: int, turn: int, split: bool, max_pages: int) -> _Wrapper:
         """A decode wrapper whose metadata lives in fixed buffers, so a captured graph can replay it."""
-        if (bs, turn) not in self.graph_wrappers:
+        if (bs, turn, split) not in self.graph_wrappers:
             # Batch sizes share a copy's page-id buffer: only the graph replayed next reads it, and each plan
             # refills it with a copy queued on the stream behind the replays before it.
             if turn not in self.graph_indices or self.graph_indices[turn].numel() < max_pages:
                 self.graph_indices[turn] = torch.zeros(max_pages, dtype=torch.int32, device=self.device)
-            self.graph_wrappers[bs, turn] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
+            self.graph_wrappers[bs, turn, split] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace,
                 "NHD",
                 use_cuda_graph=True,
@@ -138,16 +171,24 @@ class FlashInferBackend(AttentionBackend):
                 paged_kv_indices_buffer=self.graph_indices[turn],
                 paged_kv_last_page_len_buffer=torch.zeros(bs, dtype=torch.int32, device=self.device),
             )
-        return self.graph_wrappers[bs, turn]
+        return self.graph_wrappers[bs, turn, split]
 
     def plan_graph(
-        self, bs: int, max_pages: int, meta: AttnMeta, out_slots: torch.Tensor, turn: int | None = None
-    ) -> int:
-        """Plan the graph wrapper for this batch size; returns which copy (graph) must be replayed."""
+        self,
+        bs: int,
+        max_pages: int,
+        meta: AttnMeta,
+        out_slots: torch.Tensor,
+        turn: int | None = None,
+        split: bool | None = None,
+    ) -> tuple[int, bool]:
+        """Plan the graph wrapper for this batch size; returns which graph must be replayed: (copy, split_kv)."""
         turn = self._next_turn() if turn is None else turn
-        self._plan(self.graph_wrapper(bs, turn, max_pages), meta)
+        if split is None:
+            split = self.split_kv(meta.kv_lens) or False not in self.graph_splits(bs)
+        self._plan(self.graph_wrapper(bs, turn, split, max_pages), meta, split)
         self.out_slots = out_slots
-        return turn
+        return turn, split
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
         assert self.out_slots is not None
