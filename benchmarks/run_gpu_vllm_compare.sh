@@ -9,7 +9,8 @@
 # machine keeps /tmp/site and /root only while it stays warm: send the calls one right after the other.
 #
 # The run() calls (kind nvidia-h200; nvidia-h100-x1 works the same, its figures are not comparable with H200 ones):
-#   0. carry [".whl/device-bundle.tgz", ".whl/use-bundle.sh", ".whl/fi-cache.tgz"]
+#   0. carry [".whl/device-bundle.tgz", ".whl/use-bundle.sh", ".whl/fi-cache.tgz"] (or a `minisgl cache export`
+#      archive as .whl/cache.tgz instead of fi-cache.tgz)
 #      command: bash benchmarks/run_gpu_vllm_compare.sh bundle                                        (~1 min)
 #   1. carry [".whl/vllm/p00"]
 #      command: bash benchmarks/run_gpu_vllm_compare.sh assemble                 (exit 0: "have 1/2 vllm parts")
@@ -22,7 +23,8 @@
 # `timeout` ends a bench stage's whole process group (vLLM's child and its engine core too) if it runs over.
 #
 # Stages (several per call, in the order given):
-#   bundle    unpack the project's bundle (FlashInfer) into /tmp/site, restore FlashInfer's JIT cache
+#   bundle    unpack the project's bundle (FlashInfer) into /tmp/site, restore FlashInfer's JIT cache (and import
+#             .whl/cache.tgz if carried)
 #   assemble  store the carried vLLM part(s) (.whl/vllm/pNN); once both are there, unpack to /root/vllm-site and
 #             check that vLLM imports under vllm-env.sh (else probe-vllm.py's report goes to $OUT)
 #   qwen      bench-offline --model dummy:Qwen3-0.6B --runs ${RUNS:-3} --compare vllm
@@ -63,6 +65,7 @@ for s in "${stages[@]}"; do
       [ -f .whl/device-bundle.tgz ] || { log "bundle: carry .whl/device-bundle.tgz and .whl/use-bundle.sh"; exit 1; }
       source .whl/use-bundle.sh
       (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+      [ -f .whl/cache.tgz ] && python -m minisgl_cli cache import .whl/cache.tgz 2>&1 | tail -n 1
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$summary"
       python -c "import torch, flashinfer as f; print('torch', torch.__version__, 'flashinfer', f.__version__)" \
         2>&1 | tee -a "$summary"

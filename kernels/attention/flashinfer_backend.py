@@ -3,7 +3,8 @@
 Decode uses the tensor-core decode kernel (built from the same fa2 template as the prefill wrapper, so one JIT
 compile serves both). Measured on an H200 with Qwen3-0.6B shapes at 256 requests it took 156 us per layer
 against 173 us for the CUDA-core decode kernel, about 3.8 TB/s of KV read (docs/gpu.md). CUDA-graph decode gets
-one wrapper per captured batch size with fixed metadata buffers, re-planned before each replay.
+one wrapper per captured batch size and split-KV choice (decode_split_kv) with fixed metadata buffers, re-planned
+before each replay.
 
 Every wrapper comes in two copies used in turn. A plan writes its schedule into the wrapper's pinned host
 buffer and queues an async copy to the device; under overlap scheduling the next plan runs while the previous

@@ -1,0 +1,315 @@
+"""A decode step's layers without attention, at Qwen3-0.6B's shapes, four ways (issue #17). GPU only:
+
+    source .whl/use-bundle.sh && python benchmarks/layer_chain.py --out $OUT/layer_chain.json
+
+Per layer: RMSNorm(x + residual) -> qkv -> o (on the q part) -> RMSNorm(x + residual) -> gate_up -> SiLU*up -> down,
+28 layers with their own weights (so L2 holds no layer's weights between uses, as in the model), captured in one
+CUDA graph, timed per layer:
+- `cublas`: today's kernels (Triton RMSNorm and SiLU, cuBLAS GEMMs): 7 kernels per layer;
+- `triton`: the Triton GEMM below with the norms and SiLU folded in (the norm's two passes over each row, the
+  SiLU as a second accumulator on the up rows; rounded where the separate kernels round): 4 kernels per layer;
+- `triton-pdl`: the same launched with programmatic dependent launch, each GEMM pulling its weights into L2
+  before it waits for the previous kernel;
+- `triton-pdl-noprefetch`: PDL without the L2 prefetch.
+
+H100 (docs/gpu.md): the Triton chain took 1.2-2.8x today's time at every M (at 256 rows 110 vs 39 us per layer),
+PDL gained nothing; so the engine keeps cuBLAS, and this kernel lives here only as the record of that A/B.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels import triton_ops
+
+HIDDEN, INTER, Q, KV, LAYERS, EPS = 1024, 3072, 2048, 1024, 28, 1e-6
+
+
+@triton.jit
+def _prefetch_rows(w_ptr, rows, sw, N, K, LINES: tl.constexpr):
+    """Ask L2 for W[rows, :K], one request per 128-byte line (fire and forget: nothing waits for the data)."""
+    rows = tl.minimum(rows, N - 1)
+    for k0 in range(0, K, LINES * 64):
+        cols = tl.minimum(k0 + tl.arange(0, LINES) * 64, K - 1)
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;",
+            "=r,l",
+            [w_ptr + rows[:, None] * sw + cols[None, :]],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+
+
+@triton.jit
+def _load_a(x_ptr, res_ptr, nw_ptr, rm, k, M, K, sx, sr, rs, NORM: tl.constexpr):
+    """One [BM, BK] tile of the GEMM's input, normalized when NORM (1: RMSNorm(x), 2: RMSNorm(x + residual))."""
+    mask = (rm[:, None] < M) & (k[None, :] < K)
+    a = tl.load(x_ptr + rm[:, None] * sx + k[None, :], mask=mask, other=0.0)
+    if NORM == 2:
+        r = tl.load(res_ptr + rm[:, None] * sr + k[None, :], mask=mask, other=0.0)
+        a = (a.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+    if NORM > 0:
+        w = tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+        y = (a.to(tl.float32) * rs[:, None]).to(x_ptr.dtype.element_ty)
+        a = (y.to(tl.float32) * w[None, :]).to(x_ptr.dtype.element_ty)
+    return a
+
+
+@triton.jit
+def _linear_kernel(
+    x_ptr,
+    res_ptr,
+    nw_ptr,
+    res_out_ptr,
+    w_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    sx,
+    sr,
+    sro,
+    sw,
+    sy,
+    eps,
+    NORM: tl.constexpr,
+    SILU: tl.constexpr,
+    PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    pid_m = pid % num_m  # the M blocks of one weight tile run side by side: W comes from HBM about once
+    pid_n = pid // num_m
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    if PDL:
+        if PREFETCH:
+            if pid_m == 0:
+                _prefetch_rows(w_ptr, rn, sw, N, K, 8)
+                if SILU:
+                    _prefetch_rows(w_ptr + N * sw, rn, sw, N, K, 8)
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()  # the previous kernel's output (x, residual) is visible from here on
+    rs = tl.zeros((BM,), dtype=tl.float32)
+    if NORM > 0:
+        ss = tl.zeros((BM,), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            k = k0 + rk
+            mask = (rm[:, None] < M) & (k[None, :] < K)
+            a = tl.load(x_ptr + rm[:, None] * sx + k[None, :], mask=mask, other=0.0)
+            if NORM == 2:
+                r = tl.load(res_ptr + rm[:, None] * sr + k[None, :], mask=mask, other=0.0)
+                a = (a.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+                if pid_n == 0:
+                    tl.store(res_out_ptr + rm[:, None] * sro + k[None, :], a, mask=mask)
+            af = a.to(tl.float32)
+            ss += tl.sum(af * af, axis=1)
+        rs = tl.rsqrt(ss / K + eps)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_up = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        k = k0 + rk
+        a = _load_a(x_ptr, res_ptr, nw_ptr, rm, k, M, K, sx, sr, rs, NORM)
+        wmask = (rn[:, None] < N) & (k[None, :] < K)
+        b = tl.load(w_ptr + rn[:, None] * sw + k[None, :], mask=wmask, other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc)
+        if SILU:
+            bu = tl.load(w_ptr + (rn[:, None] + N) * sw + k[None, :], mask=wmask, other=0.0)
+            acc_up = tl.dot(a, tl.trans(bu), acc_up)
+    dt = y_ptr.dtype.element_ty
+    if SILU:
+        g = acc.to(dt).to(tl.float32)
+        out = (g * tl.sigmoid(g)).to(dt).to(tl.float32) * acc_up.to(dt).to(tl.float32)
+    else:
+        out = acc
+    tl.store(y_ptr + rm[:, None] * sy + rn[None, :], out.to(dt), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def config(m: int, n: int, silu: bool) -> tuple[int, int, int, int, int]:
+    """(BM, BN, BK, warps, stages) for m rows and n outputs."""
+    bm = 16 if m <= 16 else 64
+    bn = 32 if silu or n <= 2048 or m <= 128 else 64
+    return bm, bn, 128, 4, 4 if bn == 32 else 3
+
+
+def linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    silu: bool = False,
+    pdl: bool = False,
+    prefetch: bool = True,
+    tile: tuple[int, int, int, int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """y = f(x) W^T and the new residual (None without `residual`).
+
+    f(x) is x, RMSNorm(x) with `norm_weight`, or RMSNorm(x + residual) with both (x + residual is returned as the
+    new residual, in a new tensor). With `silu`, W is [gate | up] ([2N, K]) and y = SiLU(x Wg^T) * (x Wu^T), [M, N].
+    """
+    m, k = x.shape
+    n = w.shape[0] // 2 if silu else w.shape[0]
+    assert w.shape[1] == k and x.stride(1) == 1 and w.stride(1) == 1
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    norm = 0 if norm_weight is None else 2 if residual is not None else 1
+    res_out = torch.empty_like(x) if residual is not None else None
+    bm, bn, bk, warps, stages = tile or config(m, n, silu)
+    if m:
+        res = residual if residual is not None else x
+        _linear_kernel[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](
+            x,
+            res,
+            norm_weight if norm_weight is not None else x,
+            res_out if res_out is not None else x,
+            w,
+            y,
+            m,
+            n,
+            k,
+            x.stride(0),
+            res.stride(0),
+            res_out.stride(0) if res_out is not None else 0,
+            w.stride(0),
+            y.stride(0),
+            eps,
+            NORM=norm,
+            SILU=silu,
+            PDL=pdl,
+            PREFETCH=prefetch,
+            BM=bm,
+            BN=bn,
+            BK=bk,
+            num_warps=warps,
+            num_stages=stages,
+            launch_pdl=pdl,
+        )
+    return y, res_out
+
+
+def graph_us(fn, calls: int, reps: int = 9) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(2):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            fn(i)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ms", default="1,8,32,64,128,192,256")
+    ap.add_argument("--out", default="layer_chain.json")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    bf = torch.bfloat16
+
+    def rnd(*shape: int, scale: float = 0.02) -> torch.Tensor:
+        return torch.randn(*shape, device=dev, dtype=bf) * scale
+
+    layers = [
+        dict(
+            qkv=rnd(Q + 2 * KV, HIDDEN),
+            o=rnd(HIDDEN, Q),
+            gu=rnd(2 * INTER, HIDDEN),
+            down=rnd(HIDDEN, INTER),
+            n1=1 + rnd(HIDDEN, scale=0.1),
+            n2=1 + rnd(HIDDEN, scale=0.1),
+        )
+        for _ in range(LAYERS)
+    ]
+
+    def layer_cublas(state: list[torch.Tensor], w: dict) -> None:
+        x, res = state
+        h = triton_ops.rmsnorm(x, w["n1"], EPS, res)  # res updated in place
+        qkv = F.linear(h, w["qkv"])
+        o = F.linear(qkv[:, :Q], w["o"])
+        h = triton_ops.rmsnorm(o, w["n2"], EPS, res)
+        state[0] = F.linear(triton_ops.silu_and_mul(F.linear(h, w["gu"])), w["down"])
+
+    def layer_triton(state: list[torch.Tensor], w: dict, pdl: bool, prefetch: bool) -> None:
+        qkv, res1 = linear(state[0], w["qkv"], w["n1"], EPS, state[1], pdl=pdl, prefetch=prefetch)
+        o, _ = linear(qkv[:, :Q], w["o"], pdl=pdl, prefetch=prefetch)
+        h, res2 = linear(o, w["gu"], w["n2"], EPS, res1, silu=True, pdl=pdl, prefetch=prefetch)
+        y, _ = linear(h, w["down"], pdl=pdl, prefetch=prefetch)
+        assert res2 is not None
+        state[0], state[1] = y, res2
+
+    variants = {
+        "cublas": layer_cublas,
+        "triton": lambda s, w: layer_triton(s, w, False, False),
+        "triton-pdl": lambda s, w: layer_triton(s, w, True, True),
+        "triton-pdl-noprefetch": lambda s, w: layer_triton(s, w, True, False),
+    }
+    rows = []
+    for m in [int(v) for v in args.ms.split(",")]:
+        x0, r0 = rnd(m, HIDDEN, scale=1.0), rnd(m, HIDDEN, scale=1.0)
+        # correctness: the whole 28-layer chain, each variant against today's kernels
+        outs = {}
+        for name, fn in variants.items():
+            state = [x0.clone(), r0.clone()]
+            for w in layers:
+                fn(state, w)
+            outs[name] = state[0].float()
+        ref = outs["cublas"]
+        err = {n: ((o - ref).norm() / ref.norm()).item() for n, o in outs.items()}
+        # the same chain replayed from a CUDA graph (PDL edges are graph edges there)
+        for name, fn in variants.items():
+            xs, rs = x0.clone(), r0.clone()
+            state = [xs, rs]
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for w in layers:
+                    fn(state, w)
+            xs.copy_(x0)
+            rs.copy_(r0)
+            g.replay()
+            torch.cuda.synchronize()
+            err[name + "@graph"] = ((state[0].float() - ref).norm() / ref.norm()).item()
+        us = {}
+        for name, fn in variants.items():
+            state = [x0.clone(), r0.clone()]
+            us[name] = graph_us(lambda i, fn=fn, state=state: fn(state, layers[i % LAYERS]), LAYERS)
+        rows.append(dict(m=m, us_per_layer=us, rel_err_vs_cublas=err))
+        print(
+            f"M={m:<4}"
+            + "".join(f"{n:>24}{v:7.1f}us" for n, v in us.items())
+            + "   err "
+            + " ".join(f"{v:.1e}" for v in err.values()),
+            flush=True,
+        )
+    with open(args.out, "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

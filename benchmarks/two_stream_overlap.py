@@ -1,0 +1,169 @@
+"""Does splitting a decode step's batch in two halves on two CUDA streams hide the GEMMs behind the attention?
+(issue #17; GPU only)
+
+    source .whl/use-bundle.sh && python benchmarks/two_stream_overlap.py --out $OUT/two_stream.json
+
+A decode step of Qwen3-0.6B's shapes, 28 layers with their own weights and their own paged KV (context lengths
+as the offline workload mid-run, pages scattered), captured in one CUDA graph:
+- `one`: the whole batch on one stream (today's engine): RMSNorm, qkv, FlashInfer tensor-core decode attention,
+  o, RMSNorm, gate_up, SiLU, down per layer;
+- `two`: the batch cut in two halves, each with its own attention plan, each half's layers on its own stream
+  (forked and joined inside the graph), so one half's latency-bound GEMMs can run while the other half's
+  bandwidth-bound attention streams KV;
+- `two-prio`: the same with the second stream at a higher priority.
+Prints ms per step and the ratio to `one`; checks both give the same output.
+H100 (benchmarks/results/throughput_h100/two_stream.txt): `two` 1.016-1.017x the time of `one` at 64-256 rows,
+`two-prio` 1.005-1.043x: not adopted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from kernels import triton_ops
+
+HIDDEN, INTER, HEADS, KV_HEADS, DIM, LAYERS, EPS, PAGE = 1024, 3072, 16, 8, 128, 28, 1e-6, 16
+Q = HEADS * DIM
+
+
+def run_batch(batch: int, weights: list[dict], dev: torch.device) -> dict:
+    import flashinfer
+
+    bf = torch.bfloat16
+
+    def rnd(*shape: int, scale: float = 0.02) -> torch.Tensor:
+        return torch.randn(*shape, device=dev, dtype=bf) * scale
+
+    g = torch.Generator().manual_seed(batch)
+    lens = torch.randint(100, 1025, (batch,), generator=g) + torch.randint(0, 1025, (batch,), generator=g)
+    pages_per = [(int(n) + PAGE - 1) // PAGE for n in lens]
+    total = sum(pages_per)
+    pool = int(total * 1.25) + 8
+    kv = [
+        (
+            torch.randn(pool, PAGE, KV_HEADS, DIM, device=dev, dtype=bf),
+            torch.randn(pool, PAGE, KV_HEADS, DIM, device=dev, dtype=bf),
+        )
+        for _ in range(LAYERS)
+    ]
+    perm = torch.randperm(pool, generator=g)[:total].to(torch.int32)
+    indptr = torch.zeros(batch + 1, dtype=torch.int32)
+    indptr[1:] = torch.tensor(pages_per, dtype=torch.int32).cumsum(0)
+    last = torch.tensor([(int(n) - 1) % PAGE + 1 for n in lens], dtype=torch.int32)
+
+    def wrapper(lo: int, hi: int):
+        ws = torch.zeros(256 * 2**20, dtype=torch.uint8, device=dev)
+        ip = indptr[lo : hi + 1] - indptr[lo]
+        ids = perm[int(indptr[lo]) : int(indptr[hi])].to(dev)
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(  # fixed metadata buffers, as the engine's graphs use
+            ws,
+            "NHD",
+            use_cuda_graph=True,
+            use_tensor_cores=True,
+            paged_kv_indptr_buffer=torch.zeros(hi - lo + 1, dtype=torch.int32, device=dev),
+            paged_kv_indices_buffer=torch.zeros(len(ids), dtype=torch.int32, device=dev),
+            paged_kv_last_page_len_buffer=torch.zeros(hi - lo, dtype=torch.int32, device=dev),
+        )
+        w.plan(ip, ids, last[lo:hi], HEADS, KV_HEADS, DIM, PAGE, q_data_type=bf, sm_scale=DIM**-0.5)
+        return w
+
+    full = wrapper(0, batch)
+    halves = (wrapper(0, batch // 2), wrapper(batch // 2, batch))
+
+    def layers(x: torch.Tensor, res: torch.Tensor, attn) -> torch.Tensor:
+        for i, w in enumerate(weights):
+            h = triton_ops.rmsnorm(x, w["n1"], EPS, res)
+            qkv = F.linear(h, w["qkv"])
+            q = qkv[:, :Q].reshape(-1, HEADS, DIM)
+            o = attn.run(q, kv[i]).reshape(-1, Q)
+            h = triton_ops.rmsnorm(F.linear(o, w["o"]), w["n2"], EPS, res)
+            x = F.linear(triton_ops.silu_and_mul(F.linear(h, w["gu"])), w["down"])
+        return x
+
+    x0, r0 = rnd(batch, HIDDEN, scale=1.0), rnd(batch, HIDDEN, scale=1.0)
+    h = batch // 2
+    s2 = {"two": torch.cuda.Stream(), "two-prio": torch.cuda.Stream(priority=-1)}
+
+    def step(mode: str, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+        if mode == "one":
+            return layers(x, res, full)
+        side = s2[mode]
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            yb = layers(x[h:], res[h:], halves[1])
+        ya = layers(x[:h], res[:h], halves[0])
+        torch.cuda.current_stream().wait_stream(side)
+        return torch.cat([ya, yb])
+
+    res_row: dict = dict(batch=batch, kv_tokens=int(lens.sum()), ms={}, rel_err={})
+    outs = {}
+    for mode in ("one", "two", "two-prio"):
+        xs, rs = x0.clone(), r0.clone()
+        step(mode, xs.clone(), rs.clone())  # compile / warm outside the graph
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = step(mode, xs, rs)
+        times = []
+        for _ in range(12):
+            xs.copy_(x0)
+            rs.copy_(r0)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        outs[mode] = y.float().clone()
+        res_row["ms"][mode] = statistics.median(times[2:])
+    for mode, out in outs.items():
+        res_row["rel_err"][mode] = ((out - outs["one"]).norm() / outs["one"].norm()).item()
+    one = res_row["ms"]["one"]
+    print(
+        f"batch {batch:4} ({res_row['kv_tokens']} KV tokens): "
+        + "  ".join(f"{m} {v:.3f} ms ({v / one:.3f}x)" for m, v in res_row["ms"].items())
+        + "  err "
+        + " ".join(f"{v:.1e}" for v in res_row["rel_err"].values()),
+        flush=True,
+    )
+    return res_row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="64,128,256")
+    ap.add_argument("--out", default="two_stream.json")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    bf = torch.bfloat16
+    torch.manual_seed(0)
+
+    def rnd(*shape: int, scale: float = 0.02) -> torch.Tensor:
+        return torch.randn(*shape, device=dev, dtype=bf) * scale
+
+    weights = [
+        dict(
+            qkv=rnd(Q + 2 * KV_HEADS * DIM, HIDDEN),
+            o=rnd(HIDDEN, Q),
+            gu=rnd(2 * INTER, HIDDEN),
+            down=rnd(HIDDEN, INTER),
+            n1=1 + rnd(HIDDEN, scale=0.1),
+            n2=1 + rnd(HIDDEN, scale=0.1),
+        )
+        for _ in range(LAYERS)
+    ]
+    rows = []
+    for batch in [int(b) for b in args.batches.split(",")]:
+        rows.append(run_batch(batch, weights, dev))
+        torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
