@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from gemm_shapes import graph_us  # this script's folder is on sys.path when run as a script
 
 from kernels import triton_ops
 
@@ -200,28 +200,23 @@ def linear(
     return y, res_out
 
 
-def graph_us(fn, calls: int, reps: int = 9) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(2):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fn(i)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(times)
+def layer_weights(dev: torch.device) -> list[dict[str, torch.Tensor]]:
+    """Each layer's projections and norm weights, bf16, at Qwen3-0.6B's shapes (random, N(0, 0.02) and 1 +- 0.1)."""
+
+    def rnd(*shape: int, scale: float = 0.02) -> torch.Tensor:
+        return torch.randn(*shape, device=dev, dtype=torch.bfloat16) * scale
+
+    return [
+        dict(
+            qkv=rnd(Q + 2 * KV, HIDDEN),
+            o=rnd(HIDDEN, Q),
+            gu=rnd(2 * INTER, HIDDEN),
+            down=rnd(HIDDEN, INTER),
+            n1=1 + rnd(HIDDEN, scale=0.1),
+            n2=1 + rnd(HIDDEN, scale=0.1),
+        )
+        for _ in range(LAYERS)
+    ]
 
 
 def main() -> None:
@@ -236,17 +231,7 @@ def main() -> None:
     def rnd(*shape: int, scale: float = 0.02) -> torch.Tensor:
         return torch.randn(*shape, device=dev, dtype=bf) * scale
 
-    layers = [
-        dict(
-            qkv=rnd(Q + 2 * KV, HIDDEN),
-            o=rnd(HIDDEN, Q),
-            gu=rnd(2 * INTER, HIDDEN),
-            down=rnd(HIDDEN, INTER),
-            n1=1 + rnd(HIDDEN, scale=0.1),
-            n2=1 + rnd(HIDDEN, scale=0.1),
-        )
-        for _ in range(LAYERS)
-    ]
+    layers = layer_weights(dev)
 
     def layer_cublas(state: list[torch.Tensor], w: dict) -> None:
         x, res = state

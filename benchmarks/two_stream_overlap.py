@@ -24,11 +24,17 @@ import statistics
 
 import torch
 import torch.nn.functional as F
+from layer_chain import (  # this script's folder is on sys.path when run as a script
+    EPS,
+    HIDDEN,
+    LAYERS,
+    Q,
+    layer_weights,
+)
 
 from kernels import triton_ops
 
-HIDDEN, INTER, HEADS, KV_HEADS, DIM, LAYERS, EPS, PAGE = 1024, 3072, 16, 8, 128, 28, 1e-6, 16
-Q = HEADS * DIM
+HEADS, KV_HEADS, DIM, PAGE = 16, 8, 128, 16
 
 
 def run_batch(batch: int, weights: list[dict], dev: torch.device) -> dict:
@@ -140,23 +146,8 @@ def main() -> None:
     ap.add_argument("--out", default="two_stream.json")
     args = ap.parse_args()
     dev = torch.device("cuda")
-    bf = torch.bfloat16
     torch.manual_seed(0)
-
-    def rnd(*shape: int, scale: float = 0.02) -> torch.Tensor:
-        return torch.randn(*shape, device=dev, dtype=bf) * scale
-
-    weights = [
-        dict(
-            qkv=rnd(Q + 2 * KV_HEADS * DIM, HIDDEN),
-            o=rnd(HIDDEN, Q),
-            gu=rnd(2 * INTER, HIDDEN),
-            down=rnd(HIDDEN, INTER),
-            n1=1 + rnd(HIDDEN, scale=0.1),
-            n2=1 + rnd(HIDDEN, scale=0.1),
-        )
-        for _ in range(LAYERS)
-    ]
+    weights = layer_weights(dev)
     rows = []
     for batch in [int(b) for b in args.batches.split(",")]:
         rows.append(run_batch(batch, weights, dev))
