@@ -10,10 +10,14 @@ CUDA graph, timed per layer:
   SiLU as a second accumulator on the up rows; rounded where the separate kernels round): 4 kernels per layer;
 - `triton-pdl`: the same launched with programmatic dependent launch, each GEMM pulling its weights into L2
   before it waits for the previous kernel;
-- `triton-pdl-noprefetch`: PDL without the L2 prefetch.
+- `triton-pdl-noprefetch`: PDL without the L2 prefetch;
+- `split`, `split-pdl`: the plain Triton GEMMs between today's RMSNorm and SiLU kernels (7 kernels), without and
+  with PDL on all of them (each kernel waits for its input, then lets the next one launch; a GEMM first pulls its
+  weights into L2).
 
-H100 (docs/gpu.md): the Triton chain took 1.2-2.8x today's time at every M (at 256 rows 110 vs 39 us per layer),
-PDL gained nothing; so the engine keeps cuBLAS, and this kernel lives here only as the record of that A/B.
+H100 (docs/gpu.md): the fused Triton chain took 1.2-2.8x today's time at every M (at 256 rows 110 vs 39 us per
+layer); `split-pdl` tied cuBLAS up to 64 rows and lost above (48.6 vs 39.3 us at 256): PDL buys 1-2 us per layer.
+So the engine keeps cuBLAS, and these kernels live here only as the record of that A/B.
 """
 
 from __future__ import annotations
@@ -101,8 +105,8 @@ def _linear_kernel(
                 _prefetch_rows(w_ptr, rn, sw, N, K, 8)
                 if SILU:
                     _prefetch_rows(w_ptr + N * sw, rn, sw, N, K, 8)
-        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()  # the previous kernel's output (x, residual) is visible from here on
+        tl.extra.cuda.gdc_launch_dependents()  # after the wait: a trigger before it lets a chain of waiters pile up
     rs = tl.zeros((BM,), dtype=tl.float32)
     if NORM > 0:
         ss = tl.zeros((BM,), dtype=tl.float32)
@@ -200,6 +204,53 @@ def linear(
     return y, res_out
 
 
+@triton.jit
+def _rmsnorm_pdl_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n, eps, PDL: tl.constexpr, BLOCK: tl.constexpr):
+    """kernels/triton_ops.rmsnorm with the residual, launched with PDL."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(x_ptr + row * n + cols, mask=mask, other=0.0).to(tl.float32)
+    x = (x + tl.load(res_ptr + row * n + cols, mask=mask, other=0.0).to(tl.float32)).to(res_ptr.dtype.element_ty)
+    tl.store(res_ptr + row * n + cols, x, mask=mask)
+    x = x.to(tl.float32)
+    y = (x * tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)).to(out_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n + cols, (y * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _silu_pdl_kernel(x_ptr, out_ptr, n, PDL: tl.constexpr, BLOCK: tl.constexpr):
+    """kernels/triton_ops.silu_and_mul, launched with PDL."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    gate = tl.load(x_ptr + row * 2 * n + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * 2 * n + n + cols, mask=mask, other=0.0).to(tl.float32)
+    y = (gate * tl.sigmoid(gate)).to(out_ptr.dtype.element_ty).to(tl.float32) * up
+    tl.store(out_ptr + row * n + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rmsnorm_pdl(x: torch.Tensor, w: torch.Tensor, res: torch.Tensor, pdl: bool) -> torch.Tensor:
+    out = torch.empty_like(x)
+    n = x.shape[1]
+    _rmsnorm_pdl_kernel[(x.shape[0],)](x, res, w, out, n, EPS, pdl, triton.next_power_of_2(n), launch_pdl=pdl)
+    return out
+
+
+def silu_pdl(x: torch.Tensor, pdl: bool) -> torch.Tensor:
+    n = x.shape[1] // 2
+    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    _silu_pdl_kernel[(x.shape[0], triton.cdiv(n, 1024))](x, out, n, pdl, 1024, launch_pdl=pdl)
+    return out
+
+
 def layer_weights(dev: torch.device) -> list[dict[str, torch.Tensor]]:
     """Each layer's projections and norm weights, bf16, at Qwen3-0.6B's shapes (random, N(0, 0.02) and 1 +- 0.1)."""
 
@@ -249,8 +300,18 @@ def main() -> None:
         assert res2 is not None
         state[0], state[1] = y, res2
 
+    def layer_split(state: list[torch.Tensor], w: dict, pdl: bool) -> None:
+        x, res = state  # res is updated in place, as in the model
+        h = rmsnorm_pdl(x, w["n1"], res, pdl)
+        qkv, _ = linear(h, w["qkv"], pdl=pdl)
+        o, _ = linear(qkv[:, :Q], w["o"], pdl=pdl)
+        h = rmsnorm_pdl(o, w["n2"], res, pdl)
+        state[0], _ = linear(silu_pdl(linear(h, w["gu"], pdl=pdl)[0], pdl), w["down"], pdl=pdl)
+
     variants = {
         "cublas": layer_cublas,
+        "split": lambda s, w: layer_split(s, w, False),
+        "split-pdl": lambda s, w: layer_split(s, w, True),
         "triton": lambda s, w: layer_triton(s, w, False, False),
         "triton-pdl": lambda s, w: layer_triton(s, w, True, True),
         "triton-pdl-noprefetch": lambda s, w: layer_triton(s, w, True, False),
