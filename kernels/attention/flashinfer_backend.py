@@ -27,7 +27,7 @@ WORKSPACE_BYTES = 256 * 2**20
 # profile's variants switch them for an A/B (benchmarks/step_profile.py).
 PREFILL_KERNELS = "fa2"
 DECODE_KERNELS = "fa2"
-# Decode without split-KV (see FlashInferBackend.split_kv) where it is the faster choice; off: FlashInfer's own
+# Decode without split-KV where it is the faster choice (decode_split_kv, below); off: FlashInfer's own
 # choice, which in CUDA-graph mode is always to split (benchmarks/step_profile.py's `split-always` variant).
 NO_SPLIT_WHEN_BALANCED = True
 
