@@ -109,33 +109,13 @@ class FlashInferBackend(AttentionBackend):
         common = dict(
             q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale, window_left=self.window_left
         )
+        paged = (indptr, indices, last, self.num_heads, self.num_kv_heads, self.head_dim, self.pool.page_size)
         if meta.is_decode:
-            wrapper.plan(
-                indptr,
-                indices,
-                last,
-                self.num_heads,
-                self.num_kv_heads,
-                self.head_dim,
-                self.pool.page_size,
-                disable_split_kv=not split,
-                **common,
-            )
+            wrapper.plan(*paged, disable_split_kv=not split, **common)
         else:
             qo = torch.zeros(len(meta.q_lens) + 1, dtype=torch.int32)
             qo[1:] = torch.tensor(meta.q_lens, dtype=torch.int32).cumsum(0)
-            wrapper.plan(
-                qo,
-                indptr,
-                indices,
-                last,
-                self.num_heads,
-                self.num_kv_heads,
-                self.head_dim,
-                self.pool.page_size,
-                causal=True,
-                **common,
-            )
+            wrapper.plan(qo, *paged, causal=True, **common)
         self.active, self.out_slots = wrapper, meta.out_slots
 
     def _next_turn(self) -> int:
