@@ -131,8 +131,9 @@ class FlashInferBackend(AttentionBackend):
 
     # ---- CUDA graphs --------------------------------------------------------------------------------
     def graph_splits(self, bs: int) -> tuple[bool, ...]:
-        """The split_kv choices a decode graph of `bs` rows is captured for (each is its own graph: with a split the
-        graph holds the merge kernel). Below split_slots / KV heads rows every batch splits."""
+        """The split_kv choices a decode graph of `bs` rows is captured for, each with its own wrapper and graph: with
+        a split the graph holds the merge kernel, and FlashInfer's plan lays out its int workspace differently (the
+        merge index before the block mask). Below split_slots / KV heads rows every batch splits."""
         return (True, False) if NO_SPLIT_WHEN_BALANCED and bs * self.num_kv_heads >= self.split_slots else (True,)
 
     def graph_wrapper(self, bs: int, turn: int, split: bool, max_pages: int) -> _Wrapper:
