@@ -20,3 +20,18 @@ def frozen_heap() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
+
+
+@contextmanager
+def paused_collector() -> Iterator[None]:
+    """No cyclic collection while a bounded loop runs (one offline generate()). In the H100 offline workload's 7 s
+    the collector otherwise ran ~250 gen-0 passes over the step's young outputs (~0.2 s of CPU) and, in 4 of 6 runs,
+    one full collection of 137-201 ms, with the GPU idle behind it. Reference counting still frees everything
+    acyclic; cycles made meanwhile wait for the next collection after the loop."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from engine.config import EngineConfig
 from engine.engine import Engine, Progress
+from engine.gc_heap import paused_collector
 from engine.metrics import EngineMetrics
 from engine.request import Req
 from engine.sampling_params import SamplingParams
 from engine.text import Prompt, RequestOutput, TextState, encode_prompt
 
 __all__ = ["LLM", "Prompt", "RequestOutput"]
+
+# generate() runs with Python's cyclic collector paused: on the H100 offline workload a full collection stalled
+# 4 of 6 runs for 137-201 ms (benchmarks/gc_offline_ab.py); a switch only for that A/B.
+PAUSE_COLLECTOR = True
 
 
 class LLM:
@@ -88,17 +94,18 @@ class LLM:
             raise ValueError(f"{len(prompts)} prompts but {len(plist)} sampling params")
         rids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
         final: dict[str, RequestOutput] = {}
-        while len(final) < len(rids):
-            outs = self.step()
-            if on_step is not None:
-                on_step(outs)
-            for out in outs:
-                if on_output is not None:
-                    on_output(out)
-                if out.finished:
-                    final[out.rid] = out
-        while any(r in self.engine.reqs for r in rids):  # a stop string ended some: their pages go back now
-            self.step()
+        with paused_collector() if PAUSE_COLLECTOR else nullcontext():
+            while len(final) < len(rids):
+                outs = self.step()
+                if on_step is not None:
+                    on_step(outs)
+                for out in outs:
+                    if on_output is not None:
+                        on_output(out)
+                    if out.finished:
+                        final[out.rid] = out
+            while any(r in self.engine.reqs for r in rids):  # a stop string ended some: their pages go back now
+                self.step()
         return [final[r] for r in rids]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[RequestOutput]:
