@@ -49,7 +49,7 @@ def main() -> None:
             t = time.perf_counter()
             out = llm.generate([prompt], params)[0]
             runs[name].append(args.tokens / (time.perf_counter() - t))
-            tokens[name] = out.token_ids
+            tokens[name] = list(out.token_ids)
     res = {
         "threads": args.threads,
         "tok_s": {k: statistics.median(v) for k, v in runs.items()},

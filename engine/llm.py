@@ -12,13 +12,16 @@ from engine.gc_heap import paused_collector
 from engine.metrics import EngineMetrics
 from engine.request import Req
 from engine.sampling_params import SamplingParams
-from engine.text import Prompt, RequestOutput, TextState, encode_prompt
+from engine.text import Prefix, Prompt, RequestOutput, TextState, encode_prompt
 
 __all__ = ["LLM", "Prompt", "RequestOutput"]
 
 # generate() runs with Python's cyclic collector paused: on the H100 offline workload a full collection stalled
 # 4 of 6 runs for 137-201 ms (benchmarks/gc_offline_ab.py); a switch only for that A/B.
 PAUSE_COLLECTOR = True
+# A running request's outputs hold Prefix views of its token lists instead of copies (benchmarks/output_snapshot_ab.py:
+# LLM._output 2.0 -> 1.0 ms per step at 64 requests of ~1,000 tokens so far, CPU); a switch only for that A/B.
+SNAPSHOT_VIEWS = True
 
 
 class LLM:
@@ -59,10 +62,12 @@ class LLM:
         finished = reason is not None
         if finished:
             del self._text[req.rid]
+        # A running request's output holds Prefix views (the lists only grow); the final one copies them once.
+        snap: Callable[[list[Any]], Sequence[Any]] = list if finished or not SNAPSHOT_VIEWS else Prefix
         return RequestOutput(
             req.rid,
             req.prompt_ids,
-            list(req.output_ids),
+            snap(req.output_ids),
             st.text[: st.emitted],
             delta,
             new_ids,
@@ -72,9 +77,9 @@ class LLM:
             req.cache_hit_tokens,
             req.arrival,
             req.first_token_time,
-            list(req.token_times),
-            list(req.logprobs) if req.params.logprobs is not None else None,
-            list(req.prompt_logprobs) if req.params.prompt_logprobs is not None else None,
+            snap(req.token_times),
+            snap(req.logprobs) if req.params.logprobs is not None else None,
+            snap(req.prompt_logprobs) if req.params.prompt_logprobs is not None else None,
         )
 
     # ---- conveniences -------------------------------------------------------------------------------

@@ -4,13 +4,17 @@ Nothing here touches torch or the engine core, so a front end can run it in a pr
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
+from typing import TypeVar, overload
 
 from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import IncrementalDetokenizer, Message, Tokenizer
 
 Prompt = str | list[int] | list[Message]
+T = TypeVar("T")
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: Prompt) -> list[int]:
@@ -66,11 +70,50 @@ class RequestLimits:
             )
 
 
+class Prefix(Sequence[T]):
+    """The first n items of a list that only ever grows at its end (a request's output ids, token times, logprobs):
+    a snapshot in O(1) where a copy costs O(items so far). Each step's output of every running request used to copy
+    them, O(length^2) over a generation: 2 ms of CPU per step at 256 requests of 1,000 tokens."""
+
+    __slots__ = ("_items", "_n")
+
+    def __init__(self, items: list[T]):
+        self._items, self._n = items, len(items)
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> T: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[T]: ...
+    def __getitem__(self, i: int | slice) -> T | list[T]:
+        if isinstance(i, slice):
+            start, stop, step = i.indices(self._n)
+            return self._items[start:stop:step] if step > 0 else [self._items[j] for j in range(start, stop, step)]
+        if not -self._n <= i < self._n:
+            raise IndexError("Prefix index out of range")
+        return self._items[i % self._n]
+
+    def __iter__(self) -> Iterator[T]:
+        return islice(self._items, self._n)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(other) == self._n and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, which are unhashable
+
+    def __repr__(self) -> str:
+        return repr(self[:])
+
+
 @dataclass(slots=True)
 class RequestOutput:
     rid: str
     prompt_token_ids: list[int]
-    token_ids: list[int]
+    token_ids: Sequence[int]  # a Prefix of the request's ids while it runs, a list once finished
     text: str
     delta_text: str
     delta_token_ids: list[int]
@@ -80,9 +123,9 @@ class RequestOutput:
     cache_hit_tokens: int = 0
     arrival: float = 0.0
     first_token_time: float | None = None
-    token_times: list[float] = field(default_factory=list)
-    logprobs: list[TokenLogprob] | None = None  # one per token of token_ids (SamplingParams.logprobs)
-    prompt_logprobs: list[TokenLogprob] | None = None  # prompt tokens after the first (SamplingParams.prompt_logprobs)
+    token_times: Sequence[float] = field(default_factory=list)
+    logprobs: Sequence[TokenLogprob] | None = None  # one per token of token_ids (SamplingParams.logprobs)
+    prompt_logprobs: Sequence[TokenLogprob] | None = None  # prompt tokens after the first (prompt_logprobs)
 
     @property
     def ttft(self) -> float | None:

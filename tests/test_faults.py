@@ -40,7 +40,7 @@ FAULT = "injected fault"
 def alone(model: str, prompts, params: SamplingParams) -> list[list[int]]:
     """Each prompt run by itself on a roomy pool: the reference for runs under pressure."""
     llm = make_llm(model, num_pages=1024, radix_cache=False, max_running_requests=1)
-    return [llm.generate([p], params)[0].token_ids for p in prompts]
+    return [list(llm.generate([p], params)[0].token_ids) for p in prompts]
 
 
 def run_to_end(llm: LLM) -> dict[str, RequestOutput]:

@@ -193,7 +193,9 @@ def _greedy_tokens(model: str, prompts, graphs: int, overlap: bool, **kw) -> lis
             **kw,
         )
     )
-    out = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True))]
+    out = [
+        list(o.token_ids) for o in llm.generate(prompts, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True))
+    ]
     assert llm.metrics().kv_pages_in_use == 0
     if kw.get("mixed_batch"):
         assert llm.metrics().mixed_steps > 0
@@ -258,7 +260,7 @@ def _greedy_with_logits(model: str, prompts, **kw) -> tuple[list[list[int]], dic
     assert (llm.metrics().mixed_steps > 0) == kw["mixed_batch"]
     del llm
     gc.collect()
-    return [o.token_ids for o in outs], logits
+    return [list(o.token_ids) for o in outs], logits
 
 
 def _same_computation(prompts, got, ref) -> tuple[list[float], list[tuple[str, int, float, float]]]:
@@ -612,7 +614,7 @@ def test_new_presets_logits_close_to_transformers(case: str, monkeypatch: pytest
     ours_err, hf16_err = [], []
     with torch.no_grad():
         for i, (p, o) in enumerate(zip(prompts, outs)):
-            ids = torch.tensor([p + o.token_ids[:-1]], device="cuda")
+            ids = torch.tensor([p + list(o.token_ids[:-1])], device="cuda")
             ref = hf32(ids).logits[0, len(p) - 1 :].float()
             ref16 = hf16(ids).logits[0, len(p) - 1 :].float()
             for j in range(8):

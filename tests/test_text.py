@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.sampling_params import SamplingParams
-from engine.text import TextState
+from engine.text import Prefix, TextState
 from engine.tokenizer import IncrementalDetokenizer
 
 
@@ -91,3 +92,41 @@ def test_stop_strings_and_stop_tokens_wait_for_min_tokens(smollm):
     # the engine ends a request at a stop token id; that token's text is left out
     state = TextState.create(tok, [1], SamplingParams(stop_token_ids=[ids[2]]))
     assert state.advance(ids[:3], "stop", None)[0] == " one,"
+
+
+def test_prefix_reads_like_the_list_it_snapshots_and_ignores_later_appends():
+    items = [10, 11, 12, 13, 14]
+    view = Prefix(items)
+    items += [15, 16]  # the request kept generating after the snapshot
+    ref = [10, 11, 12, 13, 14]
+    assert len(view) == 5 and list(view) == ref and view == ref and ref == view and view != ref[:4]
+    assert [view[i] for i in range(-5, 5)] == [ref[i] for i in range(-5, 5)]
+    for bad in (5, -6):
+        with pytest.raises(IndexError):
+            view[bad]
+    for s in (
+        slice(None),
+        slice(1, 3),
+        slice(3, None),
+        slice(-2, None),
+        slice(None, None, -1),
+        slice(4, 0, -2),
+        slice(None, 99),
+        slice(-99, 2),
+        slice(None, None, 2),
+    ):
+        assert view[s] == ref[s], s
+    assert repr(view) == repr(ref) and view != "10" and 14 in view and 15 not in view
+
+
+def test_streamed_outputs_are_snapshots_and_the_final_one_a_list(smollm):
+    """Each step's output shows the tokens of that step, though it copies nothing (Prefix views of growing lists)."""
+    seen = []
+    outs = []
+    for out in smollm.stream("Count to twenty:", SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)):
+        outs.append(out)
+        seen.append((list(out.token_ids), list(out.token_times)))
+    assert len(outs) > 3 and [len(ids) for ids, _ in seen] == list(range(1, 13))
+    assert [(list(o.token_ids), list(o.token_times)) for o in outs] == seen  # later steps changed no earlier one
+    assert type(outs[-1].token_ids) is list and type(outs[-1].token_times) is list
+    assert all(isinstance(o.token_ids, Prefix) for o in outs[:-1])

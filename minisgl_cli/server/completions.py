@@ -115,7 +115,7 @@ class _Shape:
         if echo:
             first = ch.prompt.first
             prompt = first.prompt_logprobs if first is not None else None
-            ids = ch.prompt.ids + ids
+            ids = [*ch.prompt.ids, *ids]
             before: list[TokenLogprob | None] = [None] * len(ch.prompt.ids)  # the first token is scored by nothing
             if prompt:
                 before[1:] = prompt

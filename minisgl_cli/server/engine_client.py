@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ class Job:
     finished: bool = False
     cancelled: bool = False
     started: asyncio.Event = field(default_factory=asyncio.Event)  # its first output arrived, or it ended
-    prompt_logprobs: list[TokenLogprob] | None = None  # from its first output
+    prompt_logprobs: Sequence[TokenLogprob] | None = None  # from its first output
 
     def abort(self) -> None:
         self.cancelled = True

@@ -5,6 +5,7 @@ UTF-8 character shows as U+FFFD, as in vLLM), or "token_id:ID" when the request 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from engine.logprobs import TokenLogprob
@@ -17,13 +18,13 @@ def _lp(x: float) -> float:
     return max(x, FLOOR)
 
 
-def _texts(tokenizer: Tokenizer | None, ids: list[int], records: list[TokenLogprob | None]) -> dict[int, str]:
+def _texts(tokenizer: Tokenizer | None, ids: Sequence[int], records: Sequence[TokenLogprob | None]) -> dict[int, str]:
     """Token strings; with no tokenizer, "token_id:ID" (vLLM's return_tokens_as_token_ids)."""
     every = sorted(set(ids) | {t for r in records if r is not None for t, _ in r.top})
     return dict(zip(every, tokenizer.token_texts(every) if tokenizer else (f"token_id:{t}" for t in every)))
 
 
-def chat_logprobs(tokenizer: Tokenizer | None, records: list[TokenLogprob]) -> dict[str, Any]:
+def chat_logprobs(tokenizer: Tokenizer | None, records: Sequence[TokenLogprob]) -> dict[str, Any]:
     texts = _texts(tokenizer, [r.token for r in records], list(records))
 
     def entry(token: int, lp: float) -> dict[str, Any]:
@@ -36,7 +37,7 @@ def chat_logprobs(tokenizer: Tokenizer | None, records: list[TokenLogprob]) -> d
 
 
 def completion_logprobs(
-    tokenizer: Tokenizer | None, ids: list[int], records: list[TokenLogprob | None], offset: int = 0
+    tokenizer: Tokenizer | None, ids: Sequence[int], records: Sequence[TokenLogprob | None], offset: int = 0
 ) -> tuple[dict[str, Any], int]:
     """Completions' logprobs of `ids`; a None record (an echoed prompt's first token) has null log-probabilities.
     text_offset counts characters of the token strings from `offset` (0 at the start of the choice's text);

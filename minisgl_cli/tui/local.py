@@ -25,7 +25,7 @@ class LocalAnswer:
         seen = 0
         try:
             async for out in self.stream:
-                times, seen = out.token_times[seen:], len(out.token_times)
+                times, seen = list(out.token_times[seen:]), len(out.token_times)
                 yield Piece(
                     out.delta_text,
                     "",
