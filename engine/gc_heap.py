@@ -27,7 +27,8 @@ def paused_collector() -> Iterator[None]:
     """No cyclic collection while a bounded loop runs (one offline generate()). In the H100 offline workload's 7 s
     the collector otherwise ran ~250 gen-0 passes over the step's young outputs (~0.2 s of CPU) and, in 4 of 6 runs,
     one full collection of 137-201 ms, with the GPU idle behind it. Reference counting still frees everything
-    acyclic; cycles made meanwhile wait for the next collection after the loop."""
+    acyclic; cycles made meanwhile wait for the next collection after the loop (the engine's steps make none: a
+    test checks it, so a long offline run does not grow)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
