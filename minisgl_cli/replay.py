@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -53,7 +53,7 @@ class RequestResult:
             return None
         return (self.e2e - self.ttft) / (self.output_tokens - 1)
 
-    def set_times(self, times: list[float]) -> None:
+    def set_times(self, times: Sequence[float]) -> None:
         if times:
             self.ttft, self.e2e = times[0] - self.scheduled, times[-1] - self.scheduled
             self.itls = [b - a for a, b in zip(times, times[1:])]
