@@ -1,0 +1,120 @@
+"""Where an offline run's wall time goes outside the GPU's busy span (issue #17; GPU):
+
+    source .whl/use-bundle.sh && python benchmarks/offline_wall.py --out $OUT/offline_wall.json
+
+bench-offline's default workload (256 requests, 133,966 output tokens) on dummy Qwen3-0.6B, as bench-offline runs
+it (a cold cache per run). Per run: the wall time of generate(), the time its add_request calls take before the
+first step, the first and last step's return times; one run under torch.profiler (CUDA only) gives the span from
+the first GPU operation to the last, so wall - span is host time the GPU never overlaps; one run under cProfile
+gives the host's time by function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import time
+
+import torch
+
+from engine.config import EngineConfig
+from engine.llm import LLM
+from engine.sampling_params import SamplingParams
+from minisgl_cli.workload import random_workload
+
+
+def timed_run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> dict[str, float]:
+    llm.engine.clear_cache()
+    steps: list[float] = []
+    added: list[float] = []
+    add = llm.add_request
+
+    def timed_add(*a, **k):  # the last add's return is when generate() starts stepping
+        rid = add(*a, **k)
+        added.append(time.perf_counter())
+        return rid
+
+    llm.add_request = timed_add  # type: ignore[method-assign]
+    try:
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params, on_step=lambda _: steps.append(time.perf_counter()))
+        wall = time.perf_counter() - t0
+    finally:
+        del llm.add_request
+    tokens = sum(len(o.token_ids) for o in outs)
+    return {
+        "wall_s": wall,
+        "tok_s": tokens / wall,
+        "add_requests_ms": (added[-1] - t0) * 1e3,
+        "first_step_return_ms": (steps[0] - t0) * 1e3,
+        "after_last_step_ms": (t0 + wall - steps[-1]) * 1e3,
+        "steps": len(steps),
+    }
+
+
+def main() -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="dummy:Qwen3-0.6B")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out", default="offline_wall.json")
+    args = ap.parse_args()
+    llm = LLM(EngineConfig(model=args.model))
+    wl = random_workload(256, vocab_size=llm.engine.model_cfg.vocab_size)
+    params = [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True) for n in wl.output_lens]
+    llm.generate(wl.prompts[:32], SamplingParams(max_tokens=16, temperature=0.6, ignore_eos=True))
+    timed_run(llm, wl.prompts, params)  # a fresh GPU runs slower for its first ~30 s
+
+    runs = [timed_run(llm, wl.prompts, params) for _ in range(args.runs)]
+    for r in runs:
+        print({k: round(v, 1) for k, v in r.items()})
+
+    llm.engine.clear_cache()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        llm.generate(wl.prompts, params)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    ops = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.name]
+    span = (max(e.time_range.end for e in ops) - min(e.time_range.start for e in ops)) / 1e6
+    busy = 0.0
+    end = None
+    for e in sorted(ops, key=lambda e: e.time_range.start):
+        s, t = e.time_range.start, e.time_range.end
+        if end is None or s >= end:
+            busy += t - s
+            end = t
+        elif t > end:
+            busy += t - end
+            end = t
+    profiled = {"wall_s": wall, "gpu_span_s": span, "gpu_busy_s": busy / 1e6, "outside_span_s": wall - span}
+    print("under the CUDA profiler:", {k: round(v, 3) for k, v in profiled.items()})
+
+    llm.engine.clear_cache()
+    cp = cProfile.Profile()
+    cp.enable()
+    llm.generate(wl.prompts, params)
+    cp.disable()
+    text = io.StringIO()
+    pstats.Stats(cp, stream=text).sort_stats("tottime").print_stats(30)
+    print(text.getvalue()[-6000:])
+
+    result = {
+        "gpu": torch.cuda.get_device_name(),
+        "runs": runs,
+        "median_tok_s": statistics.median(r["tok_s"] for r in runs),
+        "profiled": profiled,
+        "cprofile_top_tottime": text.getvalue()[-6000:],
+    }
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()
