@@ -308,6 +308,18 @@ def test_bad_prompts_are_refused_by_the_engine_api(prompt, message):
     assert not llm.has_work() and llm.metrics().kv_pages_free == 64
 
 
+def test_a_bad_prompt_fails_generate_without_running_the_prompts_before_it():
+    """generate() adds its prompts one by one: when the third is bad, the two already added are withdrawn, not left
+    to run on in a later call, and no page is held."""
+    llm = make_llm(num_pages=64, radix_cache=False)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        llm.generate([[1, 2, 3], "hello", [7, 600]], SamplingParams(max_tokens=4))
+    assert not llm.has_work() and llm.engine.reqs == {} and llm.metrics().kv_pages_free == 64
+    outs = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4))  # only what this call asked for runs
+    assert len(outs) == 1 and len(outs[0].token_ids) == 4
+    assert llm.metrics().kv_pages_free == 64
+
+
 finite = st.floats(allow_nan=False, allow_infinity=False)
 extreme = st.one_of(
     finite, st.sampled_from([0.0, -0.0, 5e-324, 1e-300, 1e-6, 1e-5, 1.0, 2.0, 1e300, math.inf, -math.inf, math.nan])
