@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from kernels.attention import AttnMeta
@@ -40,9 +41,11 @@ class DecodeGraphs:
         # Page ids a replayed batch may list: requests that share a cached prefix each list its pages, so the
         # pool's size is no bound; one request spans at most max_request_tokens (a padded row, one page).
         self.max_pages = max_bs * max(1, -(-max_request_tokens // pool.page_size))
-        self.ids = torch.zeros(max_bs, dtype=torch.int64, device=dev)
-        self.pos = torch.zeros(max_bs, dtype=torch.int64, device=dev)
-        self.out_slots = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+        # The graphs' inputs, one block filled by one host-to-device copy per step: each row's request slot (the
+        # graph reads its last token from the runner's token table), position, and KV slot for the new token.
+        # Separate copies and the gather outside the graph were ~10 operations between steps (issue #17).
+        self.inputs = torch.zeros(3, max_bs, dtype=torch.int64, device=dev)
+        self.req_slots, self.pos, self.out_slots = self.inputs
         # Per size, one graph per copy of the backend's wrappers and split-KV choice (see flashinfer_backend.py).
         self.graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int, bool], torch.Tensor] = {}
@@ -53,7 +56,7 @@ class DecodeGraphs:
         self.capture_seconds = time.perf_counter() - t0
 
     def _capture(self) -> None:
-        runner, backend = self.runner, self.backend
+        backend = self.backend
         assert backend is not None
         mempool = torch.cuda.graph_pool_handle()
         for bs in reversed(self.sizes):
@@ -61,12 +64,17 @@ class DecodeGraphs:
                 for split in backend.graph_splits(bs):
                     key = self._plan(bs, [1] * bs, [[self.scratch_page]] * bs, turn, split)
                     for _ in range(2):  # warm up (JIT, allocator) outside the graph
-                        runner.model(self.ids[:bs], self.pos[:bs], backend)
+                        self._forward(bs)
                     torch.cuda.synchronize()
                     g = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(g, pool=mempool):
-                        self.outputs[key] = runner.model(self.ids[:bs], self.pos[:bs], backend)
+                        self.outputs[key] = self._forward(bs)
                     self.graphs[key] = g
+
+    def _forward(self, bs: int) -> torch.Tensor:
+        ids = self.runner.next_tokens[self.req_slots[:bs]]  # the gather runs inside the graph
+        hidden: torch.Tensor = self.runner.model(ids, self.pos[:bs], self.backend)
+        return hidden
 
     def _plan(
         self,
@@ -94,18 +102,19 @@ class DecodeGraphs:
     def can_run(self, batch: Batch) -> bool:
         return self.enabled and batch.is_decode and len(batch.reqs) <= self.max_bs
 
-    def run(self, ids: torch.Tensor, pos: torch.Tensor, meta: AttnMeta) -> torch.Tensor:
-        n = len(meta.kv_lens)
+    def run(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay the graph for this decode batch; returns its hidden states and the rows' request slots (device)."""
+        kv_lens, tables, out_slots = self.runner.kv_layout(batch)
+        n = len(kv_lens)
         bs = next(s for s in self.sizes if s >= n)
+        # Padded rows read slot 0's token and attend to, and write into, the scratch page that no request owns.
+        host = np.zeros((3, self.max_bs), dtype=np.int64)
+        host[0, :n] = [r.slot for r in batch.reqs]
+        host[1, :n] = batch.starts
+        host[2, :n] = out_slots
+        host[2, n:bs] = self.scratch_page * self.runner.pool.page_size
+        self.inputs.copy_(torch.from_numpy(host), non_blocking=True)  # pageable: staged at once, safe to drop
         pad = bs - n
-        self.ids[:n].copy_(ids)
-        self.pos[:n].copy_(pos)
-        self.out_slots[:n].copy_(meta.out_slots)
-        if pad:  # padded rows attend to, and write into, the scratch page that no request owns
-            ps = self.runner.pool.page_size
-            self.ids[n:bs].zero_()
-            self.pos[n:bs].zero_()
-            self.out_slots[n:bs].fill_(self.scratch_page * ps)
-        key = self._plan(bs, meta.kv_lens + [1] * pad, meta.page_tables + [[self.scratch_page]] * pad)
+        key = self._plan(bs, kv_lens + [1] * pad, tables + [[self.scratch_page]] * pad)
         self.graphs[key].replay()
-        return self.outputs[key][:n]
+        return self.outputs[key][:n], self.req_slots[:n]

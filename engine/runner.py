@@ -86,16 +86,21 @@ class ModelRunner:
         pos = torch.arange(start, start + n)
         return torch.tensor(pages, dtype=torch.int64)[pos // ps] * ps + pos % ps
 
-    def prepare(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, AttnMeta]:
-        dev, ps, nd = self.device, self.pool.page_size, batch.num_decode
+    def kv_layout(self, batch: Batch) -> tuple[list[int], list[list[int]], list[int]]:
+        """Per row: KV length after this step and its page table; and each decode row's KV slot for its new token."""
+        ps, nd = self.pool.page_size, batch.num_decode
         kv_lens = [s + n for s, n in zip(batch.starts, batch.q_lens)]
         tables = [r.pages[: -(-kv // ps)] for r, kv in zip(batch.reqs, kv_lens)]
+        decode_slots = [t[s // ps] * ps + s % ps for t, s in zip(tables[:nd], batch.starts[:nd])]
+        return kv_lens, tables, decode_slots
+
+    def prepare(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, AttnMeta]:
+        dev, nd = self.device, batch.num_decode
+        kv_lens, tables, decode_slots = self.kv_layout(batch)
         # Decode rows: one token each, read from the device-side token table (under overlap scheduling the CPU
         # does not know it yet). Prefill rows: their prompt (or recomputed) tokens, from the CPU.
-        starts = torch.tensor(batch.starts[:nd], dtype=torch.int64)
-        pages = torch.tensor([t[s // ps] for t, s in zip(tables[:nd], batch.starts[:nd])], dtype=torch.int64)
-        out = [pages * ps + starts % ps]
-        pos = [starts]
+        out = [torch.tensor(decode_slots, dtype=torch.int64)]
+        pos = [torch.tensor(batch.starts[:nd], dtype=torch.int64)]
         rows = batch.prefill_rows
         out += [self._slots(batch.reqs[i].pages, batch.starts[i], batch.q_lens[i]) for i in rows]
         pos += [torch.arange(batch.starts[i], batch.starts[i] + batch.q_lens[i]) for i in rows]
@@ -113,12 +118,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> StepOutput:
-        ids, pos, meta = self.prepare(batch)
         last = torch.tensor(batch.q_lens).cumsum(0) - 1
         sample_rows = [i for i, s in enumerate(batch.sample) if s]
+        slots = None  # the sampled requests' slots on the device, where a graph's inputs already hold them
         if self.graphs is not None and self.graphs.can_run(batch):
-            hidden = self.graphs.run(ids, pos, meta)
+            hidden, slots = self.graphs.run(batch)
+            if len(sample_rows) != len(batch.reqs):
+                slots = None
         else:
+            ids, pos, meta = self.prepare(batch)
             self.backend.plan(meta)
             hidden = self.model(ids, pos, self.backend)
         sampled = [batch.reqs[i] for i in sample_rows]
@@ -139,7 +147,9 @@ class ModelRunner:
         tokens = self.sampler.sample(logits, sampled)
         if TP.size > 1:  # every rank must continue with rank 0's token, whatever its own RNG drew
             dist.broadcast(tokens, src=0)
-        self.next_tokens[torch.tensor([r.slot for r in sampled]).to(self.device, non_blocking=True)] = tokens
+        if slots is None:
+            slots = torch.tensor([r.slot for r in sampled]).to(self.device, non_blocking=True)
+        self.next_tokens[slots] = tokens
         rows = [j for j, r in enumerate(sampled) if r.params.logprobs is not None]
         lps = None
         if rows:  # from the logits as the model produced them: the sampler changed only its own copies
