@@ -27,8 +27,14 @@ from engine.sampling_params import SamplingParams
 from minisgl_cli.workload import random_workload
 
 
+def device_allocs() -> int:
+    """cudaMalloc calls made so far by torch's caching allocator (a new segment each)."""
+    return int(torch.cuda.memory_stats().get("num_device_alloc", 0))
+
+
 def timed_run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> dict[str, float]:
     llm.engine.clear_cache()
+    allocs = device_allocs()
     steps: list[float] = []
     added: list[float] = []
     add = llm.add_request
@@ -53,31 +59,17 @@ def timed_run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) 
         "first_step_return_ms": (steps[0] - t0) * 1e3,
         "after_last_step_ms": (t0 + wall - steps[-1]) * 1e3,
         "steps": len(steps),
+        "device_allocs": device_allocs() - allocs,
     }
 
 
-def main() -> None:
+def profiled_runs(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[dict[str, float], str]:
     from torch.profiler import ProfilerActivity, profile
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="dummy:Qwen3-0.6B")
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--out", default="offline_wall.json")
-    args = ap.parse_args()
-    llm = LLM(EngineConfig(model=args.model))
-    wl = random_workload(256, vocab_size=llm.engine.model_cfg.vocab_size)
-    params = [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True) for n in wl.output_lens]
-    llm.generate(wl.prompts[:32], SamplingParams(max_tokens=16, temperature=0.6, ignore_eos=True))
-    timed_run(llm, wl.prompts, params)  # a fresh GPU runs slower for its first ~30 s
-
-    runs = [timed_run(llm, wl.prompts, params) for _ in range(args.runs)]
-    for r in runs:
-        print({k: round(v, 1) for k, v in r.items()})
 
     llm.engine.clear_cache()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
-        llm.generate(wl.prompts, params)
+        llm.generate(prompts, params)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
     ops = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.name]
@@ -98,18 +90,42 @@ def main() -> None:
     llm.engine.clear_cache()
     cp = cProfile.Profile()
     cp.enable()
-    llm.generate(wl.prompts, params)
+    llm.generate(prompts, params)
     cp.disable()
     text = io.StringIO()
     pstats.Stats(cp, stream=text).sort_stats("tottime").print_stats(30)
     print(text.getvalue()[-6000:])
 
+    return profiled, text.getvalue()[-6000:]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="dummy:Qwen3-0.6B")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out", default="offline_wall.json")
+    ap.add_argument("--no-profiles", dest="profiles", action="store_false", help="timed runs only")
+    ap.add_argument("--warmup", choices=["small", "full"], default="full", help="small: bench-offline's 4 x 8 tokens")
+    args = ap.parse_args()
+    llm = LLM(EngineConfig(model=args.model))
+    wl = random_workload(256, vocab_size=llm.engine.model_cfg.vocab_size)
+    params = [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True) for n in wl.output_lens]
+    llm.generate(wl.prompts[:4], SamplingParams(max_tokens=8, temperature=0.6, ignore_eos=True))
+    if args.warmup == "full":
+        print("warm-up run:", timed_run(llm, wl.prompts, params))  # a fresh GPU runs slower for its first ~30 s
+
+    runs = [timed_run(llm, wl.prompts, params) for _ in range(args.runs)]
+    for r in runs:
+        print({k: round(v, 1) for k, v in r.items()})
+
+    profiled, top = profiled_runs(llm, wl.prompts, params) if args.profiles else ({}, "")
     result = {
         "gpu": torch.cuda.get_device_name(),
+        "warmup": args.warmup,
         "runs": runs,
         "median_tok_s": statistics.median(r["tok_s"] for r in runs),
         "profiled": profiled,
-        "cprofile_top_tottime": text.getvalue()[-6000:],
+        "cprofile_top_tottime": top,
     }
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
