@@ -105,12 +105,20 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default="offline_wall.json")
     ap.add_argument("--no-profiles", dest="profiles", action="store_false", help="timed runs only")
-    ap.add_argument("--warmup", choices=["small", "full"], default="full", help="small: bench-offline's 4 x 8 tokens")
+    ap.add_argument(
+        "--warmup",
+        choices=["small", "shapes", "full"],
+        default="full",
+        help="small: bench-offline's 4 x 8 tokens; shapes: 256 other prompts of the workload's lengths x 8",
+    )
     args = ap.parse_args()
     llm = LLM(EngineConfig(model=args.model))
     wl = random_workload(256, vocab_size=llm.engine.model_cfg.vocab_size)
     params = [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True) for n in wl.output_lens]
     llm.generate(wl.prompts[:4], SamplingParams(max_tokens=8, temperature=0.6, ignore_eos=True))
+    if args.warmup == "shapes":
+        other = random_workload(256, output_len=(8, 8), seed=12345, vocab_size=llm.engine.model_cfg.vocab_size)
+        llm.generate(other.prompts, SamplingParams(max_tokens=8, temperature=0.6, ignore_eos=True))
     if args.warmup == "full":
         print("warm-up run:", timed_run(llm, wl.prompts, params))  # a fresh GPU runs slower for its first ~30 s
 
