@@ -298,7 +298,7 @@ def _add_floor(result: dict[str, Any], workload, mc, dtype, device, tp: int) -> 
 
 def _run_minisgl(config, workload, temperature: float, quiet: bool, repeats: int = 1, **_: Any) -> dict[str, Any]:
     from engine.sampling_params import SamplingParams
-    from minisgl_cli.workload import random_workload
+    from minisgl_cli.workload import warmup_like
 
     t0 = time.perf_counter()
     # Tensor parallelism: under torchrun the follower ranks branch off right after this load (rank 0 goes on).
@@ -307,10 +307,12 @@ def _run_minisgl(config, workload, temperature: float, quiet: bool, repeats: int
     vocab = llm.engine.model_cfg.vocab_size
     params = [SamplingParams(max_tokens=n, temperature=temperature, ignore_eos=True) for n in workload.output_lens]
 
-    # Warm-up on other random prompts (so the timed run gets no radix-cache hits from it).
+    # Warm-up on other random prompts of the same lengths (the timed run gets no radix-cache hits from it).
     t0 = time.perf_counter()
-    warm = random_workload(min(workload.num_seqs, 4), (16, 64), (8, 8), seed=12345, vocab_size=vocab)
-    llm.generate(warm.prompts, SamplingParams(max_tokens=8, temperature=temperature, ignore_eos=True))
+    warm = warmup_like(workload, vocab)
+    llm.generate(
+        warm.prompts, [SamplingParams(max_tokens=n, temperature=temperature, ignore_eos=True) for n in warm.output_lens]
+    )
     warmup = time.perf_counter() - t0
 
     before = llm.metrics()
@@ -388,7 +390,7 @@ def _run_peer(
     then `repeats` timed passes over the workload (transformers: one, it is ~40x slower), the median reported."""
     from minisgl_cli.hf_peer import model_config_for
     from minisgl_cli.peers import PeerUnavailable, open_peer
-    from minisgl_cli.workload import random_workload
+    from minisgl_cli.workload import warmup_like
 
     repeats = 1 if name == "transformers" else repeats
     t0 = time.perf_counter()
@@ -401,8 +403,9 @@ def _run_peer(
     startup = time.perf_counter() - t0
     device, mc = config.torch_device(), model_config_for(config.model)
     t0 = time.perf_counter()
-    warm = random_workload(min(workload.num_seqs, 4), (16, 64), (8, 8), seed=12345, vocab_size=mc.vocab_size)
-    peer.generate(warm.prompts, warm.output_lens, temperature)
+    warm = warmup_like(workload, mc.vocab_size)
+    n = 4 if name == "transformers" else warm.num_seqs  # ~40x slower: a few prompts warm it enough
+    peer.generate(warm.prompts[:n], warm.output_lens[:n], temperature)
     warmup = time.perf_counter() - t0
     runs = []
     for i in range(repeats):

@@ -67,6 +67,17 @@ def random_workload(
     return Workload(prompts, output_lens, "random", folded_ids=folded)
 
 
+def warmup_like(workload: Workload, vocab_size: int, seed: int = 12345) -> Workload:
+    """Other random prompts of the same lengths as `workload`'s, up to 8 output tokens each. Warming up on these
+    runs the timed run's prefill and mixed-step shapes first (their memory, kernels and GEMM plans), with no prefix
+    in common: after 4 short prompts instead, the first timed run was 1.5-2.9% slower than the next on an H100, with
+    3 more device allocations (benchmarks/offline_wall.py --warmup small/shapes)."""
+    rng = random.Random(seed)
+    hi = min(vocab_size, PUBLISHED_MAX_ID + 1)
+    prompts = [[rng.randrange(hi) for _ in p] for p in workload.prompts]
+    return Workload(prompts, [min(8, n) for n in workload.output_lens], "warm-up")
+
+
 def read_dataset_prompts(path: Path, limit: int) -> list[str]:
     """The first `limit` prompts of a local JSON/JSONL/Parquet file: the first user turn of ShareGPT
     `conversations`, or a text column."""

@@ -15,7 +15,7 @@ from engine.model_config import PRESETS
 from minisgl_cli.app import app
 from minisgl_cli.bench_offline import parse_peers, workload_digest
 from minisgl_cli.roofline import decode_floor, weight_bytes_per_step
-from minisgl_cli.workload import parse_range, random_workload
+from minisgl_cli.workload import parse_range, random_workload, warmup_like
 from tests.conftest import make_llm
 
 TINY = ["--model", "dummy:tiny-llama", "--device", "cpu", "--quiet"]
@@ -46,6 +46,15 @@ def test_small_vocab_keeps_the_lengths_and_folds_the_ids():
     assert all(0 <= t < 512 for p in tiny.prompts for t in p)
     assert tiny.prompts[0] == [t % 512 for t in w.prompts[0]]
     assert tiny.folded_ids == sum(t >= 512 for p in w.prompts for t in p) > 0
+
+
+def test_warm_up_prompts_have_the_workloads_lengths_and_share_no_page_with_it():
+    w = random_workload()
+    warm = warmup_like(w, vocab_size=151_936)
+    assert [len(p) for p in warm.prompts] == [len(p) for p in w.prompts] and warm.output_lens == [8] * 256
+    assert all(0 <= t <= 10_000 for p in warm.prompts for t in p)
+    assert not {tuple(p[:16]) for p in warm.prompts} & {tuple(p[:16]) for p in w.prompts}  # no radix page in common
+    assert all(0 <= t < 512 for p in warmup_like(w, vocab_size=512).prompts for t in p)
 
 
 @pytest.mark.parametrize("text, expect", [("100:1024", (100, 1024)), ("7", (7, 7)), ("3:3", (3, 3))])
