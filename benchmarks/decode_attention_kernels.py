@@ -7,6 +7,7 @@ context lengths follow the offline workload mid-run (prompt 100-1024 plus 0-1024
 of every sequence scattered over the pool as they are after churn. Kernels:
   fi-tc        FlashInfer's tensor-core decode (the engine's choice), NHD pool [pages, page, heads, dim]
   fi-tc-nosplit  the same with disable_split_kv: no KV split across CTAs, so no merge kernel after it
+  fi-tc-splitN the same with fixed_split_size=N: each request's KV cut into chunks of N pages
   fi-tc-hnd    the same kernel on an HND pool [pages, heads, page, dim] (each head's page contiguous)
   fi-cc        FlashInfer's CUDA-core decode, NHD;  fi-cc-hnd  on HND
   xqa          FlashInfer's XQA decode kernel (TensorRT-LLM's GQA decode), NHD;  xqa-hnd  on HND
@@ -63,7 +64,7 @@ def case(batch: int, page: int, kernels: list[str], seed: int = 0) -> list[dict]
     ws = torch.zeros(256 * 2**20, dtype=torch.uint8, device=dev)
     scale = DIM**-0.5
 
-    def fi(tc: bool, layout: str, **plan: bool) -> Callable[[], torch.Tensor]:
+    def fi(tc: bool, layout: str, **plan: bool | int) -> Callable[[], torch.Tensor]:
         w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, layout, use_tensor_cores=tc)
         w.plan(indptr, indices, last, HEADS, KV_HEADS, DIM, page, q_data_type=torch.bfloat16, sm_scale=scale, **plan)
         kv = (k_nhd, v_nhd) if layout == "NHD" else (k_hnd, v_hnd)
@@ -82,6 +83,7 @@ def case(batch: int, page: int, kernels: list[str], seed: int = 0) -> list[dict]
         "fi-tc-hnd": lambda: fi(True, "HND"),
         "fi-cc": lambda: fi(False, "NHD"),
         "fi-cc-hnd": lambda: fi(False, "HND"),
+        **{f"fi-tc-split{n}": (lambda n=n: fi(True, "NHD", fixed_split_size=n)) for n in (4, 8, 16, 32, 64)},
         "xqa": lambda: xqa("NHD"),
         "xqa-hnd": lambda: xqa("HND"),
     }
