@@ -18,6 +18,7 @@ fi-tc's. The table gives us per call and the KV read bandwidth (bytes of K and V
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections.abc import Callable
 
@@ -83,10 +84,11 @@ def case(batch: int, page: int, kernels: list[str], seed: int = 0) -> list[dict]
         "fi-tc-hnd": lambda: fi(True, "HND"),
         "fi-cc": lambda: fi(False, "NHD"),
         "fi-cc-hnd": lambda: fi(False, "HND"),
-        **{f"fi-tc-split{n}": (lambda n=n: fi(True, "NHD", fixed_split_size=n)) for n in (4, 8, 16, 32, 64)},
         "xqa": lambda: xqa("NHD"),
         "xqa-hnd": lambda: xqa("HND"),
     }
+    for n in (4, 8, 16, 32, 64):
+        makers[f"fi-tc-split{n}"] = functools.partial(fi, True, "NHD", fixed_split_size=n)
     kv_bytes = int(lens.sum()) * KV_HEADS * DIM * 2 * 2
     ref = makers["fi-tc"]()().float()
     rows = []
