@@ -29,6 +29,9 @@ class SamplingParams:
     # `raw_logprobs`): None = none; k = the chosen token's and the k most likely alternatives'.
     logprobs: int | None = None  # per output token
     prompt_logprobs: int | None = None  # per prompt token after the first (the prompt is then not read from cache)
+    # False: token ids only, no text (vLLM's `detokenize=False`; bench-offline, whose peers skip it too). Stop
+    # strings are matched in the text, so they need it.
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -76,6 +79,8 @@ class SamplingParams:
             ),
             (_logprob_count(self.logprobs), "logprobs", f"must be an integer in [0, {MAX_LOGPROBS}]"),
             (_logprob_count(self.prompt_logprobs), "prompt_logprobs", f"must be an integer in [0, {MAX_LOGPROBS}]"),
+            (isinstance(self.detokenize, bool), "detokenize", "must be true or false"),
+            (self.detokenize or not self.stop, "stop", "strings need detokenize=True: they are matched in the text"),
         ]
         for ok, name, why in checks:
             if not ok:

@@ -146,7 +146,7 @@ class TextState:
     """One request's text so far. `advance` takes the ids the engine produced since the last call and returns
     what may be shown now: text that could still turn out to start a stop string is held back until decided."""
 
-    detok: IncrementalDetokenizer
+    detok: IncrementalDetokenizer | None  # None: the request asked for token ids only (detokenize=False)
     stop: list[str]
     min_tokens: int = 0  # stop strings count only once this many tokens are out
     stop_ids: frozenset[int] = frozenset()  # stop_token_ids: the one that ends the request adds no text (as vLLM)
@@ -161,11 +161,13 @@ class TextState:
 
     @classmethod
     def create(cls, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams) -> TextState:
-        detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+        detok = IncrementalDetokenizer(tokenizer, prompt_ids) if params.detokenize else None
         return cls(detok, list(params.stop), params.min_tokens, frozenset(params.stop_token_ids))
 
     def _feed(self, new_ids: list[int], first: int) -> None:
         """first: the 1-based count of new_ids[0] among the output tokens."""
+        if self.detok is None:
+            return
         for i, t in enumerate(new_ids, start=first):
             start = max(len(self.text) - self.hold, 0)
             self.text += self.detok.add(t)

@@ -305,14 +305,17 @@ def _run_minisgl(config, workload, temperature: float, quiet: bool, repeats: int
     llm = o.load_llm(config, quiet=quiet)
     startup = time.perf_counter() - t0
     vocab = llm.engine.model_cfg.vocab_size
-    params = [SamplingParams(max_tokens=n, temperature=temperature, ignore_eos=True) for n in workload.output_lens]
+
+    # Token ids only, as the peers run (vLLM with skip_tokenizer_init): the benchmark counts tokens, not text.
+    def params_for(lens: list[int]) -> list[SamplingParams]:
+        return [SamplingParams(max_tokens=n, temperature=temperature, ignore_eos=True, detokenize=False) for n in lens]
+
+    params = params_for(workload.output_lens)
 
     # Warm-up on other random prompts of the same lengths (the timed run gets no radix-cache hits from it).
     t0 = time.perf_counter()
     warm = warmup_like(workload, vocab)
-    llm.generate(
-        warm.prompts, [SamplingParams(max_tokens=n, temperature=temperature, ignore_eos=True) for n in warm.output_lens]
-    )
+    llm.generate(warm.prompts, params_for(warm.output_lens))
     warmup = time.perf_counter() - t0
 
     before = llm.metrics()

@@ -34,6 +34,21 @@ def test_streamed_deltas_add_up_to_the_final_text(smollm):
     assert "\ufffd" not in outs[-1].text
 
 
+def test_detokenize_false_gives_the_same_tokens_and_no_text(smollm):
+    """Token ids only (bench-offline's mode, as vLLM's detokenize=False): the same tokens and finish reasons, empty
+    text and deltas; stop strings, which are matched in the text, are refused rather than ignored."""
+    prompt = [{"role": "user", "content": "Say hello in three languages."}]
+    kw = dict(max_tokens=30, temperature=0, stop_token_ids=[13])
+    text, ids = (smollm.generate([prompt], SamplingParams(**kw, detokenize=d))[0] for d in (True, False))
+    assert text.text and ids.token_ids == text.token_ids and ids.finish_reason == text.finish_reason
+    streamed = list(smollm.stream(prompt, SamplingParams(**kw, detokenize=False)))
+    assert ids.text == "" and all(o.delta_text == "" for o in streamed) and streamed[-1].token_ids == text.token_ids
+    with pytest.raises(ValueError, match="stop strings need detokenize=True"):
+        SamplingParams(stop=["."], detokenize=False)
+    with pytest.raises(ValueError, match="detokenize must be true or false"):
+        SamplingParams(detokenize="no")
+
+
 def test_stop_string_truncates_and_never_streams_past_it(smollm):
     prompt = [{"role": "user", "content": "Count from one to ten in words, comma separated."}]
     full = smollm.generate([prompt], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))[0].text
