@@ -104,6 +104,7 @@ def main() -> None:
     ap.add_argument("--model", default="dummy:Qwen3-0.6B")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default="offline_wall.json")
+    ap.add_argument("--ab-detokenize", action="store_true", help="runs with text against token ids only")
     ap.add_argument("--no-profiles", dest="profiles", action="store_false", help="timed runs only")
     ap.add_argument(
         "--warmup",
@@ -121,6 +122,21 @@ def main() -> None:
         llm.generate(other.prompts, SamplingParams(max_tokens=8, temperature=0.6, ignore_eos=True))
     if args.warmup == "full":
         print("warm-up run:", timed_run(llm, wl.prompts, params))  # a fresh GPU runs slower for its first ~30 s
+
+    if args.ab_detokenize:  # interleaved, order alternating: with the text (as before d7603a6) and token ids only
+        ids_only = [
+            SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True, detokenize=False) for n in wl.output_lens
+        ]
+        ab: dict[str, list[float]] = {"text": [], "ids": []}
+        for i in range(args.runs):
+            for name in ("text", "ids") if i % 2 == 0 else ("ids", "text"):
+                r = timed_run(llm, wl.prompts, params if name == "text" else ids_only)
+                ab[name].append(r["tok_s"])
+                print(name, {k: round(v, 1) for k, v in r.items()}, flush=True)
+        print({k: round(statistics.median(v)) for k, v in ab.items()})
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "ab_detokenize": ab}, f, indent=1)
+        return
 
     runs = [timed_run(llm, wl.prompts, params) for _ in range(args.runs)]
     for r in runs:
