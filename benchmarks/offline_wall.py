@@ -29,10 +29,11 @@ from minisgl_cli.workload import random_workload
 
 def device_allocs() -> int:
     """cudaMalloc calls made so far by torch's caching allocator (a new segment each)."""
-    return int(torch.cuda.memory_stats().get("num_device_alloc", 0))
+    return int(torch.cuda.memory_stats().get("num_device_alloc", 0)) if torch.cuda.is_available() else 0
 
 
-def timed_run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> dict[str, float]:
+def timed_run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams], lean: bool = False) -> dict[str, float]:
+    """lean: step times through on_progress (no outputs for running requests) instead of on_step."""
     llm.engine.clear_cache()
     allocs = device_allocs()
     steps: list[float] = []
@@ -47,7 +48,8 @@ def timed_run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) 
     llm.add_request = timed_add  # type: ignore[method-assign]
     try:
         t0 = time.perf_counter()
-        outs = llm.generate(prompts, params, on_step=lambda _: steps.append(time.perf_counter()))
+        stamp = lambda *_: steps.append(time.perf_counter())  # noqa: E731
+        outs = llm.generate(prompts, params, **({"on_progress": stamp} if lean else {"on_step": stamp}))
         wall = time.perf_counter() - t0
     finally:
         del llm.add_request
@@ -105,6 +107,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default="offline_wall.json")
     ap.add_argument("--ab-detokenize", action="store_true", help="runs with text against token ids only")
+    ap.add_argument("--ab-lean", action="store_true", help="outputs every step against final outputs only")
     ap.add_argument("--no-profiles", dest="profiles", action="store_false", help="timed runs only")
     ap.add_argument(
         "--warmup",
@@ -123,19 +126,28 @@ def main() -> None:
     if args.warmup == "full":
         print("warm-up run:", timed_run(llm, wl.prompts, params))  # a fresh GPU runs slower for its first ~30 s
 
-    if args.ab_detokenize:  # interleaved, order alternating: with the text (as before d7603a6) and token ids only
+    if args.ab_detokenize or args.ab_lean:  # interleaved, order alternating
         ids_only = [
             SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True, detokenize=False) for n in wl.output_lens
         ]
-        ab: dict[str, list[float]] = {"text": [], "ids": []}
+        # detokenize: with the text (as before d7603a6) vs token ids only; lean: token ids only, outputs every step
+        # (on_step) vs final outputs only (on_progress)
+        arms = (
+            {"text": (params, False), "ids": (ids_only, False)}
+            if args.ab_detokenize
+            else {"every-step": (ids_only, False), "final-only": (ids_only, True)}
+        )
+        ab: dict[str, list[float]] = {k: [] for k in arms}
         for i in range(args.runs):
-            for name in ("text", "ids") if i % 2 == 0 else ("ids", "text"):
-                r = timed_run(llm, wl.prompts, params if name == "text" else ids_only)
+            for name in list(arms) if i % 2 == 0 else list(arms)[::-1]:
+                r = timed_run(llm, wl.prompts, arms[name][0], lean=arms[name][1])
                 ab[name].append(r["tok_s"])
                 print(name, {k: round(v, 1) for k, v in r.items()}, flush=True)
         print({k: round(statistics.median(v)) for k, v in ab.items()})
         with open(args.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "ab_detokenize": ab}, f, indent=1)
+            json.dump(
+                {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "ab": ab}, f, indent=1
+            )
         return
 
     runs = [timed_run(llm, wl.prompts, params) for _ in range(args.runs)]

@@ -49,7 +49,15 @@ class LLM:
         return self.engine.has_work()
 
     def step(self) -> list[RequestOutput]:
-        return [o for r in self.engine.step() if (o := self._output(r)) is not None]
+        return self._outputs(self.engine.step(), running=True)
+
+    def _outputs(self, reqs: list[Req], running: bool) -> list[RequestOutput]:
+        """The outputs of the requests a step changed. running=False: a running request's output is built only where
+        its text must be followed token by token (detokenize: stop strings, text faults); the others get theirs when
+        they finish, with all their tokens (building 256 outputs took ~1.2 ms of host time per step, CPU)."""
+        return [
+            o for r in reqs if (running or r.finished or r.params.detokenize) and (o := self._output(r)) is not None
+        ]
 
     def _output(self, req: Req) -> RequestOutput | None:
         st = self._text.get(req.rid)
@@ -89,8 +97,11 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         on_output: Callable[[RequestOutput], object] | None = None,
         on_step: Callable[[list[RequestOutput]], object] | None = None,
+        on_progress: Callable[[int, int], object] | None = None,
     ) -> list[RequestOutput]:
-        """Run a batch to completion; outputs in prompt order. on_step(outputs) sees each step's outputs at once."""
+        """Run a batch to completion; outputs in prompt order. on_step(outputs) sees each step's outputs at once;
+        on_progress(requests, tokens) only counts them (how many requests the step changed, how many tokens it
+        produced), so without on_step and on_output no output is built for a running request that needs no text."""
         if params is None or isinstance(params, SamplingParams):
             plist = [params or SamplingParams()] * len(prompts)
         else:  # any sequence, not only a list or tuple
@@ -110,8 +121,13 @@ class LLM:
                 while any(r in self.engine.reqs for r in rids):
                     self.step()
                 raise
+            running = on_step is not None or on_output is not None
             while len(final) < len(rids):
-                outs = self.step()
+                tokens = self.engine.stats["generation_tokens"]
+                reqs = self.engine.step()
+                outs = self._outputs(reqs, running)
+                if on_progress is not None:
+                    on_progress(len(reqs), self.engine.stats["generation_tokens"] - tokens)
                 if on_step is not None:
                     on_step(outs)
                 for out in outs:

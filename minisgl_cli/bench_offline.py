@@ -328,13 +328,13 @@ def _run_minisgl(config, workload, temperature: float, quiet: bool, repeats: int
             steps: list[tuple[float, int, int]] = []  # (time, requests, tokens) of every step, for --plot
             t0 = time.perf_counter()
 
-            # One call per step, not per output: in a run the GPU waits on, every host microsecond counts.
-            def on_step(outs, steps=steps, t0=t0, bar=bar, task=task) -> None:
-                steps.append((time.perf_counter() - t0, len(outs), sum(len(o.delta_token_ids) for o in outs)))
+            # Counts per step, no outputs for running requests (the GPU waits on the host at small batches).
+            def on_progress(requests: int, tokens: int, steps=steps, t0=t0, bar=bar, task=task) -> None:
+                steps.append((time.perf_counter() - t0, requests, tokens))
                 if len(steps) % 32 == 0:  # a rich refresh per step would cost more than a small model's step
                     bar.update(task, completed=sum(n for _, _, n in steps))
 
-            outs = llm.generate(workload.prompts, params, on_step=on_step)
+            outs = llm.generate(workload.prompts, params, on_progress=on_progress)
             timed.append((time.perf_counter() - t0, outs, steps))
     after = llm.metrics()
     duration, outs, steps = sorted(timed, key=lambda t: t[0])[(repeats - 1) // 2]  # the median run (lower middle)

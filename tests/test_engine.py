@@ -369,3 +369,26 @@ def test_final_only_streams_get_the_finished_output_alone():
     assert [outs[-1].token_ids for outs in streamed] == ref[0::2]
     assert [outs[0].token_ids for outs in final] == ref[1::2]
     assert all(len(outs[0].token_times) == GREEDY.max_tokens for outs in final)
+
+
+def test_generate_without_callbacks_builds_only_final_outputs_for_token_id_requests():
+    """generate() with neither on_step nor on_output builds no output for a running detokenize=False request (the
+    host time it saves is the GPU's at small batches); the final outputs are the ones a per-step caller gets, and
+    on_progress's counts add up to the tokens produced. Requests that want text still get theirs every step."""
+    prompts = [[1 + i, 2, 3, 4 + i] for i in range(6)]
+    ids = [SamplingParams(max_tokens=5 + 3 * i, temperature=0, ignore_eos=True, detokenize=False) for i in range(6)]
+    seen = make_llm(num_pages=256).generate(prompts, ids, on_step=lambda outs: None)
+    llm = make_llm(num_pages=256)
+    built: list[bool] = []
+    output = llm._output
+    llm._output = lambda r: (built.append(r.finished), output(r))[1]
+    progress: list[tuple[int, int]] = []
+    lean = llm.generate(prompts, ids, on_progress=lambda n, t: progress.append((n, t)))
+    assert built == [True] * 6  # one output per request, when it finished
+    assert [o.token_ids for o in lean] == [o.token_ids for o in seen] and all(o.finished for o in lean)
+    assert [len(o.token_times) for o in lean] == [5 + 3 * i for i in range(6)]
+    assert sum(t for _, t in progress) == sum(5 + 3 * i for i in range(6)) and max(n for n, _ in progress) == 6
+    built.clear()
+    text = [SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)] * 2
+    llm.generate(prompts[:2], text)
+    assert len(built) == 12 and built.count(True) == 2  # text is followed token by token

@@ -308,12 +308,12 @@ def test_generate_pauses_the_collector_and_restores_it_even_when_a_step_fails():
     # What the pause leaves for later: the steps made no reference cycles (one per step would leave >= 40 objects;
     # a long offline run would keep them all until it ends).
     assert gc.collect() < 40
-    step = llm.step
-    llm.step = fail_after(1, step)
+    step = llm.engine.step
+    llm.engine.step = fail_after(1, step)  # fault injection
     with pytest.raises(RuntimeError, match=FAULT):
         llm.generate(["c"], SamplingParams(max_tokens=4))
     assert gc.isenabled()
-    llm.step = step
+    llm.engine.step = step
     gc.disable()
     try:
         llm.generate(["d"], SamplingParams(max_tokens=2))
