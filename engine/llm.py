@@ -122,6 +122,7 @@ class LLM:
                     self.step()
                 raise
             running = on_step is not None or on_output is not None
+            wanted = set(rids)
             while len(final) < len(rids):
                 tokens = self.engine.stats["generation_tokens"]
                 reqs = self.engine.step()
@@ -133,7 +134,7 @@ class LLM:
                 for out in outs:
                     if on_output is not None:
                         on_output(out)
-                    if out.finished:
+                    if out.finished and out.rid in wanted:  # another caller's request may finish here too
                         final[out.rid] = out
             while any(r in self.engine.reqs for r in rids):  # a stop string ended some: their pages go back now
                 self.step()

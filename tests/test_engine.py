@@ -392,3 +392,14 @@ def test_generate_without_callbacks_builds_only_final_outputs_for_token_id_reque
     text = [SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)] * 2
     llm.generate(prompts[:2], text)
     assert len(built) == 12 and built.count(True) == 2  # text is followed token by token
+
+
+def test_generate_returns_its_own_requests_when_another_finishes_first():
+    """A request added apart (another caller's) that finishes during generate() is not one of its outputs: it once
+    counted towards them, ending the call before its own requests were done."""
+    llm = make_llm(num_pages=256)
+    other = llm.add_request([9, 8, 7], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (10, 20)]
+    outs = llm.generate([[1, 2, 3], [4, 5, 6]], params)
+    assert [len(o.token_ids) for o in outs] == [10, 20] and other not in {o.rid for o in outs}
+    assert not llm.has_work()
