@@ -24,7 +24,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
-from minisgl_cli.workload import random_workload
+from minisgl_cli.workload import random_workload, warmup_like
 
 
 def device_allocs() -> int:
@@ -120,8 +120,8 @@ def main() -> None:
     wl = random_workload(256, vocab_size=llm.engine.model_cfg.vocab_size)
     params = [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True) for n in wl.output_lens]
     llm.generate(wl.prompts[:4], SamplingParams(max_tokens=8, temperature=0.6, ignore_eos=True))
-    if args.warmup == "shapes":
-        other = random_workload(256, output_len=(8, 8), seed=12345, vocab_size=llm.engine.model_cfg.vocab_size)
+    if args.warmup == "shapes":  # bench-offline's warm-up
+        other = warmup_like(wl, llm.engine.model_cfg.vocab_size)
         llm.generate(other.prompts, SamplingParams(max_tokens=8, temperature=0.6, ignore_eos=True))
     if args.warmup == "full":
         print("warm-up run:", timed_run(llm, wl.prompts, params))  # a fresh GPU runs slower for its first ~30 s
@@ -148,6 +148,7 @@ def main() -> None:
             json.dump(
                 {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "ab": ab}, f, indent=1
             )
+        llm.shutdown()
         return
 
     runs = [timed_run(llm, wl.prompts, params) for _ in range(args.runs)]
