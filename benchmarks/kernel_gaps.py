@@ -100,11 +100,12 @@ def whole_workload(llm: LLM, out: str) -> None:
     from minisgl_cli.workload import random_workload
 
     wl = random_workload(256, vocab_size=llm.engine.model_cfg.vocab_size)
-    params = [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True) for n in wl.output_lens]
+    # as bench-offline asks: token ids only, final outputs only
+    params = [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True, detokenize=False) for n in wl.output_lens]
     llm.generate(wl.prompts[:32], [SamplingParams(max_tokens=16, temperature=0.6, ignore_eos=True)] * 32)
-    llm.generate(wl.prompts, params)  # a warm run first: a fresh GPU runs slower for its first ~30 s
+    llm.generate(wl.prompts, params, on_progress=lambda *_: None)  # a fresh GPU runs slower for its first ~30 s
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        llm.generate(wl.prompts, params)
+        llm.generate(wl.prompts, params, on_progress=lambda *_: None)
         torch.cuda.synchronize()
     ops = sorted(
         (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.name),

@@ -71,7 +71,7 @@ def profiled_runs(llm: LLM, prompts: list[list[int]], params: list[SamplingParam
     llm.engine.clear_cache()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
-        llm.generate(prompts, params)
+        llm.generate(prompts, params, on_progress=lambda *_: None)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
     ops = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.name]
@@ -92,7 +92,7 @@ def profiled_runs(llm: LLM, prompts: list[list[int]], params: list[SamplingParam
     llm.engine.clear_cache()
     cp = cProfile.Profile()
     cp.enable()
-    llm.generate(prompts, params)
+    llm.generate(prompts, params, on_progress=lambda *_: None)
     cp.disable()
     text = io.StringIO()
     pstats.Stats(cp, stream=text).sort_stats("tottime").print_stats(30)
@@ -119,6 +119,10 @@ def main() -> None:
     llm = LLM(EngineConfig(model=args.model))
     wl = random_workload(256, vocab_size=llm.engine.model_cfg.vocab_size)
     params = [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True) for n in wl.output_lens]
+    # as bench-offline asks: token ids only (and, in the timed runs, final outputs only)
+    ids_only = [
+        SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True, detokenize=False) for n in wl.output_lens
+    ]
     llm.generate(wl.prompts[:4], SamplingParams(max_tokens=8, temperature=0.6, ignore_eos=True))
     if args.warmup == "shapes":  # bench-offline's warm-up
         other = warmup_like(wl, llm.engine.model_cfg.vocab_size)
@@ -127,9 +131,6 @@ def main() -> None:
         print("warm-up run:", timed_run(llm, wl.prompts, params))  # a fresh GPU runs slower for its first ~30 s
 
     if args.ab_detokenize or args.ab_lean:  # interleaved, order alternating
-        ids_only = [
-            SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True, detokenize=False) for n in wl.output_lens
-        ]
         # detokenize: with the text (as before d7603a6) vs token ids only; lean: token ids only, outputs every step
         # (on_step) vs final outputs only (on_progress)
         arms = (
@@ -151,11 +152,11 @@ def main() -> None:
         llm.shutdown()
         return
 
-    runs = [timed_run(llm, wl.prompts, params) for _ in range(args.runs)]
+    runs = [timed_run(llm, wl.prompts, ids_only, lean=True) for _ in range(args.runs)]
     for r in runs:
         print({k: round(v, 1) for k, v in r.items()})
 
-    profiled, top = profiled_runs(llm, wl.prompts, params) if args.profiles else ({}, "")
+    profiled, top = profiled_runs(llm, wl.prompts, ids_only) if args.profiles else ({}, "")
     result = {
         "gpu": torch.cuda.get_device_name(),
         "warmup": args.warmup,
