@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from kernels.attention import AttnMeta
+from kernels.transfer import host_buffer
 
 if TYPE_CHECKING:
     from engine.runner import ModelRunner
@@ -108,12 +108,13 @@ class DecodeGraphs:
         n = len(kv_lens)
         bs = next(s for s in self.sizes if s >= n)
         # Padded rows read slot 0's token and attend to, and write into, the scratch page that no request owns.
-        host = np.zeros((3, self.max_bs), dtype=np.int64)
+        pinned = host_buffer((3, self.max_bs), torch.int64, self.inputs.device)
+        host = pinned.numpy()
         host[0, :n] = [r.slot for r in batch.reqs]
         host[1, :n] = batch.starts
         host[2, :n] = out_slots
         host[2, n:bs] = self.scratch_page * self.runner.pool.page_size
-        self.inputs.copy_(torch.from_numpy(host), non_blocking=True)  # pageable: staged at once, safe to drop
+        self.inputs.copy_(pinned, non_blocking=True)
         pad = bs - n
         key = self._plan(bs, kv_lens + [1] * pad, tables + [[self.scratch_page]] * pad)
         self.graphs[key].replay()

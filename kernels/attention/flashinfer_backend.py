@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from kernels.attention.base import AttentionBackend, AttnMeta
+from kernels.transfer import host_buffer, to_device
 from kvcache.pool import KVPool
 
 WORKSPACE_BYTES = 256 * 2**20
@@ -36,15 +37,14 @@ def paged_metadata(meta: AttnMeta, page_size: int) -> tuple[torch.Tensor, torch.
     """CSR page table for FlashInfer: indptr and last_page_len on the CPU (its planner reads them there),
     indices already on the device: FlashInfer copies host indices with a blocking copy, which would
     stall overlap scheduling."""
-    counts = [len(t) for t in meta.page_tables]
-    indptr = torch.zeros(len(counts) + 1, dtype=torch.int32)
-    indptr[1:] = torch.tensor(counts, dtype=torch.int32).cumsum(0)
+    dev, n = meta.out_slots.device, len(meta.page_tables)
+    indptr, last = host_buffer((n + 1,), torch.int32, dev), host_buffer((n,), torch.int32, dev)
+    indptr[1:] = torch.tensor([len(t) for t in meta.page_tables], dtype=torch.int32).cumsum(0)
+    last[:] = torch.tensor([(kv - 1) % page_size + 1 for kv in meta.kv_lens], dtype=torch.int32)
     # np.fromiter: 0.8 ms for 35k page ids on the 2-core CPU machine, against 3.2 ms for torch.tensor(list(...)).
     total = int(indptr[-1])
     indices = torch.from_numpy(np.fromiter(chain.from_iterable(meta.page_tables), dtype=np.int32, count=total))
-    indices = indices.to(meta.out_slots.device, non_blocking=True)
-    last = torch.tensor([(kv - 1) % page_size + 1 for kv in meta.kv_lens], dtype=torch.int32)
-    return indptr, indices, last
+    return indptr, to_device(indices, dev), last
 
 
 def decode_split_kv(kv_lens: list[int], num_kv_heads: int, slots: int) -> bool:
