@@ -130,8 +130,9 @@ def main() -> None:
         }
         print(f"run {run}:", {k: round(v, 2) if isinstance(v, float) else v for k, v in summary.items()})
         decode = [r for r in rows if r["prefill_tokens"] == 0]
-        summary["decode_median_ms"] = {k: statistics.median(r.get(k, 0.0) for r in decode) for k in ph[-1]}
-        print("  decode steps, median ms:", {k: round(v, 3) for k, v in summary["decode_median_ms"].items()})
+        medians = {k: statistics.median(r.get(k, 0.0) for r in decode) for k in ph[-1]}
+        summary["decode_median_ms"] = medians
+        print("  decode steps, median ms:", {k: round(v, 3) for k, v in medians.items()})
         for r in sorted(decode, key=lambda r: -r["host_ms"])[:12]:
             print("  slow step", {k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()})
         results.append(dict(summary=summary, steps=rows))

@@ -24,7 +24,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
-from kernels import transfer
+from kernels.attention import flashinfer_backend
 from minisgl_cli.workload import random_workload, warmup_like
 
 
@@ -109,7 +109,7 @@ def main() -> None:
     ap.add_argument("--out", default="offline_wall.json")
     ap.add_argument("--ab-detokenize", action="store_true", help="runs with text against token ids only")
     ap.add_argument("--ab-lean", action="store_true", help="outputs every step against final outputs only")
-    ap.add_argument("--ab-pinned", action="store_true", help="per-step input copies from pageable vs pinned memory")
+    ap.add_argument("--ab-pinned", action="store_true", help="graph inputs from pageable vs pinned memory")
     ap.add_argument("--no-profiles", dest="profiles", action="store_false", help="timed runs only")
     ap.add_argument(
         "--warmup",
@@ -135,8 +135,8 @@ def main() -> None:
     if args.ab_detokenize or args.ab_lean or args.ab_pinned:  # interleaved, order alternating
         # detokenize: with the text (as before d7603a6) vs token ids only; lean: token ids only, outputs every step
         # (on_step) vs final outputs only (on_progress)
-        # pinned: token ids only, final outputs only; each step's input copies from pageable (before the
-        # thirteenth session) vs pinned memory (kernels/transfer.py)
+        # pinned: token ids only, final outputs only; the decode graphs' per-step inputs from fresh pageable arrays
+        # vs the pinned buffers allocated once (flashinfer_backend.PINNED_GRAPH_INPUTS)
         arms = (
             {"text": (params, False), "ids": (ids_only, False)}
             if args.ab_detokenize
@@ -147,7 +147,7 @@ def main() -> None:
         ab: dict[str, list[float]] = {k: [] for k in arms}
         for i in range(args.runs):
             for name in list(arms) if i % 2 == 0 else list(arms)[::-1]:
-                transfer.PINNED = name != "pageable"
+                flashinfer_backend.PINNED_GRAPH_INPUTS = name != "pageable"
                 r = timed_run(llm, wl.prompts, arms[name][0], lean=arms[name][1])
                 ab[name].append(r["tok_s"])
                 print(name, {k: round(v, 1) for k, v in r.items()}, flush=True)

@@ -13,7 +13,6 @@ from engine.request import Req
 from engine.sampler import Logprobs, Sampler
 from engine.scheduler import Batch
 from kernels.attention import AttnMeta, create_backend
-from kernels.transfer import list_to_device, to_device
 from kvcache.pool import KVPool
 
 
@@ -108,14 +107,14 @@ class ModelRunner:
         ids = []
         if nd:
             slot_idx = torch.tensor([r.slot for r in batch.reqs[:nd]], dtype=torch.int64)
-            ids.append(self.next_tokens[to_device(slot_idx, dev)])
+            ids.append(self.next_tokens[slot_idx.to(dev, non_blocking=True)])
         if rows:
             prompt = [
                 t for i in rows for t in batch.reqs[i].all_ids[batch.starts[i] : batch.starts[i] + batch.q_lens[i]]
             ]
-            ids.append(to_device(torch.tensor(prompt, dtype=torch.int64), dev))
-        meta = AttnMeta(batch.is_decode, batch.q_lens, kv_lens, tables, to_device(torch.cat(out), dev))
-        return torch.cat(ids) if len(ids) > 1 else ids[0], to_device(torch.cat(pos), dev), meta
+            ids.append(torch.tensor(prompt, dtype=torch.int64).to(dev, non_blocking=True))
+        meta = AttnMeta(batch.is_decode, batch.q_lens, kv_lens, tables, torch.cat(out).to(dev, non_blocking=True))
+        return torch.cat(ids) if len(ids) > 1 else ids[0], torch.cat(pos).to(dev, non_blocking=True), meta
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> StepOutput:
@@ -134,7 +133,11 @@ class ModelRunner:
         prompt_lps = self._prompt_logprobs(batch, hidden, last)
         if not sampled:
             return self._output(torch.empty(0, dtype=torch.int64, device=self.device), prompt_lps=prompt_lps)
-        h = hidden[to_device(last[sample_rows], self.device)] if batch.num_tokens != len(sample_rows) else hidden
+        h = (
+            hidden[last[sample_rows].to(self.device, non_blocking=True)]
+            if batch.num_tokens != len(sample_rows)
+            else hidden
+        )
         logits = self.model.logits(h)
         if self.keep_logits:
             self.last_logits = logits
@@ -145,12 +148,12 @@ class ModelRunner:
         if TP.size > 1:  # every rank must continue with rank 0's token, whatever its own RNG drew
             dist.broadcast(tokens, src=0)
         if slots is None:
-            slots = list_to_device([r.slot for r in sampled], self.device)
+            slots = torch.tensor([r.slot for r in sampled]).to(self.device, non_blocking=True)
         self.next_tokens[slots] = tokens
         rows = [j for j, r in enumerate(sampled) if r.params.logprobs is not None]
         lps = None
         if rows:  # from the logits as the model produced them: the sampler changed only its own copies
-            idx = list_to_device(rows, self.device)
+            idx = torch.tensor(rows).to(self.device, non_blocking=True)
             lps = Logprobs.compute(logits[idx], tokens[idx], [sampled[j].params.logprobs or 0 for j in rows])
         return self._output(tokens, rows, lps, prompt_lps)
 
@@ -185,6 +188,6 @@ class ModelRunner:
                 b = min(a + self.PROMPT_LOGITS_BLOCK, end)
                 targets = req.prompt_ids[a + 1 : b + 1]
                 logits = self.model.logits(hidden[first + a - start : first + b - start])
-                ids = list_to_device(targets, self.device)
+                ids = torch.tensor(targets).to(self.device, non_blocking=True)
                 out.append(PromptLogprobs(req, a, targets, Logprobs.compute(logits, ids, [k] * (b - a))))
         return out

@@ -4,6 +4,7 @@ per-request seeds; and the log-probabilities requests ask for."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -11,7 +12,11 @@ from engine.layers import fused_ops
 from engine.logprobs import TokenLogprob
 from engine.request import Req
 from engine.sampling_params import SamplingParams
-from kernels.transfer import list_to_device
+
+
+def _dev(values: list[Any], device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A small host list on the device without a stream sync (a blocking copy would stall overlap scheduling)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:
@@ -65,21 +70,21 @@ class Sampler:
         assert self.counts is not None
         self.seen[req.slot].zero_()
         self.counts[req.slot].zero_()
-        self.seen[req.slot, list_to_device(req.all_ids, self.device)] = True
+        self.seen[req.slot, _dev(req.all_ids, self.device)] = True
         if req.output_ids:
-            out = list_to_device(req.output_ids, self.device)
+            out = _dev(req.output_ids, self.device)
             self.counts[req.slot].index_add_(0, out, torch.ones_like(out, dtype=torch.int32))
 
     def _penalize(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
         rows = [i for i, r in enumerate(reqs) if r.params.has_penalties]
         if not rows or self.seen is None or self.counts is None:
             return logits
-        idx = list_to_device(rows, self.device)
-        slots = list_to_device([reqs[i].slot for i in rows], self.device)
+        idx = _dev(rows, self.device)
+        slots = _dev([reqs[i].slot for i in rows], self.device)
         p = [reqs[i].params for i in rows]
-        rep = list_to_device([x.repetition_penalty for x in p], self.device)[:, None]
-        freq = list_to_device([x.frequency_penalty for x in p], self.device)[:, None]
-        pres = list_to_device([x.presence_penalty for x in p], self.device)[:, None]
+        rep = _dev([x.repetition_penalty for x in p], self.device)[:, None]
+        freq = _dev([x.frequency_penalty for x in p], self.device)[:, None]
+        pres = _dev([x.presence_penalty for x in p], self.device)[:, None]
         sub, seen, cnt = logits[idx], self.seen[slots], self.counts[slots].float()
         sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
         sub = sub - freq * cnt - pres * (cnt > 0).float()
@@ -92,8 +97,8 @@ class Sampler:
             return
         rows = [i for i, r in enumerate(reqs) if r.params.has_penalties]
         if rows:
-            slots = list_to_device([reqs[i].slot for i in rows], self.device)
-            toks = tokens[list_to_device(rows, self.device)]
+            slots = _dev([reqs[i].slot for i in rows], self.device)
+            toks = tokens[_dev(rows, self.device)]
             self.seen[slots, toks] = True
             self.counts[slots, toks] += 1
 
@@ -105,8 +110,7 @@ class Sampler:
             return
         for dt in {dtype, torch.float32}:
             logits = torch.zeros(2, self.vocab, dtype=dt, device=self.device)
-            temps, seeds = list_to_device([0.0, 1.0], self.device), list_to_device([1, 2], self.device, torch.int64)
-            ops.sample_gumbel(logits, temps, seeds)
+            ops.sample_gumbel(logits, _dev([0.0, 1.0], self.device), _dev([1, 2], self.device, torch.int64))
 
     # ---- sampling -----------------------------------------------------------------------------------
     def sample(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
@@ -122,14 +126,14 @@ class Sampler:
         if fused and ops is not None:
             tokens = ops.sample_gumbel(
                 logits,
-                list_to_device([0.0 if p.greedy else p.temperature for p in params], self.device),
-                list_to_device([self._row_seed(r) for r in reqs], self.device, torch.int64),
+                _dev([0.0 if p.greedy else p.temperature for p in params], self.device),
+                _dev([self._row_seed(r) for r in reqs], self.device, torch.int64),
             )
         elif all(p.greedy for p in params):
             tokens = logits.argmax(-1)
         else:
-            greedy = list_to_device([p.greedy for p in params], self.device)
-            temps = list_to_device([p.temperature if not p.greedy else 1.0 for p in params], self.device)
+            greedy = _dev([p.greedy for p in params], self.device)
+            temps = _dev([p.temperature if not p.greedy else 1.0 for p in params], self.device)
             probs = torch.softmax(logits / temps[:, None], dim=-1)
             if any(p.top_k > 1 or p.top_p < 1 or p.min_p > 0 for p in params):
                 probs = self._filter(probs, params)
@@ -165,8 +169,8 @@ class Sampler:
         if not rows:
             return logits
         logits = logits.clone()
-        index = (list_to_device(rows, self.device), list_to_device(cols, self.device))
-        logits.index_put_(index, list_to_device(vals, self.device, logits.dtype), accumulate=True)
+        index = (_dev(rows, self.device), _dev(cols, self.device))
+        logits.index_put_(index, _dev(vals, self.device, logits.dtype), accumulate=True)
         return logits
 
     @staticmethod
@@ -183,9 +187,9 @@ class Sampler:
         return req.rng
 
     def _filter(self, probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-        top_k = list_to_device([p.top_k if p.top_k > 0 else probs.shape[-1] for p in params], self.device)
-        top_p = list_to_device([p.top_p for p in params], self.device)
-        min_p = list_to_device([p.min_p for p in params], self.device)
+        top_k = _dev([p.top_k if p.top_k > 0 else probs.shape[-1] for p in params], self.device)
+        top_p = _dev([p.top_p for p in params], self.device)
+        min_p = _dev([p.min_p for p in params], self.device)
         sorted_p, order = probs.sort(dim=-1, descending=True)
         rank = torch.arange(probs.shape[-1], device=self.device)[None, :]
         drop = rank >= top_k[:, None]

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 
 from kernels.attention.base import AttentionBackend, AttnMeta
-from kernels.transfer import to_device
 from kvcache.pool import KVPool
 
 
@@ -49,9 +48,9 @@ def fa4_metadata(meta: AttnMeta, device: torch.device) -> tuple[torch.Tensor, to
     used = torch.tensor(meta.kv_lens, dtype=torch.int32)
     table = torch.tensor([t + [0] * (width - len(t)) for t in meta.page_tables], dtype=torch.int32)
     return (
-        to_device(cu, device),
-        to_device(used, device),
-        to_device(table, device),
+        cu.to(device, non_blocking=True),
+        used.to(device, non_blocking=True),
+        table.to(device, non_blocking=True),
     )
 
 
