@@ -24,7 +24,6 @@ import torch
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
-from kernels.attention import flashinfer_backend
 from minisgl_cli.workload import random_workload, warmup_like
 
 
@@ -109,7 +108,6 @@ def main() -> None:
     ap.add_argument("--out", default="offline_wall.json")
     ap.add_argument("--ab-detokenize", action="store_true", help="runs with text against token ids only")
     ap.add_argument("--ab-lean", action="store_true", help="outputs every step against final outputs only")
-    ap.add_argument("--ab-pinned", action="store_true", help="graph inputs from pageable vs pinned memory")
     ap.add_argument("--no-profiles", dest="profiles", action="store_false", help="timed runs only")
     ap.add_argument(
         "--warmup",
@@ -132,22 +130,17 @@ def main() -> None:
     if args.warmup == "full":
         print("warm-up run:", timed_run(llm, wl.prompts, params))  # a fresh GPU runs slower for its first ~30 s
 
-    if args.ab_detokenize or args.ab_lean or args.ab_pinned:  # interleaved, order alternating
+    if args.ab_detokenize or args.ab_lean:  # interleaved, order alternating
         # detokenize: with the text (as before d7603a6) vs token ids only; lean: token ids only, outputs every step
         # (on_step) vs final outputs only (on_progress)
-        # pinned: token ids only, final outputs only; the decode graphs' per-step inputs from fresh pageable arrays
-        # vs the pinned buffers allocated once (flashinfer_backend.PINNED_GRAPH_INPUTS)
         arms = (
             {"text": (params, False), "ids": (ids_only, False)}
             if args.ab_detokenize
             else {"every-step": (ids_only, False), "final-only": (ids_only, True)}
-            if args.ab_lean
-            else {"pageable": (ids_only, True), "pinned": (ids_only, True)}
         )
         ab: dict[str, list[float]] = {k: [] for k in arms}
         for i in range(args.runs):
             for name in list(arms) if i % 2 == 0 else list(arms)[::-1]:
-                flashinfer_backend.PINNED_GRAPH_INPUTS = name != "pageable"
                 r = timed_run(llm, wl.prompts, arms[name][0], lean=arms[name][1])
                 ab[name].append(r["tok_s"])
                 print(name, {k: round(v, 1) for k, v in r.items()}, flush=True)

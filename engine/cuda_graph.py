@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
-from kernels.attention import AttnMeta, flashinfer_backend
+from kernels.attention import AttnMeta
 
 if TYPE_CHECKING:
     from engine.runner import ModelRunner
@@ -45,10 +46,6 @@ class DecodeGraphs:
         # Separate copies and the gather outside the graph were ~10 operations between steps (issue #17).
         self.inputs = torch.zeros(3, max_bs, dtype=torch.int64, device=dev)
         self.req_slots, self.pos, self.out_slots = self.inputs
-        # Two pinned host copies of the block, used in turn: one is refilled only once the step that read the
-        # other has been waited for (overlap scheduling runs one step ahead).
-        self.host_inputs = [torch.zeros(3, max_bs, dtype=torch.int64, pin_memory=True) for _ in range(2)]
-        self.host_turn = 0
         # Per size, one graph per copy of the backend's wrappers and split-KV choice (see flashinfer_backend.py).
         self.graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int, bool], torch.Tensor] = {}
@@ -111,18 +108,12 @@ class DecodeGraphs:
         n = len(kv_lens)
         bs = next(s for s in self.sizes if s >= n)
         # Padded rows read slot 0's token and attend to, and write into, the scratch page that no request owns.
-        if flashinfer_backend.PINNED_GRAPH_INPUTS:
-            staged = self.host_inputs[self.host_turn]
-            self.host_turn ^= 1
-        else:  # pageable, staged by the driver at once (safe to drop)
-            staged = torch.zeros(3, self.max_bs, dtype=torch.int64)
-        host = staged.numpy()
+        host = np.zeros((3, self.max_bs), dtype=np.int64)
         host[0, :n] = [r.slot for r in batch.reqs]
         host[1, :n] = batch.starts
         host[2, :n] = out_slots
-        host[:2, n:bs] = 0
         host[2, n:bs] = self.scratch_page * self.runner.pool.page_size
-        self.inputs.copy_(staged, non_blocking=True)
+        self.inputs.copy_(torch.from_numpy(host), non_blocking=True)  # pageable: staged at once, safe to drop
         pad = bs - n
         key = self._plan(bs, kv_lens + [1] * pad, tables + [[self.scratch_page]] * pad)
         self.graphs[key].replay()

@@ -30,37 +30,21 @@ DECODE_KERNELS = "fa2"
 # Decode without split-KV where it is the faster choice (decode_split_kv, below); off: FlashInfer's own
 # choice, which in CUDA-graph mode is always to split (benchmarks/step_profile.py's `split-always` variant).
 NO_SPLIT_WHEN_BALANCED = True
-# CUDA-graph decode stages its per-step inputs (here the page ids, in engine/cuda_graph.py the rows' slots and
-# positions) in pinned host buffers allocated once; off: fresh pageable arrays, copied through the driver's staging
-# (benchmarks/offline_wall.py --ab-pinned). Only this path: pinning every per-step copy through torch's caching host
-# allocator halved the serving replay's output once (commit c412910).
-PINNED_GRAPH_INPUTS = True
 
 
-def paged_metadata(
-    meta: AttnMeta, page_size: int, stage: tuple[torch.Tensor, torch.Tensor] | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def paged_metadata(meta: AttnMeta, page_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """CSR page table for FlashInfer: indptr and last_page_len on the CPU (its planner reads them there),
     indices already on the device: FlashInfer copies host indices with a blocking copy, which would
-    stall overlap scheduling. With `stage` (a pinned host buffer and the device buffer the wrapper reads) the
-    indices go through the pinned one into the device one, and are returned as its view: FlashInfer's own copy
-    into its buffer is then a no-op."""
+    stall overlap scheduling."""
     counts = [len(t) for t in meta.page_tables]
     indptr = torch.zeros(len(counts) + 1, dtype=torch.int32)
     indptr[1:] = torch.tensor(counts, dtype=torch.int32).cumsum(0)
     # np.fromiter: 0.8 ms for 35k page ids on the 2-core CPU machine, against 3.2 ms for torch.tensor(list(...)).
     total = int(indptr[-1])
-    ids = np.fromiter(chain.from_iterable(meta.page_tables), dtype=np.int32, count=total)
-    if stage is not None:
-        host, dev = stage
-        host.numpy()[:total] = ids
-        return indptr, dev[:total].copy_(host[:total], non_blocking=True), last_page_len(meta, page_size)
-    indices = torch.from_numpy(ids).to(meta.out_slots.device, non_blocking=True)
-    return indptr, indices, last_page_len(meta, page_size)
-
-
-def last_page_len(meta: AttnMeta, page_size: int) -> torch.Tensor:
-    return torch.tensor([(kv - 1) % page_size + 1 for kv in meta.kv_lens], dtype=torch.int32)
+    indices = torch.from_numpy(np.fromiter(chain.from_iterable(meta.page_tables), dtype=np.int32, count=total))
+    indices = indices.to(meta.out_slots.device, non_blocking=True)
+    last = torch.tensor([(kv - 1) % page_size + 1 for kv in meta.kv_lens], dtype=torch.int32)
+    return indptr, indices, last
 
 
 def decode_split_kv(kv_lens: list[int], num_kv_heads: int, slots: int) -> bool:
@@ -114,21 +98,14 @@ class FlashInferBackend(AttentionBackend):
         self.split_slots = 2 * torch.cuda.get_device_properties(device).multi_processor_count
         self.graph_wrappers: dict[tuple[int, int, bool], _Wrapper] = {}
         self.graph_indices: dict[int, torch.Tensor] = {}  # per copy: one page-id buffer for every batch size
-        self.graph_indices_host: dict[int, torch.Tensor] = {}  # and its pinned staging buffer (PINNED_GRAPH_INPUTS)
         self.turn = 0  # which copy the next plan uses
         self.active: _Wrapper = self.decode[0]
 
     def split_kv(self, kv_lens: list[int]) -> bool:
         return not NO_SPLIT_WHEN_BALANCED or decode_split_kv(kv_lens, self.num_kv_heads, self.split_slots)
 
-    def _plan(
-        self,
-        wrapper: _Wrapper,
-        meta: AttnMeta,
-        split: bool = True,
-        stage: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> None:
-        indptr, indices, last = paged_metadata(meta, self.pool.page_size, stage)
+    def _plan(self, wrapper: _Wrapper, meta: AttnMeta, split: bool = True) -> None:
+        indptr, indices, last = paged_metadata(meta, self.pool.page_size)
         common = dict(
             q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale, window_left=self.window_left
         )
@@ -166,7 +143,6 @@ class FlashInferBackend(AttentionBackend):
             # refills it with a copy queued on the stream behind the replays before it.
             if turn not in self.graph_indices or self.graph_indices[turn].numel() < max_pages:
                 self.graph_indices[turn] = torch.zeros(max_pages, dtype=torch.int32, device=self.device)
-                self.graph_indices_host[turn] = torch.zeros(max_pages, dtype=torch.int32, pin_memory=True)
             self.graph_wrappers[bs, turn, split] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace,
                 "NHD",
@@ -192,10 +168,7 @@ class FlashInferBackend(AttentionBackend):
         turn = self._next_turn() if turn is None else turn
         if split is None:
             split = self.split_kv(meta.kv_lens) or False not in self.graph_splits(bs)
-        wrapper = self.graph_wrapper(bs, turn, split, max_pages)
-        # A copy's staging buffer is refilled two plans later: by then the host has waited for the step that read it.
-        stage = (self.graph_indices_host[turn], self.graph_indices[turn]) if PINNED_GRAPH_INPUTS else None
-        self._plan(wrapper, meta, split, stage)
+        self._plan(self.graph_wrapper(bs, turn, split, max_pages), meta, split)
         self.out_slots = out_slots
         return turn, split
 
