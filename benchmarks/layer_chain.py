@@ -11,6 +11,7 @@ CUDA graph, timed per layer:
 - `triton-pdl`: the same launched with programmatic dependent launch, each GEMM pulling its weights into L2
   before it waits for the previous kernel;
 - `triton-pdl-noprefetch`: PDL without the L2 prefetch;
+- `cublas-pdl`: today's kernels with only RMSNorm and SiLU launched with PDL (`cublas-again` repeats `cublas`);
 - `split`, `split-pdl`: the plain Triton GEMMs between today's RMSNorm and SiLU kernels (7 kernels), without and
   with PDL on all of them (each kernel waits for its input, then lets the next one launch; a GEMM first pulls its
   weights into L2).
@@ -292,6 +293,13 @@ def main() -> None:
         h = triton_ops.rmsnorm(o, w["n2"], EPS, res)
         state[0] = F.linear(triton_ops.silu_and_mul(F.linear(h, w["gu"])), w["down"])
 
+    def layer_cublas_pdl(state: list[torch.Tensor], w: dict) -> None:
+        x, res = state  # today's kernels, RMSNorm and SiLU launched with PDL (they wait, then let the next launch)
+        h = rmsnorm_pdl(x, w["n1"], res, True)
+        o = F.linear(F.linear(h, w["qkv"])[:, :Q], w["o"])
+        h = rmsnorm_pdl(o, w["n2"], res, True)
+        state[0] = F.linear(silu_pdl(F.linear(h, w["gu"]), True), w["down"])
+
     def layer_triton(state: list[torch.Tensor], w: dict, pdl: bool, prefetch: bool) -> None:
         qkv, res1 = linear(state[0], w["qkv"], w["n1"], EPS, state[1], pdl=pdl, prefetch=prefetch)
         o, _ = linear(qkv[:, :Q], w["o"], pdl=pdl, prefetch=prefetch)
@@ -310,6 +318,8 @@ def main() -> None:
 
     variants = {
         "cublas": layer_cublas,
+        "cublas-pdl": layer_cublas_pdl,
+        "cublas-again": layer_cublas,  # the first variant's spread
         "split": lambda s, w: layer_split(s, w, False),
         "split-pdl": lambda s, w: layer_split(s, w, True),
         "triton": lambda s, w: layer_triton(s, w, False, False),
