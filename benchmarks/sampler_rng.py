@@ -1,14 +1,18 @@
-"""The fused sampler's noise: tl.rand's Philox (before) against the hash in kernels/triton_ops.py (issue #17; GPU):
+"""The fused sampler's noise (issue #17; GPU): tl.rand's Philox (first), the 32-bit hash with tl.log (second), and
+the hash with both logs on the special-function unit (kernels/triton_ops.py now):
 
     source .whl/use-bundle.sh && python benchmarks/sampler_rng.py
 
-Times `sample_gumbel` on bf16 logits of Qwen3-0.6B's vocabulary for 32-256 rows, each kernel in its own CUDA
-graph (us per call, median of 20 replays), and prints the bytes-only floor (the logits read once).
+Times each on bf16 logits of Qwen3-0.6B's vocabulary for 32-256 rows, each kernel in its own CUDA graph (us per
+call, median of 20 replays), with the greedy path, the hash without logs and the bytes-only floor (the logits read
+once) for scale. Then counts, over 10,240 rows, how often each hash variant draws the token that the same noise
+computed in float64 gives.
 """
 
 from __future__ import annotations
 
 import statistics
+from functools import partial
 
 import torch
 import triton
@@ -48,6 +52,61 @@ def philox_sample(logits: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor
     return idx.gather(1, vals.argmax(1, keepdim=True)).squeeze(1)
 
 
+@triton.jit
+def _variant_kernel(
+    logits_ptr, stride, V, temp_ptr, seed_ptr, val_ptr, idx_ptr, n_chunks, BLOCK: tl.constexpr, MODE: tl.constexpr
+):  # MODE 0: the hash with tl.log (before the SFU logs); 1: without the logs (timing only, wrong distribution)
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    temp = tl.load(temp_ptr + row)
+    seed = tl.load(seed_ptr + row)
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < V
+    x = tl.load(logits_ptr + row * stride + cols, mask=mask, other=-float("inf")).to(tl.float32)
+    if temp > 0:
+        key = triton_ops._mix32(seed.to(tl.uint32))
+        h = triton_ops._mix32(((cols.to(tl.uint32) * 0x9E3779B9).to(tl.uint32)) ^ key) >> 8
+        if MODE == 1:
+            x = x * (1.0 / temp) + h.to(tl.float32) * (1.0 / 16777216.0)
+        else:
+            u = (h.to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+            x = x * (1.0 / temp) - tl.log(-tl.log(u))
+    x = tl.where(mask, x, -float("inf"))
+    best, at = tl.max(x, axis=0, return_indices=True)
+    tl.store(val_ptr + row * n_chunks + chunk, best)
+    tl.store(idx_ptr + row * n_chunks + chunk, at + chunk * BLOCK)
+
+
+def variant_sample(logits: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor, mode: int) -> torch.Tensor:
+    B, V = logits.shape
+    block = 2048
+    n_chunks = triton.cdiv(V, block)
+    vals = torch.empty((B, n_chunks), dtype=torch.float32, device=logits.device)
+    idx = torch.empty((B, n_chunks), dtype=torch.int64, device=logits.device)
+    _variant_kernel[(B, n_chunks)](
+        logits, logits.stride(0), V, temps, seeds, vals, idx, n_chunks, BLOCK=block, MODE=mode
+    )
+    return idx.gather(1, vals.argmax(1, keepdim=True)).squeeze(1)
+
+
+def exact_sample(logits: torch.Tensor, temp: float, seeds: torch.Tensor) -> torch.Tensor:
+    """The Gumbel-max draw from the kernels' hash, in float64 (int64 products cut back to 32 bits as they do)."""
+    m32 = 0xFFFFFFFF
+
+    def mix(x: torch.Tensor) -> torch.Tensor:
+        x = x ^ (x >> 16)
+        x = (x * 0x7FEB352D) & m32
+        x = x ^ (x >> 15)
+        x = (x * 0x846CA68B) & m32
+        return x ^ (x >> 16)
+
+    cols = torch.arange(logits.shape[1], device=logits.device, dtype=torch.int64)
+    key = mix(seeds.to(torch.int64) & m32)[:, None]
+    h = mix(((cols * 0x9E3779B9) & m32)[None, :] ^ key) >> 8
+    u = (h.double() + 0.5) / 16777216.0
+    return (logits.double() / temp - torch.log(-torch.log(u))).argmax(-1)
+
+
 def graph_us(fn) -> float:
     fn()
     torch.cuda.synchronize()
@@ -67,15 +126,36 @@ def graph_us(fn) -> float:
 
 def main() -> None:
     torch.manual_seed(0)
-    print(f"{'rows':>5}{'philox us':>11}{'hash us':>9}{'floor us':>10}")
+    cols = ("philox", "tl.log", "SFU logs", "greedy", "no logs", "floor")
+    print(f"{'rows':>5}" + "".join(f"{c + ' us':>13}" for c in cols))
     for rows in (32, 128, 256):
         logits = torch.randn(rows, VOCAB, device="cuda", dtype=torch.bfloat16)
         temps = torch.full((rows,), 0.6, device="cuda")
         seeds = torch.arange(rows, device="cuda")
-        old = graph_us(lambda logits=logits, temps=temps, seeds=seeds: philox_sample(logits, temps, seeds))
-        new = graph_us(lambda logits=logits, temps=temps, seeds=seeds: triton_ops.sample_gumbel(logits, temps, seeds))
-        floor = rows * VOCAB * 2 / 3.0e12 * 1e6  # bf16 logits read once at 3 TB/s
-        print(f"{rows:>5}{old:>11.1f}{new:>9.1f}{floor:>10.1f}", flush=True)
+        zero = torch.zeros_like(temps)
+        us = [
+            graph_us(partial(philox_sample, logits, temps, seeds)),
+            graph_us(partial(variant_sample, logits, temps, seeds, 0)),
+            graph_us(partial(triton_ops.sample_gumbel, logits, temps, seeds)),
+            graph_us(partial(triton_ops.sample_gumbel, logits, zero, seeds)),
+            graph_us(partial(variant_sample, logits, temps, seeds, 1)),
+            rows * VOCAB * 2 / 3.0e12 * 1e6,  # bf16 logits read once at 3 TB/s
+        ]
+        print(f"{rows:>5}" + "".join(f"{t:>13.1f}" for t in us), flush=True)
+    # Both kernels against the same hash's noise in float64: which one draws the exact Gumbel-max token.
+    logits = torch.randn(256, VOCAB, device="cuda", dtype=torch.bfloat16) * 3
+    temps = torch.full((256,), 0.6, device="cuda")
+    hits = {"tl.log": 0, "SFU logs": 0, "agree": 0}
+    total = 0
+    for s in range(40):
+        seeds = torch.arange(256, device="cuda") + 1000 * s
+        ref = exact_sample(logits, 0.6, seeds)
+        a, b = variant_sample(logits, temps, seeds, 0), triton_ops.sample_gumbel(logits, temps, seeds)
+        hits["tl.log"] += int((a == ref).sum())
+        hits["SFU logs"] += int((b == ref).sum())
+        hits["agree"] += int((a == b).sum())
+        total += 256
+    print(f"rows drawing the float64 reference's token, of {total}: {hits}")
 
 
 if __name__ == "__main__":
