@@ -24,6 +24,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+from kernels.attention import flashinfer_backend
 from minisgl_cli.workload import random_workload, warmup_like
 
 
@@ -108,6 +109,7 @@ def main() -> None:
     ap.add_argument("--out", default="offline_wall.json")
     ap.add_argument("--ab-detokenize", action="store_true", help="runs with text against token ids only")
     ap.add_argument("--ab-lean", action="store_true", help="outputs every step against final outputs only")
+    ap.add_argument("--ab-ragged", action="store_true", help="prefill in one paged pass vs fresh prompts ragged")
     ap.add_argument("--no-profiles", dest="profiles", action="store_false", help="timed runs only")
     ap.add_argument(
         "--warmup",
@@ -130,17 +132,21 @@ def main() -> None:
     if args.warmup == "full":
         print("warm-up run:", timed_run(llm, wl.prompts, params))  # a fresh GPU runs slower for its first ~30 s
 
-    if args.ab_detokenize or args.ab_lean:  # interleaved, order alternating
+    if args.ab_detokenize or args.ab_lean or args.ab_ragged:  # interleaved, order alternating
         # detokenize: with the text (as before d7603a6) vs token ids only; lean: token ids only, outputs every step
-        # (on_step) vs final outputs only (on_progress)
+        # (on_step) vs final outputs only (on_progress); ragged: as bench-offline runs, the prefill attention in one
+        # paged pass vs fresh prompts through the ragged kernel (flashinfer_backend.RAGGED_PREFILL)
         arms = (
             {"text": (params, False), "ids": (ids_only, False)}
             if args.ab_detokenize
             else {"every-step": (ids_only, False), "final-only": (ids_only, True)}
+            if args.ab_lean
+            else {"paged": (ids_only, True), "ragged": (ids_only, True)}
         )
         ab: dict[str, list[float]] = {k: [] for k in arms}
         for i in range(args.runs):
             for name in list(arms) if i % 2 == 0 else list(arms)[::-1]:
+                flashinfer_backend.RAGGED_PREFILL = name != "paged"
                 r = timed_run(llm, wl.prompts, arms[name][0], lean=arms[name][1])
                 ab[name].append(r["tok_s"])
                 print(name, {k: round(v, 1) for k, v in r.items()}, flush=True)

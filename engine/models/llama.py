@@ -64,7 +64,8 @@ class Attention(nn.Module):
             ops.qk_norm_rope_store(
                 q, k, v, qw, kw, eps, rope.cos_sin, pos, pool.k[self.layer_id], pool.v[self.layer_id], attn.out_slots
             )
-            return self.o_proj(attn.forward(self.layer_id, q, None, None).reshape(-1, self.heads * self.head_dim))
+            o = attn.forward(self.layer_id, q, k, v, stored=True)  # k/v: the kernel's roped K and V, in place
+            return self.o_proj(o.reshape(-1, self.heads * self.head_dim))
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope(pos, q, k)

@@ -39,9 +39,12 @@ class AttentionBackend(ABC):
         """Build per-batch metadata shared by every layer."""
 
     @abstractmethod
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
-        """q: [T, H, D], k/v: [T, KVH, D] for the new tokens, stored into the pool at `out_slots` here, or None
-        when a fused kernel has stored them already. Returns [T, H, D]."""
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, stored: bool = False
+    ) -> torch.Tensor:
+        """q: [T, H, D], k/v: [T, KVH, D] for the new tokens, stored into the pool at `out_slots` here unless
+        `stored` (a fused kernel wrote them already; they may still be read from k/v). k/v None: stored, not at
+        hand. Returns [T, H, D]."""
 
     def decode_backend(self) -> AttentionBackend:
         """The backend that runs decode batches (CUDA graphs capture it alone)."""
@@ -100,8 +103,10 @@ class SplitBackend(AttentionBackend):
         self.active.plan(meta)
         self.out_slots = self.active.out_slots
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
-        return self.active.forward(layer, q, k, v)
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, stored: bool = False
+    ) -> torch.Tensor:
+        return self.active.forward(layer, q, k, v, stored)
 
     def decode_backend(self) -> AttentionBackend:
         return self.decode

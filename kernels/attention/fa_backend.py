@@ -79,9 +79,11 @@ class FlashAttention4Backend(AttentionBackend):
         self.max_q, self.max_k = max(meta.q_lens), max(meta.kv_lens)
         self.out_slots = meta.out_slots
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, stored: bool = False
+    ) -> torch.Tensor:
         assert self.out_slots is not None and self.page_table is not None
-        if k is not None and v is not None:
+        if k is not None and v is not None and not stored:
             self.pool.store(layer, self.out_slots, k, v)
         out, _ = self.attn(
             q,

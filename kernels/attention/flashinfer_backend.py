@@ -6,6 +6,12 @@ against 173 us for the CUDA-core decode kernel, about 3.8 TB/s of KV read (docs/
 one wrapper per captured batch size and split-KV choice (decode_split_kv) with fixed metadata buffers, re-planned
 before each replay.
 
+Prefill and mixed batches (without a sliding window) attend in two parts. Requests with KV from before this step
+(decode rows, a prompt's later chunks, a cached prefix) go through the paged kernel as always; the batch's trailing
+run of fresh prompts, whose keys are all new, goes through FlashInfer's fa3 ragged kernel, which reads K/V straight
+from the projection's output. On an H100 that takes 98 us per layer for 8192 fresh tokens of the offline workload
+against 154 us paged (benchmarks/prefill_attention_kernels.py, docs/gpu.md).
+
 Every wrapper comes in two copies used in turn. A plan writes its schedule into the wrapper's pinned host
 buffer and queues an async copy to the device; under overlap scheduling the next plan runs while the previous
 step may not have started, so reusing one wrapper would overwrite a schedule before the GPU has read it.
@@ -27,6 +33,9 @@ WORKSPACE_BYTES = 256 * 2**20
 # profile's variants switch them for an A/B (benchmarks/step_profile.py).
 PREFILL_KERNELS = "fa2"
 DECODE_KERNELS = "fa2"
+RAGGED_KERNELS = "fa3"  # the fresh prompts' part of a prefill (one JIT build of its own)
+# Fresh prompts through the ragged kernel, the rest paged; off: one paged pass over every row.
+RAGGED_PREFILL = True
 # Decode without split-KV where it is the faster choice (decode_split_kv, below); off: FlashInfer's own
 # choice, which in CUDA-graph mode is always to split (benchmarks/step_profile.py's `split-always` variant).
 NO_SPLIT_WHEN_BALANCED = True
@@ -56,11 +65,30 @@ def decode_split_kv(kv_lens: list[int], num_kv_heads: int, slots: int) -> bool:
     return max(kv_lens) * slots > sum(kv_lens) * num_kv_heads
 
 
+def fresh_tail(meta: AttnMeta) -> int:
+    """Where the batch's trailing run of requests without KV before this step starts (len(q_lens): none). The
+    scheduler puts decode rows first, then prompts being chunked, then the prompts it admits now."""
+    at = len(meta.q_lens)
+    while at and meta.kv_lens[at - 1] == meta.q_lens[at - 1]:
+        at -= 1
+    return at
+
+
+def _sub(meta: AttnMeta, reqs: slice) -> AttnMeta:
+    return AttnMeta(meta.is_decode, meta.q_lens[reqs], meta.kv_lens[reqs], meta.page_tables[reqs], meta.out_slots)
+
+
+def _indptr(lens: list[int]) -> torch.Tensor:
+    out = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    out[1:] = torch.tensor(lens, dtype=torch.int32).cumsum(0)
+    return out
+
+
 class _Wrapper(Protocol):
-    """The calls made on a FlashInfer prefill or decode wrapper (flashinfer ships no type information)."""
+    """The calls made on a FlashInfer wrapper (flashinfer ships no type information)."""
 
     def plan(self, *args: Any, **kwargs: Any) -> None: ...
-    def run(self, q: torch.Tensor, paged_kv_cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor: ...
+    def run(self, q: torch.Tensor, *args: Any, **kwargs: Any) -> Any: ...
 
 
 class FlashInferBackend(AttentionBackend):
@@ -88,6 +116,10 @@ class FlashInferBackend(AttentionBackend):
             flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=PREFILL_KERNELS)
             for _ in range(2)
         ]
+        self.ragged = [
+            flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=RAGGED_KERNELS)
+            for _ in range(2)
+        ]
         self.decode = [
             flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores, backend=DECODE_KERNELS
@@ -100,6 +132,10 @@ class FlashInferBackend(AttentionBackend):
         self.graph_indices: dict[int, torch.Tensor] = {}  # per copy: one page-id buffer for every batch size
         self.turn = 0  # which copy the next plan uses
         self.active: _Wrapper = self.decode[0]
+        # A two-part prefill: the ragged wrapper for rows [split_row, T), the paged one (None: no such rows) before.
+        self.two_part: _Wrapper | None = None
+        self.prefixed: _Wrapper | None = None
+        self.split_row = 0
 
     def split_kv(self, kv_lens: list[int]) -> bool:
         return not NO_SPLIT_WHEN_BALANCED or decode_split_kv(kv_lens, self.num_kv_heads, self.split_slots)
@@ -113,10 +149,20 @@ class FlashInferBackend(AttentionBackend):
         if meta.is_decode:
             wrapper.plan(*paged, disable_split_kv=not split, **common)
         else:
-            qo = torch.zeros(len(meta.q_lens) + 1, dtype=torch.int32)
-            qo[1:] = torch.tensor(meta.q_lens, dtype=torch.int32).cumsum(0)
-            wrapper.plan(qo, *paged, causal=True, **common)
-        self.active, self.out_slots = wrapper, meta.out_slots
+            wrapper.plan(_indptr(meta.q_lens), *paged, causal=True, **common)
+        self.active, self.out_slots, self.two_part = wrapper, meta.out_slots, None
+
+    def _plan_two_part(self, turn: int, meta: AttnMeta, tail: int) -> None:
+        """Paged for requests [0, tail), ragged for the fresh ones after (tail < len(q_lens))."""
+        self.prefixed = None
+        if tail:
+            self._plan(self.prefill[turn], _sub(meta, slice(0, tail)))
+            self.prefixed = self.active
+        qo = _indptr(meta.q_lens[tail:])
+        common = dict(q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale)
+        self.ragged[turn].plan(qo, qo, self.num_heads, self.num_kv_heads, self.head_dim, causal=True, **common)
+        self.split_row = sum(meta.q_lens[:tail])
+        self.two_part, self.out_slots = self.ragged[turn], meta.out_slots
 
     def _next_turn(self) -> int:
         turn, self.turn = self.turn, self.turn ^ 1
@@ -126,6 +172,8 @@ class FlashInferBackend(AttentionBackend):
         turn = self._next_turn()
         if meta.is_decode:
             self._plan(self.decode[turn], meta, self.split_kv(meta.kv_lens))
+        elif RAGGED_PREFILL and self.window_left < 0 and (tail := fresh_tail(meta)) < len(meta.q_lens):
+            self._plan_two_part(turn, meta, tail)
         else:
             self._plan(self.prefill[turn], meta)
 
@@ -172,8 +220,25 @@ class FlashInferBackend(AttentionBackend):
         self.out_slots = out_slots
         return turn, split
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, stored: bool = False
+    ) -> torch.Tensor:
         assert self.out_slots is not None
-        if k is not None and v is not None:
+        if k is not None and v is not None and not stored:
             self.pool.store(layer, self.out_slots, k, v)
-        return self.active.run(q, (self.pool.k[layer], self.pool.v[layer]))
+        cache = (self.pool.k[layer], self.pool.v[layer])
+        out: torch.Tensor
+        if self.two_part is None:
+            out = self.active.run(q, cache)
+            return out
+        if k is None or v is None:  # stored by the caller, not passed: read the new tokens back from the pool
+            flat = (-1, self.num_kv_heads, self.head_dim)
+            k, v = cache[0].view(flat)[self.out_slots], cache[1].view(flat)[self.out_slots]
+        at = self.split_row
+        if self.prefixed is None:
+            out = self.two_part.run(q, k, v)
+            return out
+        out = torch.empty_like(q)
+        self.prefixed.run(q[:at], cache, out=out[:at])
+        self.two_part.run(q[at:], k[at:], v[at:], out=out[at:])
+        return out

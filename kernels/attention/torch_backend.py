@@ -47,14 +47,23 @@ class TorchBackend(AttentionBackend):
             mask &= kpos > qpos - self.sliding_window
         return mask
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
-        if self.cpu_ops and self.meta.is_decode and k is not None and v is not None and self.sliding_window is None:
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, stored: bool = False
+    ) -> torch.Tensor:
+        if (
+            self.cpu_ops
+            and self.meta.is_decode
+            and k is not None
+            and v is not None
+            and not stored
+            and self.sliding_window is None
+        ):
             assert self.out_slots is not None
             pool_k, pool_v = self.pool.k[layer], self.pool.v[layer]
             return cpu_ops.decode_attention(
                 q, k, v, self.out_slots, pool_k, pool_v, self.idx_rows, self.lens, self.scale
             )
-        if k is not None and v is not None:
+        if k is not None and v is not None and not stored:
             assert self.out_slots is not None
             self.pool.store(layer, self.out_slots, k, v)
         kf = self.pool.k[layer].view(-1, self.num_kv_heads, self.head_dim)
