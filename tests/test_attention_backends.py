@@ -108,3 +108,33 @@ def test_decode_splits_the_kv_only_when_the_batch_cannot_fill_the_gpu_evenly() -
     assert decode_split_kv([2000], 8, slots)  # one request: its KV must be spread to use the GPU
     assert decode_split_kv([1100] * 255 + [32_000], 8, slots)  # one long request would keep its CTAs busy alone
     assert not decode_split_kv([1100] * 255 + [8_000], 8, slots)  # within one slot's share (~8.6k tokens)
+
+
+def test_the_ragged_part_of_a_prefill_is_the_trailing_run_of_fresh_prompts() -> None:
+    from kernels.attention.flashinfer_backend import fresh_tail
+
+    def meta(q_lens: list[int], kv_lens: list[int]) -> AttnMeta:
+        return AttnMeta(False, q_lens, kv_lens, [[] for _ in q_lens], torch.zeros(0))
+
+    # decode rows, a prompt's second chunk, then two prompts admitted now: the last two go ragged
+    assert fresh_tail(meta([1, 1, 300, 500, 200], [700, 90, 800, 500, 200])) == 3
+    assert fresh_tail(meta([500, 200], [500, 200])) == 0  # all fresh: one ragged pass
+    assert fresh_tail(meta([1, 300], [40, 800])) == 2  # none fresh: the paged pass alone
+    # a cached prefix (radix hit) after a fresh prompt: only what follows the last prefixed request is ragged
+    assert fresh_tail(meta([500, 300, 200], [500, 812, 200])) == 2
+
+
+def test_stored_kv_is_not_written_again() -> None:
+    """The fused q/k/rope/KV kernel stores K/V itself and passes them on with stored=True (a backend may still
+    read them): the pool must keep what the kernel wrote, and the output must be the same as storing here."""
+    pool = _pool()
+    be = TorchBackend(pool, 4, 2, 8)
+    torch.manual_seed(0)
+    q, k, v = torch.randn(5, 4, 8), torch.randn(5, 2, 8), torch.randn(5, 2, 8)
+    meta = AttnMeta(False, [5], [5], [[1, 2]], torch.tensor([4, 5, 6, 7, 8]))
+    be.plan(meta)
+    want = be.forward(0, q, k, v)
+    written = pool.k[0].clone()
+    got = be.forward(0, q, torch.zeros_like(k), torch.zeros_like(v), stored=True)
+    torch.testing.assert_close(got, want)
+    assert torch.equal(pool.k[0], written)
