@@ -4,15 +4,16 @@ The prefill steps take ~0.4 s of the offline workload (not in the floor), and Fl
 quarter of each 8192-token chunk's kernel time at ~130 TFLOP/s (docs/gpu.md). Variants, each on the same chunk
 (Qwen3-0.6B attention: 16 q heads, 8 kv heads, head_dim 128, bf16; prompts drawn like the workload's, lengths
 uniform in [100, 1024], page size 16):
-- paged fa2 (what runs today) and paged fa3: K/V read from the pool through the page table;
+- paged fa2 (what ran before e4e7b3f) and paged fa3: K/V read from the pool through the page table;
 - ragged fa2 and ragged fa3: K/V read from contiguous [T, KVH, D] tensors, as the projection produces them (valid
-  only for requests without a cached prefix; with one, the prefix needs a paged pass and a merge of the two).
+  only for requests without KV from before the step).
 Median of 20 CUDA-event timed calls after one untimed call (its JIT build); each output is checked against paged
 fa2. Then the engine's backend (kernels/attention/flashinfer_backend.py) on whole batches as the scheduler builds
-them, one paged pass (RAGGED_PREFILL off) against the two-part prefill (ragged new tokens + paged prefix, merged),
-K/V passed as the strided views of a qkv projection output the fused kernel leaves them in: fresh prompts only,
-mixed batches (decode rows first, a continuing chunk, fresh prompts), prompts with a cached prefix, and prefixed
-requests scattered between fresh ones (the index path). Plan time on the host is reported too.
+them, one paged pass (RAGGED_PREFILL off) against the two-part prefill (the trailing fresh prompts ragged, the rest
+paged; with fa3 or fa2 for the ragged part), K/V passed as the strided views of a qkv projection output the fused
+kernel leaves them in: fresh prompts only, mixed batches (decode rows first, a continuing chunk, fresh prompts),
+prompts with a cached prefix (no fresh tail: one paged pass either way), and prefixed requests between fresh ones.
+Plan time on the host is reported too.
 Usage there: python benchmarks/prefill_attention_kernels.py OUT.json
 """
 
