@@ -12,6 +12,7 @@ computed in float64 gives.
 from __future__ import annotations
 
 import statistics
+import sys
 from functools import partial
 
 import torch
@@ -124,7 +125,31 @@ def graph_us(fn) -> float:
     return statistics.median(times)
 
 
+def sweep() -> None:
+    """The engine's kernel at other chunk sizes and warp counts (greedy and temperature 0.6); each result is
+    checked against the default's."""
+    print(f"{'rows':>5}{'block':>7}{'warps':>6}{'temp us':>9}{'greedy us':>10}")
+    for rows in (64, 128, 256):
+        logits = torch.randn(rows, VOCAB, device="cuda", dtype=torch.bfloat16)
+        temps = torch.full((rows,), 0.6, device="cuda")
+        seeds = torch.arange(rows, device="cuda")
+        zero = torch.zeros_like(temps)
+        want = triton_ops.sample_gumbel(logits, temps, seeds), triton_ops.sample_gumbel(logits, zero, seeds)
+        for block in (1024, 2048, 4096, 8192):
+            for warps in (4, 8, 16):
+                if block // (32 * warps) < 2:
+                    continue
+                fn = partial(triton_ops.sample_gumbel, block=block, num_warps=warps)
+                got = fn(logits, temps, seeds), fn(logits, zero, seeds)
+                assert all(torch.equal(a, b) for a, b in zip(got, want)), (block, warps)
+                t = graph_us(partial(fn, logits, temps, seeds))
+                g = graph_us(partial(fn, logits, zero, seeds))
+                print(f"{rows:>5}{block:>7}{warps:>6}{t:>9.1f}{g:>10.1f}", flush=True)
+
+
 def main() -> None:
+    if "--sweep" in sys.argv:
+        return sweep()
     torch.manual_seed(0)
     cols = ("philox", "tl.log", "SFU logs", "greedy", "no logs", "floor")
     print(f"{'rows':>5}" + "".join(f"{c + ' us':>13}" for c in cols))

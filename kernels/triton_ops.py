@@ -181,17 +181,21 @@ def _sample_kernel(logits_ptr, stride, V, temp_ptr, seed_ptr, val_ptr, idx_ptr, 
     tl.store(idx_ptr + row * n_chunks + chunk, at + chunk * BLOCK)
 
 
-def sample_gumbel(logits: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+def sample_gumbel(
+    logits: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor, block: int = 2048, num_warps: int = 4
+) -> torch.Tensor:
     """Greedy where temp == 0, else a draw from softmax(logits / temp) whose noise is a pure function of the
-    row's seed (so a seeded request samples the same tokens in any batch). Each row is cut into chunks that
-    run in parallel; a small argmax over the chunk winners finishes the job."""
+    row's seed (so a seeded request samples the same tokens in any batch). Each row is cut into chunks of `block`
+    columns that run in parallel; a small argmax over the chunk winners finishes the job (the first maximum wins
+    at every level, so the result does not depend on `block`)."""
     B, V = logits.shape
-    block = 2048
     n_chunks = triton.cdiv(V, block)
     vals = torch.empty((B, n_chunks), dtype=torch.float32, device=logits.device)
     idx = torch.empty((B, n_chunks), dtype=torch.int64, device=logits.device)
     if B:
-        _sample_kernel[(B, n_chunks)](logits, logits.stride(0), V, temps, seeds, vals, idx, n_chunks, BLOCK=block)
+        _sample_kernel[(B, n_chunks)](
+            logits, logits.stride(0), V, temps, seeds, vals, idx, n_chunks, BLOCK=block, num_warps=num_warps
+        )
     return idx.gather(1, vals.argmax(1, keepdim=True)).squeeze(1)
 
 
