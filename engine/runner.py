@@ -67,6 +67,8 @@ class ModelRunner:
             device,
             cfg.sliding_window,
         )
+        if scratch_page >= 0:
+            self._warm_up_prefill_attention()
         self.sampler = Sampler(cfg.vocab_size, max_slots, device)
         # Last sampled token per request slot: decode reads its input here, so under overlap scheduling the
         # CPU never has to wait for step N's tokens before launching step N+1.
@@ -80,6 +82,17 @@ class ModelRunner:
             longest = max_request_tokens or pool.num_pages * pool.page_size
             self.graphs = DecodeGraphs(self, min(cuda_graph_max_bs, max_slots), longest)
         self.sampler.warm_up(pool.k[0].dtype)
+
+    def _warm_up_prefill_attention(self) -> None:
+        """A one-token fresh prompt through the attention backend alone, into the scratch page, so kernels that
+        only prefill uses are built now rather than in the first request's step (FlashInfer's fa3 ragged module,
+        a JIT build of its own on a machine without its cache; FA4's prefill)."""
+        be, dev = self.backend, self.device
+        slot = torch.tensor([self.scratch_page * self.pool.page_size], dtype=torch.int64, device=dev)
+        be.plan(AttnMeta(False, [1], [1], [[self.scratch_page]], slot))
+        q = torch.zeros(1, be.num_heads, be.head_dim, dtype=self.pool.k[0].dtype, device=dev)
+        kv = torch.zeros(1, be.num_kv_heads, be.head_dim, dtype=self.pool.k[0].dtype, device=dev)
+        be.forward(0, q, kv, kv)
 
     def _slots(self, pages: list[int], start: int, n: int) -> torch.Tensor:
         ps = self.pool.page_size
