@@ -25,38 +25,10 @@ VOCAB = 151936
 
 
 @triton.jit
-def _philox_sample_kernel(
-    logits_ptr, stride, V, temp_ptr, seed_ptr, val_ptr, idx_ptr, n_chunks, BLOCK: tl.constexpr
-):  # the kernel as it was, for the A/B
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    temp = tl.load(temp_ptr + row)
-    seed = tl.load(seed_ptr + row)
-    cols = chunk * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < V
-    x = tl.load(logits_ptr + row * stride + cols, mask=mask, other=-float("inf")).to(tl.float32)
-    if temp > 0:
-        u = tl.rand(seed, cols)
-        x = x / temp - tl.log(-tl.log(u))
-    x = tl.where(mask, x, -float("inf"))
-    tl.store(val_ptr + row * n_chunks + chunk, tl.max(x, axis=0))
-    tl.store(idx_ptr + row * n_chunks + chunk, tl.argmax(x, axis=0) + chunk * BLOCK)
-
-
-def philox_sample(logits: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
-    B, V = logits.shape
-    block = 2048
-    n_chunks = triton.cdiv(V, block)
-    vals = torch.empty((B, n_chunks), dtype=torch.float32, device=logits.device)
-    idx = torch.empty((B, n_chunks), dtype=torch.int64, device=logits.device)
-    _philox_sample_kernel[(B, n_chunks)](logits, logits.stride(0), V, temps, seeds, vals, idx, n_chunks, BLOCK=block)
-    return idx.gather(1, vals.argmax(1, keepdim=True)).squeeze(1)
-
-
-@triton.jit
 def _variant_kernel(
     logits_ptr, stride, V, temp_ptr, seed_ptr, val_ptr, idx_ptr, n_chunks, BLOCK: tl.constexpr, MODE: tl.constexpr
-):  # MODE 0: the hash with tl.log (before the SFU logs); 1: without the logs (timing only, wrong distribution)
+):  # the kernels before, for the A/B. MODE 0: the hash with tl.log (before the SFU logs); 1: the hash without
+    # the logs (timing only, wrong distribution); 2: tl.rand's Philox with tl.log (before the hash)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     temp = tl.load(temp_ptr + row)
@@ -65,13 +37,16 @@ def _variant_kernel(
     mask = cols < V
     x = tl.load(logits_ptr + row * stride + cols, mask=mask, other=-float("inf")).to(tl.float32)
     if temp > 0:
-        key = triton_ops._mix32(seed.to(tl.uint32))
-        h = triton_ops._mix32(((cols.to(tl.uint32) * 0x9E3779B9).to(tl.uint32)) ^ key) >> 8
-        if MODE == 1:
-            x = x * (1.0 / temp) + h.to(tl.float32) * (1.0 / 16777216.0)
+        if MODE == 2:
+            x = x / temp - tl.log(-tl.log(tl.rand(seed, cols)))
         else:
-            u = (h.to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-            x = x * (1.0 / temp) - tl.log(-tl.log(u))
+            key = triton_ops._mix32(seed.to(tl.uint32))
+            h = triton_ops._mix32(((cols.to(tl.uint32) * 0x9E3779B9).to(tl.uint32)) ^ key) >> 8
+            if MODE == 1:
+                x = x * (1.0 / temp) + h.to(tl.float32) * (1.0 / 16777216.0)
+            else:
+                u = (h.to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+                x = x * (1.0 / temp) - tl.log(-tl.log(u))
     x = tl.where(mask, x, -float("inf"))
     best, at = tl.max(x, axis=0, return_indices=True)
     tl.store(val_ptr + row * n_chunks + chunk, best)
@@ -159,7 +134,7 @@ def main() -> None:
         seeds = torch.arange(rows, device="cuda")
         zero = torch.zeros_like(temps)
         us = [
-            graph_us(partial(philox_sample, logits, temps, seeds)),
+            graph_us(partial(variant_sample, logits, temps, seeds, 2)),
             graph_us(partial(variant_sample, logits, temps, seeds, 0)),
             graph_us(partial(triton_ops.sample_gumbel, logits, temps, seeds)),
             graph_us(partial(triton_ops.sample_gumbel, logits, zero, seeds)),

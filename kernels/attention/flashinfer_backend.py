@@ -9,8 +9,8 @@ before each replay.
 Prefill and mixed batches (without a sliding window) attend in two parts. Requests with KV from before this step
 (decode rows, a prompt's later chunks, a cached prefix) go through the paged kernel as always; the batch's trailing
 run of fresh prompts, whose keys are all new, goes through FlashInfer's fa3 ragged kernel, which reads K/V straight
-from the projection's output. On an H100 that takes 98 us per layer for 8192 fresh tokens of the offline workload
-against 154 us paged (benchmarks/prefill_attention_kernels.py, docs/gpu.md).
+from the projection's output. On an H100 that takes 118 us per layer for 8192 fresh tokens of the offline workload
+against 179 us paged (benchmarks/prefill_attention_kernels.py, docs/gpu.md).
 
 Every wrapper comes in two copies used in turn. A plan writes its schedule into the wrapper's pinned host
 buffer and queues an async copy to the device; under overlap scheduling the next plan runs while the previous
@@ -132,9 +132,8 @@ class FlashInferBackend(AttentionBackend):
         self.graph_indices: dict[int, torch.Tensor] = {}  # per copy: one page-id buffer for every batch size
         self.turn = 0  # which copy the next plan uses
         self.active: _Wrapper = self.decode[0]
-        # A two-part prefill: the ragged wrapper for rows [split_row, T), the paged one (None: no such rows) before.
-        self.two_part: _Wrapper | None = None
-        self.prefixed: _Wrapper | None = None
+        # A two-part prefill: the ragged wrapper for the fresh rows [split_row, T); `active` for those before.
+        self.fresh: _Wrapper | None = None
         self.split_row = 0
 
     def split_kv(self, kv_lens: list[int]) -> bool:
@@ -150,19 +149,17 @@ class FlashInferBackend(AttentionBackend):
             wrapper.plan(*paged, disable_split_kv=not split, **common)
         else:
             wrapper.plan(_indptr(meta.q_lens), *paged, causal=True, **common)
-        self.active, self.out_slots, self.two_part = wrapper, meta.out_slots, None
+        self.active, self.out_slots, self.fresh = wrapper, meta.out_slots, None
 
     def _plan_two_part(self, turn: int, meta: AttnMeta, tail: int) -> None:
         """Paged for requests [0, tail), ragged for the fresh ones after (tail < len(q_lens))."""
-        self.prefixed = None
         if tail:
             self._plan(self.prefill[turn], _sub(meta, slice(0, tail)))
-            self.prefixed = self.active
         qo = _indptr(meta.q_lens[tail:])
         common = dict(q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale)
         self.ragged[turn].plan(qo, qo, self.num_heads, self.num_kv_heads, self.head_dim, causal=True, **common)
         self.split_row = sum(meta.q_lens[:tail])
-        self.two_part, self.out_slots = self.ragged[turn], meta.out_slots
+        self.fresh, self.out_slots = self.ragged[turn], meta.out_slots
 
     def _next_turn(self) -> int:
         turn, self.turn = self.turn, self.turn ^ 1
@@ -228,17 +225,17 @@ class FlashInferBackend(AttentionBackend):
             self.pool.store(layer, self.out_slots, k, v)
         cache = (self.pool.k[layer], self.pool.v[layer])
         out: torch.Tensor
-        if self.two_part is None:
+        if self.fresh is None:
             out = self.active.run(q, cache)
             return out
         if k is None or v is None:  # stored by the caller, not passed: read the new tokens back from the pool
             flat = (-1, self.num_kv_heads, self.head_dim)
             k, v = cache[0].view(flat)[self.out_slots], cache[1].view(flat)[self.out_slots]
         at = self.split_row
-        if self.prefixed is None:
-            out = self.two_part.run(q, k, v)
+        if not at:
+            out = self.fresh.run(q, k, v)
             return out
         out = torch.empty_like(q)
-        self.prefixed.run(q[:at], cache, out=out[:at])
-        self.two_part.run(q[at:], k[at:], v[at:], out=out[at:])
+        self.active.run(q[:at], cache, out=out[:at])
+        self.fresh.run(q[at:], k[at:], v[at:], out=out[at:])
         return out
