@@ -110,6 +110,7 @@ def main() -> None:
     ap.add_argument("--ab-detokenize", action="store_true", help="runs with text against token ids only")
     ap.add_argument("--ab-lean", action="store_true", help="outputs every step against final outputs only")
     ap.add_argument("--ab-ragged", action="store_true", help="prefill in one paged pass vs fresh prompts ragged")
+    ap.add_argument("--ab-budget", help="per-step token budgets to compare, e.g. 8192,16384")
     ap.add_argument("--no-profiles", dest="profiles", action="store_false", help="timed runs only")
     ap.add_argument(
         "--warmup",
@@ -132,21 +133,27 @@ def main() -> None:
     if args.warmup == "full":
         print("warm-up run:", timed_run(llm, wl.prompts, params))  # a fresh GPU runs slower for its first ~30 s
 
-    if args.ab_detokenize or args.ab_lean or args.ab_ragged:  # interleaved, order alternating
+    if args.ab_detokenize or args.ab_lean or args.ab_ragged or args.ab_budget:  # interleaved, order alternating
         # detokenize: with the text (as before d7603a6) vs token ids only; lean: token ids only, outputs every step
         # (on_step) vs final outputs only (on_progress); ragged: as bench-offline runs, the prefill attention in one
-        # paged pass vs fresh prompts through the ragged kernel (flashinfer_backend.RAGGED_PREFILL)
-        arms = (
+        # paged pass vs fresh prompts through the ragged kernel (flashinfer_backend.RAGGED_PREFILL); budget: as
+        # bench-offline runs, under each per-step token budget (the scheduler's max_batch_tokens)
+        arms: dict[str, tuple[list[SamplingParams], bool]] = (
             {"text": (params, False), "ids": (ids_only, False)}
             if args.ab_detokenize
             else {"every-step": (ids_only, False), "final-only": (ids_only, True)}
             if args.ab_lean
             else {"paged": (ids_only, True), "ragged": (ids_only, True)}
+            if args.ab_ragged
+            else {f"budget {b}": (ids_only, True) for b in args.ab_budget.split(",")}
         )
+        budget0 = llm.engine.scheduler.max_batch_tokens
         ab: dict[str, list[float]] = {k: [] for k in arms}
         for i in range(args.runs):
             for name in list(arms) if i % 2 == 0 else list(arms)[::-1]:
                 flashinfer_backend.RAGGED_PREFILL = name != "paged"
+                budget = name.removeprefix("budget ")
+                llm.engine.scheduler.max_batch_tokens = int(budget) if budget != name else budget0
                 r = timed_run(llm, wl.prompts, arms[name][0], lean=arms[name][1])
                 ab[name].append(r["tok_s"])
                 print(name, {k: round(v, 1) for k, v in r.items()}, flush=True)

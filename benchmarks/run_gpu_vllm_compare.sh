@@ -29,6 +29,11 @@
 #             check that vLLM imports under vllm-env.sh (else probe-vllm.py's report goes to $OUT)
 #   qwen      bench-offline --model dummy:Qwen3-0.6B --runs ${RUNS:-3} --compare vllm
 #   llama     bench-offline --model dummy:Llama-3.1-8B --runs ${RUNS:-3} --compare vllm
+#   tests     (after bundle) the single-GPU tests (tests/test_gpu.py, not tp2, not fa_) and sampler_rng.py
+#   ab_budget (after bundle) offline_wall.py --ab-budget ${BUDGETS:-8192,16384}: bench-offline's run under each
+#             per-step token budget, interleaved, ${AB_RUNS:-6} runs each
+#   trace     issue #15's saturating replay (bench-trace traces/qwen_1000.jsonl --time-scale 0.2, dummy Qwen3-0.6B)
+#             through minisgl in-process, then through vLLM's AsyncLLM (`--engine vllm`, under vllm-env.sh)
 # Each bench stage: vLLM first, in a child process under /root/vllm-site/vllm-env.sh (no FlashInfer of ours on its
 # path), then minisgl in the parent with /tmp/site. Out: $OUT/bench_offline_vllm_<model>_<commit>.json (minisgl at
 # the top level, vLLM under `peers`), its log, summary_vllm_<commit>.txt, and fi-cache.tgz (keep it in .whl/).
@@ -83,9 +88,43 @@ for s in "${stages[@]}"; do
         log "assemble: vLLM does not import: see vllm_probe.txt / vllm_probe.log in \$OUT"; exit 1
       fi
       ;;
+    tests)
+      PYTHONPATH=/tmp/site:$PWD timeout 300 python -m pytest -q -p no:cacheprovider tests/test_gpu.py \
+        -k "not tp2 and not fa_" > "$OUT/pytest_gpu_$c.txt" 2>&1
+      log "tests: rc=$?"; tail -n 3 "$OUT/pytest_gpu_$c.txt" | tee -a "$summary"
+      PYTHONPATH=/tmp/site:$PWD timeout 120 python benchmarks/sampler_rng.py > "$OUT/sampler_rng_$c.txt" 2>&1
+      log "sampler_rng: rc=$?"; tail -n 6 "$OUT/sampler_rng_$c.txt" | tee -a "$summary"
+      ;;
+    ab_budget)
+      PYTHONPATH=/tmp/site:$PWD timeout 400 python benchmarks/offline_wall.py --ab-budget "${BUDGETS:-8192,16384}" \
+        --runs "${AB_RUNS:-6}" --no-profiles --out "$OUT/ab_budget_$c.json" > "$OUT/ab_budget_$c.log" 2>&1
+      log "ab_budget: rc=$?"; grep -E "^budget|^\{" "$OUT/ab_budget_$c.log" | cut -c1-160 | tee -a "$summary"
+      ;;
+    trace)
+      T=(traces/qwen_1000.jsonl --model dummy:Qwen3-0.6B --time-scale 0.2 --quiet)
+      PYTHONPATH=/tmp/site:$PWD timeout 200 python -m minisgl_cli bench-trace "${T[@]}" \
+        --json "$OUT/trace_minisgl_$c.json" > "$OUT/trace_minisgl_$c.log" 2>&1
+      log "trace minisgl: rc=$?"
+      # shellcheck disable=SC1090
+      (source "$vllm_env" && timeout 400 python -m minisgl_cli bench-trace "${T[@]}" --engine vllm \
+        --json "$OUT/trace_vllm_$c.json") > "$OUT/trace_vllm_$c.log" 2>&1
+      log "trace vllm: rc=$?"; tail -n 5 "$OUT/trace_vllm_$c.log" | tee -a "$summary"
+      python - "$OUT" "$c" <<'PY' | tee -a "$summary"
+import json, sys
+for name in ("minisgl", "vllm"):
+    try:
+        r = json.load(open(f"{sys.argv[1]}/trace_{name}_{sys.argv[2]}.json"))
+    except OSError:
+        print(name, "no result"); continue
+    print(f"{name:8} done {r['completed']} failed {r['failed']} out {r['output_throughput']:7.0f} tok/s  TTFT p50 "
+          f"{r['median_ttft_ms']:7.0f} p99 {r['p99_ttft_ms']:7.0f}  TBT p50 {r['median_itl_ms']:5.1f} p90 "
+          f"{r['p90_itl_ms']:5.1f} p99 {r['p99_itl_ms']:5.1f} max {r['max_itl_ms']:6.0f} ms  hit "
+          f"{r['cache_hit_rate'] or 0:.1%}  pool {r.get('kv_pool_tokens')}  {r.get('settings', '')}")
+PY
+      ;;
     qwen) bench dummy:Qwen3-0.6B qwen3-0.6b ;;
     llama) bench dummy:Llama-3.1-8B llama-3.1-8b ;;
-    *) log "unknown stage $s (bundle, assemble, qwen, llama)"; exit 2 ;;
+    *) log "unknown stage $s (bundle, assemble, tests, ab_budget, trace, qwen, llama)"; exit 2 ;;
   esac
 done
 exit $rc

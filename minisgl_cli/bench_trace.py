@@ -13,6 +13,8 @@ import typer
 
 from minisgl_cli import options as o
 
+ENGINES = ("minisgl", "vllm")
+
 
 @dataclass(slots=True)
 class Plan:
@@ -86,6 +88,13 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="no progress view")] = False,
+        engine: Annotated[
+            str,
+            typer.Option(
+                help="in-process engine: minisgl, or vllm (its AsyncLLM, what `vllm serve` runs; needs vLLM to "
+                "import here, e.g. after `source /root/vllm-site/vllm-env.sh` on the GPU machine)"
+            ),
+        ] = "minisgl",
         token_stream: Annotated[
             bool,
             typer.Option(
@@ -133,14 +142,21 @@ def register(app: typer.Typer) -> None:
         window = full.window(start, num_requests)
         if not window.requests:
             raise typer.BadParameter(f"the trace has {len(full.requests)} requests; --start {start} is past them")
-        if step_log is not None and url is not None:
-            why = "records the in-process engine's steps: it does not go with --url"
+        engine = engine.lower()
+        if engine not in ENGINES:
+            raise typer.BadParameter(f"must be one of {', '.join(ENGINES)} (got {engine!r})", param_hint="--engine")
+        if engine != "minisgl" and url is not None:
+            raise typer.BadParameter("picks the in-process engine: it does not go with --url", param_hint="--engine")
+        if step_log is not None and (url is not None or engine != "minisgl"):
+            why = "records the in-process minisgl engine's steps: it does not go with --url or --engine vllm"
             raise typer.BadParameter(why, param_hint="--step-log")
         if plot is not None:
             from minisgl_cli.plots import require_matplotlib
 
             require_matplotlib()
-        if url is None:
+        if engine == "vllm":
+            result, results = _run_vllm(config, window, flags, quiet)
+        elif url is None:
             result, results = _run_local(config, window, flags, quiet)
         else:
             result, results = _run_url(config, window, flags, quiet)
@@ -251,6 +267,7 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict
         **llm.describe(),
         radix_cache=config.radix_cache,
         page_size=e.cache.page_size,
+        kv_pool_tokens=e.cache.num_pages * e.cache.page_size,
         preemptions=after.preemptions - before.preemptions,
         mixed_batch=config.mixed_batch,
         max_batch_tokens=config.max_batch_tokens,
@@ -261,6 +278,46 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict
         gpu=_gpu_name(e.device),
     )
     out["mixed_step_share"] = out["mixed_steps"] / max(out["engine_steps"], 1)
+    return out, results
+
+
+def _run_vllm(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[str, Any], list]:
+    """The replay through vLLM's AsyncLLM in this process (minisgl_cli/vllm_peer.py), timed by the same driver."""
+    import asyncio
+
+    from minisgl_cli.live_view import LiveView
+    from minisgl_cli.peers import PeerUnavailable
+    from minisgl_cli.replay import LiveCounters, drive
+    from minisgl_cli.vllm_peer import VllmAsyncPeer
+
+    async def main():
+        t0 = time.perf_counter()
+        try:
+            peer = VllmAsyncPeer(config)
+        except PeerUnavailable as e:
+            raise typer.BadParameter(str(e), param_hint="--engine") from e
+        startup = time.perf_counter() - t0
+        try:
+            info = peer.describe()
+            s = info["settings"]
+            pool = s["num_gpu_blocks"] * s["block_size"] if "num_gpu_blocks" in s and "block_size" in s else None
+            context = min(s.get("max_model_len") or 1 << 62, pool or 1 << 62)
+            p = plan(window, flags["vocab_size"] or peer.model_config.vocab_size, context, flags)
+            live = LiveCounters()
+            with LiveView("replaying", len(p.items), live, quiet):
+                t0 = time.perf_counter()
+                results = await drive(p.items, peer.sender(flags["temperature"]), live=live)
+                duration = time.perf_counter() - t0
+        finally:
+            peer.close()
+        return info, pool, startup, p, results, duration
+
+    info, pool, startup, p, results, duration = asyncio.run(main())
+    prompt = sum(r.input_len for r in results if r.ok)
+    hits = sum(r.cache_hit_tokens or 0 for r in results if r.ok)
+    out = summarize(results, duration, p, hits / prompt if prompt else None)
+    out.update(mode="in-process", **info, engine="vllm", kv_pool_tokens=pool, startup_seconds=startup)
+    out["gpu"] = _gpu_name(config.torch_device())
     return out, results
 
 

@@ -136,7 +136,7 @@ async def drive(
     return list(await asyncio.gather(*(one(i) for i in items)))
 
 
-def _failure(e: BaseException, timeout: float | None = None) -> str:
+def failure(e: BaseException, timeout: float | None = None) -> str:
     if isinstance(e, TimeoutError):
         return f"TimeoutError: no answer within {timeout:g} s" if timeout else "TimeoutError"
     return f"{type(e).__name__}: {e}"
@@ -159,7 +159,7 @@ def local_sender(async_llm, temperature: float, chat: bool = False, token_stream
                 live.tokens += len(out.delta_token_ids) if token_stream else len(out.token_ids)
                 last = out
         except Exception as e:  # a bad request (ValueError) or a dead engine fails this request only
-            res.error = _failure(e)
+            res.error = failure(e)
         if last is not None:
             res.output_tokens, res.cache_hit_tokens = len(last.token_ids), last.cache_hit_tokens
             res.input_len = len(last.prompt_token_ids)
@@ -202,7 +202,7 @@ def url_sender(client, model: str, temperature: float, chat: bool = False) -> Se
                     if ev.usage:
                         usage = ev.usage
         except Exception as e:
-            res.error = _failure(e, client.timeout)
+            res.error = failure(e, client.timeout)
         res.output_tokens = int(usage["completion_tokens"]) if usage else len(times)
         if usage and usage.get("prompt_tokens"):
             res.input_len = int(usage["prompt_tokens"])

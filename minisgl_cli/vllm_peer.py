@@ -43,7 +43,8 @@ SETTINGS = (
 def missing(why: str) -> str:
     return (
         f"vLLM does not import here ({why}). vLLM is optional, never a dependency of minisgl: install it, or on "
-        "the GPU machine give --vllm-env /root/vllm-site/vllm-env.sh (docs/benchmarks.md)"
+        "the GPU machine give bench-offline --vllm-env /root/vllm-site/vllm-env.sh, or source that script before "
+        "bench-trace --engine vllm (docs/benchmarks.md)"
     )
 
 
@@ -64,41 +65,60 @@ def write_config_dir(model_config, where: Path) -> Path:
     return where
 
 
+def engine_arguments(config) -> tuple[dict[str, Any], tempfile.TemporaryDirectory[str] | None, str, Any]:
+    """vLLM engine arguments for the run's model (shared by the offline `LLM` and the `AsyncLLM` peers): the keyword
+    arguments, the temporary model directory to clean up (dummy weights), the weights' description, and the
+    project's ModelConfig for the model."""
+    from engine import weights
+    from minisgl_cli.hf_peer import model_config_for
+
+    device = config.torch_device()
+    if device.type != "cuda":
+        raise PeerUnavailable(f"the vLLM peer runs on a CUDA GPU (got device {device})")
+    kind, where = weights.resolve(config.model)
+    model_config = model_config_for(config.model)
+    tmp: tempfile.TemporaryDirectory[str] | None = None
+    if kind == "dummy":
+        tmp = tempfile.TemporaryDirectory(prefix="minisgl-vllm-")
+        path, load_format = str(write_config_dir(model_config, Path(tmp.name))), "dummy"
+    elif kind == "hf":
+        path, load_format = str(where), "auto"
+    else:
+        raise PeerUnavailable("the vLLM peer takes --model dummy:<preset> or a HF directory, not a GGUF file")
+    kw: dict[str, Any] = {
+        "model": path,
+        "load_format": load_format,
+        "skip_tokenizer_init": True,
+        "generation_config": "vllm",  # vLLM's sampling defaults, never a model directory's
+        "dtype": str(config.torch_dtype(device)).removeprefix("torch."),
+        "seed": config.seed,
+        "tensor_parallel_size": config.tp,
+    }
+    if config.max_model_len:
+        kw["max_model_len"] = config.max_model_len
+    label = "vLLM dummy (random) weights" if load_format == "dummy" else path
+    return kw, tmp, label, model_config
+
+
+def settings_of(vllm_config) -> dict[str, Any]:
+    """The SETTINGS values a vLLM engine runs with (JSON-ready)."""
+    settings = {}
+    for section, name in SETTINGS:
+        value = getattr(getattr(vllm_config, section, None), name, None)
+        if value is not None:
+            settings[name] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    return settings
+
+
 class VllmPeer:
     """The `Peer` interface (minisgl_cli/peers.py) over vLLM's offline `LLM`."""
 
     def __init__(self, config) -> None:
-        from engine import weights
-        from minisgl_cli.hf_peer import model_config_for
-
         vllm = import_vllm()
-        self.device = config.torch_device()
-        if self.device.type != "cuda":
-            raise PeerUnavailable(f"the vLLM peer runs on a CUDA GPU (got device {self.device})")
-        self.dtype = config.torch_dtype(self.device)
         self.version = vllm.__version__
-        kind, where = weights.resolve(config.model)
-        self.model_config = model_config_for(config.model)
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        if kind == "dummy":
-            self._tmp = tempfile.TemporaryDirectory(prefix="minisgl-vllm-")
-            path, load_format = str(write_config_dir(self.model_config, Path(self._tmp.name))), "dummy"
-        elif kind == "hf":
-            path, load_format = str(where), "auto"
-        else:
-            raise PeerUnavailable("the vLLM peer takes --model dummy:<preset> or a HF directory, not a GGUF file")
-        self.weights = "vLLM dummy (random) weights" if load_format == "dummy" else path
-        kw: dict[str, Any] = {"max_model_len": config.max_model_len} if config.max_model_len else {}
-        self.llm = vllm.LLM(
-            model=path,
-            load_format=load_format,
-            skip_tokenizer_init=True,
-            generation_config="vllm",  # vLLM's sampling defaults, never a model directory's
-            dtype=str(self.dtype).removeprefix("torch."),
-            seed=config.seed,
-            tensor_parallel_size=config.tp,
-            **kw,
-        )
+        kw, self._tmp, self.weights, self.model_config = engine_arguments(config)
+        self.device, self.dtype = config.torch_device(), config.torch_dtype(config.torch_device())
+        self.llm = vllm.LLM(**kw)
 
     def generate(
         self,
@@ -125,12 +145,6 @@ class VllmPeer:
         return PeerRun("LLM.generate", done, duration, failed=len(prompts) - len(done))
 
     def describe(self) -> dict[str, Any]:
-        vc = self.llm.llm_engine.vllm_config
-        settings = {}
-        for section, name in SETTINGS:
-            value = getattr(getattr(vc, section, None), name, None)
-            if value is not None:
-                settings[name] = value if isinstance(value, (bool, int, float, str)) else str(value)
         return {
             "api": "LLM.generate",
             "model": self.model_config.name or "",
@@ -138,7 +152,7 @@ class VllmPeer:
             "dtype": str(self.dtype).removeprefix("torch."),
             "weights": self.weights,
             "vllm_version": self.version,
-            "settings": settings,
+            "settings": settings_of(self.llm.llm_engine.vllm_config),
         }
 
     def close(self) -> None:
@@ -147,5 +161,79 @@ class VllmPeer:
         if shutdown is not None:
             shutdown()
         del self.llm
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+class VllmAsyncPeer:
+    """vLLM's `AsyncLLM`, the engine client `vllm serve` runs behind its HTTP front end (engine core in a process
+    of its own, outputs streamed per step), for `bench-trace --engine vllm`: each request streams its new tokens
+    (`RequestOutputKind.DELTA`) and is timed as it reaches this process's event loop, as an HTTP client would time
+    it less the HTTP hop. Batch limits are the ones `vllm serve` gets (`UsageContext.OPENAI_API_SERVER`).
+    Build it inside the running event loop: its engine client binds to that loop."""
+
+    def __init__(self, config) -> None:
+        vllm = import_vllm()
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.version = vllm.__version__
+        kw, self._tmp, self.weights, self.model_config = engine_arguments(config)
+        self.device, self.dtype = config.torch_device(), config.torch_dtype(config.torch_device())
+        args = AsyncEngineArgs(**kw)
+        self.engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER)
+
+    def sender(self, temperature: float):
+        """A replay `Sender` (minisgl_cli/replay.py) through this engine."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        from minisgl_cli.replay import failure
+
+        engine = self.engine
+
+        async def send(item, res, live) -> None:
+            params = SamplingParams(
+                max_tokens=item.output_len,
+                temperature=temperature,
+                ignore_eos=True,
+                detokenize=False,
+                output_kind=RequestOutputKind.DELTA,
+            )
+            times: list[float] = []
+            res.sent = time.perf_counter()
+            tokens, cached, finish = 0, None, None
+            try:
+                async for out in engine.generate({"prompt_token_ids": item.prompt}, params, f"trace-{item.index}"):
+                    n = len(out.outputs[0].token_ids) if out.outputs else 0
+                    if n:  # one event per output, as an HTTP client sees one chunk per output
+                        times.append(time.perf_counter())
+                        tokens += n
+                        live.tokens += n
+                    cached = out.num_cached_tokens if out.num_cached_tokens is not None else cached
+                    finish = out.outputs[0].finish_reason if out.outputs else finish
+            except Exception as e:  # a failed request fails alone
+                res.error = failure(e)
+            res.output_tokens, res.cache_hit_tokens = tokens, cached
+            res.set_times(times)
+            if res.error is None and finish not in ("length", "stop"):
+                res.error = f"finished with {finish}"
+
+        return send
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "api": "AsyncLLM.generate (streamed deltas)",
+            "model": self.model_config.name or "",
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "weights": self.weights,
+            "vllm_version": self.version,
+            "settings": settings_of(self.engine.vllm_config),
+        }
+
+    def close(self) -> None:
+        self.engine.shutdown()
         if self._tmp is not None:
             self._tmp.cleanup()

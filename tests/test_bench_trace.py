@@ -3,6 +3,7 @@ with the JSON checked against the trace: token counts, ordered percentiles, cach
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -142,6 +143,20 @@ def test_bad_options(tmp_path):
     assert r.exit_code == 2 and "unknown trace format" in flat(r.output)
     r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *TINY, "--url", "http://x", "--step-log", "s.jsonl"])
     assert r.exit_code == 2 and "does not go with --url" in flat(r.output)
+    for args, message in (
+        (["--engine", "sglang"], "must be one of minisgl, vllm"),
+        (["--engine", "vllm", "--url", "http://x"], "does not go with --url"),
+        (["--engine", "vllm", "--step-log", "s.jsonl"], "does not go with --url or --engine vllm"),
+    ):
+        r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *TINY, *args])
+        assert r.exit_code == 2 and message in flat(r.output), (args, r.output)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_vllm_engine_missing_is_a_clear_error():
+    r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *TINY, "--engine", "vllm"])
+    assert r.exit_code == 2 and "vLLM does not import here" in flat(r.output)
+    assert "vllm-env.sh" in flat(r.output)
 
 
 # ---- against a real server ---------------------------------------------------------------------------------------
