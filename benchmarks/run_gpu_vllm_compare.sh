@@ -33,7 +33,8 @@
 #   ab_budget (after bundle) offline_wall.py --ab-budget ${BUDGETS:-8192,16384}: bench-offline's run under each
 #             per-step token budget, interleaved, ${AB_RUNS:-6} runs each
 #   trace     issue #15's saturating replay (bench-trace traces/qwen_1000.jsonl --time-scale 0.2, dummy Qwen3-0.6B)
-#             through minisgl in-process, then through vLLM's AsyncLLM (`--engine vllm`, under vllm-env.sh)
+#             through minisgl in-process, then through vLLM's AsyncLLM (`--engine vllm`, under vllm-env.sh), then
+#             minisgl again admitting up to 1024 requests as vLLM's server does
 # Each bench stage: vLLM first, in a child process under /root/vllm-site/vllm-env.sh (no FlashInfer of ours on its
 # path), then minisgl in the parent with /tmp/site. Out: $OUT/bench_offline_vllm_<model>_<commit>.json (minisgl at
 # the top level, vLLM under `peers`), its log, summary_vllm_<commit>.txt, and fi-cache.tgz (keep it in .whl/).
@@ -109,14 +110,18 @@ for s in "${stages[@]}"; do
       (source "$vllm_env" && timeout 400 python -m minisgl_cli bench-trace "${T[@]}" --engine vllm \
         --json "$OUT/trace_vllm_$c.json") > "$OUT/trace_vllm_$c.log" 2>&1
       log "trace vllm: rc=$?"; tail -n 5 "$OUT/trace_vllm_$c.log" | tee -a "$summary"
+      # minisgl admitting up to 1024 requests, as vLLM's server does (minisgl's default: 256)
+      PYTHONPATH=/tmp/site:$PWD timeout 200 python -m minisgl_cli bench-trace "${T[@]}" --max-running-requests 1024 \
+        --json "$OUT/trace_minisgl-run1024_$c.json" > "$OUT/trace_minisgl-run1024_$c.log" 2>&1
+      log "trace minisgl, 1024 running: rc=$?"
       python - "$OUT" "$c" <<'PY' | tee -a "$summary"
 import json, sys
-for name in ("minisgl", "vllm"):
+for name in ("minisgl", "vllm", "minisgl-run1024"):
     try:
         r = json.load(open(f"{sys.argv[1]}/trace_{name}_{sys.argv[2]}.json"))
     except OSError:
         print(name, "no result"); continue
-    print(f"{name:8} done {r['completed']} failed {r['failed']} out {r['output_throughput']:7.0f} tok/s  TTFT p50 "
+    print(f"{name:15} done {r['completed']} failed {r['failed']} out {r['output_throughput']:7.0f} tok/s  TTFT p50 "
           f"{r['median_ttft_ms']:7.0f} p99 {r['p99_ttft_ms']:7.0f}  TBT p50 {r['median_itl_ms']:5.1f} p90 "
           f"{r['p90_itl_ms']:5.1f} p99 {r['p99_itl_ms']:5.1f} max {r['max_itl_ms']:6.0f} ms  hit "
           f"{r['cache_hit_rate'] or 0:.1%}  pool {r.get('kv_pool_tokens')}  {r.get('settings', '')}")
