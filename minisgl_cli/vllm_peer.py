@@ -1,5 +1,6 @@
 """vLLM as the benchmark peer: its offline `LLM` API on the same token-id prompts, one `SamplingParams` per request
-(max_tokens = the workload's output length, ignore_eos, the run's temperature).
+(max_tokens = the workload's output length, ignore_eos, the run's temperature), for bench-offline; its `AsyncLLM`
+(the engine behind `vllm serve`) for bench-trace's replays.
 
 vLLM is never a dependency of the project: it is imported here only, when `--engine vllm` asks for it, and it must
 not share a process (or a PYTHONPATH) with the project's FlashInfer bundle: `bench-offline --compare vllm` runs it
@@ -110,6 +111,19 @@ def settings_of(vllm_config) -> dict[str, Any]:
     return settings
 
 
+def description(peer, api: str, vllm_config) -> dict[str, Any]:
+    """A vLLM peer's `describe()`: how it was called, the model, and the settings its engine runs with."""
+    return {
+        "api": api,
+        "model": peer.model_config.name or "",
+        "device": str(peer.device),
+        "dtype": str(peer.dtype).removeprefix("torch."),
+        "weights": peer.weights,
+        "vllm_version": peer.version,
+        "settings": settings_of(vllm_config),
+    }
+
+
 class VllmPeer:
     """The `Peer` interface (minisgl_cli/peers.py) over vLLM's offline `LLM`."""
 
@@ -145,15 +159,7 @@ class VllmPeer:
         return PeerRun("LLM.generate", done, duration, failed=len(prompts) - len(done))
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "api": "LLM.generate",
-            "model": self.model_config.name or "",
-            "device": str(self.device),
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "weights": self.weights,
-            "vllm_version": self.version,
-            "settings": settings_of(self.llm.llm_engine.vllm_config),
-        }
+        return description(self, "LLM.generate", self.llm.llm_engine.vllm_config)
 
     def close(self) -> None:
         # vLLM's engine core is a process of its own: end it now rather than at interpreter exit.
@@ -223,15 +229,7 @@ class VllmAsyncPeer:
         return send
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "api": "AsyncLLM.generate (streamed deltas)",
-            "model": self.model_config.name or "",
-            "device": str(self.device),
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "weights": self.weights,
-            "vllm_version": self.version,
-            "settings": settings_of(self.engine.vllm_config),
-        }
+        return description(self, "AsyncLLM.generate (streamed deltas)", self.engine.vllm_config)
 
     def close(self) -> None:
         self.engine.shutdown()
