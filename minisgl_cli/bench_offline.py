@@ -90,6 +90,7 @@ def register(app: typer.Typer) -> None:
             ),
         ] = "auto",
         peer_batch_size: Annotated[int, typer.Option(help="batch size of the padded `generate` fallback", min=1)] = 64,
+        vllm_arg: o.VllmArgs = None,
         json_path: Annotated[Path | None, typer.Option("--json", help="write the results to this JSON file")] = None,
         runs: Annotated[
             int,
@@ -149,6 +150,10 @@ def register(app: typer.Typer) -> None:
                 "apart and set the JSON files side by side with bench-compare",
                 param_hint="--compare",
             )
+        overrides = o.vllm_args(vllm_arg)
+        if overrides and engine != "vllm" and "vllm" not in peers:
+            why = "is for the vLLM peer: give --engine vllm or --compare vllm"
+            raise typer.BadParameter(why, param_hint="--vllm-arg")
         if vllm_env is not None and not vllm_env.is_file():
             raise typer.BadParameter(f"{vllm_env} is not a file", param_hint="--vllm-env")
         if "vllm" in peers and vllm_env is None:
@@ -171,7 +176,7 @@ def register(app: typer.Typer) -> None:
         if engine == "minisgl" or peers:
             main = _run_minisgl(config, workload, temperature, quiet, repeats=runs)
         else:
-            main = _run_peer(engine, config, workload, temperature, quiet, runs, peer_api, peer_batch_size)
+            main = _run_peer(engine, config, workload, temperature, quiet, runs, peer_api, peer_batch_size, overrides)
         results = [main, *peer_results]
         result: dict[str, Any] = dict(main)
         if peer_results:
@@ -378,6 +383,7 @@ def _run_peer(
     repeats: int = 1,
     peer_api: str = "auto",
     peer_batch_size: int = 64,
+    vllm_args: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A peer in this process, timed as `_run_minisgl` times minisgl: start-up apart, a warm-up on other prompts,
     then `repeats` timed passes over the workload (transformers: one, it is ~40x slower), the median reported."""
@@ -390,7 +396,7 @@ def _run_peer(
     try:
         with _progress(quiet) as bar:
             bar.add_task(f"loading {name}", total=None)
-            peer = open_peer(name, config, peer_api, peer_batch_size)
+            peer = open_peer(name, config, peer_api, peer_batch_size, vllm_args)
     except PeerUnavailable as e:
         raise typer.BadParameter(str(e), param_hint="--engine") from e
     startup = time.perf_counter() - t0
@@ -444,6 +450,8 @@ def _given_flags(ctx: typer.Context) -> list[str]:
             continue
         if p.is_flag:
             args += [p.opts[0]] if value else p.secondary_opts[:1]
+        elif isinstance(value, (list, tuple)):  # a repeatable option, once per value
+            args += [a for v in value for a in (p.opts[0], str(v))]
         else:
             args += [p.opts[0], str(value)]
     return args

@@ -95,6 +95,7 @@ def register(app: typer.Typer) -> None:
                 "import here, e.g. after `source /root/vllm-site/vllm-env.sh` on the GPU machine)"
             ),
         ] = "minisgl",
+        vllm_arg: o.VllmArgs = None,
         token_stream: Annotated[
             bool,
             typer.Option(
@@ -147,6 +148,9 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"must be one of {', '.join(ENGINES)} (got {engine!r})", param_hint="--engine")
         if engine != "minisgl" and url is not None:
             raise typer.BadParameter("picks the in-process engine: it does not go with --url", param_hint="--engine")
+        flags["vllm_args"] = o.vllm_args(vllm_arg)
+        if flags["vllm_args"] and engine != "vllm":
+            raise typer.BadParameter("is for --engine vllm", param_hint="--vllm-arg")
         if step_log is not None and (url is not None or engine != "minisgl"):
             why = "records the in-process minisgl engine's steps: it does not go with --url or --engine vllm"
             raise typer.BadParameter(why, param_hint="--step-log")
@@ -293,7 +297,7 @@ def _run_vllm(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[
     async def main():
         t0 = time.perf_counter()
         try:
-            peer = VllmAsyncPeer(config)
+            peer = VllmAsyncPeer(config, flags["vllm_args"])
         except PeerUnavailable as e:
             raise typer.BadParameter(str(e), param_hint="--engine") from e
         startup = time.perf_counter() - t0

@@ -29,6 +29,14 @@ KvCacheGb = Annotated[
 ]
 MemoryFraction = Annotated[float, typer.Option(help="GPU memory fraction for weights + KV", min=0.01, max=1.0)]
 MaxRunning = Annotated[int, typer.Option(help="max concurrently running requests", min=1)]
+VllmArgs = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--vllm-arg",
+        help="KEY=VALUE passed to vLLM's engine arguments (repeatable; e.g. max_num_seqs=256 to admit as many "
+        "requests as minisgl's default); VALUE is read as JSON (numbers, true/false, null), else as a string",
+    ),
+]
 MaxBatchTokens = Annotated[
     int,
     typer.Option(
@@ -159,3 +167,20 @@ def load_llm(config, quiet: bool = False):
     if TP.size > 1:
         atexit.register(llm.shutdown)  # releases the follower ranks however the command ends
     return llm
+
+
+def vllm_args(items: list[str] | None) -> dict[str, Any]:
+    """--vllm-arg KEY=VALUE items as a dict (whether vLLM knows each key is checked where vLLM is imported)."""
+    import json
+
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, eq, raw = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or not key.isidentifier():
+            raise typer.BadParameter(f"{item!r} is not KEY=VALUE (e.g. max_num_seqs=256)", param_hint="--vllm-arg")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out

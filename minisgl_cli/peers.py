@@ -43,8 +43,11 @@ class Peer(Protocol):
     def close(self) -> None: ...
 
 
-def open_peer(name: str, config, peer_api: str = "auto", peer_batch_size: int = 64) -> Peer:
-    """Load the named peer with `config`'s model (its start-up is the caller's to time)."""
+def open_peer(
+    name: str, config, peer_api: str = "auto", peer_batch_size: int = 64, vllm_args: dict[str, Any] | None = None
+) -> Peer:
+    """Load the named peer with `config`'s model (its start-up is the caller's to time); vllm_args: the vLLM
+    peer's engine-argument overrides."""
     if name == "transformers":
         from minisgl_cli.hf_peer import TransformersPeer
 
@@ -52,5 +55,5 @@ def open_peer(name: str, config, peer_api: str = "auto", peer_batch_size: int = 
     if name == "vllm":
         from minisgl_cli.vllm_peer import VllmPeer
 
-        return VllmPeer(config)
+        return VllmPeer(config, vllm_args)
     raise ValueError(f"unknown peer {name!r} (known: {', '.join(PEERS)})")

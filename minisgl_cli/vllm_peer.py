@@ -66,10 +66,17 @@ def write_config_dir(model_config, where: Path) -> Path:
     return where
 
 
-def engine_arguments(config) -> tuple[dict[str, Any], tempfile.TemporaryDirectory[str] | None, str, Any]:
-    """vLLM engine arguments for the run's model (shared by the offline `LLM` and the `AsyncLLM` peers): the keyword
+def engine_arguments(
+    config, overrides: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], tempfile.TemporaryDirectory[str] | None, str, Any]:
+    """vLLM engine arguments for the run's model (shared by the offline `LLM` and the `AsyncLLM` peers), with the
+    user's `--vllm-arg` overrides (keys vLLM's EngineArgs has, other than those this peer sets): the keyword
     arguments, the temporary model directory to clean up (dummy weights), the weights' description, and the
     project's ModelConfig for the model."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
     from engine import weights
     from minisgl_cli.hf_peer import model_config_for
 
@@ -97,6 +104,13 @@ def engine_arguments(config) -> tuple[dict[str, Any], tempfile.TemporaryDirector
     }
     if config.max_model_len:
         kw["max_model_len"] = config.max_model_len
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    for key, value in (overrides or {}).items():
+        if key in kw:
+            raise PeerUnavailable(f"--vllm-arg {key}: set by the peer itself (from minisgl's flags)")
+        if key not in known:
+            raise PeerUnavailable(f"--vllm-arg {key}: not one of vLLM's engine arguments (vllm.EngineArgs)")
+        kw[key] = value
     label = "vLLM dummy (random) weights" if load_format == "dummy" else path
     return kw, tmp, label, model_config
 
@@ -121,16 +135,18 @@ def description(peer, api: str, vllm_config) -> dict[str, Any]:
         "weights": peer.weights,
         "vllm_version": peer.version,
         "settings": settings_of(vllm_config),
+        **({"vllm_args": peer.overrides} if peer.overrides else {}),
     }
 
 
 class VllmPeer:
     """The `Peer` interface (minisgl_cli/peers.py) over vLLM's offline `LLM`."""
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, overrides: dict[str, Any] | None = None) -> None:
         vllm = import_vllm()
         self.version = vllm.__version__
-        kw, self._tmp, self.weights, self.model_config = engine_arguments(config)
+        self.overrides = overrides or {}
+        kw, self._tmp, self.weights, self.model_config = engine_arguments(config, self.overrides)
         self.device, self.dtype = config.torch_device(), config.torch_dtype(config.torch_device())
         self.llm = vllm.LLM(**kw)
 
@@ -178,14 +194,15 @@ class VllmAsyncPeer:
     it less the HTTP hop. Batch limits are the ones `vllm serve` gets (`UsageContext.OPENAI_API_SERVER`).
     Build it inside the running event loop: its engine client binds to that loop."""
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, overrides: dict[str, Any] | None = None) -> None:
         vllm = import_vllm()
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.version = vllm.__version__
-        kw, self._tmp, self.weights, self.model_config = engine_arguments(config)
+        self.overrides = overrides or {}
+        kw, self._tmp, self.weights, self.model_config = engine_arguments(config, self.overrides)
         self.device, self.dtype = config.torch_device(), config.torch_dtype(config.torch_device())
         args = AsyncEngineArgs(**kw)
         self.engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER)

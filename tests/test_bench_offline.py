@@ -9,6 +9,7 @@ import json
 import re
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from engine.model_config import PRESETS
@@ -201,6 +202,28 @@ def test_a_failing_peer_child_stops_the_run(tmp_path):
     assert r.exit_code == 1 and "the vllm peer failed (exit status 1)" in flat(r.output)
 
 
+def test_vllm_args_reach_the_peer_child(tmp_path):
+    # The child's command line, as its environment script sees it: the overrides travel, once per value.
+    seen = tmp_path / "argv.txt"
+    env = tmp_path / "env.sh"
+    env.write_text(f'echo "$*" > {seen}; return 1\n')
+    args = ["--compare", "vllm", "--vllm-env", str(env), "--vllm-arg", "max_num_seqs=256"]
+    r = CliRunner().invoke(app, ["bench-offline", *TINY, *args, "--vllm-arg", "enforce_eager=true"])
+    assert r.exit_code == 1 and "the vllm peer failed (exit status 1)" in flat(r.output)
+    argv = seen.read_text()
+    assert "--vllm-arg max_num_seqs=256 --vllm-arg enforce_eager=true" in argv and "--engine vllm" in argv
+
+
+def test_vllm_args_parse():
+    from minisgl_cli.options import vllm_args
+
+    got = vllm_args(["max_num_seqs=256", "enforce-eager=true", "kv_cache_dtype=fp8", "max_model_len=null"])
+    assert got == {"max_num_seqs": 256, "enforce_eager": True, "kv_cache_dtype": "fp8", "max_model_len": None}
+    for bad in ("max_num_seqs", "=3", "max num=3"):
+        with pytest.raises(typer.BadParameter, match="is not KEY=VALUE"):
+            vllm_args([bad])
+
+
 def test_peer_child_sources_its_environment_and_needs_no_server_packages(tmp_path, capfd):
     # vllm-env.sh exports only when sourced (BASH_SOURCE[0] != $0) and drops the project's bundle, FastAPI and
     # uvicorn with it, from PYTHONPATH: the child must source it and run the CLI without the server's packages.
@@ -289,6 +312,8 @@ def test_dataset_prompts_sharegpt_jsonl_and_parquet(tmp_path):
         (["--engine", "sglang"], "minisgl, transformers, vllm"),
         (["--compare", "--tp", "2"], "--compare runs with --tp 1"),  # bare --compare does not take --tp as its value
         (["--compare", "vllm", "--vllm-env", "/nonexistent.sh"], "is not a file"),
+        (["--vllm-arg", "max_num_seqs=256"], "is for the vLLM peer"),
+        (["--compare", "vllm", "--vllm-arg", "max_num_seqs"], "is not KEY=VALUE"),
         (["--input-len", "1500:1500", "--output-len", "600:600"], "context length 2048"),
         (["--model", "dummy:nope"], "unknown dummy model"),
         (["--page-size", "0"], "--page-size"),

@@ -147,6 +147,8 @@ def test_bad_options(tmp_path):
         (["--engine", "sglang"], "must be one of minisgl, vllm"),
         (["--engine", "vllm", "--url", "http://x"], "does not go with --url"),
         (["--engine", "vllm", "--step-log", "s.jsonl"], "does not go with --url or --engine vllm"),
+        (["--vllm-arg", "max_num_seqs=256"], "is for --engine vllm"),
+        (["--engine", "vllm", "--vllm-arg", "max_num_seqs"], "is not KEY=VALUE"),
     ):
         r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *TINY, *args])
         assert r.exit_code == 2 and message in flat(r.output), (args, r.output)
