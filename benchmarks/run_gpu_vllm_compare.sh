@@ -33,8 +33,10 @@
 #   ab_budget (after bundle) offline_wall.py --ab-budget ${BUDGETS:-8192,16384}: bench-offline's run under each
 #             per-step token budget, interleaved, ${AB_RUNS:-6} runs each
 #   trace     issue #15's saturating replay (bench-trace traces/qwen_1000.jsonl --time-scale 0.2, dummy Qwen3-0.6B)
-#             through minisgl in-process, then through vLLM's AsyncLLM (`--engine vllm`, under vllm-env.sh), then
-#             minisgl again admitting up to 1024 requests as vLLM's server does
+#             in-process, one run per name in ${TRACE_RUNS:-minisgl vllm minisgl-run1024}: minisgl; vLLM's AsyncLLM
+#             (`--engine vllm`, under vllm-env.sh); minisgl admitting up to 1024 requests as vLLM's server does
+#             (minisgl-run1024); vLLM admitting 256 as minisgl does (vllm-seqs256)
+#   peer_check bench-offline --engine vllm on 32 prompts with --vllm-arg max_num_seqs=64
 # Each bench stage: vLLM first, in a child process under /root/vllm-site/vllm-env.sh (no FlashInfer of ours on its
 # path), then minisgl in the parent with /tmp/site. Out: $OUT/bench_offline_vllm_<model>_<commit>.json (minisgl at
 # the top level, vLLM under `peers`), its log, summary_vllm_<commit>.txt, and fi-cache.tgz (keep it in .whl/).
@@ -103,20 +105,28 @@ for s in "${stages[@]}"; do
       ;;
     trace)
       T=(traces/qwen_1000.jsonl --model dummy:Qwen3-0.6B --time-scale 0.2 --quiet)
-      PYTHONPATH=/tmp/site:$PWD timeout 200 python -m minisgl_cli bench-trace "${T[@]}" \
-        --json "$OUT/trace_minisgl_$c.json" > "$OUT/trace_minisgl_$c.log" 2>&1
-      log "trace minisgl: rc=$?"
-      # shellcheck disable=SC1090
-      (source "$vllm_env" && timeout 400 python -m minisgl_cli bench-trace "${T[@]}" --engine vllm \
-        --json "$OUT/trace_vllm_$c.json") > "$OUT/trace_vllm_$c.log" 2>&1
-      log "trace vllm: rc=$?"; tail -n 5 "$OUT/trace_vllm_$c.log" | tee -a "$summary"
-      # minisgl admitting up to 1024 requests, as vLLM's server does (minisgl's default: 256)
-      PYTHONPATH=/tmp/site:$PWD timeout 200 python -m minisgl_cli bench-trace "${T[@]}" --max-running-requests 1024 \
-        --json "$OUT/trace_minisgl-run1024_$c.json" > "$OUT/trace_minisgl-run1024_$c.log" 2>&1
-      log "trace minisgl, 1024 running: rc=$?"
-      python - "$OUT" "$c" <<'PY' | tee -a "$summary"
+      runs=(${TRACE_RUNS:-minisgl vllm minisgl-run1024})
+      for run in "${runs[@]}"; do
+        case $run in
+          minisgl) flags=() ;;
+          minisgl-run1024) flags=(--max-running-requests 1024) ;;  # as many as vLLM's server admits
+          vllm) flags=(--engine vllm) ;;
+          vllm-seqs256) flags=(--engine vllm --vllm-arg max_num_seqs=256) ;;  # as many as minisgl admits
+          *) log "trace: unknown run $run"; continue ;;
+        esac
+        if [ "${run%%-*}" = vllm ]; then
+          # shellcheck disable=SC1090
+          (source "$vllm_env" && timeout 400 python -m minisgl_cli bench-trace "${T[@]}" "${flags[@]}" \
+            --json "$OUT/trace_${run}_$c.json") > "$OUT/trace_${run}_$c.log" 2>&1
+        else
+          PYTHONPATH=/tmp/site:$PWD timeout 200 python -m minisgl_cli bench-trace "${T[@]}" "${flags[@]}" \
+            --json "$OUT/trace_${run}_$c.json" > "$OUT/trace_${run}_$c.log" 2>&1
+        fi
+        r=$?; log "trace $run: rc=$r"; [ $r -eq 0 ] || tail -n 5 "$OUT/trace_${run}_$c.log" | tee -a "$summary"
+      done
+      python - "$OUT" "$c" "${runs[@]}" <<'PY' | tee -a "$summary"
 import json, sys
-for name in ("minisgl", "vllm", "minisgl-run1024"):
+for name in sys.argv[3:]:
     try:
         r = json.load(open(f"{sys.argv[1]}/trace_{name}_{sys.argv[2]}.json"))
     except OSError:
@@ -127,9 +137,16 @@ for name in ("minisgl", "vllm", "minisgl-run1024"):
           f"{r['cache_hit_rate'] or 0:.1%}  pool {r.get('kv_pool_tokens')}  {r.get('settings', '')}")
 PY
       ;;
+    peer_check)  # the offline vLLM peer on a small workload, with an engine-argument override
+      # shellcheck disable=SC1090
+      (source "$vllm_env" && timeout 300 python -m minisgl_cli bench-offline --model dummy:Qwen3-0.6B --engine vllm \
+        --num-seqs 32 --runs 1 --vllm-arg max_num_seqs=64 --quiet --json "$OUT/peer_check_$c.json") \
+        > "$OUT/peer_check_$c.log" 2>&1
+      log "peer_check: rc=$?"; grep -E "output tok/s|max_num_seqs|Error" "$OUT/peer_check_$c.log" | tail -n 4 | tee -a "$summary"
+      ;;
     qwen) bench dummy:Qwen3-0.6B qwen3-0.6b ;;
     llama) bench dummy:Llama-3.1-8B llama-3.1-8b ;;
-    *) log "unknown stage $s (bundle, assemble, tests, ab_budget, trace, qwen, llama)"; exit 2 ;;
+    *) log "unknown stage $s (bundle, assemble, tests, ab_budget, trace, peer_check, qwen, llama)"; exit 2 ;;
   esac
 done
 exit $rc
