@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,18 @@ def engine_arguments(
     return kw, tmp, label, model_config
 
 
+@contextmanager
+def refused_arguments(tmp: tempfile.TemporaryDirectory[str] | None) -> Iterator[None]:
+    """vLLM refusing its engine arguments (a bad --vllm-arg value: its config checks raise ValueError, pydantic's
+    ValidationError among them, or TypeError) becomes PeerUnavailable with vLLM's reason; the model directory goes."""
+    try:
+        yield
+    except (TypeError, ValueError) as e:
+        if tmp is not None:
+            tmp.cleanup()
+        raise PeerUnavailable(f"vLLM refused its engine arguments: {type(e).__name__}: {e}") from e
+
+
 def settings_of(vllm_config) -> dict[str, Any]:
     """The SETTINGS values a vLLM engine runs with (JSON-ready)."""
     settings = {}
@@ -148,7 +161,8 @@ class VllmPeer:
         self.overrides = overrides or {}
         kw, self._tmp, self.weights, self.model_config = engine_arguments(config, self.overrides)
         self.device, self.dtype = config.torch_device(), config.torch_dtype(config.torch_device())
-        self.llm = vllm.LLM(**kw)
+        with refused_arguments(self._tmp):
+            self.llm = vllm.LLM(**kw)
 
     def generate(
         self,
@@ -204,8 +218,9 @@ class VllmAsyncPeer:
         self.overrides = overrides or {}
         kw, self._tmp, self.weights, self.model_config = engine_arguments(config, self.overrides)
         self.device, self.dtype = config.torch_device(), config.torch_dtype(config.torch_device())
-        args = AsyncEngineArgs(**kw)
-        self.engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER)
+        with refused_arguments(self._tmp):
+            args = AsyncEngineArgs(**kw)
+            self.engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER)
 
     def sender(self, temperature: float):
         """A replay `Sender` (minisgl_cli/replay.py) through this engine."""
