@@ -20,8 +20,8 @@ def register(app: typer.Typer) -> None:
         files: Annotated[list[Path], typer.Argument(help="JSON results of bench-serve, bench-trace or bench-offline")],
         plot: Annotated[Path | None, typer.Option("--plot", help="draw every run to this PNG (matplotlib)")] = None,
     ) -> None:
-        """Compare runs: throughput, TTFT/TPOT/E2E p50 and p99 per run (per load point of a sweep), beside each run's
-        engine, GPU or device, commit and flags."""
+        """Compare runs: throughput, TTFT/TPOT/TBT (inter-token)/E2E p50 and p99 per run (per load point of a
+        sweep), beside each run's engine, GPU or device, commit and flags."""
         from rich.console import Console
 
         if plot is not None:
@@ -131,8 +131,9 @@ def _figures_table(runs: list[dict[str, Any]]):
                     row.get("output_throughput"),
                     pair(row, "ttft"),
                     pair(row, "tpot"),
+                    pair(row, "itl"),
                     pair(row, "e2el"),
                 )
             )
-    cols = ("run / load", "req/s", "out tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "E2E p50/p99 ms")
+    cols = ["run / load", "req/s", "out tok/s", *(f"{m} p50/p99 ms" for m in ("TTFT", "TPOT", "TBT", "E2E"))]
     return kv_table("figures", lines, cols)

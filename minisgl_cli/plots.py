@@ -144,15 +144,16 @@ def plot_steps(steps: Sequence[tuple[float, int, int]], path: Path, title: str) 
 
 
 def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
-    """Several runs: sweeps as lines against their load points, single runs as bars (output tok/s, TTFT and TPOT
-    p50/p99)."""
+    """Several runs: sweeps as lines against their load points, single runs as bars (output tok/s, TTFT, TPOT and
+    TBT p50/p99)."""
     plt = _pyplot()
     sweeps = [r for r in runs if r["rows"] and len(r["rows"]) > 1]
-    fig, axes = plt.subplots(3, 1, figsize=(9, 9))
+    fig, axes = plt.subplots(4, 1, figsize=(9, 12))
     panels = (
         ("output_throughput", "output tok/s", False),
         ("ttft", "TTFT p50 / p99 (ms)", True),
         ("tpot", "TPOT p50 / p99 (ms)", True),
+        ("itl", "TBT p50 / p99 (ms)", True),  # the gap between tokens (chunks), where one stall shows
     )
     if sweeps:
         for run in sweeps:

@@ -79,7 +79,8 @@ def test_compare_offline_trace_and_serve_runs(tmp_path):
         assert (tmp_path / png).read_bytes()[:8] == PNG
     offline = json.loads(off.read_text())
     assert offline["benchmark"] == "bench-offline" and offline["engine_steps"] > 0 and "_steps" not in offline
-    assert json.loads(trace.read_text())["flags"]["num_requests"] == 8
+    traced = json.loads(trace.read_text())
+    assert traced["flags"]["num_requests"] == 8
 
     out = run("bench-compare", str(off), str(trace), str(sweep), "--plot", str(tmp_path / "cmp.png"))
     assert (tmp_path / "cmp.png").read_bytes()[:8] == PNG
@@ -93,6 +94,8 @@ def test_compare_offline_trace_and_serve_runs(tmp_path):
         f"{offline['output_throughput']:,.2f}",
         offline["environment"]["commit"],
         "--num-seqs 6",
+        "TBT p50/p99 ms",
+        f"{traced['median_itl_ms']:,.2f} / {traced['p99_itl_ms']:,.2f}",  # the replay's inter-token gap
     ):
         assert needle in out, needle
     assert "--quiet" not in out  # flags shown are those that differ from the command's defaults
