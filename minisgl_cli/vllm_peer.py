@@ -152,17 +152,25 @@ def description(peer, api: str, vllm_config) -> dict[str, Any]:
     }
 
 
-class VllmPeer:
+class _VllmBase:
+    """What both vLLM peers set up alike: vLLM imported, the engine arguments for the run's model (`self._kw`), and
+    what `description()` reports."""
+
+    def __init__(self, config, overrides: dict[str, Any] | None = None) -> None:
+        self.vllm = import_vllm()
+        self.version = self.vllm.__version__
+        self.overrides = overrides or {}
+        self._kw, self._tmp, self.weights, self.model_config = engine_arguments(config, self.overrides)
+        self.device, self.dtype = config.torch_device(), config.torch_dtype(config.torch_device())
+
+
+class VllmPeer(_VllmBase):
     """The `Peer` interface (minisgl_cli/peers.py) over vLLM's offline `LLM`."""
 
     def __init__(self, config, overrides: dict[str, Any] | None = None) -> None:
-        vllm = import_vllm()
-        self.version = vllm.__version__
-        self.overrides = overrides or {}
-        kw, self._tmp, self.weights, self.model_config = engine_arguments(config, self.overrides)
-        self.device, self.dtype = config.torch_device(), config.torch_dtype(config.torch_device())
+        super().__init__(config, overrides)
         with refused_arguments(self._tmp):
-            self.llm = vllm.LLM(**kw)
+            self.llm = self.vllm.LLM(**self._kw)
 
     def generate(
         self,
@@ -201,7 +209,7 @@ class VllmPeer:
             self._tmp.cleanup()
 
 
-class VllmAsyncPeer:
+class VllmAsyncPeer(_VllmBase):
     """vLLM's `AsyncLLM`, the engine client `vllm serve` runs behind its HTTP front end (engine core in a process
     of its own, outputs streamed per step), for `bench-trace --engine vllm`: each request streams its new tokens
     (`RequestOutputKind.DELTA`) and is timed as it reaches this process's event loop, as an HTTP client would time
@@ -209,17 +217,13 @@ class VllmAsyncPeer:
     Build it inside the running event loop: its engine client binds to that loop."""
 
     def __init__(self, config, overrides: dict[str, Any] | None = None) -> None:
-        vllm = import_vllm()
+        super().__init__(config, overrides)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self.version = vllm.__version__
-        self.overrides = overrides or {}
-        kw, self._tmp, self.weights, self.model_config = engine_arguments(config, self.overrides)
-        self.device, self.dtype = config.torch_device(), config.torch_dtype(config.torch_device())
         with refused_arguments(self._tmp):
-            args = AsyncEngineArgs(**kw)
+            args = AsyncEngineArgs(**self._kw)
             self.engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER)
 
     def sender(self, temperature: float):
