@@ -18,6 +18,9 @@ def _backend_ok(name: str) -> bool:
     return True
 
 
+PIECEWISE_GRAPH_TOKENS = 4096
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str | None = None  # None: the embedded default; a HF dir, a .gguf file, or dummy:<preset>
@@ -40,6 +43,9 @@ class EngineConfig:
     radix_cache: bool = True
     attention_backend: str = "auto"  # auto | torch | flashinfer | fa, or PREFILL,DECODE (e.g. fa,flashinfer)
     cuda_graph_max_bs: int = 256  # 0 disables CUDA graphs
+    # Prefill and mixed steps of up to this many tokens replay CUDA graphs captured in pieces between the attention
+    # calls (engine/piecewise_graph.py; FlashInfer only); 0 disables them.
+    piecewise_graph_tokens: int = PIECEWISE_GRAPH_TOKENS
     overlap: bool | None = None  # default: on for CUDA
     tp: int = 1
     seed: int = 0
@@ -66,6 +72,7 @@ class EngineConfig:
                 "must be one of auto, torch, flashinfer, fa, or PREFILL,DECODE of two of them (e.g. fa,flashinfer)",
             ),
             (self.cuda_graph_max_bs >= 0, "cuda_graph_max_bs", "must be >= 0"),
+            (self.piecewise_graph_tokens >= 0, "piecewise_graph_tokens", "must be >= 0"),
             (self.tp >= 1, "tp", "must be >= 1"),
             (
                 self.dtype in ("auto", "float32", "bfloat16", "float16"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -14,6 +15,15 @@ if TYPE_CHECKING:
     from engine.runner import ModelRunner
     from engine.scheduler import Batch
     from kernels.attention.flashinfer_backend import FlashInferBackend
+
+
+def timed_capture(capture: Callable[[], None]) -> float:
+    """Run a capture under inference mode; returns its seconds, until the GPU is done."""
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        capture()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
 
 
 def batch_sizes(max_bs: int) -> list[int]:
@@ -49,11 +59,7 @@ class DecodeGraphs:
         # Per size, one graph per copy of the backend's wrappers and split-KV choice (see flashinfer_backend.py).
         self.graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int, bool], torch.Tensor] = {}
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            self._capture()
-        torch.cuda.synchronize()
-        self.capture_seconds = time.perf_counter() - t0
+        self.capture_seconds = timed_capture(self._capture)
 
     def _capture(self) -> None:
         backend = self.backend

@@ -210,6 +210,7 @@ class Engine:
             config.cuda_graph_max_bs,
             scratch_page=num_pages,
             max_request_tokens=self.limits.max_request_tokens,
+            piecewise_max_tokens=min(config.piecewise_graph_tokens, config.max_batch_tokens),
         )
         if self.loaded.cpu_ops and isinstance(self.runner.backend, TorchBackend):
             self.runner.backend.cpu_ops = True
@@ -326,9 +327,7 @@ class Engine:
     def _leave_group(self) -> None:
         # CUDA graphs that captured NCCL all-reduces must be gone before their communicator is: otherwise
         # destroy_process_group can hang (pytorch/pytorch#115388); ranks on 2xH200 and 4xH200 did not exit.
-        graphs, self.runner.graphs = self.runner.graphs, None
-        if graphs is not None:
-            graphs.release()
+        self.runner.release_graphs()
         if dist.is_initialized():
             # Every rank is here after the shutdown step (a failed group exits elsewhere): meet, then tear down.
             dist.barrier(group=TP.cpu_group)

@@ -54,6 +54,7 @@ class ModelRunner:
         cuda_graph_max_bs: int = 0,
         scratch_page: int = -1,
         max_request_tokens: int | None = None,  # the most tokens one request spans; default: the whole pool
+        piecewise_max_tokens: int = 0,  # prefill/mixed steps of up to this many tokens replay piecewise graphs
     ):
         cfg = model.cfg
         self.model, self.pool, self.device = model, pool, device
@@ -81,7 +82,23 @@ class ModelRunner:
 
             longest = max_request_tokens or pool.num_pages * pool.page_size
             self.graphs = DecodeGraphs(self, min(cuda_graph_max_bs, max_slots), longest)
+        self.pieces = None
+        if device.type == "cuda" and piecewise_max_tokens > 0:
+            from engine.piecewise_graph import MixedGraphs
+
+            self.pieces = MixedGraphs(self, piecewise_max_tokens)
         self.sampler.warm_up(pool.k[0].dtype)
+
+    @property
+    def graph_capture_seconds(self) -> float:
+        return sum(g.capture_seconds for g in (self.graphs, self.pieces) if g is not None)
+
+    def release_graphs(self) -> None:
+        """Destroy the captured graphs now (before the NCCL communicator some of them captured goes)."""
+        graphs, pieces, self.graphs, self.pieces = self.graphs, self.pieces, None, None
+        for g in (graphs, pieces):
+            if g is not None:
+                g.release()
 
     def _warm_up_prefill_attention(self) -> None:
         """A one-token fresh prompt through the attention backend alone, into the scratch page, so kernels that
@@ -140,8 +157,11 @@ class ModelRunner:
                 slots = None
         else:
             ids, pos, meta = self.prepare(batch)
-            self.backend.plan(meta)
-            hidden = self.model(ids, pos, self.backend)
+            if self.pieces is not None and not batch.is_decode and self.pieces.can_run(batch.num_tokens):
+                hidden = self.pieces.run(ids, pos, meta)
+            else:
+                self.backend.plan(meta)
+                hidden = self.model(ids, pos, self.backend)
         sampled = [batch.reqs[i] for i in sample_rows]
         prompt_lps = self._prompt_logprobs(batch, hidden, last)
         if not sampled:

@@ -119,6 +119,7 @@ def register(app: typer.Typer) -> None:
         no_radix_cache: o.NoRadix = False,
         attention_backend: o.Backend = "auto",
         cuda_graph_max_bs: o.GraphBs = 256,
+        piecewise_graph_tokens: o.PiecewiseTokens = o.PIECEWISE_GRAPH_TOKENS,
         no_overlap: o.NoOverlap = False,
         mixed_batch: o.MixedBatch = True,
         tp: o.Tp = 1,
@@ -370,8 +371,7 @@ def _run_minisgl(config, workload, temperature: float, quiet: bool, repeats: int
 def _startup_breakdown(engine) -> dict[str, float]:
     """Seconds: model build + weights (`load`), then the runner: attention backend, FlashInfer's JIT compile on a
     machine's first use, CUDA-graph capture (also given apart)."""
-    graphs = engine.runner.graphs
-    return {**engine.startup_seconds, "graph_capture": graphs.capture_seconds if graphs else 0.0}
+    return {**engine.startup_seconds, "graph_capture": engine.runner.graph_capture_seconds}
 
 
 def _run_peer(

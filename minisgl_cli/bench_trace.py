@@ -119,6 +119,7 @@ def register(app: typer.Typer) -> None:
         no_radix_cache: o.NoRadix = False,
         attention_backend: o.Backend = "auto",
         cuda_graph_max_bs: o.GraphBs = 256,
+        piecewise_graph_tokens: o.PiecewiseTokens = o.PIECEWISE_GRAPH_TOKENS,
         no_overlap: o.NoOverlap = False,
         mixed_batch: o.MixedBatch = True,
         tp: o.Tp = 1,

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from minisgl_cli.options import (
+    PIECEWISE_GRAPH_TOKENS,
     Backend,
     Device,
     Dtype,
@@ -27,6 +28,7 @@ from minisgl_cli.options import (
     NoRadix,
     NumPages,
     PageSize,
+    PiecewiseTokens,
     Seed,
     Tp,
     engine_config,
@@ -89,6 +91,7 @@ def chat(
     no_radix_cache: NoRadix = False,
     attention_backend: Backend = "auto",
     cuda_graph_max_bs: GraphBs = 256,
+    piecewise_graph_tokens: PiecewiseTokens = PIECEWISE_GRAPH_TOKENS,
     no_overlap: NoOverlap = False,
     mixed_batch: MixedBatch = True,
     tp: Tp = 1,

@@ -72,6 +72,15 @@ Backend = Annotated[
     ),
 ]
 GraphBs = Annotated[int, typer.Option(help="largest decode batch captured in a CUDA graph (0: off)", min=0)]
+PIECEWISE_GRAPH_TOKENS = 4096  # engine.config.PIECEWISE_GRAPH_TOKENS (not imported: this module stays free of torch)
+PiecewiseTokens = Annotated[
+    int,
+    typer.Option(
+        help="largest prefill/mixed step (tokens) run through CUDA graphs captured in pieces between the attention "
+        "calls (0: off)",
+        min=0,
+    ),
+]
 NoOverlap = Annotated[bool, typer.Option("--no-overlap", help="disable overlap scheduling")]
 Tp = Annotated[int, typer.Option(help="tensor-parallel size (launch with torchrun --nproc-per-node N)", min=1)]
 Seed = Annotated[int, typer.Option(help="engine random seed")]
@@ -92,6 +101,7 @@ def engine_config(
     no_radix_cache: bool = False,
     attention_backend: str = "auto",
     cuda_graph_max_bs: int = 256,
+    piecewise_graph_tokens: int = PIECEWISE_GRAPH_TOKENS,
     no_overlap: bool = False,
     mixed_batch: bool = True,
     tp: int = 1,
@@ -117,6 +127,7 @@ def engine_config(
             radix_cache=not no_radix_cache,
             attention_backend=attention_backend,
             cuda_graph_max_bs=cuda_graph_max_bs,
+            piecewise_graph_tokens=piecewise_graph_tokens,
             overlap=False if no_overlap else None,
             mixed_batch=mixed_batch,
             tp=tp,

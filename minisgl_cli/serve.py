@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 
 from minisgl_cli.options import (
+    PIECEWISE_GRAPH_TOKENS,
     Backend,
     Device,
     Dtype,
@@ -33,6 +34,7 @@ from minisgl_cli.options import (
     NoRadix,
     NumPages,
     PageSize,
+    PiecewiseTokens,
     Seed,
     Tp,
     engine_config,
@@ -86,6 +88,7 @@ def register(app: typer.Typer) -> None:
         no_radix_cache: NoRadix = False,
         attention_backend: Backend = "auto",
         cuda_graph_max_bs: GraphBs = 256,
+        piecewise_graph_tokens: PiecewiseTokens = PIECEWISE_GRAPH_TOKENS,
         no_overlap: NoOverlap = False,
         mixed_batch: MixedBatch = True,
         tp: Tp = 1,

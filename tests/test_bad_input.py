@@ -62,6 +62,7 @@ def invoke(*args: str) -> tuple[int, str]:
         (["--max-batch-tokens", "-5"], "Invalid value for '--max-batch-tokens'"),
         (["--max-model-len", "1"], "Invalid value for '--max-model-len'"),
         (["--cuda-graph-max-bs", "-1"], "Invalid value for '--cuda-graph-max-bs'"),
+        (["--piecewise-graph-tokens", "-1"], "Invalid value for '--piecewise-graph-tokens'"),
         (
             ["--attention-backend", "magic"],
             "attention_backend must be one of auto, torch, flashinfer, fa, or PREFILL,DECODE of two of them "

@@ -403,3 +403,20 @@ def test_generate_returns_its_own_requests_when_another_finishes_first():
     outs = llm.generate([[1, 2, 3], [4, 5, 6]], params)
     assert [len(o.token_ids) for o in outs] == [10, 20] and other not in {o.rid for o in outs}
     assert not llm.has_work()
+
+
+def test_piecewise_graph_sizes_pad_little_and_the_cli_default_is_the_engines():
+    """The padded token counts prefill/mixed steps replay at (engine/piecewise_graph.py): every step of up to the
+    limit has a size, at most twice its tokens below 256 and at most 1.25x above; the CLI's default (kept apart so
+    `minisgl --help` does not import torch) is the engine's."""
+    from engine.config import PIECEWISE_GRAPH_TOKENS, EngineConfig
+    from engine.piecewise_graph import token_sizes
+    from minisgl_cli.options import PIECEWISE_GRAPH_TOKENS as CLI_DEFAULT
+
+    assert CLI_DEFAULT == PIECEWISE_GRAPH_TOKENS == EngineConfig().piecewise_graph_tokens
+    for limit in (16, 100, 256, 2048, 3000, 8192):
+        sizes = token_sizes(limit)
+        assert sizes == sorted(set(sizes)) and sizes[-1] == limit and sizes[0] >= 1
+        for t in range(1, limit + 1):
+            s = next(x for x in sizes if x >= t)
+            assert s <= max(16, 2 * t) if t <= 256 else s <= 1.25 * t, (limit, t, s)

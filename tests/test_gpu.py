@@ -243,9 +243,13 @@ def test_overlap_gives_identical_tokens_on_padded_graphs(peaked_model):
     assert _greedy_tokens(peaked_model, prompts, 64, True) == _greedy_tokens(peaked_model, prompts, 64, False)
 
 
-def _greedy_with_logits(model: str, prompts, **kw) -> tuple[list[list[int]], dict[tuple[str, int], torch.Tensor]]:
-    """Greedy tokens, and the logits each token was picked from, keyed by (request, output position)."""
+def _greedy_with_logits(
+    model: str, prompts, piece_runs: list[int] | None = None, **kw
+) -> tuple[list[list[int]], dict[tuple[str, int], torch.Tensor]]:
+    """Greedy tokens, and the logits each token was picked from, keyed by (request, output position); the token
+    counts of the steps run through piecewise graphs into `piece_runs`."""
     llm = LLM(EngineConfig(model=model, check_invariants=True, kv_cache_gb=4, dtype="bfloat16", overlap=False, **kw))
+    counted = _count_piece_runs(llm) if piece_runs is not None else []
     logits: dict[tuple[str, int], torch.Tensor] = {}
     sample = llm.engine.runner.sampler.sample
 
@@ -258,6 +262,8 @@ def _greedy_with_logits(model: str, prompts, **kw) -> tuple[list[list[int]], dic
     outs = llm.generate(prompts, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True))
     assert llm.metrics().kv_pages_in_use == 0
     assert (llm.metrics().mixed_steps > 0) == kw["mixed_batch"]
+    if piece_runs is not None:
+        piece_runs += counted
     del llm
     gc.collect()
     return [list(o.token_ids) for o in outs], logits
@@ -292,6 +298,83 @@ def test_mixed_batches_compute_the_same_logits(peaked_model):
     prompts = _prompts(48, seed=3)
     on = _greedy_with_logits(peaked_model, prompts, mixed_batch=True, max_batch_tokens=512)
     off = _greedy_with_logits(peaked_model, prompts, mixed_batch=False, max_batch_tokens=512)
+    errors, ties = _same_computation(prompts, on, off)
+    assert max(errors) < 5e-2
+    assert all(max(gap_on, gap_off) <= 0.25 for _, _, gap_on, gap_off in ties), ties
+
+
+def _count_piece_runs(llm: LLM) -> list[int]:
+    """Token counts of the steps the runner sends through its piecewise graphs, recorded as they run."""
+    pieces = llm.engine.runner.pieces
+    assert pieces is not None and pieces.enabled
+    counts: list[int] = []
+    run = pieces.run
+
+    def counted(ids, pos, meta):
+        counts.append(int(ids.shape[0]))
+        return run(ids, pos, meta)
+
+    pieces.run = counted  # type: ignore[method-assign]
+    return counts
+
+
+def test_piecewise_graphs_give_the_same_logits_at_a_captured_size(peaked_model):
+    """Prefill steps whose token count is a captured size replay the same kernels at the same shapes as the eager
+    forward, with attention between the pieces on the same plan: the same logits bit for bit. Four fresh prompts of
+    128 tokens (512: the ragged kernel), a 256-token prompt, then four prompts of 128 new tokens on its cached
+    prefix (512 again: the paged kernel over the prefix)."""
+    g = torch.Generator().manual_seed(7)
+
+    def rand(n: int) -> list[int]:
+        return torch.randint(0, 10000, (n,), generator=g).tolist()
+
+    fresh, prefix = [rand(128) for _ in range(4)], rand(256)
+    on_prefix = [prefix + rand(128) for _ in range(4)]
+    p = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    runs = {}
+    for pieces in (2048, 0):
+        llm = LLM(
+            EngineConfig(
+                model=peaked_model,
+                check_invariants=True,
+                kv_cache_gb=4,
+                dtype="bfloat16",
+                mixed_batch=False,
+                piecewise_graph_tokens=pieces,
+            )
+        )
+        counts = _count_piece_runs(llm) if pieces else []
+        assert pieces or llm.engine.runner.pieces is None
+        log = _logits_log(llm)
+        first = llm.generate(fresh, p)
+        llm.generate([prefix], SamplingParams(max_tokens=1))
+        second = llm.generate(on_prefix, p)
+        assert all(o.cache_hit_tokens == 256 for o in second)
+        assert llm.metrics().kv_pages_in_use == 0
+        runs[pieces] = ([o.token_ids for o in first + second], log)
+        if pieces:
+            assert counts == [512, 256, 512], counts
+        del llm
+        gc.collect()
+    (tokens_on, log_on), (tokens_off, log_off) = runs[2048], runs[0]
+    assert tokens_on == tokens_off
+    assert len(log_on) == len(log_off)
+    assert all(torch.equal(a, b) for a, b in zip(log_on, log_off))
+
+
+def test_piecewise_graphs_compute_the_same_logits_when_padded(peaked_model):
+    """Mixed steps under a 512-token budget, at token counts between the captured sizes: the pieces run padded (the
+    padded rows' K/V go to the scratch page, their rows are dropped), so the GEMMs run at another M than eager and
+    bf16 rounding differs; what must hold is the computation (test_mixed_batches_compute_the_same_logits's check). A
+    padded row writing into a real request's KV slot would give errors of order 1 in that request's later logits."""
+    from engine.piecewise_graph import token_sizes
+
+    prompts = _prompts(48, seed=4)
+    counts: list[int] = []
+    on = _greedy_with_logits(peaked_model, prompts, mixed_batch=True, max_batch_tokens=512, piece_runs=counts)
+    off = _greedy_with_logits(peaked_model, prompts, mixed_batch=True, max_batch_tokens=512, piecewise_graph_tokens=0)
+    sizes = token_sizes(512)
+    assert len(counts) > 10 and any(t not in sizes for t in counts), counts  # padded runs among them
     errors, ties = _same_computation(prompts, on, off)
     assert max(errors) < 5e-2
     assert all(max(gap_on, gap_off) <= 0.25 for _, _, gap_on, gap_off in ties), ties

@@ -218,24 +218,30 @@ class FlashInferBackend(AttentionBackend):
         return turn, split
 
     def forward(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, stored: bool = False
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        stored: bool = False,
+        out: torch.Tensor | None = None,  # where to write the result (piecewise graphs read it there)
     ) -> torch.Tensor:
         assert self.out_slots is not None
         if k is not None and v is not None and not stored:
             self.pool.store(layer, self.out_slots, k, v)
         cache = (self.pool.k[layer], self.pool.v[layer])
-        out: torch.Tensor
+        result: torch.Tensor
         if self.fresh is None:
-            out = self.active.run(q, cache)
-            return out
+            result = self.active.run(q, cache, out=out)
+            return result
         if k is None or v is None:  # stored by the caller, not passed: read the new tokens back from the pool
             flat = (-1, self.num_kv_heads, self.head_dim)
             k, v = cache[0].view(flat)[self.out_slots], cache[1].view(flat)[self.out_slots]
         at = self.split_row
         if not at:
-            out = self.fresh.run(q, k, v)
-            return out
-        out = torch.empty_like(q)
+            result = self.fresh.run(q, k, v, out=out)
+            return result
+        out = torch.empty_like(q) if out is None else out
         self.active.run(q[:at], cache, out=out[:at])
         self.fresh.run(q[at:], k[at:], v[at:], out=out[at:])
         return out
