@@ -8,6 +8,9 @@
 #            prompts arrive, pieces on and off interleaved in one process
 #   trace    bench-trace traces/qwen_1000.jsonl in-process at --time-scale ${SCALES:-1 0.2}, pieces on then off per scale
 #   offline  bench-offline --model dummy:Qwen3-0.6B --runs 3, pieces on, off, on
+#   budgets  the saturating replay (--time-scale 0.2) with pieces at --max-batch-tokens ${BUDGETS:-2048 4096 8192}:
+#            with a mixed step's host cost down to the pieces', smaller prefill chunks per step may now shorten
+#            the inter-token tail without the output loss they cost when every mixed step launched eagerly
 # Out: $OUT/*_<commit>.{json,log,txt} and summary_piecewise_<commit>.txt.
 set -u
 c=${MINISGL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
@@ -47,6 +50,22 @@ for f in sorted(glob.glob(f"{sys.argv[1]}/trace_*_{sys.argv[2]}.json")):
     print(f"{os.path.basename(f):28} out {r['output_throughput']:7.0f} tok/s  TTFT p50 {r['median_ttft_ms']:7.1f} "
           f"p99 {r['p99_ttft_ms']:7.0f}  TBT p50 {r['median_itl_ms']:5.1f} p90 {r['p90_itl_ms']:5.1f} "
           f"p99 {r['p99_itl_ms']:5.1f} max {r['max_itl_ms']:6.1f}  mixed {r.get('mixed_step_share')}")
+PY
+      ;;
+    budgets)
+      for b in ${BUDGETS:-2048 4096 8192}; do
+        timeout 200 python -m minisgl_cli bench-trace traces/qwen_1000.jsonl --model dummy:Qwen3-0.6B \
+          --time-scale 0.2 --quiet --max-batch-tokens "$b" --json "$OUT/trace_0.2_budget${b}_$c.json" \
+          > "$OUT/trace_0.2_budget${b}_$c.log" 2>&1
+        r=$?; log "budget $b: rc=$r"; [ $r -eq 0 ] || tail -n 5 "$OUT/trace_0.2_budget${b}_$c.log" | tee -a "$summary"
+      done
+      python - "$OUT" "$c" <<'PY' | tee -a "$summary"
+import glob, json, os, sys
+for f in sorted(glob.glob(f"{sys.argv[1]}/trace_0.2_budget*_{sys.argv[2]}.json")):
+    r = json.load(open(f))
+    print(f"{os.path.basename(f):32} out {r['output_throughput']:7.0f} tok/s  TTFT p50 {r['median_ttft_ms']:7.1f}  "
+          f"TBT p50 {r['median_itl_ms']:5.1f} p90 {r['p90_itl_ms']:5.1f} p99 {r['p99_itl_ms']:5.1f} "
+          f"max {r['max_itl_ms']:6.1f}  mixed {r.get('mixed_step_share')}")
 PY
       ;;
     offline)

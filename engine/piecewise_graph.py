@@ -156,7 +156,7 @@ class MixedGraphs:
         return self.enabled and num_tokens <= self.max_tokens
 
     def run(self, ids: torch.Tensor, pos: torch.Tensor, meta: AttnMeta) -> torch.Tensor:
-        """The model over a planned-for batch of T tokens (inputs on the device); returns its hidden states [T, H]."""
+        """The model over a batch of T tokens (inputs on the device; `meta` is planned here): hidden states [T, H]."""
         assert self.backend is not None
         t = ids.shape[0]
         n = next(s for s in self.sizes if s >= t)

@@ -83,7 +83,9 @@ class ModelRunner:
             longest = max_request_tokens or pool.num_pages * pool.page_size
             self.graphs = DecodeGraphs(self, min(cuda_graph_max_bs, max_slots), longest)
         self.pieces = None
-        if device.type == "cuda" and piecewise_max_tokens > 0:
+        # Not under tensor parallelism yet: the pieces would capture NCCL all-reduces as the decode graphs do, but
+        # that has not run on GPUs (docs/tensor-parallel.md).
+        if device.type == "cuda" and piecewise_max_tokens > 0 and TP.size == 1:
             from engine.piecewise_graph import MixedGraphs
 
             self.pieces = MixedGraphs(self, piecewise_max_tokens)
