@@ -7,6 +7,8 @@
 #   steps    benchmarks/piecewise_steps.py: a lone prompt's first token and the running streams' step period while
 #            prompts arrive, pieces on and off interleaved in one process
 #   trace    bench-trace traces/qwen_1000.jsonl in-process at --time-scale ${SCALES:-1 0.2}, pieces on then off per scale
+#   sync     benchmarks/launch_sync_check.py: which host calls of a decode or mixed step wait for queued GPU work
+#            (under overlap such a call delays the previous step's tokens: the replay's step log suggests it)
 #   offline  bench-offline --model dummy:Qwen3-0.6B --runs 3, pieces on, off, on
 #   budgets  the saturating replay (--time-scale 0.2) with pieces at --max-batch-tokens ${BUDGETS:-2048 4096 8192}:
 #            with a mixed step's host cost down to the pieces', smaller prefill chunks per step may now shorten
@@ -51,6 +53,10 @@ for f in sorted(glob.glob(f"{sys.argv[1]}/trace_*_{sys.argv[2]}.json")):
           f"p99 {r['p99_ttft_ms']:7.0f}  TBT p50 {r['median_itl_ms']:5.1f} p90 {r['p90_itl_ms']:5.1f} "
           f"p99 {r['p99_itl_ms']:5.1f} max {r['max_itl_ms']:6.1f}  mixed {r.get('mixed_step_share')}")
 PY
+      ;;
+    sync)
+      timeout 300 python benchmarks/launch_sync_check.py --out "$OUT/launch_sync_$c.json" > "$OUT/launch_sync_$c.log" 2>&1
+      r=$?; log "sync: rc=$r"; grep -E "^(pieces|eager)|Error" "$OUT/launch_sync_$c.log" | cut -c1-300 | tee -a "$summary"
       ;;
     budgets)
       for b in ${BUDGETS:-2048 4096 8192}; do
