@@ -51,8 +51,10 @@ def summarize(path: Path) -> dict:
             "residual_ms_p99": pct(resid.abs().tolist(), 0.99),
         }
         # The slowest tenth of the steps against the model: what the engine's CPU did while they ran.
-        cpu = ("schedule_ms", "launch_ms", "wait_ms", "process_ms")
-        if all(k in busy[0][1] for k in cpu):
+        cpu: tuple[str, ...] = ("schedule_ms", "launch_ms", "wait_ms", "process_ms")
+        if all(k in busy[0][1] for k in ("device_allocs", "alloc_retries")):
+            cpu += ("device_allocs", "alloc_retries")
+        if all(k in busy[0][1] for k in cpu[:4]):
             order = sorted(range(len(busy)), key=lambda i: float(resid[i]))
             cut = len(order) * 9 // 10
             for name, idx in (("typical steps", order[:cut]), ("slowest tenth", order[cut:])):
@@ -90,6 +92,11 @@ def main() -> None:
                 print(
                     f"  {name:14} gap {c['gap_ms']:6.2f} ms; engine CPU: schedule {c['schedule_ms']:5.2f} launch "
                     f"{c['launch_ms']:5.2f} wait {c['wait_ms']:5.2f} process {c['process_ms']:5.2f} ms"
+                    + (
+                        f"; per step {c['device_allocs']:.2f} device allocations, {c['alloc_retries']:.2f} retries"
+                        if "device_allocs" in c
+                        else ""
+                    )
                 )
     if json_out:
         Path(json_out).write_text(json.dumps(res, indent=1))

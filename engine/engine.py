@@ -52,6 +52,10 @@ class StepRecord:
     launch_ms: float
     wait_ms: float  # blocked on the GPU for these tokens
     process_ms: float
+    # CUDA: device allocations (cudaMalloc) and allocation retries (the caching allocator freed its cache and tried
+    # again, which synchronizes the device) since the previous record
+    device_allocs: int = 0
+    alloc_retries: int = 0
 
 
 @dataclass(slots=True)
@@ -224,6 +228,7 @@ class Engine:
         self._shutdown = False
         self.timing = dict(schedule=0.0, launch=0.0, process=0.0)
         self.step_records: list[StepRecord] | None = None  # set to [] to record every step
+        self._alloc_counts = (0, 0)  # the allocator's device allocations and retries at the last record (CUDA)
         self._waited = self._processed_at = 0.0
         self.stats = dict(prompt_tokens=0, cache_hit_tokens=0, generation_tokens=0, finished=0, steps=0, mixed_steps=0)
 
@@ -392,8 +397,15 @@ class Engine:
         assert self.step_records is not None
         prefill = b.q_lens[b.num_decode :]
         kv = sum(b.starts) + b.num_tokens
-        ms = [1e3 * x for x in (schedule, launch, self._waited, process - self._waited)]
-        self.step_records.append(StepRecord(self._processed_at, b.num_decode, len(prefill), sum(prefill), kv, *ms))
+        ms = (1e3 * schedule, 1e3 * launch, 1e3 * self._waited, 1e3 * (process - self._waited))
+        allocs, retries = 0, 0
+        if self.device.type == "cuda":
+            stats = torch.cuda.memory_stats(self.device)
+            now = (int(stats.get("num_device_alloc", 0)), int(stats.get("num_alloc_retries", 0)))
+            allocs, retries = now[0] - self._alloc_counts[0], now[1] - self._alloc_counts[1]
+            self._alloc_counts = now
+        rec = StepRecord(self._processed_at, b.num_decode, len(prefill), sum(prefill), kv, *ms, allocs, retries)
+        self.step_records.append(rec)
 
     def _process(self, batch: Batch, out: StepOutput) -> list[Req]:
         t0 = time.perf_counter()
