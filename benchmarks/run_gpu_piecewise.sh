@@ -21,6 +21,22 @@ log() { echo "$@" | tee -a "$summary"; }
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$summary"
 rc=0
+replay() {  # replay NAME FLAGS...: issue #15's trace in-process, into trace_NAME_<commit>.{json,log}
+  local name=$1; shift
+  timeout 200 python -m minisgl_cli bench-trace traces/qwen_1000.jsonl --model dummy:Qwen3-0.6B --quiet "$@" \
+    --json "$OUT/trace_${name}_$c.json" > "$OUT/trace_${name}_$c.log" 2>&1
+  local r=$?; log "trace $name: rc=$r"; [ $r -eq 0 ] || tail -n 5 "$OUT/trace_${name}_$c.log" | tee -a "$summary"
+}
+table() {  # table GLOB: one line per replay's JSON under $OUT
+  python - "$OUT" "$1" <<'PY' | tee -a "$summary"
+import glob, json, os, sys
+for f in sorted(glob.glob(f"{sys.argv[1]}/{sys.argv[2]}")):
+    r = json.load(open(f))
+    print(f"{os.path.basename(f):32} out {r['output_throughput']:7.0f} tok/s  TTFT p50 {r['median_ttft_ms']:7.1f} "
+          f"p99 {r['p99_ttft_ms']:7.0f}  TBT p50 {r['median_itl_ms']:5.1f} p90 {r['p90_itl_ms']:5.1f} "
+          f"p99 {r['p99_itl_ms']:5.1f} max {r['max_itl_ms']:6.1f}  mixed {r.get('mixed_step_share')}")
+PY
+}
 for s in "$@"; do
   case $s in
     tests)
@@ -37,42 +53,18 @@ for s in "$@"; do
       ;;
     trace)
       for scale in ${SCALES:-1 0.2}; do
-        for mode in on off; do
-          flags=(); [ $mode = off ] && flags=(--piecewise-graph-tokens 0)
-          timeout 200 python -m minisgl_cli bench-trace traces/qwen_1000.jsonl --model dummy:Qwen3-0.6B \
-            --time-scale "$scale" --quiet "${flags[@]}" --json "$OUT/trace_${scale}_${mode}_$c.json" \
-            > "$OUT/trace_${scale}_${mode}_$c.log" 2>&1
-          r=$?; log "trace $scale $mode: rc=$r"; [ $r -eq 0 ] || tail -n 5 "$OUT/trace_${scale}_${mode}_$c.log" | tee -a "$summary"
-        done
+        replay "${scale}_on" --time-scale "$scale"
+        replay "${scale}_off" --time-scale "$scale" --piecewise-graph-tokens 0
       done
-      python - "$OUT" "$c" <<'PY' | tee -a "$summary"
-import glob, json, os, sys
-for f in sorted(glob.glob(f"{sys.argv[1]}/trace_*_{sys.argv[2]}.json")):
-    r = json.load(open(f))
-    print(f"{os.path.basename(f):28} out {r['output_throughput']:7.0f} tok/s  TTFT p50 {r['median_ttft_ms']:7.1f} "
-          f"p99 {r['p99_ttft_ms']:7.0f}  TBT p50 {r['median_itl_ms']:5.1f} p90 {r['p90_itl_ms']:5.1f} "
-          f"p99 {r['p99_itl_ms']:5.1f} max {r['max_itl_ms']:6.1f}  mixed {r.get('mixed_step_share')}")
-PY
+      table "trace_*_$c.json"
       ;;
     sync)
       timeout 300 python benchmarks/launch_sync_check.py --out "$OUT/launch_sync_$c.json" > "$OUT/launch_sync_$c.log" 2>&1
       r=$?; log "sync: rc=$r"; grep -E "^(pieces|eager)|Error" "$OUT/launch_sync_$c.log" | cut -c1-300 | tee -a "$summary"
       ;;
     budgets)
-      for b in ${BUDGETS:-2048 4096 8192}; do
-        timeout 200 python -m minisgl_cli bench-trace traces/qwen_1000.jsonl --model dummy:Qwen3-0.6B \
-          --time-scale 0.2 --quiet --max-batch-tokens "$b" --json "$OUT/trace_0.2_budget${b}_$c.json" \
-          > "$OUT/trace_0.2_budget${b}_$c.log" 2>&1
-        r=$?; log "budget $b: rc=$r"; [ $r -eq 0 ] || tail -n 5 "$OUT/trace_0.2_budget${b}_$c.log" | tee -a "$summary"
-      done
-      python - "$OUT" "$c" <<'PY' | tee -a "$summary"
-import glob, json, os, sys
-for f in sorted(glob.glob(f"{sys.argv[1]}/trace_0.2_budget*_{sys.argv[2]}.json")):
-    r = json.load(open(f))
-    print(f"{os.path.basename(f):32} out {r['output_throughput']:7.0f} tok/s  TTFT p50 {r['median_ttft_ms']:7.1f}  "
-          f"TBT p50 {r['median_itl_ms']:5.1f} p90 {r['p90_itl_ms']:5.1f} p99 {r['p99_itl_ms']:5.1f} "
-          f"max {r['max_itl_ms']:6.1f}  mixed {r.get('mixed_step_share')}")
-PY
+      for b in ${BUDGETS:-2048 4096 8192}; do replay "0.2_budget$b" --time-scale 0.2 --max-batch-tokens "$b"; done
+      table "trace_0.2_budget*_$c.json"
       ;;
     offline)
       for mode in on off on; do
