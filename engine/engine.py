@@ -203,6 +203,7 @@ class Engine:
             config.max_batch_tokens,
             config.mixed_batch,
             config.max_running_tokens,
+            config.mixed_prefill_tokens,
         )
         t0 = time.perf_counter()
         self.runner = ModelRunner(

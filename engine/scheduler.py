@@ -1,6 +1,7 @@
-"""Continuous batching. By default a step is either prefill (chunked under the per-step token budget, and first
-whenever there is any) or decode. With mixed batches on, a step carries every running request's next decode token,
-then prefill chunks of admitted prompts up to the budget, so arriving prompts never stall running streams."""
+"""Continuous batching. With mixed batches (the default) a step carries every running request's next decode token,
+then prefill chunks of admitted prompts up to the per-step token budget, and at most `mixed_prefill_tokens` of them
+while requests decode, so an arriving prompt never holds the running streams for long. Without, a step is either
+prefill (chunked under the budget, and first whenever there is any) or decode."""
 
 from __future__ import annotations
 
@@ -56,12 +57,14 @@ class Scheduler:
         max_batch_tokens: int,
         mixed: bool = False,
         max_running_tokens: int | None = None,
+        mixed_prefill_tokens: int | None = None,
     ):
         self.cache = cache
         self.max_running = max_running
         self.max_batch_tokens = max_batch_tokens
         self.mixed = mixed
         self.max_running_tokens = max_running_tokens
+        self.mixed_prefill_tokens = mixed_prefill_tokens or max_batch_tokens
         self.waiting: deque[Req] = deque()
         self.prefilling: list[Req] = []  # admitted, prompt not fully in the KV cache yet
         self.running: list[Req] = []  # decoding, oldest first
@@ -84,7 +87,9 @@ class Scheduler:
         # Decode first: running requests get their next page before new prompts are admitted into what is left.
         preempted = self.num_preemptions
         decode = self._decode()
-        budget = self.max_batch_tokens - (decode.num_tokens if decode else 0)
+        budget = self.max_batch_tokens
+        if decode:  # a prefill chunk lengthens the step every decoding stream waits on
+            budget = min(budget - decode.num_tokens, self.mixed_prefill_tokens)
         # A step that had to preempt admits nobody: there is no room, and a victim re-admitted at once would be
         # sized without its last token, still in flight under overlap scheduling.
         admit = self.num_preemptions == preempted

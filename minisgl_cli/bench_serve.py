@@ -119,6 +119,7 @@ def register(app: typer.Typer) -> None:
         piecewise_graph_tokens: o.PiecewiseTokens = o.PIECEWISE_GRAPH_TOKENS,
         no_overlap: o.NoOverlap = False,
         mixed_batch: o.MixedBatch = True,
+        mixed_prefill_tokens: o.MixedPrefillTokens = o.MIXED_PREFILL_TOKENS,
         tp: o.Tp = 1,
     ) -> None:
         """Load-test a server or the engine: arrivals at --rate (Poisson, gamma with --burstiness, or constant) and/or

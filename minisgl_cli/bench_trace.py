@@ -122,6 +122,7 @@ def register(app: typer.Typer) -> None:
         piecewise_graph_tokens: o.PiecewiseTokens = o.PIECEWISE_GRAPH_TOKENS,
         no_overlap: o.NoOverlap = False,
         mixed_batch: o.MixedBatch = True,
+        mixed_prefill_tokens: o.MixedPrefillTokens = o.MIXED_PREFILL_TOKENS,
         tp: o.Tp = 1,
     ) -> None:
         """Replay a request trace in real time (scaled by --time-scale) and report TTFT, TBT (inter-token gap),
@@ -276,6 +277,7 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict
         preemptions=after.preemptions - before.preemptions,
         mixed_batch=config.mixed_batch,
         max_batch_tokens=config.max_batch_tokens,
+        mixed_prefill_tokens=config.mixed_prefill_tokens,
         max_running_tokens=config.max_running_tokens,
         engine_steps=after.steps - before.steps,
         mixed_steps=after.mixed_steps - before.mixed_steps,

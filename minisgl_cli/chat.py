@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from minisgl_cli.options import (
+    MIXED_PREFILL_TOKENS,
     PIECEWISE_GRAPH_TOKENS,
     Backend,
     Device,
@@ -23,6 +24,7 @@ from minisgl_cli.options import (
     MaxRunningTokens,
     MemoryFraction,
     MixedBatch,
+    MixedPrefillTokens,
     Model,
     NoOverlap,
     NoRadix,
@@ -94,6 +96,7 @@ def chat(
     piecewise_graph_tokens: PiecewiseTokens = PIECEWISE_GRAPH_TOKENS,
     no_overlap: NoOverlap = False,
     mixed_batch: MixedBatch = True,
+    mixed_prefill_tokens: MixedPrefillTokens = MIXED_PREFILL_TOKENS,
     tp: Tp = 1,
     seed: Seed = 0,
     system: System = None,

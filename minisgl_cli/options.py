@@ -54,6 +54,16 @@ MixedBatch = Annotated[
         "then decode)",
     ),
 ]
+MIXED_PREFILL_TOKENS = 1024  # engine.config.MIXED_PREFILL_TOKENS (not imported: this module stays free of torch)
+MixedPrefillTokens = Annotated[
+    int,
+    typer.Option(
+        help="with mixed batches, the most prefill tokens a step adds while requests are decoding (smaller: shorter "
+        "gaps between a stream's tokens; larger: prompts prefill in fewer steps); with nothing decoding, prefill fills "
+        "--max-batch-tokens",
+        min=1,
+    ),
+]
 MaxRunningTokens = Annotated[
     int | None,
     typer.Option(
@@ -104,6 +114,7 @@ def engine_config(
     piecewise_graph_tokens: int = PIECEWISE_GRAPH_TOKENS,
     no_overlap: bool = False,
     mixed_batch: bool = True,
+    mixed_prefill_tokens: int = MIXED_PREFILL_TOKENS,
     tp: int = 1,
     seed: int = 0,
     **_: Any,
@@ -130,6 +141,7 @@ def engine_config(
             piecewise_graph_tokens=piecewise_graph_tokens,
             overlap=False if no_overlap else None,
             mixed_batch=mixed_batch,
+            mixed_prefill_tokens=mixed_prefill_tokens,
             tp=tp,
             seed=seed,
         )

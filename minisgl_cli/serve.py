@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 
 from minisgl_cli.options import (
+    MIXED_PREFILL_TOKENS,
     PIECEWISE_GRAPH_TOKENS,
     Backend,
     Device,
@@ -29,6 +30,7 @@ from minisgl_cli.options import (
     MaxRunningTokens,
     MemoryFraction,
     MixedBatch,
+    MixedPrefillTokens,
     Model,
     NoOverlap,
     NoRadix,
@@ -91,6 +93,7 @@ def register(app: typer.Typer) -> None:
         piecewise_graph_tokens: PiecewiseTokens = PIECEWISE_GRAPH_TOKENS,
         no_overlap: NoOverlap = False,
         mixed_batch: MixedBatch = True,
+        mixed_prefill_tokens: MixedPrefillTokens = MIXED_PREFILL_TOKENS,
         tp: Tp = 1,
         seed: Seed = 0,
         host: Host = "127.0.0.1",

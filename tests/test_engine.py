@@ -64,6 +64,10 @@ def test_same_tokens_across_settings(tiny_dir):
         "mixed batches, batch of 2": dict(max_running_requests=2),
         "mixed batches, chunk 16, no radix cache": dict(max_batch_tokens=16, radix_cache=False),
         "mixed batches, chunk 16, overlap": dict(max_batch_tokens=16, overlap=True),
+        "mixed batches, chunk 16, 3 beside decoding": dict(max_batch_tokens=16, mixed_prefill_tokens=3),
+        "mixed batches, chunk 16, 1 beside decoding, overlap": dict(
+            max_batch_tokens=16, mixed_prefill_tokens=1, overlap=True
+        ),
     }
     for name, cfg in variants.items():
         tokens, llm = run(tiny_dir, prompts, **cfg)
@@ -116,6 +120,27 @@ def test_arriving_prompts_do_not_stall_running_streams_with_mixed_batches(tiny_d
             outs[o.rid].append(o)
     alone = [run(tiny_dir, [p], max_batch_tokens=16)[0][0] for p in (prompts[0][:8], prompts[0][8:] * 3)]
     assert [outs[first][-1].token_ids, outs[second][-1].token_ids] == alone
+    assert_all_pages_back(llm)
+
+
+def test_steps_with_decoding_requests_add_at_most_mixed_prefill_tokens(tiny_dir):
+    """--mixed-prefill-tokens: while requests decode, a step adds at most that many prefill tokens (each chunk
+    lengthens every stream's step); with nothing decoding, prefill fills the whole --max-batch-tokens budget."""
+    cap, budget = 5, 64
+    prompts = prompts_with_shared_prefix(6, seed=4)
+    llm = make_llm(tiny_dir, max_batch_tokens=budget, mixed_prefill_tokens=cap, check_invariants=True)
+    llm.engine.step_records = []
+    rids = [llm.add_request(p, GREEDY) for p in prompts]
+    outs = {}
+    while llm.has_work():
+        for o in llm.step():
+            outs[o.rid] = o.token_ids
+    steps = llm.engine.step_records
+    assert steps[0].decode_rows == 0 and steps[0].prefill_tokens == budget  # nothing decodes yet: the full budget
+    beside = [s.prefill_tokens for s in steps if s.decode_rows and s.prefill_tokens]
+    assert beside and max(beside) == cap, beside  # the rest of the prompts, 5 tokens per step
+    assert sum(s.prefill_tokens for s in steps) == sum(len(p) for p in prompts) - llm.metrics().cache_hit_tokens
+    assert [outs[r] for r in rids] == run(tiny_dir, prompts)[0]
     assert_all_pages_back(llm)
 
 
@@ -403,6 +428,14 @@ def test_generate_returns_its_own_requests_when_another_finishes_first():
     outs = llm.generate([[1, 2, 3], [4, 5, 6]], params)
     assert [len(o.token_ids) for o in outs] == [10, 20] and other not in {o.rid for o in outs}
     assert not llm.has_work()
+
+
+def test_the_cli_mixed_prefill_default_is_the_engines():
+    """Kept apart so `minisgl --help` does not import torch, like the piecewise limit below."""
+    from engine.config import MIXED_PREFILL_TOKENS, EngineConfig
+    from minisgl_cli.options import MIXED_PREFILL_TOKENS as CLI_DEFAULT
+
+    assert CLI_DEFAULT == MIXED_PREFILL_TOKENS == EngineConfig().mixed_prefill_tokens
 
 
 def test_piecewise_graph_sizes_pad_little_and_the_cli_default_is_the_engines():

@@ -49,6 +49,7 @@ class Setting:
     max_running_requests: int
     mixed_batch: bool
     max_running_tokens: int | None
+    mixed_prefill_tokens: int
 
 
 tokens = st.integers(0, VOCAB - 1)
@@ -68,6 +69,7 @@ def workloads(draw) -> tuple[Setting, list[Arrival], Arrival | None]:
     radix, overlap, mixed = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
     max_running = draw(st.sampled_from([1, 2, 3, 64]))
     running_tokens = draw(st.sampled_from([None, None, 1, 40, 120]))
+    mixed_prefill = draw(st.sampled_from([1024, 1024, 1, 3, 16]))  # prefill tokens per step beside decoding
     last_arrival = draw(st.sampled_from([0, 0, 6, 40]))  # all at once (most contention) ... spread out (most reuse)
 
     prefixes = draw(st.lists(token_lists(1, 48), min_size=1, max_size=2))
@@ -95,7 +97,9 @@ def workloads(draw) -> tuple[Setting, list[Arrival], Arrival | None]:
         "largest+3": largest + 3,
         "4096 tokens": 4096 // page_size,
     }[pool]
-    setting = Setting(page_size, num_pages, prefill_budget, radix, overlap, max_running, mixed, running_tokens)
+    setting = Setting(
+        page_size, num_pages, prefill_budget, radix, overlap, max_running, mixed, running_tokens, mixed_prefill
+    )
     # Now and then one request that can never fit the pool or the context: refused at admission, and the rest
     # must not notice.
     too_big = draw(st.none() | token_lists(1, 8).map(lambda p: Arrival(1, p, num_pages * page_size, None)))
@@ -214,6 +218,7 @@ def test_random_workloads_keep_every_promise(tiny_dir, reference, case):  # noqa
         max_running_requests=setting.max_running_requests,
         mixed_batch=setting.mixed_batch,
         max_running_tokens=setting.max_running_tokens,
+        mixed_prefill_tokens=setting.mixed_prefill_tokens,
     )
     run = drive(llm, arrivals, too_big, reference)
 
