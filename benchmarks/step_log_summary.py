@@ -19,6 +19,9 @@ def summarize(path: Path) -> dict:
     steps = [json.loads(line) for line in path.read_text().splitlines()]
     rows = []
     for prev, s in zip(steps, steps[1:]):
+        if "process_ms" in s:  # the gap less the engine's own time in it: the caller's loop, or the thread not running
+            engine_ms = prev["process_ms"] + s["schedule_ms"] + s["launch_ms"] + s["wait_ms"]
+            s = {**s, "between_ms": (s["t"] - prev["t"]) * 1e3 - engine_ms}
         rows.append((s["t"] - prev["t"], s))
     out: dict = {"file": path.name, "steps": len(steps)}
     for kind, keep in (
@@ -52,8 +55,9 @@ def summarize(path: Path) -> dict:
         }
         # The slowest tenth of the steps against the model: what the engine's CPU did while they ran.
         cpu: tuple[str, ...] = ("schedule_ms", "launch_ms", "wait_ms", "process_ms")
-        if all(k in busy[0][1] for k in ("device_allocs", "alloc_retries")):
-            cpu += ("device_allocs", "alloc_retries")
+        for extra in (("device_allocs", "alloc_retries"), ("launch_cpu_ms", "between_ms")):
+            if all(k in busy[0][1] for k in extra):
+                cpu += extra
         if all(k in busy[0][1] for k in cpu[:4]):
             order = sorted(range(len(busy)), key=lambda i: float(resid[i]))
             cut = len(order) * 9 // 10
@@ -95,6 +99,11 @@ def main() -> None:
                     + (
                         f"; per step {c['device_allocs']:.2f} device allocations, {c['alloc_retries']:.2f} retries"
                         if "device_allocs" in c
+                        else ""
+                    )
+                    + (
+                        f"; launch thread CPU {c['launch_cpu_ms']:5.2f} ms; between steps {c['between_ms']:5.2f} ms"
+                        if "launch_cpu_ms" in c
                         else ""
                     )
                 )

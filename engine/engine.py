@@ -56,6 +56,9 @@ class StepRecord:
     # again, which synchronizes the device) since the previous record
     device_allocs: int = 0
     alloc_retries: int = 0
+    # the engine thread's CPU time in the launch: far below launch_ms, the thread waited (for the GIL, or in a
+    # blocking call) rather than worked
+    launch_cpu_ms: float = 0.0
 
 
 @dataclass(slots=True)
@@ -360,9 +363,9 @@ class Engine:
         t0 = time.perf_counter()
         self._apply(self._sync_commands())
         batch = self.scheduler.schedule()
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         out = self.runner.run(batch) if batch else None
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.thread_time()
         if batch is not None:
             self.stats["steps"] += 1
             self.stats["mixed_steps"] += batch.is_mixed
@@ -388,13 +391,13 @@ class Engine:
         for key, dt in (("schedule", t1 - t0), ("launch", t2 - t1), ("process", t3 - t2)):
             self.timing[key] += dt
         if self.step_records is not None and processed is not None:
-            self._record(processed, t1 - t0, t2 - t1, t3 - t2)
+            self._record(processed, t1 - t0, t2 - t1, t3 - t2, c2 - c1)
         if self.config.check_invariants:
             self.check()
         done, self._finished_now = self._finished_now, []
         return changed + [r for r in done if r not in changed]
 
-    def _record(self, b: Batch, schedule: float, launch: float, process: float) -> None:
+    def _record(self, b: Batch, schedule: float, launch: float, process: float, launch_cpu: float) -> None:
         assert self.step_records is not None
         prefill = b.q_lens[b.num_decode :]
         kv = sum(b.starts) + b.num_tokens
@@ -405,7 +408,9 @@ class Engine:
             now = (int(stats.get("num_device_alloc", 0)), int(stats.get("num_alloc_retries", 0)))
             allocs, retries = now[0] - self._alloc_counts[0], now[1] - self._alloc_counts[1]
             self._alloc_counts = now
-        rec = StepRecord(self._processed_at, b.num_decode, len(prefill), sum(prefill), kv, *ms, allocs, retries)
+        rec = StepRecord(
+            self._processed_at, b.num_decode, len(prefill), sum(prefill), kv, *ms, allocs, retries, 1e3 * launch_cpu
+        )
         self.step_records.append(rec)
 
     def _process(self, batch: Batch, out: StepOutput) -> list[Req]:

@@ -67,6 +67,7 @@ def test_qwen_replay_in_process(tmp_path, radix):
     assert sum(s["decode_rows"] > 0 and s["prefill_rows"] > 0 for s in steps) == res["mixed_steps"] > 0
     assert all(a["t"] <= b["t"] for a, b in zip(steps, steps[1:]))
     assert all(s["context_tokens"] >= s["decode_rows"] + s["prefill_tokens"] for s in steps)
+    assert all(0 <= s["launch_cpu_ms"] <= s["launch_ms"] + 1 for s in steps)  # thread CPU time, within clock ticks
 
 
 def test_mooncake_window_scaled_and_clamped(tmp_path):
