@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,12 @@ class StepRecord:
     # the engine thread's CPU time in the launch: far below launch_ms, the thread waited (for the GIL, or in a
     # blocking call) rather than worked
     launch_cpu_ms: float = 0.0
+
+
+def write_step_log(records: list[StepRecord], path: str | Path) -> None:
+    """One JSON line per step (bench-trace --step-log, serve --step-log; benchmarks/step_log_summary.py reads it)."""
+    with open(path, "w") as f:
+        f.writelines(json.dumps(asdict(rec)) + "\n" for rec in records)
 
 
 @dataclass(slots=True)

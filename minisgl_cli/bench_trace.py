@@ -3,9 +3,8 @@ prefix sharing, in-process or against an OpenAI-compatible URL; report latency p
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -260,9 +259,9 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict
             duration = time.perf_counter() - t0
         after = engine.call(lambda x: x.metrics())
         if flags["step_log"]:
-            records = engine.call(lambda x: x.engine.step_records)
-            with open(flags["step_log"], "w") as f:
-                f.writelines(json.dumps(asdict(rec)) + "\n" for rec in records or [])
+            from engine.engine import write_step_log
+
+            write_step_log(engine.call(lambda x: x.engine.step_records or []), flags["step_log"])
     finally:
         engine.shutdown()
     d_prompt = after.prompt_tokens - before.prompt_tokens

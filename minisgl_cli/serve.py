@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -71,6 +72,13 @@ ServedName = Annotated[
     typer.Option(help="the model name clients send as `model` (default: --model, or the embedded model's name)"),
 ]
 Level = Annotated[LogLevel, typer.Option(help="uvicorn log level")]
+StepLog = Annotated[
+    Path | None,
+    typer.Option(
+        help="record every engine step (time, decode rows, prefill rows and tokens, KV tokens read, the engine's CPU "
+        "times) and write them to this file as JSON lines when the server stops"
+    ),
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -101,12 +109,13 @@ def register(app: typer.Typer) -> None:
         max_queued_requests: MaxQueued = None,
         served_model_name: ServedName = None,
         log_level: Level = LogLevel.info,
+        step_log: StepLog = None,
     ) -> None:
         """Serve the model over an OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions,
         /v1/models, /health, /metrics."""
         config = engine_config(**locals())
         llm = load_llm(config)  # under torchrun, ranks > 0 stay in there, following rank 0's steps
-        run_server(llm, host, port, served_model_name or model, max_queued_requests, log_level.value)
+        run_server(llm, host, port, served_model_name or model, max_queued_requests, log_level.value, step_log)
 
 
 def run_server(
@@ -116,18 +125,19 @@ def run_server(
     model_name: str | None = None,
     max_queued_requests: int | None = None,
     log_level: str = "info",
+    step_log: Path | None = None,
 ) -> None:
     """Serve `llm` until Ctrl-C / SIGTERM. Exits non-zero if the engine loop crashes or the front end dies."""
     from engine.engine_loop import engine_info
 
     spec = FrontendSpec(llm.config.model, None, host, port, model_name, max_queued_requests, log_level, os.getpid())
-    why = serve_engine(llm.engine, engine_info(llm), spec)
+    why = serve_engine(llm.engine, engine_info(llm), spec, step_log)
     if why:
         Console(stderr=True, soft_wrap=True).print(f"[red]minisgl serve:[/red] {why}; exiting")
         raise typer.Exit(1)
 
 
-def serve_engine(engine: Engine, info: EngineInfo, spec: FrontendSpec) -> str | None:
+def serve_engine(engine: Engine, info: EngineInfo, spec: FrontendSpec, step_log: Path | None = None) -> str | None:
     """This process runs the engine loop; the HTTP front end runs in a child process (minisgl_cli.server.frontend)
     until Ctrl-C / SIGTERM here. Returns why it ended, if not by a signal: the loop crashed or the front end died."""
     from engine.engine_loop import EngineLoop
@@ -135,6 +145,8 @@ def serve_engine(engine: Engine, info: EngineInfo, spec: FrontendSpec) -> str | 
 
     addrs = Addresses.temporary()
     loop = EngineLoop(engine, addrs, info)
+    if step_log is not None:
+        engine.step_records = []
     spec = dataclasses.replace(spec, addrs=addrs, engine_pid=os.getpid())
     front = subprocess.Popen([sys.executable, "-m", "minisgl_cli.server.frontend", spec.to_json()])
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -158,6 +170,10 @@ def serve_engine(engine: Engine, info: EngineInfo, spec: FrontendSpec) -> str | 
                 front.wait()
         loop.close()
         addrs.remove()
+        if step_log is not None:
+            from engine.engine import write_step_log
+
+            write_step_log(engine.step_records or [], step_log)
     return loop.error or loop.stopped_by
 
 

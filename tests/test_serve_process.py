@@ -4,6 +4,7 @@ Killing either one, or Ctrl-C, ends the whole server clearly and leaves no proce
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -22,10 +23,10 @@ SERVE = ["--model", "dummy:SmolLM2-135M", "--device", "cpu", "--num-pages", "256
 
 
 @contextlib.contextmanager
-def serve() -> Iterator[tuple[subprocess.Popen, psutil.Process, str]]:
+def serve(*extra: str) -> Iterator[tuple[subprocess.Popen, psutil.Process, str]]:
     """The command, its front-end child and the URL; everything is killed on the way out whatever happened."""
     port = free_port()
-    cmd = [sys.executable, "-m", "minisgl_cli", "serve", *SERVE, "--port", str(port)]
+    cmd = [sys.executable, "-m", "minisgl_cli", "serve", *SERVE, "--port", str(port), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     started: list[psutil.Process] = []
@@ -94,3 +95,25 @@ def test_ctrl_c_or_sigterm_leaves_no_process_behind(sig):
                 pass
         assert proc.wait(timeout=10) == 0
         assert gone_within(front, 1)
+
+
+def test_step_log_is_written_when_the_server_stops(tmp_path):
+    """serve --step-log: the engine process records its steps and writes them on Ctrl-C; they account for every
+    token it made (each came from a decode row or a request's last prefill chunk)."""
+    log = tmp_path / "steps.jsonl"
+    with serve("--step-log", str(log)) as (proc, front, url):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=60)
+        made = 0
+        for prompt, n in (([1, 2, 3, 4, 5], 6), ([7, 8, 9], 4)):
+            r = client.completions.create(
+                model="dummy:SmolLM2-135M", prompt=prompt, max_tokens=n, extra_body={"ignore_eos": True}
+            )
+            assert r.usage is not None and r.usage.completion_tokens == n
+            made += n
+        assert not log.exists()  # written when the server stops
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0
+    steps = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sum(s["decode_rows"] for s in steps) + 2 == made
+    assert sum(s["prefill_tokens"] for s in steps) == 5 + 3
+    assert all(a["t"] <= b["t"] for a, b in zip(steps, steps[1:]))
