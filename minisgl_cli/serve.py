@@ -76,7 +76,8 @@ StepLog = Annotated[
     Path | None,
     typer.Option(
         help="record every engine step (time, decode rows, prefill rows and tokens, KV tokens read, the engine's CPU "
-        "times) and write them to this file as JSON lines when the server stops"
+        "times) and write them to this file as JSON lines when the server stops (for benchmark runs: the records "
+        "stay in memory until then)"
     ),
 ]
 
