@@ -40,7 +40,8 @@ class EngineConfig:
     # default since two same-session H200 runs through `serve` (docs/scheduling.md): the 5x trace replay 1.11-1.14x
     # the output, 0.07-0.21x the TTFT p50, half the ITL p99; bench-offline 0.99x.
     mixed_batch: bool = True
-    mixed_prefill_tokens: int = MIXED_PREFILL_TOKENS  # prefill tokens per step while requests decode (mixed batches)
+    # prefill tokens per step while requests decode (mixed batches); None: up to max_batch_tokens, as with none decoding
+    mixed_prefill_tokens: int | None = MIXED_PREFILL_TOKENS
     # Admission stops while the running requests' contexts hold this many tokens: a decode step reads all of their KV,
     # so this bounds the inter-token gap under load (None: only the KV pool and max_running_requests bound it).
     max_running_tokens: int | None = None
@@ -69,7 +70,11 @@ class EngineConfig:
             (0 < self.memory_fraction <= 1, "memory_fraction", "must be in (0, 1]"),
             (self.max_running_requests >= 1, "max_running_requests", "must be >= 1"),
             (self.max_batch_tokens >= 1, "max_batch_tokens", "must be >= 1"),
-            (self.mixed_prefill_tokens >= 1, "mixed_prefill_tokens", "must be >= 1"),
+            (
+                self.mixed_prefill_tokens is None or self.mixed_prefill_tokens >= 1,
+                "mixed_prefill_tokens",
+                "must be >= 1",
+            ),
             (self.max_running_tokens is None or self.max_running_tokens >= 1, "max_running_tokens", "must be >= 1"),
             (self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be >= 2"),
             (

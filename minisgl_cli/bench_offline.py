@@ -122,7 +122,7 @@ def register(app: typer.Typer) -> None:
         piecewise_graph_tokens: o.PiecewiseTokens = o.PIECEWISE_GRAPH_TOKENS,
         no_overlap: o.NoOverlap = False,
         mixed_batch: o.MixedBatch = True,
-        mixed_prefill_tokens: o.MixedPrefillTokens = OFFLINE_BATCH_TOKENS,
+        mixed_prefill_tokens: o.MixedPrefillTokens = None,  # no stream waits on a step here
         tp: o.Tp = 1,
     ) -> None:
         """Offline throughput: output tokens / wall time of one generate() after a warm-up.

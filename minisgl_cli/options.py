@@ -56,11 +56,11 @@ MixedBatch = Annotated[
 ]
 MIXED_PREFILL_TOKENS = 1024  # engine.config.MIXED_PREFILL_TOKENS (not imported: this module stays free of torch)
 MixedPrefillTokens = Annotated[
-    int,
+    int | None,
     typer.Option(
         help="with mixed batches, the most prefill tokens a step adds while requests are decoding (smaller: shorter "
         "gaps between a stream's tokens; larger: prompts prefill in fewer steps); with nothing decoding, prefill fills "
-        "--max-batch-tokens",
+        "--max-batch-tokens (unset: --max-batch-tokens either way)",
         min=1,
     ),
 ]
@@ -114,7 +114,7 @@ def engine_config(
     piecewise_graph_tokens: int = PIECEWISE_GRAPH_TOKENS,
     no_overlap: bool = False,
     mixed_batch: bool = True,
-    mixed_prefill_tokens: int = MIXED_PREFILL_TOKENS,
+    mixed_prefill_tokens: int | None = MIXED_PREFILL_TOKENS,
     tp: int = 1,
     seed: int = 0,
     **_: Any,

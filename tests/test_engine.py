@@ -142,6 +142,11 @@ def test_steps_with_decoding_requests_add_at_most_mixed_prefill_tokens(tiny_dir)
     assert sum(s.prefill_tokens for s in steps) == sum(len(p) for p in prompts) - llm.metrics().cache_hit_tokens
     assert [outs[r] for r in rids] == run(tiny_dir, prompts)[0]
     assert_all_pages_back(llm)
+    # Unset (bench-offline): steps beside decoding take up to the whole budget too.
+    llm = make_llm(tiny_dir, max_batch_tokens=budget, mixed_prefill_tokens=None)
+    llm.engine.step_records = []
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == [outs[r] for r in rids]
+    assert max(s.prefill_tokens for s in llm.engine.step_records if s.decode_rows) > cap
 
 
 @pytest.mark.parametrize("mixed", [True, False])
