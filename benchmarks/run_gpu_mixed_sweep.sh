@@ -8,6 +8,8 @@
 # (mixedalways / mixed with --mixed-backlog 2 in benchmarks/results/mixed_backlog_ab_h200_01ae9e1_*: commit 01ae9e1,
 # a backlog rule since reverted; there "mixedalways" is today's mixed.)
 # TRACE=1 also replays traces/qwen_1000.jsonl at 5x pace (--time-scale 0.2) against each server (the saturating load).
+# STEPLOG=1: each server writes its engine's step log (serve --step-log) when stopped, summarized by
+# benchmarks/step_log_summary.py (with SWEEP=0 TRACE=1: the replay's steps alone).
 set -u
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
 mkdir -p "$OUT/mixed_sweep"
@@ -19,6 +21,7 @@ for mode in ${MODES:-nomixed mixed mixed2048}; do
     *=*) flags="${mode#*=}"; flags="${flags//,/ }"; mode="${mode%%=*}" ;;
     *) flags="${FLAGS:-}" ;;
   esac
+  [ -n "${STEPLOG:-}" ] && flags="$flags --step-log $OUT/mixed_sweep/steps_$mode.jsonl"
   (timeout 300 python -m minisgl_cli serve --model dummy:Qwen3-0.6B --port 8200 $flags \
     > "$OUT/mixed_sweep/serve_$mode.log" 2>&1 &)
   for i in $(seq 1 180); do curl -sf http://127.0.0.1:8200/health >/dev/null && break; sleep 1; done
@@ -46,4 +49,8 @@ for f in sorted(glob.glob(f"{sys.argv[1]}/trace_*.json")):
     print(f"{os.path.basename(f)[6:-5]:10} {'trace 5x':9} {r['output_throughput']:7.0f} {r['median_ttft_ms']:9.1f} "
           f"{r['p99_ttft_ms']:9.1f} {r['median_tpot_ms']:9.2f} {r['median_itl_ms']:8.2f} {r['p99_itl_ms']:8.1f}")
 PY
+if [ -n "${STEPLOG:-}" ]; then
+  python benchmarks/step_log_summary.py "$OUT"/mixed_sweep/steps_*.jsonl | tee "$OUT/mixed_sweep/step_summary.txt"
+  gzip -f "$OUT"/mixed_sweep/steps_*.jsonl
+fi
 tar czf "$OUT/mixed_sweep.tgz" -C "$OUT" mixed_sweep && rm -rf "$OUT/mixed_sweep"
