@@ -55,7 +55,11 @@ def summarize(path: Path) -> dict:
         }
         # The slowest tenth of the steps against the model: what the engine's CPU did while they ran.
         cpu: tuple[str, ...] = ("schedule_ms", "launch_ms", "wait_ms", "process_ms")
-        for extra in (("device_allocs", "alloc_retries"), ("launch_cpu_ms", "between_ms")):
+        for extra in (
+            ("device_allocs", "alloc_retries"),
+            ("launch_cpu_ms", "between_ms"),
+            ("voluntary_switches", "involuntary_switches"),
+        ):
             if all(k in busy[0][1] for k in extra):
                 cpu += extra
         if all(k in busy[0][1] for k in cpu[:4]):
@@ -104,6 +108,12 @@ def main() -> None:
                     + (
                         f"; launch thread CPU {c['launch_cpu_ms']:5.2f} ms; between steps {c['between_ms']:5.2f} ms"
                         if "launch_cpu_ms" in c
+                        else ""
+                    )
+                    + (
+                        f"; context switches {c['voluntary_switches']:.1f} voluntary, "
+                        f"{c['involuntary_switches']:.1f} involuntary"
+                        if "voluntary_switches" in c
                         else ""
                     )
                 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import resource
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -60,6 +61,10 @@ class StepRecord:
     # the engine thread's CPU time in the launch: far below launch_ms, the thread waited (for the GIL, or in a
     # blocking call) rather than worked
     launch_cpu_ms: float = 0.0
+    # the engine thread's context switches since the previous record (Linux): voluntary, it blocked (the GIL, a
+    # blocking call, an idle wait for work); involuntary, the OS gave its core to another thread
+    voluntary_switches: int = 0
+    involuntary_switches: int = 0
 
 
 def write_step_log(records: list[StepRecord], path: str | Path) -> None:
@@ -240,6 +245,7 @@ class Engine:
         self.timing = dict(schedule=0.0, launch=0.0, process=0.0)
         self.step_records: list[StepRecord] | None = None  # set to [] to record every step
         self._alloc_counts = (0, 0)  # the allocator's device allocations and retries at the last record (CUDA)
+        self._switches = (0, 0)  # the engine thread's context switches at the last record
         self._waited = self._processed_at = 0.0
         self.stats = dict(prompt_tokens=0, cache_hit_tokens=0, generation_tokens=0, finished=0, steps=0, mixed_steps=0)
 
@@ -415,8 +421,22 @@ class Engine:
             now = (int(stats.get("num_device_alloc", 0)), int(stats.get("num_alloc_retries", 0)))
             allocs, retries = now[0] - self._alloc_counts[0], now[1] - self._alloc_counts[1]
             self._alloc_counts = now
+        switches = (0, 0)
+        if hasattr(resource, "RUSAGE_THREAD"):
+            ru = resource.getrusage(resource.RUSAGE_THREAD)
+            switches = (ru.ru_nvcsw - self._switches[0], ru.ru_nivcsw - self._switches[1])
+            self._switches = (ru.ru_nvcsw, ru.ru_nivcsw)
         rec = StepRecord(
-            self._processed_at, b.num_decode, len(prefill), sum(prefill), kv, *ms, allocs, retries, 1e3 * launch_cpu
+            self._processed_at,
+            b.num_decode,
+            len(prefill),
+            sum(prefill),
+            kv,
+            *ms,
+            allocs,
+            retries,
+            1e3 * launch_cpu,
+            *switches,
         )
         self.step_records.append(rec)
 
