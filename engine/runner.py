@@ -41,6 +41,10 @@ class StepOutput:
         return self.tokens.tolist()
 
 
+# Run the LM head at every row count while the engine starts (_warm_up_lm_head); off only for its A/B.
+WARM_UP_LM_HEAD = True
+
+
 class ModelRunner:
     PROMPT_LOGITS_BLOCK = 512  # prompt positions whose full-vocabulary logits are held at once
 
@@ -90,6 +94,8 @@ class ModelRunner:
 
             self.pieces = MixedGraphs(self, piecewise_max_tokens)
         self.sampler.warm_up(pool.k[0].dtype)
+        if device.type == "cuda" and WARM_UP_LM_HEAD:
+            self._warm_up_lm_head(max_slots)
 
     @property
     def graph_capture_seconds(self) -> float:
@@ -112,6 +118,14 @@ class ModelRunner:
         q = torch.zeros(1, be.num_heads, be.head_dim, dtype=self.pool.k[0].dtype, device=dev)
         kv = torch.zeros(1, be.num_kv_heads, be.head_dim, dtype=self.pool.k[0].dtype, device=dev)
         be.forward(0, q, kv, kv)
+
+    def _warm_up_lm_head(self, max_rows: int) -> None:
+        """The LM head runs eagerly at each step's sampled row count, and cuBLAS's first GEMM at a new row count
+        waits for the GPU to go idle (benchmarks/lm_head_first_call.py): in a saturated replay every such step
+        took 20-36 ms to launch. So every count a step can sample (one row per running request) runs once now."""
+        h = torch.zeros(max_rows, self.model.cfg.hidden_size, dtype=self.pool.k[0].dtype, device=self.device)
+        for m in range(1, max_rows + 1):
+            self.model.logits(h[:m])
 
     def _slots(self, pages: list[int], start: int, n: int) -> torch.Tensor:
         ps = self.pool.page_size
