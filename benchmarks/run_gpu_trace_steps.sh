@@ -3,7 +3,11 @@
 # one GPU) per mode, with the engine's step log, then benchmarks/step_log_summary.py over all of them.
 # Usage there: source .whl/use-bundle.sh && MODES="nomixed mixed b2048=--max-batch-tokens,2048" bash <this>
 # Modes: nomixed, mixed (the default), or NAME=FLAG,FLAG,...; a mode ending in "-nogc" runs with Python's GC off,
-# one ending in "-swi" with a 0.5 ms thread switch interval (Python's default: 5 ms).
+# one ending in "-swi" with a 0.5 ms thread switch interval (Python's default: 5 ms), one ending in "-q1x" with
+# CUDA_SCALE_LAUNCH_QUEUES=1x (CUDA's own launch queue size), "-q4x" with 4x, one ending in "-eagerload" with
+# CUDA_MODULE_LOADING=EAGER (every kernel loaded when CUDA starts; the default loads each at its first launch), one
+# ending in "-nowarm" without the engine's start-up pass of the LM head over every row count, one ending in
+# "-fullgc" with the collector's automatic full passes while the engine loop runs (engine/gc_heap.py).
 # TIME_SCALE (default 0.2) sets the pace; TAG names the results: $OUT/trace_steps$TAG.tgz (+ step_summary$TAG.txt).
 set -u
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
@@ -17,9 +21,21 @@ for mode in ${MODES:-nomixed mixed}; do
   esac
   py="python -m minisgl_cli"
   case $mode in
+    *-q[0-9]x) export CUDA_SCALE_LAUNCH_QUEUES="${mode##*-q}" ;;
+    *) unset CUDA_SCALE_LAUNCH_QUEUES ;;
+  esac
+  case $mode in
+    *-eagerload) export CUDA_MODULE_LOADING=EAGER ;;
+    *) unset CUDA_MODULE_LOADING ;;
+  esac
+  case $mode in
     *-nogc) py="python -c 'import gc; gc.disable(); from minisgl_cli.app import main; main()'" ;;
     # the interpreter hands its lock to a waiting thread every 0.5 ms instead of 5: if the engine thread's launches
     # wait on the replay client for the lock, their tail shrinks
+    # the engine without its start-up pass of the LM head over every row count (engine/runner.py WARM_UP_LM_HEAD)
+    *-nowarm) py="python -c 'import engine.runner as r; r.WARM_UP_LM_HEAD = False; from minisgl_cli.app import main; main()'" ;;
+    # automatic full collections while the loop runs, as before engine/gc_heap.py held them back
+    *-fullgc) py="python -c 'import engine.gc_heap as g; g.FULL_COLLECTIONS_OFF = 10; from minisgl_cli.app import main; main()'" ;;
     *-swi) py="python -c 'import sys; sys.setswitchinterval(5e-4); from minisgl_cli.app import main; main()'" ;;
   esac
   eval timeout 200 $py bench-trace traces/qwen_1000.jsonl --model dummy:Qwen3-0.6B --time-scale "${TIME_SCALE:-0.2}" \

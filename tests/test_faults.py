@@ -291,6 +291,41 @@ def test_step_loop_keeps_the_heap_frozen_and_thaws_it_when_it_ends():
         assert not a.alive and gc.get_freeze_count() == 0
 
 
+def test_step_loops_hold_full_collections_until_idle_and_restore_the_collector():
+    """While engine threads run, the collector's full passes do not come due by themselves (one every 133 steps held
+    every stream for 40-60 ms on an H100); a loop that goes idle after work runs one, on its own thread; the old
+    thresholds and an unfrozen heap come back when the last loop ends, whichever ends first."""
+    import gc
+    import threading
+
+    from engine.gc_heap import FULL_COLLECTIONS_OFF
+
+    before = gc.get_threshold()
+    full: list[str] = []
+
+    def seen(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full.append(threading.current_thread().name)
+
+    gc.callbacks.append(seen)
+    try:
+        a = AsyncLLM(make_llm(max_running_requests=2, num_pages=256))
+        b = AsyncLLM(make_llm(max_running_requests=2, num_pages=256))
+        assert gc.get_threshold() == (*before[:2], FULL_COLLECTIONS_OFF)
+        full.clear()
+        assert _drain(a.submit("hello", SamplingParams(max_tokens=8))) == "ended normally"
+        deadline = time.monotonic() + 10
+        while "minisgl-engine" not in full and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "minisgl-engine" in full  # the idle loop's own collection
+        a.shutdown()  # the first loop to end leaves the other's settings alone
+        assert gc.get_threshold()[2] == FULL_COLLECTIONS_OFF and gc.get_freeze_count() > 0
+        b.shutdown()
+        assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    finally:
+        gc.callbacks.remove(seen)
+
+
 def test_generate_pauses_the_collector_and_restores_it_even_when_a_step_fails():
     """An offline generate() runs without cyclic collections (gen-0 passes over each step's outputs cost ~2% of the
     H100 offline workload); the collector is back afterwards, after a failure too, and stays off if it was off."""
