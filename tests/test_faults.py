@@ -292,9 +292,10 @@ def test_step_loop_keeps_the_heap_frozen_and_thaws_it_when_it_ends():
 
 
 def test_step_loops_hold_full_collections_until_idle_and_restore_the_collector():
-    """While engine threads run, the collector's full passes do not come due by themselves (one every 133 steps held
-    every stream for 40-60 ms on an H100); a loop that goes idle after work runs one, on its own thread; the old
-    thresholds and an unfrozen heap come back when the last loop ends, whichever ends first."""
+    """While engine threads run (in-process, and serve's engine loop), the collector's full passes do not come due by
+    themselves (one every 133 steps held every stream for 40-60 ms on an H100); a loop that goes idle after work
+    runs one, on its own thread; the old thresholds and an unfrozen heap come back when the last loop ends, whichever
+    ends first."""
     import gc
     import threading
 
@@ -312,15 +313,25 @@ def test_step_loops_hold_full_collections_until_idle_and_restore_the_collector()
         a = AsyncLLM(make_llm(max_running_requests=2, num_pages=256))
         b = AsyncLLM(make_llm(max_running_requests=2, num_pages=256))
         assert gc.get_threshold() == (*before[:2], FULL_COLLECTIONS_OFF)
+
+        def collected_by(thread: str) -> bool:
+            deadline = time.monotonic() + 10
+            while thread not in full and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return thread in full
+
         full.clear()
         assert _drain(a.submit("hello", SamplingParams(max_tokens=8))) == "ended normally"
-        deadline = time.monotonic() + 10
-        while "minisgl-engine" not in full and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert "minisgl-engine" in full  # the idle loop's own collection
+        assert collected_by("minisgl-engine")  # the idle loop's own collection
         a.shutdown()  # the first loop to end leaves the other's settings alone
         assert gc.get_threshold()[2] == FULL_COLLECTIONS_OFF and gc.get_freeze_count() > 0
         b.shutdown()
+        assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+        with live_server(make_llm(max_running_requests=2, num_pages=256)) as server:
+            assert gc.get_threshold() == (*before[:2], FULL_COLLECTIONS_OFF)
+            full.clear()
+            server.openai().completions.create(model=server.model, prompt="hello", max_tokens=8)
+            assert collected_by("engine-loop")
         assert gc.get_threshold() == before and gc.get_freeze_count() == 0
     finally:
         gc.callbacks.remove(seen)
