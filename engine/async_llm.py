@@ -9,7 +9,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from engine.gc_heap import frozen_heap, idle_collect
+from engine.gc_heap import IdleCollector, frozen_heap
 from engine.llm import LLM, Prompt
 from engine.sampling_params import SamplingParams
 from engine.streams import END, EngineDeadError, RequestStream
@@ -85,16 +85,13 @@ class AsyncLLM:
         self._thread.join(timeout=30)
 
     def _loop(self) -> None:
-        worked = False  # since the last full collection
+        collector = IdleCollector()
         while not self._stop.is_set():
             idle = not self.llm.has_work()
-            if idle and worked:
-                idle_collect()
-                worked = False
+            collector.update(not idle)
             self._drain_inbox(block=idle)
             if not self.llm.has_work() and self.llm.config.tp == 1:
                 continue
-            worked = worked or self.llm.has_work()
             for out in self.llm.step():
                 stream = self._streams.get(out.rid)
                 if stream is None or (stream.final_only and not out.finished):

@@ -14,7 +14,7 @@ import zmq
 
 from engine.distributed import TP
 from engine.engine import Engine
-from engine.gc_heap import frozen_heap, idle_collect
+from engine.gc_heap import IdleCollector, frozen_heap
 from engine.ipc import Addresses, EngineInfo, connect, pack, unpack
 from engine.llm import LLM
 from engine.request import Req
@@ -67,12 +67,10 @@ class EngineLoop:
 
     def _loop(self, watch: Watch | None) -> None:
         next_watch = time.monotonic() + self.WATCH_EVERY
-        worked = False  # since the last full collection
+        collector = IdleCollector()
         while not self._stop:
             idle = not self.engine.has_work()
-            if idle and worked:
-                idle_collect()
-                worked = False
+            collector.update(not idle)
             self._receive(block=idle)
             if watch is not None and time.monotonic() >= next_watch:
                 next_watch = time.monotonic() + self.WATCH_EVERY
@@ -81,7 +79,6 @@ class EngineLoop:
                     break
             if self._stop or (not self.engine.has_work() and TP.size == 1):
                 continue
-            worked = worked or self.engine.has_work()
             changed = self.engine.step()
             if changed:
                 self._send_step(changed)

@@ -22,7 +22,7 @@ def frozen_heap() -> Iterator[None]:
     with the collector on, 83 ms with it off; docs/scheduling.md). Objects frozen here that die in a reference cycle
     later are only reclaimed after the loop, at unfreeze.
 
-    While a loop runs, full collections only come when it asks (`idle_collect`, when it has nothing to do): what the
+    While a loop runs, full collections only come when it asks (`IdleCollector`, when it has nothing to do): what the
     loop created still adds up (a saturated replay's requests hold millions of token ids), and on an H100 a full
     collection came every 133 steps and held every stream for 40-60 ms. Young collections keep running, so cycles
     that die young are still freed at once."""
@@ -45,9 +45,19 @@ def frozen_heap() -> Iterator[None]:
                 gc.unfreeze()
 
 
-def idle_collect() -> None:
-    """The full collection frozen_heap holds back, run by a step loop that has gone idle after work."""
-    gc.collect()
+class IdleCollector:
+    """Runs the full collection frozen_heap holds back, once a step loop goes idle after work: a loop tells it, once
+    per turn, whether it has work."""
+
+    def __init__(self) -> None:
+        self.worked = False  # since the last full collection
+
+    def update(self, has_work: bool) -> None:
+        if has_work:
+            self.worked = True
+        elif self.worked:
+            gc.collect()
+            self.worked = False
 
 
 @contextmanager

@@ -55,6 +55,13 @@ def test_tensor_parallel_matches_single_process(model, n, tmp_path):
     got = tp_run(model_arg, n, tmp_path)
     assert got["greedy"] == expected["greedy"]
     assert got["seeded"] == expected["seeded"]  # rank 0 samples and broadcasts: no divergence under sampling
+    # The followers ran their steps as rank 0's step loops do: heap frozen, full collections only when idle.
+    from engine.gc_heap import FULL_COLLECTIONS_OFF
+
+    for rank in range(1, n):
+        seen = json.loads((tmp_path / f"tp{n}.json.rank{rank}").read_text())
+        assert seen["steps"] and all(t == FULL_COLLECTIONS_OFF and frozen > 10_000 for t, frozen in seen["steps"])
+        assert not any(seen["full_with_work"]), seen["full_with_work"]
 
 
 def test_tp_size_must_match_world_and_divide_heads():

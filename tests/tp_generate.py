@@ -5,6 +5,7 @@ python -m torch.distributed.run --nproc-per-node N tests/tp_generate.py MODEL OU
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 
@@ -15,12 +16,34 @@ from engine.tp_follower import run_tp_follower
 from tests.tp_cases import ENGINE, PARAMS, prompts
 
 
+def watch_collections(llm: LLM) -> dict[str, list]:
+    """What the collector was set to on this rank while it followed: the oldest generation's threshold and the
+    frozen object count at each step, and whether the engine had work at each full collection."""
+    seen: dict[str, list] = {"steps": [], "full_with_work": []}
+    step = llm.engine.step
+
+    def watched_step() -> list:
+        seen["steps"].append([gc.get_threshold()[2], gc.get_freeze_count()])
+        return step()
+
+    def watch(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2:
+            seen["full_with_work"].append(llm.engine.has_work())
+
+    llm.engine.step = watched_step  # type: ignore[method-assign]
+    gc.callbacks.append(watch)
+    return seen
+
+
 def main() -> None:
     model, out = sys.argv[1], sys.argv[2]
     tp = int(__import__("os").environ["WORLD_SIZE"])
     llm = LLM(EngineConfig(model=model, tp=tp, **ENGINE))
     if TP.rank != 0:
+        seen = watch_collections(llm)
         run_tp_follower(llm)
+        with open(f"{out}.rank{TP.rank}", "w") as f:
+            json.dump(seen, f)
         return
     results = {name: [o.token_ids for o in llm.generate(prompts(model), p)] for name, p in PARAMS.items()}
     llm.shutdown()
