@@ -742,17 +742,23 @@ def test_lm_head_never_waits_for_the_gpu_at_a_new_row_count(peaked_model):
     """cuBLAS's first GEMM at a row count it has not run waits for the GPU to go idle (an H100: 50.8 ms behind a
     61 ms GPU sleep, benchmarks/lm_head_first_call.py), and the LM head runs eagerly at each step's sampled row
     count; so the engine runs it at every count while it starts. Checked without timing: an event recorded behind
-    a long GPU sleep is still pending once the LM head has been launched at counts no step has used."""
+    a long GPU sleep is still pending once the LM head has been launched at counts no step has used. The control, a
+    count above max_running_requests (never warmed), must find the wait: else this check could not see it."""
     llm = LLM(EngineConfig(model=peaked_model, kv_cache_gb=2, dtype="bfloat16", max_running_requests=64))
     model = llm.engine.runner.model
-    h = torch.zeros(64, model.cfg.hidden_size, dtype=torch.bfloat16, device="cuda")
-    for m in (3, 29, 64):
+    h = torch.zeros(80, model.cfg.hidden_size, dtype=torch.bfloat16, device="cuda")
+
+    def waited(m: int) -> bool:
         torch.cuda.synchronize()
         torch.cuda._sleep(int(2e8))  # ~0.1 s of GPU time
         behind = torch.cuda.Event()
         behind.record()
         model.logits(h[:m])
-        assert not behind.query(), f"the LM head at {m} rows waited for the GPU"
+        done = behind.query()
         torch.cuda.synchronize()
+        return done
+
+    assert not any(waited(m) for m in (3, 29, 64))
+    assert waited(71)  # the control
     del llm
     gc.collect()
