@@ -9,7 +9,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from engine.gc_heap import IdleCollector, frozen_heap
+from engine.gc_heap import collect_if_idle, frozen_heap
 from engine.llm import LLM, Prompt
 from engine.sampling_params import SamplingParams
 from engine.streams import END, EngineDeadError, RequestStream
@@ -85,10 +85,9 @@ class AsyncLLM:
         self._thread.join(timeout=30)
 
     def _loop(self) -> None:
-        collector = IdleCollector()
         while not self._stop.is_set():
             idle = not self.llm.has_work()
-            collector.update(not idle)
+            collect_if_idle(not idle)
             self._drain_inbox(block=idle)
             if not self.llm.has_work() and self.llm.config.tp == 1:
                 continue

@@ -19,7 +19,7 @@ from engine import weight_cache, weights
 from engine.cache_paths import cache_root
 from engine.config import EngineConfig
 from engine.distributed import TP, broadcast_objects, init_tp, leave_failed_group
-from engine.gc_heap import IdleCollector, frozen_heap
+from engine.gc_heap import collect_if_idle, frozen_heap
 from engine.layers import cpu_weight_layout, use_cpu_ops
 from engine.metrics import EngineMetrics
 from engine.model_config import PRESETS, ModelConfig
@@ -345,10 +345,9 @@ class Engine:
         """Ranks > 0: mirror rank 0's steps until it shuts down, the heap held as rank 0's step loop holds its own (a
         follower's full collection would hold every rank at the next collective)."""
         with frozen_heap():
-            collector = IdleCollector()
             while not self._shutdown:
                 self.step()
-                collector.update(self.has_work())
+                collect_if_idle(self.has_work())
         self._leave_group()
 
     def _leave_group(self) -> None:

@@ -14,7 +14,7 @@ import zmq
 
 from engine.distributed import TP
 from engine.engine import Engine
-from engine.gc_heap import IdleCollector, frozen_heap
+from engine.gc_heap import collect_if_idle, frozen_heap
 from engine.ipc import Addresses, EngineInfo, connect, pack, unpack
 from engine.llm import LLM
 from engine.request import Req
@@ -67,10 +67,9 @@ class EngineLoop:
 
     def _loop(self, watch: Watch | None) -> None:
         next_watch = time.monotonic() + self.WATCH_EVERY
-        collector = IdleCollector()
         while not self._stop:
             idle = not self.engine.has_work()
-            collector.update(not idle)
+            collect_if_idle(not idle)
             self._receive(block=idle)
             if watch is not None and time.monotonic() >= next_watch:
                 next_watch = time.monotonic() + self.WATCH_EVERY

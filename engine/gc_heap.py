@@ -22,7 +22,7 @@ def frozen_heap() -> Iterator[None]:
     with the collector on, 83 ms with it off; docs/scheduling.md). Objects frozen here that die in a reference cycle
     later are only reclaimed after the loop, at unfreeze.
 
-    While a loop runs, full collections only come when it asks (`IdleCollector`, when it has nothing to do): what the
+    While a loop runs, full collections only come when it asks (`collect_if_idle`, when it has nothing to do): what the
     loop created still adds up (a saturated replay's requests hold millions of token ids), and on an H100 a full
     collection came every 133 steps and held every stream for 40-60 ms. Young collections keep running, so cycles
     that die young are still freed at once."""
@@ -45,19 +45,14 @@ def frozen_heap() -> Iterator[None]:
                 gc.unfreeze()
 
 
-class IdleCollector:
-    """Runs the full collection frozen_heap holds back, once a step loop goes idle after work: a loop tells it, once
-    per turn, whether it has work."""
-
-    def __init__(self) -> None:
-        self.worked = False  # since the last full collection
-
-    def update(self, has_work: bool) -> None:
-        if has_work:
-            self.worked = True
-        elif self.worked:
-            gc.collect()
-            self.worked = False
+def collect_if_idle(has_work: bool) -> None:
+    """A step loop calls this once per turn: with nothing to do, it runs the full collection frozen_heap holds back,
+    if one has come due by the collector's own rule (as many young collections since the last full one as the
+    oldest generation's threshold before the loop). So full passes come no more often than they would have, and
+    only while no stream waits."""
+    due_after = _saved_threshold[2] if _saved_threshold is not None else gc.get_threshold()[2]
+    if not has_work and gc.get_count()[2] >= due_after:
+        gc.collect()
 
 
 @contextmanager

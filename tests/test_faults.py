@@ -293,9 +293,9 @@ def test_step_loop_keeps_the_heap_frozen_and_thaws_it_when_it_ends():
 
 def test_step_loops_hold_full_collections_until_idle_and_restore_the_collector():
     """While engine threads run (in-process, and serve's engine loop), the collector's full passes do not come due by
-    themselves (one every 133 steps held every stream for 40-60 ms on an H100); a loop that goes idle after work
-    runs one, on its own thread; the old thresholds and an unfrozen heap come back when the last loop ends, whichever
-    ends first."""
+    themselves (one every 133 steps held every stream for 40-60 ms on an H100); an idle loop runs one on its own
+    thread once the collector's own rule has one due; the old thresholds and an unfrozen heap come back when the
+    last loop ends, whichever ends first."""
     import gc
     import threading
 
@@ -320,17 +320,24 @@ def test_step_loops_hold_full_collections_until_idle_and_restore_the_collector()
                 time.sleep(0.05)
             return thread in full
 
-        full.clear()
+        def make_one_due() -> None:  # as many young collections as the rule waits for
+            for _ in range(before[2]):
+                gc.collect(1)
+
         assert _drain(a.submit("hello", SamplingParams(max_tokens=8))) == "ended normally"
-        assert collected_by("minisgl-engine")  # the idle loop's own collection
+        full.clear()
+        make_one_due()
+        assert collected_by("minisgl-engine")  # an idle loop's own collection
         a.shutdown()  # the first loop to end leaves the other's settings alone
         assert gc.get_threshold()[2] == FULL_COLLECTIONS_OFF and gc.get_freeze_count() > 0
         b.shutdown()
         assert gc.get_threshold() == before and gc.get_freeze_count() == 0
         with live_server(make_llm(max_running_requests=2, num_pages=256)) as server:
             assert gc.get_threshold() == (*before[:2], FULL_COLLECTIONS_OFF)
-            full.clear()
             server.openai().completions.create(model=server.model, prompt="hello", max_tokens=8)
+            server.wait_idle()
+            full.clear()
+            make_one_due()
             assert collected_by("engine-loop")
         assert gc.get_threshold() == before and gc.get_freeze_count() == 0
     finally:
