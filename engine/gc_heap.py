@@ -47,7 +47,7 @@ def frozen_heap() -> Iterator[None]:
 
 def collect_if_idle(has_work: bool) -> None:
     """A step loop calls this once per turn: with nothing to do, it runs the full collection frozen_heap holds back,
-    if one has come due by the collector's own rule (as many young collections since the last full one as the
+    if its count has made one due (as many young collections since the last full one as the
     oldest generation's threshold before the loop), and only while no stream waits."""
     due_after = _saved_threshold[2] if _saved_threshold is not None else gc.get_threshold()[2]
     if not has_work and gc.get_count()[2] >= due_after:
