@@ -19,27 +19,23 @@ for mode in ${MODES:-nomixed mixed}; do
     mixed*) flags="" ;;
     *=*) flags="${mode#*=}"; flags="${flags//,/ }"; mode="${mode%%=*}" ;;
   esac
-  py="python -m minisgl_cli"
+  # A/B variants: a statement run before the CLI, or an environment variable CUDA reads when it starts
+  pre="pass"; env=()
   case $mode in
-    *-q[0-9]x) export CUDA_SCALE_LAUNCH_QUEUES="${mode##*-q}" ;;
-    *) unset CUDA_SCALE_LAUNCH_QUEUES ;;
-  esac
-  case $mode in
-    *-eagerload) export CUDA_MODULE_LOADING=EAGER ;;
-    *) unset CUDA_MODULE_LOADING ;;
-  esac
-  case $mode in
-    *-nogc) py="python -c 'import gc; gc.disable(); from minisgl_cli.app import main; main()'" ;;
+    *-nogc) pre="import gc; gc.disable()" ;;
     # the interpreter hands its lock to a waiting thread every 0.5 ms instead of 5: if the engine thread's launches
     # wait on the replay client for the lock, their tail shrinks
+    *-swi) pre="import sys; sys.setswitchinterval(5e-4)" ;;
     # the engine without its start-up pass of the LM head over every row count (engine/runner.py WARM_UP_LM_HEAD)
-    *-nowarm) py="python -c 'import engine.runner as r; r.WARM_UP_LM_HEAD = False; from minisgl_cli.app import main; main()'" ;;
+    *-nowarm) pre="import engine.runner as r; r.WARM_UP_LM_HEAD = False" ;;
     # automatic full collections while the loop runs, as before engine/gc_heap.py held them back
-    *-fullgc) py="python -c 'import engine.gc_heap as g; g.FULL_COLLECTIONS_OFF = 10; from minisgl_cli.app import main; main()'" ;;
-    *-swi) py="python -c 'import sys; sys.setswitchinterval(5e-4); from minisgl_cli.app import main; main()'" ;;
+    *-fullgc) pre="import engine.gc_heap as g; g.FULL_COLLECTIONS_OFF = 10" ;;
+    *-q[0-9]x) env=("CUDA_SCALE_LAUNCH_QUEUES=${mode##*-q}") ;;
+    *-eagerload) env=(CUDA_MODULE_LOADING=EAGER) ;;
   esac
-  eval timeout 200 $py bench-trace traces/qwen_1000.jsonl --model dummy:Qwen3-0.6B --time-scale "${TIME_SCALE:-0.2}" \
-    --quiet $flags --json "$d/trace_$mode.json" --step-log "$d/steps_$mode.jsonl" > "$d/log_$mode.txt" 2>&1
+  timeout 200 env ${env[@]+"${env[@]}"} python -c "$pre; from minisgl_cli.app import main; main()" bench-trace \
+    traces/qwen_1000.jsonl --model dummy:Qwen3-0.6B --time-scale "${TIME_SCALE:-0.2}" --quiet $flags \
+    --json "$d/trace_$mode.json" --step-log "$d/steps_$mode.jsonl" > "$d/log_$mode.txt" 2>&1
   python benchmarks/trace_line.py "$d/trace_$mode.json" "$mode"
 done
 python benchmarks/step_log_summary.py "$d"/steps_*.jsonl --json "$d/step_summary.json" | tee "$d/step_summary.txt"
