@@ -105,8 +105,10 @@ def test_url_4xx_is_a_notice_and_keeps_the_conversation(server, tmp_path):
 
 
 def test_server_killed_mid_answer(tmp_path):
+    # A server of the larger dummy model, as in the streaming-panel test: the tiny one can stream all 1,500 tokens
+    # before a UI loop on a loaded CI machine sees the tenth and kills it (a flaky failure in CI).
     store = ChatStore(tmp_path / "chat.db")
-    with serve(tmp_path) as (url, proc):
+    with serve_subprocess(tmp_path, "--num-pages", "256", model="dummy:SmolLM2-135M") as (url, proc):
 
         async def scenario(app: ChatApp, pilot) -> None:
             await send(pilot, "first")
