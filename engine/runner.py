@@ -87,9 +87,7 @@ class ModelRunner:
             longest = max_request_tokens or pool.num_pages * pool.page_size
             self.graphs = DecodeGraphs(self, min(cuda_graph_max_bs, max_slots), longest)
         self.pieces = None
-        # Not under tensor parallelism yet: the pieces would capture NCCL all-reduces as the decode graphs do, but
-        # that has not run on GPUs (docs/tensor-parallel.md).
-        if device.type == "cuda" and piecewise_max_tokens > 0 and TP.size == 1:
+        if device.type == "cuda" and piecewise_max_tokens > 0:
             from engine.piecewise_graph import MixedGraphs
 
             self.pieces = MixedGraphs(self, piecewise_max_tokens)
@@ -120,9 +118,11 @@ class ModelRunner:
         be.forward(0, q, kv, kv)
 
     def _warm_up_lm_head(self, max_rows: int) -> None:
-        """The LM head runs eagerly at each step's sampled row count, and cuBLAS's first GEMM at a new row count
-        waits for the GPU to go idle (benchmarks/lm_head_first_call.py): in a saturated replay every such step
-        took 20-36 ms to launch. So every count a step can sample (one row per running request) runs once now."""
+        """The LM head runs eagerly at each step's sampled row count. cuBLAS picks its kernel by the row count and
+        loads each kernel at its first launch, which waits for the GPU to go idle (benchmarks/lm_head_first_call.py):
+        in a saturated replay every such step took 20-36 ms to launch. So every count a step can sample (one row per
+        running request) runs once now. The layers' GEMMs in prefill and mixed steps run in the piecewise graphs,
+        whose capture loads their kernels."""
         h = torch.zeros(max_rows, self.model.cfg.hidden_size, dtype=self.pool.k[0].dtype, device=self.device)
         for m in range(1, max_rows + 1):
             self.model.logits(h[:m])
