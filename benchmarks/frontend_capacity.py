@@ -7,6 +7,12 @@ running requests / step; a front end that falls behind delivers tokens in bursts
 p99 far above) and less than that rate.
 
     python benchmarks/frontend_capacity.py --streams 256 --step-ms 20 --tokens 400
+
+--trace replays a request trace through bench-trace instead (its prompts' lengths and arrivals; every running request
+still gets one token per step), e.g. issue #15's saturating replay, where the front end's own pauses show as the
+inter-token gap's tail and maximum above the constant step:
+
+    python benchmarks/frontend_capacity.py --trace traces/qwen_1000.jsonl --time-scale 0.2 --step-ms 16
 """
 
 from __future__ import annotations
@@ -81,6 +87,8 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=256)
     ap.add_argument("--step-ms", type=float, default=20.0)
     ap.add_argument("--tokens", type=int, default=400)
+    ap.add_argument("--trace", default=None, help="replay this trace (bench-trace) instead of bench-serve's load")
+    ap.add_argument("--time-scale", type=float, default=1.0, help="with --trace")
     ap.add_argument("--port", type=int, default=8321)
     ap.add_argument("--json", default=None)
     ap.add_argument("--engine", action="store_true", help=argparse.SUPPRESS)  # the child that runs the fake engine
@@ -92,29 +100,14 @@ def main() -> None:
     )
     out = a.json or f"/tmp/frontend_capacity_{os.getpid()}.json"
     try:
-        bench = [
-            sys.executable,
-            "-m",
-            "minisgl_cli",
-            "bench-serve",
-            "--url",
-            f"http://127.0.0.1:{a.port}",
-            "--input-len",
-            "8:8",
-            "--output-len",
-            f"{a.tokens}:{a.tokens}",
-            "--max-concurrency",
-            str(a.streams),
-            "--num-requests",
-            str(2 * a.streams),
-            "--vocab-size",
-            "256",
-            "--max-model-len",
-            "100000",
-            "--quiet",
-            "--json",
-            out,
-        ]
+        served = ["--url", f"http://127.0.0.1:{a.port}", "--vocab-size", "256", "--max-model-len", "100000"]
+        served += ["--quiet", "--json", out]
+        if a.trace:
+            load = ["bench-trace", a.trace, "--time-scale", str(a.time_scale), "--no-client-check"]
+        else:
+            load = ["bench-serve", "--input-len", "8:8", "--output-len", f"{a.tokens}:{a.tokens}"]
+            load += ["--max-concurrency", str(a.streams), "--num-requests", str(2 * a.streams)]
+        bench = [sys.executable, "-m", "minisgl_cli", *load, *served]
         for _ in range(100):  # the front end comes up
             if (
                 subprocess.run(["curl", "-sf", f"http://127.0.0.1:{a.port}/health"], capture_output=True).returncode
@@ -128,6 +121,13 @@ def main() -> None:
         engine.wait(timeout=20)
     r = json.load(open(out))
     row = r["runs"][0] if "runs" in r else r
+    if a.trace:
+        print(
+            f"{a.trace} at {a.time_scale}x the recorded gaps, step {a.step_ms} ms: delivered "
+            f"{row['output_throughput']:,.0f} tok/s; TBT p50 {row['median_itl_ms']:.1f} ms, p99 "
+            f"{row['p99_itl_ms']:.1f} ms, max {row['max_itl_ms']:.1f} ms; TTFT p99 {row['p99_ttft_ms']:.1f} ms"
+        )
+        return
     ideal = a.streams / (a.step_ms / 1000)
     print(
         f"streams {a.streams}, step {a.step_ms} ms: ideal {ideal:,.0f} tok/s; delivered "

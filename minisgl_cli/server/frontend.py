@@ -15,9 +15,12 @@ from collections.abc import Iterator
 
 import uvicorn
 
+from engine.gc_heap import collect_if_idle, frozen_heap
 from engine.remote_llm import RemoteLLM
 from minisgl_cli.server.app import create_app
 from minisgl_cli.server.frontend_spec import ENGINE_GONE_EXIT, ORPHAN_GRACE_S, FrontendSpec
+
+IDLE_CHECK_S = 0.5
 
 
 class HTTPServer(uvicorn.Server):
@@ -45,12 +48,23 @@ async def serve_http(
         await asyncio.sleep(ORPHAN_GRACE_S)
         code, server.should_exit = ENGINE_GONE_EXIT, True
 
+    async def collect_when_idle() -> None:
+        while True:
+            await asyncio.sleep(IDLE_CHECK_S)
+            collect_if_idle(bool(remote.pending))
+
     watcher = asyncio.create_task(watch()) if engine_pid is not None else None
-    try:
-        await server.serve(sockets)
-    finally:
-        if watcher is not None:
-            watcher.cancel()
+    # The front end's full collections go as the engine loop's (engine/gc_heap.py): its start-up heap (imports,
+    # tokenizer, app) is frozen, and full passes wait until no request is open. Under issue #15's replay an automatic
+    # full pass here took ~200 ms, with every stream's tokens waiting behind it (docs/serve.md).
+    with frozen_heap():
+        collector = asyncio.create_task(collect_when_idle())
+        try:
+            await server.serve(sockets)
+        finally:
+            collector.cancel()
+            if watcher is not None:
+                watcher.cancel()
     return code
 
 
