@@ -1,4 +1,6 @@
-"""Python's cyclic garbage collector, kept out of the step loop's way."""
+"""Python's cyclic garbage collector, kept out of the way of the loops that stream tokens: the engine's step loop,
+serve's HTTP front end and the benchmarks' client (minisgl_cli/replay.py drive). Each full pass stops every stream
+that process carries."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from contextlib import contextmanager
 
 # The oldest generation's threshold while a step loop runs: its automatic (full) collections never come due.
 FULL_COLLECTIONS_OFF = 1 << 30
-_loops = 0  # step loops running in this process (frozen_heap is entered once per engine thread)
+_loops = 0  # loops running in this process (each enters frozen_heap once: an engine thread, a front end, a client)
 _saved_threshold: tuple[int, int, int] | None = None
 _lock = threading.Lock()
 

@@ -329,14 +329,14 @@ def _run_sweep(
             for i, (load, items) in enumerate(plans):
                 live = LiveCounters()
                 before = await _hits(client, target)
-                t0 = time.perf_counter()
                 try:
                     with LiveView(f"{load.label} ({i + 1}/{len(plans)})", len(items), live, flags["quiet"]):
                         results = await drive(
-                            items, send, load.max_concurrency, load.closed_loop, flags["duration"], live=live, t0=t0
+                            items, send, load.max_concurrency, load.closed_loop, flags["duration"], live=live
                         )
                 except asyncio.CancelledError:
                     results, stopped = list(live.done), "interrupted"
+                t0 = live.started
                 duration = time.perf_counter() - t0
                 row = _row(load, results, duration, t0, slo, flags, check)
                 row["cache_hit_rate"] = _hit_rate(before, await _hits(client, target), target)

@@ -250,13 +250,12 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict
         before = engine.call(lambda x: x.metrics())
         live = LiveCounters()
         with LiveView("replaying", len(p.items), live, quiet):
-            t0 = time.perf_counter()
             results = asyncio.run(
                 drive(
                     p.items, local_sender(engine, flags["temperature"], token_stream=flags["token_stream"]), live=live
                 )
             )
-            duration = time.perf_counter() - t0
+            duration = time.perf_counter() - live.started
         after = engine.call(lambda x: x.metrics())
         if flags["step_log"]:
             from engine.engine import write_step_log
@@ -311,9 +310,8 @@ def _run_vllm(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[
             p = plan(window, flags["vocab_size"] or peer.model_config.vocab_size, context, flags)
             live = LiveCounters()
             with LiveView("replaying", len(p.items), live, quiet):
-                t0 = time.perf_counter()
                 results = await drive(p.items, peer.sender(flags["temperature"]), live=live)
-                duration = time.perf_counter() - t0
+                duration = time.perf_counter() - live.started
         finally:
             peer.close()
         return info, pool, startup, p, results, duration
@@ -371,9 +369,8 @@ def _run_url(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[s
             before = await scrape_metrics(client)
             live = LiveCounters()
             with LiveView("replaying", len(p.items), live, quiet):
-                t0 = time.perf_counter()
                 results = await drive(p.items, url_sender(client, name, flags["temperature"]), live=live)
-                duration = time.perf_counter() - t0
+                duration = time.perf_counter() - live.started
             after = await scrape_metrics(client)
             return name, results, duration, cache_hit_rate(before, after)
 

@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
+from engine.gc_heap import frozen_heap
+
 OnDone = Callable[["RequestResult"], None]
 
 
@@ -67,6 +69,7 @@ class LiveCounters:
     in_flight: int = 0
     tokens: int = 0  # tokens (in-process) or token-carrying events (URL) received
     done: list[RequestResult] = field(default_factory=list)
+    started: float = 0.0  # the run's start on the perf_counter clock, set by drive
 
 
 Sender = Callable[[ReplayItem, RequestResult, LiveCounters], Awaitable[None]]
@@ -86,13 +89,30 @@ async def drive(
     duration: float | None = None,
     live: LiveCounters | None = None,
     on_done: OnDone | None = None,
-    t0: float | None = None,
 ) -> list[RequestResult]:
-    """Send every item at t0 + item.arrival (open loop, a semaphore for the cap) or, closed loop, as soon as one of
-    max_concurrency slots is free until the items run out or `duration` passes. Results of the requests sent.
-    t0: the run's start on the perf_counter clock (default: now)."""
+    """Send every item at the run's start (`live.started`) + item.arrival (open loop, a semaphore for the cap) or,
+    closed loop, as soon as one of max_concurrency slots is free until the items run out or `duration` passes.
+    Results of the requests sent.
+
+    The client's full collections are held back while it runs, as the engine's are (engine/gc_heap.py): its heap
+    holds every prompt and every token's arrival time, and a full pass would stall every stream it times. The
+    collection before the freeze comes before the clock starts."""
     live = live or LiveCounters()
-    t0 = time.perf_counter() if t0 is None else t0
+    with frozen_heap():
+        live.started = time.perf_counter()
+        return await _drive(items, send, max_concurrency, closed_loop, duration, live, on_done)
+
+
+async def _drive(
+    items: list[ReplayItem],
+    send: Sender,
+    max_concurrency: int | None,
+    closed_loop: bool,
+    duration: float | None,
+    live: LiveCounters,
+    on_done: OnDone | None,
+) -> list[RequestResult]:
+    t0 = live.started
 
     async def run(item: ReplayItem, scheduled: float) -> RequestResult:
         res = RequestResult(item.index, item.line, item.input_len or len(item.prompt), item.output_len)

@@ -352,6 +352,42 @@ def test_step_loops_hold_full_collections_until_idle_and_restore_the_collector()
         gc.callbacks.remove(seen)
 
 
+def test_the_benchmark_client_holds_full_collections_while_it_times_streams():
+    """bench-trace's and bench-serve's client (replay.drive) keeps its full collections out of the streams it times,
+    as the engine does: its heap holds every prompt and arrival time. Streams from the project's mock SSE server
+    (another process, so only the client's own settings are in this one); the clock starts after the freeze's
+    collection; the collector comes back as it was."""
+    import gc
+
+    from engine.gc_heap import FULL_COLLECTIONS_OFF
+    from minisgl_cli.mock_server import MockConfig, mock_server_process
+    from minisgl_cli.openai_client import OpenAIClient
+    from minisgl_cli.replay import LiveCounters, ReplayItem, drive, url_sender
+    from tests.conftest import free_port
+
+    before = gc.get_threshold()
+    during: list[tuple[int, bool]] = []
+
+    async def run(url: str, live: LiveCounters):
+        async with OpenAIClient(url, timeout=60) as client:
+            items = [ReplayItem(i, 0, 0.01 * i, [1, 2, 3], 20) for i in range(8)]
+            return await drive(
+                items,
+                url_sender(client, "mock", 0.0),
+                live=live,
+                on_done=lambda _: during.append((gc.get_threshold()[2], gc.get_freeze_count() > 0)),
+            )
+
+    live = LiveCounters()
+    with mock_server_process(MockConfig(tpot=0.001), free_port()) as url:
+        t = time.perf_counter()
+        results = asyncio.run(run(url, live))
+    assert [r.output_tokens for r in results] == [20] * 8 and all(r.ok for r in results)
+    assert during == [(FULL_COLLECTIONS_OFF, True)] * 8
+    assert t < live.started and all(r.scheduled == live.started + 0.01 * r.index for r in results)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
 def test_generate_pauses_the_collector_and_restores_it_even_when_a_step_fails():
     """An offline generate() runs without cyclic collections (gen-0 passes over each step's outputs cost ~2% of the
     H100 offline workload); the collector is back afterwards, after a failure too, and stays off if it was off."""
