@@ -121,8 +121,8 @@ class ModelRunner:
         """The LM head runs eagerly at each step's sampled row count. cuBLAS picks its kernel by the row count and
         loads each kernel at its first launch, which waits for the GPU to go idle (benchmarks/lm_head_first_call.py):
         in a saturated replay every such step took 20-36 ms to launch. So every count a step can sample (one row per
-        running request) runs once now. The layers' GEMMs in prefill and mixed steps run in the piecewise graphs,
-        whose capture loads their kernels."""
+        running request) runs once now. The layers' GEMMs in prefill and mixed steps run in the piecewise graphs
+        (steps up to --piecewise-graph-tokens, FlashInfer), whose capture loads their kernels."""
         h = torch.zeros(max_rows, self.model.cfg.hidden_size, dtype=self.pool.k[0].dtype, device=self.device)
         for m in range(1, max_rows + 1):
             self.model.logits(h[:m])
