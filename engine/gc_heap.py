@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-# The oldest generation's threshold while a step loop runs: its automatic (full) collections never come due.
+# The oldest generation's threshold while any of those loops runs: its automatic (full) collections never come due.
 FULL_COLLECTIONS_OFF = 1 << 30
 _loops = 0  # loops running in this process (each enters frozen_heap once: an engine thread, a front end, a client)
 _saved_threshold: tuple[int, int, int] | None = None
@@ -48,9 +48,9 @@ def frozen_heap() -> Iterator[None]:
 
 
 def collect_if_idle(has_work: bool) -> None:
-    """A step loop calls this once per turn: with nothing to do, it runs the full collection frozen_heap holds back,
-    if its count has made one due (as many young collections since the last full one as the
-    oldest generation's threshold before the loop), and only while no stream waits."""
+    """A loop inside frozen_heap calls this once per turn (the front end every IDLE_CHECK_S): with nothing to do, it
+    runs the full collection frozen_heap holds back, if its count has made one due (as many young collections since
+    the last full one as the oldest generation's threshold before the loop), and only while no stream waits."""
     due_after = _saved_threshold[2] if _saved_threshold is not None else gc.get_threshold()[2]
     if not has_work and gc.get_count()[2] >= due_after:
         gc.collect()
