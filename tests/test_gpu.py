@@ -738,17 +738,12 @@ def test_sampler_is_compiled_at_start(peaked_model, monkeypatch):
     gc.collect()
 
 
-def test_lm_head_never_waits_for_the_gpu_at_a_new_row_count():
-    """cuBLAS picks its kernel by the row count, and a kernel's first launch waits for the GPU to go idle (an H100:
-    50.8 ms behind a 61 ms GPU sleep, benchmarks/lm_head_first_call.py); the LM head runs eagerly at each step's
-    sampled row count, so the engine runs it at every count while it starts. Checked without timing: an event
-    recorded behind a long GPU sleep is still pending once the LM head has been launched at counts no step has used.
-    The control, a count above max_running_requests (never warmed), must find the wait: else this check could not
-    see it. Not every shape meets it (Qwen3-0.6B's down GEMM did not, benchmarks/results/host_stalls_h100), so this
-    runs the head the benchmark saw wait, Qwen3-0.6B's; with SmolLM2's it failed on an H100."""
+def lm_head_waits(counts: tuple[int, ...]) -> dict[int, bool]:
+    """Whether the LM head of a fresh engine (dummy Qwen3-0.6B, max_running_requests 64) waited for the GPU to go
+    idle at each row count: an event recorded behind a long GPU sleep is still pending after a launch that did not."""
     llm = LLM(EngineConfig(model="dummy:Qwen3-0.6B", kv_cache_gb=2, dtype="bfloat16", max_running_requests=64))
     model = llm.engine.runner.model
-    h = torch.zeros(80, model.cfg.hidden_size, dtype=torch.bfloat16, device="cuda")
+    h = torch.zeros(max(counts), model.cfg.hidden_size, dtype=torch.bfloat16, device="cuda")
 
     def waited(m: int) -> bool:
         torch.cuda.synchronize()
@@ -760,7 +755,27 @@ def test_lm_head_never_waits_for_the_gpu_at_a_new_row_count():
         torch.cuda.synchronize()
         return done
 
+    return {m: waited(m) for m in counts}
+
+
+def test_lm_head_never_waits_for_the_gpu_at_a_new_row_count():
+    """cuBLAS picks its kernel by the row count, and a kernel's first launch waits for the GPU to go idle (an H100:
+    50.8 ms behind a 61 ms GPU sleep, benchmarks/lm_head_first_call.py); the LM head runs eagerly at each step's
+    sampled row count, so the engine runs it at every count while it starts. Checked without timing, in a process of
+    its own (cuBLAS loads a kernel once per process, and the tests before this one load many): the LM head launched
+    at counts no step has used must not wait. The control, a count above max_running_requests (never warmed), must
+    find the wait: else this check could not see it. Not every shape meets it (Qwen3-0.6B's down GEMM did not,
+    benchmarks/results/host_stalls_h100), so this runs the head the benchmark saw wait, Qwen3-0.6B's; with SmolLM2's
+    it failed on an H100."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import json; from tests.test_gpu import lm_head_waits; print(json.dumps(lm_head_waits((3, 29, 64, 71))))"
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    waits = {int(m): w for m, w in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
     # 71 is the control: above max_running_requests, so never warmed
-    assert {m: waited(m) for m in (3, 29, 64, 71)} == {3: False, 29: False, 64: False, 71: True}
-    del llm
-    gc.collect()
+    assert waits == {3: False, 29: False, 64: False, 71: True}
