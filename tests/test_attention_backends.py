@@ -124,6 +124,27 @@ def test_the_ragged_part_of_a_prefill_is_the_trailing_run_of_fresh_prompts() -> 
     assert fresh_tail(meta([500, 300, 200], [500, 812, 200])) == 2
 
 
+def test_a_mixed_batch_attends_in_decode_paged_and_ragged_runs() -> None:
+    from kernels.attention.flashinfer_backend import batch_parts, leading_decode_rows
+
+    def meta(q_lens: list[int], kv_lens: list[int]) -> AttnMeta:
+        return AttnMeta(False, q_lens, kv_lens, [[] for _ in q_lens], torch.zeros(0))
+
+    # two decode rows, a prompt's second chunk, two prompts admitted now
+    m = meta([1, 1, 300, 500, 200], [700, 90, 800, 500, 200])
+    assert leading_decode_rows(m) == 2
+    assert batch_parts(m, ragged=True, split_decode=True) == [("decode", 0, 2), ("paged", 2, 3), ("ragged", 3, 5)]
+    assert batch_parts(m, ragged=True, split_decode=False) == [("paged", 0, 3), ("ragged", 3, 5)]
+    assert batch_parts(m, ragged=False, split_decode=False) == [("paged", 0, 5)]
+    # decode rows and fresh prompts, nothing between: no empty paged run
+    assert batch_parts(meta([1, 1, 40], [9, 12, 40]), True, True) == [("decode", 0, 2), ("ragged", 2, 3)]
+    # a one-token fresh prompt is not a decode row (no KV of its own); one before a prefixed request stays paged
+    assert leading_decode_rows(meta([1, 1], [1, 50])) == 0
+    assert batch_parts(meta([1, 1], [1, 50]), True, True) == [("paged", 0, 2)]
+    # a one-token chunk after a cached prefix attends like a decode row
+    assert batch_parts(meta([1, 1], [30, 50]), True, True) == [("decode", 0, 2)]
+
+
 def test_stored_kv_is_not_written_again() -> None:
     """The fused q/k/rope/KV kernel stores K/V itself and passes them on with stored=True (a backend may still
     read them): the pool must keep what the kernel wrote, and the output must be the same as storing here."""

@@ -159,6 +159,61 @@ def test_flashinfer_matches_torch_backend():
     _matches_torch_backend("flashinfer")
 
 
+@pytest.mark.parametrize("window", [None, 700])
+@pytest.mark.parametrize("kv_heads", [8, 2])  # Qwen3-0.6B's group of 2; one Qwen3-32B TP=4 rank's group of 8
+@pytest.mark.parametrize("chunks", ["long", "short"])
+def test_flashinfer_mixed_batch_parts_match_torch(kv_heads: int, window: int | None, chunks: str) -> None:
+    """A mixed batch as the scheduler lays it out (decode rows, chunks after KV of their own, then fresh prompts)
+    attends in parts (flashinfer_backend.batch_parts): the decode rows through the decode kernel at a group of 8 query
+    heads per KV head, in the paged pass at 2; the paged pass on fa3 when every request in it brings 128 tokens or
+    more, else fa2; fresh prompts ragged. With a sliding window: one paged fa2 pass. Every row within bf16 tolerance
+    of the torch reference, with K/V passed or read back from the pool."""
+    from kernels.attention.base import AttnMeta
+    from kernels.attention.flashinfer_backend import FlashInferBackend
+    from kernels.attention.torch_backend import TorchBackend
+    from kvcache.pool import KVPool
+
+    dev, H, D, PS = torch.device("cuda"), 16, 128, 16
+    g = torch.Generator().manual_seed(0)
+    decode = [(1, int(n)) for n in torch.randint(2, 3000, (40,), generator=g)]
+    middle = [(1024, 5000), (200, 900)] + ([(17, 1500), (1, 60)] if chunks == "short" else [])
+    reqs = decode + middle + [(300, 300), (1, 1)]  # (q_len, kv_len)
+    q_lens, kv_lens = [q for q, _ in reqs], [kv for _, kv in reqs]
+    pages = [-(-kv // PS) for kv in kv_lens]
+    pool = KVPool.create(1, sum(pages) + 1, PS, kv_heads, D, torch.bfloat16, dev)
+    pool.k[0].normal_()
+    pool.v[0].normal_()
+    perm = (torch.randperm(sum(pages), generator=g) + 1).tolist()
+    tables, slots, at = [], [], 0
+    for q_len, kv, p in zip(q_lens, kv_lens, pages):
+        tables.append(perm[at : at + p])
+        at += p
+        pos = torch.arange(kv - q_len, kv)
+        slots.append(torch.tensor(tables[-1])[pos // PS] * PS + pos % PS)
+    meta = AttnMeta(False, q_lens, kv_lens, tables, torch.cat(slots).to(dev))
+    T = sum(q_lens)
+    q = torch.randn(T, H, D, generator=g).to(dev, torch.bfloat16)
+    k = pool.k[0].view(-1, kv_heads, D)[meta.out_slots].clone()
+    v = pool.v[0].view(-1, kv_heads, D)[meta.out_slots].clone()
+    fi = FlashInferBackend(pool, H, kv_heads, D, dev, sliding_window=window)
+    fi.plan(meta)
+    if window is not None:
+        assert fi.parts is None and fi.active is fi.prefill[0]
+    elif kv_heads == 2:
+        paged = fi.chunks[0] if chunks == "long" else fi.prefill[0]
+        assert fi.parts is not None and [p[0] for p in fi.parts] == [fi.decode[0], paged, fi.ragged[0]]
+    else:
+        assert fi.parts is not None and [p[0] for p in fi.parts] == [fi.prefill[0], fi.ragged[0]]
+    ref = TorchBackend(pool, H, kv_heads, D, sliding_window=window)
+    ref.plan(meta)
+    want = ref.forward(0, q, k, v, stored=True)
+    for got in (fi.forward(0, q, k, v, stored=True), fi.forward(0, q, None, None, stored=True)):
+        row = 0
+        for i, n in enumerate(q_lens):
+            assert rel_err(got[row : row + n], want[row : row + n]) < 1e-2, (i, n, kv_lens[i])
+            row += n
+
+
 # FlashAttention-4 (kernels/attention/fa_backend.py): skipped where flash_attn.cute does not import. Page 16 takes
 # FA4's cp.async path for the pages, page 128 its TMA path (a page holds a whole key tile there).
 @pytest.mark.parametrize("page_size", [16, 128])

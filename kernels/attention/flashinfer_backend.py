@@ -6,11 +6,21 @@ against 173 us for the CUDA-core decode kernel, about 3.8 TB/s of KV read (docs/
 one wrapper per captured batch size and split-KV choice (decode_split_kv) with fixed metadata buffers, re-planned
 before each replay.
 
-Prefill and mixed batches (without a sliding window) attend in two parts. Requests with KV from before this step
-(decode rows, a prompt's later chunks, a cached prefix) go through the paged kernel as always; the batch's trailing
-run of fresh prompts, whose keys are all new, goes through FlashInfer's fa3 ragged kernel, which reads K/V straight
-from the projection's output. On an H100 that takes 118 us per layer for 8192 fresh tokens of the offline workload
-against 179 us paged (benchmarks/prefill_attention_kernels.py, docs/gpu.md).
+Prefill and mixed batches (without a sliding window) attend in up to three parts, in the order the scheduler lays
+the batch out (`batch_parts`):
+- the leading decode rows through the decode kernel, as in a decode step, where each KV head serves 8 query heads or
+  more (SPLIT_MIN_GROUP); with fewer they join the paged part;
+- requests with KV from before this step (a prompt's later chunks, a cached prefix) through the paged prefill kernel:
+  FlashInfer's fa3 (Hopper) build when every request in the part brings at least CHUNK_FA3_MIN_TOKENS new tokens,
+  its fa2 build otherwise (fa3 took 2-5x as long with decode rows in the pass, and lost with 16-token chunks);
+- the trailing run of fresh prompts, whose keys are all new, through FlashInfer's fa3 ragged kernel, which reads K/V
+  straight from the projection's output.
+Measured on H100s (benchmarks/mixed_attention.py; docs/scheduling.md): the ragged part takes 118 us per layer for
+8192 fresh tokens of the offline workload against 179 us paged. A 1,024-token chunk after a 10,000-token prefix beside
+130 decode rows takes 366 us in three parts against 738 us in one fa2 pass at one Qwen3-32B TP=4 rank's heads (16
+query, 2 KV), and Qwen3-32B's replay at TP=4 gained (TBT p99 78 -> 60 ms). At Qwen3-0.6B's heads (16, 8) the same
+batch took 1,216 against 1,297 us, but the extra kernel calls cost each mixed step 2.8 ms more host time, and its
+saturated replay lost at TBT p99 (52.6 against 40.7 ms): there the decode rows stay in the paged pass.
 
 Every wrapper comes in two copies used in turn. A plan writes its schedule into the wrapper's pinned host
 buffer and queues an async copy to the device; under overlap scheduling the next plan runs while the previous
@@ -34,8 +44,14 @@ WORKSPACE_BYTES = 256 * 2**20
 PREFILL_KERNELS = "fa2"
 DECODE_KERNELS = "fa2"
 RAGGED_KERNELS = "fa3"  # the fresh prompts' part of a prefill (one JIT build of its own)
-# Fresh prompts through the ragged kernel, the rest paged; off: one paged pass over every row.
+CHUNK_KERNELS = "fa3"  # the paged part when each of its requests brings CHUNK_FA3_MIN_TOKENS or more
+CHUNK_FA3_MIN_TOKENS = 128
+# Fresh prompts through the ragged kernel; off: they join the paged part.
 RAGGED_PREFILL = True
+# A mixed batch's decode rows through the decode kernel when each KV head serves SPLIT_MIN_GROUP query heads or more;
+# off: they join the paged part.
+SPLIT_DECODE_ROWS = True
+SPLIT_MIN_GROUP = 8
 # Decode without split-KV where it is the faster choice (decode_split_kv, below); off: FlashInfer's own
 # choice, which in CUDA-graph mode is always to split (benchmarks/step_profile.py's `split-always` variant).
 NO_SPLIT_WHEN_BALANCED = True
@@ -74,8 +90,28 @@ def fresh_tail(meta: AttnMeta) -> int:
     return at
 
 
-def _sub(meta: AttnMeta, reqs: slice) -> AttnMeta:
-    return AttnMeta(meta.is_decode, meta.q_lens[reqs], meta.kv_lens[reqs], meta.page_tables[reqs], meta.out_slots)
+def leading_decode_rows(meta: AttnMeta) -> int:
+    """How many requests at the batch's start bring one token after KV of their own: the running requests' decode
+    rows, which the scheduler puts first."""
+    n = 0
+    while n < len(meta.q_lens) and meta.q_lens[n] == 1 and meta.kv_lens[n] > 1:
+        n += 1
+    return n
+
+
+def batch_parts(meta: AttnMeta, ragged: bool, split_decode: bool) -> list[tuple[str, int, int]]:
+    """A prefill or mixed batch cut into (kind, first request, end request) runs: "decode" (the leading decode rows),
+    "paged" (requests with KV before this step) and "ragged" (the trailing fresh prompts); empty runs left out."""
+    n = len(meta.q_lens)
+    lead = leading_decode_rows(meta) if split_decode else 0
+    tail = fresh_tail(meta) if ragged else n  # never inside the decode rows: they have KV of their own
+    runs = [("decode", 0, lead), ("paged", lead, tail), ("ragged", tail, n)]
+    return [r for r in runs if r[2] > r[1]]
+
+
+def _sub(meta: AttnMeta, reqs: slice, is_decode: bool | None = None) -> AttnMeta:
+    decode = meta.is_decode if is_decode is None else is_decode
+    return AttnMeta(decode, meta.q_lens[reqs], meta.kv_lens[reqs], meta.page_tables[reqs], meta.out_slots)
 
 
 def _indptr(lens: list[int]) -> torch.Tensor:
@@ -116,6 +152,10 @@ class FlashInferBackend(AttentionBackend):
             flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=PREFILL_KERNELS)
             for _ in range(2)
         ]
+        self.chunks = [
+            flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=CHUNK_KERNELS)
+            for _ in range(2)
+        ]
         self.ragged = [
             flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=RAGGED_KERNELS)
             for _ in range(2)
@@ -132,9 +172,8 @@ class FlashInferBackend(AttentionBackend):
         self.graph_indices: dict[int, torch.Tensor] = {}  # per copy: one page-id buffer for every batch size
         self.turn = 0  # which copy the next plan uses
         self.active: _Wrapper = self.decode[0]
-        # A two-part prefill: the ragged wrapper for the fresh rows [split_row, T); `active` for those before.
-        self.fresh: _Wrapper | None = None
-        self.split_row = 0
+        # A prefill or mixed batch in parts: (wrapper, first token row, end row, ragged); None: `active` alone.
+        self.parts: list[tuple[_Wrapper, int, int, bool]] | None = None
 
     def split_kv(self, kv_lens: list[int]) -> bool:
         return not NO_SPLIT_WHEN_BALANCED or decode_split_kv(kv_lens, self.num_kv_heads, self.split_slots)
@@ -149,17 +188,33 @@ class FlashInferBackend(AttentionBackend):
             wrapper.plan(*paged, disable_split_kv=not split, **common)
         else:
             wrapper.plan(_indptr(meta.q_lens), *paged, causal=True, **common)
-        self.active, self.out_slots, self.fresh = wrapper, meta.out_slots, None
+        self.active, self.out_slots, self.parts = wrapper, meta.out_slots, None
 
-    def _plan_two_part(self, turn: int, meta: AttnMeta, tail: int) -> None:
-        """Paged for requests [0, tail), ragged for the fresh ones after (tail < len(q_lens))."""
-        if tail:
-            self._plan(self.prefill[turn], _sub(meta, slice(0, tail)))
-        qo = _indptr(meta.q_lens[tail:])
-        common = dict(q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale)
-        self.ragged[turn].plan(qo, qo, self.num_heads, self.num_kv_heads, self.head_dim, causal=True, **common)
-        self.split_row = sum(meta.q_lens[:tail])
-        self.fresh, self.out_slots = self.ragged[turn], meta.out_slots
+    def _plan_parts(self, turn: int, meta: AttnMeta) -> None:
+        windowed = self.window_left >= 0  # the windowed kernels are fa2's paged ones alone
+        split = SPLIT_DECODE_ROWS and self.num_heads >= SPLIT_MIN_GROUP * self.num_kv_heads
+        runs = batch_parts(meta, RAGGED_PREFILL and not windowed, split and not windowed)
+        parts, row = [], 0
+        for kind, a, b in runs:
+            sub = _sub(meta, slice(a, b), is_decode=kind == "decode")
+            if kind == "decode":
+                wrapper = self.decode[turn]
+                self._plan(wrapper, sub, self.split_kv(sub.kv_lens))
+            elif kind == "paged":
+                long = not windowed and min(sub.q_lens) >= CHUNK_FA3_MIN_TOKENS
+                wrapper = self.chunks[turn] if long else self.prefill[turn]
+                self._plan(wrapper, sub)
+            else:
+                wrapper = self.ragged[turn]
+                qo = _indptr(sub.q_lens)
+                common = dict(q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale)
+                wrapper.plan(qo, qo, self.num_heads, self.num_kv_heads, self.head_dim, causal=True, **common)
+            end = row + sum(sub.q_lens)
+            parts.append((wrapper, row, end, kind == "ragged"))
+            row = end
+        self.out_slots = meta.out_slots
+        # one paged part: `active` (its _plan set it) alone
+        self.parts = None if len(parts) == 1 and not parts[0][3] else parts
 
     def _next_turn(self) -> int:
         turn, self.turn = self.turn, self.turn ^ 1
@@ -169,10 +224,8 @@ class FlashInferBackend(AttentionBackend):
         turn = self._next_turn()
         if meta.is_decode:
             self._plan(self.decode[turn], meta, self.split_kv(meta.kv_lens))
-        elif RAGGED_PREFILL and self.window_left < 0 and (tail := fresh_tail(meta)) < len(meta.q_lens):
-            self._plan_two_part(turn, meta, tail)
         else:
-            self._plan(self.prefill[turn], meta)
+            self._plan_parts(turn, meta)
 
     # ---- CUDA graphs --------------------------------------------------------------------------------
     def graph_splits(self, bs: int) -> tuple[bool, ...]:
@@ -230,18 +283,18 @@ class FlashInferBackend(AttentionBackend):
         if k is not None and v is not None and not stored:
             self.pool.store(layer, self.out_slots, k, v)
         cache = (self.pool.k[layer], self.pool.v[layer])
-        result: torch.Tensor
-        if self.fresh is None:
-            result = self.active.run(q, cache, out=out)
-            return result
-        if k is None or v is None:  # stored by the caller, not passed: read the new tokens back from the pool
-            flat = (-1, self.num_kv_heads, self.head_dim)
-            k, v = cache[0].view(flat)[self.out_slots], cache[1].view(flat)[self.out_slots]
-        at = self.split_row
-        if not at:
-            result = self.fresh.run(q, k, v, out=out)
+        if self.parts is None:
+            result: torch.Tensor = self.active.run(q, cache, out=out)
             return result
         out = torch.empty_like(q) if out is None else out
-        self.active.run(q[:at], cache, out=out[:at])
-        self.fresh.run(q[at:], k[at:], v[at:], out=out[at:])
+        for wrapper, a, b, ragged in self.parts:
+            if not ragged:
+                wrapper.run(q[a:b], cache, out=out[a:b])
+                continue
+            if k is None or v is None:  # stored by the caller, not passed: read the new tokens back from the pool
+                flat = (-1, self.num_kv_heads, self.head_dim)
+                slots = self.out_slots[a:b]
+                wrapper.run(q[a:b], cache[0].view(flat)[slots], cache[1].view(flat)[slots], out=out[a:b])
+            else:
+                wrapper.run(q[a:b], k[a:b], v[a:b], out=out[a:b])
         return out
