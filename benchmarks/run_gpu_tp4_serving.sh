@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue #23 on 4xH200: dummy Qwen3-32B at TP=4, traces/qwen_1000.jsonl (1000 requests).
 #   inproc: torchrun bench-trace --tp 4 in-process at each of $SCALES (default "1.0 0.5") for each of $MODES
-#           (default "mixed nomixed"), with the engine's step log (TBT p99 against the median decode step);
+#           (default "mixed nomixed"; a suffix -onepass runs a prefill or mixed batch's attention in one paged fa2
+#           pass, as before 2026-11-27), with the engine's step log (TBT p99 against the median decode step);
 #   serve:  torchrun ... serve --tp 4, then bench-trace --url at $SCALES, then SIGINT and a check that every rank
 #           exited (no process left behind).
 # One replay at the recorded pace takes ~3 min plus ~1 min of start-up, so split the work over calls (10 min each):
@@ -36,9 +37,12 @@ case ${STAGE:-inproc} in
   inproc)
     for scale in ${SCALES:-1.0 0.5}; do
       for mode in ${MODES:-mixed nomixed}; do
-        flags=""; [ "$mode" = nomixed ] && flags="--no-mixed-batch"
+        flags=""; [ "${mode%%-*}" = nomixed ] && flags="--no-mixed-batch"
+        pre="pass"  # mode suffix -onepass: decode rows and chunks in one paged fa2 pass (as run_gpu_trace_steps.sh)
+        [ "${mode##*-}" = onepass ] && pre="import kernels.attention.flashinfer_backend as f; f.SPLIT_DECODE_ROWS = False; f.CHUNK_FA3_MIN_TOKENS = 10**9"
         name="inproc_${mode}_x${scale}"
-        timeout 560 torchrun --nproc-per-node "$TP" --standalone -m minisgl_cli bench-trace "${trace[@]}" --tp "$TP" \
+        timeout "${RUN_TIMEOUT:-560}" torchrun --nproc-per-node "$TP" --standalone --no-python python -c \
+          "$pre; from minisgl_cli.app import main; main()" bench-trace "${trace[@]}" --tp "$TP" \
           --time-scale "$scale" $flags ${EXTRA:-} --json "$d/$name.json" --step-log "$d/steps_$name.jsonl" > "$d/$name.log" 2>&1
         summary "$d/$name.json" "$d/steps_$name.jsonl" "$name" | tee -a "$OUT/tp4_summary.txt"
         pgrep -f "minisgl_cli bench-trace" > /dev/null && echo "LEFT BEHIND after $name: $(pgrep -fa minisgl_cli)"

@@ -7,7 +7,9 @@
 # CUDA_SCALE_LAUNCH_QUEUES=1x (CUDA's own launch queue size), "-q4x" with 4x, one ending in "-eagerload" with
 # CUDA_MODULE_LOADING=EAGER (every kernel loaded when CUDA starts; the default loads each at its first launch), one
 # ending in "-nowarm" without the engine's start-up pass of the LM head over every row count, one ending in
-# "-fullgc" with the collector's automatic full passes while the engine loop runs (engine/gc_heap.py).
+# "-fullgc" with the collector's automatic full passes while the engine loop runs (engine/gc_heap.py), one ending in
+# "-onepass" with a prefill or mixed batch's decode rows and chunks in one paged fa2 pass (before 2026-11-27; the
+# engine now splits them, kernels/attention/flashinfer_backend.py).
 # TIME_SCALE (default 0.2) sets the pace; TAG names the results: $OUT/trace_steps$TAG.tgz (+ step_summary$TAG.txt).
 set -u
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
@@ -30,6 +32,7 @@ for mode in ${MODES:-nomixed mixed}; do
     *-nowarm) pre="import engine.runner as r; r.WARM_UP_LM_HEAD = False" ;;
     # automatic full collections while the loop runs, as before engine/gc_heap.py held them back
     *-fullgc) pre="import engine.gc_heap as g; g.FULL_COLLECTIONS_OFF = 10" ;;
+    *-onepass) pre="import kernels.attention.flashinfer_backend as f; f.SPLIT_DECODE_ROWS = False; f.CHUNK_FA3_MIN_TOKENS = 10**9" ;;
     *-q[0-9]x) env=("CUDA_SCALE_LAUNCH_QUEUES=${mode##*-q}") ;;
     *-eagerload) env=(CUDA_MODULE_LOADING=EAGER) ;;
   esac
