@@ -22,35 +22,16 @@ from __future__ import annotations
 import json
 import random
 import sys
-import time
-from collections.abc import Callable
 from functools import partial
-from statistics import median
 
 import torch
+from attention_batches import backend_timing, paged_batch, timed
 
 from kernels.attention import flashinfer_backend as fib
 from kernels.attention.base import AttnMeta
-from kvcache.pool import KVPool
 
 D, PS = 128, 16
 dev = torch.device("cuda")
-
-
-def timed(fn: Callable[[], object]) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(20):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000)
-    return median(times)
-
-
 SWITCHES = ("SPLIT_DECODE_ROWS", "SPLIT_MIN_GROUP", "CHUNK_FA3_MIN_TOKENS")
 DEFAULTS = tuple(getattr(fib, name) for name in SWITCHES)
 VARIANTS = {  # name: the three switches' values
@@ -86,43 +67,23 @@ def main() -> None:
     results = []
     for name, H, KVH, reqs in layouts():
         torch.manual_seed(0)
-        q_lens, kv_lens = [q for q, _ in reqs], [kv for _, kv in reqs]
-        pages = [-(-kv // PS) for kv in kv_lens]
-        pool = KVPool.create(1, sum(pages) + 1, PS, KVH, D, torch.bfloat16, dev)
-        pool.k[0].normal_()
-        pool.v[0].normal_()
-        perm = (torch.randperm(sum(pages)) + 1).tolist()
-        tables, slots, at = [], [], 0
-        for q_len, kv, p in zip(q_lens, kv_lens, pages):
-            t = perm[at : at + p]
-            at += p
-            tables.append(t)
-            pos = torch.arange(kv - q_len, kv)
-            slots.append(torch.tensor(t)[pos // PS] * PS + pos % PS)
-        out_slots = torch.cat(slots).to(dev)
+        pool, meta = paged_batch(reqs, KVH, D, PS, dev)
+        q_lens, kv_lens, tables, out_slots = meta.q_lens, meta.kv_lens, meta.page_tables, meta.out_slots
         T = sum(q_lens)
         q = torch.randn(T, H, D, dtype=torch.bfloat16, device=dev)
         k = pool.k[0].view(-1, KVH, D)[out_slots].clone()
         v = pool.v[0].view(-1, KVH, D)[out_slots].clone()
-        meta = AttnMeta(False, q_lens, kv_lens, tables, out_slots)
         row: dict[str, object] = {"layout": name, "tokens": T, "kv_tokens": sum(kv_lens)}
         ref = None
         for label, values in VARIANTS.items():
-            for name, value in zip(SWITCHES, values):
-                setattr(fib, name, value)
+            for switch, value in zip(SWITCHES, values):
+                setattr(fib, switch, value)
             be = fib.FlashInferBackend(pool, H, KVH, D, dev)
-            plans = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                be.plan(meta)
-                plans.append((time.perf_counter() - t0) * 1e3)
-            torch.cuda.synchronize()
-            us = timed(partial(be.forward, 0, q, k, v, True))
-            o = be.forward(0, q, k, v, True).float()
+            timing, o = backend_timing(be, meta, q, k, v)
             ref = o if ref is None else ref
-            row[label] = {"us": us, "plan_ms": median(plans), "rel_err": float((o - ref).norm() / ref.norm())}
-        for name, value in zip(SWITCHES, DEFAULTS):
-            setattr(fib, name, value)
+            row[label] = {**timing, "rel_err": float((o - ref).norm() / ref.norm())}
+        for switch, value in zip(SWITCHES, DEFAULTS):
+            setattr(fib, switch, value)
         nd = fib.leading_decode_rows(meta)
         dmeta = AttnMeta(True, q_lens[:nd], kv_lens[:nd], tables[:nd], out_slots[:nd])
         dec = be.decode[0]
@@ -140,7 +101,7 @@ def main() -> None:
         for label, e in r.items():
             if isinstance(e, dict):
                 extra = f"  plan {e['plan_ms']:5.2f} ms  rel err {e['rel_err']:.1e}" if "plan_ms" in e else ""
-                print(f"  {label:<12} {e['us']:8.1f} us{extra}")
+                print(f"  {label:<18} {e['us']:8.1f} us{extra}")
 
 
 if __name__ == "__main__":

@@ -22,16 +22,12 @@ from __future__ import annotations
 import json
 import random
 import sys
-import time
-from collections.abc import Callable
 from functools import partial
-from statistics import median
 
 import torch
+from attention_batches import backend_timing, paged_batch, timed
 
 from kernels.attention import flashinfer_backend as fib
-from kernels.attention.base import AttnMeta
-from kvcache.pool import KVPool
 
 H, KVH, D, CHUNK, PS = 16, 8, 128, 8192, 16
 dev = torch.device("cuda")
@@ -44,20 +40,6 @@ def prompt_lens(seed: int = 0) -> list[int]:
         lens.append(n)
         left -= n
     return lens
-
-
-def timed(fn: Callable[[], torch.Tensor]) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(20):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000)
-    return median(times)
 
 
 def batch_layouts() -> dict[str, list[tuple[int, int]]]:
@@ -88,23 +70,11 @@ def backend_rows() -> list[dict[str, object]]:
     out = []
     variants = {"paged fa2 (one pass)": (False, "fa2"), "two-part, ragged fa3": (True, "fa3")}
     variants["two-part, ragged fa2"] = (True, "fa2")
+    fib.CHUNK_FA3_MIN_TOKENS = 10**9  # the paged pass on fa2 throughout, as when these variants were measured
     for name, reqs in batch_layouts().items():
         torch.manual_seed(0)
-        q_lens, kv_lens = [q for q, _ in reqs], [kv for _, kv in reqs]
-        pages = [-(-kv // PS) for kv in kv_lens]
-        pool = KVPool.create(1, sum(pages) + 1, PS, KVH, D, torch.bfloat16, dev)
-        pool.k[0].normal_()
-        pool.v[0].normal_()
-        perm = (torch.randperm(sum(pages)) + 1).tolist()
-        tables, slots, at = [], [], 0
-        for q_len, kv, p in zip(q_lens, kv_lens, pages):
-            t = perm[at : at + p]
-            at += p
-            tables.append(t)
-            pos = torch.arange(kv - q_len, kv)
-            slots.append(torch.tensor(t)[pos // PS] * PS + pos % PS)
-        out_slots = torch.cat(slots).to(dev)
-        meta = AttnMeta(False, q_lens, kv_lens, tables, out_slots)
+        pool, meta = paged_batch(reqs, KVH, D, PS, dev)
+        q_lens, out_slots = meta.q_lens, meta.out_slots
         T = sum(q_lens)
         qkv = torch.empty(T, (H + 2 * KVH) * D, dtype=torch.bfloat16, device=dev)
         q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
@@ -117,18 +87,9 @@ def backend_rows() -> list[dict[str, object]]:
         for label, (ragged, kernels) in variants.items():
             fib.RAGGED_PREFILL, fib.RAGGED_KERNELS = ragged, kernels
             be = fib.FlashInferBackend(pool, H, KVH, D, dev)
-            be.plan(meta)
-            torch.cuda.synchronize()
-            plans = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                be.plan(meta)
-                plans.append((time.perf_counter() - t0) * 1e3)
-            torch.cuda.synchronize()
-            us = timed(partial(be.forward, 0, q, k, v, True))
-            o = be.forward(0, q, k, v, True).float()
+            timing, o = backend_timing(be, meta, q, k, v)
             ref = o if ref is None else ref
-            row[label] = {"us": us, "plan_ms": median(plans), "rel_err": float((o - ref).norm() / ref.norm())}
+            row[label] = {**timing, "rel_err": float((o - ref).norm() / ref.norm())}
         fib.RAGGED_PREFILL, fib.RAGGED_KERNELS = True, "fa3"
         out.append(row)
         print(json.dumps(row), flush=True)
