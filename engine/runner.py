@@ -107,15 +107,20 @@ class ModelRunner:
                 g.release()
 
     def _warm_up_prefill_attention(self) -> None:
-        """A one-token fresh prompt through the attention backend alone, into the scratch page, so kernels that
-        only prefill uses are built now rather than in the first request's step (FlashInfer's fa3 ragged module,
-        a JIT build of its own on a machine without its cache; FA4's prefill)."""
-        be, dev = self.backend, self.device
+        """A one-token fresh prompt, then a 256-token chunk after one token of KV, through the attention backend
+        alone on the scratch page, so kernels that only prefill uses are built and loaded now rather than in a
+        request's step (FlashInfer's fa3 module, a JIT build of its own on a machine without its cache, whose ragged
+        kernel takes fresh prompts and whose paged kernel chunks of 128+ tokens; FA4's prefill)."""
+        be, dev, dtype = self.backend, self.device, self.pool.k[0].dtype
         slot = torch.tensor([self.scratch_page * self.pool.page_size], dtype=torch.int64, device=dev)
         be.plan(AttnMeta(False, [1], [1], [[self.scratch_page]], slot))
-        q = torch.zeros(1, be.num_heads, be.head_dim, dtype=self.pool.k[0].dtype, device=dev)
-        kv = torch.zeros(1, be.num_kv_heads, be.head_dim, dtype=self.pool.k[0].dtype, device=dev)
+        q = torch.zeros(1, be.num_heads, be.head_dim, dtype=dtype, device=dev)
+        kv = torch.zeros(1, be.num_kv_heads, be.head_dim, dtype=dtype, device=dev)
         be.forward(0, q, kv, kv)
+        n = 256  # every page of its table the scratch page; stored: nothing is written
+        pages = [self.scratch_page] * -(-(n + 1) // self.pool.page_size)
+        be.plan(AttnMeta(False, [n], [n + 1], [pages], slot.expand(n)))
+        be.forward(0, torch.zeros(n, be.num_heads, be.head_dim, dtype=dtype, device=dev), None, None, stored=True)
 
     def _warm_up_lm_head(self, max_rows: int) -> None:
         """The LM head runs eagerly at each step's sampled row count. cuBLAS picks its kernel by the row count and
