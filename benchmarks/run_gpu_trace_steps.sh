@@ -8,8 +8,8 @@
 # CUDA_MODULE_LOADING=EAGER (every kernel loaded when CUDA starts; the default loads each at its first launch), one
 # ending in "-nowarm" without the engine's start-up pass of the LM head over every row count, one ending in
 # "-fullgc" with the collector's automatic full passes while the engine loop runs (engine/gc_heap.py), one ending in
-# "-onepass" with a prefill or mixed batch's decode rows and chunks in one paged fa2 pass (before 2026-11-27; the
-# engine now splits them, kernels/attention/flashinfer_backend.py).
+# "-onepass" with a prefill or mixed batch's decode rows and chunks in one paged fa2 pass, as before 2026-11-27 (the
+# engine now attends in parts: kernels/attention/flashinfer_backend.py).
 # TIME_SCALE (default 0.2) sets the pace; TAG names the results: $OUT/trace_steps$TAG.tgz (+ step_summary$TAG.txt).
 set -u
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
