@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,14 +76,17 @@ class RemoteLLM:
     def encode(self, prompt: Prompt) -> list[int]:
         return encode_prompt(self.tokenizer, prompt)
 
-    def submit(self, prompt: Prompt, params: SamplingParams, rid: str) -> RequestStream:
-        """Validates now (ValueError for bad input, EngineDeadError once the engine is gone), then sends it."""
+    def submit(
+        self, prompt: Prompt, params: SamplingParams, rid: str, sink: Callable[[object], None] | None = None
+    ) -> RequestStream:
+        """Validates now (ValueError for bad input, EngineDeadError once the engine is gone), then sends it. Its
+        outputs, then END or an exception, go to the returned stream, or to `sink` as they arrive (RequestStream)."""
         if not self.alive:
             raise EngineDeadError(f"engine is not running: {self.error or 'stopped'}")
         assert self.info is not None
         ids = self.encode(prompt)
         self.info.limits.check(ids, params)
-        stream = RequestStream(rid, ids, asyncio.get_running_loop())
+        stream = RequestStream(rid, ids, asyncio.get_running_loop(), sink=sink)
         p = _Pending(stream, TextState.create(self.tokenizer, ids, params))
         if params.logprobs is not None:
             p.logprobs = []

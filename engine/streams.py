@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from engine.text import RequestOutput
@@ -20,19 +20,28 @@ class RequestStream:
     """Outputs of one request, consumable from plain threads (iterate) or asyncio (async iterate)."""
 
     def __init__(
-        self, rid: str, prompt_ids: list[int], loop: asyncio.AbstractEventLoop | None, final_only: bool = False
+        self,
+        rid: str,
+        prompt_ids: list[int],
+        loop: asyncio.AbstractEventLoop | None,
+        final_only: bool = False,
+        sink: Callable[[object], None] | None = None,
     ):
         self.rid, self.prompt_ids = rid, prompt_ids
         self.final_only = final_only  # only the finished output (with every token's time) arrives
         self._loop = loop
         self._q: queue.Queue[Any] | asyncio.Queue[Any] = asyncio.Queue() if loop else queue.Queue()  # outputs, then END
+        # With a sink, each item goes to it (on the loop's thread) instead of the queue, and nothing iterates: a
+        # consumer without a task of its own saves a pass through the event loop per output (serve's hot path).
+        self._sink = sink
 
     def put(self, item: object) -> None:
         """An output, an exception, or END; from any thread."""
+        deliver = self._q.put_nowait if self._sink is None else self._sink
         if self._loop is None or asyncio._get_running_loop() is self._loop:
-            self._q.put_nowait(item)
+            deliver(item)
         else:
-            self._loop.call_soon_threadsafe(self._q.put_nowait, item)
+            self._loop.call_soon_threadsafe(deliver, item)
 
     def __iter__(self) -> Iterator[RequestOutput]:
         assert isinstance(self._q, queue.Queue), "created for asyncio: use `async for`"
@@ -43,6 +52,7 @@ class RequestStream:
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
         assert isinstance(self._q, asyncio.Queue), "created for threads: use `for`"
+        assert self._sink is None, "its outputs go to the sink"
         while (item := await self._q.get()) is not END:
             if isinstance(item, Exception):
                 raise item

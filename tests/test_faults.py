@@ -146,8 +146,8 @@ def _poison(server: LiveServer, prompt: str, good_tokens: int) -> None:
     poison_ids = remote.encode(prompt)
     submit = remote.submit
 
-    def poisoned_submit(prompt, params, rid):
-        stream = submit(prompt, params, rid)
+    def poisoned_submit(prompt, params, rid, sink=None):
+        stream = submit(prompt, params, rid, sink)
         if stream.prompt_ids == poison_ids:
             detok = remote.pending[rid].text.detok
             detok.add = fail_after(good_tokens, detok.add)
@@ -474,8 +474,8 @@ def test_streamed_text_with_unicode_line_breaks_reaches_line_splitting_clients_i
         remote = server.remote
         submit = remote.submit
 
-        def awkward_submit(prompt, params, rid):
-            stream = submit(prompt, params, rid)
+        def awkward_submit(prompt, params, rid, sink=None):
+            stream = submit(prompt, params, rid, sink)
             remote.pending[rid].text.detok.add = lambda token: awkward
             return stream
 

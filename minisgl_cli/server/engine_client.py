@@ -1,6 +1,7 @@
-"""The server's side of the engine: admission control, and one task per admitted request that drains its engine
-stream. The task (not the HTTP handler) owns the request's accounting, its latency metrics and its abort on
-client disconnect, so those happen even when the handler never starts streaming or stops reading."""
+"""The server's side of the engine: admission control, and per admitted request the delivery of its engine outputs to
+its jobs' inboxes as they arrive (`_deliver`, called by RemoteLLM's receiver, not a task per stream) and a task that
+sends chained jobs and aborts on client disconnect. These (not the HTTP handler) own the request's accounting, its
+latency metrics and its abort, so those happen even when the handler never starts streaming or stops reading."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import jinja2
@@ -17,7 +19,7 @@ from engine.logprobs import TokenLogprob
 from engine.metrics import EngineMetrics
 from engine.remote_llm import RemoteLLM
 from engine.sampling_params import SamplingParams
-from engine.streams import RequestStream
+from engine.streams import END
 from engine.text import Prompt, RequestOutput
 from minisgl_cli.server.errors import APIError
 from minisgl_cli.server.metrics import ServerMetrics
@@ -35,6 +37,7 @@ class Job:
     finished: bool = False
     cancelled: bool = False
     started: asyncio.Event = field(default_factory=asyncio.Event)  # its first output arrived, or it ended
+    ended: asyncio.Event = field(default_factory=asyncio.Event)  # its last output or its error arrived
     prompt_logprobs: Sequence[TokenLogprob] | None = None  # from its first output
 
     def abort(self) -> None:
@@ -123,57 +126,70 @@ class EngineClient:
         for spec in specs:  # the engine would refuse them later, after a 200 was sent: refuse them all now
             self.limits.check(spec.prompt_ids, spec.params)
         jobs = [Job(uuid.uuid4().hex, s.prompt_ids, s.params, self.remote) for s in specs]
-        streams: list[RequestStream | None] = []
         try:
             for job, spec in zip(jobs, specs):
-                streams.append(self.remote.submit(job.prompt_ids, job.params, job.rid) if spec.after is None else None)
+                if spec.after is None:
+                    self.remote.submit(job.prompt_ids, job.params, job.rid, sink=partial(self._deliver, job))
         except Exception:
             for job in jobs:
+                job.ended.set()  # never counted in flight: what the engine still sends for it changes nothing
                 job.abort()
             raise
         self.in_flight += len(jobs)
-        pumps = [
-            self._pump(job, stream, None if spec.after is None else jobs[spec.after])
-            for job, stream, spec in zip(jobs, streams, specs)
-        ]
-        task = asyncio.create_task(self._serve(request, jobs, pumps))
+        later = [self._submit_after(job, jobs[spec.after]) for job, spec in zip(jobs, specs) if spec.after is not None]
+        task = asyncio.create_task(self._serve(request, jobs, later))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return jobs
 
-    async def _serve(self, request: Request, jobs: list[Job], pumps: list[Coroutine[Any, Any, None]]) -> None:
-        watcher = asyncio.create_task(self._abort_on_disconnect(request, jobs))
-        try:
-            await asyncio.gather(*pumps)
-        finally:
-            watcher.cancel()
+    def _deliver(self, job: Job, item: object) -> None:
+        """One item of `job`'s engine stream (an output, END after the finished one, or an exception), as it arrives."""
+        if isinstance(item, RequestOutput):
+            if not job.started.is_set():
+                job.prompt_logprobs = item.prompt_logprobs
+                job.started.set()
+            if item.finished:
+                self.metrics.observe(item)
+            job.inbox.put_nowait(item)
+        elif item is END:
+            self._end(job, finished=True)
+        else:  # EngineDeadError, or the engine's refusal: the handler raises it
+            job.inbox.put_nowait(item)
+            self._end(job, finished=False)
 
-    async def _pump(self, job: Job, stream: RequestStream | None, after: Job | None) -> None:
-        done = False
+    def _end(self, job: Job, finished: bool) -> None:
+        if job.ended.is_set():
+            return
+        job.started.set()
+        job.ended.set()
+        self.in_flight -= 1
+        if not finished:
+            self.remote.abort(job.rid)
+
+    async def _submit_after(self, job: Job, after: Job) -> None:
+        """Send `job` once `after`, an earlier job of the same prompt, has its first token (its prompt is cached)."""
         try:
-            if stream is None:
-                assert after is not None
-                await after.started.wait()
-                if job.cancelled:  # the client went away before this one was sent: nothing to run
-                    done = True
-                    job.inbox.put_nowait(RequestOutput(job.rid, job.prompt_ids, [], "", "", [], True, "abort"))
-                    return
-                stream = self.remote.submit(job.prompt_ids, job.params, job.rid)
-            async for out in stream:
-                if not job.started.is_set():
-                    job.prompt_logprobs = out.prompt_logprobs
-                    job.started.set()
-                if out.finished:
-                    done = True
-                    self.metrics.observe(out)
-                job.inbox.put_nowait(out)
+            await after.started.wait()
+            if job.cancelled:  # the client went away before this one was sent: nothing to run
+                job.inbox.put_nowait(RequestOutput(job.rid, job.prompt_ids, [], "", "", [], True, "abort"))
+                self._end(job, finished=True)
+                return
+            self.remote.submit(job.prompt_ids, job.params, job.rid, sink=partial(self._deliver, job))
         except Exception as e:  # EngineDeadError, or the engine's refusal of a later job: hand it to the handler
             job.inbox.put_nowait(e)
+            self._end(job, finished=False)
         finally:
-            job.started.set()
-            self.in_flight -= 1
-            if not done:
-                self.remote.abort(job.rid)
+            if not job.ended.is_set() and job.rid not in self.remote.pending:  # cancelled before it was sent
+                self._end(job, finished=False)
+
+    async def _serve(self, request: Request, jobs: list[Job], later: list[Coroutine[Any, Any, None]]) -> None:
+        watcher = asyncio.create_task(self._abort_on_disconnect(request, jobs))
+        try:
+            await asyncio.gather(*later)
+            for job in jobs:
+                await job.ended.wait()
+        finally:
+            watcher.cancel()
 
     async def _abort_on_disconnect(self, request: Request, jobs: list[Job]) -> None:
         # The body is already read, so the next ASGI message is the disconnect (or the end of the response,
