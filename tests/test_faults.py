@@ -156,6 +156,35 @@ def _poison(server: LiveServer, prompt: str, good_tokens: int) -> None:
     remote.submit = poisoned_submit  # type: ignore[method-assign]  # fault injection
 
 
+def test_a_choice_the_engine_refuses_at_submission_leaves_no_request_counted():
+    """A refusal at submission (injected here) fails the request and leaves nothing in flight, whichever job it hits:
+    a later choice of n=3 (sent once the first choice's prompt is cached, the first then aborted), or the second of
+    two prompts (sent right after the first, which is aborted before it was ever counted)."""
+    with live_server(make_llm(max_running_requests=8, num_pages=256)) as server:
+        remote, submit = server.remote, server.remote.submit
+        calls: list[str] = []
+
+        def refusing_submit(prompt, params, rid, sink=None):
+            calls.append(rid)
+            if len(calls) == 2:
+                raise ValueError("prompt refused by the test")
+            return submit(prompt, params, rid, sink)
+
+        remote.submit = refusing_submit  # type: ignore[method-assign]  # fault injection
+        client = server.openai()
+        for prompt, n in (("three", 3), (["one", "two"], 1)):
+            calls.clear()
+            with pytest.raises(openai.APIError) as e:
+                client.completions.create(
+                    model=server.model, prompt=prompt, max_tokens=40, n=n, extra_body={"ignore_eos": True}
+                )
+            assert "refused by the test" in str(e.value)
+            _assert_idle(server)
+        remote.submit = submit  # type: ignore[method-assign]
+        assert len(client.completions.create(model=server.model, prompt="three", max_tokens=5, n=3).choices) == 3
+        _assert_idle(server)
+
+
 def _stream_text(server: LiveServer, prompt: str, max_tokens: int) -> tuple[str, int]:
     client = server.openai()
     stream = client.completions.create(
