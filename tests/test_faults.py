@@ -170,7 +170,7 @@ def test_a_choice_the_engine_refuses_at_submission_leaves_no_request_counted():
                 raise ValueError("prompt refused by the test")
             return submit(prompt, params, rid, sink)
 
-        remote.submit = refusing_submit  # type: ignore[method-assign]  # fault injection
+        remote.submit = refusing_submit  # fault injection
         client = server.openai()
         for prompt, n in (("three", 3), (["one", "two"], 1)):
             calls.clear()
@@ -180,7 +180,7 @@ def test_a_choice_the_engine_refuses_at_submission_leaves_no_request_counted():
                 )
             assert "refused by the test" in str(e.value)
             _assert_idle(server)
-        remote.submit = submit  # type: ignore[method-assign]
+        remote.submit = submit
         assert len(client.completions.create(model=server.model, prompt="three", max_tokens=5, n=3).choices) == 3
         _assert_idle(server)
 

@@ -143,18 +143,23 @@ class EngineClient:
         return jobs
 
     def _deliver(self, job: Job, item: object) -> None:
-        """One item of `job`'s engine stream (an output, END after the finished one, or an exception), as it arrives."""
-        if isinstance(item, RequestOutput):
-            if not job.started.is_set():
-                job.prompt_logprobs = item.prompt_logprobs
-                job.started.set()
-            if item.finished:
-                self.metrics.observe(item)
-            job.inbox.put_nowait(item)
-        elif item is END:
-            self._end(job, finished=True)
-        else:  # EngineDeadError, or the engine's refusal: the handler raises it
-            job.inbox.put_nowait(item)
+        """One item of `job`'s engine stream (an output, END after the finished one, or an exception), as it arrives.
+        It runs in RemoteLLM's receiver, which serves every request: a fault here ends this job alone."""
+        try:
+            if isinstance(item, RequestOutput):
+                if not job.started.is_set():
+                    job.prompt_logprobs = item.prompt_logprobs
+                    job.started.set()
+                if item.finished:
+                    self.metrics.observe(item)
+                job.inbox.put_nowait(item)
+            elif item is END:
+                self._end(job, finished=True)
+            else:  # EngineDeadError, or the engine's refusal: the handler raises it
+                job.inbox.put_nowait(item)
+                self._end(job, finished=False)
+        except Exception as e:
+            job.inbox.put_nowait(e)
             self._end(job, finished=False)
 
     def _end(self, job: Job, finished: bool) -> None:
