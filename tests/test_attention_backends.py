@@ -145,6 +145,102 @@ def test_a_mixed_batch_attends_in_decode_paged_and_ragged_runs() -> None:
     assert batch_parts(meta([1, 1], [30, 50]), True, True) == [("decode", 0, 2)]
 
 
+class _StubWrapper:
+    """Stands in for a FlashInfer wrapper on the CPU: records its kernel family, its plans and its runs."""
+
+    def __init__(self, workspace: torch.Tensor, layout: str, backend: str = "fa2", **kwargs: object):
+        self.backend = backend
+        self.plans: list[tuple[object, ...]] = []
+        self.runs: list[tuple[torch.Tensor, tuple[object, ...]]] = []
+
+    def plan(self, *args: object, **kwargs: object) -> None:
+        self.plans.append(args)
+
+    def run(self, q: torch.Tensor, *kv: object, out: torch.Tensor | None = None) -> torch.Tensor:
+        self.runs.append((q, kv))
+        assert out is not None and out.shape == q.shape
+        return out
+
+
+class _Decode(_StubWrapper):
+    pass
+
+
+class _Paged(_StubWrapper):
+    pass
+
+
+class _Ragged(_StubWrapper):
+    pass
+
+
+@pytest.mark.parametrize("window", [None, 700])
+@pytest.mark.parametrize("kv_heads", [8, 2])
+@pytest.mark.parametrize("chunks", ["long", "short"])
+def test_flashinfer_parts_take_their_rows(
+    monkeypatch: pytest.MonkeyPatch, kv_heads: int, window: int | None, chunks: str
+) -> None:
+    """The plumbing of a mixed batch's parts (kernels/attention/flashinfer_backend.py), on stand-in wrappers: which
+    wrapper and kernel family each run of requests gets, the token rows each part runs on, and the new tokens' K/V a
+    ragged part reads back from the pool when the caller stored them. The kernels' numbers are the GPU test's
+    (tests/test_gpu.py::test_flashinfer_mixed_batch_parts_match_torch)."""
+    import sys
+    import types
+
+    from kernels.attention import flashinfer_backend as fib
+
+    stub = types.SimpleNamespace(
+        BatchDecodeWithPagedKVCacheWrapper=_Decode,
+        BatchPrefillWithPagedKVCacheWrapper=_Paged,
+        BatchPrefillWithRaggedKVCacheWrapper=_Ragged,
+    )
+    monkeypatch.setitem(sys.modules, "flashinfer", stub)
+    monkeypatch.setattr(fib, "WORKSPACE_BYTES", 64)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(multi_processor_count=4))
+    H, D, PS = 16, 8, 4
+    middle = [(300, 900), (200, 260)] + ([(17, 40), (1, 9)] if chunks == "short" else [])
+    reqs = [(1, 5), (1, 12), (1, 7)] + middle + [(30, 30), (1, 1)]  # (q_len, kv_len): decode, chunks, fresh
+    q_lens, kv_lens = [q for q, _ in reqs], [kv for _, kv in reqs]
+    pages = [-(-kv // PS) for kv in kv_lens]
+    pool = KVPool.create(1, sum(pages) + 1, PS, kv_heads, D, torch.float32, "cpu")
+    pool.k[0].normal_()
+    pool.v[0].normal_()
+    tables, slots, at = [], [], 1
+    for q_len, kv, p in zip(q_lens, kv_lens, pages):
+        tables.append(list(range(at, at + p)))
+        at += p
+        pos = torch.arange(kv - q_len, kv)
+        slots.append(torch.tensor(tables[-1])[pos // PS] * PS + pos % PS)
+    meta = AttnMeta(False, q_lens, kv_lens, tables, torch.cat(slots))
+    be = fib.FlashInferBackend(pool, H, kv_heads, D, CPU, sliding_window=window)
+    be.plan(meta)
+    T = sum(q_lens)
+    if window is not None:  # one paged fa2 pass over every row
+        assert be.parts is None and be.active is be.prefill[0] and be.active.backend == "fa2"
+        return
+    rows = [sum(q_lens[:i]) for i in range(len(q_lens) + 1)]
+    fresh = len(reqs) - 2
+    if kv_heads == 2:  # 8 query heads per KV head: the decode rows apart
+        paged = be.chunks[0] if chunks == "long" else be.prefill[0]
+        want = [(be.decode[0], 0, 3), (paged, 3, fresh), (be.ragged[0], fresh, len(reqs))]
+    else:
+        want = [(be.prefill[0], 0, fresh), (be.ragged[0], fresh, len(reqs))]
+    assert be.parts == [(w, rows[a], rows[b], w is be.ragged[0]) for w, a, b in want]
+    assert be.chunks[0].backend == "fa3" and be.prefill[0].backend == "fa2" and be.ragged[0].backend == "fa3"
+    q = torch.randn(T, H, D)
+    stored_k = pool.k[0].view(-1, kv_heads, D)[meta.out_slots]
+    stored_v = pool.v[0].view(-1, kv_heads, D)[meta.out_slots]
+    out = be.forward(0, q, None, None, stored=True)
+    assert out.shape == q.shape
+    for wrapper, a, b in want:
+        ((ran_q, kv),) = wrapper.runs
+        assert torch.equal(ran_q, q[rows[a] : rows[b]])
+        if wrapper is be.ragged[0]:  # K/V read back from the pool at the fresh rows' slots
+            assert torch.equal(kv[0], stored_k[rows[a] : rows[b]]) and torch.equal(kv[1], stored_v[rows[a] : rows[b]])
+        else:
+            assert kv[0] == (pool.k[0], pool.v[0])
+
+
 def test_stored_kv_is_not_written_again() -> None:
     """The fused q/k/rope/KV kernel stores K/V itself and passes them on with stored=True (a backend may still
     read them): the pool must keep what the kernel wrote, and the output must be the same as storing here."""
