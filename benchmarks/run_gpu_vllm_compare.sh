@@ -27,7 +27,9 @@
 #             .whl/cache.tgz if carried)
 #   assemble  store the carried vLLM part(s) (.whl/vllm/pNN); once both are there, unpack to /root/vllm-site and
 #             check that vLLM imports under vllm-env.sh (else probe-vllm.py's report goes to $OUT)
-#   qwen      bench-offline --model dummy:Qwen3-0.6B --runs ${RUNS:-3} --compare vllm
+#   qwen      bench-offline --model dummy:Qwen3-0.6B --runs ${RUNS:-3} --compare vllm (plus ${EXTRA} flags, e.g.
+#             EXTRA="--kv-cache-dtype fp8": vLLM gets the same KV dtype)
+#   qwen-fp8  the same with --kv-cache-dtype fp8 on both engines
 #   llama     bench-offline --model dummy:Llama-3.1-8B --runs ${RUNS:-3} --compare vllm
 #   tests     (after bundle) the single-GPU tests (tests/test_gpu.py, not tp2, not fa_) and sampler_rng.py
 #   ab_budget (after bundle) offline_wall.py --ab-budget ${BUDGETS:-8192,16384}: bench-offline's run under each
@@ -59,7 +61,8 @@ bench() {  # bench MODEL TAG
   fi
   local json=$OUT/bench_offline_vllm_${2}_$c.json t0=$(date +%s)
   PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 timeout 570 python -m minisgl_cli bench-offline --model "$1" \
-    --runs "${RUNS:-3}" --compare vllm --vllm-env "$vllm_env" --quiet --json "$json" > "$OUT/bench_offline_vllm_$2.log" 2>&1
+    --runs "${RUNS:-3}" --compare vllm --vllm-env "$vllm_env" ${EXTRA:-} --quiet --json "$json" \
+    > "$OUT/bench_offline_vllm_$2.log" 2>&1
   local r=$?
   log "$2: rc=$r in $(($(date +%s) - t0)) s"
   [ $r -eq 0 ] || { rc=$r; tail -n 40 "$OUT/bench_offline_vllm_$2.log" | tee -a "$summary"; }
@@ -145,8 +148,9 @@ PY
       log "peer_check: rc=$?"; grep -E "output tok/s|max_num_seqs|Error" "$OUT/peer_check_$c.log" | tail -n 4 | tee -a "$summary"
       ;;
     qwen) bench dummy:Qwen3-0.6B qwen3-0.6b ;;
+    qwen-fp8) EXTRA="--kv-cache-dtype fp8" bench dummy:Qwen3-0.6B qwen3-0.6b-fp8kv ;;
     llama) bench dummy:Llama-3.1-8B llama-3.1-8b ;;
-    *) log "unknown stage $s (bundle, assemble, tests, ab_budget, trace, peer_check, qwen, llama)"; exit 2 ;;
+    *) log "unknown stage $s (bundle, assemble, tests, ab_budget, trace, peer_check, qwen, qwen-fp8, llama)"; exit 2 ;;
   esac
 done
 exit $rc

@@ -23,6 +23,7 @@ PIECEWISE_GRAPH_TOKENS = 4096
 # lengthens every running stream's step. Chosen on issue #15's saturated replay (docs/scheduling.md, one H100):
 # 1024 against 8192 gave 1.04x the output, 0.56x the TTFT p50 and 0.60x the TBT p99.
 MIXED_PREFILL_TOKENS = 1024
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # fp8 is e4m3, as in vLLM
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,8 @@ class EngineConfig:
     page_size: int = 16
     num_pages: int | None = None  # overrides the memory budget below
     kv_cache_gb: float | None = None  # KV pool budget; default: 1 GiB on CPU, memory_fraction of free GPU memory
+    # KV pool storage: auto (the model's dtype) | fp8 (e4m3, scale 1; kvcache/pool.py)
+    kv_cache_dtype: str = "auto"
     memory_fraction: float = 0.85
     max_running_requests: int = 256
     max_batch_tokens: int = 8192  # per-step token budget (decode tokens + prefill chunks); long prompts are chunked
@@ -67,6 +70,7 @@ class EngineConfig:
             (self.page_size >= 1, "page_size", "must be >= 1"),
             (self.num_pages is None or self.num_pages >= 2, "num_pages", "must be >= 2"),
             (self.kv_cache_gb is None or self.kv_cache_gb > 0, "kv_cache_gb", "must be > 0"),
+            (self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype", "must be auto, fp8 or fp8_e4m3"),
             (0 < self.memory_fraction <= 1, "memory_fraction", "must be in (0, 1]"),
             (self.max_running_requests >= 1, "max_running_requests", "must be >= 1"),
             (self.max_batch_tokens >= 1, "max_batch_tokens", "must be >= 1"),
@@ -117,6 +121,10 @@ class EngineConfig:
             return auto_dtype(gguf)
         dtype: torch.dtype = getattr(torch, self.dtype)
         return dtype
+
+    def torch_kv_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The KV pool's stored dtype for a model computing in `dtype`."""
+        return dtype if self.kv_cache_dtype == "auto" else torch.float8_e4m3fn
 
     def use_overlap(self, device: torch.device) -> bool:
         return device.type == "cuda" if self.overlap is None else self.overlap

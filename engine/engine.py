@@ -186,6 +186,7 @@ class Engine:
         self.config = config
         self.device = config.torch_device()
         self.dtype = config.torch_dtype(self.device)
+        self.kv_dtype = config.torch_kv_dtype(self.dtype)
         init_tp(config.tp, self.device.type)
         if self.device.type == "cuda" and TP.size > 1:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -210,6 +211,7 @@ class Engine:
             mc.head_dim,
             self.dtype,
             self.device,
+            self.kv_dtype,
         )
         self.cache = CacheManager(num_pages, config.page_size, config.radix_cache)
         self.limits = RequestLimits(mc.vocab_size, self.max_model_len, num_pages * config.page_size)
@@ -255,7 +257,7 @@ class Engine:
         return type(self.runner.backend).__name__.removesuffix("Backend").lower()
 
     def _pages_from_budget(self, mc: ModelConfig) -> int:
-        per_token = mc.kv_bytes_per_token(torch.tensor([], dtype=self.dtype).element_size(), TP.size)
+        per_token = mc.kv_bytes_per_token(self.kv_dtype.itemsize, TP.size)
         if self.config.kv_cache_gb is not None:
             budget = int(self.config.kv_cache_gb * 2**30)
         elif self.device.type == "cuda":

@@ -168,6 +168,7 @@ class LLM:
             "model": e.model_cfg.name or str(self.config.model),
             "device": str(e.device),
             "dtype": str(e.dtype).removeprefix("torch."),
+            "kv_cache_dtype": str(e.kv_dtype).removeprefix("torch."),
             "attention": e.backend_name,
             "tp": str(self.config.tp),
         }

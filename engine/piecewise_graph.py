@@ -123,7 +123,7 @@ class MixedGraphs:
         self.slots = torch.full((max_tokens,), self.scratch_slot, dtype=torch.int64, device=dev)
         # Every layer's attention output, read by the next piece's o_proj: zeros, so padded rows stay finite.
         be = self.backend
-        self.out = torch.zeros(max_tokens, be.num_heads, be.head_dim, dtype=pool.k[0].dtype, device=dev)
+        self.out = torch.zeros(max_tokens, be.num_heads, be.head_dim, dtype=pool.compute_dtype, device=dev)
         self.capture_seconds = timed_capture(self._capture)
 
     def _capture(self) -> None:

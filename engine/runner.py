@@ -91,7 +91,7 @@ class ModelRunner:
             from engine.piecewise_graph import MixedGraphs
 
             self.pieces = MixedGraphs(self, piecewise_max_tokens)
-        self.sampler.warm_up(pool.k[0].dtype)
+        self.sampler.warm_up(pool.compute_dtype)
         if device.type == "cuda" and WARM_UP_LM_HEAD:
             self._warm_up_lm_head(max_slots)
 
@@ -111,7 +111,7 @@ class ModelRunner:
         alone on the scratch page, so kernels that only prefill uses are built and loaded now rather than in a
         request's step (FlashInfer's fa3 module, a JIT build of its own on a machine without its cache, whose ragged
         kernel takes fresh prompts and whose paged kernel chunks of 128+ tokens; FA4's prefill)."""
-        be, dev, dtype = self.backend, self.device, self.pool.k[0].dtype
+        be, dev, dtype = self.backend, self.device, self.pool.compute_dtype
         slot = torch.tensor([self.scratch_page * self.pool.page_size], dtype=torch.int64, device=dev)
         be.plan(AttnMeta(False, [1], [1], [[self.scratch_page]], slot))
         q = torch.zeros(1, be.num_heads, be.head_dim, dtype=dtype, device=dev)
@@ -128,7 +128,7 @@ class ModelRunner:
         in a saturated replay every such step took 20-36 ms to launch. So every count a step can sample (one row per
         running request) runs once now. The layers' GEMMs in prefill and mixed steps run in the piecewise graphs
         (steps up to --piecewise-graph-tokens, FlashInfer), whose capture loads their kernels."""
-        h = torch.zeros(max_rows, self.model.cfg.hidden_size, dtype=self.pool.k[0].dtype, device=self.device)
+        h = torch.zeros(max_rows, self.model.cfg.hidden_size, dtype=self.pool.compute_dtype, device=self.device)
         for m in range(1, max_rows + 1):
             self.model.logits(h[:m])
 

@@ -200,6 +200,15 @@ def sample_gumbel(
 
 
 @triton.jit
+def _to_cache(x, ct: tl.constexpr):
+    """A K/V row as the pool stores it: the activation dtype as is; fp8 (e4m3, scale 1) saturated at +-448 as
+    KVPool.store does."""
+    if ct.primitive_bitwidth == 8:
+        return tl.clamp(x.to(tl.float32), -448.0, 448.0).to(ct)
+    return x.to(ct)
+
+
+@triton.jit
 def _qk_rows(
     ptr,
     tok,
@@ -237,8 +246,9 @@ def _qk_rows(
     tl.store(p + HALF, y2, mask=mask)
     if STORE:
         c = cache_ptr + slot * n_heads * 2 * HALF + h * 2 * HALF + d
-        tl.store(c, y1, mask=mask)
-        tl.store(c + HALF, y2, mask=mask)
+        ct = cache_ptr.dtype.element_ty
+        tl.store(c, _to_cache(y1, ct), mask=mask)
+        tl.store(c + HALF, _to_cache(y2, ct), mask=mask)
 
 
 @triton.jit
@@ -311,7 +321,8 @@ def _qkv_kernel(
     dd = tl.arange(0, 2 * HALF)[None, :]
     mask = h < n_kv_heads
     v = tl.load(v_ptr + tok * v_tok_stride + h * v_head_stride + dd, mask=mask)
-    tl.store(vc_ptr + slot * n_kv_heads * 2 * HALF + h * 2 * HALF + dd, v, mask=mask)
+    vc = vc_ptr + slot * n_kv_heads * 2 * HALF + h * 2 * HALF + dd
+    tl.store(vc, _to_cache(v, vc_ptr.dtype.element_ty), mask=mask)
 
 
 def qk_norm_rope_store(

@@ -111,6 +111,7 @@ def register(app: typer.Typer) -> None:
         page_size: o.PageSize = 16,
         num_pages: o.NumPages = None,
         kv_cache_gb: o.KvCacheGb = None,
+        kv_cache_dtype: o.KvCacheDtype = "auto",
         memory_fraction: o.MemoryFraction = 0.85,
         max_running_requests: o.MaxRunning = 256,
         max_batch_tokens: o.MaxBatchTokens = OFFLINE_BATCH_TOKENS,
@@ -285,19 +286,14 @@ def _summary(engine: str, n: int, input_tokens: int, output_tokens: int, duratio
     }
 
 
-def _add_floor(result: dict[str, Any], workload, mc, dtype, device, tp: int) -> None:
+def _add_floor(result: dict[str, Any], workload, mc, dtype, kv_dtype, device, tp: int) -> None:
+    """The bandwidth floor of the run as configured: an fp8 KV cache moves half the KV bytes."""
     import torch
 
     from minisgl_cli.roofline import gpu_floor
 
-    floor = gpu_floor(
-        [len(p) for p in workload.prompts],
-        workload.output_lens,
-        mc,
-        torch.tensor([], dtype=dtype).element_size(),
-        device,
-        tp,
-    )
+    lens = [len(p) for p in workload.prompts]
+    floor = gpu_floor(lens, workload.output_lens, mc, dtype.itemsize, device, tp, kv_dtype.itemsize)
     result["gpu"] = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     result["floor"] = floor.as_dict() if floor else None
     result["floor_fraction"] = result["output_throughput"] / floor.output_throughput if floor else None
@@ -363,7 +359,8 @@ def _run_minisgl(config, workload, temperature: float, quiet: bool, repeats: int
         _steps=steps,
         startup_breakdown=_startup_breakdown(llm.engine),
     )
-    _add_floor(result, workload, llm.engine.model_cfg, llm.engine.dtype, llm.engine.device, config.tp)
+    e = llm.engine
+    _add_floor(result, workload, e.model_cfg, e.dtype, e.kv_dtype, e.device, config.tp)
     del llm, outs
     _free_memory()
     return result
@@ -423,7 +420,8 @@ def _run_peer(
         warmup_seconds=warmup,
         runs=[{"duration": r.duration, "output_throughput": sum(r.output_lens) / r.duration} for r in runs],
     )
-    _add_floor(result, workload, mc, config.torch_dtype(device), device, config.tp)
+    dtype = config.torch_dtype(device)
+    _add_floor(result, workload, mc, dtype, config.torch_kv_dtype(dtype), device, config.tp)
     peer.close()
     _free_memory()
     return result

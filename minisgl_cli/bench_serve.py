@@ -108,6 +108,7 @@ def register(app: typer.Typer) -> None:
         page_size: o.PageSize = 16,
         num_pages: o.NumPages = None,
         kv_cache_gb: o.KvCacheGb = None,
+        kv_cache_dtype: o.KvCacheDtype = "auto",
         memory_fraction: o.MemoryFraction = 0.85,
         max_running_requests: o.MaxRunning = 256,
         max_batch_tokens: o.MaxBatchTokens = 8192,

@@ -233,12 +233,14 @@ class TransformersPeer:
     def __init__(self, config, api: str = "auto", batch_size: int = 64) -> None:
         import torch
 
+        from minisgl_cli.peers import PeerUnavailable
+
         try:
             import transformers  # noqa: F401
         except ImportError as e:
-            from minisgl_cli.peers import PeerUnavailable
-
             raise PeerUnavailable(f"the transformers peer needs the transformers package ({e})") from e
+        if config.kv_cache_dtype != "auto":  # a comparison runs both engines on the same numbers
+            raise PeerUnavailable(f"the transformers peer has no {config.kv_cache_dtype} KV cache")
         self.device = config.torch_device()
         self.dtype = config.torch_dtype(self.device)
         self.api, self.batch_size = api, batch_size

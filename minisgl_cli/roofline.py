@@ -60,10 +60,16 @@ def weight_bytes_per_step(cfg, dtype_bytes: int, experts_per_layer: float | None
 
 
 def decode_floor(
-    input_lens: Sequence[int], output_lens: Sequence[int], cfg, dtype_bytes: int, gpu: str, bandwidth: float
+    input_lens: Sequence[int],
+    output_lens: Sequence[int],
+    cfg,
+    dtype_bytes: int,
+    gpu: str,
+    bandwidth: float,
+    kv_dtype_bytes: int | None = None,  # the KV cache's element size, if not dtype_bytes (an fp8 cache: 1)
 ) -> Floor:
     kv_tokens = sum((o - 1) * i + (o - 1) * o // 2 for i, o in zip(input_lens, output_lens))
-    kv = float(kv_tokens * cfg.kv_bytes_per_token(dtype_bytes))
+    kv = float(kv_tokens * cfg.kv_bytes_per_token(kv_dtype_bytes or dtype_bytes))
     steps = max(output_lens, default=1) - 1
     w = float(steps * weight_bytes_per_step(cfg, dtype_bytes))
     seconds = (kv + w) / bandwidth
@@ -77,7 +83,13 @@ def decode_floor(
 
 
 def gpu_floor(
-    input_lens: Sequence[int], output_lens: Sequence[int], cfg, dtype_bytes: int, device, tp: int = 1
+    input_lens: Sequence[int],
+    output_lens: Sequence[int],
+    cfg,
+    dtype_bytes: int,
+    device,
+    tp: int = 1,
+    kv_dtype_bytes: int | None = None,
 ) -> Floor | None:
     """The floor on this CUDA device, or None off CUDA or on a GPU whose bandwidth we have not measured."""
     import torch
@@ -86,4 +98,6 @@ def gpu_floor(
         return None
     name = torch.cuda.get_device_name(device)
     bw = bandwidth_for(name)
-    return None if bw is None else decode_floor(input_lens, output_lens, cfg, dtype_bytes, name, bw * tp)
+    if bw is None:
+        return None
+    return decode_floor(input_lens, output_lens, cfg, dtype_bytes, name, bw * tp, kv_dtype_bytes)

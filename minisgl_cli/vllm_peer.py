@@ -31,6 +31,7 @@ SETTINGS = (
     ("scheduler_config", "async_scheduling"),
     ("cache_config", "enable_prefix_caching"),
     ("cache_config", "block_size"),
+    ("cache_config", "cache_dtype"),
     ("cache_config", "gpu_memory_utilization"),
     ("cache_config", "num_gpu_blocks"),
     ("model_config", "max_model_len"),
@@ -102,6 +103,7 @@ def engine_arguments(
         "dtype": str(config.torch_dtype(device)).removeprefix("torch."),
         "seed": config.seed,
         "tensor_parallel_size": config.tp,
+        "kv_cache_dtype": "auto" if config.kv_cache_dtype == "auto" else "fp8_e4m3",  # as minisgl stores it
     }
     if config.max_model_len:
         kw["max_model_len"] = config.max_model_len

@@ -71,6 +71,7 @@ def invoke(*args: str) -> tuple[int, str]:
         ),
         (["--attention-backend", "fa,torch,x"], "attention_backend must be one of auto, torch, flashinfer, fa"),
         (["--dtype", "float64"], "dtype must be one of auto, float32, bfloat16, float16 (got 'float64')"),
+        (["--kv-cache-dtype", "int4"], "kv_cache_dtype must be auto, fp8 or fp8_e4m3 (got 'int4')"),
         (["--device", "tpu"], "device must be auto, cpu, cuda or cuda:N (got 'tpu')"),
         (["--tp", "0"], "Invalid value for '--tp'"),
         (["--tp", "2"], "--tp 2 needs exactly 2 processes (torchrun --nproc-per-node 2); this run has WORLD_SIZE=1"),

@@ -81,6 +81,15 @@ def test_floor_of_the_published_workload_matches_gpu_md():
     assert h100.output_throughput == pytest.approx(f.output_throughput * 3.0 / 4.3)
 
 
+def test_an_fp8_kv_cache_halves_the_floors_kv_bytes():
+    w = random_workload()
+    lens = [len(p) for p in w.prompts]
+    bf16 = decode_floor(lens, w.output_lens, PRESETS["Qwen3-0.6B"], 2, "H200", 4.3e12)
+    fp8 = decode_floor(lens, w.output_lens, PRESETS["Qwen3-0.6B"], 2, "H200", 4.3e12, kv_dtype_bytes=1)
+    assert fp8.kv_bytes == bf16.kv_bytes / 2 and fp8.weight_bytes == bf16.weight_bytes
+    assert fp8.output_throughput > 1.8 * bf16.output_throughput  # the KV is ~92% of the bytes
+
+
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe"])
 def test_weight_bytes_match_the_engines_model(name):
     # Per step: every parameter once, except an untied input embedding (only its rows are gathered) and, in a MoE

@@ -59,11 +59,13 @@ def test_fused_kernels_match_torch(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("qk_norm", [True, False])
-def test_fused_qk_norm_rope_store_matches_torch(dtype, qk_norm):
-    """The one-launch q/k norm + rope + KV store equals the torch path of engine/layers.py and kvcache/pool.py."""
+@pytest.mark.parametrize("fp8", [False, True])
+def test_fused_qk_norm_rope_store_matches_torch(dtype, qk_norm, fp8):
+    """The one-launch q/k norm + rope + KV store equals the torch path of engine/layers.py and kvcache/pool.py, into
+    an fp8 pool too (saturated e4m3)."""
     from engine import layers
     from kernels import triton_ops
-    from kvcache.pool import KVPool
+    from kvcache.pool import FP8, KVPool
 
     torch.manual_seed(0)
     T, H, KVH, D = 37, 16, 8, 128
@@ -83,9 +85,11 @@ def test_fused_qk_norm_rope_store_matches_torch(dtype, qk_norm):
 
     q_ref, k_ref = (torch_norm(q, qn.weight), torch_norm(k, kn.weight)) if qk_norm else (q, k)
     q_ref, k_ref = layers._rotate(q_ref, cos, sin), layers._rotate(k_ref, cos, sin)
-    ref_pool = KVPool.create(1, 8, 16, KVH, D, dtype, "cuda")
+    if fp8:
+        v.mul_(100)  # some values beyond e4m3's 448: saturated alike
+    ref_pool = KVPool.create(1, 8, 16, KVH, D, dtype, "cuda", FP8 if fp8 else None)
     ref_pool.store(0, slots, k_ref, v)
-    pool = KVPool.create(1, 8, 16, KVH, D, dtype, "cuda")
+    pool = KVPool.create(1, 8, 16, KVH, D, dtype, "cuda", FP8 if fp8 else None)
     triton_ops.qk_norm_rope_store(
         q,
         k,
@@ -101,9 +105,16 @@ def test_fused_qk_norm_rope_store_matches_torch(dtype, qk_norm):
     )
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(q, q_ref, **tol)
-    torch.testing.assert_close(pool.k[0], ref_pool.k[0], **tol)
-    assert torch.equal(pool.v[0], ref_pool.v[0])  # V is copied, not computed
-    assert pool.k[0].count_nonzero() == ref_pool.k[0].count_nonzero()  # nothing written outside `slots`
+    flat = torch.arange(8 * 16, device="cuda")
+    (k_got, v_got), (k_want, v_want) = pool.gather(0, flat), ref_pool.gather(0, flat)
+    if fp8:  # a K value a float step away from an e4m3 rounding boundary may land one e4m3 step (1/8) apart
+        tol = dict(rtol=0.13, atol=2e-2)
+        assert v_want.abs().max() == 448
+    torch.testing.assert_close(k_got, k_want, **tol)
+    assert torch.equal(v_got, v_want)  # V is copied (and rounded alike), not computed
+    outside = torch.ones(8 * 16, dtype=torch.bool, device="cuda")
+    outside[slots] = False
+    assert pool.k[0].view(8 * 16, -1).view(torch.uint8)[outside].count_nonzero() == 0  # nothing written elsewhere
 
 
 def _llm(**kw) -> LLM:
@@ -155,23 +166,32 @@ def _matches_torch_backend(backend: str, **kw: Any) -> None:
                 assert rel_err(a[row], b[row]) < 2e-2, (step, row)
 
 
-def test_flashinfer_matches_torch_backend():
-    _matches_torch_backend("flashinfer")
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_flashinfer_matches_torch_backend(kv_cache_dtype: str):
+    """With fp8 both read the same e4m3 K/V (the fused kernel stores them; the ragged part reads them back too)."""
+    _matches_torch_backend("flashinfer", kv_cache_dtype=kv_cache_dtype)
 
 
-@pytest.mark.parametrize("window", [None, 700])
-@pytest.mark.parametrize("kv_heads", [8, 2])  # Qwen3-0.6B's group of 2; one Qwen3-32B TP=4 rank's group of 8
-@pytest.mark.parametrize("chunks", ["long", "short"])
-def test_flashinfer_mixed_batch_parts_match_torch(kv_heads: int, window: int | None, chunks: str) -> None:
+@pytest.mark.parametrize(
+    "window, kv_heads, chunks, fp8",
+    [
+        (window, kv_heads, chunks, False)
+        for window in (None, 700)
+        for kv_heads in (8, 2)  # Qwen3-0.6B's group of 2; one Qwen3-32B TP=4 rank's group of 8
+        for chunks in ("long", "short")
+    ]
+    + [(None, kv_heads, "long", True) for kv_heads in (8, 2)],
+)
+def test_flashinfer_mixed_batch_parts_match_torch(kv_heads: int, window: int | None, chunks: str, fp8: bool) -> None:
     """A mixed batch as the scheduler lays it out (decode rows, chunks after KV of their own, then fresh prompts)
     attends in parts (flashinfer_backend.batch_parts): the decode rows through the decode kernel at a group of 8 query
     heads per KV head, in the paged pass at 2; the paged pass on fa3 when every request in it brings 128 tokens or
-    more, else fa2; fresh prompts ragged. With a sliding window: one paged fa2 pass. Every row within bf16 tolerance
-    of the torch reference, with K/V passed or read back from the pool."""
+    more, else fa2 (always fa2 over an fp8 pool); fresh prompts ragged. With a sliding window: one paged fa2 pass.
+    Every row within bf16 tolerance of the torch reference, with K/V passed or read back from the pool."""
     from kernels.attention.base import AttnMeta
     from kernels.attention.flashinfer_backend import FlashInferBackend
     from kernels.attention.torch_backend import TorchBackend
-    from kvcache.pool import KVPool
+    from kvcache.pool import FP8, KVPool
 
     dev, H, D, PS = torch.device("cuda"), 16, 128, 16
     g = torch.Generator().manual_seed(0)
@@ -180,9 +200,9 @@ def test_flashinfer_mixed_batch_parts_match_torch(kv_heads: int, window: int | N
     reqs = decode + middle + [(300, 300), (1, 1)]  # (q_len, kv_len)
     q_lens, kv_lens = [q for q, _ in reqs], [kv for _, kv in reqs]
     pages = [-(-kv // PS) for kv in kv_lens]
-    pool = KVPool.create(1, sum(pages) + 1, PS, kv_heads, D, torch.bfloat16, dev)
-    pool.k[0].normal_()
-    pool.v[0].normal_()
+    pool = KVPool.create(1, sum(pages) + 1, PS, kv_heads, D, torch.bfloat16, dev, FP8 if fp8 else None)
+    for cache in (pool.k[0], pool.v[0]):
+        cache.copy_(torch.randn(cache.shape, generator=g).to(cache.dtype))
     perm = (torch.randperm(sum(pages), generator=g) + 1).tolist()
     tables, slots, at = [], [], 0
     for q_len, kv, p in zip(q_lens, kv_lens, pages):
@@ -193,14 +213,13 @@ def test_flashinfer_mixed_batch_parts_match_torch(kv_heads: int, window: int | N
     meta = AttnMeta(False, q_lens, kv_lens, tables, torch.cat(slots).to(dev))
     T = sum(q_lens)
     q = torch.randn(T, H, D, generator=g).to(dev, torch.bfloat16)
-    k = pool.k[0].view(-1, kv_heads, D)[meta.out_slots].clone()
-    v = pool.v[0].view(-1, kv_heads, D)[meta.out_slots].clone()
+    k, v = pool.gather(0, meta.out_slots)
     fi = FlashInferBackend(pool, H, kv_heads, D, dev, sliding_window=window)
     fi.plan(meta)
     if window is not None:
         assert fi.parts is None and fi.active is fi.prefill[0]
     elif kv_heads == 2:
-        paged = fi.chunks[0] if chunks == "long" else fi.prefill[0]
+        paged = fi.chunks[0] if chunks == "long" and not fp8 else fi.prefill[0]
         assert fi.parts is not None and [p[0] for p in fi.parts] == [fi.decode[0], paged, fi.ragged[0]]
     else:
         assert fi.parts is not None and [p[0] for p in fi.parts] == [fi.prefill[0], fi.ragged[0]]
@@ -291,6 +310,16 @@ def test_graph_decode_lists_more_pages_than_the_pool_holds(peaked_model):
         del llm
         gc.collect()
     assert results[0] == results[1]
+
+
+def test_fp8_kv_tokens_identical_with_cuda_graphs_and_overlap(peaked_model):
+    """The decode graphs' wrappers are planned for the fp8 pool too: graphs + overlap against eager, no overlap."""
+    prompts = _prompts(48, seed=2)
+    graphs = _greedy_tokens(peaked_model, prompts, 64, True, kv_cache_dtype="fp8")
+    eager = _greedy_tokens(peaked_model, prompts, 0, False, kv_cache_dtype="fp8")
+    bf16 = _greedy_tokens(peaked_model, prompts, 64, True)
+    assert sum(a != b for a, b in zip(graphs, eager)) == 0
+    assert sum(a != b for a, b in zip(graphs, bf16)) > 0  # the rounding shows: the fp8 pool is in use
 
 
 def test_overlap_gives_identical_tokens_on_padded_graphs(peaked_model):

@@ -141,6 +141,8 @@ def _create_one(
 
         return FlashInferBackend(pool, num_heads, num_kv_heads, head_dim, device, sliding_window)
     if name == "fa":
+        if pool.quantized:
+            raise ValueError("the fa (FlashAttention-4) attention backend reads no fp8 KV cache; use flashinfer")
         if device.type != "cuda":
             raise ValueError("the fa (FlashAttention-4) attention backend needs a CUDA device")
         from kernels.attention.fa_backend import FlashAttention4Backend

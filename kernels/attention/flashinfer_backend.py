@@ -145,7 +145,7 @@ class FlashInferBackend(AttentionBackend):
 
         self.fi = flashinfer
         self.device = device
-        self.dtype = pool.k[0].dtype
+        self.dtype, self.kv_dtype = pool.compute_dtype, pool.dtype
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.use_tensor_cores = True
         self.prefill = [
@@ -181,7 +181,7 @@ class FlashInferBackend(AttentionBackend):
     def _plan(self, wrapper: _Wrapper, meta: AttnMeta, split: bool = True) -> None:
         indptr, indices, last = paged_metadata(meta, self.pool.page_size)
         common = dict(
-            q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale, window_left=self.window_left
+            q_data_type=self.dtype, kv_data_type=self.kv_dtype, sm_scale=self.scale, window_left=self.window_left
         )
         paged = (indptr, indices, last, self.num_heads, self.num_kv_heads, self.head_dim, self.pool.page_size)
         if meta.is_decode:
@@ -201,7 +201,8 @@ class FlashInferBackend(AttentionBackend):
                 wrapper = self.decode[turn]
                 self._plan(wrapper, sub, self.split_kv(sub.kv_lens))
             elif kind == "paged":
-                long = not windowed and min(sub.q_lens) >= CHUNK_FA3_MIN_TOKENS
+                # FlashInfer's fa3 paged kernel takes fp8 K/V only with an fp8 query
+                long = not windowed and not self.pool.quantized and min(sub.q_lens) >= CHUNK_FA3_MIN_TOKENS
                 wrapper = self.chunks[turn] if long else self.prefill[turn]
                 self._plan(wrapper, sub)
             else:
@@ -291,10 +292,10 @@ class FlashInferBackend(AttentionBackend):
             if not ragged:
                 wrapper.run(q[a:b], cache, out=out[a:b])
                 continue
-            if k is None or v is None:  # stored by the caller, not passed: read the new tokens back from the pool
-                flat = (-1, self.num_kv_heads, self.head_dim)
-                slots = self.out_slots[a:b]
-                wrapper.run(q[a:b], cache[0].view(flat)[slots], cache[1].view(flat)[slots], out=out[a:b])
+            if k is None or v is None or self.pool.quantized:
+                # not passed (stored by the caller), or stored in fp8, which every other read sees: read them back
+                ks, vs = self.pool.gather(layer, self.out_slots[a:b])
+                wrapper.run(q[a:b], ks, vs, out=out[a:b])
             else:
                 wrapper.run(q[a:b], k[a:b], v[a:b], out=out[a:b])
         return out

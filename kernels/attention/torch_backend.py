@@ -27,7 +27,7 @@ class TorchBackend(AttentionBackend):
             idx = torch.zeros(len(slots), max_kv, dtype=torch.int64)
             for i, s in enumerate(slots):
                 idx[i, : len(s)] = s
-            self.idx = idx.flatten().to(dev)  # index_select: a third of advanced indexing's time per call on a CPU
+            self.idx = idx.flatten().to(dev)
             lens = torch.tensor(meta.kv_lens)
             self.idx_rows, self.lens = idx, lens  # for the C kernel
             self.mask: torch.Tensor | None = None  # every key visible (one stream): SDPA's faster maskless path
@@ -52,6 +52,7 @@ class TorchBackend(AttentionBackend):
     ) -> torch.Tensor:
         if (
             self.cpu_ops
+            and not self.pool.quantized
             and self.meta.is_decode
             and k is not None
             and v is not None
@@ -66,12 +67,9 @@ class TorchBackend(AttentionBackend):
         if k is not None and v is not None and not stored:
             assert self.out_slots is not None
             self.pool.store(layer, self.out_slots, k, v)
-        kf = self.pool.k[layer].view(-1, self.num_kv_heads, self.head_dim)
-        vf = self.pool.v[layer].view(-1, self.num_kv_heads, self.head_dim)
         if self.meta.is_decode:
             shape = (len(self.meta.kv_lens), -1, self.num_kv_heads, self.head_dim)
-            ks = kf.index_select(0, self.idx).view(shape).transpose(1, 2)  # [B, KVH, L, D]
-            vs = vf.index_select(0, self.idx).view(shape).transpose(1, 2)
+            ks, vs = (x.view(shape).transpose(1, 2) for x in self.pool.gather(layer, self.idx))  # [B, KVH, L, D]
             o = F.scaled_dot_product_attention(
                 q.unsqueeze(2), ks, vs, attn_mask=self.mask, scale=self.scale, enable_gqa=True
             )
@@ -79,8 +77,7 @@ class TorchBackend(AttentionBackend):
         outs, start = [], 0
         for slots, mask, q_len in zip(self.slots, self.masks, self.meta.q_lens):
             qi = q[start : start + q_len].transpose(0, 1).unsqueeze(0)
-            ki = kf.index_select(0, slots).transpose(0, 1).unsqueeze(0)
-            vi = vf.index_select(0, slots).transpose(0, 1).unsqueeze(0)
+            ki, vi = (x.transpose(0, 1).unsqueeze(0) for x in self.pool.gather(layer, slots))
             o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=self.scale, enable_gqa=True)
             outs.append(o[0].transpose(0, 1))
             start += q_len
