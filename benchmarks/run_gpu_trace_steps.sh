@@ -10,7 +10,10 @@
 # "-fullgc" with the collector's automatic full passes while the engine loop runs (engine/gc_heap.py), one ending in
 # "-onepass" with a prefill or mixed batch's decode rows and chunks in one paged fa2 pass, as before 2026-11-27 (the
 # engine now attends in parts: kernels/attention/flashinfer_backend.py).
-# TIME_SCALE (default 0.2) sets the pace; TAG names the results: $OUT/trace_steps$TAG.tgz (+ step_summary$TAG.txt).
+# "-split4" splits a mixed batch's decode rows off from a group of 4 query heads per KV head (SPLIT_MIN_GROUP, the
+# engine's since the twenty-second session), "-group8" only from 8 (the engine's before).
+# TIME_SCALE (default 0.2) sets the pace, MODEL (default dummy:Qwen3-0.6B) the model, NUM the first NUM requests (all
+# by default); TAG names the results: $OUT/trace_steps$TAG.tgz (+ step_summary$TAG.txt).
 set -u
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
 d="$OUT/trace_steps${TAG:-}"
@@ -32,12 +35,15 @@ for mode in ${MODES:-nomixed mixed}; do
     *-nowarm) pre="import engine.runner as r; r.WARM_UP_LM_HEAD = False" ;;
     # automatic full collections while the loop runs, as before engine/gc_heap.py held them back
     *-fullgc) pre="import engine.gc_heap as g; g.FULL_COLLECTIONS_OFF = 10" ;;
+    *-split4) pre="import kernels.attention.flashinfer_backend as f; f.SPLIT_MIN_GROUP = 4" ;;
+    *-group8) pre="import kernels.attention.flashinfer_backend as f; f.SPLIT_MIN_GROUP = 8" ;;
     *-onepass) pre="import kernels.attention.flashinfer_backend as f; f.SPLIT_DECODE_ROWS = False; f.CHUNK_FA3_MIN_TOKENS = 10**9" ;;
     *-q[0-9]x) env=("CUDA_SCALE_LAUNCH_QUEUES=${mode##*-q}") ;;
     *-eagerload) env=(CUDA_MODULE_LOADING=EAGER) ;;
   esac
-  timeout 200 env ${env[@]+"${env[@]}"} python -c "$pre; from minisgl_cli.app import main; main()" bench-trace \
-    traces/qwen_1000.jsonl --model dummy:Qwen3-0.6B --time-scale "${TIME_SCALE:-0.2}" --quiet $flags \
+  timeout "${RUN_TIMEOUT:-200}" env ${env[@]+"${env[@]}"} python -c "$pre; from minisgl_cli.app import main; main()" bench-trace \
+    traces/qwen_1000.jsonl --model "${MODEL:-dummy:Qwen3-0.6B}" --time-scale "${TIME_SCALE:-0.2}" --quiet $flags \
+    ${NUM:+--num-requests "$NUM"} \
     --json "$d/trace_$mode.json" --step-log "$d/steps_$mode.jsonl" > "$d/log_$mode.txt" 2>&1
   python benchmarks/trace_line.py "$d/trace_$mode.json" "$mode"
 done

@@ -175,7 +175,7 @@ class _Ragged(_StubWrapper):
 
 
 @pytest.mark.parametrize("window", [None, 700])
-@pytest.mark.parametrize("kv_heads", [8, 2])
+@pytest.mark.parametrize("kv_heads", [8, 4, 2])  # groups of 2 (Qwen3-0.6B), 4 (Llama-3.1-8B), 8 (Qwen3-32B TP=4)
 @pytest.mark.parametrize("chunks", ["long", "short"])
 def test_flashinfer_parts_take_their_rows(
     monkeypatch: pytest.MonkeyPatch, kv_heads: int, window: int | None, chunks: str
@@ -220,7 +220,7 @@ def test_flashinfer_parts_take_their_rows(
         return
     rows = [sum(q_lens[:i]) for i in range(len(q_lens) + 1)]
     fresh = len(reqs) - 2
-    if kv_heads == 2:  # 8 query heads per KV head: the decode rows apart
+    if H // kv_heads >= 4:  # 4 or more query heads per KV head: the decode rows apart
         paged = be.chunks[0] if chunks == "long" else be.prefill[0]
         want = [(be.decode[0], 0, 3), (paged, 3, fresh), (be.ragged[0], fresh, len(reqs))]
     else:

@@ -177,15 +177,15 @@ def test_flashinfer_matches_torch_backend(kv_cache_dtype: str):
     [
         (window, kv_heads, chunks, False)
         for window in (None, 700)
-        for kv_heads in (8, 2)  # Qwen3-0.6B's group of 2; one Qwen3-32B TP=4 rank's group of 8
+        for kv_heads in (8, 4, 2)  # groups of 2 (Qwen3-0.6B), 4 (Llama-3.1-8B), 8 (a Qwen3-32B TP=4 rank)
         for chunks in ("long", "short")
     ]
     + [(None, kv_heads, "long", True) for kv_heads in (8, 2)],
 )
 def test_flashinfer_mixed_batch_parts_match_torch(kv_heads: int, window: int | None, chunks: str, fp8: bool) -> None:
     """A mixed batch as the scheduler lays it out (decode rows, chunks after KV of their own, then fresh prompts)
-    attends in parts (flashinfer_backend.batch_parts): the decode rows through the decode kernel at a group of 8 query
-    heads per KV head, in the paged pass at 2; the paged pass on fa3 when every request in it brings 128 tokens or
+    attends in parts (flashinfer_backend.batch_parts): the decode rows through the decode kernel at a group of 4 or 8
+    query heads per KV head, in the paged pass at 2; the paged pass on fa3 when every request in it brings 128 tokens or
     more, else fa2 (always fa2 over an fp8 pool); fresh prompts ragged. With a sliding window: one paged fa2 pass.
     Every row within bf16 tolerance of the torch reference, with K/V passed or read back from the pool."""
     from kernels.attention.base import AttnMeta
@@ -218,7 +218,7 @@ def test_flashinfer_mixed_batch_parts_match_torch(kv_heads: int, window: int | N
     fi.plan(meta)
     if window is not None:
         assert fi.parts is None and fi.active is fi.prefill[0]
-    elif kv_heads == 2:
+    elif H // kv_heads >= 4:
         paged = fi.chunks[0] if chunks == "long" and not fp8 else fi.prefill[0]
         assert fi.parts is not None and [p[0] for p in fi.parts] == [fi.decode[0], paged, fi.ragged[0]]
     else:

@@ -8,7 +8,7 @@ before each replay.
 
 Prefill and mixed batches (without a sliding window) attend in up to three parts, in the order the scheduler lays
 the batch out (`batch_parts`):
-- the leading decode rows through the decode kernel, as in a decode step, where each KV head serves 8 query heads or
+- the leading decode rows through the decode kernel, as in a decode step, where each KV head serves 4 query heads or
   more (SPLIT_MIN_GROUP); with fewer they join the paged part;
 - requests with KV from before this step (a prompt's later chunks, a cached prefix) through the paged prefill kernel:
   FlashInfer's fa3 (Hopper) build when every request in the part brings at least CHUNK_FA3_MIN_TOKENS new tokens,
@@ -18,9 +18,11 @@ the batch out (`batch_parts`):
 Measured on H100s (benchmarks/mixed_attention.py; docs/scheduling.md): the ragged part takes 118 us per layer for
 8192 fresh tokens of the offline workload against 179 us paged. A 1,024-token chunk after a 10,000-token prefix beside
 130 decode rows takes 366 us in three parts against 738 us in one fa2 pass at one Qwen3-32B TP=4 rank's heads (16
-query, 2 KV), and Qwen3-32B's replay at TP=4 gained (TBT p99 78 -> 60 ms). At Qwen3-0.6B's heads (16, 8) the same
-batch took 1,216 against 1,297 us, but the extra kernel calls cost each mixed step 2.8 ms more host time, and its
-saturated replay lost at TBT p99 (52.6 against 40.7 ms): there the decode rows stay in the paged pass.
+query, 2 KV), and Qwen3-32B's replay at TP=4 gained (TBT p99 78 -> 60 ms). At Llama-3.1-8B's heads (32, 8) it took
+1,003 against 1,313 us after a 10,000-token prefix, and its replay on one H100 gained (TBT p99 53.5 against 70.5-71.7
+ms, output 1.06x). At Qwen3-0.6B's heads (16, 8) the same batch took 1,216 against 1,297 us, but the extra kernel
+calls cost each mixed step 2.8 ms more host time, and its saturated replay lost at TBT p99 (52.6 against 40.7 ms):
+there the decode rows stay in the paged pass.
 
 Every wrapper comes in two copies used in turn. A plan writes its schedule into the wrapper's pinned host
 buffer and queues an async copy to the device; under overlap scheduling the next plan runs while the previous
@@ -51,7 +53,7 @@ RAGGED_PREFILL = True
 # A mixed batch's decode rows through the decode kernel when each KV head serves SPLIT_MIN_GROUP query heads or more;
 # off: they join the paged part.
 SPLIT_DECODE_ROWS = True
-SPLIT_MIN_GROUP = 8
+SPLIT_MIN_GROUP = 4
 # Decode without split-KV where it is the faster choice (decode_split_kv, below); off: FlashInfer's own
 # choice, which in CUDA-graph mode is always to split (benchmarks/step_profile.py's `split-always` variant).
 NO_SPLIT_WHEN_BALANCED = True
