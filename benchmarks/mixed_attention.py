@@ -12,8 +12,8 @@ through the engine's backend (kernels/attention/flashinfer_backend.py) with its 
 - `decode only`: the decode rows alone through the decode wrapper, what the step would cost without the chunk.
 Fresh prompts go through the ragged fa3 kernel in every variant. Shapes: Qwen3-0.6B on one GPU (16 q heads, 8 KV
 heads), one rank of Qwen3-32B at TP=4 (16 q heads, 2 KV heads) and Llama-3.1-8B on one GPU (32, 8; its group of 4
-split off since the twenty-second session), head_dim 128, bf16. Each output is checked against `one pass fa2`. Median of 20 CUDA-event timed
-calls after one untimed call; host plan time too.
+split off since the twenty-second session), head_dim 128, bf16. Each output is checked against `one pass fa2`.
+Median of 20 CUDA-event timed calls after one untimed call; host plan time too.
 Usage there: python benchmarks/mixed_attention.py OUT.json
 """
 
