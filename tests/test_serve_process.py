@@ -117,3 +117,24 @@ def test_step_log_is_written_when_the_server_stops(tmp_path):
     assert sum(s["decode_rows"] for s in steps) + 2 == made
     assert sum(s["prefill_tokens"] for s in steps) == 5 + 3
     assert all(a["t"] <= b["t"] for a, b in zip(steps, steps[1:]))
+
+
+def test_an_fp8_kv_cache_serves_what_the_engine_computes_in_process():
+    """`serve --kv-cache-dtype fp8` through the official client: the same engine's greedy tokens and logprobs
+    in-process with the fp8 cache, and not those of the model's own dtype."""
+    from engine.sampling_params import SamplingParams
+    from tests.conftest import make_llm
+
+    with serve("--kv-cache-dtype", "fp8", "--dtype", "float32") as (_, _, url):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
+        got = client.completions.create(
+            model="dummy:SmolLM2-135M", prompt="Paris is", max_tokens=12, temperature=0, logprobs=0
+        ).choices[0]
+    served = got.logprobs.token_logprobs
+    for kv, close in (("fp8", True), ("auto", False)):
+        llm = make_llm("dummy:SmolLM2-135M", kv_cache_dtype=kv, num_pages=256)
+        p = SamplingParams(max_tokens=12, temperature=0, logprobs=0)
+        want = llm.generate([llm.tokenizer.encode("Paris is")], p)[0]
+        assert got.text == want.text
+        gap = max(abs(a - b.logprob) for a, b in zip(served, want.logprobs))
+        assert (gap < 1e-4) == close, (kv, gap)

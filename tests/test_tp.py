@@ -24,7 +24,7 @@ from tests.tp_cases import ENGINE, PARAMS, prompts
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def tp_run(model: str, n: int, tmp_path: Path) -> dict:
+def tp_run(model: str, n: int, tmp_path: Path, kv_cache_dtype: str = "auto") -> dict:
     out = tmp_path / f"tp{n}.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT="120")
     cmd = [
@@ -37,14 +37,15 @@ def tp_run(model: str, n: int, tmp_path: Path) -> dict:
         str(ROOT / "tests" / "tp_generate.py"),
         model,
         str(out),
+        kv_cache_dtype,
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
 
-def tp1(model: str) -> dict:
-    llm = LLM(EngineConfig(model=model, **ENGINE))
+def tp1(model: str, kv_cache_dtype: str = "auto") -> dict:
+    llm = LLM(EngineConfig(model=model, kv_cache_dtype=kv_cache_dtype, **ENGINE))
     return {name: [o.token_ids for o in llm.generate(prompts(model), p)] for name, p in PARAMS.items()}
 
 
@@ -62,6 +63,14 @@ def test_tensor_parallel_matches_single_process(model, n, tmp_path):
         seen = json.loads((tmp_path / f"tp{n}.json.rank{rank}").read_text())
         assert seen["steps"] and all(t == FULL_COLLECTIONS_OFF and frozen > 10_000 for t, frozen in seen["steps"])
         assert not any(seen["full_with_work"]), seen["full_with_work"]
+
+
+def test_tensor_parallel_with_an_fp8_kv_cache_matches_single_process(tmp_path):
+    """Each rank stores its KV heads' share in e4m3: the same tokens as one process with the same fp8 cache."""
+    expected = tp1("dummy:tiny-qwen3-moe", "fp8")
+    got = tp_run("dummy:tiny-qwen3-moe", 2, tmp_path, "fp8")
+    assert got["greedy"] == expected["greedy"] and got["seeded"] == expected["seeded"]
+    assert expected["greedy"] != tp1("dummy:tiny-qwen3-moe")["greedy"]  # the fp8 cache was in use
 
 
 def test_tp_size_must_match_world_and_divide_heads():

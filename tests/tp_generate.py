@@ -1,6 +1,6 @@
 """Run under torchrun: generate with tensor parallelism and write rank 0's tokens to a JSON file.
 
-python -m torch.distributed.run --nproc-per-node N tests/tp_generate.py MODEL OUT.json
+python -m torch.distributed.run --nproc-per-node N tests/tp_generate.py MODEL OUT.json [KV_CACHE_DTYPE]
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ def watch_collections(llm: LLM) -> dict[str, list]:
 
 def main() -> None:
     model, out = sys.argv[1], sys.argv[2]
+    kv_cache_dtype = sys.argv[3] if len(sys.argv) > 3 else "auto"
     tp = int(__import__("os").environ["WORLD_SIZE"])
-    llm = LLM(EngineConfig(model=model, tp=tp, **ENGINE))
+    llm = LLM(EngineConfig(model=model, tp=tp, kv_cache_dtype=kv_cache_dtype, **ENGINE))
     if TP.rank != 0:
         seen = watch_collections(llm)
         run_tp_follower(llm)
