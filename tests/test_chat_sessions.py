@@ -271,6 +271,7 @@ def test_plain_mode_saves_and_resumes(tmp_path):
     args = ["--no-tui", *TINY, "--max-tokens", "4", "--db", str(db)]
     p = subprocess.run([MINISGL, "chat", *args], input="one\n/temp 0.2\n", capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
+    assert "not saved" not in p.stderr, p.stderr  # each save ran on the thread that opened the database
     first_prompt = int(re.findall(r"cache hit \d+/(\d+)", p.stderr)[0])
     p = subprocess.run([MINISGL, "chat", *args, "--resume"], input="two\n", capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr

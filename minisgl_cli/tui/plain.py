@@ -4,6 +4,7 @@ and slash commands. Answers stream to stdout; thinking, per-turn numbers and com
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import sys
 import threading
 import time
@@ -102,17 +103,21 @@ def _save(store: ChatStore | None, session: ChatSession, inputs: list[str], err:
 def _answer(
     loop: LoopThread, backend: ChatBackend, session: ChatSession, text: str, stdout: TextIO, stderr: TextIO, save
 ) -> TurnStats:
-    """Stream one answer to stdout (its thinking to stderr); Ctrl-C stops it (the partial answer stays)."""
+    """Stream one answer to stdout (its thinking to stderr); Ctrl-C stops it (the partial answer stays). The answer
+    streams on the loop thread; the session is saved on this one, where the store's SQLite connection lives."""
     started: list[Answer] = []
+    begun: concurrent.futures.Future[None] = concurrent.futures.Future()  # the request was taken, or refused
 
     def start() -> Answer:
-        answer = backend.start(
-            session.messages() + [{"role": "user", "content": text}], session.params(), session.thinking
-        )
-        session.add(ChatMessage("user", text, created=time.time()))
-        save()
-        started.append(answer)
-        return answer
+        try:
+            answer = backend.start(
+                session.messages() + [{"role": "user", "content": text}], session.params(), session.thinking
+            )
+            session.add(ChatMessage("user", text, created=time.time()))
+            started.append(answer)
+            return answer
+        finally:
+            begun.set_result(None)
 
     async def read() -> TurnReader:
         answer = start()
@@ -127,8 +132,14 @@ def _answer(
         return turn
 
     future = asyncio.run_coroutine_threadsafe(read(), loop.loop)
+    saved = False
     while True:
         try:
+            if not saved:  # the user's message, once the backend took it
+                concurrent.futures.wait([begun, future], return_when=concurrent.futures.FIRST_COMPLETED)
+                saved = True
+                if started:
+                    save()
             turn = future.result()
             break
         except KeyboardInterrupt:
