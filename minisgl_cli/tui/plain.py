@@ -136,7 +136,8 @@ def _answer(
     while True:
         try:
             if not saved:  # the user's message, once the backend took it
-                concurrent.futures.wait([begun, future], return_when=concurrent.futures.FIRST_COMPLETED)
+                either: list[concurrent.futures.Future[Any]] = [begun, future]
+                concurrent.futures.wait(either, return_when=concurrent.futures.FIRST_COMPLETED)
                 saved = True
                 if started:
                     save()
