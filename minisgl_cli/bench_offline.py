@@ -153,6 +153,9 @@ def register(app: typer.Typer) -> None:
                 "apart and set the JSON files side by side with bench-compare",
                 param_hint="--compare",
             )
+        if kv_cache_dtype != "auto" and "transformers" in [engine, *peers]:  # checked again where the peer loads
+            hint = "--engine" if engine == "transformers" else "--compare"
+            raise typer.BadParameter(f"the transformers peer has no {kv_cache_dtype} KV cache", param_hint=hint)
         overrides = o.vllm_args(vllm_arg)
         if overrides and engine != "vllm" and "vllm" not in peers:
             why = "is for the vLLM peer: give --engine vllm or --compare vllm"

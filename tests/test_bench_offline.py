@@ -326,6 +326,8 @@ def test_dataset_prompts_sharegpt_jsonl_and_parquet(tmp_path):
         (["--input-len", "1500:1500", "--output-len", "600:600"], "context length 2048"),
         (["--model", "dummy:nope"], "unknown dummy model"),
         (["--page-size", "0"], "--page-size"),
+        (["--kv-cache-dtype", "fp8", "--compare"], "Invalid value for --compare: the transformers peer has no fp8"),
+        (["--kv-cache-dtype", "fp8", "--engine", "transformers"], "Invalid value for --engine: the transformers peer"),
     ],
 )
 def test_bad_flags_exit_with_a_clear_message(tmp_path, args, message):
