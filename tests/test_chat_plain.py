@@ -61,6 +61,19 @@ def test_plain_mode_is_automatic_when_not_a_terminal():
     p = chat(*TINY, "--max-tokens", "4", stdin="hi\n")
     assert p.returncode == 0, p.stderr
     assert [m.group(4) for m in TURN.finditer(p.stderr)] == ["4"]
+    assert "· KV " not in p.stderr.splitlines()[0]  # the header names the KV dtype only where it is not the model's
+
+
+def test_an_fp8_kv_cache_shows_in_the_header_and_holds_four_times_the_fp32_pages():
+    small = ["--model", "dummy:tiny-llama", "--device", "cpu", "--kv-cache-gb", "0.01", "--max-tokens", "4"]
+    free = {}
+    for kv in ("auto", "fp8"):
+        p = chat(*small, "--kv-cache-dtype", kv, stdin="hi\n")
+        assert p.returncode == 0, p.stderr
+        assert ("tiny-llama · cpu · float32 · KV float8_e4m3fn · attention" in p.stderr) == (kv == "fp8"), p.stderr
+        (turn,) = [m.groups() for m in TURN.finditer(p.stderr)]
+        free[kv] = sum(int(n) for n in turn[6:])  # in use + cached + free: the pool
+    assert free["fp8"] // 4 == free["auto"]  # whole pages of the same budget
 
 
 @pytest.mark.parametrize(

@@ -51,9 +51,9 @@ class LocalBackend:
         self.engine = engine
         info = engine.llm.describe()
         self.model = info["model"]
-        self.title = (
-            f"{info['model']} · {info['device']} · {info['dtype']} · attention {info['attention']} · TP {info['tp']}"
-        )
+        kv = f" · KV {info['kv_cache_dtype']}" if info["kv_cache_dtype"] != info["dtype"] else ""
+        self.title = f"{info['model']} · {info['device']} · {info['dtype']}{kv}"
+        self.title += f" · attention {info['attention']} · TP {info['tp']}"
         self.context_limit: int | None = engine.llm.engine.max_model_len
         self.thinking_switch: bool | None = engine.llm.tokenizer.thinking_switch
 
