@@ -52,6 +52,10 @@ def parse_peers(text: str) -> list[str]:
 
 def register(app: typer.Typer) -> None:
     @app.command("bench-offline", cls=_BareCompare)
+    @o.with_engine_flags(
+        max_batch_tokens=OFFLINE_BATCH_TOKENS,
+        mixed_prefill_tokens=None,  # no stream waits on a step here
+    )
     def bench_offline(
         ctx: typer.Context,
         num_seqs: Annotated[int, typer.Option(help="number of requests", min=1)] = 256,
@@ -105,26 +109,7 @@ def register(app: typer.Typer) -> None:
             typer.Option("--plot", help="PNG of the (median) minisgl run: batch size per step and tok/s over time"),
         ] = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="no progress bars")] = False,
-        model: o.Model = None,
-        device: o.Device = "auto",
-        dtype: o.Dtype = "auto",
-        page_size: o.PageSize = 16,
-        num_pages: o.NumPages = None,
-        kv_cache_gb: o.KvCacheGb = None,
-        kv_cache_dtype: o.KvCacheDtype = "auto",
-        memory_fraction: o.MemoryFraction = 0.85,
-        max_running_requests: o.MaxRunning = 256,
-        max_batch_tokens: o.MaxBatchTokens = OFFLINE_BATCH_TOKENS,
-        max_running_tokens: o.MaxRunningTokens = None,
-        max_model_len: o.MaxModelLen = None,
-        no_radix_cache: o.NoRadix = False,
-        attention_backend: o.Backend = "auto",
-        cuda_graph_max_bs: o.GraphBs = 256,
-        piecewise_graph_tokens: o.PiecewiseTokens = o.PIECEWISE_GRAPH_TOKENS,
-        no_overlap: o.NoOverlap = False,
-        mixed_batch: o.MixedBatch = True,
-        mixed_prefill_tokens: o.MixedPrefillTokens = None,  # no stream waits on a step here
-        tp: o.Tp = 1,
+        **engine_flags: Any,
     ) -> None:
         """Offline throughput: output tokens / wall time of one generate() after a warm-up.
 
@@ -132,6 +117,7 @@ def register(app: typer.Typer) -> None:
         lengths uniform in [100, 1024], random prompt ids in [0, 10000] (folded as id % vocab for models with a
         smaller vocabulary), temperature 0.6, ignore_eos: 133,966 output tokens."""
         flags = dict(locals())
+        flags.update(flags.pop("engine_flags"))
         del flags["ctx"]
         from rich.console import Console
 
@@ -147,12 +133,13 @@ def register(app: typer.Typer) -> None:
             peers = [] if compare is None else parse_peers(compare)
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--compare") from e
-        if peers and tp > 1:
+        if peers and engine_flags["tp"] > 1:
             raise typer.BadParameter(
                 "--compare runs with --tp 1 (each torchrun rank would start the peers): run `--engine vllm --tp N` "
                 "apart and set the JSON files side by side with bench-compare",
                 param_hint="--compare",
             )
+        kv_cache_dtype = engine_flags["kv_cache_dtype"]
         if kv_cache_dtype != "auto" and "transformers" in [engine, *peers]:  # checked again where the peer loads
             hint = "--engine" if engine == "transformers" else "--compare"
             raise typer.BadParameter(f"the transformers peer has no {kv_cache_dtype} KV cache", param_hint=hint)

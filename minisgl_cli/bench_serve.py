@@ -31,6 +31,7 @@ class Target:
 
 def register(app: typer.Typer) -> None:
     @app.command("bench-serve")
+    @o.with_engine_flags()
     def bench_serve(
         url: Annotated[
             str | None,
@@ -102,32 +103,14 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option("--save-detailed", help="also store every request's inter-token gaps in the JSON")
         ] = False,
         quiet: Annotated[bool, typer.Option("--quiet", help="no live view")] = False,
-        model: o.Model = None,
-        device: o.Device = "auto",
-        dtype: o.Dtype = "auto",
-        page_size: o.PageSize = 16,
-        num_pages: o.NumPages = None,
-        kv_cache_gb: o.KvCacheGb = None,
-        kv_cache_dtype: o.KvCacheDtype = "auto",
-        memory_fraction: o.MemoryFraction = 0.85,
-        max_running_requests: o.MaxRunning = 256,
-        max_batch_tokens: o.MaxBatchTokens = 8192,
-        max_running_tokens: o.MaxRunningTokens = None,
-        max_model_len: o.MaxModelLen = None,
-        no_radix_cache: o.NoRadix = False,
-        attention_backend: o.Backend = "auto",
-        cuda_graph_max_bs: o.GraphBs = 256,
-        piecewise_graph_tokens: o.PiecewiseTokens = o.PIECEWISE_GRAPH_TOKENS,
-        no_overlap: o.NoOverlap = False,
-        mixed_batch: o.MixedBatch = True,
-        mixed_prefill_tokens: o.MixedPrefillTokens = o.MIXED_PREFILL_TOKENS,
-        tp: o.Tp = 1,
+        **engine_flags: Any,
     ) -> None:
         """Load-test a server or the engine: arrivals at --rate (Poisson, gamma with --burstiness, or constant) and/or
         at most --max-concurrency in flight; a list of rates or concurrencies runs a sweep, one row per load, the knee
         marked. Latencies count from each request's scheduled send time (the client's own queueing included). With
         --url, the client's absorption rate is measured first and each run says how much of it it used."""
         flags = dict(locals())
+        flags.update(flags.pop("engine_flags"))
         flags.pop("api_key")
         from rich.console import Console
 

@@ -27,6 +27,7 @@ class Plan:
 
 def register(app: typer.Typer) -> None:
     @app.command("bench-trace")
+    @o.with_engine_flags()
     def bench_trace(
         trace: Annotated[Path, typer.Argument(help="JSONL trace (Qwen/Bailian or Mooncake format)")],
         format: Annotated[str, typer.Option("--format", help="auto | qwen | mooncake")] = "auto",
@@ -104,26 +105,7 @@ def register(app: typer.Typer) -> None:
                 "token and request shares the engine's interpreter lock and slowed it by 10%, docs/scheduling.md)",
             ),
         ] = False,
-        model: o.Model = None,
-        device: o.Device = "auto",
-        dtype: o.Dtype = "auto",
-        page_size: o.PageSize = 16,
-        num_pages: o.NumPages = None,
-        kv_cache_gb: o.KvCacheGb = None,
-        kv_cache_dtype: o.KvCacheDtype = "auto",
-        memory_fraction: o.MemoryFraction = 0.85,
-        max_running_requests: o.MaxRunning = 256,
-        max_batch_tokens: o.MaxBatchTokens = 8192,
-        max_running_tokens: o.MaxRunningTokens = None,
-        max_model_len: o.MaxModelLen = None,
-        no_radix_cache: o.NoRadix = False,
-        attention_backend: o.Backend = "auto",
-        cuda_graph_max_bs: o.GraphBs = 256,
-        piecewise_graph_tokens: o.PiecewiseTokens = o.PIECEWISE_GRAPH_TOKENS,
-        no_overlap: o.NoOverlap = False,
-        mixed_batch: o.MixedBatch = True,
-        mixed_prefill_tokens: o.MixedPrefillTokens = o.MIXED_PREFILL_TOKENS,
-        tp: o.Tp = 1,
+        **engine_flags: Any,
     ) -> None:
         """Replay a request trace in real time (scaled by --time-scale) and report TTFT, TBT (inter-token gap),
         TPOT and end-to-end latency (mean, p50, p90, p99, max), throughput, and the prefix-cache hit rate beside
@@ -131,6 +113,7 @@ def register(app: typer.Typer) -> None:
         tokens, every prompt has exactly input_length tokens, every output is forced to output_length
         (ignore_eos); lengths that do not fit the model's context are clamped and counted."""
         flags = dict(locals())
+        flags.update(flags.pop("engine_flags"))
         from rich.console import Console
 
         from minisgl_cli.report import command_flags, environment, write_json

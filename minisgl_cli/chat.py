@@ -6,36 +6,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from minisgl_cli.options import (
-    MIXED_PREFILL_TOKENS,
-    PIECEWISE_GRAPH_TOKENS,
-    Backend,
-    Device,
-    Dtype,
-    GraphBs,
-    KvCacheDtype,
-    KvCacheGb,
-    MaxBatchTokens,
-    MaxModelLen,
-    MaxRunning,
-    MaxRunningTokens,
-    MemoryFraction,
-    MixedBatch,
-    MixedPrefillTokens,
-    Model,
-    NoOverlap,
-    NoRadix,
-    NumPages,
-    PageSize,
-    PiecewiseTokens,
     Seed,
-    Tp,
     engine_config,
     load_llm,
+    with_engine_flags,
 )
 
 System = Annotated[str | None, typer.Option("--system", "-s", help="system prompt")]
@@ -79,27 +58,8 @@ def resume_flag(argv: list[str]) -> list[str]:
     return out
 
 
+@with_engine_flags()
 def chat(
-    model: Model = None,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-    page_size: PageSize = 16,
-    num_pages: NumPages = None,
-    kv_cache_gb: KvCacheGb = None,
-    kv_cache_dtype: KvCacheDtype = "auto",
-    memory_fraction: MemoryFraction = 0.85,
-    max_running_requests: MaxRunning = 256,
-    max_batch_tokens: MaxBatchTokens = 8192,
-    max_running_tokens: MaxRunningTokens = None,
-    max_model_len: MaxModelLen = None,
-    no_radix_cache: NoRadix = False,
-    attention_backend: Backend = "auto",
-    cuda_graph_max_bs: GraphBs = 256,
-    piecewise_graph_tokens: PiecewiseTokens = PIECEWISE_GRAPH_TOKENS,
-    no_overlap: NoOverlap = False,
-    mixed_batch: MixedBatch = True,
-    mixed_prefill_tokens: MixedPrefillTokens = MIXED_PREFILL_TOKENS,
-    tp: Tp = 1,
     seed: Seed = 0,
     system: System = None,
     temperature: Temperature = 0.7,
@@ -111,6 +71,7 @@ def chat(
     db: Db = None,
     no_save: NoSave = False,
     resume: Resume = None,
+    **engine_flags: Any,
 ) -> None:
     """Chat with a model in the terminal, watching TTFT, TBT and KV-cache usage live; sessions are saved."""
     from minisgl_cli.tui.session import ChatSession
@@ -147,7 +108,7 @@ def chat(
     if url is not None:
         backend = _connect(url, api_key, served_model)
     else:
-        config = engine_config(**locals())  # takes the engine flags, ignores the chat ones
+        config = engine_config(seed=seed, **engine_flags)
         from engine.async_llm import AsyncLLM
         from minisgl_cli.tui.local import LocalBackend
 

@@ -3,7 +3,11 @@ Nothing here imports torch: `minisgl --help` must stay fast."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -101,6 +105,64 @@ PiecewiseTokens = Annotated[
 NoOverlap = Annotated[bool, typer.Option("--no-overlap", help="disable overlap scheduling")]
 Tp = Annotated[int, typer.Option(help="tensor-parallel size (launch with torchrun --nproc-per-node N)", min=1)]
 Seed = Annotated[int, typer.Option(help="engine random seed")]
+
+
+# The engine flags, in the order --help lists them after a command's own, with their defaults (a command may change a
+# default: with_engine_flags). `--seed` is each command's own: it seeds the workload too.
+ENGINE_FLAGS: tuple[tuple[str, Any, Any], ...] = (
+    ("model", Model, None),
+    ("device", Device, "auto"),
+    ("dtype", Dtype, "auto"),
+    ("page_size", PageSize, 16),
+    ("num_pages", NumPages, None),
+    ("kv_cache_gb", KvCacheGb, None),
+    ("kv_cache_dtype", KvCacheDtype, "auto"),
+    ("memory_fraction", MemoryFraction, 0.85),
+    ("max_running_requests", MaxRunning, 256),
+    ("max_batch_tokens", MaxBatchTokens, 8192),
+    ("max_running_tokens", MaxRunningTokens, None),
+    ("max_model_len", MaxModelLen, None),
+    ("no_radix_cache", NoRadix, False),
+    ("attention_backend", Backend, "auto"),
+    ("cuda_graph_max_bs", GraphBs, 256),
+    ("piecewise_graph_tokens", PiecewiseTokens, PIECEWISE_GRAPH_TOKENS),
+    ("no_overlap", NoOverlap, False),
+    ("mixed_batch", MixedBatch, True),
+    ("mixed_prefill_tokens", MixedPrefillTokens, MIXED_PREFILL_TOKENS),
+    ("tp", Tp, 1),
+)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def with_engine_flags(**defaults: Any) -> Callable[[F], F]:
+    """A command taking every engine flag: typer sees the command's own parameters, then ENGINE_FLAGS (with these
+    defaults instead where given); the command receives the engine flags in its `**engine_flags` keyword arguments."""
+    names = [name for name, _, _ in ENGINE_FLAGS]
+    if unknown := set(defaults) - set(names):
+        raise TypeError(f"not engine flags: {sorted(unknown)}")
+
+    def decorate(command: F) -> F:
+        hints = typing.get_type_hints(command, include_extras=True)
+        own = [
+            p.replace(annotation=hints.get(p.name, p.annotation))
+            for p in inspect.signature(command).parameters.values()
+            if p.kind is not inspect.Parameter.VAR_KEYWORD
+        ]
+        engine = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=flag, default=defaults.get(name, value))
+            for name, flag, value in ENGINE_FLAGS
+        ]
+
+        @functools.wraps(command)
+        def run(**kwargs: Any) -> Any:
+            return command(**kwargs)
+
+        params = own + engine
+        setattr(run, "__signature__", inspect.Signature(params))  # noqa: B010  (what typer reads)
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        return typing.cast(F, run)
+
+    return decorate
 
 
 def engine_config(

@@ -12,37 +12,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
 from minisgl_cli.options import (
-    MIXED_PREFILL_TOKENS,
-    PIECEWISE_GRAPH_TOKENS,
-    Backend,
-    Device,
-    Dtype,
-    GraphBs,
-    KvCacheDtype,
-    KvCacheGb,
-    MaxBatchTokens,
-    MaxModelLen,
-    MaxRunning,
-    MaxRunningTokens,
-    MemoryFraction,
-    MixedBatch,
-    MixedPrefillTokens,
-    Model,
-    NoOverlap,
-    NoRadix,
-    NumPages,
-    PageSize,
-    PiecewiseTokens,
     Seed,
-    Tp,
     engine_config,
     load_llm,
+    with_engine_flags,
 )
 from minisgl_cli.server.frontend_spec import ORPHAN_GRACE_S, FrontendSpec
 
@@ -85,27 +64,8 @@ StepLog = Annotated[
 
 def register(app: typer.Typer) -> None:
     @app.command()
+    @with_engine_flags()
     def serve(
-        model: Model = None,
-        device: Device = "auto",
-        dtype: Dtype = "auto",
-        page_size: PageSize = 16,
-        num_pages: NumPages = None,
-        kv_cache_gb: KvCacheGb = None,
-        kv_cache_dtype: KvCacheDtype = "auto",
-        memory_fraction: MemoryFraction = 0.85,
-        max_running_requests: MaxRunning = 256,
-        max_batch_tokens: MaxBatchTokens = 8192,
-        max_running_tokens: MaxRunningTokens = None,
-        max_model_len: MaxModelLen = None,
-        no_radix_cache: NoRadix = False,
-        attention_backend: Backend = "auto",
-        cuda_graph_max_bs: GraphBs = 256,
-        piecewise_graph_tokens: PiecewiseTokens = PIECEWISE_GRAPH_TOKENS,
-        no_overlap: NoOverlap = False,
-        mixed_batch: MixedBatch = True,
-        mixed_prefill_tokens: MixedPrefillTokens = MIXED_PREFILL_TOKENS,
-        tp: Tp = 1,
         seed: Seed = 0,
         host: Host = "127.0.0.1",
         port: Port = 8000,
@@ -113,12 +73,14 @@ def register(app: typer.Typer) -> None:
         served_model_name: ServedName = None,
         log_level: Level = LogLevel.info,
         step_log: StepLog = None,
+        **engine_flags: Any,
     ) -> None:
         """Serve the model over an OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions,
         /v1/models, /health, /metrics."""
-        config = engine_config(**locals())
+        config = engine_config(seed=seed, **engine_flags)
         llm = load_llm(config)  # under torchrun, ranks > 0 stay in there, following rank 0's steps
-        run_server(llm, host, port, served_model_name or model, max_queued_requests, log_level.value, step_log)
+        name = served_model_name or engine_flags["model"]
+        run_server(llm, host, port, name, max_queued_requests, log_level.value, step_log)
 
 
 def run_server(

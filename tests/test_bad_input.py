@@ -599,3 +599,19 @@ def test_a_model_file_that_is_not_gguf(tmp_path):
     (tmp_path / "model.bin").write_bytes(b"\0" * 64)
     with pytest.raises(ValueError, match="model file '.*model.bin' is not a .gguf file"):
         LLM(EngineConfig(model=str(tmp_path / "model.bin"), device="cpu"))
+
+
+@pytest.mark.parametrize("command", ["chat", "serve", "bench-offline", "bench-trace", "bench-serve"])
+def test_every_engine_command_takes_every_engine_flag(command):
+    """One list of engine flags (minisgl_cli/options.py ENGINE_FLAGS) for every command that builds an engine."""
+    from minisgl_cli.options import ENGINE_FLAGS
+
+    r = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    for name, _, _ in ENGINE_FLAGS:
+        assert f"--{name.replace('_', '-')}" in r.output, (command, name)
+    args = [command, "--kv-cache-dtype", "int4", "--device", "cpu"] + (
+        ["traces/qwen_sample.jsonl"] if "trace" in command else []
+    )
+    bad = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+    assert bad.exit_code == 2 and "kv_cache_dtype must be auto, fp8 or fp8_e4m3" in flat(bad.output), bad.output
