@@ -611,7 +611,7 @@ def test_every_engine_command_takes_every_engine_flag(command):
     for name, _, _ in ENGINE_FLAGS:
         assert f"--{name.replace('_', '-')}" in r.output, (command, name)
     args = [command, "--kv-cache-dtype", "int4", "--device", "cpu"] + (
-        ["traces/qwen_sample.jsonl"] if "trace" in command else []
+        [str(Path(__file__).parent.parent / "traces" / "qwen_sample.jsonl")] if "trace" in command else []
     )
     bad = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
     assert bad.exit_code == 2 and "kv_cache_dtype must be auto, fp8 or fp8_e4m3" in flat(bad.output), bad.output
