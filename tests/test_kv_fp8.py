@@ -55,7 +55,7 @@ def test_pool_stores_e4m3_saturated_and_reads_it_back_in_the_compute_dtype():
         KVPool.create(1, 4, 4, 2, 8, torch.float32, "cpu", kv_dtype=torch.float16)
 
 
-def test_fp8_pool_holds_twice_the_tokens_in_the_same_memory():
+def test_fp8_pool_spends_one_byte_per_value_of_its_budget():
     pages = {d: make_llm(kv_cache_gb=0.01, kv_cache_dtype=d).metrics().kv_pages_total for d in ("auto", "fp8")}
     cfg, page = PRESETS["tiny-llama"], 16
     per_token_fp32 = cfg.kv_bytes_per_token(4)
