@@ -330,6 +330,9 @@ def _run_sweep(
                     return
                 if results and not any(r.ok for r in results):
                     stopped = f"every request of {load.label} failed ({results[0].error})"
+                    if flags["url"] and "outside the vocabulary" in (results[0].error or ""):
+                        hint = "give the served model as --model, or --vocab-size"
+                        stopped += f"; prompts drew ids below {target.vocab}: {hint}"
                     return
         finally:
             if client is not None:
