@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 
 FLAG_SKIP = {"json_path", "csv_path", "plot", "quiet", "save_detailed", "client_check", "no_client_check", "label"}
@@ -64,7 +63,7 @@ def _defaults(kind: str) -> dict[str, Any]:
     from minisgl_cli.app import app
 
     group = typer.main.get_command(app)
-    cmd = group.commands.get(kind) if isinstance(group, click.Group) else None
+    cmd = getattr(group, "commands", {}).get(kind)  # typer's group is not a click.Group: it vendors click
     return {p.name: p.default for p in cmd.params} if cmd else {}
 
 

@@ -98,7 +98,8 @@ def test_compare_offline_trace_and_serve_runs(tmp_path):
         f"{traced['median_itl_ms']:,.2f} / {traced['p99_itl_ms']:,.2f}",  # the replay's inter-token gap
     ):
         assert needle in out, needle
-    assert "--quiet" not in out  # flags shown are those that differ from the command's defaults
+    # flags shown are those given that differ from the command's defaults, and never the output switches
+    assert "--quiet" not in out and "--tp 1" not in out and "--mixed-batch" not in out and "--page-size" not in out
 
 
 def test_compare_single_runs_and_bad_files(tmp_path):
