@@ -138,7 +138,7 @@ def _size(n: int) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    cache = typer.Typer(help="Start-up caches (compiled kernels, converted weights): show, export, import.")
+    cache = typer.Typer(help="Start-up caches (compiled kernels, converted weights): info, export, import.")
     app.add_typer(cache, name="cache")
 
     @cache.command("info")
