@@ -353,7 +353,7 @@ def _run_sweep(
 
 async def _connect(target: Target, flags: dict[str, Any], api_key: str | None, served: dict[str, Any]):
     from minisgl_cli.openai_client import HTTPStatusError, OpenAIClient, api_base
-    from minisgl_cli.replay import served_model
+    from minisgl_cli.replay import served_engine, served_model
 
     try:
         client = OpenAIClient(target.url, timeout=flags["request_timeout"], api_key=api_key)  # type: ignore[arg-type]  # --url given
@@ -361,6 +361,7 @@ async def _connect(target: Target, flags: dict[str, Any], api_key: str | None, s
         raise typer.BadParameter(str(e), param_hint="--url") from e
     try:
         served["name"] = flags["served_model"] or await served_model(client)
+        served["engine"] = await served_engine(client, served["name"])
     except (OSError, ValueError, KeyError, HTTPStatusError, TimeoutError) as e:
         await client.close()
         raise typer.BadParameter(f"cannot reach {api_base(target.url)}/models: {e}", param_hint="--url") from e  # type: ignore[arg-type]  # --url given
@@ -415,7 +416,7 @@ def _result(target: Target, rows, results, slo, flags, check, served, stopped) -
         "backend": "openai-chat" if flags["endpoint"] == "chat" else "openai",
         "mode": "url" if target.url else "in-process",
         "url": target.url,
-        "engine": "minisgl" if llm is not None else None,
+        "engine": "minisgl" if llm is not None else served.get("engine"),
         "model_id": served.get("name") or target.model,
         "tokenizer_id": target.model,
         **(llm.describe() if llm is not None else {"model": served.get("name")}),

@@ -322,7 +322,15 @@ def _run_url(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[s
     from minisgl_cli.hf_peer import model_config_for
     from minisgl_cli.live_view import LiveView
     from minisgl_cli.openai_client import HTTPStatusError, OpenAIClient, api_base
-    from minisgl_cli.replay import LiveCounters, cache_hit_rate, drive, scrape_metrics, served_model, url_sender
+    from minisgl_cli.replay import (
+        LiveCounters,
+        cache_hit_rate,
+        drive,
+        scrape_metrics,
+        served_engine,
+        served_model,
+        url_sender,
+    )
     from minisgl_cli.serve_metrics import client_usage
 
     vocab, context = flags["vocab_size"], config.max_model_len
@@ -356,11 +364,11 @@ def _run_url(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[s
                 results = await drive(p.items, url_sender(client, name, flags["temperature"]), live=live)
                 duration = time.perf_counter() - live.started
             after = await scrape_metrics(client)
-            return name, results, duration, cache_hit_rate(before, after)
+            return name, await served_engine(client, name), results, duration, cache_hit_rate(before, after)
 
-    name, results, duration, hit_rate = asyncio.run(main())
+    name, engine, results, duration, hit_rate = asyncio.run(main())
     out = summarize(results, duration, p, hit_rate)
-    out.update(mode="url", url=flags["url"], model=name, engine=None)
+    out.update(mode="url", url=flags["url"], model=name, engine=engine)
     out.update(client_usage(out, results, check.tok_per_s if check else None), client_check=check and check.as_dict())
     return out, results
 

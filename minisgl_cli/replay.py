@@ -9,6 +9,8 @@ is scheduled when a slot frees."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -238,6 +240,20 @@ async def served_model(client) -> str:
     if not names:
         raise ValueError(f"{client.url} /v1/models lists no model: pass --served-model")
     return names[0]
+
+
+# /v1/models' `owned_by` as the servers that answer this way set it: the engine behind a URL, for the result's record
+KNOWN_OWNERS = ("minisgl", "vllm", "sglang")
+
+
+async def served_engine(client, name: str) -> str | None:
+    """Which engine serves `name` by its /v1/models entry (minisgl, vllm or sglang), or None when it does not say."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TimeoutError):
+        status, body = await client.get("/v1/models")
+        if status == 200:
+            owners = {m.get("id"): m.get("owned_by") for m in json.loads(body).get("data") or []}
+            return owners.get(name) if owners.get(name) in KNOWN_OWNERS else None
+    return None
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN|[+-]Inf)\s*$")

@@ -100,6 +100,7 @@ def test_measures_what_the_mock_was_told(tmp_path, mock):
     args = ["--url", mock, *URL_FLAGS, "--num-requests", "30", "--output-len", "10:10", "--input-len", "16:32"]
     res, _ = bench(tmp_path, *args, "--rate", "10", "--arrival", "constant", "--slo", "ttft=160ms,tpot=26ms")
     assert (res["completed"], res["failed"], res["partial"], res["total_output_tokens"]) == (30, 0, False, 300)
+    assert res["engine"] is None  # the mock's /v1/models names no known engine
     # tolerance: +60 ms TTFT, +-25% TPOT (a loaded 2-core machine wakes timers late, it never wakes them early)
     assert 100 <= res["median_ttft_ms"] <= 160 and 100 <= res["p99_ttft_ms"] <= 250
     assert res["median_tpot_ms"] == pytest.approx(20, rel=0.25)
@@ -289,6 +290,7 @@ def test_against_minisgl_serve(tmp_path):
         )
         rows = res["sweep"]
         assert [r["request_rate"] for r in rows] == [4.0, "inf"] and res["model_id"] == "tiny"
+        assert res["engine"] == "minisgl"  # from the server's /v1/models
         for r in rows:
             assert (r["completed"], r["failed"], r["total_output_tokens"]) == (8, 0, 64)  # ignore_eos honoured
             assert r["median_ttft_ms"] <= r["p99_ttft_ms"] <= r["p99_e2el_ms"]

@@ -186,6 +186,7 @@ def test_url_mode_against_minisgl_serve(tmp_path):
             "--quiet",
         )
         assert (res["mode"], res["model"], res["completed"], res["failed"]) == ("url", "tiny", 24, 0)
+        assert res["engine"] == "minisgl"  # the server's /v1/models says who owns "tiny"
         assert res["total_input_tokens"] == sum(r.input_length for r in trace.requests)
         assert res["total_output_tokens"] == sum(r.output_length for r in trace.requests)  # ignore_eos honoured
         check_latencies(res)
