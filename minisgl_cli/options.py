@@ -165,57 +165,15 @@ def with_engine_flags(**defaults: Any) -> Callable[[F], F]:
     return decorate
 
 
-def engine_config(
-    model: str | None = None,
-    device: str = "auto",
-    dtype: str = "auto",
-    page_size: int = 16,
-    num_pages: int | None = None,
-    kv_cache_gb: float | None = None,
-    kv_cache_dtype: str = "auto",
-    memory_fraction: float = 0.85,
-    max_running_requests: int = 256,
-    max_batch_tokens: int = 8192,
-    max_running_tokens: int | None = None,
-    max_model_len: int | None = None,
-    no_radix_cache: bool = False,
-    attention_backend: str = "auto",
-    cuda_graph_max_bs: int = 256,
-    piecewise_graph_tokens: int = PIECEWISE_GRAPH_TOKENS,
-    no_overlap: bool = False,
-    mixed_batch: bool = True,
-    mixed_prefill_tokens: int | None = MIXED_PREFILL_TOKENS,
-    tp: int = 1,
-    seed: int = 0,
-    **_: Any,
-):
-    """Build an EngineConfig from the shared flags; bad values become a clean CLI error."""
+def engine_config(seed: int = 0, **flags: Any):
+    """Build an EngineConfig from the engine flags among `flags` (ENGINE_FLAGS' defaults for those not given; other
+    flags are ignored); bad values become a clean CLI error."""
     from engine.config import EngineConfig
 
+    values = {name: flags.get(name, default) for name, _, default in ENGINE_FLAGS}
+    no_radix_cache, no_overlap = values.pop("no_radix_cache"), values.pop("no_overlap")
     try:
-        return EngineConfig(
-            model=model,
-            device=device,
-            dtype=dtype,
-            page_size=page_size,
-            num_pages=num_pages,
-            kv_cache_gb=kv_cache_gb,
-            kv_cache_dtype=kv_cache_dtype,
-            memory_fraction=memory_fraction,
-            max_running_requests=max_running_requests,
-            max_batch_tokens=max_batch_tokens,
-            max_running_tokens=max_running_tokens,
-            max_model_len=max_model_len,
-            radix_cache=not no_radix_cache,
-            attention_backend=attention_backend,
-            cuda_graph_max_bs=cuda_graph_max_bs,
-            piecewise_graph_tokens=piecewise_graph_tokens,
-            overlap=False if no_overlap else None,
-            mixed_batch=mixed_batch,
-            mixed_prefill_tokens=mixed_prefill_tokens,
-            tp=tp,
-            seed=seed,
-        )
+        return EngineConfig(**values, radix_cache=not no_radix_cache, overlap=False if no_overlap else None, seed=seed)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
 
