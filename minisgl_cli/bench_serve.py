@@ -353,15 +353,14 @@ def _run_sweep(
 
 async def _connect(target: Target, flags: dict[str, Any], api_key: str | None, served: dict[str, Any]):
     from minisgl_cli.openai_client import HTTPStatusError, OpenAIClient, api_base
-    from minisgl_cli.replay import served_engine, served_model
+    from minisgl_cli.replay import served_model
 
     try:
         client = OpenAIClient(target.url, timeout=flags["request_timeout"], api_key=api_key)  # type: ignore[arg-type]  # --url given
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--url") from e
     try:
-        served["name"] = flags["served_model"] or await served_model(client)
-        served["engine"] = await served_engine(client, served["name"])
+        served["name"], served["engine"] = await served_model(client, flags["served_model"])
     except (OSError, ValueError, KeyError, HTTPStatusError, TimeoutError) as e:
         await client.close()
         raise typer.BadParameter(f"cannot reach {api_base(target.url)}/models: {e}", param_hint="--url") from e  # type: ignore[arg-type]  # --url given

@@ -327,7 +327,6 @@ def _run_url(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[s
         cache_hit_rate,
         drive,
         scrape_metrics,
-        served_engine,
         served_model,
         url_sender,
     )
@@ -353,7 +352,7 @@ def _run_url(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[s
             raise typer.BadParameter(str(e), param_hint="--url") from e
         async with client:
             try:
-                name = flags["served_model"] or await served_model(client)
+                name, engine = await served_model(client, flags["served_model"])
             except (OSError, ValueError, KeyError, HTTPStatusError) as e:
                 raise typer.BadParameter(
                     f"cannot reach {api_base(flags['url'])}/models: {e}", param_hint="--url"
@@ -364,7 +363,7 @@ def _run_url(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[s
                 results = await drive(p.items, url_sender(client, name, flags["temperature"]), live=live)
                 duration = time.perf_counter() - live.started
             after = await scrape_metrics(client)
-            return name, await served_engine(client, name), results, duration, cache_hit_rate(before, after)
+            return name, engine, results, duration, cache_hit_rate(before, after)
 
     name, engine, results, duration, hit_rate = asyncio.run(main())
     out = summarize(results, duration, p, hit_rate)

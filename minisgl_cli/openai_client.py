@@ -113,11 +113,12 @@ class OpenAIClient:
         async with asyncio.timeout(self.timeout):
             return await self._request("POST", path, json.dumps(body).encode())
 
-    async def models(self) -> list[str]:
+    async def models(self) -> list[dict[str, Any]]:
+        """/v1/models' entries (`id`, and `owned_by` where the server says)."""
         status, body = await self.get("/v1/models")
         if status != 200:
             raise HTTPStatusError(status, body)
-        return [m["id"] for m in json.loads(body).get("data") or []]
+        return list(json.loads(body).get("data") or [])
 
     async def stream(self, path: str, body: dict[str, Any]) -> AsyncGenerator[Event]:
         """POST a streaming request; one Event per SSE data event until `data: [DONE]`. A non-200 answer raises

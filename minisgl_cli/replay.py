@@ -9,8 +9,6 @@ is scheduled when a slot frees."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -18,6 +16,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from engine.gc_heap import frozen_heap
+from minisgl_cli.openai_client import HTTPStatusError
 
 OnDone = Callable[["RequestResult"], None]
 
@@ -235,25 +234,26 @@ def url_sender(client, model: str, temperature: float, chat: bool = False) -> Se
     return send
 
 
-async def served_model(client) -> str:
-    names = await client.models()
-    if not names:
-        raise ValueError(f"{client.url} /v1/models lists no model: pass --served-model")
-    return names[0]
-
-
 # /v1/models' `owned_by` as the servers that answer this way set it: the engine behind a URL, for the result's record
 KNOWN_OWNERS = ("minisgl", "vllm", "sglang")
 
 
-async def served_engine(client, name: str) -> str | None:
-    """Which engine serves `name` by its /v1/models entry (minisgl, vllm or sglang), or None when it does not say."""
-    with contextlib.suppress(OSError, ValueError, KeyError, TimeoutError):
-        status, body = await client.get("/v1/models")
-        if status == 200:
-            owners = {m.get("id"): m.get("owned_by") for m in json.loads(body).get("data") or []}
-            return owners.get(name) if owners.get(name) in KNOWN_OWNERS else None
-    return None
+async def served_model(client, name: str | None = None) -> tuple[str, str | None]:
+    """The model to send (`name`, else the first /v1/models lists) and the engine behind it by that listing's
+    `owned_by` (KNOWN_OWNERS; None when it names none), from one request. With `name` given, a server without
+    /v1/models is fine."""
+    try:
+        listed = await client.models()
+    except (OSError, ValueError, HTTPStatusError):
+        if name is None:
+            raise
+        return name, None
+    if name is None:
+        if not listed:
+            raise ValueError(f"{client.url} /v1/models lists no model: pass --served-model")
+        name = str(listed[0]["id"])
+    owner = next((m.get("owned_by") for m in listed if m.get("id") == name), None)
+    return name, owner if owner in KNOWN_OWNERS else None
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN|[+-]Inf)\s*$")
