@@ -1,18 +1,27 @@
-"""Decode attention kernels side by side on one layer's paged KV (GPU; issue #17). Run on the GPU machine:
+"""Decode attention kernels side by side on one layer's paged KV, bf16 or fp8 (GPU; issues #15 and #17). Run there:
 
     source .whl/use-bundle.sh && python benchmarks/decode_attention_kernels.py --out $OUT/decode_kernels.json
 
-Qwen3-0.6B's shapes (16 query heads, 8 KV heads, head_dim 128, bf16). Each case is a batch of decode rows whose
-context lengths follow the offline workload mid-run (prompt 100-1024 plus 0-1024 generated tokens), with the pages
-of every sequence scattered over the pool as they are after churn. Kernels:
+Each case is a batch of decode rows over one layer's pool, the pages of every sequence scattered as they are after
+churn, its K/V stored in bf16 or in e4m3 (`--kv-cache-dtype fp8`, scale 1). Context lengths (`--lens`): `offline`
+is the offline workload mid-run (prompt 100-1024 plus 0-1024 generated tokens), `replay` issue #15's saturated
+replay (1,200-5,800 tokens). Heads (`--heads Q/KV`): Qwen3-0.6B's 16/8 by default; 32/8 is Llama-3.1-8B's, 16/2 one
+rank of Qwen3-32B at TP=4. Kernels:
   fi-tc        FlashInfer's tensor-core decode (the engine's choice), NHD pool [pages, page, heads, dim]
   fi-tc-nosplit  the same with disable_split_kv: no KV split across CTAs, so no merge kernel after it
   fi-tc-splitN the same with fixed_split_size=N: each request's KV cut into chunks of N pages
   fi-tc-hnd    the same kernel on an HND pool [pages, heads, page, dim] (each head's page contiguous)
   fi-cc        FlashInfer's CUDA-core decode, NHD;  fi-cc-hnd  on HND
-  xqa          FlashInfer's XQA decode kernel (TensorRT-LLM's GQA decode), NHD;  xqa-hnd  on HND
-Each is timed over 30 back-to-back calls after 5 warm-up calls (CUDA events), and its output is checked against
-fi-tc's. The table gives us per call and the KV read bandwidth (bytes of K and V / time).
+  xqa          FlashInfer's XQA decode kernel (TensorRT-LLM's GQA decode; over e4m3 on sm90 its Hopper fp8 kernel,
+               which also rounds the query and the probabilities to fp8), NHD;  xqa-hnd  on HND
+  triton       benchmarks/triton_paged_decode.py (fp8 widened to fp16 in registers); triton-sS-nN-wW-pP sets its
+               splits per request, block of tokens, warps and pipeline stages (defaults 1, 64, 4, 2); tritonT...
+               the same with its two MMAs transposed (the widened K/V tile as the A operand, from registers);
+               tritonTF8... also q.K in fp8 (the query rounded to e4m3, K not widened), over an fp8 pool only;
+               tritonTF8x2... q.K as two fp8 MMAs, the query split into two e4m3 terms (hi + lo, ~7 bits)
+Each is timed over 30 back-to-back calls after 5 warm-up calls (CUDA events). The table gives us per call, the KV
+read rate (bytes of K and V as stored / time), and the output's error against exact attention in fp32 over the
+stored K/V (relative Frobenius norm; the fp8 rounding of K/V itself is not counted, only what each kernel adds).
 """
 
 from __future__ import annotations
@@ -20,11 +29,14 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import re
 from collections.abc import Callable
 
 import torch
 
-HEADS, KV_HEADS, DIM = 16, 8, 128
+DIM = 128
+LENS = {"offline": ((100, 1025), (0, 1025)), "replay": ((1200, 5801), (0, 1))}
+DTYPES = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
 
 
 def time_us(fn: Callable[[], torch.Tensor], iters: int = 30) -> float:
@@ -39,44 +51,71 @@ def time_us(fn: Callable[[], torch.Tensor], iters: int = 30) -> float:
     return start.elapsed_time(end) * 1e3 / iters
 
 
-def case(batch: int, page: int, kernels: list[str], seed: int = 0) -> list[dict]:
-    import flashinfer
+def reference(q, k, v, table: list[list[int]], lens: list[int], scale: float) -> torch.Tensor:
+    """Exact attention in fp32 over the stored K/V, request by request."""
+    heads, kv_heads = q.shape[1], k.shape[2]
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    for i, n in enumerate(lens):
+        pages = torch.tensor(table[i], device=q.device, dtype=torch.long)
+        kk = k[pages].flatten(0, 1)[:n].float().repeat_interleave(heads // kv_heads, 1)  # [n, heads, dim]
+        vv = v[pages].flatten(0, 1)[:n].float().repeat_interleave(heads // kv_heads, 1)
+        s = torch.einsum("hd,nhd->hn", q[i].float(), kk) * scale
+        out[i] = torch.einsum("hn,nhd->hd", s.softmax(-1), vv)
+    return out
 
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(100, 1025, (batch,), generator=g) + torch.randint(0, 1025, (batch,), generator=g)
+
+def case(batch: int, page: int, kernels: list[str], kv: str, lens_name: str, heads: int, kv_heads: int) -> list[dict]:
+    import flashinfer
+    from triton_paged_decode import paged_decode  # this script's folder is on sys.path when run as a script
+
+    g = torch.Generator().manual_seed(0)
+    (plo, phi), (glo, ghi) = LENS[lens_name]
+    lens = torch.randint(plo, phi, (batch,), generator=g) + torch.randint(glo, ghi, (batch,), generator=g)
     pages_per = [(int(n) + page - 1) // page for n in lens]
     total_pages = sum(pages_per)
     pool_pages = int(total_pages * 1.25) + 8
     perm = torch.randperm(pool_pages, generator=g)[:total_pages].to(torch.int32)
     dev = torch.device("cuda")
-    k_nhd = torch.randn(pool_pages, page, KV_HEADS, DIM, device=dev, dtype=torch.bfloat16)
-    v_nhd = torch.randn(pool_pages, page, KV_HEADS, DIM, device=dev, dtype=torch.bfloat16)
+    dtype = DTYPES[kv]
+    k_nhd = torch.randn(pool_pages, page, kv_heads, DIM, device=dev, dtype=torch.bfloat16).to(dtype)
+    v_nhd = torch.randn(pool_pages, page, kv_heads, DIM, device=dev, dtype=torch.bfloat16).to(dtype)
     k_hnd, v_hnd = k_nhd.transpose(1, 2).contiguous(), v_nhd.transpose(1, 2).contiguous()
-    q = torch.randn(batch, HEADS, DIM, device=dev, dtype=torch.bfloat16)
+    q = torch.randn(batch, heads, DIM, device=dev, dtype=torch.bfloat16)
     indptr = torch.zeros(batch + 1, dtype=torch.int32)
     indptr[1:] = torch.tensor(pages_per, dtype=torch.int32).cumsum(0)
     indices = perm.to(dev)
     last = torch.tensor([(int(n) - 1) % page + 1 for n in lens], dtype=torch.int32)
-    max_pages = max(pages_per)
-    table = torch.zeros(batch, max_pages, dtype=torch.int32)
-    for i in range(batch):
-        table[i, : pages_per[i]] = perm[indptr[i] : indptr[i + 1]]
-    table_d, lens_d = table.to(dev), lens.to(dev, torch.int32)
+    table_rows = [perm[indptr[i] : indptr[i + 1]].tolist() for i in range(batch)]
+    table = torch.zeros(batch, max(pages_per), dtype=torch.int32)
+    for i, row in enumerate(table_rows):
+        table[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+    table_d, lens_d, indptr_d = table.to(dev), lens.to(dev, torch.int32), indptr.to(dev)
     ws = torch.zeros(256 * 2**20, dtype=torch.uint8, device=dev)
     scale = DIM**-0.5
 
     def fi(tc: bool, layout: str, **plan: bool | int) -> Callable[[], torch.Tensor]:
         w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, layout, use_tensor_cores=tc)
-        w.plan(indptr, indices, last, HEADS, KV_HEADS, DIM, page, q_data_type=torch.bfloat16, sm_scale=scale, **plan)
-        kv = (k_nhd, v_nhd) if layout == "NHD" else (k_hnd, v_hnd)
-        return lambda: w.run(q, kv)
+        w.plan(indptr, indices, last, heads, kv_heads, DIM, page, q_data_type=torch.bfloat16, kv_data_type=dtype,
+               sm_scale=scale, **plan)  # fmt: skip
+        cache = (k_nhd, v_nhd) if layout == "NHD" else (k_hnd, v_hnd)
+        return lambda: w.run(q, cache)
 
     def xqa(layout: str) -> Callable[[], torch.Tensor]:
         xws = torch.zeros(256 * 2**20, dtype=torch.uint8, device=dev)
-        kv = (k_nhd, v_nhd) if layout == "NHD" else (k_hnd, v_hnd)
+        cache = (k_nhd, v_nhd) if layout == "NHD" else (k_hnd, v_hnd)
         return lambda: flashinfer.decode.xqa_batch_decode_with_kv_cache(
-            q, kv, xws, table_d, lens_d, int(lens.max()), bmm1_scale=scale, kv_layout=layout
+            q, cache, xws, table_d, lens_d, int(lens.max()), bmm1_scale=scale, kv_layout=layout
         )
+
+    def triton_kernel(name: str) -> Callable[[], torch.Tensor]:
+        opts = {"s": 1, "n": 64, "w": 4, "p": 2}
+        opts.update({key: int(val) for key, val in re.findall(r"-([snwp])(\d+)", name)})
+        kw = dict(splits=opts["s"], block_n=opts["n"], num_warps=opts["w"], num_stages=opts["p"])
+        kw.update(
+            swapped=name.startswith("tritonT"),
+            qk_fp8=2 if name.startswith("tritonTF8x2") else int(name.startswith("tritonTF8")),
+        )
+        return lambda: paged_decode(q, k_nhd, v_nhd, indptr_d, indices, lens_d, scale, **kw)
 
     makers: dict[str, Callable[[], Callable[[], torch.Tensor]]] = {
         "fi-tc": lambda: fi(True, "NHD"),
@@ -89,47 +128,53 @@ def case(batch: int, page: int, kernels: list[str], seed: int = 0) -> list[dict]
     }
     for n in (4, 8, 16, 32, 64):
         makers[f"fi-tc-split{n}"] = functools.partial(fi, True, "NHD", fixed_split_size=n)
-    kv_bytes = int(lens.sum()) * KV_HEADS * DIM * 2 * 2
-    ref = makers["fi-tc"]()().float()
+    ref = reference(q, k_nhd, v_nhd, table_rows, lens.tolist(), scale)
+    kv_bytes = int(lens.sum()) * kv_heads * DIM * 2 * k_nhd.element_size()
     rows = []
     for name in kernels:
-        row: dict = dict(kernel=name, batch=batch, page=page, kv_tokens=int(lens.sum()))
+        row: dict = dict(kernel=name, kv=kv, lens=lens_name, heads=f"{heads}/{kv_heads}", batch=batch, page=page,
+                         kv_tokens=int(lens.sum()))  # fmt: skip
         try:
-            fn = makers[name]()
+            fn = triton_kernel(name) if name.startswith("triton") else makers[name]()
             out = fn().float()
-            row["max_abs_diff_vs_fi_tc"] = float((out - ref).abs().max())
+            row["rel_err"] = float((out - ref).norm() / ref.norm())
             us = time_us(fn)
             row.update(us=us, tb_per_s=kv_bytes / us / 1e6)
         except Exception as e:  # noqa: BLE001  # a kernel that does not build or run here is reported, not fatal
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         rows.append(row)
-        print(
-            f"batch {batch:4} page {page:3} {name:10}",
-            f"{row['us']:8.1f} us {row['tb_per_s']:5.2f} TB/s diff {row['max_abs_diff_vs_fi_tc']:.3g}"
-            if "us" in row
-            else row["error"],
-            flush=True,
-        )
+        label = f"{kv} {lens_name:7} {heads}/{kv_heads} batch {batch:4} page {page:3} {name:18}"
+        print(label, f"{row['us']:8.1f} us {row['tb_per_s']:5.2f} TB/s err {row['rel_err']:.2e}" if "us" in row
+              else row["error"], flush=True)  # fmt: skip
     return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="256,128,32")
-    ap.add_argument("--pages", default="16,32")
-    ap.add_argument("--kernels", default="fi-tc,fi-tc-hnd,fi-cc,fi-cc-hnd,xqa,xqa-hnd")
+    ap.add_argument("--pages", default="16")
+    ap.add_argument("--kv-dtypes", default="bf16,e4m3")
+    ap.add_argument("--lens", default="offline")
+    ap.add_argument("--heads", default="16/8")
+    ap.add_argument("--kernels", default="fi-tc,fi-tc-nosplit,fi-cc,xqa,triton")
+    ap.add_argument("--repeat", type=int, default=1, help="run each case again (the first includes JIT builds)")
     ap.add_argument("--out")
     args = ap.parse_args()
     kernels = args.kernels.split(",")
     rows = []
-    for page in map(int, args.pages.split(",")):
-        for batch in map(int, args.batches.split(",")):
-            rows += case(batch, page, kernels)
-            # the same case again: the first pass includes JIT builds and a cold GPU's clocks
-            rows += [dict(r, repeat=1) for r in case(batch, page, kernels)]
+    for lens_name in args.lens.split(","):
+        for hk in args.heads.split(","):
+            heads, kv_heads = map(int, hk.split("/"))
+            for kv in args.kv_dtypes.split(","):
+                for page in map(int, args.pages.split(",")):
+                    for batch in map(int, args.batches.split(",")):
+                        for rep in range(1 + args.repeat):
+                            got = case(batch, page, kernels, kv, lens_name, heads, kv_heads)
+                            rows += [dict(r, repeat=rep) for r in got]
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
+            meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__)
+            json.dump(dict(meta, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":
