@@ -31,6 +31,7 @@ import functools
 import json
 import re
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -87,8 +88,8 @@ def case(batch: int, page: int, kernels: list[str], kv: str, lens_name: str, hea
     last = torch.tensor([(int(n) - 1) % page + 1 for n in lens], dtype=torch.int32)
     table_rows = [perm[indptr[i] : indptr[i + 1]].tolist() for i in range(batch)]
     table = torch.zeros(batch, max(pages_per), dtype=torch.int32)
-    for i, row in enumerate(table_rows):
-        table[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+    for i, ids in enumerate(table_rows):
+        table[i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
     table_d, lens_d, indptr_d = table.to(dev), lens.to(dev, torch.int32), indptr.to(dev)
     ws = torch.zeros(256 * 2**20, dtype=torch.uint8, device=dev)
     scale = DIM**-0.5
@@ -110,7 +111,7 @@ def case(batch: int, page: int, kernels: list[str], kv: str, lens_name: str, hea
     def triton_kernel(name: str) -> Callable[[], torch.Tensor]:
         opts = {"s": 1, "n": 64, "w": 4, "p": 2}
         opts.update({key: int(val) for key, val in re.findall(r"-([snwp])(\d+)", name)})
-        kw = dict(splits=opts["s"], block_n=opts["n"], num_warps=opts["w"], num_stages=opts["p"])
+        kw: dict[str, Any] = dict(splits=opts["s"], block_n=opts["n"], num_warps=opts["w"], num_stages=opts["p"])
         kw.update(
             swapped=name.startswith("tritonT"),
             qk_fp8=2 if name.startswith("tritonTF8x2") else int(name.startswith("tritonTF8")),

@@ -24,6 +24,10 @@ ms, output 1.06x). At Qwen3-0.6B's heads (16, 8) the same batch took 1,216 again
 calls cost each mixed step 2.8 ms more host time, and its saturated replay lost at TBT p99 (52.6 against 40.7 ms):
 there the decode rows stay in the paged pass.
 
+Over an fp8 pool on Hopper, decode rows go through this project's Triton kernel instead (kernels/attention/
+fp8_decode.py, behind the same plan/run calls): FlashInfer's widens fp8 K/V through shared memory and was no faster
+than bf16 on an H200.
+
 Every wrapper comes in two copies used in turn. A plan writes its schedule into the wrapper's pinned host
 buffer and queues an async copy to the device; under overlap scheduling the next plan runs while the previous
 step may not have started, so reusing one wrapper would overwrite a schedule before the GPU has read it.
@@ -57,6 +61,8 @@ SPLIT_MIN_GROUP = 4
 # Decode without split-KV where it is the faster choice (decode_split_kv, below); off: FlashInfer's own
 # choice, which in CUDA-graph mode is always to split (benchmarks/step_profile.py's `split-always` variant).
 NO_SPLIT_WHEN_BALANCED = True
+# Decode over an fp8 pool through kernels/attention/fp8_decode.py where it runs (fp8_decode.supported); off: FlashInfer.
+TRITON_FP8_DECODE = True
 
 
 def paged_metadata(meta: AttnMeta, page_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -129,6 +135,12 @@ class _Wrapper(Protocol):
     def run(self, q: torch.Tensor, *args: Any, **kwargs: Any) -> Any: ...
 
 
+def _fp8_decode_runs(device: torch.device, head_dim: int, sliding_window: int | None) -> bool:
+    from kernels.attention.fp8_decode import supported  # Triton: on GPU machines only
+
+    return supported(device, head_dim, sliding_window)
+
+
 class FlashInferBackend(AttentionBackend):
     def __init__(
         self,
@@ -162,20 +174,40 @@ class FlashInferBackend(AttentionBackend):
             flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=RAGGED_KERNELS)
             for _ in range(2)
         ]
-        self.decode = [
-            flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores, backend=DECODE_KERNELS
-            )
-            for _ in range(2)
-        ]
         # Enough CTAs to fill the GPU: a no-split decode runs one CTA per (request, KV head), about two per SM.
         self.split_slots = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+        self.fp8_decode = TRITON_FP8_DECODE and pool.quantized and _fp8_decode_runs(device, head_dim, sliding_window)
+        self.decode: list[_Wrapper] = [self._decode_wrapper() for _ in range(2)]
         self.graph_wrappers: dict[tuple[int, int, bool], _Wrapper] = {}
         self.graph_indices: dict[int, torch.Tensor] = {}  # per copy: one page-id buffer for every batch size
         self.turn = 0  # which copy the next plan uses
         self.active: _Wrapper = self.decode[0]
         # A prefill or mixed batch in parts: (wrapper, first token row, end row, ragged); None: `active` alone.
         self.parts: list[tuple[_Wrapper, int, int, bool]] | None = None
+
+    def _decode_wrapper(self, graph_buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> _Wrapper:
+        """A decode wrapper, its metadata in fixed device buffers (indptr, page ids, last page's length) if given."""
+        if self.fp8_decode:
+            from kernels.attention.fp8_decode import Fp8DecodeWrapper
+
+            return Fp8DecodeWrapper(self.split_slots, graph_buffers)
+        if graph_buffers is None:
+            eager: _Wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores, backend=DECODE_KERNELS
+            )
+            return eager
+        indptr, indices, last = graph_buffers
+        graph: _Wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace,
+            "NHD",
+            use_cuda_graph=True,
+            use_tensor_cores=self.use_tensor_cores,
+            backend=DECODE_KERNELS,
+            paged_kv_indptr_buffer=indptr,
+            paged_kv_indices_buffer=indices,
+            paged_kv_last_page_len_buffer=last,
+        )
+        return graph
 
     def split_kv(self, kv_lens: list[int]) -> bool:
         return not NO_SPLIT_WHEN_BALANCED or decode_split_kv(kv_lens, self.num_kv_heads, self.split_slots)
@@ -194,7 +226,8 @@ class FlashInferBackend(AttentionBackend):
 
     def _plan_parts(self, turn: int, meta: AttnMeta) -> None:
         windowed = self.window_left >= 0  # the windowed kernels are fa2's paged ones alone
-        split = SPLIT_DECODE_ROWS and self.num_heads >= SPLIT_MIN_GROUP * self.num_kv_heads
+        # over an fp8 pool at any group: FlashInfer's paged pass widens the decode rows' fp8 KV as its decode does
+        split = SPLIT_DECODE_ROWS and (self.fp8_decode or self.num_heads >= SPLIT_MIN_GROUP * self.num_kv_heads)
         runs = batch_parts(meta, RAGGED_PREFILL and not windowed, split and not windowed)
         parts, row = [], 0
         for kind, a, b in runs:
@@ -244,16 +277,8 @@ class FlashInferBackend(AttentionBackend):
             # refills it with a copy queued on the stream behind the replays before it.
             if turn not in self.graph_indices or self.graph_indices[turn].numel() < max_pages:
                 self.graph_indices[turn] = torch.zeros(max_pages, dtype=torch.int32, device=self.device)
-            self.graph_wrappers[bs, turn, split] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
-                self.workspace,
-                "NHD",
-                use_cuda_graph=True,
-                use_tensor_cores=self.use_tensor_cores,
-                backend=DECODE_KERNELS,
-                paged_kv_indptr_buffer=torch.zeros(bs + 1, dtype=torch.int32, device=self.device),
-                paged_kv_indices_buffer=self.graph_indices[turn],
-                paged_kv_last_page_len_buffer=torch.zeros(bs, dtype=torch.int32, device=self.device),
-            )
+            indptr, last = (torch.zeros(n, dtype=torch.int32, device=self.device) for n in (bs + 1, bs))
+            self.graph_wrappers[bs, turn, split] = self._decode_wrapper((indptr, self.graph_indices[turn], last))
         return self.graph_wrappers[bs, turn, split]
 
     def plan_graph(

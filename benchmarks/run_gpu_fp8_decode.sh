@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The fp8 pool's decode kernel (kernels/attention/fp8_decode.py) on the GPU: its tests, then bench-offline over an fp8
+# pool with it and with FlashInfer's decode (flashinfer_backend.TRITON_FP8_DECODE), and over bf16, interleaved
+# ${ROUNDS:-2} times, ${RUNS:-2} runs each; then issue #15's replay (mixed, the default) over bf16 and fp8 with step logs.
+# Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_fp8_decode.sh   (STAGES="tests offline trace")
+set -u
+(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+for stage in ${STAGES:-tests offline trace}; do
+  case $stage in
+    tests)
+      timeout 300 python -m pytest -q -x tests/test_gpu.py -k "fp8 or flashinfer_matches or parts_match" 2>&1 \
+        | tail -n 5 | tee "$OUT/pytest_fp8_decode.txt" ;;
+    offline)
+      for round in $(seq "${ROUNDS:-2}"); do
+        for mode in triton flashinfer bf16; do
+          pre="pass"; kv="--kv-cache-dtype fp8"
+          [ $mode = flashinfer ] && pre="import kernels.attention.flashinfer_backend as f; f.TRITON_FP8_DECODE = False"
+          [ $mode = bf16 ] && kv=""
+          timeout 200 python -c "$pre; from minisgl_cli.app import main; main()" bench-offline \
+            --model dummy:Qwen3-0.6B --runs "${RUNS:-2}" $kv --json "$OUT/offline_${mode}_r$round.json" > "$OUT/offline_${mode}_r$round.log" 2>&1
+          python - "$OUT/offline_${mode}_r$round.json" "$mode" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"{sys.argv[2]:10} runs", [round(r["output_throughput"]) for r in d["runs"]], "floor", round(d["floor_fraction"], 3))
+PY
+        done
+      done 2>&1 | tee "$OUT/offline_fp8_decode.txt" ;;
+    trace)
+      MODES="${TRACE_MODES:-mixed fp8=--kv-cache-dtype,fp8}" TAG=_fp8_decode bash benchmarks/run_gpu_trace_steps.sh ;;
+  esac
+done
