@@ -12,13 +12,12 @@ rank of Qwen3-32B at TP=4. Kernels:
   fi-tc-splitN the same with fixed_split_size=N: each request's KV cut into chunks of N pages
   fi-tc-hnd    the same kernel on an HND pool [pages, heads, page, dim] (each head's page contiguous)
   fi-cc        FlashInfer's CUDA-core decode, NHD;  fi-cc-hnd  on HND
-  xqa          FlashInfer's XQA decode kernel (TensorRT-LLM's GQA decode; over e4m3 on sm90 its Hopper fp8 kernel,
-               which also rounds the query and the probabilities to fp8), NHD;  xqa-hnd  on HND
-  triton       benchmarks/triton_paged_decode.py (fp8 widened to fp16 in registers); triton-sS-nN-wW-pP sets its
-               splits per request, block of tokens, warps and pipeline stages (defaults 1, 64, 4, 2); tritonT...
-               the same with its two MMAs transposed (the widened K/V tile as the A operand, from registers);
-               tritonTF8... also q.K in fp8 (the query rounded to e4m3, K not widened), over an fp8 pool only;
-               tritonTF8x2... q.K as two fp8 MMAs, the query split into two e4m3 terms (hi + lo, ~7 bits)
+  xqa          FlashInfer's XQA decode kernel (TensorRT-LLM's GQA decode; over e4m3 on sm90 its Hopper fp8 kernel), NHD;
+               xqa-hnd  on HND. The bundle of the twenty-third session lacks its sources: it does not build there
+  triton       the engine's decode over an fp8 pool (kernels/attention/fp8_decode.py; e4m3 only); triton-sS with S
+               splits per request (default 1). The candidates it was chosen from (K/V widened in registers in either
+               MMA order, a one-term e4m3 query) are in benchmarks/triton_paged_decode.py as of commit 4291d57; their
+               figures in benchmarks/results/session23_h200/.
 Each is timed over 30 back-to-back calls after 5 warm-up calls (CUDA events). The table gives us per call, the KV
 read rate (bytes of K and V as stored / time), and the output's error against exact attention in fp32 over the
 stored K/V (relative Frobenius norm; the fp8 rounding of K/V itself is not counted, only what each kernel adds).
@@ -31,7 +30,6 @@ import functools
 import json
 import re
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -67,7 +65,8 @@ def reference(q, k, v, table: list[list[int]], lens: list[int], scale: float) ->
 
 def case(batch: int, page: int, kernels: list[str], kv: str, lens_name: str, heads: int, kv_heads: int) -> list[dict]:
     import flashinfer
-    from triton_paged_decode import paged_decode  # this script's folder is on sys.path when run as a script
+
+    from kernels.attention import fp8_decode
 
     g = torch.Generator().manual_seed(0)
     (plo, phi), (glo, ghi) = LENS[lens_name]
@@ -109,14 +108,10 @@ def case(batch: int, page: int, kernels: list[str], kv: str, lens_name: str, hea
         )
 
     def triton_kernel(name: str) -> Callable[[], torch.Tensor]:
-        opts = {"s": 1, "n": 64, "w": 4, "p": 2}
-        opts.update({key: int(val) for key, val in re.findall(r"-([snwp])(\d+)", name)})
-        kw: dict[str, Any] = dict(splits=opts["s"], block_n=opts["n"], num_warps=opts["w"], num_stages=opts["p"])
-        kw.update(
-            swapped=name.startswith("tritonT"),
-            qk_fp8=2 if name.startswith("tritonTF8x2") else int(name.startswith("tritonTF8")),
-        )
-        return lambda: paged_decode(q, k_nhd, v_nhd, indptr_d, indices, lens_d, scale, **kw)
+        if dtype != torch.float8_e4m3fn:
+            raise ValueError("the Triton decode reads an fp8 pool only")
+        splits = int(m.group(1)) if (m := re.search(r"-s(\d+)", name)) else 1
+        return lambda: fp8_decode.decode(q, k_nhd, v_nhd, indptr_d, indices, lens_d, scale, splits)
 
     makers: dict[str, Callable[[], Callable[[], torch.Tensor]]] = {
         "fi-tc": lambda: fi(True, "NHD"),
