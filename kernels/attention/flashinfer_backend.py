@@ -22,7 +22,7 @@ query, 2 KV), and Qwen3-32B's replay at TP=4 gained (TBT p99 78 -> 60 ms). At Ll
 1,003 against 1,313 us after a 10,000-token prefix, and its replay on one H100 gained (TBT p99 53.5 against 70.5-71.7
 ms, output 1.06x). At Qwen3-0.6B's heads (16, 8) the same batch took 1,216 against 1,297 us, but the extra kernel
 calls cost each mixed step 2.8 ms more host time, and its saturated replay lost at TBT p99 (52.6 against 40.7 ms):
-there the decode rows stay in the paged pass.
+there the decode rows stay in the paged pass (over a bf16 pool; over fp8, below, they go apart at any group).
 
 Over an fp8 pool on Hopper, decode rows go through this project's Triton kernel instead (kernels/attention/
 fp8_decode.py, behind the same plan/run calls): FlashInfer's widens fp8 K/V through shared memory and was no faster
@@ -186,7 +186,8 @@ class FlashInferBackend(AttentionBackend):
         self.parts: list[tuple[_Wrapper, int, int, bool]] | None = None
 
     def _decode_wrapper(self, graph_buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> _Wrapper:
-        """A decode wrapper, its metadata in fixed device buffers (indptr, page ids, last page's length) if given."""
+        """A decode wrapper, its metadata in fixed device buffers if given: indptr, page ids, and one int per row
+        (FlashInfer's last page lengths, or the fp8 kernel's context lengths)."""
         if self.fp8_decode:
             from kernels.attention.fp8_decode import Fp8DecodeWrapper
 
