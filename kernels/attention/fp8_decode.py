@@ -5,7 +5,7 @@ pool at ~2.1 TB/s (H100) and 1.7-2.4 TB/s (H200): on an H200 no faster than a bf
 go to the tensor cores as they are stored. The query is split into two e4m3 terms at a power-of-two scale, q ~ hi +
 lo, so q.k is two fp8 MMAs and the query keeps ~7 significant bits (bf16 keeps 8): the output's error against exact
 attention over the stored K/V is FlashInfer's (2.1e-3). Rounding the query to one e4m3 term, as vLLM does for
-FlashAttention-3's fp8 path, was 20% faster here but had 13x the error (2.7e-2). The values are widened to fp16 in
+FlashAttention-3's fp8 path, was ~10% faster here but had 13x the error (2.7e-2). The values are widened to fp16 in
 registers, and both MMAs are transposed (K q^T, V^T P) so the widened tile is the A operand, which wgmma reads from
 registers.
 
@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
-BLOCK_N = 128  # keys per step of the loop: 64 and 256 were 20-30% slower (H200)
+BLOCK_N = 128  # keys per step of the loop: 64 and 256 were 10-43% slower (H200), as were 8 warps
 NUM_STAGES = 3
 # The split count is a run-time argument, so two builds of the kernel (split or not) serve every batch: a build per
 # count compiled mid-run (a 1.1 s stall in a replay's mixed step). MAX_SPLITS is a power of two (the merge's block).
