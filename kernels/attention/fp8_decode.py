@@ -1,8 +1,8 @@
 """Decode attention over an fp8 (e4m3) KV pool, in Triton (Hopper; `--kv-cache-dtype fp8`).
 
-FlashInfer 0.7's decode widens fp8 K/V to 16 bits on their way through shared memory, which caps its read of an fp8
-pool at ~2.1 TB/s (H100) and 1.7-2.4 TB/s (H200): on an H200 no faster than a bf16 pool at 256 rows. Here the keys
-go to the tensor cores as they are stored. The query is split into two e4m3 terms at a power-of-two scale, q ~ hi +
+FlashInfer 0.7's decode widens fp8 K/V to 16 bits on their way through shared memory, which caps its read of an fp8 pool
+at ~2.1 TB/s (H100) and 1.2-2.4 TB/s (H200, 32-256 rows): on an H200 no faster than a bf16 pool at 256 rows. Here the
+keys go to the tensor cores as they are stored. The query is split into two e4m3 terms at a power-of-two scale, q ~ hi +
 lo, so q.k is two fp8 MMAs and the query keeps ~7 significant bits (bf16 keeps 8): the output's error against exact
 attention over the stored K/V is FlashInfer's (2.1e-3). Rounding the query to one e4m3 term, as vLLM does for
 FlashAttention-3's fp8 path, was ~10% faster here but had 13x the error (2.7e-2). The values are widened to fp16 in
