@@ -255,3 +255,90 @@ def test_stored_kv_is_not_written_again() -> None:
     got = be.forward(0, q, torch.zeros_like(k), torch.zeros_like(v), stored=True)
     torch.testing.assert_close(got, want)
     assert torch.equal(pool.k[0], written)
+
+
+def test_fp8_decode_wrapper_plans_lengths_splits_and_graph_buffers() -> None:
+    """kernels/attention/flashinfer_backend.Fp8DecodeWrapper, the fp8 decode kernel's planner (the kernel itself runs
+    on Hopper only: tests/test_gpu.py): context lengths from FlashInfer's page metadata, a split count that depends on
+    the batch size alone (a CUDA graph replays the count it was captured with), and a graph copy's fixed buffers
+    refilled in place."""
+    from kernels.attention.flashinfer_backend import Fp8DecodeWrapper
+
+    indptr = torch.tensor([0, 2, 3, 6], dtype=torch.int32)  # 2, 1 and 3 pages of 16
+    last = torch.tensor([5, 16, 1], dtype=torch.int32)
+    indices = torch.tensor([7, 3, 9, 1, 2, 4], dtype=torch.int32)
+    args = (indptr, indices, last, 4, 2, 8, 16)  # 4 query heads, 2 KV heads, dim 8, page 16
+    eager = Fp8DecodeWrapper(slots=64)
+    eager.plan(*args, sm_scale=0.5, disable_split_kv=True, q_data_type=torch.bfloat16)
+    assert eager.lens.tolist() == [21, 16, 33] and eager.splits == 1 and eager.sm_scale == 0.5
+    assert eager.indices is indices and torch.equal(eager.indptr, indptr)
+    eager.plan(*args, sm_scale=0.5)
+    assert eager.splits == 11  # 64 programs over 3 rows x 2 KV heads
+    eager.slots = 10_000
+    eager.plan(*args, sm_scale=0.5)
+    assert eager.splits == Fp8DecodeWrapper.MAX_SPLITS
+    eager.slots = 1
+    eager.plan(*args, sm_scale=0.5)
+    assert eager.splits == 2  # a split is at least two parts
+    buffers = (
+        torch.zeros(4, dtype=torch.int32),
+        torch.full((10,), -1, dtype=torch.int32),
+        torch.zeros(3, dtype=torch.int32),
+    )
+    graph = Fp8DecodeWrapper(slots=64, buffers=buffers)
+    graph.plan(*args, sm_scale=0.5)
+    assert graph.indptr is buffers[0] and graph.indices is buffers[1] and graph.lens is buffers[2]
+    assert buffers[0].tolist() == [0, 2, 3, 6] and buffers[2].tolist() == [21, 16, 33]
+    assert buffers[1].tolist() == [7, 3, 9, 1, 2, 4, -1, -1, -1, -1]  # the rest of the shared page-id buffer untouched
+
+
+@pytest.mark.parametrize("capability, enabled", [((9, 0), True), ((9, 0), False), ((8, 0), True)])
+def test_flashinfer_fp8_pool_decodes_through_the_triton_kernel_on_hopper(
+    monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], enabled: bool
+) -> None:
+    """Over an fp8 pool on Hopper the backend's decode wrappers (eager, and each CUDA-graph copy) are the Triton
+    kernel's, and a mixed batch's decode rows go to it at any group (here 2), since FlashInfer's paged pass widens
+    their fp8 KV as its decode does; elsewhere, or with TRITON_FP8_DECODE off, FlashInfer's wrappers and the bf16 rule
+    (decode rows apart from a group of 4)."""
+    import sys
+    import types
+
+    from kernels.attention import flashinfer_backend as fib
+    from kvcache.pool import FP8
+
+    stub = types.SimpleNamespace(
+        BatchDecodeWithPagedKVCacheWrapper=_Decode,
+        BatchPrefillWithPagedKVCacheWrapper=_Paged,
+        BatchPrefillWithRaggedKVCacheWrapper=_Ragged,
+    )
+    monkeypatch.setitem(sys.modules, "flashinfer", stub)
+    monkeypatch.setattr(fib, "WORKSPACE_BYTES", 64)
+    monkeypatch.setattr(fib, "TRITON_FP8_DECODE", enabled)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(multi_processor_count=4))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: capability)
+    H, KVH, D, PS = 16, 8, 16, 4
+    reqs = [(1, 5), (1, 12), (300, 900), (30, 30)]  # (q_len, kv_len): two decode rows, a chunk, a fresh prompt
+    pages = [-(-kv // PS) for _, kv in reqs]
+    pool = KVPool.create(1, sum(pages) + 1, PS, KVH, D, torch.float32, "cpu", FP8)
+    tables, slots, at = [], [], 1
+    for (q_len, kv), p in zip(reqs, pages):
+        tables.append(list(range(at, at + p)))
+        at += p
+        pos = torch.arange(kv - q_len, kv)
+        slots.append(torch.tensor(tables[-1])[pos // PS] * PS + pos % PS)
+    meta = AttnMeta(False, [q for q, _ in reqs], [kv for _, kv in reqs], tables, torch.cat(slots))
+    be = fib.FlashInferBackend(pool, H, KVH, D, CPU)
+    triton = enabled and capability == (9, 0)
+    assert be.fp8_decode == triton
+    assert all(isinstance(w, fib.Fp8DecodeWrapper if triton else _Decode) for w in be.decode)
+    be.plan(meta)
+    assert be.parts is not None
+    kinds = [type(w) for w, *_ in be.parts]
+    assert kinds == ([fib.Fp8DecodeWrapper, _Paged, _Ragged] if triton else [_Paged, _Ragged])
+    graph = be.graph_wrapper(2, 0, True, max_pages=16)
+    assert isinstance(graph, fib.Fp8DecodeWrapper if triton else _Decode)
+    if triton:  # the graph copy's buffers: the copy's shared page-id buffer and its own indptr / lengths
+        assert isinstance(graph, fib.Fp8DecodeWrapper)
+        decode = AttnMeta(True, [1, 1], [5, 12], tables[:2], torch.tensor([4, 11]))
+        be.plan_graph(2, 16, decode, decode.out_slots, turn=0, split=True)
+        assert graph.indices is be.graph_indices[0] and graph.lens.tolist() == [5, 12] and graph.splits == 2

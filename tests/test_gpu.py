@@ -180,12 +180,11 @@ def test_fp8_decode_kernel_matches_exact_attention(heads: int, kv_heads: int, di
     scattered, one split per request or enough to fill the GPU (the merge, empty splits included). Its error stays
     at FlashInfer's fp8 decode's (2.1e-3 at Qwen3-0.6B's heads, benchmarks/decode_attention_kernels.py)."""
     from kernels.attention.base import AttnMeta
-    from kernels.attention.flashinfer_backend import FlashInferBackend
-    from kernels.attention.fp8_decode import Fp8DecodeWrapper, supported
+    from kernels.attention.flashinfer_backend import FlashInferBackend, Fp8DecodeWrapper, fp8_decode_supported
     from kvcache.pool import FP8, KVPool
 
     dev, PS = torch.device("cuda"), 16
-    if not supported(dev, dim, None):
+    if not fp8_decode_supported(dev, dim, None):
         pytest.skip("the fp8 decode kernel runs on Hopper only")
     g = torch.Generator().manual_seed(heads + kv_heads + dim)
     kv_lens = [1, 2, 127, 128, 129, 3000] + torch.randint(1, 1200, (34,), generator=g).tolist()
@@ -204,7 +203,7 @@ def test_fp8_decode_kernel_matches_exact_attention(heads: int, kv_heads: int, di
     fi = FlashInferBackend(pool, heads, kv_heads, dim, dev)
     assert isinstance(fi.decode[0], Fp8DecodeWrapper)
     fi._plan(fi.decode[0], meta, split)
-    want_splits = min(32, max(2, -(-fi.split_slots // (len(kv_lens) * kv_heads))))
+    want_splits = min(Fp8DecodeWrapper.MAX_SPLITS, max(2, -(-fi.split_slots // (len(kv_lens) * kv_heads))))
     assert fi.decode[0].splits == (want_splits if split else 1)
     got = fi.forward(0, q, None, None, stored=True)
     for i, (t, kv) in enumerate(zip(tables, kv_lens)):

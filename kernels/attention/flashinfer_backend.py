@@ -61,7 +61,7 @@ SPLIT_MIN_GROUP = 4
 # Decode without split-KV where it is the faster choice (decode_split_kv, below); off: FlashInfer's own
 # choice, which in CUDA-graph mode is always to split (benchmarks/step_profile.py's `split-always` variant).
 NO_SPLIT_WHEN_BALANCED = True
-# Decode over an fp8 pool through kernels/attention/fp8_decode.py where it runs (fp8_decode.supported); off: FlashInfer.
+# Decode over an fp8 pool through kernels/attention/fp8_decode.py where it runs (fp8_decode_supported); off: FlashInfer.
 TRITON_FP8_DECODE = True
 
 
@@ -135,10 +135,64 @@ class _Wrapper(Protocol):
     def run(self, q: torch.Tensor, *args: Any, **kwargs: Any) -> Any: ...
 
 
-def _fp8_decode_runs(device: torch.device, head_dim: int, sliding_window: int | None) -> bool:
-    from kernels.attention.fp8_decode import supported  # Triton: on GPU machines only
+def fp8_decode_supported(device: torch.device, head_dim: int, sliding_window: int | None) -> bool:
+    """Where kernels/attention/fp8_decode.py runs: Hopper (fp8 MMAs measured there), head sizes 16-128 (those tested),
+    no sliding window."""
+    return torch.cuda.get_device_capability(device)[0] == 9 and head_dim in (16, 32, 64, 128) and sliding_window is None
 
-    return supported(device, head_dim, sliding_window)
+
+class Fp8DecodeWrapper:
+    """FlashInfer's decode-wrapper calls (plan, run) over kernels/attention/fp8_decode.py. With `buffers` (indptr, page
+    ids, context lengths on the device, fixed) a CUDA graph can replay it: each plan refills them with copies queued
+    on the stream, behind the replays before it."""
+
+    MAX_SPLITS = 32
+
+    def __init__(self, slots: int, buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
+        self.slots = slots  # programs that fill the GPU (about two per SM)
+        self.buffers = buffers
+        self.splits = 1
+        self.sm_scale = 1.0
+        self.indptr = self.indices = self.lens = torch.empty(0)
+
+    def plan(
+        self,
+        indptr: torch.Tensor,  # host
+        indices: torch.Tensor,  # device
+        last_page_len: torch.Tensor,  # host
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        *,
+        disable_split_kv: bool = False,
+        sm_scale: float,
+        **_: object,  # FlashInfer's dtypes and window: fixed for this kernel (fp8_decode_supported)
+    ) -> None:
+        rows = len(indptr) - 1
+        lens = (indptr[1:] - indptr[:-1] - 1) * page_size + last_page_len
+        # A split cuts each request's KV into equal parts, enough programs to fill the GPU. The count depends on the
+        # batch size alone, so a graph captured for a size replays with the count it was captured with.
+        splits = -(-self.slots // (rows * num_kv_heads))
+        self.splits = 1 if disable_split_kv else min(self.MAX_SPLITS, max(2, splits))
+        self.sm_scale = sm_scale
+        if self.buffers is None:
+            self.indptr = indptr.to(indices.device, non_blocking=True)
+            self.lens = lens.to(indices.device, non_blocking=True)
+            self.indices = indices
+            return
+        indptr_buf, indices_buf, lens_buf = self.buffers
+        indptr_buf.copy_(indptr, non_blocking=True)
+        lens_buf.copy_(lens, non_blocking=True)
+        indices_buf[: indices.numel()].copy_(indices, non_blocking=True)
+        self.indptr, self.indices, self.lens = indptr_buf, indices_buf, lens_buf
+
+    def run(
+        self, q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        from kernels.attention.fp8_decode import decode  # Triton: on GPU machines only
+
+        return decode(q, cache[0], cache[1], self.indptr, self.indices, self.lens, self.sm_scale, self.splits, out)
 
 
 class FlashInferBackend(AttentionBackend):
@@ -176,7 +230,9 @@ class FlashInferBackend(AttentionBackend):
         ]
         # Enough CTAs to fill the GPU: a no-split decode runs one CTA per (request, KV head), about two per SM.
         self.split_slots = 2 * torch.cuda.get_device_properties(device).multi_processor_count
-        self.fp8_decode = TRITON_FP8_DECODE and pool.quantized and _fp8_decode_runs(device, head_dim, sliding_window)
+        self.fp8_decode = (
+            TRITON_FP8_DECODE and pool.quantized and fp8_decode_supported(device, head_dim, sliding_window)
+        )
         self.decode: list[_Wrapper] = [self._decode_wrapper() for _ in range(2)]
         self.graph_wrappers: dict[tuple[int, int, bool], _Wrapper] = {}
         self.graph_indices: dict[int, torch.Tensor] = {}  # per copy: one page-id buffer for every batch size
@@ -189,8 +245,6 @@ class FlashInferBackend(AttentionBackend):
         """A decode wrapper, its metadata in fixed device buffers if given: indptr, page ids, and one int per row
         (FlashInfer's last page lengths, or the fp8 kernel's context lengths)."""
         if self.fp8_decode:
-            from kernels.attention.fp8_decode import Fp8DecodeWrapper
-
             return Fp8DecodeWrapper(self.split_slots, graph_buffers)
         if graph_buffers is None:
             eager: _Wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(

@@ -10,7 +10,8 @@ registers, and both MMAs are transposed (K q^T, V^T P) so the widened tile is th
 registers.
 
 One program per (request, KV head, split): its query heads are the N side of the MMA (padded to 16). With more than
-one split per request a second kernel merges the splits by their log-sum-exp.
+one split per request a second kernel merges the splits by their log-sum-exp. The engine calls it through
+flashinfer_backend.Fp8DecodeWrapper, which plans the metadata and the split count.
 
 H200, Qwen3-0.6B's heads (16 query, 8 KV), one layer (`benchmarks/decode_attention_kernels.py`; docs/gpu.md): 212
 against 299 us (FlashInfer fp8) and 273 us (FlashInfer bf16) at 256 rows of the offline workload; 662 against 783
@@ -26,8 +27,8 @@ LOG2E = 1.4426950408889634
 BLOCK_N = 128  # keys per step of the loop: 64 and 256 were 10-43% slower (H200), as were 8 warps
 NUM_STAGES = 3
 # The split count is a run-time argument, so two builds of the kernel (split or not) serve every batch: a build per
-# count compiled mid-run (a 1.1 s stall in a replay's mixed step). MAX_SPLITS is a power of two (the merge's block).
-MAX_SPLITS = 32
+# count compiled mid-run (a 1.1 s stall in a replay's mixed step). The merge takes up to MERGE_BLOCK splits.
+MERGE_BLOCK = 32
 
 
 @triton.jit
@@ -114,11 +115,6 @@ def _merge(Out, Part, Lse, splits, D: tl.constexpr, BLOCK_S: tl.constexpr):
     tl.store(Out + row * D + d, o.to(Out.dtype.element_ty))
 
 
-def supported(device: torch.device, head_dim: int, sliding_window: int | None) -> bool:
-    """Hopper (fp8 MMAs measured there), a power-of-two head size up to 128 (the sizes tested), no sliding window."""
-    return torch.cuda.get_device_capability(device)[0] == 9 and head_dim in (16, 32, 64, 128) and sliding_window is None
-
-
 def decode(
     q: torch.Tensor,  # [rows, heads, dim], last dim contiguous
     k_cache: torch.Tensor,  # [pages, page, kv_heads, dim], float8_e4m3fn
@@ -134,7 +130,7 @@ def decode(
     kv_heads = k_cache.shape[2]
     group = heads // kv_heads
     out = torch.empty_like(q) if out is None else out
-    assert out.is_contiguous() and q.stride(2) == 1
+    assert out.is_contiguous() and q.stride(2) == 1 and 1 <= splits <= MERGE_BLOCK
     part = lse = out
     if splits > 1:
         part = torch.empty(rows * heads * splits * dim, device=q.device, dtype=torch.float32)
@@ -166,52 +162,5 @@ def decode(
         num_stages=NUM_STAGES,
     )
     if splits > 1:
-        _merge[(rows * heads,)](out, part, lse, splits, D=dim, BLOCK_S=MAX_SPLITS)
+        _merge[(rows * heads,)](out, part, lse, splits, D=dim, BLOCK_S=MERGE_BLOCK)
     return out
-
-
-class Fp8DecodeWrapper:
-    """FlashInfer's decode-wrapper calls (plan, run) over this kernel. With `buffers` (indptr, page ids, lengths on
-    the device, fixed) a CUDA graph can replay it: each plan refills them with copies queued on the stream."""
-
-    def __init__(self, slots: int, buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
-        self.slots = slots  # programs that fill the GPU (about two per SM)
-        self.buffers = buffers
-        self.splits = 1
-        self.sm_scale = 1.0
-        self.indptr = self.indices = self.lens = torch.empty(0)
-
-    def plan(
-        self,
-        indptr: torch.Tensor,  # host
-        indices: torch.Tensor,  # device
-        last_page_len: torch.Tensor,  # host
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        page_size: int,
-        *,
-        disable_split_kv: bool = False,
-        sm_scale: float,
-        **_: object,  # FlashInfer's dtypes and window: fixed for this kernel (supported())
-    ) -> None:
-        rows = len(indptr) - 1
-        lens = (indptr[1:] - indptr[:-1] - 1) * page_size + last_page_len
-        # A split cuts each request's KV into equal parts, enough programs to fill the GPU
-        self.splits = 1 if disable_split_kv else min(MAX_SPLITS, max(2, -(-self.slots // (rows * num_kv_heads))))
-        self.sm_scale = sm_scale
-        if self.buffers is None:
-            self.indptr = indptr.to(indices.device, non_blocking=True)
-            self.lens = lens.to(indices.device, non_blocking=True)
-            self.indices = indices
-            return
-        indptr_buf, indices_buf, lens_buf = self.buffers
-        indptr_buf.copy_(indptr, non_blocking=True)
-        lens_buf.copy_(lens, non_blocking=True)
-        indices_buf[: indices.numel()].copy_(indices, non_blocking=True)
-        self.indptr, self.indices, self.lens = indptr_buf, indices_buf, lens_buf
-
-    def run(
-        self, q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return decode(q, cache[0], cache[1], self.indptr, self.indices, self.lens, self.sm_scale, self.splits, out)
