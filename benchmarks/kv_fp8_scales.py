@@ -2,15 +2,17 @@
 
     ./run.sh python benchmarks/kv_fp8_scales.py
 
-The embedded SmolLM2-135M in transformers (fp32), its attention fed K/V rounded to e4m3 at scale 1 (what
-`--kv-cache-dtype fp8` stores) or at a per-layer scale amax * h / 448 (vLLM's `calculate_kv_scales` idea: the largest
-value seen in calibration maps to 448 / h), calibrated on the greedy answers to two chat prompts and scored on six
-others: the mean |logprob change| of the unrounded model's own greedy answer (32 tokens), and how many greedy answers
-change. Also each layer's K/V magnitudes, and the share below e4m3's smallest normal (2^-6)."""
+The embedded SmolLM2-135M in transformers (fp32), its attention fed K/V rounded to e4m3 at scale 1 (what `--kv-
+cache-dtype fp8` stores) or at a per-layer scale amax * h / 448 (vLLM's `calculate_kv_scales` idea: the largest
+value seen in calibration maps to 448 / h; with h negative, |h| and the scale rounded to a power of two), calibrated
+on the greedy answers to two chat prompts and scored on six others: the mean |logprob change| of the unrounded
+model's own greedy answer (32 tokens), and how many greedy answers change. Also each layer's K/V magnitudes, and the
+share below e4m3's smallest normal (2^-6)."""
 
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from tests.conftest import make_llm  # noqa: E402
 from tests.hf_reference import hf_greedy  # noqa: E402
 from tests.test_hf_equivalence import PROMPTS  # noqa: E402
 
-HEADROOMS = (1, 2, 8, 32)
+HEADROOMS = (1, 2, 8, 32, -1, -8, -32)  # negative: the same headroom, the scale rounded to a power of two
 
 
 def main() -> None:
@@ -47,7 +49,9 @@ def main() -> None:
 
     def rounded(h: float | None, module, q, k, v, *a, **kw):
         i = module.layer_idx
-        sk, sv = (1.0, 1.0) if h is None else (amax[i, "k"] * h / 448, amax[i, "v"] * h / 448)
+        sk, sv = (1.0, 1.0) if h is None else (amax[i, "k"] * abs(h) / 448, amax[i, "v"] * abs(h) / 448)
+        if h is not None and h < 0:  # the scale rounded to a power of two: the grid of scale 1, shifted in range
+            sk, sv = (2.0 ** round(math.log2(x)) for x in (sk, sv))
         return sdpa_attention_forward(module, q, fp8(k, sk), fp8(v, sv), *a, **kw)
 
     AttentionInterface.register("record", record)
