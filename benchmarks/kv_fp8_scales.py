@@ -2,12 +2,12 @@
 
     ./run.sh python benchmarks/kv_fp8_scales.py
 
-The embedded SmolLM2-135M in transformers (fp32), its attention fed K/V rounded to e4m3 at scale 1 (what `--kv-
-cache-dtype fp8` stores) or at a per-layer scale amax * h / 448 (vLLM's `calculate_kv_scales` idea: the largest
-value seen in calibration maps to 448 / h; with h negative, |h| and the scale rounded to a power of two), calibrated
-on the greedy answers to two chat prompts and scored on six others: the mean |logprob change| of the unrounded
-model's own greedy answer (32 tokens), and how many greedy answers change. Also each layer's K/V magnitudes, and the
-share below e4m3's smallest normal (2^-6)."""
+The embedded SmolLM2-135M in transformers (fp32), its attention fed K/V rounded to e4m3 at scale 1 (what
+`--kv-cache-dtype fp8` stores) or at a per-layer scale amax * h / 448 (vLLM's `calculate_kv_scales` idea: the
+largest value seen in calibration maps to 448 / h; with h negative, |h| and the scale rounded to a power of two),
+calibrated on the greedy answers to two chat prompts and scored on six others: the mean |logprob change| of the
+unrounded model's own greedy answer (32 tokens), and how many greedy answers change. Also each layer's K/V
+magnitudes, and the share below e4m3's smallest normal (2^-6)."""
 
 from __future__ import annotations
 
