@@ -3,6 +3,8 @@ split backend that hands each batch to the backend of its kind (torch for both h
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -174,16 +176,8 @@ class _Ragged(_StubWrapper):
     pass
 
 
-@pytest.mark.parametrize("window", [None, 700])
-@pytest.mark.parametrize("kv_heads", [8, 4, 2])  # groups of 2 (Qwen3-0.6B), 4 (Llama-3.1-8B), 8 (Qwen3-32B TP=4)
-@pytest.mark.parametrize("chunks", ["long", "short"])
-def test_flashinfer_parts_take_their_rows(
-    monkeypatch: pytest.MonkeyPatch, kv_heads: int, window: int | None, chunks: str
-) -> None:
-    """The plumbing of a mixed batch's parts (kernels/attention/flashinfer_backend.py), on stand-in wrappers: which
-    wrapper and kernel family each run of requests gets, the token rows each part runs on, and the new tokens' K/V a
-    ragged part reads back from the pool when the caller stored them. The kernels' numbers are the GPU test's
-    (tests/test_gpu.py::test_flashinfer_mixed_batch_parts_match_torch)."""
+def _stub_flashinfer(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """flashinfer_backend on the CPU: FlashInfer's wrappers replaced by the stand-ins above, a 4-SM "GPU"."""
     import sys
     import types
 
@@ -197,21 +191,43 @@ def test_flashinfer_parts_take_their_rows(
     monkeypatch.setitem(sys.modules, "flashinfer", stub)
     monkeypatch.setattr(fib, "WORKSPACE_BYTES", 64)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(multi_processor_count=4))
-    H, D, PS = 16, 8, 4
-    middle = [(300, 900), (200, 260)] + ([(17, 40), (1, 9)] if chunks == "short" else [])
-    reqs = [(1, 5), (1, 12), (1, 7)] + middle + [(30, 30), (1, 1)]  # (q_len, kv_len): decode, chunks, fresh
-    q_lens, kv_lens = [q for q, _ in reqs], [kv for _, kv in reqs]
-    pages = [-(-kv // PS) for kv in kv_lens]
-    pool = KVPool.create(1, sum(pages) + 1, PS, kv_heads, D, torch.float32, "cpu")
-    pool.k[0].normal_()
-    pool.v[0].normal_()
+    return fib
+
+
+def _laid_out(
+    reqs: list[tuple[int, int]], page_size: int, kv_heads: int, dim: int, kv_dtype: torch.dtype | None = None
+) -> tuple[KVPool, AttnMeta]:
+    """A batch of (q_len, kv_len) requests on one layer's fp32 pool (stored as kv_dtype if given), each request's pages
+    consecutive from page 1, its new tokens' slots in out_slots."""
+    pages = [-(-kv // page_size) for _, kv in reqs]
+    pool = KVPool.create(1, sum(pages) + 1, page_size, kv_heads, dim, torch.float32, "cpu", kv_dtype)
     tables, slots, at = [], [], 1
-    for q_len, kv, p in zip(q_lens, kv_lens, pages):
+    for (q_len, kv), p in zip(reqs, pages):
         tables.append(list(range(at, at + p)))
         at += p
         pos = torch.arange(kv - q_len, kv)
-        slots.append(torch.tensor(tables[-1])[pos // PS] * PS + pos % PS)
-    meta = AttnMeta(False, q_lens, kv_lens, tables, torch.cat(slots))
+        slots.append(torch.tensor(tables[-1])[pos // page_size] * page_size + pos % page_size)
+    return pool, AttnMeta(False, [q for q, _ in reqs], [kv for _, kv in reqs], tables, torch.cat(slots))
+
+
+@pytest.mark.parametrize("window", [None, 700])
+@pytest.mark.parametrize("kv_heads", [8, 4, 2])  # groups of 2 (Qwen3-0.6B), 4 (Llama-3.1-8B), 8 (Qwen3-32B TP=4)
+@pytest.mark.parametrize("chunks", ["long", "short"])
+def test_flashinfer_parts_take_their_rows(
+    monkeypatch: pytest.MonkeyPatch, kv_heads: int, window: int | None, chunks: str
+) -> None:
+    """The plumbing of a mixed batch's parts (kernels/attention/flashinfer_backend.py), on stand-in wrappers: which
+    wrapper and kernel family each run of requests gets, the token rows each part runs on, and the new tokens' K/V a
+    ragged part reads back from the pool when the caller stored them. The kernels' numbers are the GPU test's
+    (tests/test_gpu.py::test_flashinfer_mixed_batch_parts_match_torch)."""
+    fib = _stub_flashinfer(monkeypatch)
+    H, D, PS = 16, 8, 4
+    middle = [(300, 900), (200, 260)] + ([(17, 40), (1, 9)] if chunks == "short" else [])
+    reqs = [(1, 5), (1, 12), (1, 7)] + middle + [(30, 30), (1, 1)]  # (q_len, kv_len): decode, chunks, fresh
+    pool, meta = _laid_out(reqs, PS, kv_heads, D)
+    q_lens = meta.q_lens
+    pool.k[0].normal_()
+    pool.v[0].normal_()
     be = fib.FlashInferBackend(pool, H, kv_heads, D, CPU, sliding_window=window)
     be.plan(meta)
     T = sum(q_lens)
@@ -300,33 +316,15 @@ def test_flashinfer_fp8_pool_decodes_through_the_triton_kernel_on_hopper(
     kernel's, and a mixed batch's decode rows go to it at any group (here 2), since FlashInfer's paged pass widens
     their fp8 KV as its decode does; elsewhere, or with TRITON_FP8_DECODE off, FlashInfer's wrappers and the bf16 rule
     (decode rows apart from a group of 4)."""
-    import sys
-    import types
-
-    from kernels.attention import flashinfer_backend as fib
     from kvcache.pool import FP8
 
-    stub = types.SimpleNamespace(
-        BatchDecodeWithPagedKVCacheWrapper=_Decode,
-        BatchPrefillWithPagedKVCacheWrapper=_Paged,
-        BatchPrefillWithRaggedKVCacheWrapper=_Ragged,
-    )
-    monkeypatch.setitem(sys.modules, "flashinfer", stub)
-    monkeypatch.setattr(fib, "WORKSPACE_BYTES", 64)
+    fib = _stub_flashinfer(monkeypatch)
     monkeypatch.setattr(fib, "TRITON_FP8_DECODE", enabled)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(multi_processor_count=4))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: capability)
     H, KVH, D, PS = 16, 8, 16, 4
     reqs = [(1, 5), (1, 12), (300, 900), (30, 30)]  # (q_len, kv_len): two decode rows, a chunk, a fresh prompt
-    pages = [-(-kv // PS) for _, kv in reqs]
-    pool = KVPool.create(1, sum(pages) + 1, PS, KVH, D, torch.float32, "cpu", FP8)
-    tables, slots, at = [], [], 1
-    for (q_len, kv), p in zip(reqs, pages):
-        tables.append(list(range(at, at + p)))
-        at += p
-        pos = torch.arange(kv - q_len, kv)
-        slots.append(torch.tensor(tables[-1])[pos // PS] * PS + pos % PS)
-    meta = AttnMeta(False, [q for q, _ in reqs], [kv for _, kv in reqs], tables, torch.cat(slots))
+    pool, meta = _laid_out(reqs, PS, KVH, D, FP8)
+    tables = meta.page_tables
     be = fib.FlashInferBackend(pool, H, KVH, D, CPU)
     triton = enabled and capability == (9, 0)
     assert be.fp8_decode == triton
