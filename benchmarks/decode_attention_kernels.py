@@ -5,8 +5,10 @@
 Each case is a batch of decode rows over one layer's pool, the pages of every sequence scattered as they are after
 churn, its K/V stored in bf16 or in e4m3 (`--kv-cache-dtype fp8`, scale 1). Context lengths (`--lens`): `offline`
 is the offline workload mid-run (prompt 100-1024 plus 0-1024 generated tokens), `replay` issue #15's saturated
-replay (1,200-5,800 tokens). Heads (`--heads Q/KV`): Qwen3-0.6B's 16/8 by default; 32/8 is Llama-3.1-8B's, 16/2 one
-rank of Qwen3-32B at TP=4. Kernels:
+replay (1,200-5,800 tokens), `shared` that replay's running set with its shared system prompts (three groups of
+rows on one prefix's pages each, as benchmarks/shared_prefix_attention.py; the KV read rate counts every row's
+tokens, so it exceeds the memory's where L2 serves a repeated page). Heads (`--heads Q/KV`): Qwen3-0.6B's 16/8 by
+default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B at TP=4. Kernels:
   fi-tc        FlashInfer's tensor-core decode (the engine's choice), NHD pool [pages, page, heads, dim]
   fi-tc-nosplit  the same with disable_split_kv: no KV split across CTAs, so no merge kernel after it
   fi-tc-splitN the same with fixed_split_size=N: each request's KV cut into chunks of N pages
@@ -15,9 +17,11 @@ rank of Qwen3-32B at TP=4. Kernels:
   xqa          FlashInfer's XQA decode kernel (TensorRT-LLM's GQA decode; over e4m3 on sm90 its Hopper fp8 kernel), NHD;
                xqa-hnd  on HND. The bundle of the twenty-third session lacks its sources: it does not build there
   triton       the engine's decode over an fp8 pool (kernels/attention/fp8_decode.py; e4m3 only); triton-sS with S
-               splits per request (default 1). The candidates it was chosen from (K/V widened in registers in either
-               MMA order, a one-term e4m3 query) are in benchmarks/triton_paged_decode.py as of commit 4291d57; their
-               figures in benchmarks/results/session23_h200/.
+               splits per request (default 1). triton-VARIANT[-sS][-stN][-wW][-bB]: a candidate from
+               benchmarks/fp8_decode_variants.py with N pipeline stages, W warps, B rows per step. The candidates
+               the kernel was chosen from (K/V widened in registers in either MMA order, a one-term e4m3 query)
+               are in benchmarks/triton_paged_decode.py as of commit 4291d57; their figures in
+               benchmarks/results/session23_h200/.
 Each is timed over 30 back-to-back calls after 5 warm-up calls (CUDA events). The table gives us per call, the KV
 read rate (bytes of K and V as stored / time), and the output's error against exact attention in fp32 over the
 stored K/V (relative Frobenius norm; the fp8 rounding of K/V itself is not counted, only what each kernel adds).
@@ -63,18 +67,48 @@ def reference(q, k, v, table: list[list[int]], lens: list[int], scale: float) ->
     return out
 
 
+SHARED_GROUPS = [(110, 2016), (81, 1984), (65, 368)]
+
+
+def shared_prefix_batch(batch: int, page: int, g: torch.Generator) -> tuple[torch.Tensor, list[list[int]], int]:
+    """The saturated replay's running set (benchmarks/shared_prefix_attention.py): three groups of consecutive rows on
+    one cached system prompt each (SHARED_GROUPS: rows, prefix tokens), each row's own tokens after it."""
+    own_lens = (torch.randint(600, 2400, (batch,), generator=g) + torch.randint(1, 700, (batch,), generator=g)).tolist()
+    group_of = [gi for gi, (size, _) in enumerate(SHARED_GROUPS) for _ in range(size)][:batch]
+    prefix_pages = [n // page for _, n in SHARED_GROUPS]
+    own_pages = [-(-n // page) for n in own_lens]
+    pool_pages = sum(prefix_pages) + sum(own_pages) + 8
+    perm = torch.randperm(pool_pages, generator=g).to(torch.int32).tolist()
+    prefix_ids, at = [], 0
+    for n in prefix_pages:
+        prefix_ids.append(perm[at : at + n])
+        at += n
+    tables, lens = [], []
+    for i in range(batch):
+        pre = prefix_ids[group_of[i]] if i < len(group_of) else []
+        tables.append(pre + perm[at : at + own_pages[i]])
+        at += own_pages[i]
+        lens.append(len(pre) * page + own_lens[i])
+    return torch.tensor(lens), tables, pool_pages
+
+
 def case(batch: int, page: int, kernels: list[str], kv: str, lens_name: str, heads: int, kv_heads: int) -> list[dict]:
     import flashinfer
 
     from kernels.attention import fp8_decode
 
     g = torch.Generator().manual_seed(0)
-    (plo, phi), (glo, ghi) = LENS[lens_name]
-    lens = torch.randint(plo, phi, (batch,), generator=g) + torch.randint(glo, ghi, (batch,), generator=g)
-    pages_per = [(int(n) + page - 1) // page for n in lens]
-    total_pages = sum(pages_per)
-    pool_pages = int(total_pages * 1.25) + 8
-    perm = torch.randperm(pool_pages, generator=g)[:total_pages].to(torch.int32)
+    if lens_name == "shared":
+        lens, table_rows, pool_pages = shared_prefix_batch(batch, page, g)
+        perm = torch.tensor([p for t in table_rows for p in t], dtype=torch.int32)
+        pages_per = [len(t) for t in table_rows]
+    else:
+        (plo, phi), (glo, ghi) = LENS[lens_name]
+        lens = torch.randint(plo, phi, (batch,), generator=g) + torch.randint(glo, ghi, (batch,), generator=g)
+        pages_per = [(int(n) + page - 1) // page for n in lens]
+        total_pages = sum(pages_per)
+        pool_pages = int(total_pages * 1.25) + 8
+        perm = torch.randperm(pool_pages, generator=g)[:total_pages].to(torch.int32)
     dev = torch.device("cuda")
     dtype = DTYPES[kv]
     k_nhd = torch.randn(pool_pages, page, kv_heads, DIM, device=dev, dtype=torch.bfloat16).to(dtype)
@@ -85,7 +119,8 @@ def case(batch: int, page: int, kernels: list[str], kv: str, lens_name: str, hea
     indptr[1:] = torch.tensor(pages_per, dtype=torch.int32).cumsum(0)
     indices = perm.to(dev)
     last = torch.tensor([(int(n) - 1) % page + 1 for n in lens], dtype=torch.int32)
-    table_rows = [perm[indptr[i] : indptr[i + 1]].tolist() for i in range(batch)]
+    if lens_name != "shared":
+        table_rows = [perm[indptr[i] : indptr[i + 1]].tolist() for i in range(batch)]
     table = torch.zeros(batch, max(pages_per), dtype=torch.int32)
     for i, ids in enumerate(table_rows):
         table[i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
@@ -110,8 +145,15 @@ def case(batch: int, page: int, kernels: list[str], kv: str, lens_name: str, hea
     def triton_kernel(name: str) -> Callable[[], torch.Tensor]:
         if dtype != torch.float8_e4m3fn:
             raise ValueError("the Triton decode reads an fp8 pool only")
-        splits = int(m.group(1)) if (m := re.search(r"-s(\d+)", name)) else 1
-        return lambda: fp8_decode.decode(q, k_nhd, v_nhd, indptr_d, indices, lens_d, scale, splits)
+        opts = {k: int(v) for k, v in re.findall(r"-(s|st|w|b)(\d+)", name)}
+        splits = opts.pop("s", 1)
+        variant = re.sub(r"-(s|st|w|b)\d+", "", name).removeprefix("triton").removeprefix("-")
+        if not variant and not opts:
+            return lambda: fp8_decode.decode(q, k_nhd, v_nhd, indptr_d, indices, lens_d, scale, splits)
+        import fp8_decode_variants as fv  # this script's folder is on sys.path when run as a script
+
+        kw = dict(stages=opts.get("st", 3), warps=opts.get("w", 4), block_n=opts.get("b", 128))
+        return lambda: fv.decode(variant or "base", q, k_nhd, v_nhd, indptr_d, indices, lens_d, scale, splits, **kw)
 
     makers: dict[str, Callable[[], Callable[[], torch.Tensor]]] = {
         "fi-tc": lambda: fi(True, "NHD"),
