@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The fp8 pool's decode kernel (kernels/attention/fp8_decode.py) on the GPU: its tests, then bench-offline over an fp8
 # pool with it and with FlashInfer's decode (flashinfer_backend.TRITON_FP8_DECODE), and over bf16, interleaved
-# ${ROUNDS:-2} times, ${RUNS:-2} runs each; then issue #15's replay (mixed, the default) over bf16 and fp8 with step logs.
+# ${ROUNDS:-2} times (OFFLINE_MODES of these), ${RUNS:-2} runs each; then issue #15's replay (mixed, the default) over bf16 and fp8 with step logs.
 # Stage `kernels` times the candidates of benchmarks/fp8_decode_variants.py beside the engine's kernel and FlashInfer's
 # bf16 decode (KERNELS, LENS, BATCHES; BF16=0 skips FlashInfer), then profiles NCU_KERNELS with Nsight Compute.
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_fp8_decode.sh   (STAGES="tests offline trace")
@@ -28,7 +28,7 @@ for stage in ${STAGES:-tests offline trace}; do
         | tail -n 5 | tee "$OUT/pytest_fp8_decode.txt" ;;
     offline)
       for round in $(seq "${ROUNDS:-2}"); do
-        for mode in triton flashinfer bf16; do
+        for mode in ${OFFLINE_MODES:-triton flashinfer bf16}; do
           pre="pass"; kv="--kv-cache-dtype fp8"
           [ $mode = flashinfer ] && pre="import kernels.attention.flashinfer_backend as f; f.TRITON_FP8_DECODE = False"
           [ $mode = bf16 ] && kv=""
