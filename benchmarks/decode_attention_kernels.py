@@ -17,11 +17,10 @@ default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B at TP=4. Kernels:
   xqa          FlashInfer's XQA decode kernel (TensorRT-LLM's GQA decode; over e4m3 on sm90 its Hopper fp8 kernel), NHD;
                xqa-hnd  on HND. The bundle of the twenty-third session lacks its sources: it does not build there
   triton       the engine's decode over an fp8 pool (kernels/attention/fp8_decode.py; e4m3 only); triton-sS with S
-               splits per request (default 1). triton-VARIANT[-sS][-stN][-wW][-bB]: a candidate from
-               benchmarks/fp8_decode_variants.py with N pipeline stages, W warps, B rows per step. The candidates
-               the kernel was chosen from (K/V widened in registers in either MMA order, a one-term e4m3 query)
-               are in benchmarks/triton_paged_decode.py as of commit 4291d57; their figures in
-               benchmarks/results/session23_h200/.
+               splits per request (default 1). The candidates the kernel was chosen from (K/V widened in
+               registers in either MMA order, a one-term e4m3 query) are in benchmarks/triton_paged_decode.py as of
+               commit 4291d57, their figures in benchmarks/results/session23_h200/; the later ones that lost to it
+               (benchmarks/fp8_decode_variants.py as of commit 9c7c077) in benchmarks/results/fp8_variants_s24/.
 Each is timed over 30 back-to-back calls after 5 warm-up calls (CUDA events). The table gives us per call, the KV
 read rate (bytes of K and V as stored / time), and the output's error against exact attention in fp32 over the
 stored K/V (relative Frobenius norm; the fp8 rounding of K/V itself is not counted, only what each kernel adds).
@@ -34,6 +33,7 @@ import functools
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -67,29 +67,43 @@ def reference(q, k, v, table: list[list[int]], lens: list[int], scale: float) ->
     return out
 
 
-SHARED_GROUPS = [(110, 2016), (81, 1984), (65, 368)]
+SHARED_GROUPS = [(110, 2016), (81, 1984), (65, 368)]  # rows, prefix tokens (a whole number of pages)
 
 
-def shared_prefix_batch(batch: int, page: int, g: torch.Generator) -> tuple[torch.Tensor, list[list[int]], int]:
-    """The saturated replay's running set (benchmarks/shared_prefix_attention.py): three groups of consecutive rows on
-    one cached system prompt each (SHARED_GROUPS: rows, prefix tokens), each row's own tokens after it."""
-    own_lens = (torch.randint(600, 2400, (batch,), generator=g) + torch.randint(1, 700, (batch,), generator=g)).tolist()
-    group_of = [gi for gi, (size, _) in enumerate(SHARED_GROUPS) for _ in range(size)][:batch]
-    prefix_pages = [n // page for _, n in SHARED_GROUPS]
-    own_pages = [-(-n // page) for n in own_lens]
-    pool_pages = sum(prefix_pages) + sum(own_pages) + 8
-    perm = torch.randperm(pool_pages, generator=g).to(torch.int32).tolist()
-    prefix_ids, at = [], 0
-    for n in prefix_pages:
-        prefix_ids.append(perm[at : at + n])
-        at += n
-    tables, lens = [], []
-    for i in range(batch):
-        pre = prefix_ids[group_of[i]] if i < len(group_of) else []
-        tables.append(pre + perm[at : at + own_pages[i]])
-        at += own_pages[i]
-        lens.append(len(pre) * page + own_lens[i])
-    return torch.tensor(lens), tables, pool_pages
+@dataclass
+class SharedBatch:
+    """The saturated replay's running set: three groups of consecutive rows on one cached system prompt each
+    (SHARED_GROUPS), each row's own tokens after it (rows past the groups have only their own)."""
+
+    prefix_ids: list[list[int]]  # each group's prefix pages
+    own_ids: list[list[int]]  # each row's own pages
+    own_lens: list[int]
+    group_of: list[int]  # the group of each grouped row
+    pool_pages: int
+
+    @classmethod
+    def draw(cls, rows: int, page: int, g: torch.Generator) -> SharedBatch:
+        own = torch.randint(600, 2400, (rows,), generator=g) + torch.randint(1, 700, (rows,), generator=g)
+        own_lens = own.tolist()
+        group_of = [gi for gi, (size, _) in enumerate(SHARED_GROUPS) for _ in range(size)][:rows]
+        prefix_pages = [n // page for _, n in SHARED_GROUPS]
+        own_pages = [-(-n // page) for n in own_lens]
+        pool_pages = sum(prefix_pages) + sum(own_pages) + 8
+        perm = torch.randperm(pool_pages, generator=g).to(torch.int32).tolist()
+        ids, at = [], 0
+        for n in prefix_pages + own_pages:
+            ids.append(perm[at : at + n])
+            at += n
+        return cls(ids[: len(prefix_pages)], ids[len(prefix_pages) :], own_lens, group_of, pool_pages)
+
+    def prefix(self, row: int) -> list[int]:
+        return self.prefix_ids[self.group_of[row]] if row < len(self.group_of) else []
+
+    def tables(self) -> list[list[int]]:
+        return [self.prefix(i) + own for i, own in enumerate(self.own_ids)]
+
+    def lens(self, page: int) -> list[int]:
+        return [len(self.prefix(i)) * page + n for i, n in enumerate(self.own_lens)]
 
 
 def case(batch: int, page: int, kernels: list[str], kv: str, lens_name: str, heads: int, kv_heads: int) -> list[dict]:
@@ -99,7 +113,8 @@ def case(batch: int, page: int, kernels: list[str], kv: str, lens_name: str, hea
 
     g = torch.Generator().manual_seed(0)
     if lens_name == "shared":
-        lens, table_rows, pool_pages = shared_prefix_batch(batch, page, g)
+        shared = SharedBatch.draw(batch, page, g)
+        table_rows, lens, pool_pages = shared.tables(), torch.tensor(shared.lens(page)), shared.pool_pages
         perm = torch.tensor([p for t in table_rows for p in t], dtype=torch.int32)
         pages_per = [len(t) for t in table_rows]
     else:
@@ -145,15 +160,8 @@ def case(batch: int, page: int, kernels: list[str], kv: str, lens_name: str, hea
     def triton_kernel(name: str) -> Callable[[], torch.Tensor]:
         if dtype != torch.float8_e4m3fn:
             raise ValueError("the Triton decode reads an fp8 pool only")
-        opts = {k: int(v) for k, v in re.findall(r"-(s|st|w|b)(\d+)", name)}
-        splits = opts.pop("s", 1)
-        variant = re.sub(r"-(s|st|w|b)\d+", "", name).removeprefix("triton").removeprefix("-")
-        if not variant and not opts:
-            return lambda: fp8_decode.decode(q, k_nhd, v_nhd, indptr_d, indices, lens_d, scale, splits)
-        import fp8_decode_variants as fv  # this script's folder is on sys.path when run as a script
-
-        kw = dict(stages=opts.get("st", 3), warps=opts.get("w", 4), block_n=opts.get("b", 128))
-        return lambda: fv.decode(variant or "base", q, k_nhd, v_nhd, indptr_d, indices, lens_d, scale, splits, **kw)
+        splits = int(m.group(1)) if (m := re.search(r"-s(\d+)", name)) else 1
+        return lambda: fp8_decode.decode(q, k_nhd, v_nhd, indptr_d, indices, lens_d, scale, splits)
 
     makers: dict[str, Callable[[], Callable[[], torch.Tensor]]] = {
         "fi-tc": lambda: fi(True, "NHD"),

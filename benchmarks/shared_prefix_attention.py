@@ -19,10 +19,9 @@ import argparse
 import json
 
 import torch
-from decode_attention_kernels import time_us  # this script's folder is on sys.path when run as a script
+from decode_attention_kernels import SHARED_GROUPS, SharedBatch, time_us  # this script's folder is on sys.path
 
 HEADS, KV_HEADS, DIM, PAGE = 16, 8, 128, 16
-GROUPS = [(110, 2016), (81, 1984), (65, 368)]
 
 
 def main() -> None:
@@ -35,23 +34,9 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     dev = torch.device("cuda")
     rows = args.rows
-    # Each grouped row: its group's prefix pages, then its own; the other rows: their own pages only.
-    prefix_pages = [n // PAGE for _, n in GROUPS]
-    group_of = [gi for gi, (size, _) in enumerate(GROUPS) for _ in range(size)][:rows]
-    own_lens = (torch.randint(600, 2400, (rows,), generator=g) + torch.randint(1, 700, (rows,), generator=g)).tolist()
-    own_pages = [-(-n // PAGE) for n in own_lens]
-    pool_pages = sum(prefix_pages) + sum(own_pages) + 8
-    perm = torch.randperm(pool_pages, generator=g).to(torch.int32).tolist()
-    prefix_ids, at = [], 0
-    for n in prefix_pages:
-        prefix_ids.append(perm[at : at + n])
-        at += n
-    own_ids = []
-    for n in own_pages:
-        own_ids.append(perm[at : at + n])
-        at += n
-    full_tables = [(prefix_ids[group_of[i]] if i < len(group_of) else []) + own_ids[i] for i in range(rows)]
-    kv_lens = [len(t) * PAGE - (-own_lens[i] % PAGE) for i, t in enumerate(full_tables)]
+    batch = SharedBatch.draw(rows, PAGE, g)
+    full_tables, kv_lens, pool_pages = batch.tables(), batch.lens(PAGE), batch.pool_pages
+    own_ids, own_lens, prefix_ids, group_of = batch.own_ids, batch.own_lens, batch.prefix_ids, batch.group_of
     k = torch.randn(pool_pages, PAGE, KV_HEADS, DIM, device=dev, dtype=torch.bfloat16)
     v = torch.randn(pool_pages, PAGE, KV_HEADS, DIM, device=dev, dtype=torch.bfloat16)
     q = torch.randn(rows, HEADS, DIM, device=dev, dtype=torch.bfloat16)
@@ -73,9 +58,9 @@ def main() -> None:
     own.plan(*csr(own_ids, own_lens), HEADS, KV_HEADS, DIM, PAGE, **common)
     shared = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
     m = len(group_of)
-    qo = torch.zeros(len(GROUPS) + 1, dtype=torch.int32)
-    qo[1:] = torch.tensor([size for size, _ in GROUPS], dtype=torch.int32).cumsum(0).clamp(max=m)
-    shared.plan(qo, *csr(prefix_ids, [n for _, n in GROUPS]), HEADS, KV_HEADS, DIM, PAGE, causal=False, **common)
+    qo = torch.zeros(len(SHARED_GROUPS) + 1, dtype=torch.int32)
+    qo[1:] = torch.tensor([size for size, _ in SHARED_GROUPS], dtype=torch.int32).cumsum(0).clamp(max=m)
+    shared.plan(qo, *csr(prefix_ids, [n for _, n in SHARED_GROUPS]), HEADS, KV_HEADS, DIM, PAGE, causal=False, **common)
 
     def run_plain() -> torch.Tensor:
         return plain.run(q, (k, v))
@@ -89,7 +74,7 @@ def main() -> None:
     a, b = run_plain(), run_cascade()
     err = float((a.float() - b.float()).norm() / a.float().norm())
     total_tokens = sum(kv_lens)
-    unique_tokens = sum(own_lens) + sum(n for _, n in GROUPS)
+    unique_tokens = sum(own_lens) + sum(n for _, n in SHARED_GROUPS)
     bytes_per_token = 2 * KV_HEADS * DIM * 2
     res = {"rows": rows, "kv_tokens": total_tokens, "unique_kv_tokens": unique_tokens, "rel_err": err}
     for name, fn in (("plain", run_plain), ("cascade", run_cascade), ("plain", run_plain), ("cascade", run_cascade)):
