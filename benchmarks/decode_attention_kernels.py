@@ -7,7 +7,8 @@ churn, its K/V stored in bf16 or in e4m3 (`--kv-cache-dtype fp8`, scale 1). Cont
 is the offline workload mid-run (prompt 100-1024 plus 0-1024 generated tokens), `replay` issue #15's saturated
 replay (1,200-5,800 tokens), `shared` that replay's running set with its shared system prompts (three groups of
 rows on one prefix's pages each, as benchmarks/shared_prefix_attention.py; the KV read rate counts every row's
-tokens, so it exceeds the memory's where L2 serves a repeated page). Heads (`--heads Q/KV`): Qwen3-0.6B's 16/8 by
+tokens, so it exceeds the memory's where L2 serves a repeated page), `skewed` the offline lengths with the first
+request at 32,768 tokens. Heads (`--heads Q/KV`): Qwen3-0.6B's 16/8 by
 default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B at TP=4. Kernels:
   fi-tc        FlashInfer's tensor-core decode (the engine's choice), NHD pool [pages, page, heads, dim]
   fi-tc-nosplit  the same with disable_split_kv: no KV split across CTAs, so no merge kernel after it
@@ -16,8 +17,9 @@ default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B at TP=4. Kernels:
   fi-cc        FlashInfer's CUDA-core decode, NHD;  fi-cc-hnd  on HND
   xqa          FlashInfer's XQA decode kernel (TensorRT-LLM's GQA decode; over e4m3 on sm90 its Hopper fp8 kernel), NHD;
                xqa-hnd  on HND. The bundle of the twenty-third session lacks its sources: it does not build there
-  triton       the engine's decode over an fp8 pool (kernels/attention/fp8_decode.py; e4m3 only); triton-sS with S
-               splits per request (default 1). The candidates the kernel was chosen from (K/V widened in
+  triton       the engine's decode over an fp8 pool (kernels/attention/fp8_decode.py; e4m3 only), one span per
+               request; triton-spans with the engine's split (flashinfer_backend.fp8_decode_work: spans of one length,
+               about two programs per SM). The candidates the kernel was chosen from (K/V widened in
                registers in either MMA order, a one-term e4m3 query) are in benchmarks/triton_paged_decode.py as of
                commit 4291d57, their figures in benchmarks/results/session23_h200/; the later ones that lost to it
                (benchmarks/fp8_decode_variants.py as of commit 9c7c077) in benchmarks/results/fp8_variants_s24/.
@@ -31,7 +33,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -109,7 +110,7 @@ class SharedBatch:
 def case(batch: int, page: int, kernels: list[str], kv: str, lens_name: str, heads: int, kv_heads: int) -> list[dict]:
     import flashinfer
 
-    from kernels.attention import fp8_decode
+    from kernels.attention.flashinfer_backend import Fp8DecodeWrapper, Fp8Scratch
 
     g = torch.Generator().manual_seed(0)
     if lens_name == "shared":
@@ -118,8 +119,10 @@ def case(batch: int, page: int, kernels: list[str], kv: str, lens_name: str, hea
         perm = torch.tensor([p for t in table_rows for p in t], dtype=torch.int32)
         pages_per = [len(t) for t in table_rows]
     else:
-        (plo, phi), (glo, ghi) = LENS[lens_name]
+        (plo, phi), (glo, ghi) = LENS["offline" if lens_name == "skewed" else lens_name]
         lens = torch.randint(plo, phi, (batch,), generator=g) + torch.randint(glo, ghi, (batch,), generator=g)
+        if lens_name == "skewed":  # one long context among short ones: a chat on a long document beside others
+            lens[0] = 32_768
         pages_per = [(int(n) + page - 1) // page for n in lens]
         total_pages = sum(pages_per)
         pool_pages = int(total_pages * 1.25) + 8
@@ -139,7 +142,7 @@ def case(batch: int, page: int, kernels: list[str], kv: str, lens_name: str, hea
     table = torch.zeros(batch, max(pages_per), dtype=torch.int32)
     for i, ids in enumerate(table_rows):
         table[i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
-    table_d, lens_d, indptr_d = table.to(dev), lens.to(dev, torch.int32), indptr.to(dev)
+    table_d, lens_d = table.to(dev), lens.to(dev, torch.int32)
     ws = torch.zeros(256 * 2**20, dtype=torch.uint8, device=dev)
     scale = DIM**-0.5
 
@@ -160,8 +163,10 @@ def case(batch: int, page: int, kernels: list[str], kv: str, lens_name: str, hea
     def triton_kernel(name: str) -> Callable[[], torch.Tensor]:
         if dtype != torch.float8_e4m3fn:
             raise ValueError("the Triton decode reads an fp8 pool only")
-        splits = int(m.group(1)) if (m := re.search(r"-s(\d+)", name)) else 1
-        return lambda: fp8_decode.decode(q, k_nhd, v_nhd, indptr_d, indices, lens_d, scale, splits)
+        slots = 2 * torch.cuda.get_device_properties(dev).multi_processor_count  # as flashinfer_backend's
+        w = Fp8DecodeWrapper(slots, Fp8Scratch(dev))
+        w.plan(indptr, indices, last, heads, kv_heads, DIM, page, sm_scale=scale, disable_split_kv=name == "triton")
+        return lambda: w.run(q, (k_nhd, v_nhd))
 
     makers: dict[str, Callable[[], Callable[[], torch.Tensor]]] = {
         "fi-tc": lambda: fi(True, "NHD"),

@@ -13,7 +13,7 @@ for stage in ${STAGES:-tests offline trace}; do
       python -c "import triton, torch; print('triton', triton.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())"
       [ "${BF16:-1}" = 1 ] && python benchmarks/decode_attention_kernels.py --kv-dtypes bf16 --kernels fi-tc --lens "${LENS:-offline,shared}" \
         --batches "${BATCHES:-256,64}" --out "$OUT/variants_bf16.json" 2>&1 | grep -v "^$" | tail -n 20
-      python benchmarks/decode_attention_kernels.py --kv-dtypes e4m3 --kernels "${KERNELS:-triton,triton-s2}" \
+      python benchmarks/decode_attention_kernels.py --kv-dtypes e4m3 --kernels "${KERNELS:-triton,triton-spans}" \
         --lens "${LENS:-offline,shared}" --batches "${BATCHES:-256,64}" --out "$OUT/variants_e4m3.json" 2>&1 | tail -n 80
       for k in ${NCU_KERNELS-triton}; do
         timeout 240 ncu --clock-control none --kernel-name regex:_decode --launch-skip 5 --launch-count 1 \

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -273,39 +274,85 @@ def test_stored_kv_is_not_written_again() -> None:
     assert torch.equal(pool.k[0], written)
 
 
-def test_fp8_decode_wrapper_plans_lengths_splits_and_graph_buffers() -> None:
+def test_fp8_decode_work_cuts_every_request_into_spans_of_one_length() -> None:
+    """flashinfer_backend.fp8_decode_work, the fp8 decode's split: the spans tile each request's keys exactly, have one
+    length (aligned to the kernel's step) but each request's last, number at most programs + requests and at most
+    max_spans per request, so a lone long request is shared out among many programs; without a split, one span each."""
+    from kernels.attention.flashinfer_backend import FP8_SPAN_ALIGN, fp8_decode_work
+
+    def spans(work: np.ndarray, ptr: np.ndarray, r: int) -> list[tuple[int, int]]:
+        assert (work[0, ptr[r] : ptr[r + 1]] == r).all()
+        return [(int(a), int(b)) for a, b in work[1:, ptr[r] : ptr[r + 1]].T]
+
+    rng = np.random.default_rng(0)
+    cases = [np.array([21, 16, 33]), np.array([32_768] + [300] * 7), rng.integers(1, 5000, 200), np.array([1])]
+    for lens in cases:
+        for programs, max_spans in ((33, 32), (132, 32), (4, 2), (10_000, 32)):
+            work, ptr = fp8_decode_work(lens, programs, True, max_spans)
+            assert work.dtype == np.int32 and work.shape == (3, ptr[-1]) and len(ptr) == len(lens) + 1
+            assert ptr[-1] <= programs + len(lens)
+            span = work[2, 0] - work[1, 0] if ptr[1] > 1 else None
+            for r, n in enumerate(lens):
+                cut = spans(work, ptr, r)
+                assert cut[0][0] == 0 and cut[-1][1] == n and all(a < b for a, b in cut)
+                assert all(b == c for (_, b), (c, _) in zip(cut, cut[1:]))  # contiguous, no gap or overlap
+                assert len(cut) <= max_spans and all(a % FP8_SPAN_ALIGN == 0 for a, _ in cut)
+                if len(cut) > 1:
+                    span = span or cut[0][1] - cut[0][0]
+                    assert all(b - a == span for a, b in cut[:-1]) and cut[-1][1] - cut[-1][0] <= span
+        work, ptr = fp8_decode_work(lens, 33, False, 32)
+        assert ptr.tolist() == list(range(len(lens) + 1)) and work[1].tolist() == [0] * len(lens)
+        assert work[2].tolist() == lens.tolist()
+    # the long request among seven short ones, 33 programs: spans of 1,152 keys, 29 of them the long request's
+    work, ptr = fp8_decode_work(np.array([32_768] + [300] * 7), 33, True, 32)
+    assert work[2, 0] == 1152 and ptr[1] - ptr[0] == 29 and (np.diff(ptr)[1:] == 1).all()
+
+
+def test_fp8_decode_wrapper_plans_spans_and_graph_buffers() -> None:
     """kernels/attention/flashinfer_backend.Fp8DecodeWrapper, the fp8 decode kernel's planner (the kernel itself runs
-    on Hopper only: tests/test_gpu.py): context lengths from FlashInfer's page metadata, a split count that depends on
-    the batch size alone (a CUDA graph replays the count it was captured with), and a graph copy's fixed buffers
-    refilled in place."""
-    from kernels.attention.flashinfer_backend import Fp8DecodeWrapper
+    on Hopper only: tests/test_gpu.py): context lengths from FlashInfer's page metadata, the spans and page table in one
+    device buffer, merge scratch only where a request has several spans; a graph wrapper's fixed buffer refilled in
+    place, its spans padded to the most a plan can make (request -1), the merge kept with a split, and the copy's
+    shared page-id buffer refilled up to the batch's pages."""
+    from kernels.attention.flashinfer_backend import Fp8DecodeWrapper, Fp8Scratch
 
     indptr = torch.tensor([0, 2, 3, 6], dtype=torch.int32)  # 2, 1 and 3 pages of 16
     last = torch.tensor([5, 16, 1], dtype=torch.int32)
     indices = torch.tensor([7, 3, 9, 1, 2, 4], dtype=torch.int32)
     args = (indptr, indices, last, 4, 2, 8, 16)  # 4 query heads, 2 KV heads, dim 8, page 16
-    eager = Fp8DecodeWrapper(slots=64)
+    scratch = Fp8Scratch(CPU)
+    eager = Fp8DecodeWrapper(slots=64, scratch=scratch)
     eager.plan(*args, sm_scale=0.5, disable_split_kv=True, q_data_type=torch.bfloat16)
-    assert eager.lens.tolist() == [21, 16, 33] and eager.splits == 1 and eager.sm_scale == 0.5
-    assert eager.indices is indices and torch.equal(eager.indptr, indptr)
-    eager.plan(*args, sm_scale=0.5)
-    assert eager.splits == 11  # 64 programs over 3 rows x 2 KV heads
-    eager.slots = 10_000
-    eager.plan(*args, sm_scale=0.5)
-    assert eager.splits == Fp8DecodeWrapper.MAX_SPLITS
-    eager.slots = 1
-    eager.plan(*args, sm_scale=0.5)
-    assert eager.splits == 2  # a split is at least two parts
-    buffers = (
-        torch.zeros(4, dtype=torch.int32),
-        torch.full((10,), -1, dtype=torch.int32),
-        torch.zeros(3, dtype=torch.int32),
-    )
-    graph = Fp8DecodeWrapper(slots=64, buffers=buffers)
+    assert eager.work.tolist() == [[0, 1, 2], [0, 0, 0], [21, 16, 33]] and eager.work_ptr.tolist() == [0, 1, 2, 3]
+    assert eager.indptr.tolist() == [0, 2, 3, 6] and eager.indices is indices and eager.sm_scale == 0.5
+    assert eager.part is None and eager.lse is None  # no request with several spans: no merge
+    eager.plan(*args, sm_scale=0.5)  # 32 programs per KV head for 70 keys: one aligned span each
+    assert eager.work.tolist() == [[0, 1, 2], [0, 0, 0], [21, 16, 33]] and eager.part is None
+    long_last = torch.tensor([5, 16, 16], dtype=torch.int32)
+    long = (torch.tensor([0, 2, 3, 30], dtype=torch.int32), torch.arange(30, dtype=torch.int32), long_last, 4, 2, 8, 16)
+    eager.plan(*long, sm_scale=0.5)  # 21, 16 and 432 keys: the last in 4 spans of 128
+    assert eager.work.tolist() == [[0, 1, 2, 2, 2, 2], [0, 0, 0, 128, 256, 384], [21, 16, 128, 256, 384, 432]]
+    assert eager.work_ptr.tolist() == [0, 1, 2, 6]
+    assert eager.part is not None and eager.lse is not None
+    assert eager.part.numel() == 6 * 4 * 8 and eager.lse.numel() >= 6 * 4
+    assert eager.part.data_ptr() == scratch.kept[-1].data_ptr()
+    first = scratch.kept[-1]
+    scratch.get(first.numel() + 1)
+    assert scratch.kept[0] is first and scratch.kept[-1].numel() == 2 * first.numel()  # grows; the old one kept
+
+    shared_ids = torch.full((40,), -1, dtype=torch.int32)
+    graph = Fp8DecodeWrapper(slots=64, scratch=Fp8Scratch(CPU), graph_indices=shared_ids, graph_rows=3)
     graph.plan(*args, sm_scale=0.5)
-    assert graph.indptr is buffers[0] and graph.indices is buffers[1] and graph.lens is buffers[2]
-    assert buffers[0].tolist() == [0, 2, 3, 6] and buffers[2].tolist() == [21, 16, 33]
-    assert buffers[1].tolist() == [7, 3, 9, 1, 2, 4, -1, -1, -1, -1]  # the rest of the shared page-id buffer untouched
+    buf = graph.graph_meta
+    assert buf is not None and graph.indices is shared_ids
+    items = 3 + 32  # the most spans a split plan of 3 rows makes: rows + programs per KV head
+    assert graph.work.shape == (3, items) and graph.work[:, :3].tolist() == [[0, 1, 2], [0, 0, 0], [21, 16, 33]]
+    assert (graph.work[0, 3:] == -1).all() and graph.part is not None  # padding; the graph keeps the merge
+    assert shared_ids[:6].tolist() == [7, 3, 9, 1, 2, 4] and (shared_ids[6:] == -1).all()
+    graph.plan(*long, sm_scale=0.5)
+    assert graph.graph_meta is buf and graph.work.data_ptr() == buf[8:].data_ptr()  # refilled in place
+    assert graph.work[:, :6].tolist() == [[0, 1, 2, 2, 2, 2], [0, 0, 0, 128, 256, 384], [21, 16, 128, 256, 384, 432]]
+    assert shared_ids[:30].tolist() == list(range(30))
 
 
 @pytest.mark.parametrize("capability, enabled", [((9, 0), True), ((9, 0), False), ((8, 0), True)])
@@ -339,4 +386,4 @@ def test_flashinfer_fp8_pool_decodes_through_the_triton_kernel_on_hopper(
         assert isinstance(graph, fib.Fp8DecodeWrapper)
         decode = AttnMeta(True, [1, 1], [5, 12], tables[:2], torch.tensor([4, 11]))
         be.plan_graph(2, 16, decode, decode.out_slots, turn=0, split=True)
-        assert graph.indices is be.graph_indices[0] and graph.lens.tolist() == [5, 12] and graph.splits == 2
+        assert graph.indices is be.graph_indices[0] and graph.work[:, :2].tolist() == [[0, 1], [0, 0], [5, 12]]

@@ -141,19 +141,70 @@ def fp8_decode_supported(device: torch.device, head_dim: int, sliding_window: in
     return torch.cuda.get_device_capability(device)[0] == 9 and head_dim in (16, 32, 64, 128) and sliding_window is None
 
 
+# A span of the fp8 decode starts at a multiple of the kernel's keys per step (fp8_decode.BLOCK_N): no step straddles
+# two spans.
+FP8_SPAN_ALIGN = 128
+
+
+def fp8_decode_work(lens: np.ndarray, programs: int, split: bool, max_spans: int) -> tuple[np.ndarray, np.ndarray]:
+    """The fp8 decode's work items: each request's keys cut into spans of one length, so that a lone long request is
+    shared out as evenly as many short ones. With `split`, the length is chosen for about `programs` spans in all (the
+    GPU's programs per KV head; never more than programs + requests), at most `max_spans` per request, and aligned to
+    FP8_SPAN_ALIGN; without, one span per request. Returns the items, int32 [3, items] (request, first key, end key),
+    and where each request's items start, int32 [requests + 1]."""
+    longest = int(lens.max())
+    span = longest
+    if split:
+        span = max(-(-int(lens.sum()) // max(1, programs)), -(-longest // max_spans), 1)
+        span = -(-span // FP8_SPAN_ALIGN) * FP8_SPAN_ALIGN
+    counts = -(-lens // span)
+    work_ptr = np.zeros(len(lens) + 1, dtype=np.int32)
+    np.cumsum(counts, out=work_ptr[1:])
+    req = np.repeat(np.arange(len(lens), dtype=np.int32), counts)
+    start = (np.arange(len(req), dtype=np.int32) - work_ptr[req]) * span
+    return np.stack([req, start, np.minimum(lens[req], start + span)]).astype(np.int32), work_ptr
+
+
+class Fp8Scratch:
+    """fp32 scratch for the spans' outputs and log-sum-exps, one for every fp8 decode wrapper of a backend: attention
+    kernels run in stream order, so one buffer serves them all. It only grows, and keeps every buffer it handed out:
+    a captured CUDA graph holds its address."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.kept: list[torch.Tensor] = []
+
+    def get(self, numel: int) -> torch.Tensor:
+        if not self.kept or self.kept[-1].numel() < numel:
+            grown = max(numel, 2 * self.kept[-1].numel()) if self.kept else numel
+            self.kept.append(torch.empty(grown, dtype=torch.float32, device=self.device))
+        return self.kept[-1]
+
+
 class Fp8DecodeWrapper:
-    """FlashInfer's decode-wrapper calls (plan, run) over kernels/attention/fp8_decode.py. With `buffers` (indptr, page
-    ids, context lengths on the device, fixed) a CUDA graph can replay it: each plan refills them with copies queued
-    on the stream, behind the replays before it."""
+    """FlashInfer's decode-wrapper calls (plan, run) over kernels/attention/fp8_decode.py. Each plan cuts the batch into
+    spans (fp8_decode_work) and sends their metadata to the device in one copy. A graph wrapper (`graph_rows` set)
+    keeps it in fixed buffers sized for its batch size, the spans padded to the most a plan can make, and the page ids
+    in the copy's shared buffer (`graph_indices`): each plan refills them with copies queued on the stream, behind the
+    replays before it."""
 
-    MAX_SPLITS = 32
+    MAX_SPANS = 32  # per request: the merge kernel's width (fp8_decode.MERGE_BLOCK)
 
-    def __init__(self, slots: int, buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
+    def __init__(
+        self,
+        slots: int,
+        scratch: Fp8Scratch,
+        graph_indices: torch.Tensor | None = None,
+        graph_rows: int | None = None,
+    ):
         self.slots = slots  # programs that fill the GPU (about two per SM)
-        self.buffers = buffers
-        self.splits = 1
+        self.scratch = scratch
+        self.graph_indices, self.graph_rows = graph_indices, graph_rows
+        self.graph_meta: torch.Tensor | None = None  # the graph wrapper's: indptr, work_ptr, work
         self.sm_scale = 1.0
-        self.indptr = self.indices = self.lens = torch.empty(0)
+        self.indptr = self.indices = self.work = self.work_ptr = torch.empty(0)
+        self.part: torch.Tensor | None = None
+        self.lse: torch.Tensor | None = None
 
     def plan(
         self,
@@ -170,29 +221,44 @@ class Fp8DecodeWrapper:
         **_: object,  # FlashInfer's dtypes and window: fixed for this kernel (fp8_decode_supported)
     ) -> None:
         rows = len(indptr) - 1
-        lens = (indptr[1:] - indptr[:-1] - 1) * page_size + last_page_len
-        # A split cuts each request's KV into equal parts, enough programs to fill the GPU. The count depends on the
-        # batch size alone, so a graph captured for a size replays with the count it was captured with.
-        splits = -(-self.slots // (rows * num_kv_heads))
-        self.splits = 1 if disable_split_kv else min(self.MAX_SPLITS, max(2, splits))
+        ptr = indptr.numpy()
+        lens = (ptr[1:] - ptr[:-1] - 1) * page_size + last_page_len.numpy()
+        programs = -(-self.slots // num_kv_heads)
+        work, work_ptr = fp8_decode_work(lens, programs, not disable_split_kv, self.MAX_SPANS)
+        items = work.shape[1]
         self.sm_scale = sm_scale
-        if self.buffers is None:
-            self.indptr = indptr.to(indices.device, non_blocking=True)
-            self.lens = lens.to(indices.device, non_blocking=True)
+        if self.graph_rows is None:
+            host = np.concatenate([ptr, work_ptr, work.ravel()])
+            meta = torch.from_numpy(host).to(indices.device, non_blocking=True)
             self.indices = indices
-            return
-        indptr_buf, indices_buf, lens_buf = self.buffers
-        indptr_buf.copy_(indptr, non_blocking=True)
-        lens_buf.copy_(lens, non_blocking=True)
-        indices_buf[: indices.numel()].copy_(indices, non_blocking=True)
-        self.indptr, self.indices, self.lens = indptr_buf, indices_buf, lens_buf
+        else:
+            # the most spans a plan of these rows makes (fp8_decode_work), padded with request -1 (no work)
+            assert self.graph_indices is not None and rows == self.graph_rows
+            items = rows if disable_split_kv else rows + programs
+            padded = np.full((3, items), -1, dtype=np.int32)
+            padded[:, : work.shape[1]] = work
+            host = np.concatenate([ptr, work_ptr, padded.ravel()])
+            if self.graph_meta is None:
+                self.graph_meta = torch.zeros(host.size, dtype=torch.int32, device=indices.device)
+            meta = self.graph_meta
+            meta.copy_(torch.from_numpy(host), non_blocking=True)
+            self.graph_indices[: indices.numel()].copy_(indices, non_blocking=True)
+            self.indices = self.graph_indices
+        self.indptr, self.work_ptr = meta[: rows + 1], meta[rows + 1 : 2 * rows + 2]
+        self.work = meta[2 * rows + 2 :].view(3, items)
+        # a graph with the split keeps the merge (a request alone in its span skips it); eager: only if needed
+        self.part = self.lse = None
+        if not disable_split_kv and (self.graph_rows is not None or items > rows):
+            buf = self.scratch.get(items * num_heads * (head_dim + 1))
+            self.part, self.lse = buf[: items * num_heads * head_dim], buf[items * num_heads * head_dim :]
 
     def run(
         self, q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor | None = None
     ) -> torch.Tensor:
         from kernels.attention.fp8_decode import decode  # Triton: on GPU machines only
 
-        return decode(q, cache[0], cache[1], self.indptr, self.indices, self.lens, self.sm_scale, self.splits, out)
+        spans = (self.work, self.work_ptr, self.sm_scale, self.part, self.lse)
+        return decode(q, cache[0], cache[1], self.indptr, self.indices, *spans, out)
 
 
 class FlashInferBackend(AttentionBackend):
@@ -233,6 +299,7 @@ class FlashInferBackend(AttentionBackend):
         self.fp8_decode = (
             TRITON_FP8_DECODE and pool.quantized and fp8_decode_supported(device, head_dim, sliding_window)
         )
+        self.fp8_scratch = Fp8Scratch(device)
         self.decode: list[_Wrapper] = [self._decode_wrapper() for _ in range(2)]
         self.graph_wrappers: dict[tuple[int, int, bool], _Wrapper] = {}
         self.graph_indices: dict[int, torch.Tensor] = {}  # per copy: one page-id buffer for every batch size
@@ -241,28 +308,14 @@ class FlashInferBackend(AttentionBackend):
         # A prefill or mixed batch in parts: (wrapper, first token row, end row, ragged); None: `active` alone.
         self.parts: list[tuple[_Wrapper, int, int, bool]] | None = None
 
-    def _decode_wrapper(self, graph_buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> _Wrapper:
-        """A decode wrapper, its metadata in fixed device buffers if given: indptr, page ids, and one int per row
-        (FlashInfer's last page lengths, or the fp8 kernel's context lengths)."""
+    def _decode_wrapper(self) -> _Wrapper:
+        """An eager decode wrapper: the fp8 kernel's or FlashInfer's."""
         if self.fp8_decode:
-            return Fp8DecodeWrapper(self.split_slots, graph_buffers)
-        if graph_buffers is None:
-            eager: _Wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(
-                self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores, backend=DECODE_KERNELS
-            )
-            return eager
-        indptr, indices, last = graph_buffers
-        graph: _Wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace,
-            "NHD",
-            use_cuda_graph=True,
-            use_tensor_cores=self.use_tensor_cores,
-            backend=DECODE_KERNELS,
-            paged_kv_indptr_buffer=indptr,
-            paged_kv_indices_buffer=indices,
-            paged_kv_last_page_len_buffer=last,
+            return Fp8DecodeWrapper(self.split_slots, self.fp8_scratch)
+        eager: _Wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores, backend=DECODE_KERNELS
         )
-        return graph
+        return eager
 
     def split_kv(self, kv_lens: list[int]) -> bool:
         return not NO_SPLIT_WHEN_BALANCED or decode_split_kv(kv_lens, self.num_kv_heads, self.split_slots)
@@ -332,8 +385,21 @@ class FlashInferBackend(AttentionBackend):
             # refills it with a copy queued on the stream behind the replays before it.
             if turn not in self.graph_indices or self.graph_indices[turn].numel() < max_pages:
                 self.graph_indices[turn] = torch.zeros(max_pages, dtype=torch.int32, device=self.device)
-            indptr, last = (torch.zeros(n, dtype=torch.int32, device=self.device) for n in (bs + 1, bs))
-            self.graph_wrappers[bs, turn, split] = self._decode_wrapper((indptr, self.graph_indices[turn], last))
+            if self.fp8_decode:
+                wrapper: _Wrapper = Fp8DecodeWrapper(self.split_slots, self.fp8_scratch, self.graph_indices[turn], bs)
+            else:
+                indptr, last = (torch.zeros(n, dtype=torch.int32, device=self.device) for n in (bs + 1, bs))
+                wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(
+                    self.workspace,
+                    "NHD",
+                    use_cuda_graph=True,
+                    use_tensor_cores=self.use_tensor_cores,
+                    backend=DECODE_KERNELS,
+                    paged_kv_indptr_buffer=indptr,
+                    paged_kv_indices_buffer=self.graph_indices[turn],
+                    paged_kv_last_page_len_buffer=last,
+                )
+            self.graph_wrappers[bs, turn, split] = wrapper
         return self.graph_wrappers[bs, turn, split]
 
     def plan_graph(

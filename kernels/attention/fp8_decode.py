@@ -9,9 +9,10 @@ FlashAttention-3's fp8 path, was ~10% faster here but had 13x the error (2.7e-2)
 registers, and both MMAs are transposed (K q^T, V^T P) so the widened tile is the A operand, which wgmma reads from
 registers.
 
-One program per (request, KV head, split): its query heads are the N side of the MMA (padded to 16). With more than
-one split per request a second kernel merges the splits by their log-sum-exp. The engine calls it through
-flashinfer_backend.Fp8DecodeWrapper, which plans the metadata and the split count.
+One program per (work item, KV head): a work item is a span of one request's keys, its query heads the N side of the
+MMA (padded to 16). A request cut into several spans gets a second kernel that merges them by their log-sum-exp. The
+engine calls it through flashinfer_backend.Fp8DecodeWrapper, which cuts the spans so that every program reads about as
+many keys (fp8_decode_work) and keeps their metadata in fixed buffers for CUDA graphs.
 
 H200, Qwen3-0.6B's heads (16 query, 8 KV), one layer (`benchmarks/decode_attention_kernels.py`; docs/gpu.md): 212
 against 299 us (FlashInfer fp8) and 273 us (FlashInfer bf16) at 256 rows of the offline workload; 662 against 783
@@ -26,8 +27,8 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 BLOCK_N = 128  # keys per step of the loop: 64 and 256 were 10-43% slower (H200), as were 8 warps
 NUM_STAGES = 3
-# The split count is a run-time argument, so two builds of the kernel (split or not) serve every batch: a build per
-# count compiled mid-run (a 1.1 s stall in a replay's mixed step). The merge takes up to MERGE_BLOCK splits.
+# The work items are run-time data, so one build of each kernel serves every batch (a build per split count compiled
+# mid-run was a 1.1 s stall in a replay's mixed step). The merge takes up to MERGE_BLOCK spans of a request.
 MERGE_BLOCK = 32
 
 
@@ -38,32 +39,33 @@ def _decode(
     V,
     Indptr,
     Indices,
-    Lens,
+    Work,  # int32 [3, items]: request (-1: no work), first key, end key
+    WorkPtr,  # int32 [requests + 1]: each request's items, from WorkPtr[r] to WorkPtr[r + 1]
     Out,
-    Part,
-    Lse,
+    Part,  # fp32 [items, heads, D]: a span's normalized output (requests cut into several spans)
+    Lse,  # fp32 [items, heads]: its log-sum-exp (base 2)
     qk_scale,
     stride_qb,
     stride_qh,
     stride_kp,
     stride_ks,
     stride_kh,
-    splits,
+    stride_w,
     G: tl.constexpr,
     BLOCK_G: tl.constexpr,
     D: tl.constexpr,
     PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr,
 ):
-    b = tl.program_id(0)
+    item = tl.program_id(0)
     kvh = tl.program_id(1)
-    s = tl.program_id(2)
+    b = tl.load(Work + item)
+    if b < 0:
+        return
+    start = tl.load(Work + stride_w + item)
+    end = tl.load(Work + 2 * stride_w + item)
+    alone = tl.load(WorkPtr + b + 1) - tl.load(WorkPtr + b) == 1
     H = tl.num_programs(1) * G
-    length = tl.load(Lens + b)
-    chunk = tl.cdiv(tl.cdiv(length, splits), BLOCK_N) * BLOCK_N
-    start = s * chunk
-    end = tl.minimum(length, start + chunk)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, D)
     heads = kvh * G + g
@@ -93,24 +95,32 @@ def _decode(
         vt = tl.load(V + off[None, :] + d[:, None], mask=valid[None, :], other=0.0).to(tl.float16)
         acc = acc * alpha[None, :] + tl.dot(vt, p.to(tl.float16))
         m = m_new
-    row = b * H + heads
-    if not SPLIT:
+    if alone:
         o = acc / l_sum[None, :]
+        row = b * H + heads
         tl.store(Out + row[None, :] * D + d[:, None], o.to(Out.dtype.element_ty), mask=(g < G)[None, :])
-    else:  # an empty split (a request shorter than the others) leaves log-sum-exp -inf: weight 0 in the merge
-        safe = tl.where(l_sum > 0, l_sum, 1.0)
-        tl.store(Part + (row[None, :] * splits + s) * D + d[:, None], acc / safe[None, :], mask=(g < G)[None, :])
-        tl.store(Lse + row * splits + s, tl.where(l_sum > 0, m + tl.log2(safe), float("-inf")), mask=g < G)
+    else:
+        at = item * H + heads
+        safe = tl.where(l_sum > 0, l_sum, 1.0)  # an empty span (none planned) would weigh 0 in the merge
+        tl.store(Part + at[None, :] * D + d[:, None], acc / safe[None, :], mask=(g < G)[None, :])
+        tl.store(Lse + at, tl.where(l_sum > 0, m + tl.log2(safe), float("-inf")), mask=g < G)
 
 
 @triton.jit
-def _merge(Out, Part, Lse, splits, D: tl.constexpr, BLOCK_S: tl.constexpr):
-    row = tl.program_id(0)
+def _merge(Out, Part, Lse, WorkPtr, H, D: tl.constexpr, BLOCK_S: tl.constexpr):
+    row = tl.program_id(0)  # request * heads + head
+    b = row // H
+    h = row % H
+    first = tl.load(WorkPtr + b)
+    n = tl.load(WorkPtr + b + 1) - first
+    if n == 1:  # written by its one span
+        return
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, D)
-    lse = tl.load(Lse + row * splits + s, mask=s < splits, other=float("-inf"))
+    at = (first + s) * H + h
+    lse = tl.load(Lse + at, mask=s < n, other=float("-inf"))
     w = tl.exp2(lse - tl.max(lse, 0))
-    part = tl.load(Part + (row * splits + s[:, None]) * D + d[None, :], mask=(s < splits)[:, None], other=0.0)
+    part = tl.load(Part + at[:, None] * D + d[None, :], mask=(s < n)[:, None], other=0.0)
     o = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
     tl.store(Out + row * D + d, o.to(Out.dtype.element_ty))
 
@@ -121,46 +131,46 @@ def decode(
     v_cache: torch.Tensor,
     indptr: torch.Tensor,  # int32 [rows + 1] into indices (device)
     indices: torch.Tensor,  # int32 page ids (device)
-    lens: torch.Tensor,  # int32 [rows] context lengths (device)
+    work: torch.Tensor,  # int32 [3, items] (device): see _decode
+    work_ptr: torch.Tensor,  # int32 [rows + 1] (device)
     sm_scale: float,
-    splits: int,
+    part: torch.Tensor | None,  # fp32, at least items * heads * dim (None: no request has several spans)
+    lse: torch.Tensor | None,  # fp32, at least items * heads
     out: torch.Tensor | None = None,  # contiguous [rows, heads, dim]
 ) -> torch.Tensor:
     rows, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
     group = heads // kv_heads
     out = torch.empty_like(q) if out is None else out
-    assert out.is_contiguous() and q.stride(2) == 1 and 1 <= splits <= MERGE_BLOCK
-    part = lse = out
-    if splits > 1:
-        part = torch.empty(rows * heads * splits * dim, device=q.device, dtype=torch.float32)
-        lse = torch.empty(rows * heads * splits, device=q.device, dtype=torch.float32)
-    _decode[(rows, kv_heads, splits)](
+    items = work.shape[1]
+    assert out.is_contiguous() and q.stride(2) == 1 and work.stride(1) == 1
+    merge = part is not None and lse is not None
+    _decode[(items, kv_heads)](
         q,
         k_cache,
         v_cache,
         indptr,
         indices,
-        lens,
+        work,
+        work_ptr,
         out,
-        part,
-        lse,
+        part if merge else out,
+        lse if merge else out,
         sm_scale * LOG2E,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
-        splits,
+        work.stride(0),
         G=group,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         D=dim,
         PAGE=k_cache.shape[1],
         BLOCK_N=BLOCK_N,
-        SPLIT=splits > 1,
         num_warps=4,
         num_stages=NUM_STAGES,
     )
-    if splits > 1:
-        _merge[(rows * heads,)](out, part, lse, splits, D=dim, BLOCK_S=MERGE_BLOCK)
+    if merge:
+        _merge[(rows * heads,)](out, part, lse, work_ptr, heads, D=dim, BLOCK_S=MERGE_BLOCK)
     return out
