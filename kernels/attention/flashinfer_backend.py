@@ -25,8 +25,10 @@ calls cost each mixed step 2.8 ms more host time, and its saturated replay lost 
 there the decode rows stay in the paged pass (over a bf16 pool; over fp8, below, they go apart at any group).
 
 Over an fp8 pool on Hopper, decode rows go through this project's Triton kernel instead (kernels/attention/
-fp8_decode.py, behind the same plan/run calls): FlashInfer's widens fp8 K/V through shared memory and was no faster
-than bf16 on an H200.
+fp8_decode.py, behind the same plan/run calls, Fp8DecodeWrapper): FlashInfer's widens fp8 K/V through shared memory
+and was no faster than bf16 on an H200. Its split cuts every request into spans of one length (fp8_decode_work), so a
+long context beside short ones is shared out among the GPU's programs (H200: 655 -> 78 us per layer for a 32,768-token
+request beside seven short ones).
 
 Every wrapper comes in two copies used in turn. A plan writes its schedule into the wrapper's pinned host
 buffer and queues an async copy to the device; under overlap scheduling the next plan runs while the previous
