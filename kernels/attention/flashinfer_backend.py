@@ -155,7 +155,7 @@ def fp8_decode_work(lens: np.ndarray, programs: int, split: bool, max_spans: int
     FP8_SPAN_ALIGN; without, one span per request. Returns the items, int32 [3, items] (request, first key, end key),
     and where each request's items start, int32 [requests + 1]."""
     longest = int(lens.max())
-    span = longest
+    span = max(longest, 1)
     if split:
         span = max(-(-int(lens.sum()) // max(1, programs)), -(-longest // max_spans), 1)
         span = -(-span // FP8_SPAN_ALIGN) * FP8_SPAN_ALIGN
