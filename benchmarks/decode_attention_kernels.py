@@ -19,11 +19,13 @@ default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B at TP=4. Kernels:
                xqa-hnd  on HND. The bundle of the twenty-third session lacks its sources: it does not build there
   triton       the engine's decode over an fp8 pool (kernels/attention/fp8_decode.py; e4m3 only), one span per
                request; triton-spans with the engine's split (flashinfer_backend.fp8_decode_work: spans of one length,
-               about two programs per SM). The candidates the kernel was chosen from (K/V widened in
+               about two programs per SM); triton-uniform with the split before it (every request in the same number
+               of parts, from the batch size alone). The candidates the kernel was chosen from (K/V widened in
                registers in either MMA order, a one-term e4m3 query) are in benchmarks/triton_paged_decode.py as of
                commit 4291d57, their figures in benchmarks/results/session23_h200/; the later ones that lost to it
                (benchmarks/fp8_decode_variants.py as of commit 9c7c077) in benchmarks/results/fp8_variants_s24/.
-Each is timed over 30 back-to-back calls after 5 warm-up calls (CUDA events). The table gives us per call, the KV
+Each is timed over 30 back-to-back calls after 5 warm-up calls (CUDA events), with `--graph` replayed from a CUDA
+graph (at small batches the eager calls time the host). The table gives us per call, the KV
 read rate (bytes of K and V as stored / time), and the output's error against exact attention in fp32 over the
 stored K/V (relative Frobenius norm; the fp8 rounding of K/V itself is not counted, only what each kernel adds).
 """
@@ -43,13 +45,28 @@ LENS = {"offline": ((100, 1025), (0, 1025)), "replay": ((1200, 5801), (0, 1))}
 DTYPES = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
 
 
-def time_us(fn: Callable[[], torch.Tensor], iters: int = 30) -> float:
+def time_us(fn: Callable[[], torch.Tensor], iters: int = 30, graph: bool = False) -> float:
+    """us per call over `iters` back-to-back calls after 5 warm-up calls. With `graph`, the calls are captured in one
+    CUDA graph and replayed, as the engine runs its decode: the host's launch cost (tens of us for a Triton kernel
+    from Python) drops out, which at small batches is more than the GPU's work."""
     for _ in range(5):
         fn()
+    run = fn
+    if graph:
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(iters):
+                fn()
+        run = g.replay  # type: ignore[assignment]
+        run()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(iters):
-        fn()
+    if graph:
+        run()
+    else:
+        for _ in range(iters):
+            run()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) * 1e3 / iters
@@ -107,7 +124,9 @@ class SharedBatch:
         return [len(self.prefix(i)) * page + n for i, n in enumerate(self.own_lens)]
 
 
-def case(batch: int, page: int, kernels: list[str], kv: str, lens_name: str, heads: int, kv_heads: int) -> list[dict]:
+def case(
+    batch: int, page: int, kernels: list[str], kv: str, lens_name: str, heads: int, kv_heads: int, graph: bool = False
+) -> list[dict]:
     import flashinfer
 
     from kernels.attention.flashinfer_backend import Fp8DecodeWrapper, Fp8Scratch
@@ -166,6 +185,16 @@ def case(batch: int, page: int, kernels: list[str], kv: str, lens_name: str, hea
         slots = 2 * torch.cuda.get_device_properties(dev).multi_processor_count  # as flashinfer_backend's
         w = Fp8DecodeWrapper(slots, Fp8Scratch(dev))
         w.plan(indptr, indices, last, heads, kv_heads, DIM, page, sm_scale=scale, disable_split_kv=name == "triton")
+        if name == "triton-uniform":  # the split before the spans: every request in the same number of equal parts
+            splits = min(Fp8DecodeWrapper.MAX_SPANS, max(2, -(-slots // (batch * kv_heads))))
+            per = [-(-int(n) // splits) for n in lens]
+            chunk = [-(-c // 128) * 128 for c in per]  # as the kernel cut them: whole steps of 128 keys
+            work = [(r, a, min(int(n), a + chunk[r])) for r, n in enumerate(lens) for a in range(0, int(n), chunk[r])]
+            w.work = torch.tensor(work, dtype=torch.int32, device=dev).T.contiguous()
+            counts = torch.bincount(w.work[0], minlength=batch)
+            w.work_ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
+            buf = Fp8Scratch(dev).get(len(work) * heads * (DIM + 1))
+            w.part, w.lse = buf[: len(work) * heads * DIM], buf[len(work) * heads * DIM :]
         return lambda: w.run(q, (k_nhd, v_nhd))
 
     makers: dict[str, Callable[[], Callable[[], torch.Tensor]]] = {
@@ -184,12 +213,12 @@ def case(batch: int, page: int, kernels: list[str], kv: str, lens_name: str, hea
     rows = []
     for name in kernels:
         row: dict = dict(kernel=name, kv=kv, lens=lens_name, heads=f"{heads}/{kv_heads}", batch=batch, page=page,
-                         kv_tokens=int(lens.sum()))  # fmt: skip
+                         graph=graph, kv_tokens=int(lens.sum()))  # fmt: skip
         try:
             fn = triton_kernel(name) if name.startswith("triton") else makers[name]()
             out = fn().float()
             row["rel_err"] = float((out - ref).norm() / ref.norm())
-            us = time_us(fn)
+            us = time_us(fn, graph=graph)
             row.update(us=us, tb_per_s=kv_bytes / us / 1e6)
         except Exception as e:  # noqa: BLE001  # a kernel that does not build or run here is reported, not fatal
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -209,6 +238,7 @@ def main() -> None:
     ap.add_argument("--heads", default="16/8")
     ap.add_argument("--kernels", default="fi-tc,fi-tc-nosplit,fi-cc,xqa,triton")
     ap.add_argument("--repeat", type=int, default=1, help="run each case again (the first includes JIT builds)")
+    ap.add_argument("--graph", action="store_true", help="time the calls replayed from a CUDA graph (time_us)")
     ap.add_argument("--out")
     args = ap.parse_args()
     kernels = args.kernels.split(",")
@@ -220,7 +250,7 @@ def main() -> None:
                 for page in map(int, args.pages.split(",")):
                     for batch in map(int, args.batches.split(",")):
                         for rep in range(1 + args.repeat):
-                            got = case(batch, page, kernels, kv, lens_name, heads, kv_heads)
+                            got = case(batch, page, kernels, kv, lens_name, heads, kv_heads, args.graph)
                             rows += [dict(r, repeat=rep) for r in got]
     if args.out:
         with open(args.out, "w") as f:

@@ -3,7 +3,9 @@
 # pool with it and with FlashInfer's decode (flashinfer_backend.TRITON_FP8_DECODE), and over bf16, interleaved
 # ${ROUNDS:-2} times (OFFLINE_MODES of these), ${RUNS:-2} runs each; then issue #15's replay (mixed, the default) over bf16 and fp8 with step logs.
 # Stage `kernels` times the engine's kernel (KERNELS of benchmarks/decode_attention_kernels.py) beside FlashInfer's bf16
-# decode (LENS, BATCHES; BF16=0 skips FlashInfer), then profiles NCU_KERNELS with Nsight Compute.
+# decode (LENS, BATCHES; BF16=0 skips FlashInfer; GRAPH=1 times CUDA-graph replays), then profiles NCU_KERNELS with
+# Nsight Compute. Next to run: GRAPH=1 BF16=0 LENS=offline,skewed,shared BATCHES=256,64,32,8 NCU_KERNELS= (the spans
+# against the uniform split at small batches, GPU time only).
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_fp8_decode.sh   (STAGES="tests offline trace")
 set -u
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
@@ -13,8 +15,9 @@ for stage in ${STAGES:-tests offline trace}; do
       python -c "import triton, torch; print('triton', triton.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())"
       [ "${BF16:-1}" = 1 ] && python benchmarks/decode_attention_kernels.py --kv-dtypes bf16 --kernels fi-tc --lens "${LENS:-offline,shared}" \
         --batches "${BATCHES:-256,64}" --out "$OUT/variants_bf16.json" 2>&1 | grep -v "^$" | tail -n 20
-      python benchmarks/decode_attention_kernels.py --kv-dtypes e4m3 --kernels "${KERNELS:-triton,triton-spans}" \
-        --lens "${LENS:-offline,shared}" --batches "${BATCHES:-256,64}" --out "$OUT/variants_e4m3.json" 2>&1 | tail -n 80
+      python benchmarks/decode_attention_kernels.py --kv-dtypes e4m3 --kernels "${KERNELS:-triton,triton-spans,triton-uniform}" \
+        --lens "${LENS:-offline,shared}" --batches "${BATCHES:-256,64}" ${GRAPH:+--graph} --out "$OUT/variants_e4m3.json" \
+        2>&1 | tail -n 80
       for k in ${NCU_KERNELS-triton}; do
         timeout 240 ncu --clock-control none --kernel-name regex:_decode --launch-skip 5 --launch-count 1 \
           --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
