@@ -4,8 +4,9 @@
 # ${ROUNDS:-2} times (OFFLINE_MODES of these), ${RUNS:-2} runs each; then issue #15's replay (mixed, the default) over bf16 and fp8 with step logs.
 # Stage `kernels` times the engine's kernel (KERNELS of benchmarks/decode_attention_kernels.py) beside FlashInfer's bf16
 # decode (LENS, BATCHES; BF16=0 skips FlashInfer; GRAPH=1 times CUDA-graph replays), then profiles NCU_KERNELS with
-# Nsight Compute. Next to run: GRAPH=1 BF16=0 LENS=offline,skewed,shared BATCHES=256,64,32,8 NCU_KERNELS= (the spans
-# against the uniform split at small batches, GPU time only).
+# Nsight Compute. Next to run: GRAPH=1 LENS=offline,skewed,shared BATCHES=256,64,32,8 NCU_KERNELS=triton-vt
+# KERNELS=triton,triton-spans,triton-uniform,triton-vt,triton-vt-w8,triton-spans-vt (GPU time only: the spans against
+# the uniform split at small batches, and V through the 16-bit transpose).
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_fp8_decode.sh   (STAGES="tests offline trace")
 set -u
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
