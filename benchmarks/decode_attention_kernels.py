@@ -21,7 +21,7 @@ default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B at TP=4. Kernels:
                request; triton-spans with the engine's split (flashinfer_backend.fp8_decode_work: spans of one length,
                about two programs per SM); triton-uniform with the split before it (every request in the same number
                of parts, from the batch size alone). A suffix -vt: V through fp8_decode.V_TRANSPOSED's 16-bit
-               transpose; -w8: 8 warps. The candidates the kernel was chosen from (K/V widened in
+               transpose; -w8: 8 warps; -b64: 64 keys a step. The candidates the kernel was chosen from (K/V widened in
                registers in either MMA order, a one-term e4m3 query) are in benchmarks/triton_paged_decode.py as of
                commit 4291d57, their figures in benchmarks/results/session23_h200/; the later ones that lost to it
                (benchmarks/fp8_decode_variants.py as of commit 9c7c077) in benchmarks/results/fp8_variants_s24/.
@@ -185,8 +185,8 @@ def case(
             raise ValueError("the Triton decode reads an fp8 pool only")
         from kernels.attention import fp8_decode
 
-        v_trans, warps = "-vt" in name, 8 if "-w8" in name else 4
-        name = name.replace("-vt", "").replace("-w8", "")
+        v_trans, warps, block = "-vt" in name, 8 if "-w8" in name else 4, 64 if "-b64" in name else 128
+        name = name.replace("-vt", "").replace("-w8", "").replace("-b64", "")
         slots = 2 * torch.cuda.get_device_properties(dev).multi_processor_count  # as flashinfer_backend's
         w = Fp8DecodeWrapper(slots, Fp8Scratch(dev))
         w.plan(indptr, indices, last, heads, kv_heads, DIM, page, sm_scale=scale, disable_split_kv=name == "triton")
@@ -202,11 +202,11 @@ def case(
             w.part, w.lse = buf[: len(work) * heads * DIM], buf[len(work) * heads * DIM :]
 
         def run() -> torch.Tensor:
-            fp8_decode.V_TRANSPOSED, fp8_decode.NUM_WARPS = v_trans, warps
+            fp8_decode.V_TRANSPOSED, fp8_decode.NUM_WARPS, fp8_decode.BLOCK_N = v_trans, warps, block
             try:
                 return w.run(q, (k_nhd, v_nhd))
             finally:
-                fp8_decode.V_TRANSPOSED, fp8_decode.NUM_WARPS = False, 4
+                fp8_decode.V_TRANSPOSED, fp8_decode.NUM_WARPS, fp8_decode.BLOCK_N = False, 4, 128
 
         return run
 

@@ -5,8 +5,8 @@
 # Stage `kernels` times the engine's kernel (KERNELS of benchmarks/decode_attention_kernels.py) beside FlashInfer's bf16
 # decode (LENS, BATCHES; BF16=0 skips FlashInfer; GRAPH=1 times CUDA-graph replays), then profiles NCU_KERNELS with
 # Nsight Compute. Next to run: GRAPH=1 LENS=offline,skewed,shared BATCHES=256,64,32,8 NCU_KERNELS=triton-vt
-# KERNELS=triton,triton-spans,triton-uniform,triton-vt,triton-vt-w8,triton-spans-vt (GPU time only: the spans against
-# the uniform split at small batches, and V through the 16-bit transpose).
+# KERNELS=triton,triton-spans,triton-uniform,triton-vt,triton-vt-w8,triton-vt-b64,triton-spans-vt (GPU time only: the
+# spans against the uniform split at small batches, and V through the 16-bit transpose).
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_fp8_decode.sh   (STAGES="tests offline trace")
 set -u
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
