@@ -45,9 +45,6 @@ class EngineConfig:
     mixed_batch: bool = True
     # prefill tokens per step while requests decode (mixed batches); None: up to max_batch_tokens, as with none decoding
     mixed_prefill_tokens: int | None = MIXED_PREFILL_TOKENS
-    # With mixed batches, prompts waiting while requests decode first get a step of their own of up to this many
-    # tokens, never two in a row (engine/scheduler.py; None: off). Not yet measured on a GPU (docs/scheduling.md).
-    prefill_alone_tokens: int | None = None
     # Admission stops while the running requests' contexts hold this many tokens: a decode step reads all of their KV,
     # so this bounds the inter-token gap under load (None: only the KV pool and max_running_requests bound it).
     max_running_tokens: int | None = None
@@ -83,11 +80,6 @@ class EngineConfig:
                 "must be >= 1",
             ),
             (self.max_running_tokens is None or self.max_running_tokens >= 1, "max_running_tokens", "must be >= 1"),
-            (
-                self.prefill_alone_tokens is None or self.prefill_alone_tokens >= 1,
-                "prefill_alone_tokens",
-                "must be >= 1",
-            ),
             (self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be >= 2"),
             (
                 _backend_ok(self.attention_backend),

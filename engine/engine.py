@@ -222,7 +222,6 @@ class Engine:
             config.mixed_batch,
             config.max_running_tokens,
             config.mixed_prefill_tokens,
-            config.prefill_alone_tokens,
         )
         t0 = time.perf_counter()
         self.runner = ModelRunner(

@@ -1,9 +1,7 @@
 """Continuous batching. With mixed batches (the default) a step carries every running request's next decode token,
 then prefill chunks of admitted prompts up to the per-step token budget, and at most `mixed_prefill_tokens` of them
-while requests decode, so an arriving prompt never holds the running streams for long. With `prefill_alone_tokens`,
-prompts waiting while requests decode first get a step of their own of up to that many tokens, never two in a row:
-a prompt's first token then waits on a short prefill step, not on a step that also decodes every stream. Without
-mixed batches, a step is either prefill (chunked under the budget, and first whenever there is any) or decode."""
+while requests decode, so an arriving prompt never holds the running streams for long. Without, a step is either
+prefill (chunked under the budget, and first whenever there is any) or decode."""
 
 from __future__ import annotations
 
@@ -60,7 +58,6 @@ class Scheduler:
         mixed: bool = False,
         max_running_tokens: int | None = None,
         mixed_prefill_tokens: int | None = None,
-        prefill_alone_tokens: int | None = None,
     ):
         self.cache = cache
         self.max_running = max_running
@@ -68,8 +65,6 @@ class Scheduler:
         self.mixed = mixed
         self.max_running_tokens = max_running_tokens
         self.mixed_prefill_tokens = mixed_prefill_tokens or max_batch_tokens
-        self.prefill_alone_tokens = prefill_alone_tokens
-        self.last_alone = False  # the last step was prefill alone while requests were decoding
         self.waiting: deque[Req] = deque()
         self.prefilling: list[Req] = []  # admitted, prompt not fully in the KV cache yet
         self.running: list[Req] = []  # decoding, oldest first
@@ -89,12 +84,6 @@ class Scheduler:
     def schedule(self) -> Batch | None:
         if not self.mixed:
             return self._prefill(self.max_batch_tokens) or self._decode()
-        alone = None
-        if self.prefill_alone_tokens and self.running and not self.last_alone and (self.waiting or self.prefilling):
-            alone = self._prefill(min(self.prefill_alone_tokens, self.max_batch_tokens))
-        self.last_alone = alone is not None
-        if alone:
-            return alone
         # Decode first: running requests get their next page before new prompts are admitted into what is left.
         preempted = self.num_preemptions
         decode = self._decode()

@@ -75,15 +75,6 @@ MixedPrefillTokens = Annotated[
         min=1,
     ),
 ]
-PrefillAloneTokens = Annotated[
-    int | None,
-    typer.Option(
-        help="with mixed batches, prompts waiting while requests decode first get a step of their own of up to this "
-        "many tokens, never two in a row (a prompt's first token waits on a short prefill step, not on one that also "
-        "decodes every stream; unset: off)",
-        min=1,
-    ),
-]
 MaxRunningTokens = Annotated[
     int | None,
     typer.Option(
@@ -138,7 +129,6 @@ ENGINE_FLAGS: tuple[tuple[str, Any, Any], ...] = (
     ("no_overlap", NoOverlap, False),
     ("mixed_batch", MixedBatch, True),
     ("mixed_prefill_tokens", MixedPrefillTokens, MIXED_PREFILL_TOKENS),
-    ("prefill_alone_tokens", PrefillAloneTokens, None),
     ("tp", Tp, 1),
 )
 F = TypeVar("F", bound=Callable[..., Any])

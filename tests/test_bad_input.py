@@ -61,7 +61,6 @@ def invoke(*args: str) -> tuple[int, str]:
         (["--max-running-requests", "0"], "Invalid value for '--max-running-requests'"),
         (["--max-batch-tokens", "-5"], "Invalid value for '--max-batch-tokens'"),
         (["--mixed-prefill-tokens", "0"], "Invalid value for '--mixed-prefill-tokens'"),
-        (["--prefill-alone-tokens", "0"], "Invalid value for '--prefill-alone-tokens'"),
         (["--max-model-len", "1"], "Invalid value for '--max-model-len'"),
         (["--cuda-graph-max-bs", "-1"], "Invalid value for '--cuda-graph-max-bs'"),
         (["--piecewise-graph-tokens", "-1"], "Invalid value for '--piecewise-graph-tokens'"),

@@ -68,12 +68,6 @@ def test_same_tokens_across_settings(tiny_dir):
         "mixed batches, chunk 16, 1 beside decoding, overlap": dict(
             max_batch_tokens=16, mixed_prefill_tokens=1, overlap=True
         ),
-        "mixed batches, chunk 16, 2 beside decoding, 5 alone": dict(
-            max_batch_tokens=16, mixed_prefill_tokens=2, prefill_alone_tokens=5
-        ),
-        "mixed batches, 3 alone, overlap, no radix cache": dict(
-            prefill_alone_tokens=3, overlap=True, radix_cache=False
-        ),
     }
     for name, cfg in variants.items():
         tokens, llm = run(tiny_dir, prompts, **cfg)
@@ -153,40 +147,6 @@ def test_steps_with_decoding_requests_add_at_most_mixed_prefill_tokens(tiny_dir)
     llm.engine.step_records = []
     assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == [outs[r] for r in rids]
     assert max(s.prefill_tokens for s in llm.engine.step_records if s.decode_rows) > cap
-
-
-def test_prefill_alone_gives_waiting_prompts_a_short_step_of_their_own(tiny_dir):
-    """--prefill-alone-tokens: while requests decode, waiting prompts first get a step of their own of up to that many
-    tokens, never two in a row, so a stream waits at most one such step between its tokens; a prompt arriving while
-    others decode gets its first token in fewer steps than with its chunks beside the decode rows only. Same tokens."""
-    prompts = prompts_with_shared_prefix(6, seed=4)
-    late = prompts[0][:3] + prompts[1][5:]  # arrives while the others decode
-
-    def steps_to_first_token(**cfg):
-        llm = make_llm(tiny_dir, max_batch_tokens=64, mixed_prefill_tokens=2, check_invariants=True, **cfg)
-        llm.engine.step_records = []
-        rids = [llm.add_request(p, GREEDY) for p in prompts]
-        outs: dict[int, list[int]] = {}
-        for _ in range(3):
-            for o in llm.step():
-                outs[o.rid] = o.token_ids
-        rid = llm.add_request(late, GREEDY)
-        at, first = len(llm.engine.step_records), None
-        while llm.has_work():
-            for o in llm.step():
-                outs[o.rid] = o.token_ids
-                if o.rid == rid and first is None:
-                    first = len(llm.engine.step_records) - at
-        assert_all_pages_back(llm)
-        return first, [outs[r] for r in rids + [rid]], llm.engine.step_records
-
-    base_first, base_tokens, _ = steps_to_first_token()
-    first, tokens, steps = steps_to_first_token(prefill_alone_tokens=8)
-    assert tokens == base_tokens == run(tiny_dir, prompts + [late])[0]
-    alone = [i for i, s in enumerate(steps) if s.decode_rows == 0 and i > 0 and steps[i - 1].decode_rows > 0]
-    assert alone and all(steps[i].prefill_tokens <= 8 for i in alone)
-    assert all(steps[i + 1].decode_rows > 0 for i in alone if i + 1 < len(steps))  # never two in a row
-    assert first < base_first, (first, base_first)
 
 
 @pytest.mark.parametrize("mixed", [True, False])
