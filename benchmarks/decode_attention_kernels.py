@@ -19,9 +19,9 @@ default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B at TP=4. Kernels:
                xqa-hnd  on HND. The bundle of the twenty-third session lacks its sources: it does not build there
   triton       the engine's decode over an fp8 pool (kernels/attention/fp8_decode.py; e4m3 only), one span per
                request; triton-spans with the engine's split (flashinfer_backend.fp8_decode_work: spans of one length,
-               about two programs per SM); triton-uniform with the split before it (every request in the same number
-               of parts, from the batch size alone). A suffix -vt: V through fp8_decode.V_TRANSPOSED's 16-bit
-               transpose; -w8: 8 warps; -b64: 64 keys a step. The candidates the kernel was chosen from (K/V widened in
+               about FP8_PROGRAMS_PER_SM programs per SM; triton-spans-pN: N per SM); triton-uniform with the split
+               before the spans (every request in the same number of parts, from the batch size alone). The
+               candidates the kernel was chosen from (K/V widened in
                registers in either MMA order, a one-term e4m3 query) are in benchmarks/triton_paged_decode.py as of
                commit 4291d57, their figures in benchmarks/results/session23_h200/; the later ones that lost to it
                (benchmarks/fp8_decode_variants.py as of commit 9c7c077) in benchmarks/results/fp8_variants_s24/.
@@ -130,7 +130,7 @@ def case(
 ) -> list[dict]:
     import flashinfer
 
-    from kernels.attention.flashinfer_backend import Fp8DecodeWrapper, Fp8Scratch
+    from kernels.attention.flashinfer_backend import FP8_PROGRAMS_PER_SM, Fp8DecodeWrapper, Fp8Scratch
 
     g = torch.Generator().manual_seed(0)
     if lens_name == "shared":
@@ -183,15 +183,13 @@ def case(
     def triton_kernel(name: str) -> Callable[[], torch.Tensor]:
         if dtype != torch.float8_e4m3fn:
             raise ValueError("the Triton decode reads an fp8 pool only")
-        from kernels.attention import fp8_decode
-
-        v_trans, warps, block = "-vt" in name, 8 if "-w8" in name else 4, 64 if "-b64" in name else 128
-        name = name.replace("-vt", "").replace("-w8", "").replace("-b64", "")
-        slots = 2 * torch.cuda.get_device_properties(dev).multi_processor_count  # as flashinfer_backend's
+        name, _, per_sm = name.partition("-p")
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        slots = int(per_sm or FP8_PROGRAMS_PER_SM) * sms  # as flashinfer_backend's
         w = Fp8DecodeWrapper(slots, Fp8Scratch(dev))
         w.plan(indptr, indices, last, heads, kv_heads, DIM, page, sm_scale=scale, disable_split_kv=name == "triton")
         if name == "triton-uniform":  # the split before the spans: every request in the same number of equal parts
-            splits = min(Fp8DecodeWrapper.MAX_SPANS, max(2, -(-slots // (batch * kv_heads))))
+            splits = min(Fp8DecodeWrapper.MAX_SPANS, max(2, -(-2 * sms // (batch * kv_heads))))
             per = [-(-int(n) // splits) for n in lens]
             chunk = [-(-c // 128) * 128 for c in per]  # as the kernel cut them: whole steps of 128 keys
             work = [(r, a, min(int(n), a + chunk[r])) for r, n in enumerate(lens) for a in range(0, int(n), chunk[r])]
@@ -201,14 +199,7 @@ def case(
             buf = Fp8Scratch(dev).get(len(work) * heads * (DIM + 1))
             w.part, w.lse = buf[: len(work) * heads * DIM], buf[len(work) * heads * DIM :]
 
-        def run() -> torch.Tensor:
-            fp8_decode.V_TRANSPOSED, fp8_decode.NUM_WARPS, fp8_decode.BLOCK_N = v_trans, warps, block
-            try:
-                return w.run(q, (k_nhd, v_nhd))
-            finally:
-                fp8_decode.V_TRANSPOSED, fp8_decode.NUM_WARPS, fp8_decode.BLOCK_N = False, 4, 128
-
-        return run
+        return lambda: w.run(q, (k_nhd, v_nhd))
 
     makers: dict[str, Callable[[], Callable[[], torch.Tensor]]] = {
         "fi-tc": lambda: fi(True, "NHD"),

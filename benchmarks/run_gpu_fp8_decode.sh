@@ -4,9 +4,10 @@
 # ${ROUNDS:-2} times (OFFLINE_MODES of these), ${RUNS:-2} runs each; then issue #15's replay (mixed, the default) over bf16 and fp8 with step logs.
 # Stage `kernels` times the engine's kernel (KERNELS of benchmarks/decode_attention_kernels.py) beside FlashInfer's bf16
 # decode (LENS, BATCHES; BF16=0 skips FlashInfer; GRAPH=1 times CUDA-graph replays), then profiles NCU_KERNELS with
-# Nsight Compute. Next to run: GRAPH=1 LENS=offline,skewed,shared BATCHES=256,64,32,8 NCU_KERNELS=triton-vt
-# KERNELS=triton,triton-spans,triton-uniform,triton-vt,triton-vt-w8,triton-vt-b64,triton-spans-vt (GPU time only: the
-# spans against the uniform split at small batches, and V through the 16-bit transpose).
+# Nsight Compute. OFFLINE_MODES `pN` run the Triton kernel with flashinfer_backend.FP8_PROGRAMS_PER_SM = N. The
+# twenty-fifth session's programs-per-SM sweep: GRAPH=1 BF16=0 NCU_KERNELS= LENS=offline,shared,skewed
+# BATCHES=256,128,64,32,16,8 KERNELS=triton-uniform,triton-spans-p2,triton-spans-p4,triton-spans-p6,triton-spans-p8
+# STAGES="kernels offline" OFFLINE_MODES="p2 p4 p6" ROUNDS=1.
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_fp8_decode.sh   (STAGES="tests offline trace")
 set -u
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
@@ -35,6 +36,7 @@ for stage in ${STAGES:-tests offline trace}; do
         for mode in ${OFFLINE_MODES:-triton flashinfer bf16}; do
           pre="pass"; kv="--kv-cache-dtype fp8"
           [ $mode = flashinfer ] && pre="import kernels.attention.flashinfer_backend as f; f.TRITON_FP8_DECODE = False"
+          case $mode in p[0-9]*) pre="import kernels.attention.flashinfer_backend as f; f.FP8_PROGRAMS_PER_SM = ${mode#p}" ;; esac
           [ $mode = bf16 ] && kv=""
           timeout 200 python -c "$pre; from minisgl_cli.app import main; main()" bench-offline \
             --model dummy:Qwen3-0.6B --runs "${RUNS:-2}" $kv --json "$OUT/offline_${mode}_r$round.json" > "$OUT/offline_${mode}_r$round.log" 2>&1

@@ -320,38 +320,51 @@ def test_fp8_decode_wrapper_plans_spans_and_graph_buffers() -> None:
     last = torch.tensor([5, 16, 1], dtype=torch.int32)
     indices = torch.tensor([7, 3, 9, 1, 2, 4], dtype=torch.int32)
     args = (indptr, indices, last, 4, 2, 8, 16)  # 4 query heads, 2 KV heads, dim 8, page 16
+
+    def spans(w: Fp8DecodeWrapper, n: int) -> list[list[int]]:
+        """The plan's first n spans; the rest pad the stride to 16 with request -1, and every section of the metadata
+        starts on 16 bytes (Triton compiles a kernel per alignment and per int divisibility by 16)."""
+        assert w.work.shape[1] % 16 == 0 and (w.work[0, n:] == -1).all() and w.work.stride(1) == 1
+        assert all(t.data_ptr() % 16 == 0 for t in (w.indptr, w.work_ptr, w.work))
+        return w.work[:, :n].tolist()
+
     scratch = Fp8Scratch(CPU)
     eager = Fp8DecodeWrapper(slots=64, scratch=scratch)
     eager.plan(*args, sm_scale=0.5, disable_split_kv=True, q_data_type=torch.bfloat16)
-    assert eager.work.tolist() == [[0, 1, 2], [0, 0, 0], [21, 16, 33]] and eager.work_ptr.tolist() == [0, 1, 2, 3]
+    assert spans(eager, 3) == [[0, 1, 2], [0, 0, 0], [21, 16, 33]] and eager.work_ptr.tolist() == [0, 1, 2, 3]
     assert eager.indptr.tolist() == [0, 2, 3, 6] and eager.indices is indices and eager.sm_scale == 0.5
     assert eager.part is None and eager.lse is None  # no request with several spans: no merge
     eager.plan(*args, sm_scale=0.5)  # 32 programs per KV head for 70 keys: one aligned span each
-    assert eager.work.tolist() == [[0, 1, 2], [0, 0, 0], [21, 16, 33]] and eager.part is None
+    assert spans(eager, 3) == [[0, 1, 2], [0, 0, 0], [21, 16, 33]] and eager.part is None
     long_last = torch.tensor([5, 16, 16], dtype=torch.int32)
     long = (torch.tensor([0, 2, 3, 30], dtype=torch.int32), torch.arange(30, dtype=torch.int32), long_last, 4, 2, 8, 16)
     eager.plan(*long, sm_scale=0.5)  # 21, 16 and 432 keys: the last in 4 spans of 128
-    assert eager.work.tolist() == [[0, 1, 2, 2, 2, 2], [0, 0, 0, 128, 256, 384], [21, 16, 128, 256, 384, 432]]
+    assert spans(eager, 6) == [[0, 1, 2, 2, 2, 2], [0, 0, 0, 128, 256, 384], [21, 16, 128, 256, 384, 432]]
     assert eager.work_ptr.tolist() == [0, 1, 2, 6]
     assert eager.part is not None and eager.lse is not None
-    assert eager.part.numel() == 6 * 4 * 8 and eager.lse.numel() >= 6 * 4
+    assert eager.part.numel() == 16 * 4 * 8 and eager.lse.numel() >= 16 * 4  # the padded spans
     assert eager.part.data_ptr() == scratch.kept[-1].data_ptr()
     first = scratch.kept[-1]
     scratch.get(first.numel() + 1)
     assert scratch.kept[0] is first and scratch.kept[-1].numel() == 2 * first.numel()  # grows; the old one kept
+
+    for rows in range(1, 9):  # every batch size keeps the alignment
+        lens = torch.full((rows,), 7, dtype=torch.int32)
+        eager.plan(torch.arange(rows + 1, dtype=torch.int32), torch.arange(rows), lens, 4, 2, 8, 16, sm_scale=0.5)
+        assert spans(eager, rows) == [list(range(rows)), [0] * rows, [7] * rows]
 
     shared_ids = torch.full((40,), -1, dtype=torch.int32)
     graph = Fp8DecodeWrapper(slots=64, scratch=Fp8Scratch(CPU), graph_indices=shared_ids, graph_rows=3)
     graph.plan(*args, sm_scale=0.5)
     buf = graph.graph_meta
     assert buf is not None and graph.indices is shared_ids
-    items = 3 + 32  # the most spans a split plan of 3 rows makes: rows + programs per KV head
-    assert graph.work.shape == (3, items) and graph.work[:, :3].tolist() == [[0, 1, 2], [0, 0, 0], [21, 16, 33]]
-    assert (graph.work[0, 3:] == -1).all() and graph.part is not None  # padding; the graph keeps the merge
+    items = 48  # the most spans a split plan of 3 rows makes (rows + programs per KV head: 35), to a multiple of 16
+    assert graph.work.shape == (3, items) and spans(graph, 3) == [[0, 1, 2], [0, 0, 0], [21, 16, 33]]
+    assert graph.part is not None  # the graph keeps the merge
     assert shared_ids[:6].tolist() == [7, 3, 9, 1, 2, 4] and (shared_ids[6:] == -1).all()
     graph.plan(*long, sm_scale=0.5)
     assert graph.graph_meta is buf and graph.work.data_ptr() == buf[8:].data_ptr()  # refilled in place
-    assert graph.work[:, :6].tolist() == [[0, 1, 2, 2, 2, 2], [0, 0, 0, 128, 256, 384], [21, 16, 128, 256, 384, 432]]
+    assert spans(graph, 6) == [[0, 1, 2, 2, 2, 2], [0, 0, 0, 128, 256, 384], [21, 16, 128, 256, 384, 432]]
     assert shared_ids[:30].tolist() == list(range(30))
 
 
@@ -387,3 +400,8 @@ def test_flashinfer_fp8_pool_decodes_through_the_triton_kernel_on_hopper(
         decode = AttnMeta(True, [1, 1], [5, 12], tables[:2], torch.tensor([4, 11]))
         be.plan_graph(2, 16, decode, decode.out_slots, turn=0, split=True)
         assert graph.indices is be.graph_indices[0] and graph.work[:, :2].tolist() == [[0, 1], [0, 0], [5, 12]]
+        # the split: wherever the spans cut some request (FP8_PROGRAMS_PER_SM per SM; 4 SMs here), not FlashInfer's rule
+        assert be.fp8_slots == fib.FP8_PROGRAMS_PER_SM * 4
+        be.fp8_slots = 64  # 8 programs per KV head: spans of a multiple of 128 keys near an eighth of them all
+        assert not be.split_kv([100] * 64) and not be.split_kv([100] * 63 + [1024])  # spans of 896 and 1,024
+        assert be.split_kv([100] * 63 + [1100]) and be.split_kv([100] * 8 + [5000])  # 1,024 and 768

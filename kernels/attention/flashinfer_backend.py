@@ -146,6 +146,16 @@ def fp8_decode_supported(device: torch.device, head_dim: int, sliding_window: in
 # A span of the fp8 decode starts at a multiple of the kernel's keys per step (fp8_decode.BLOCK_N): no step straddles
 # two spans.
 FP8_SPAN_ALIGN = 128
+# Programs per SM the spans aim for (fp8_decode_work). The kernel holds 3 per SM at once; with 2, a batch of 16-64
+# rows ran its last wave nearly alone. 8 (H100, graphs): 10-20% faster at 32-64 rows, 1.7% slower at 256 rows of
+# shared prefixes, level elsewhere (docs/gpu.md, twenty-fifth session).
+FP8_PROGRAMS_PER_SM = 8
+
+
+def fp8_span(lens: np.ndarray, programs: int, max_spans: int) -> int:
+    """The fp8 decode's span length with the split (fp8_decode_work)."""
+    span = max(-(-int(lens.sum()) // max(1, programs)), -(-int(lens.max()) // max_spans), 1)
+    return -(-span // FP8_SPAN_ALIGN) * FP8_SPAN_ALIGN
 
 
 def fp8_decode_work(lens: np.ndarray, programs: int, split: bool, max_spans: int) -> tuple[np.ndarray, np.ndarray]:
@@ -154,11 +164,7 @@ def fp8_decode_work(lens: np.ndarray, programs: int, split: bool, max_spans: int
     GPU's programs per KV head; never more than programs + requests), at most `max_spans` per request, and aligned to
     FP8_SPAN_ALIGN; without, one span per request. Returns the items, int32 [3, items] (request, first key, end key),
     and where each request's items start, int32 [requests + 1]."""
-    longest = int(lens.max())
-    span = max(longest, 1)
-    if split:
-        span = max(-(-int(lens.sum()) // max(1, programs)), -(-longest // max_spans), 1)
-        span = -(-span // FP8_SPAN_ALIGN) * FP8_SPAN_ALIGN
+    span = fp8_span(lens, programs, max_spans) if split else max(int(lens.max()), 1)
     counts = -(-lens // span)
     work_ptr = np.zeros(len(lens) + 1, dtype=np.int32)
     np.cumsum(counts, out=work_ptr[1:])
@@ -199,7 +205,7 @@ class Fp8DecodeWrapper:
         graph_indices: torch.Tensor | None = None,
         graph_rows: int | None = None,
     ):
-        self.slots = slots  # programs that fill the GPU (about two per SM)
+        self.slots = slots  # the programs the spans aim for (FP8_PROGRAMS_PER_SM per SM)
         self.scratch = scratch
         self.graph_indices, self.graph_rows = graph_indices, graph_rows
         self.graph_meta: torch.Tensor | None = None  # the graph wrapper's: indptr, work_ptr, work
@@ -227,30 +233,33 @@ class Fp8DecodeWrapper:
         lens = (ptr[1:] - ptr[:-1] - 1) * page_size + last_page_len.numpy()
         programs = -(-self.slots // num_kv_heads)
         work, work_ptr = fp8_decode_work(lens, programs, not disable_split_kv, self.MAX_SPANS)
-        items = work.shape[1]
+        spans = work.shape[1]
+        # Triton compiles a kernel per alignment of its pointers and per divisibility of its ints by 16, so every
+        # section of the metadata starts on 16 bytes and the spans (the rows' stride) are padded to a multiple of 16
+        # with request -1 (no work): otherwise a new batch shape compiled a variant mid-run (a 1 s stall in a replay).
+        # A graph's are padded to the most a plan of its rows makes.
+        most = spans if self.graph_rows is None else rows if disable_split_kv else rows + programs
+        items, at = -(-most // 16) * 16, -(-(rows + 1) // 4) * 4
+        host = np.full(2 * at + 3 * items, -1, dtype=np.int32)
+        host[: rows + 1], host[at : at + rows + 1] = ptr, work_ptr
+        host[2 * at :].reshape(3, items)[:, :spans] = work
         self.sm_scale = sm_scale
         if self.graph_rows is None:
-            host = np.concatenate([ptr, work_ptr, work.ravel()])
             meta = torch.from_numpy(host).to(indices.device, non_blocking=True)
             self.indices = indices
         else:
-            # the most spans a plan of these rows makes (fp8_decode_work), padded with request -1 (no work)
             assert self.graph_indices is not None and rows == self.graph_rows
-            items = rows if disable_split_kv else rows + programs
-            padded = np.full((3, items), -1, dtype=np.int32)
-            padded[:, : work.shape[1]] = work
-            host = np.concatenate([ptr, work_ptr, padded.ravel()])
             if self.graph_meta is None:
                 self.graph_meta = torch.zeros(host.size, dtype=torch.int32, device=indices.device)
             meta = self.graph_meta
             meta.copy_(torch.from_numpy(host), non_blocking=True)
             self.graph_indices[: indices.numel()].copy_(indices, non_blocking=True)
             self.indices = self.graph_indices
-        self.indptr, self.work_ptr = meta[: rows + 1], meta[rows + 1 : 2 * rows + 2]
-        self.work = meta[2 * rows + 2 :].view(3, items)
+        self.indptr, self.work_ptr = meta[: rows + 1], meta[at : at + rows + 1]
+        self.work = meta[2 * at :].view(3, items)
         # a graph with the split keeps the merge (a request alone in its span skips it); eager: only if needed
         self.part = self.lse = None
-        if not disable_split_kv and (self.graph_rows is not None or items > rows):
+        if not disable_split_kv and (self.graph_rows is not None or spans > rows):
             buf = self.scratch.get(items * num_heads * (head_dim + 1))
             self.part, self.lse = buf[: items * num_heads * head_dim], buf[items * num_heads * head_dim :]
 
@@ -302,6 +311,7 @@ class FlashInferBackend(AttentionBackend):
             TRITON_FP8_DECODE and pool.quantized and fp8_decode_supported(device, head_dim, sliding_window)
         )
         self.fp8_scratch = Fp8Scratch(device)
+        self.fp8_slots = FP8_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
         self.decode: list[_Wrapper] = [self._decode_wrapper() for _ in range(2)]
         self.graph_wrappers: dict[tuple[int, int, bool], _Wrapper] = {}
         self.graph_indices: dict[int, torch.Tensor] = {}  # per copy: one page-id buffer for every batch size
@@ -313,14 +323,19 @@ class FlashInferBackend(AttentionBackend):
     def _decode_wrapper(self) -> _Wrapper:
         """An eager decode wrapper: the fp8 kernel's or FlashInfer's."""
         if self.fp8_decode:
-            return Fp8DecodeWrapper(self.split_slots, self.fp8_scratch)
+            return Fp8DecodeWrapper(self.fp8_slots, self.fp8_scratch)
         eager: _Wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores, backend=DECODE_KERNELS
         )
         return eager
 
     def split_kv(self, kv_lens: list[int]) -> bool:
-        return not NO_SPLIT_WHEN_BALANCED or decode_split_kv(kv_lens, self.num_kv_heads, self.split_slots)
+        if not NO_SPLIT_WHEN_BALANCED:
+            return True
+        if self.fp8_decode:  # whether its spans cut some request: else the plan without the merge
+            programs = -(-self.fp8_slots // self.num_kv_heads)
+            return max(kv_lens) > fp8_span(np.asarray(kv_lens), programs, Fp8DecodeWrapper.MAX_SPANS)
+        return decode_split_kv(kv_lens, self.num_kv_heads, self.split_slots)
 
     def _plan(self, wrapper: _Wrapper, meta: AttnMeta, split: bool = True) -> None:
         indptr, indices, last = paged_metadata(meta, self.pool.page_size)
@@ -388,7 +403,7 @@ class FlashInferBackend(AttentionBackend):
             if turn not in self.graph_indices or self.graph_indices[turn].numel() < max_pages:
                 self.graph_indices[turn] = torch.zeros(max_pages, dtype=torch.int32, device=self.device)
             if self.fp8_decode:
-                wrapper: _Wrapper = Fp8DecodeWrapper(self.split_slots, self.fp8_scratch, self.graph_indices[turn], bs)
+                wrapper: _Wrapper = Fp8DecodeWrapper(self.fp8_slots, self.fp8_scratch, self.graph_indices[turn], bs)
             else:
                 indptr, last = (torch.zeros(n, dtype=torch.int32, device=self.device) for n in (bs + 1, bs))
                 wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(

@@ -28,10 +28,6 @@ LOG2E = 1.4426950408889634
 BLOCK_N = 128  # keys per step of the loop: 64 and 256 were 10-43% slower (H200), as were 8 warps
 NUM_STAGES = 3
 NUM_WARPS = 4
-# V through a 16-bit transpose instead of byte gathers: 771 instead of 1,243 instructions per warp and step of the
-# loop (sm_90a, Triton 3.6), at 90 KB of shared memory (2 programs per SM) instead of 58 KB (3). Not yet timed on a GPU:
-# off until it is (docs/gpu.md, twenty-fourth session).
-V_TRANSPOSED = False
 # The work items are run-time data, so one build of each kernel serves every batch (a build per split count compiled
 # mid-run was a 1.1 s stall in a replay's mixed step). The merge takes up to MERGE_BLOCK spans of a request.
 MERGE_BLOCK = 32
@@ -61,7 +57,6 @@ def _decode(
     D: tl.constexpr,
     PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    V_TRANS: tl.constexpr,
 ):
     item = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -98,14 +93,9 @@ def _decode(
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(st - m_new[None, :])
         l_sum = l_sum * alpha + tl.sum(p, 0)
-        if V_TRANS:
-            # V loaded as stored, widened, then transposed: the move to the MMA's layout is then in 16 bits (ldmatrix)
-            # rather than byte by byte. The opaque move keeps Triton from doing the layout change on the fp8 tile.
-            vv = tl.load(V + off[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(tl.float16)
-            vv = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [vv], dtype=tl.float16, is_pure=False, pack=2)
-            vt = tl.trans(vv)
-        else:
-            vt = tl.load(V + off[None, :] + d[:, None], mask=valid[None, :], other=0.0).to(tl.float16)
+        # V gathered byte by byte into the MMA's layout. Loading it as stored and transposing in 16 bits takes 38% fewer
+        # instructions but 90 KB of shared memory (2 programs per SM, not 3): 10-14% slower at 256 rows (H200).
+        vt = tl.load(V + off[None, :] + d[:, None], mask=valid[None, :], other=0.0).to(tl.float16)
         acc = acc * alpha[None, :] + tl.dot(vt, p.to(tl.float16))
         m = m_new
     if alone:
@@ -181,7 +171,6 @@ def decode(
         D=dim,
         PAGE=k_cache.shape[1],
         BLOCK_N=BLOCK_N,
-        V_TRANS=V_TRANSPOSED,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
     )
