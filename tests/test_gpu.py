@@ -217,6 +217,43 @@ def test_fp8_decode_kernel_matches_exact_attention(heads: int, kv_heads: int, di
         assert rel_err(got[i], want) < 1e-2, (i, kv)
 
 
+def test_fp8_decode_compiles_once_for_every_batch_shape() -> None:
+    """Triton compiles a kernel per alignment of its pointer arguments and per divisibility of its ints by 16, so the
+    fp8 decode's metadata (one device buffer: indptr, each request's spans, the spans) keeps every section on 16 bytes
+    and the spans' stride a multiple of 16. Before, a batch shape first seen mid-run compiled another variant: a 1.07 s
+    stall in an H100 replay (docs/gpu.md, twenty-fifth session). Batches of 1-40 rows, split or not, build at most
+    one variant of each kernel (none where an earlier test built it)."""
+    from kernels.attention import fp8_decode
+    from kernels.attention.base import AttnMeta
+    from kernels.attention.flashinfer_backend import FlashInferBackend, Fp8DecodeWrapper, fp8_decode_supported
+    from kvcache.pool import FP8, KVPool
+
+    dev, H, KVH, D, PS = torch.device("cuda"), 16, 8, 128, 16
+    if not fp8_decode_supported(dev, D, None):
+        pytest.skip("the fp8 decode kernel runs on Hopper only")
+    g = torch.Generator().manual_seed(1)
+    pool = KVPool.create(1, 2048, PS, KVH, D, torch.bfloat16, dev, FP8)
+    fi = FlashInferBackend(pool, H, KVH, D, dev)
+    wrapper = fi.decode[0]
+    assert isinstance(wrapper, Fp8DecodeWrapper)
+    caches = [k.device_caches[torch.cuda.current_device()][0] for k in (fp8_decode._decode, fp8_decode._merge)]
+    before = [set(c) for c in caches]
+    for rows in range(1, 41):
+        kv_lens = torch.randint(1, 300, (rows,), generator=g).tolist()
+        kv_lens[0] = 3000 if rows % 2 else kv_lens[0]  # odd batches split (their first request at least)
+        tables, at = [], 1
+        for kv in kv_lens:
+            tables.append(list(range(at, at + -(-kv // PS))))
+            at += len(tables[-1])
+        slots = torch.tensor([t[-1] * PS + (kv - 1) % PS for t, kv in zip(tables, kv_lens)], device=dev)
+        fi._plan(wrapper, AttnMeta(True, [1] * rows, kv_lens, tables, slots), rows % 2 == 1)
+        assert (wrapper.work_ptr.diff().max().item() > 1) == (rows % 2 == 1)  # odd: the 3,000 keys in spans
+        fi.forward(0, torch.randn(rows, H, D, device=dev, dtype=torch.bfloat16), None, None, stored=True)
+    torch.cuda.synchronize()
+    new = [len(set(c) - b) for c, b in zip(caches, before)]
+    assert max(new) <= 1, f"variants built (decode, merge): {new}"
+
+
 @pytest.mark.parametrize(
     "window, kv_heads, chunks, fp8",
     [
