@@ -147,8 +147,8 @@ def fp8_decode_supported(device: torch.device, head_dim: int, sliding_window: in
 # two spans.
 FP8_SPAN_ALIGN = 128
 # Programs per SM the spans aim for (fp8_decode_work). The kernel holds 3 per SM at once; with 2, a batch of 16-64
-# rows ran its last wave nearly alone. 8 (H100, graphs): 10-20% faster at 32-64 rows, 1.7% slower at 256 rows of
-# shared prefixes, level elsewhere (docs/gpu.md, twenty-fifth session).
+# rows ran its last wave nearly alone. 8 (H100, graphs): 7-20% faster at 32-64 rows, 20-32% on a batch with one long
+# context, 1.7% slower at 256 rows of shared prefixes (docs/gpu.md, twenty-fifth session).
 FP8_PROGRAMS_PER_SM = 8
 
 
