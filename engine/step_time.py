@@ -21,7 +21,7 @@ class StepTimeFit:
     min_tokens: int = 128  # a step's prefill share never falls below this: a waiting prompt always moves
     window: int = 512
     refit: int = 16
-    min_steps: int = 64  # and this many of them with prefill tokens, and as many without, before the fit is used
+    min_steps: int = 64  # the fit is used once the window holds this many steps with prefill and as many without
     steps: deque[tuple[float, float, float]] = field(default_factory=deque)  # (KV tokens, prefill tokens, seconds)
     coef: tuple[float, float, float] | None = None  # seconds: per step, per KV token, per prefill token
     since_fit: int = 0
@@ -46,10 +46,10 @@ class StepTimeFit:
         return (float(a), float(b), float(c)) if c > 0 else None
 
     def prefill_budget(self, kv_tokens: int, fallback: int, most: int) -> int:
-        """Prefill tokens that keep a step over `kv_tokens` of context within the target (between min_tokens and
-        `most`); `fallback` while there is no usable fit."""
+        """Prefill tokens that keep a step over `kv_tokens` of context within the target: at least min_tokens, at most
+        `most`; `fallback` while there is no usable fit."""
         if self.coef is None:
             return fallback
         a, b, c = self.coef
         room = (self.target_s - a - b * kv_tokens) / c
-        return int(max(self.min_tokens, min(most, room)))
+        return int(min(most, max(self.min_tokens, room)))

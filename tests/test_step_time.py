@@ -29,6 +29,7 @@ def test_the_fit_finds_the_law_and_sizes_the_share_to_the_target() -> None:
     # where the context alone passes the target, a waiting prompt still moves by min_tokens; never past `most`
     assert fit.prefill_budget(1_200_000, fallback=1024, most=8192) == fit.min_tokens
     assert fit.prefill_budget(0, fallback=1024, most=1000) == 1000
+    assert fit.prefill_budget(1_200_000, fallback=1024, most=64) == 64  # the step's whole budget is smaller still
 
 
 def test_noisy_steps_still_give_the_law() -> None:
