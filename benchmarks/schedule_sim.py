@@ -1,0 +1,193 @@
+"""Issue #15's replay through the engine's own scheduler and KV cache on a simulated clock (CPU: no model, no GPU), to
+rank scheduling policies before a GPU run. Usage:
+
+    python benchmarks/schedule_sim.py STEPS.jsonl[.gz] ... [--modes nomixed,mixed,step17] [--json out.json]
+
+STEPS are `bench-trace --step-log` files of one machine (e.g. benchmarks/results/session25/h200_trace_ab/, unpacked).
+Their consecutive busy steps give three laws, gap = a + b x context tokens read + c x prefill tokens: one each for
+decode-only, mixed and prefill-only steps, each with its own residuals. The simulated replay draws each step's gap
+from its law plus a residual of that law drawn at random. The scheduler, the KV pages and the radix cache are the
+engine's (engine/scheduler.py, kvcache/), and so is overlap scheduling's order: step N+1 is scheduled before step N's
+tokens are known. A step-time fit (--mixed-step-ms) sees the simulated gaps as the engine sees its own.
+
+What it leaves out: whatever the law does not capture (the host's pace only as far as it shows in the gaps; a step's
+cost beyond its context and prefill tokens, such as a chunk's attention over a long prefix). The first check is that
+it reproduces the measured runs of the modes the logs came from.
+
+Modes: nomixed (prefill first), mixed (the default), stepN (--mixed-step-ms N), mpN (--mixed-prefill-tokens N),
+capN (--max-running-tokens N x 1000), combined with '+' (e.g. step17+mp2048)."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.request import Req, Status  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
+from engine.scheduler import Batch, Scheduler, decode_context  # noqa: E402
+from engine.step_time import StepTimeFit  # noqa: E402
+from kvcache.manager import CacheManager  # noqa: E402
+from minisgl_cli.bench_trace import plan  # noqa: E402
+from minisgl_cli.replay import RequestResult  # noqa: E402
+from minisgl_cli.serve_metrics import summarize  # noqa: E402
+from minisgl_cli.trace_reader import read_trace  # noqa: E402
+
+
+@dataclass
+class Law:
+    coef: np.ndarray  # seconds: per step, per context token, per prefill token
+    residuals: np.ndarray
+
+    def gap(self, context: int, prefill: int, rng: np.random.Generator) -> float:
+        base = self.coef[0] + self.coef[1] * context + self.coef[2] * prefill
+        return max(base + float(rng.choice(self.residuals)), 1e-4)
+
+
+def context_tokens(b: Batch) -> int:
+    """What the step log calls context_tokens: every row's KV read, its new tokens included."""
+    return sum(b.starts) + b.num_tokens
+
+
+def step_kind(decode_rows: int, prefill_rows: int) -> str:
+    return "prefill" if not decode_rows else "mixed" if prefill_rows else "decode"
+
+
+def fit_laws(paths: list[Path]) -> dict[str, Law]:
+    rows: dict[str, list[tuple[float, float, float]]] = {"decode": [], "mixed": [], "prefill": []}
+    for path in paths:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as f:
+            steps = [json.loads(line) for line in f]
+        for prev, s in zip(steps, steps[1:]):
+            gap = s["t"] - prev["t"]
+            if gap < 0.2:  # longer: the engine idled (no work), not a step time
+                rows[step_kind(s["decode_rows"], s["prefill_rows"])].append(
+                    (s["context_tokens"], s["prefill_tokens"], gap)
+                )
+    laws = {}
+    for kind, data in rows.items():
+        d = np.asarray(data)
+        x = np.column_stack([np.ones(len(d)), d[:, 0], d[:, 1]])
+        coef = np.linalg.lstsq(x, d[:, 2], rcond=None)[0]
+        laws[kind] = Law(coef, d[:, 2] - x @ coef)
+        print(
+            f"law, {kind} steps (n={len(d)}): "
+            f"{coef[0] * 1e3:.2f} ms + {coef[1] * 1e8:.2f} ms/100k context + {coef[2] * 1e6:.2f} ms/1k prefill, "
+            f"|residual| p99 {np.quantile(np.abs(laws[kind].residuals), 0.99) * 1e3:.1f} ms"
+        )
+    return laws
+
+
+def scheduler_for(mode: str, num_pages: int, page: int) -> Scheduler:
+    mixed, mixed_prefill, step_ms, cap = True, 1024, None, None
+    for part in mode.split("+"):
+        if part == "nomixed":
+            mixed = False
+        elif part.startswith("step"):
+            step_ms = float(part[4:])
+        elif part.startswith("mp"):
+            mixed_prefill = int(part[2:])
+        elif part.startswith("cap"):
+            cap = int(part[3:]) * 1000
+        elif part != "mixed":
+            raise SystemExit(f"unknown mode part {part!r}")
+    fit = None if step_ms is None else StepTimeFit(step_ms / 1e3)
+    return Scheduler(CacheManager(num_pages, page), 256, 8192, mixed, cap, mixed_prefill, fit)
+
+
+def replay(items: list, sched: Scheduler, laws: dict[str, Law], seed: int) -> tuple[list[RequestResult], int]:
+    rng = np.random.default_rng(seed)
+    pending = sorted(items, key=lambda it: it.arrival)
+    reqs: dict[int, Req] = {}
+    now, at, steps = 0.0, 0, 0
+    inflight: tuple[Batch, float, bool] | None = None  # batch, when its tokens arrive, launched behind another?
+    while at < len(pending) or sched.has_work() or inflight:
+        while at < len(pending) and pending[at].arrival <= now:
+            it = pending[at]
+            req = Req(str(it.index), list(it.prompt), SamplingParams(max_tokens=it.output_len, ignore_eos=True))
+            req.arrival = it.arrival
+            reqs[it.index] = req
+            sched.add(req)
+            at += 1
+        batch = sched.schedule()
+        if batch is not None:
+            steps += 1
+            for i in batch.prefill_rows:
+                sched.cache.publish(batch.reqs[i])
+            law = laws[step_kind(batch.num_decode, len(batch.reqs) - batch.num_decode)]
+            gap = law.gap(context_tokens(batch), batch.num_tokens - batch.num_decode, rng)
+            done = (inflight[1] if inflight else now) + gap
+        if inflight is not None:
+            last, (b, now, queued) = now, inflight
+            for req, sample in zip(b.reqs, b.sample):
+                if sample and req.status is not Status.FINISHED:
+                    req.output_ids.append(0)
+                    req.token_times.append(now)
+                    if len(req.output_ids) >= req.params.max_tokens:
+                        sched.finish(req, "length")
+            if sched.step_time is not None and queued and b.num_decode:
+                sched.step_time.observe(decode_context(b), b.num_tokens - b.num_decode, now - last)
+        inflight = (batch, done, inflight is not None) if batch is not None else None
+        if inflight is None and sched.has_work() and batch is None:
+            raise SystemExit("the scheduler has work but gives no batch: a request the pool cannot hold?")
+        if inflight is None and not sched.has_work() and at < len(pending):
+            now = max(now, pending[at].arrival)  # idle until the next arrival
+    assert sched.cache.num_in_use == 0, "pages still held after the replay"
+    results = []
+    for it in items:
+        req = reqs[it.index]
+        r = RequestResult(it.index, it.line, len(it.prompt), it.output_len, scheduled=it.arrival, sent=it.arrival)
+        r.set_times(req.token_times)
+        r.output_tokens = len(req.token_times)
+        results.append(r)
+    return results, steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("steps", nargs="+", type=Path)
+    ap.add_argument("--modes", default="nomixed,mixed")
+    ap.add_argument("--trace", type=Path, default=Path(__file__).resolve().parents[1] / "traces/qwen_1000.jsonl")
+    ap.add_argument("--time-scale", type=float, default=0.2)
+    ap.add_argument("--pool-tokens", type=int, default=1_033_600, help="the measured run's KV pool (H200: 1,033,600)")
+    ap.add_argument("--seeds", type=int, default=1, help="runs per mode, each with its own residual draws")
+    ap.add_argument("--requests", type=int, help="the trace's first N requests (default: all)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    laws = fit_laws(args.steps)
+    page = 16
+    flags = dict(length_scale=1.0, max_input_len=None, max_output_len=None, seed=0, time_scale=args.time_scale)
+    window = read_trace(args.trace).window(0, args.requests)
+    items = plan(window, 151_936, min(40_960, args.pool_tokens), flags).items  # Qwen3-0.6B's vocabulary, context
+    out = []
+    for mode in args.modes.split(","):
+        for seed in range(args.seeds):
+            sched = scheduler_for(mode, args.pool_tokens // page, page)
+            results, steps = replay(items, sched, laws, seed)
+            duration = max(t for r in results for t in ([r.scheduled + r.e2e] if r.e2e is not None else []))
+            res = summarize(results, duration, e2e_name="e2e_latency")
+            res.update(mode=mode, seed=seed, engine_steps=steps, preemptions=sched.num_preemptions)
+            out.append(res)
+            ttft = " ".join(f"{res[k]:6.0f}" for k in ("median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms"))
+            tbt = " ".join(f"{res[k]:5.1f}" for k in ("median_itl_ms", "p90_itl_ms", "p99_itl_ms", "max_itl_ms"))
+            print(
+                f"{mode:16} seed {seed}  out {res['output_throughput']:7.0f} tok/s  TTFT p50/p90/p99 {ttft} ms  "
+                f"TBT p50/p90/p99/max {tbt} ms  steps {steps}",
+                flush=True,
+            )
+    if args.json:
+        fitted = {k: dict(coef=law.coef.tolist(), residual_p99=float(np.quantile(np.abs(law.residuals), 0.99)))
+                  for k, law in laws.items()}  # fmt: skip
+        Path(args.json).write_text(json.dumps(dict(laws=fitted, runs=out), indent=1))
+
+
+if __name__ == "__main__":
+    main()
