@@ -8,14 +8,15 @@ Their consecutive busy steps give three laws, gap = a + b x context tokens read 
 decode-only, mixed and prefill-only steps, each with its own residuals. The simulated replay draws each step's gap
 from its law plus a residual of that law drawn at random. The scheduler, the KV pages and the radix cache are the
 engine's (engine/scheduler.py, kvcache/), and so is overlap scheduling's order: step N+1 is scheduled before step N's
-tokens are known. A step-time fit (--mixed-step-ms) sees the simulated gaps as the engine sees its own.
+tokens are known.
 
 What it leaves out: whatever the law does not capture (the host's pace only as far as it shows in the gaps; a step's
 cost beyond its context and prefill tokens, such as a chunk's attention over a long prefix). The first check is that
 it reproduces the measured runs of the modes the logs came from.
 
-Modes: nomixed (prefill first), mixed (the default), stepN (--mixed-step-ms N), mpN (--mixed-prefill-tokens N),
-capN (--max-running-tokens N x 1000), combined with '+' (e.g. step17+mp2048)."""
+Modes: nomixed (prefill first), mixed (the default), mpN (--mixed-prefill-tokens N), capN (--max-running-tokens
+N x 1000), combined with '+' (e.g. mp512+cap700). The twenty-fifth session's sweep also had stepN (--mixed-step-ms N,
+a share sized by a fit of the engine's step times, removed after this sweep: benchmarks/results/session25/sim/)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.request import Req, Status  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-from engine.scheduler import Batch, Scheduler, decode_context  # noqa: E402
-from engine.step_time import StepTimeFit  # noqa: E402
+from engine.scheduler import Batch, Scheduler  # noqa: E402
 from kvcache.manager import CacheManager  # noqa: E402
 from minisgl_cli.bench_trace import plan  # noqa: E402
 from minisgl_cli.replay import RequestResult  # noqa: E402
@@ -87,20 +87,17 @@ def fit_laws(paths: list[Path]) -> dict[str, Law]:
 
 
 def scheduler_for(mode: str, num_pages: int, page: int) -> Scheduler:
-    mixed, mixed_prefill, step_ms, cap = True, 1024, None, None
+    mixed, mixed_prefill, cap = True, 1024, None
     for part in mode.split("+"):
         if part == "nomixed":
             mixed = False
-        elif part.startswith("step"):
-            step_ms = float(part[4:])
         elif part.startswith("mp"):
             mixed_prefill = int(part[2:])
         elif part.startswith("cap"):
             cap = int(part[3:]) * 1000
         elif part != "mixed":
             raise SystemExit(f"unknown mode part {part!r}")
-    fit = None if step_ms is None else StepTimeFit(step_ms / 1e3)
-    return Scheduler(CacheManager(num_pages, page), 256, 8192, mixed, cap, mixed_prefill, fit)
+    return Scheduler(CacheManager(num_pages, page), 256, 8192, mixed, cap, mixed_prefill)
 
 
 def replay(items: list, sched: Scheduler, laws: dict[str, Law], seed: int) -> tuple[list[RequestResult], int]:
@@ -108,7 +105,7 @@ def replay(items: list, sched: Scheduler, laws: dict[str, Law], seed: int) -> tu
     pending = sorted(items, key=lambda it: it.arrival)
     reqs: dict[int, Req] = {}
     now, at, steps = 0.0, 0, 0
-    inflight: tuple[Batch, float, bool] | None = None  # batch, when its tokens arrive, launched behind another?
+    inflight: tuple[Batch, float] | None = None  # a batch on the GPU, and when its tokens arrive
     while at < len(pending) or sched.has_work() or inflight:
         while at < len(pending) and pending[at].arrival <= now:
             it = pending[at]
@@ -126,16 +123,14 @@ def replay(items: list, sched: Scheduler, laws: dict[str, Law], seed: int) -> tu
             gap = law.gap(context_tokens(batch), batch.num_tokens - batch.num_decode, rng)
             done = (inflight[1] if inflight else now) + gap
         if inflight is not None:
-            last, (b, now, queued) = now, inflight
+            b, now = inflight
             for req, sample in zip(b.reqs, b.sample):
                 if sample and req.status is not Status.FINISHED:
                     req.output_ids.append(0)
                     req.token_times.append(now)
                     if len(req.output_ids) >= req.params.max_tokens:
                         sched.finish(req, "length")
-            if sched.step_time is not None and queued and b.num_decode:
-                sched.step_time.observe(decode_context(b), b.num_tokens - b.num_decode, now - last)
-        inflight = (batch, done, inflight is not None) if batch is not None else None
+        inflight = (batch, done) if batch is not None else None
         if inflight is None and sched.has_work() and batch is None:
             raise SystemExit("the scheduler has work but gives no batch: a request the pool cannot hold?")
         if inflight is None and not sched.has_work() and at < len(pending):

@@ -45,10 +45,6 @@ class EngineConfig:
     mixed_batch: bool = True
     # prefill tokens per step while requests decode (mixed batches); None: up to max_batch_tokens, as with none decoding
     mixed_prefill_tokens: int | None = MIXED_PREFILL_TOKENS
-    # With mixed batches and requests decoding, a step's prefill tokens are as many as a fit of the engine's own step
-    # times (engine/step_time.py) predicts keep the step within this many ms (between 128 and max_batch_tokens);
-    # mixed_prefill_tokens until the fit has seen enough steps. None: mixed_prefill_tokens always.
-    mixed_step_ms: float | None = None
     # Admission stops while the running requests' contexts hold this many tokens: a decode step reads all of their KV,
     # so this bounds the inter-token gap under load (None: only the KV pool and max_running_requests bound it).
     max_running_tokens: int | None = None
@@ -83,8 +79,6 @@ class EngineConfig:
                 "mixed_prefill_tokens",
                 "must be >= 1",
             ),
-            (self.mixed_step_ms is None or self.mixed_step_ms > 0, "mixed_step_ms", "must be > 0"),
-            (self.mixed_step_ms is None or self.mixed_batch, "mixed_step_ms", "needs mixed batches"),
             (self.max_running_tokens is None or self.max_running_tokens >= 1, "max_running_tokens", "must be >= 1"),
             (self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be >= 2"),
             (

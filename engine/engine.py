@@ -28,8 +28,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.request import Req, Status
 from engine.runner import ModelRunner, StepOutput
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Batch, Scheduler, decode_context
-from engine.step_time import StepTimeFit
+from engine.scheduler import Batch, Scheduler
 from engine.text import RequestLimits
 from engine.tokenizer import ByteTokenizer, Tokenizer
 from kernels import cpu_ops
@@ -223,7 +222,6 @@ class Engine:
             config.mixed_batch,
             config.max_running_tokens,
             config.mixed_prefill_tokens,
-            None if config.mixed_step_ms is None else StepTimeFit(config.mixed_step_ms / 1e3),
         )
         t0 = time.perf_counter()
         self.runner = ModelRunner(
@@ -244,7 +242,6 @@ class Engine:
         self.reqs: dict[str, Req] = {}
         self._commands: list[tuple[Any, ...]] = []
         self._inflight: tuple[Batch, StepOutput] | None = None
-        self._inflight_queued = False  # was it launched behind another batch still on the GPU (overlap)?
         self._counter = 0
         self._finished_now: list[Req] = []
         self._shutdown = False
@@ -322,9 +319,6 @@ class Engine:
                 found = self.reqs.get(rid)
                 if found is not None and not found.finished:
                     self._finish(found, reason, error)
-            elif cmd[0] == "step_time":  # rank 0's measurement: every rank's scheduler sizes its steps alike
-                assert self.scheduler.step_time is not None
-                self.scheduler.step_time.observe(*cmd[1:])
             elif cmd[0] == "evict_all":
                 self.cache.evict_all()
             elif cmd[0] == "shutdown":
@@ -402,22 +396,15 @@ class Engine:
                 self.cache.publish(req)
         changed: list[Req] = []
         processed: Batch | None = None
-        seconds = None  # the processed step's time: from the last step's tokens to its own, or its whole _step
         if self.overlap:
             # Step N+1 is already queued on the GPU; only now wait for step N's tokens.
             if self._inflight is not None:
-                processed, last = self._inflight[0], self._processed_at
+                processed = self._inflight[0]
                 changed = self._process(*self._inflight)
-                if self._inflight_queued:  # no idle time between the two
-                    seconds = self._processed_at - last
             self._inflight = (batch, out) if batch is not None and out is not None else None
-            self._inflight_queued = processed is not None
         elif batch is not None and out is not None:
             processed = batch
             changed = self._process(batch, out)
-            seconds = self._processed_at - t0
-        if seconds is not None and processed is not None and processed.num_decode:
-            self._observe_step(processed, seconds)
         t3 = time.perf_counter()
         # CPU seconds spent scheduling, launching (building inputs + enqueueing kernels), and waiting/processing.
         for key, dt in (("schedule", t1 - t0), ("launch", t2 - t1), ("process", t3 - t2)):
@@ -428,12 +415,6 @@ class Engine:
             self.check()
         done, self._finished_now = self._finished_now, []
         return changed + [r for r in done if r not in changed]
-
-    def _observe_step(self, b: Batch, seconds: float) -> None:
-        """A step for the step-time fit (--mixed-step-ms), through the commands: rank 0 measures, every rank applies
-        the same observation at the same step, so their schedulers stay in lockstep."""
-        if self.scheduler.step_time is not None and TP.rank == 0:
-            self._commands.append(("step_time", decode_context(b), b.num_tokens - b.num_decode, seconds))
 
     def _record(self, b: Batch, schedule: float, launch: float, process: float, launch_cpu: float) -> None:
         assert self.step_records is not None

@@ -1,8 +1,7 @@
 """Continuous batching. With mixed batches (the default) a step carries every running request's next decode token,
 then prefill chunks of admitted prompts up to the per-step token budget, and at most `mixed_prefill_tokens` of them
-while requests decode, so an arriving prompt never holds the running streams for long; with a step-time fit
-(`--mixed-step-ms`), as many as keep the step within its target instead. Without, a step is either prefill (chunked
-under the budget, and first whenever there is any) or decode."""
+while requests decode, so an arriving prompt never holds the running streams for long. Without, a step is either
+prefill (chunked under the budget, and first whenever there is any) or decode."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ from collections import deque
 from dataclasses import dataclass
 
 from engine.request import Req, Status
-from engine.step_time import StepTimeFit
 from kvcache.manager import CacheManager
 
 
@@ -51,11 +49,6 @@ def join(decode: Batch | None, prefill: Batch | None) -> Batch | None:
     )
 
 
-def decode_context(batch: Batch) -> int:
-    """The KV tokens a batch's decode rows read: each one's context, its new token included."""
-    return sum(batch.starts[: batch.num_decode]) + batch.num_decode
-
-
 class Scheduler:
     def __init__(
         self,
@@ -65,7 +58,6 @@ class Scheduler:
         mixed: bool = False,
         max_running_tokens: int | None = None,
         mixed_prefill_tokens: int | None = None,
-        step_time: StepTimeFit | None = None,
     ):
         self.cache = cache
         self.max_running = max_running
@@ -73,7 +65,6 @@ class Scheduler:
         self.mixed = mixed
         self.max_running_tokens = max_running_tokens
         self.mixed_prefill_tokens = mixed_prefill_tokens or max_batch_tokens
-        self.step_time = step_time
         self.waiting: deque[Req] = deque()
         self.prefilling: list[Req] = []  # admitted, prompt not fully in the KV cache yet
         self.running: list[Req] = []  # decoding, oldest first
@@ -98,10 +89,7 @@ class Scheduler:
         decode = self._decode()
         budget = self.max_batch_tokens
         if decode:  # a prefill chunk lengthens the step every decoding stream waits on
-            share = self.mixed_prefill_tokens
-            if self.step_time is not None:
-                share = self.step_time.prefill_budget(decode_context(decode), share, self.max_batch_tokens)
-            budget = min(budget - decode.num_tokens, share)
+            budget = min(budget - decode.num_tokens, self.mixed_prefill_tokens)
         # A step that had to preempt admits nobody: there is no room, and a victim re-admitted at once would be
         # sized without its last token, still in flight under overlap scheduling.
         admit = self.num_preemptions == preempted

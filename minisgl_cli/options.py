@@ -75,15 +75,6 @@ MixedPrefillTokens = Annotated[
         min=1,
     ),
 ]
-MixedStepMs = Annotated[
-    float | None,
-    typer.Option(
-        help="with mixed batches, size each step's prefill share (while requests decode) so that the step takes about "
-        "this many ms, from a fit of the engine's own step times to the context read and the prefill tokens "
-        "(--mixed-prefill-tokens until the fit has seen enough steps; default: --mixed-prefill-tokens always)",
-        min=0.001,
-    ),
-]
 MaxRunningTokens = Annotated[
     int | None,
     typer.Option(
@@ -138,7 +129,6 @@ ENGINE_FLAGS: tuple[tuple[str, Any, Any], ...] = (
     ("no_overlap", NoOverlap, False),
     ("mixed_batch", MixedBatch, True),
     ("mixed_prefill_tokens", MixedPrefillTokens, MIXED_PREFILL_TOKENS),
-    ("mixed_step_ms", MixedStepMs, None),
     ("tp", Tp, 1),
 )
 F = TypeVar("F", bound=Callable[..., Any])

@@ -20,7 +20,6 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm import LLM
-from engine.step_time import StepTimeFit
 
 # One intra-op thread: the suite runs engine threads, servers and UIs beside the test thread on 2 cores, where
 # OpenMP workers spinning for a core slowed tiny-model steps ~45x (0.025 s vs 1.1 s) and starved the TUI tests.
@@ -64,15 +63,6 @@ def make_llm(model: str | None = "dummy:tiny-llama", **kw) -> LLM:
     kw.setdefault("dtype", "float32")
     kw.setdefault("check_invariants", True)
     return LLM(EngineConfig(model=model, **kw))
-
-
-def quick_step_time_fit(llm: LLM) -> StepTimeFit:
-    """The engine's step-time fit (--mixed-step-ms) with a short warm-up and no floor on the share, so that a small
-    workload reaches it: by default it waits for 64 steps with prefill and 64 without, and never goes below 128."""
-    fit = llm.engine.scheduler.step_time
-    assert fit is not None
-    fit.min_steps, fit.refit, fit.min_tokens = 2, 1, 1
-    return fit
 
 
 def checked(llm: LLM) -> LLM:

@@ -61,8 +61,6 @@ def invoke(*args: str) -> tuple[int, str]:
         (["--max-running-requests", "0"], "Invalid value for '--max-running-requests'"),
         (["--max-batch-tokens", "-5"], "Invalid value for '--max-batch-tokens'"),
         (["--mixed-prefill-tokens", "0"], "Invalid value for '--mixed-prefill-tokens'"),
-        (["--mixed-step-ms", "0"], "Invalid value for '--mixed-step-ms'"),
-        (["--no-mixed-batch", "--mixed-step-ms", "20"], "mixed_step_ms needs mixed batches (got 20.0)"),
         (["--max-model-len", "1"], "Invalid value for '--max-model-len'"),
         (["--cuda-graph-max-bs", "-1"], "Invalid value for '--cuda-graph-max-bs'"),
         (["--piecewise-graph-tokens", "-1"], "Invalid value for '--piecewise-graph-tokens'"),

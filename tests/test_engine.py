@@ -10,7 +10,7 @@ import torch
 
 from engine.model_config import PRESETS
 from engine.sampling_params import SamplingParams
-from tests.conftest import make_llm, quick_step_time_fit
+from tests.conftest import make_llm
 from tests.hf_reference import hf_model_from_config, save_hf
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
@@ -172,44 +172,6 @@ def test_running_token_cap_bounds_what_a_decode_step_reads(tiny_dir, mixed):
     assert 1 < most_live < len(prompts)
     assert [outs[r] for r in rids] == base
     assert_all_pages_back(llm)
-
-
-@pytest.mark.parametrize("overlap", [False, True])
-def test_mixed_step_ms_keeps_the_tokens(tiny_dir, overlap):
-    """--mixed-step-ms: each mixed step's prefill share comes from a fit of the engine's own step times, so it moves
-    with this machine's timings; the tokens do not, and every page comes back."""
-    prompts = prompts_with_shared_prefix()
-    base, _ = run(tiny_dir, prompts)
-    llm = make_llm(tiny_dir, max_batch_tokens=64, mixed_step_ms=0.5, overlap=overlap)
-    fit = quick_step_time_fit(llm)
-    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == base
-    assert len(fit.steps) > 0 and llm.metrics().mixed_steps > 0  # the engine fed it its steps
-    assert_all_pages_back(llm)
-
-
-def test_mixed_step_share_follows_the_step_time_fit(tiny_dir):
-    """A mixed step beside one decoding request: before the fit has seen enough steps it carries
-    --mixed-prefill-tokens of the waiting prompt; after steps that took 2 ms + 1 us per token of context + 50 us per
-    prefill token, as many as keep it within the 10 ms target: (10 - 2 - 0.001 x context) / 0.05."""
-    llm = make_llm(tiny_dir, mixed_step_ms=10, max_batch_tokens=4096, mixed_prefill_tokens=24)
-    fit = llm.engine.scheduler.step_time
-    llm.engine.step_records = []
-    first = llm.add_request(prompts_with_shared_prefix(1)[0][:8], GREEDY)
-    llm.step()  # its prefill: it decodes from now on
-    llm.add_request(list(range(500)), GREEDY)
-    llm.step()
-    assert llm.engine.step_records[-1].prefill_tokens == 24  # no fit yet
-    rng = random.Random(0)
-    fit.steps.clear()  # the fit from these steps alone (the engine's own so far: one, queued for the next step)
-    for i in range(256):
-        kv, prefill = rng.randrange(5000), rng.randrange(1, 2000) * (i % 2)
-        fit.observe(kv, prefill, 2e-3 + 1e-6 * kv + 5e-5 * prefill)
-    fit.refit = 10**9  # this machine's own steps must not move the fit during the check
-    assert fit.coef == pytest.approx((2e-3, 1e-6, 5e-5), rel=1e-6)
-    context = llm.engine.reqs[first].device_len + 1  # what its decode row reads in the next step
-    llm.step()
-    assert llm.engine.step_records[-1].decode_rows == 1
-    assert llm.engine.step_records[-1].prefill_tokens == int((10e-3 - 2e-3 - 1e-6 * context) / 5e-5)  # ~159
 
 
 def test_sequential_runs_hit_the_radix_cache(tiny_dir):

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from engine.llm import LLM, RequestOutput
 from engine.request import Status
 from engine.sampling_params import SamplingParams
-from tests.conftest import make_llm, quick_step_time_fit
+from tests.conftest import make_llm
 from tests.test_engine import tiny_dir  # noqa: F401  (the peaked-weight tiny Llama fixture)
 
 SLOW = bool(os.environ.get("MINISGL_SLOW"))
@@ -50,7 +50,6 @@ class Setting:
     mixed_batch: bool
     max_running_tokens: int | None
     mixed_prefill_tokens: int
-    mixed_step_ms: float | None
 
 
 tokens = st.integers(0, VOCAB - 1)
@@ -71,8 +70,6 @@ def workloads(draw) -> tuple[Setting, list[Arrival], Arrival | None]:
     max_running = draw(st.sampled_from([1, 2, 3, 64]))
     running_tokens = draw(st.sampled_from([None, None, 1, 40, 120]))
     mixed_prefill = draw(st.sampled_from([1024, 1024, 1, 3, 16]))  # prefill tokens per step beside decoding
-    # or as many as a fit of the engine's own step times gives for a target (here short enough to cut shares)
-    step_ms = draw(st.sampled_from([None, None, None, 0.05, 1.0])) if mixed else None
     last_arrival = draw(st.sampled_from([0, 0, 6, 40]))  # all at once (most contention) ... spread out (most reuse)
 
     prefixes = draw(st.lists(token_lists(1, 48), min_size=1, max_size=2))
@@ -101,7 +98,7 @@ def workloads(draw) -> tuple[Setting, list[Arrival], Arrival | None]:
         "4096 tokens": 4096 // page_size,
     }[pool]
     setting = Setting(
-        page_size, num_pages, prefill_budget, radix, overlap, max_running, mixed, running_tokens, mixed_prefill, step_ms
+        page_size, num_pages, prefill_budget, radix, overlap, max_running, mixed, running_tokens, mixed_prefill
     )
     # Now and then one request that can never fit the pool or the context: refused at admission, and the rest
     # must not notice.
@@ -222,10 +219,7 @@ def test_random_workloads_keep_every_promise(tiny_dir, reference, case):  # noqa
         mixed_batch=setting.mixed_batch,
         max_running_tokens=setting.max_running_tokens,
         mixed_prefill_tokens=setting.mixed_prefill_tokens,
-        mixed_step_ms=setting.mixed_step_ms,
     )
-    if setting.mixed_step_ms is not None:
-        quick_step_time_fit(llm)
     run = drive(llm, arrivals, too_big, reference)
 
     assert len(run.outputs) == len(arrivals)
