@@ -4,7 +4,8 @@ rank scheduling policies before a GPU run. Usage:
     python benchmarks/schedule_sim.py STEPS.jsonl[.gz] ... [--modes nomixed,mixed,step17] [--json out.json]
 
 STEPS are `bench-trace --step-log` files of one machine (e.g. benchmarks/results/session25/h200_trace_ab/, unpacked).
-Their consecutive busy steps give three laws, gap = a + b x context tokens read + c x prefill tokens: one each for
+Their consecutive busy steps give three laws, gap = a + b x context tokens read + c x prefill tokens (with logs that
+have them, the decode rows' context and the prefill rows' query-key pairs instead of the context), one each for
 decode-only, mixed and prefill-only steps, each with its own residuals. The simulated replay draws each step's gap
 from its law plus a residual of that law drawn at random. The scheduler, the KV pages and the radix cache are the
 engine's (engine/scheduler.py, kvcache/), and so is overlap scheduling's order: step N+1 is scheduled before step N's
@@ -43,47 +44,64 @@ from minisgl_cli.trace_reader import read_trace  # noqa: E402
 
 @dataclass
 class Law:
-    coef: np.ndarray  # seconds: per step, per context token, per prefill token
+    coef: np.ndarray  # seconds per unit of each feature (features())
     residuals: np.ndarray
 
-    def gap(self, context: int, prefill: int, rng: np.random.Generator) -> float:
-        base = self.coef[0] + self.coef[1] * context + self.coef[2] * prefill
-        return max(base + float(rng.choice(self.residuals)), 1e-4)
+    def gap(self, x: list[float], rng: np.random.Generator) -> float:
+        return max(float(np.dot(self.coef, x)) + float(rng.choice(self.residuals)), 1e-4)
 
 
-def context_tokens(b: Batch) -> int:
-    """What the step log calls context_tokens: every row's KV read, its new tokens included."""
-    return sum(b.starts) + b.num_tokens
+def features(step: dict, detailed: bool) -> list[float]:
+    """A step's law inputs: 1, the KV read and the prefill tokens; with a detailed log (decode_context_tokens and
+    prefill_key_pairs, from the twenty-fifth session on) the decode rows' context, the prefill tokens and the prefill
+    rows' query-key pairs instead."""
+    if detailed:
+        return [1.0, step["decode_context_tokens"], step["prefill_tokens"], step["prefill_key_pairs"]]
+    return [1.0, step["context_tokens"], step["prefill_tokens"]]
+
+
+def batch_step(b: Batch) -> dict:
+    """A scheduled batch as its step log record counts it (engine.engine.Engine._record)."""
+    chunks = zip(b.starts[b.num_decode :], b.q_lens[b.num_decode :])
+    return dict(
+        context_tokens=sum(b.starts) + b.num_tokens,
+        prefill_tokens=b.num_tokens - b.num_decode,
+        decode_context_tokens=sum(b.starts[: b.num_decode]) + b.num_decode,
+        prefill_key_pairs=sum(q * s + q * (q + 1) // 2 for s, q in chunks),
+    )
 
 
 def step_kind(decode_rows: int, prefill_rows: int) -> str:
     return "prefill" if not decode_rows else "mixed" if prefill_rows else "decode"
 
 
-def fit_laws(paths: list[Path]) -> dict[str, Law]:
-    rows: dict[str, list[tuple[float, float, float]]] = {"decode": [], "mixed": [], "prefill": []}
+def fit_laws(paths: list[Path]) -> tuple[dict[str, Law], bool]:
+    logs = []
     for path in paths:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt") as f:
-            steps = [json.loads(line) for line in f]
+            logs.append([json.loads(line) for line in f])
+    detailed = all("prefill_key_pairs" in s for steps in logs for s in steps)
+    rows: dict[str, tuple[list, list]] = {"decode": ([], []), "mixed": ([], []), "prefill": ([], [])}
+    for steps in logs:
         for prev, s in zip(steps, steps[1:]):
             gap = s["t"] - prev["t"]
             if gap < 0.2:  # longer: the engine idled (no work), not a step time
-                rows[step_kind(s["decode_rows"], s["prefill_rows"])].append(
-                    (s["context_tokens"], s["prefill_tokens"], gap)
-                )
+                xs, ys = rows[step_kind(s["decode_rows"], s["prefill_rows"])]
+                xs.append(features(s, detailed))
+                ys.append(gap)
+    names = ["ms", "ms/100k context", "ms/1k prefill"]
+    if detailed:
+        names = ["ms", "ms/100k decode context", "ms/1k prefill", "ms/1M prefill pairs"]
     laws = {}
-    for kind, data in rows.items():
-        d = np.asarray(data)
-        x = np.column_stack([np.ones(len(d)), d[:, 0], d[:, 1]])
-        coef = np.linalg.lstsq(x, d[:, 2], rcond=None)[0]
-        laws[kind] = Law(coef, d[:, 2] - x @ coef)
-        print(
-            f"law, {kind} steps (n={len(d)}): "
-            f"{coef[0] * 1e3:.2f} ms + {coef[1] * 1e8:.2f} ms/100k context + {coef[2] * 1e6:.2f} ms/1k prefill, "
-            f"|residual| p99 {np.quantile(np.abs(laws[kind].residuals), 0.99) * 1e3:.1f} ms"
-        )
-    return laws
+    for kind, (xs, ys) in rows.items():
+        x, y = np.asarray(xs, dtype=float), np.asarray(ys)
+        coef = np.linalg.lstsq(x, y, rcond=None)[0]
+        laws[kind] = Law(coef, y - x @ coef)
+        terms = " + ".join(f"{c * k:.2f} {n}" for c, k, n in zip(coef, (1e3, 1e8, 1e6, 1e9), names))
+        p99 = np.quantile(np.abs(laws[kind].residuals), 0.99) * 1e3
+        print(f"law, {kind} steps (n={len(y)}): {terms}, |residual| p99 {p99:.1f} ms")
+    return laws, detailed
 
 
 def scheduler_for(mode: str, num_pages: int, page: int) -> Scheduler:
@@ -100,7 +118,9 @@ def scheduler_for(mode: str, num_pages: int, page: int) -> Scheduler:
     return Scheduler(CacheManager(num_pages, page), 256, 8192, mixed, cap, mixed_prefill)
 
 
-def replay(items: list, sched: Scheduler, laws: dict[str, Law], seed: int) -> tuple[list[RequestResult], int]:
+def replay(
+    items: list, sched: Scheduler, laws: dict[str, Law], detailed: bool, seed: int
+) -> tuple[list[RequestResult], int]:
     rng = np.random.default_rng(seed)
     pending = sorted(items, key=lambda it: it.arrival)
     reqs: dict[int, Req] = {}
@@ -120,7 +140,7 @@ def replay(items: list, sched: Scheduler, laws: dict[str, Law], seed: int) -> tu
             for i in batch.prefill_rows:
                 sched.cache.publish(batch.reqs[i])
             law = laws[step_kind(batch.num_decode, len(batch.reqs) - batch.num_decode)]
-            gap = law.gap(context_tokens(batch), batch.num_tokens - batch.num_decode, rng)
+            gap = law.gap(features(batch_step(batch), detailed), rng)
             done = (inflight[1] if inflight else now) + gap
         if inflight is not None:
             b, now = inflight
@@ -157,7 +177,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, help="the trace's first N requests (default: all)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    laws = fit_laws(args.steps)
+    laws, detailed = fit_laws(args.steps)
     page = 16
     flags = dict(length_scale=1.0, max_input_len=None, max_output_len=None, seed=0, time_scale=args.time_scale)
     window = read_trace(args.trace).window(0, args.requests)
@@ -166,7 +186,7 @@ def main() -> None:
     for mode in args.modes.split(","):
         for seed in range(args.seeds):
             sched = scheduler_for(mode, args.pool_tokens // page, page)
-            results, steps = replay(items, sched, laws, seed)
+            results, steps = replay(items, sched, laws, detailed, seed)
             duration = max(t for r in results for t in ([r.scheduled + r.e2e] if r.e2e is not None else []))
             res = summarize(results, duration, e2e_name="e2e_latency")
             res.update(mode=mode, seed=seed, engine_steps=steps, preemptions=sched.num_preemptions)

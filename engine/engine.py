@@ -66,6 +66,10 @@ class StepRecord:
     # blocking call, an idle wait for work); involuntary, the OS gave its core to another thread
     voluntary_switches: int = 0
     involuntary_switches: int = 0
+    # what the attention did apart: the decode rows' context (each one's KV, its new token included), and the query-key
+    # pairs of the prefill rows' causal attention (a chunk of q tokens after s: q * s + q * (q + 1) / 2)
+    decode_context_tokens: int = 0
+    prefill_key_pairs: int = 0
 
 
 def write_step_log(records: list[StepRecord], path: str | Path) -> None:
@@ -443,6 +447,8 @@ class Engine:
             retries,
             1e3 * launch_cpu,
             *switches,
+            decode_context_tokens=sum(b.starts[: b.num_decode]) + b.num_decode,
+            prefill_key_pairs=sum(q * s + q * (q + 1) // 2 for s, q in zip(b.starts[b.num_decode :], prefill)),
         )
         self.step_records.append(rec)
 

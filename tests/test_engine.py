@@ -149,6 +149,20 @@ def test_steps_with_decoding_requests_add_at_most_mixed_prefill_tokens(tiny_dir)
     assert max(s.prefill_tokens for s in llm.engine.step_records if s.decode_rows) > cap
 
 
+def test_step_log_counts_what_each_step_attends_over(tiny_dir):
+    """bench-trace --step-log: each step's decode rows' context and its prefill rows' query-key pairs, so a step-time
+    fit can tell a chunk after a long prefix from one after none. A 10-token prompt in chunks of 4, then decoding."""
+    llm = make_llm(tiny_dir, max_batch_tokens=4, radix_cache=False)
+    llm.engine.step_records = []
+    llm.generate([list(range(10))], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    got = [
+        (s.prefill_tokens, s.prefill_key_pairs, s.decode_rows, s.decode_context_tokens) for s in llm.engine.step_records
+    ]
+    # chunks [0, 4), [4, 8), [8, 10): 4 x 0 + 10, 4 x 4 + 10, 2 x 8 + 3 pairs; then tokens 11-13 each read their context
+    assert got == [(4, 10, 0, 0), (4, 26, 0, 0), (2, 19, 0, 0), (0, 0, 1, 11), (0, 0, 1, 12), (0, 0, 1, 13)]
+    assert all(s.context_tokens >= s.decode_context_tokens for s in llm.engine.step_records)
+
+
 @pytest.mark.parametrize("mixed", [True, False])
 def test_running_token_cap_bounds_what_a_decode_step_reads(tiny_dir, mixed):
     """--max-running-tokens: no request is admitted while the running requests' contexts would pass the cap (one

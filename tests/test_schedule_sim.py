@@ -12,36 +12,42 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# seconds: per step, per token of context (detailed: of the decode rows'), per prefill token (and per prefill pair)
 LAWS = {"decode": (2e-3, 1.7e-8, 0.0), "mixed": (3e-3, 1.5e-8, 6e-6), "prefill": (4e-3, 0.0, 3e-6)}
+PAIRS = {"decode": 0.0, "mixed": 2e-9, "prefill": 1e-9}
 
 
-def write_log(path: Path) -> None:
-    """Steps back to back, each kind's gap from its law (no noise)."""
+def write_log(path: Path, detailed: bool) -> None:
+    """Steps back to back, each kind's gap from its law (no noise); a detailed log also has the decode rows' context
+    and the prefill rows' query-key pairs, as the engine's step log has had since the twenty-fifth session."""
     t, lines = 0.0, []
     for i in range(60):
         kind = ("decode", "mixed", "prefill")[i % 3]
         decode_rows, prefill_rows = {"decode": (9, 0), "mixed": (9, 2), "prefill": (0, 3)}[kind]
         context, prefill = 1000 * (i + 1) + 37 * i * i, (0 if kind == "decode" else 50 * i + 7)
+        decode_context, pairs = (0 if kind == "prefill" else context - 3 * prefill), prefill * (i % 7) * 40
         a, b, c = LAWS[kind]
-        t += a + b * context + c * prefill
+        t += a + b * (decode_context if detailed else context) + c * prefill + (PAIRS[kind] * pairs if detailed else 0)
         row = dict(
             t=t, decode_rows=decode_rows, prefill_rows=prefill_rows, prefill_tokens=prefill, context_tokens=context
         )
+        if detailed:
+            row.update(decode_context_tokens=decode_context, prefill_key_pairs=pairs)
         lines.append(json.dumps(row))
     path.write_text("\n".join(lines) + "\n")
 
 
-def test_the_simulated_replay_runs_every_request_to_its_end(tmp_path: Path) -> None:
+@pytest.mark.parametrize("detailed", [False, True])
+def test_the_simulated_replay_runs_every_request_to_its_end(tmp_path: Path, detailed: bool) -> None:
     log, out = tmp_path / "steps.jsonl", tmp_path / "sim.json"
-    write_log(log)
+    write_log(log, detailed)
     cmd = [sys.executable, str(ROOT / "benchmarks" / "schedule_sim.py"), str(log), "--trace"]
     cmd += [str(ROOT / "traces" / "qwen_sample.jsonl"), "--modes", "nomixed,mixed,mp16,cap2", "--json", str(out)]
     subprocess.run([*cmd, "--time-scale", "0.05", "--pool-tokens", "65536"], check=True, capture_output=True)
     res = json.loads(out.read_text())
     for kind, law in LAWS.items():
-        got = res["laws"][kind]["coef"]
-        assert got[0] == pytest.approx(law[0], abs=1e-9) and got[1] == pytest.approx(law[1], abs=1e-12)
-        assert got[2] == pytest.approx(law[2], abs=1e-11) and res["laws"][kind]["residual_p99"] < 1e-9
+        got, want = res["laws"][kind]["coef"], [*law, PAIRS[kind]] if detailed else law
+        assert got == pytest.approx(want, abs=1e-12) and res["laws"][kind]["residual_p99"] < 1e-9
     runs = {r["mode"]: r for r in res["runs"]}
     assert set(runs) == {"nomixed", "mixed", "mp16", "cap2"}
     for r in runs.values():
