@@ -62,12 +62,11 @@ def features(step: dict, detailed: bool) -> list[float]:
 
 def batch_step(b: Batch) -> dict:
     """A scheduled batch as its step log record counts it (engine.engine.Engine._record)."""
-    chunks = zip(b.starts[b.num_decode :], b.q_lens[b.num_decode :])
     return dict(
-        context_tokens=sum(b.starts) + b.num_tokens,
+        context_tokens=b.context_tokens,
         prefill_tokens=b.num_tokens - b.num_decode,
-        decode_context_tokens=sum(b.starts[: b.num_decode]) + b.num_decode,
-        prefill_key_pairs=sum(q * s + q * (q + 1) // 2 for s, q in chunks),
+        decode_context_tokens=b.decode_context_tokens,
+        prefill_key_pairs=b.prefill_key_pairs,
     )
 
 

@@ -66,8 +66,7 @@ class StepRecord:
     # blocking call, an idle wait for work); involuntary, the OS gave its core to another thread
     voluntary_switches: int = 0
     involuntary_switches: int = 0
-    # what the attention did apart: the decode rows' context (each one's KV, its new token included), and the query-key
-    # pairs of the prefill rows' causal attention (a chunk of q tokens after s: q * s + q * (q + 1) / 2)
+    # what the attention did apart: the decode rows' context and the prefill rows' query-key pairs (Batch's properties)
     decode_context_tokens: int = 0
     prefill_key_pairs: int = 0
 
@@ -423,7 +422,6 @@ class Engine:
     def _record(self, b: Batch, schedule: float, launch: float, process: float, launch_cpu: float) -> None:
         assert self.step_records is not None
         prefill = b.q_lens[b.num_decode :]
-        kv = sum(b.starts) + b.num_tokens
         ms = (1e3 * schedule, 1e3 * launch, 1e3 * self._waited, 1e3 * (process - self._waited))
         allocs, retries = 0, 0
         if self.device.type == "cuda":
@@ -441,14 +439,14 @@ class Engine:
             b.num_decode,
             len(prefill),
             sum(prefill),
-            kv,
+            b.context_tokens,
             *ms,
             allocs,
             retries,
             1e3 * launch_cpu,
             *switches,
-            decode_context_tokens=sum(b.starts[: b.num_decode]) + b.num_decode,
-            prefill_key_pairs=sum(q * s + q * (q + 1) // 2 for s, q in zip(b.starts[b.num_decode :], prefill)),
+            decode_context_tokens=b.decode_context_tokens,
+            prefill_key_pairs=b.prefill_key_pairs,
         )
         self.step_records.append(rec)
 

@@ -36,6 +36,22 @@ class Batch:
     def prefill_rows(self) -> range:
         return range(self.num_decode, len(self.reqs))
 
+    # What the step's attention reads and computes (the step log; benchmarks/schedule_sim.py's step-time laws)
+    @property
+    def context_tokens(self) -> int:
+        """KV tokens every row attends over, its new tokens included."""
+        return sum(self.starts) + self.num_tokens
+
+    @property
+    def decode_context_tokens(self) -> int:
+        return sum(self.starts[: self.num_decode]) + self.num_decode
+
+    @property
+    def prefill_key_pairs(self) -> int:
+        """Query-key pairs of the prefill rows' causal attention: a chunk of q tokens after s has q * s + q(q+1)/2."""
+        chunks = zip(self.starts[self.num_decode :], self.q_lens[self.num_decode :])
+        return sum(q * s + q * (q + 1) // 2 for s, q in chunks)
+
 
 def join(decode: Batch | None, prefill: Batch | None) -> Batch | None:
     if decode is None or prefill is None:

@@ -151,7 +151,8 @@ def test_steps_with_decoding_requests_add_at_most_mixed_prefill_tokens(tiny_dir)
 
 def test_step_log_counts_what_each_step_attends_over(tiny_dir):
     """bench-trace --step-log: each step's decode rows' context and its prefill rows' query-key pairs, so a step-time
-    fit can tell a chunk after a long prefix from one after none. A 10-token prompt in chunks of 4, then decoding."""
+    law (benchmarks/schedule_sim.py) can tell a chunk after a long prefix from one after none. A 10-token prompt in
+    chunks of 4, then decoding."""
     llm = make_llm(tiny_dir, max_batch_tokens=4, radix_cache=False)
     llm.engine.step_records = []
     llm.generate([list(range(10))], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
