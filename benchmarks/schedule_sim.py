@@ -174,9 +174,18 @@ def main() -> None:
     ap.add_argument("--pool-tokens", type=int, default=1_033_600, help="the measured run's KV pool (H200: 1,033,600)")
     ap.add_argument("--seeds", type=int, default=1, help="runs per mode, each with its own residual draws")
     ap.add_argument("--requests", type=int, help="the trace's first N requests (default: all)")
+    ap.add_argument(
+        "--context-cost",
+        type=float,
+        default=1.0,
+        help="what if: the laws' cost per token of context (decode and mixed steps) times this (0.8: attention that "
+        "reads shared prefixes once, if it took a fifth off)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     laws, detailed = fit_laws(args.steps)
+    for kind in ("decode", "mixed"):
+        laws[kind].coef[1] *= args.context_cost
     page = 16
     flags = dict(length_scale=1.0, max_input_len=None, max_output_len=None, seed=0, time_scale=args.time_scale)
     window = read_trace(args.trace).window(0, args.requests)
