@@ -7,7 +7,9 @@ rows, about 880k tokens of context, three groups of requests on one cached syste
 2,016, 1,984 and 368 tokens, the group sizes and prefix lengths of 256 consecutive requests of the trace), the rest of
 each context its own. Qwen3-0.6B's shapes (16 query heads, 8 KV heads, head_dim 128, bf16, page 16).
   plain     FlashInfer's tensor-core decode over every row's whole page list (what the engine runs): a shared
-            prefix is read once per row (or hits in L2)
+            prefix is read once per row (or hits in L2); its rows grouped by prefix
+  plain-interleaved  the same with the rows in a random order (the groups interleaved, as in the engine's running
+            list, which is in arrival order)
   cascade   the prefill kernel over each group's prefix (its rows as the queries, read once per group), the decode
             kernel over each row's own pages, both with their log-sum-exp, merged (flashinfer.merge_state_in_place)
   cascade-fa3  the same with FlashInfer's fa3 (Hopper) prefill kernel for the prefixes
@@ -66,6 +68,16 @@ def main() -> None:
         w.plan(*csr(full_tables, kv_lens), HEADS, KV_HEADS, DIM, PAGE, **common)
         return lambda: w.run(q, (k, v))
 
+    def interleaved() -> Callable[[], torch.Tensor]:
+        # the same rows in a random order, as arrivals interleave the groups in the engine's running list (oldest first)
+        perm = torch.randperm(rows, generator=g)
+        back = torch.argsort(perm).to(dev)
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws2, "NHD", use_tensor_cores=True)
+        tables, lens = [full_tables[i] for i in perm], [kv_lens[i] for i in perm]
+        w.plan(*csr(tables, lens), HEADS, KV_HEADS, DIM, PAGE, **common)
+        qp = q[perm.to(dev)].contiguous()
+        return lambda: w.run(qp, (k, v)).index_select(0, back)  # the gather back: ~1 MB, a few us
+
     def cascade(backend: str) -> Callable[[], torch.Tensor]:
         own = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws2, "NHD", use_tensor_cores=True)
         own.plan(*csr(own_ids, own_lens), HEADS, KV_HEADS, DIM, PAGE, **common)
@@ -92,6 +104,7 @@ def main() -> None:
 
     makers = {
         "plain": plain,
+        "plain-interleaved": interleaved,
         "cascade": lambda: cascade("auto"),
         "cascade-fa3": lambda: cascade("fa3"),
         "multilevel": multilevel,
@@ -122,7 +135,7 @@ def main() -> None:
     for name in fns:
         us = min(res[name]["us"])
         all_rate, distinct_rate = total_tokens * bytes_per_token / us / 1e6, unique_tokens * bytes_per_token / us / 1e6
-        print(f"{name:12} {us:8.1f} us/layer  {all_rate:6.2f} TB/s of all KV, {distinct_rate:5.2f} of the distinct KV  "
+        print(f"{name:18} {us:8.1f} us/layer  {all_rate:6.2f} TB/s of all KV, {distinct_rate:5.2f} of the distinct KV  "
               f"rel err {res[name]['rel_err']:.2e}  ({us / min(res['plain']['us']):.3f}x plain)")  # fmt: skip
     print(f"KV tokens {total_tokens:,} ({unique_tokens:,} distinct)")
     if args.out:
