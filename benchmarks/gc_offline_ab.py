@@ -26,6 +26,7 @@ import engine.llm as llm_module
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+from minisgl_cli.bench_offline import OFFLINE_ENGINE
 from minisgl_cli.workload import random_workload
 
 
@@ -35,7 +36,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="gc_offline_ab.json")
     args = ap.parse_args()
-    llm = LLM(EngineConfig(model=args.model))
+    llm = LLM(EngineConfig(model=args.model, **OFFLINE_ENGINE))  # as bench-offline runs
     wl = random_workload(256, vocab_size=llm.engine.model_cfg.vocab_size)
     params = [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True) for n in wl.output_lens]
     llm.generate(wl.prompts[:32], [SamplingParams(max_tokens=16, temperature=0.6, ignore_eos=True)] * 32)

@@ -22,6 +22,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+from minisgl_cli.bench_offline import OFFLINE_ENGINE
 from minisgl_cli.workload import random_workload, warmup_like
 
 
@@ -38,7 +39,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--out", default="host_stalls.json")
     args = ap.parse_args()
-    llm = LLM(EngineConfig(model=args.model))
+    llm = LLM(EngineConfig(model=args.model, **OFFLINE_ENGINE))  # as bench-offline runs
     engine = llm.engine
     wl = random_workload(256, vocab_size=engine.model_cfg.vocab_size)
     params = [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True, detokenize=False) for n in wl.output_lens]

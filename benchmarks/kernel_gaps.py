@@ -23,6 +23,7 @@ from step_profile import KERNEL_KINDS  # this script's folder is on sys.path whe
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+from minisgl_cli.bench_offline import OFFLINE_ENGINE
 
 
 def kind(name: str) -> str:
@@ -37,7 +38,7 @@ def main() -> None:
     ap.add_argument("--out", default="kernel_gaps.json")
     ap.add_argument("--offline", action="store_true", help="the whole offline workload, copies included")
     args = ap.parse_args()
-    llm = LLM(EngineConfig(model=args.model))
+    llm = LLM(EngineConfig(model=args.model, **(OFFLINE_ENGINE if args.offline else {})))
     if args.offline:
         whole_workload(llm, args.out)
         llm.shutdown()

@@ -25,7 +25,7 @@ from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from kernels.attention import flashinfer_backend
-from minisgl_cli.bench_offline import OFFLINE_BATCH_TOKENS
+from minisgl_cli.bench_offline import OFFLINE_ENGINE
 from minisgl_cli.workload import random_workload, warmup_like
 
 
@@ -120,7 +120,7 @@ def main() -> None:
         help="small: bench-offline's 4 x 8 tokens; shapes: 256 other prompts of the workload's lengths x 8",
     )
     args = ap.parse_args()
-    llm = LLM(EngineConfig(model=args.model, max_batch_tokens=OFFLINE_BATCH_TOKENS))  # as bench-offline runs
+    llm = LLM(EngineConfig(model=args.model, **OFFLINE_ENGINE))  # as bench-offline runs
     wl = random_workload(256, vocab_size=llm.engine.model_cfg.vocab_size)
     params = [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True) for n in wl.output_lens]
     # as bench-offline asks: token ids only (and, in the timed runs, final outputs only)

@@ -26,6 +26,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+from minisgl_cli.bench_offline import OFFLINE_ENGINE
 from minisgl_cli.workload import random_workload
 
 
@@ -34,7 +35,7 @@ def main() -> None:
     ap.add_argument("--model", default="dummy:Qwen3-0.6B")
     ap.add_argument("--out", default="prefill_cpu.json")
     args = ap.parse_args()
-    llm = LLM(EngineConfig(model=args.model))
+    llm = LLM(EngineConfig(model=args.model, **OFFLINE_ENGINE))  # as bench-offline runs
     cfg = llm.engine.model_cfg
     wl = random_workload(256, vocab_size=cfg.vocab_size)
     params = [SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True) for n in wl.output_lens]

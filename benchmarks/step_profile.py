@@ -34,6 +34,7 @@ from engine.llm import LLM
 from engine.runner import StepOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Batch
+from minisgl_cli.bench_offline import OFFLINE_ENGINE
 from minisgl_cli.roofline import gpu_floor
 from minisgl_cli.workload import random_workload
 
@@ -113,7 +114,7 @@ def timed(run: Callable[[Batch], StepOutput], steps: list[tuple]) -> Callable[[B
 def run_variant(model: str, name: str, kernels: bool) -> dict:
     changes = apply_variant(name)
     t0 = time.perf_counter()
-    llm = LLM(EngineConfig(model=model, **changes))
+    llm = LLM(EngineConfig(model=model, **{**OFFLINE_ENGINE, **changes}))  # as bench-offline runs
     startup = time.perf_counter() - t0
     if name == "logits-fp32":
         m = llm.engine.loaded.model

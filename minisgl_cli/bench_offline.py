@@ -24,6 +24,12 @@ ENGINES = ("minisgl", *PEERS)
 # step: twice serve's, as vLLM's offline LLM class (16384) has twice its server's. On an H100, bench-offline's
 # default workload ran 1.2% faster than at 8192 (median of 6 interleaved pairs, ahead in 5; docs/gpu.md).
 OFFLINE_BATCH_TOKENS = 16384
+# bench-offline's engine settings where they differ from the engine's defaults; the benchmarks/ scripts that time its
+# workload build their engine with them too, so that they time what bench-offline runs
+OFFLINE_ENGINE: dict[str, Any] = dict(
+    max_batch_tokens=OFFLINE_BATCH_TOKENS,
+    mixed_prefill_tokens=None,  # no stream waits on a step here
+)
 PEER_CHILD_ENV = "MINISGL_PEER_CHILD"  # set in the environment of the child a --compare run starts for each peer
 
 
@@ -52,10 +58,7 @@ def parse_peers(text: str) -> list[str]:
 
 def register(app: typer.Typer) -> None:
     @app.command("bench-offline", cls=_BareCompare)
-    @o.with_engine_flags(
-        max_batch_tokens=OFFLINE_BATCH_TOKENS,
-        mixed_prefill_tokens=None,  # no stream waits on a step here
-    )
+    @o.with_engine_flags(**OFFLINE_ENGINE)
     def bench_offline(
         ctx: typer.Context,
         num_seqs: Annotated[int, typer.Option(help="number of requests", min=1)] = 256,

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from engine.model_config import PRESETS
 from minisgl_cli.app import app
-from minisgl_cli.bench_offline import parse_peers, workload_digest
+from minisgl_cli.bench_offline import OFFLINE_ENGINE, parse_peers, workload_digest
 from minisgl_cli.roofline import decode_floor, weight_bytes_per_step
 from minisgl_cli.workload import parse_range, random_workload, warmup_like
 from tests.conftest import make_llm
@@ -133,6 +133,8 @@ def test_minisgl_run_reports_the_workload(tmp_path):
     assert res["cache_hit_tokens"] == 0  # the warm-up used other prompts
     assert res["floor"] is None and res["floor_fraction"] is None  # CPU
     assert res["workload"]["seed"] == 3 and res["workload"]["folded_ids"] == w.folded_ids
+    # the engine settings benchmarks/step_profile.py and the other scripts of this workload take from OFFLINE_ENGINE
+    assert {k: res["flags"][k] for k in OFFLINE_ENGINE} == OFFLINE_ENGINE
     assert "peer" not in res and res["environment"]["torch"]
 
 
