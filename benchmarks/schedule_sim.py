@@ -104,19 +104,17 @@ def fit_laws(paths: list[Path]) -> tuple[dict[str, Law], bool]:
 
 
 def scheduler_for(mode: str, num_pages: int, page: int) -> Scheduler:
-    mixed, mixed_prefill, cap, pair_cost = True, 1024, None, 0.0
+    mixed, mixed_prefill, cap = True, 1024, None
     for part in mode.split("+"):
         if part == "nomixed":
             mixed = False
         elif part.startswith("mp"):
             mixed_prefill = int(part[2:])
-        elif part.startswith("pc"):
-            pair_cost = float(part[2:]) / 1e6
         elif part.startswith("cap"):
             cap = int(part[3:]) * 1000
         elif part != "mixed":
             raise SystemExit(f"unknown mode part {part!r}")
-    return Scheduler(CacheManager(num_pages, page), 256, 8192, mixed, cap, mixed_prefill, pair_cost)
+    return Scheduler(CacheManager(num_pages, page), 256, 8192, mixed, cap, mixed_prefill)
 
 
 def replay(

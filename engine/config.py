@@ -45,9 +45,6 @@ class EngineConfig:
     mixed_batch: bool = True
     # prefill tokens per step while requests decode (mixed batches); None: up to max_batch_tokens, as with none decoding
     mixed_prefill_tokens: int | None = MIXED_PREFILL_TOKENS
-    # What a chunk's attention costs out of that share: tokens per million causal query-key pairs (a chunk of q tokens
-    # after s has q s + q (q + 1) / 2), so a chunk after a long prefix gets fewer tokens than a fresh prompt; 0: none
-    mixed_pair_cost: float = 0.0
     # Admission stops while the running requests' contexts hold this many tokens: a decode step reads all of their KV,
     # so this bounds the inter-token gap under load (None: only the KV pool and max_running_requests bound it).
     max_running_tokens: int | None = None
@@ -82,7 +79,6 @@ class EngineConfig:
                 "mixed_prefill_tokens",
                 "must be >= 1",
             ),
-            (self.mixed_pair_cost >= 0, "mixed_pair_cost", "must be >= 0"),
             (self.max_running_tokens is None or self.max_running_tokens >= 1, "max_running_tokens", "must be >= 1"),
             (self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be >= 2"),
             (

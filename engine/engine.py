@@ -225,7 +225,6 @@ class Engine:
             config.mixed_batch,
             config.max_running_tokens,
             config.mixed_prefill_tokens,
-            config.mixed_pair_cost / 1e6,
         )
         t0 = time.perf_counter()
         self.runner = ModelRunner(

@@ -50,24 +50,7 @@ class Batch:
     def prefill_key_pairs(self) -> int:
         """Query-key pairs of the prefill rows' causal attention: a chunk of q tokens after s has q * s + q(q+1)/2."""
         chunks = zip(self.starts[self.num_decode :], self.q_lens[self.num_decode :])
-        return sum(pairs(s, q) for s, q in chunks)
-
-
-def pairs(start: int, q: int) -> int:
-    """Query-key pairs of a causal chunk of q tokens after start: q * start + q(q+1)/2."""
-    return q * start + q * (q + 1) // 2
-
-
-def chunk_fit(budget: float, start: int, pair_cost: float) -> int:
-    """The longest chunk after `start` whose tokens plus pair_cost per query-key pair stay within budget."""
-    if pair_cost <= 0:
-        return int(budget)
-    # n + c (n start + n (n + 1) / 2) <= budget, solved for n
-    b = 1 + pair_cost * (start + 0.5)
-    n = int((-b + (b * b + 2 * pair_cost * budget) ** 0.5) / pair_cost)
-    while n > 0 and n + pair_cost * pairs(start, n) > budget:
-        n -= 1
-    return n
+        return sum(q * s + q * (q + 1) // 2 for s, q in chunks)
 
 
 def join(decode: Batch | None, prefill: Batch | None) -> Batch | None:
@@ -91,10 +74,8 @@ class Scheduler:
         mixed: bool = False,
         max_running_tokens: int | None = None,
         mixed_prefill_tokens: int | None = None,
-        mixed_pair_cost: float = 0.0,
     ):
         self.cache = cache
-        self.mixed_pair_cost = mixed_pair_cost
         self.max_running = max_running
         self.max_batch_tokens = max_batch_tokens
         self.mixed = mixed
@@ -123,18 +104,15 @@ class Scheduler:
         preempted = self.num_preemptions
         decode = self._decode()
         budget = self.max_batch_tokens
-        pair_cost = 0.0
         if decode:  # a prefill chunk lengthens the step every decoding stream waits on
             budget = min(budget - decode.num_tokens, self.mixed_prefill_tokens)
-            pair_cost = self.mixed_pair_cost
         # A step that had to preempt admits nobody: there is no room, and a victim re-admitted at once would be
         # sized without its last token, still in flight under overlap scheduling.
         admit = self.num_preemptions == preempted
-        return join(decode, self._prefill(budget, admit, pair_cost) if budget > 0 else None)
+        return join(decode, self._prefill(budget, admit) if budget > 0 else None)
 
-    def _prefill(self, budget: float, admit: bool = True, pair_cost: float = 0.0) -> Batch | None:
-        reqs: list[Req] = []
-        starts, lens, sample = [], [], []
+    def _prefill(self, budget: int, admit: bool = True) -> Batch | None:
+        reqs, starts, lens, sample = [], [], [], []
         candidates = list(self.prefilling)
         context = sum(r.num_tokens for r in self.live) if self.max_running_tokens else 0
         while admit and self.waiting and len(self.live) < self.max_running:
@@ -155,14 +133,11 @@ class Scheduler:
         for req in candidates:
             if budget <= 0:
                 break
-            n = min(req.num_tokens - req.device_len, chunk_fit(budget, req.device_len, pair_cost))
-            if n <= 0 and reqs:
-                continue  # too long a prefix for what is left: a fresher prompt may fit
-            n = max(n, 1)  # the step's first chunk always moves, however long its prefix
+            n = min(req.num_tokens - req.device_len, budget)
             reqs.append(req)
             starts.append(req.device_len)
             lens.append(n)
-            budget -= n + pair_cost * pairs(req.device_len, n)
+            budget -= n
             req.device_len += n
             done = req.device_len == req.num_tokens
             sample.append(done)

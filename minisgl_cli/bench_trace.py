@@ -260,7 +260,6 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict
         mixed_batch=config.mixed_batch,
         max_batch_tokens=config.max_batch_tokens,
         mixed_prefill_tokens=config.mixed_prefill_tokens,
-        mixed_pair_cost=config.mixed_pair_cost,
         max_running_tokens=config.max_running_tokens,
         engine_steps=after.steps - before.steps,
         mixed_steps=after.mixed_steps - before.mixed_steps,

@@ -75,15 +75,6 @@ MixedPrefillTokens = Annotated[
         min=1,
     ),
 ]
-MixedPairCost = Annotated[
-    float,
-    typer.Option(
-        help="with mixed batches, what a prefill chunk's attention costs out of --mixed-prefill-tokens: tokens per "
-        "million query-key pairs (a chunk of q tokens after s tokens has q*s + q(q+1)/2), so chunks after long "
-        "prefixes get fewer tokens than fresh prompts; 0: tokens only",
-        min=0.0,
-    ),
-]
 MaxRunningTokens = Annotated[
     int | None,
     typer.Option(
@@ -138,7 +129,6 @@ ENGINE_FLAGS: tuple[tuple[str, Any, Any], ...] = (
     ("no_overlap", NoOverlap, False),
     ("mixed_batch", MixedBatch, True),
     ("mixed_prefill_tokens", MixedPrefillTokens, MIXED_PREFILL_TOKENS),
-    ("mixed_pair_cost", MixedPairCost, 0.0),
     ("tp", Tp, 1),
 )
 F = TypeVar("F", bound=Callable[..., Any])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import copy
 import random
 
 import pytest
@@ -11,7 +10,6 @@ import torch
 
 from engine.model_config import PRESETS
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Batch
 from tests.conftest import make_llm
 from tests.hf_reference import hf_model_from_config, save_hf
 
@@ -149,56 +147,6 @@ def test_steps_with_decoding_requests_add_at_most_mixed_prefill_tokens(tiny_dir)
     llm.engine.step_records = []
     assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == [outs[r] for r in rids]
     assert max(s.prefill_tokens for s in llm.engine.step_records if s.decode_rows) > cap
-
-
-def test_mixed_pair_cost_gives_chunks_after_long_prefixes_fewer_tokens(tiny_dir):
-    """--mixed-pair-cost: beside decoding rows, a step's prefill share pays for each chunk's attention too (its tokens
-    plus the cost per query-key pair stay within --mixed-prefill-tokens), so a prompt after a long cached prefix moves
-    in short chunks, and what they leave of the share goes to a fresh prompt. The tokens are the same as without."""
-    from engine.scheduler import chunk_fit, pairs
-
-    cap, cost = 32, 2e4  # a million query-key pairs cost 20,000 tokens: 0.02 a pair
-    assert chunk_fit(cap, 0, cost / 1e6) == 25 and chunk_fit(cap, 200, cost / 1e6) == 6  # 25 + 6.5; 6 + 24.42
-    assert chunk_fit(cap, 0, 0.0) == cap and chunk_fit(cap, 5000, cost / 1e6) == 0
-    g = random.Random(5)
-    prefix = [g.randrange(512) for _ in range(200)]
-    first, long_prompt = [g.randrange(512) for _ in range(8)], prefix + [g.randrange(512) for _ in range(60)]
-    fresh = [g.randrange(512) for _ in range(60)]
-
-    def replay(pair_cost: float):
-        llm = make_llm(tiny_dir, max_batch_tokens=64, mixed_prefill_tokens=cap, mixed_pair_cost=pair_cost)
-        llm.generate([prefix + [1]], SamplingParams(max_tokens=1, temperature=0))  # the prefix into the radix cache
-        mixed: list[Batch] = []
-        schedule = llm.engine.scheduler.schedule
-
-        def recorded() -> Batch | None:
-            batch = schedule()
-            if batch is not None and batch.is_mixed:
-                mixed.append(copy.copy(batch))
-            return batch
-
-        llm.engine.scheduler.schedule = recorded  # type: ignore[method-assign]  # observes the real scheduler
-        rids = [llm.add_request(first, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))]
-        llm.step()  # its prefill: it decodes from now on
-        rids += [llm.add_request(long_prompt, GREEDY), llm.add_request(fresh, GREEDY)]
-        outs = {}
-        while llm.has_work():
-            for o in llm.step():
-                outs[o.rid] = o.token_ids
-        assert_all_pages_back(llm)
-        chunks = [[(b.reqs[i].rid, b.starts[i], b.q_lens[i]) for i in b.prefill_rows] for b in mixed]
-        return [outs[r] for r in rids], rids, chunks
-
-    tokens, (_, long_rid, fresh_rid), steps = replay(cost)
-    shares = [sum(q + cost / 1e6 * pairs(s, q) for _, s, q in step) for step in steps]
-    assert max(shares) <= cap + 1e-9, shares
-    long_chunks = [(s, q) for step in steps for rid, s, q in step if rid == long_rid]
-    assert long_chunks[0][0] == 192  # its cached prefix (12 whole pages of 16) is not prefilled again
-    assert max(q for _, q in long_chunks) <= 6  # chunk_fit(32, 192 or more, 0.02)
-    assert any({long_rid, fresh_rid} <= {rid for rid, _, _ in step} for step in steps)  # the rest goes to the fresh one
-    plain_tokens, (_, plain_long, _), plain_steps = replay(0.0)
-    assert max(q for step in plain_steps for rid, _, q in step if rid == plain_long) > 6
-    assert tokens == plain_tokens
 
 
 def test_step_log_counts_what_each_step_attends_over(tiny_dir):

@@ -50,7 +50,6 @@ class Setting:
     mixed_batch: bool
     max_running_tokens: int | None
     mixed_prefill_tokens: int
-    mixed_pair_cost: float
 
 
 tokens = st.integers(0, VOCAB - 1)
@@ -71,7 +70,6 @@ def workloads(draw) -> tuple[Setting, list[Arrival], Arrival | None]:
     max_running = draw(st.sampled_from([1, 2, 3, 64]))
     running_tokens = draw(st.sampled_from([None, None, 1, 40, 120]))
     mixed_prefill = draw(st.sampled_from([1024, 1024, 1, 3, 16]))  # prefill tokens per step beside decoding
-    pair_cost = draw(st.sampled_from([0.0, 0.0, 480.0, 2e4, 1e7]))  # ... of which a chunk's attention takes this
     last_arrival = draw(st.sampled_from([0, 0, 6, 40]))  # all at once (most contention) ... spread out (most reuse)
 
     prefixes = draw(st.lists(token_lists(1, 48), min_size=1, max_size=2))
@@ -100,16 +98,7 @@ def workloads(draw) -> tuple[Setting, list[Arrival], Arrival | None]:
         "4096 tokens": 4096 // page_size,
     }[pool]
     setting = Setting(
-        page_size,
-        num_pages,
-        prefill_budget,
-        radix,
-        overlap,
-        max_running,
-        mixed,
-        running_tokens,
-        mixed_prefill,
-        pair_cost,
+        page_size, num_pages, prefill_budget, radix, overlap, max_running, mixed, running_tokens, mixed_prefill
     )
     # Now and then one request that can never fit the pool or the context: refused at admission, and the rest
     # must not notice.
@@ -230,7 +219,6 @@ def test_random_workloads_keep_every_promise(tiny_dir, reference, case):  # noqa
         mixed_batch=setting.mixed_batch,
         max_running_tokens=setting.max_running_tokens,
         mixed_prefill_tokens=setting.mixed_prefill_tokens,
-        mixed_pair_cost=setting.mixed_pair_cost,
     )
     run = drive(llm, arrivals, too_big, reference)
 
