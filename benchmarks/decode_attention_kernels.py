@@ -15,6 +15,10 @@ default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B at TP=4. Kernels:
   fi-tc-splitN the same with fixed_split_size=N: each request's KV cut into chunks of N pages
   fi-tc-hnd    the same kernel on an HND pool [pages, heads, page, dim] (each head's page contiguous)
   fi-cc        FlashInfer's CUDA-core decode, NHD;  fi-cc-hnd  on HND
+  fa4          FlashAttention-4's varlen forward (`flash_attn.cute`, the engine's `fa` backend) on the NHD pool through
+               a page table, one query per request, no KV split; fa4-auto with FA4's own split heuristic
+               (num_splits=0), fa4-splitN with N splits. Needs the FA4 bundle on the path (benchmarks/run_gpu_fa.sh
+               decode); FA4 loads pages by TMA at page 128 (one key tile), by cp.async at other sizes
   xqa          FlashInfer's XQA decode kernel (TensorRT-LLM's GQA decode; over e4m3 on sm90 its Hopper fp8 kernel), NHD;
                xqa-hnd  on HND. The bundle of the twenty-third session lacks its sources: it does not build there
   triton       the engine's decode over an fp8 pool (kernels/attention/fp8_decode.py; e4m3 only), one span per
@@ -201,7 +205,18 @@ def case(
 
         return lambda: w.run(q, (k_nhd, v_nhd))
 
+    def fa4(splits: int) -> Callable[[], torch.Tensor]:
+        from kernels.attention.fa_backend import import_fa4
+
+        attn = import_fa4()
+        cu_q = torch.arange(batch + 1, dtype=torch.int32, device=dev)
+        max_k = int(lens.max())
+        return lambda: attn(q, k_nhd, v_nhd, cu_seqlens_q=cu_q, seqused_k=lens_d, page_table=table_d, max_seqlen_q=1,
+                            max_seqlen_k=max_k, softmax_scale=scale, causal=False, num_splits=splits)[0]  # fmt: skip
+
     makers: dict[str, Callable[[], Callable[[], torch.Tensor]]] = {
+        "fa4": lambda: fa4(1),
+        "fa4-auto": lambda: fa4(0),
         "fi-tc": lambda: fi(True, "NHD"),
         "fi-tc-nosplit": lambda: fi(True, "NHD", disable_split_kv=True),
         "fi-tc-hnd": lambda: fi(True, "HND"),
@@ -212,6 +227,8 @@ def case(
     }
     for n in (4, 8, 16, 32, 64):
         makers[f"fi-tc-split{n}"] = functools.partial(fi, True, "NHD", fixed_split_size=n)
+    for n in (2, 3, 4, 8):
+        makers[f"fa4-split{n}"] = functools.partial(fa4, n)
     ref = reference(q, k_nhd, v_nhd, table_rows, lens.tolist(), scale)
     kv_bytes = int(lens.sum()) * kv_heads * DIM * 2 * k_nhd.element_size()
     rows = []

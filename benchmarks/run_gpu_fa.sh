@@ -13,6 +13,8 @@
 #   4. same carry:  source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_fa.sh kernels
 #   5. same carry:  source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_fa.sh e2e
 #      (page size 16, the default; if `kernels` shows FA4 faster at page 128 (its TMA path), repeat with PAGE=128)
+#   6. same carry:  source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_fa.sh decode
+#      (decode attention per layer, FA4 against FlashInfer's tensor-core decode, CUDA graphs: decode_attention_kernels.py)
 #   (fi-cache.tgz / fa-cache.tgz: JIT caches an earlier run returned in $OUT, kept in .whl/; leave out if absent.
 #   `kernels` before `e2e`, so FA4's Qwen3 kernels are compiled (and on disk) before the trace replay's TTFT counts.)
 # Each stage writes at most 5 files to $OUT: gpu.txt; its results (pytest_fa_<c>.txt | fa_prefill_<c>.json and .txt |
@@ -43,7 +45,7 @@ if [ "${1:-}" = assemble ]; then
   exit 0
 fi
 stage=${1:-}
-case $stage in tests|kernels|e2e) ;; *) echo "usage: $0 assemble PARTDIR | tests | kernels | e2e"; exit 2;; esac
+case $stage in tests|kernels|e2e|decode) ;; *) echo "usage: $0 assemble PARTDIR | tests | kernels | e2e | decode"; exit 2;; esac
 [ -d "$SITE/flash_attn" ] || { echo "$SITE missing: run the assemble calls first (the machine was replaced?)"; exit 1; }
 fa_env
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
@@ -71,6 +73,11 @@ elif [ "$stage" = kernels ]; then  # per-layer prefill, FA4 JIT (first call per 
   timeout 560 python benchmarks/fa_prefill_kernels.py "$OUT/fa_prefill_$c.json" > "$OUT/fa_prefill_$c.txt" 2>&1 \
     || echo "fa_prefill_kernels failed: $?" >> "$OUT/fa_prefill_$c.txt"
   tail -n 16 "$OUT/fa_prefill_$c.txt"
+elif [ "$stage" = decode ]; then  # decode attention per layer at the offline workload's lengths, graphs
+  timeout 560 python benchmarks/decode_attention_kernels.py --graph --kv-dtypes bf16 --pages "${PAGES:-16,128}" \
+    --batches "${BATCHES:-256,128,64,32,16}" --kernels "${KERNELS:-fi-tc,fa4,fa4-auto,fa4-split2,fa4-split4}" \
+    --out "$OUT/fa_decode_$c.json" > "$OUT/fa_decode_$c.txt" 2>&1 || echo "decode_attention_kernels failed: $?" >> "$OUT/fa_decode_$c.txt"
+  cat "$OUT/fa_decode_$c.txt" | tail -n 60
 else  # end to end, both backends in this one run
   python - "$OUT" "$c" "${PAGE:-16}" <<'PY'
 import json, subprocess, sys
