@@ -5,8 +5,10 @@
 
 Each variant runs the default bench-offline workload (256 requests, 133,966 output tokens) once after a warm-up
 and records, per engine step, CUDA events around the launch: the GPU time of the step and the idle gap before it
-(the GPU waiting for the CPU). Steps are summed by kind (prefill / decode by batch size). With --kernels, a second
-run under torch.profiler (CUDA activity only) sums kernel time by category over the whole workload.
+(the GPU waiting for the CPU). Steps are summed by kind (prefill / decode by batch size); each decode bucket also
+gets its bytes floor per step (the weights and its requests' KV at the copy bandwidth) and the GPU time above it.
+With --kernels, a second run under torch.profiler (CUDA activity only) sums kernel time by category over the whole
+workload.
 
 Variants switch one optimisation off to measure what it buys: `unfused` (separate q/k norm, rope, KV store),
 `logits-fp32` (a float32 copy of the logits before sampling); or try one change: `decode-fa3` / `prefill-fa3`
@@ -35,7 +37,7 @@ from engine.runner import StepOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Batch
 from minisgl_cli.bench_offline import OFFLINE_ENGINE
-from minisgl_cli.roofline import gpu_floor
+from minisgl_cli.roofline import bandwidth_for, gpu_floor, weight_bytes_per_step
 from minisgl_cli.workload import random_workload
 
 KERNEL_KINDS = [  # (category, regex on the kernel name), first match wins
@@ -95,7 +97,8 @@ def apply_variant(name: str) -> dict:
 
 
 def timed(run: Callable[[Batch], StepOutput], steps: list[tuple]) -> Callable[[Batch], StepOutput]:
-    """`run` that appends (is_decode, batch size, tokens, start event, end event, launch CPU s) to `steps`."""
+    """`run` that appends (is_decode, batch size, tokens, start event, end event, launch CPU s, decode context tokens)
+    to `steps`."""
 
     def timed_run(batch: Batch) -> StepOutput:
         start = torch.cuda.Event(enable_timing=True)
@@ -105,7 +108,7 @@ def timed(run: Callable[[Batch], StepOutput], steps: list[tuple]) -> Callable[[B
         out = run(batch)
         cpu = time.perf_counter() - t
         end.record()
-        steps.append((batch.is_decode, len(batch.reqs), batch.num_tokens, start, end, cpu))
+        steps.append((batch.is_decode, len(batch.reqs), batch.num_tokens, start, end, cpu, batch.decode_context_tokens))
         return out
 
     return timed_run
@@ -141,15 +144,21 @@ def run_variant(model: str, name: str, kernels: bool) -> dict:
     runner.run = orig_run  # type: ignore[method-assign]  # undo the timing wrapper
     tokens = sum(len(o.token_ids) for o in outs)
 
+    # Each decode step's own floor: its bytes (the weights once, every running request's KV) at the copy bandwidth,
+    # so a bucket shows how far above its bytes a step runs, and whether that excess scales with the KV or is fixed.
+    bw = bandwidth_for(torch.cuda.get_device_name())
+    w_bytes, kv_bytes = weight_bytes_per_step(cfg, 2), cfg.kv_bytes_per_token(2)
     agg: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     prev_end = None
-    for decode, bs, _ntok, start, end, cpu in steps:
+    for decode, bs, _ntok, start, end, cpu, ctx in steps:
         a = agg[bucket(decode, bs)]
         a["steps"] += 1
         a["gpu_ms"] += start.elapsed_time(end)
         a["gap_ms"] += prev_end.elapsed_time(start) if prev_end is not None else 0.0
         a["launch_cpu_ms"] += cpu * 1e3
         a["requests"] += bs
+        if decode and bw:
+            a["floor_ms"] += (w_bytes + ctx * kv_bytes) / bw * 1e3
         prev_end = end
     buckets = {k: dict(v) for k, v in sorted(agg.items())}
     floor = gpu_floor([len(p) for p in wl.prompts], wl.output_lens, cfg, 2, llm.engine.device)
@@ -227,13 +236,14 @@ def main() -> None:
     base = results[0]
     print(
         f"\n{'steps of ' + base['variant']:<18}{'n':>6}{'gpu ms':>9}{'gpu ms/step':>12}{'gap ms':>9}"
-        f"{'launch cpu ms/step':>19}"
+        f"{'launch cpu ms/step':>19}{'floor ms/step':>14}{'over floor ms/step':>19}"
     )
     for k, b in base["buckets"].items():
         n = b["steps"]
+        floor = f"{b['floor_ms'] / n:>14.2f}{(b['gpu_ms'] - b['floor_ms']) / n:>19.2f}" if "floor_ms" in b else ""
         print(
             f"{k:<18}{n:>6.0f}{b['gpu_ms']:>9.0f}{b['gpu_ms'] / n:>12.2f}{b['gap_ms']:>9.0f}"
-            f"{b['launch_cpu_ms'] / n:>19.2f}"
+            f"{b['launch_cpu_ms'] / n:>19.2f}{floor}"
         )
     if "kernels_ms" in base:
         print("\nkernel ms by category:", json.dumps(base["kernels_ms"]["by_category"], indent=1))
