@@ -8,8 +8,8 @@ is the offline workload mid-run (prompt 100-1024 plus 0-1024 generated tokens), 
 replay (1,200-5,800 tokens), `shared` that replay's running set with its shared system prompts (three groups of
 rows on one prefix's pages each, as benchmarks/shared_prefix_attention.py; the KV read rate counts every row's
 tokens, so it exceeds the memory's where L2 serves a repeated page), `skewed` the offline lengths with the first
-request at 32,768 tokens. Heads (`--heads Q/KV`): Qwen3-0.6B's 16/8 by
-default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B at TP=4. Kernels:
+request at 32,768 tokens, `offline-desc` the offline rows sorted longest first. Heads (`--heads Q/KV`):
+Qwen3-0.6B's 16/8 by default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B at TP=4. Kernels:
   fi-tc        FlashInfer's tensor-core decode (the engine's choice), NHD pool [pages, page, heads, dim]
   fi-tc-nosplit  the same with disable_split_kv: no KV split across CTAs, so no merge kernel after it
   fi-tc-splitN the same with fixed_split_size=N: each request's KV cut into chunks of N pages
@@ -143,10 +143,12 @@ def case(
         perm = torch.tensor([p for t in table_rows for p in t], dtype=torch.int32)
         pages_per = [len(t) for t in table_rows]
     else:
-        (plo, phi), (glo, ghi) = LENS["offline" if lens_name == "skewed" else lens_name]
+        (plo, phi), (glo, ghi) = LENS["offline" if lens_name in ("skewed", "offline-desc") else lens_name]
         lens = torch.randint(plo, phi, (batch,), generator=g) + torch.randint(glo, ghi, (batch,), generator=g)
         if lens_name == "skewed":  # one long context among short ones: a chat on a long document beside others
             lens[0] = 32_768
+        if lens_name == "offline-desc":  # the same rows, longest first: CTAs start in row order, so the tail is short
+            lens = lens.sort(descending=True).values
         pages_per = [(int(n) + page - 1) // page for n in lens]
         total_pages = sum(pages_per)
         pool_pages = int(total_pages * 1.25) + 8
