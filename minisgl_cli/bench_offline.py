@@ -297,6 +297,7 @@ def _add_floor(result: dict[str, Any], workload, mc, dtype, kv_dtype, device, tp
 
 def _run_minisgl(config, workload, temperature: float, quiet: bool, repeats: int = 1, **_: Any) -> dict[str, Any]:
     from engine.sampling_params import SamplingParams
+    from minisgl_cli.gpu_busy import GpuBusy
     from minisgl_cli.workload import warmup_like
 
     t0 = time.perf_counter()
@@ -334,10 +335,11 @@ def _run_minisgl(config, workload, temperature: float, quiet: bool, repeats: int
                 if len(steps) % 32 == 0:  # a rich refresh per step would cost more than a small model's step
                     bar.update(task, completed=sum(n for _, _, n in steps))
 
-            outs = llm.generate(workload.prompts, params, on_progress=on_progress)
-            timed.append((time.perf_counter() - t0, outs, steps))
+            with GpuBusy(llm.engine.device) as busy:
+                outs = llm.generate(workload.prompts, params, on_progress=on_progress)
+            timed.append((time.perf_counter() - t0, outs, steps, busy.share))
     after = llm.metrics()
-    duration, outs, steps = sorted(timed, key=lambda t: t[0])[(repeats - 1) // 2]  # the median run (lower middle)
+    duration, outs, steps, gpu_busy = sorted(timed, key=lambda t: t[0])[(repeats - 1) // 2]  # the median (lower middle)
     ok = [out for out in outs if out.finish_reason in ("length", "stop")]
     result = _summary("minisgl", len(ok), workload.input_tokens, sum(len(out.token_ids) for out in ok), duration)
     result.update(
@@ -347,7 +349,11 @@ def _run_minisgl(config, workload, temperature: float, quiet: bool, repeats: int
         warmup_seconds=warmup,
         preemptions=after.preemptions - before.preemptions,
         cache_hit_tokens=after.cache_hit_tokens - before.cache_hit_tokens,
-        runs=[{"duration": d, "output_throughput": sum(len(o.token_ids) for o in os) / d} for d, os, _ in timed],
+        gpu_busy=gpu_busy,
+        runs=[
+            {"duration": d, "output_throughput": sum(len(o.token_ids) for o in os) / d, "gpu_busy": busy}
+            for d, os, _, busy in timed
+        ],
         engine_steps=len(steps),
         _steps=steps,
         startup_breakdown=_startup_breakdown(llm.engine),
@@ -378,6 +384,7 @@ def _run_peer(
 ) -> dict[str, Any]:
     """A peer in this process, timed as `_run_minisgl` times minisgl: start-up apart, a warm-up on other prompts,
     then `repeats` timed passes over the workload (transformers: one, it is ~40x slower), the median reported."""
+    from minisgl_cli.gpu_busy import GpuBusy
     from minisgl_cli.hf_peer import model_config_for
     from minisgl_cli.peers import PeerUnavailable, open_peer
     from minisgl_cli.workload import warmup_like
@@ -397,21 +404,28 @@ def _run_peer(
     n = 4 if name == "transformers" else warm.num_seqs  # ~40x slower: a few prompts warm it enough
     peer.generate(warm.prompts[:n], warm.output_lens[:n], temperature)
     warmup = time.perf_counter() - t0
-    runs = []
+    runs, busy_shares = [], []
     for i in range(repeats):
         with _progress(quiet) as bar:
             task = bar.add_task(name if repeats == 1 else f"{name} run {i + 1}/{repeats}", total=workload.output_tokens)
             # B023: the lambda reads this iteration's task, and only runs within this iteration.
             on_done = lambda n: bar.advance(task, n)  # noqa: B023, E731
-            runs.append(peer.generate(workload.prompts, workload.output_lens, temperature, on_done))
-    run = sorted(runs, key=lambda r: r.duration)[(repeats - 1) // 2]  # the median run (lower middle)
+            with GpuBusy(device) as busy:
+                runs.append(peer.generate(workload.prompts, workload.output_lens, temperature, on_done))
+            busy_shares.append(busy.share)
+    median = sorted(range(repeats), key=lambda i: runs[i].duration)[(repeats - 1) // 2]  # lower middle
+    run = runs[median]
     result = _summary(name, len(run.output_lens), workload.input_tokens, sum(run.output_lens), run.duration)
     result.update(
         failed=run.failed,
         **peer.describe(),
         startup_seconds=startup,
         warmup_seconds=warmup,
-        runs=[{"duration": r.duration, "output_throughput": sum(r.output_lens) / r.duration} for r in runs],
+        gpu_busy=busy_shares[median],
+        runs=[
+            {"duration": r.duration, "output_throughput": sum(r.output_lens) / r.duration, "gpu_busy": b}
+            for r, b in zip(runs, busy_shares)
+        ],
     )
     dtype = config.torch_dtype(device)
     _add_floor(result, workload, mc, dtype, config.torch_kv_dtype(dtype), device, config.tp)
@@ -510,6 +524,8 @@ def _table(runs: list[dict[str, Any]], workload):
         rows.append(("fraction of floor", *(r["floor_fraction"] for r in runs)))
     if any(r.get("floor_fraction_uniform_routing") for r in runs):  # MoE (minisgl_cli/roofline.py)
         rows.append(("fraction, uniform routing", *(r.get("floor_fraction_uniform_routing") for r in runs)))
+    if any(r.get("gpu_busy") is not None for r in runs):  # NVML's utilization samples (minisgl_cli/gpu_busy.py)
+        rows.append(("GPU busy", *(f"{r['gpu_busy']:.1%}" if r.get("gpu_busy") is not None else None for r in runs)))
     if any(r["failed"] for r in runs):
         rows.append(("failed", *(r["failed"] for r in runs)))
     names = [f"{r['engine']} ({r.get('api', r.get('attention', ''))})" for r in runs]

@@ -132,6 +132,7 @@ def test_minisgl_run_reports_the_workload(tmp_path):
     assert res["request_throughput"] == pytest.approx(8 / res["duration"])
     assert res["cache_hit_tokens"] == 0  # the warm-up used other prompts
     assert res["floor"] is None and res["floor_fraction"] is None  # CPU
+    assert res["gpu_busy"] is None and [r["gpu_busy"] for r in res["runs"]] == [None]  # no NVML samples off CUDA
     assert res["workload"]["seed"] == 3 and res["workload"]["folded_ids"] == w.folded_ids
     # the engine settings benchmarks/step_profile.py and the other scripts of this workload take from OFFLINE_ENGINE
     assert {k: res["flags"][k] for k in OFFLINE_ENGINE} == OFFLINE_ENGINE
@@ -158,6 +159,7 @@ def test_compare_runs_transformers_on_the_same_workload(tmp_path):
     for key in ("total_input_tokens", "total_output_tokens"):
         assert peer[key] == res[key]
     assert res["peers"] == [peer] and "workload" not in peer and peer["environment"]["torch"]
+    assert peer["gpu_busy"] is None and [r["gpu_busy"] for r in peer["runs"]] == [None]  # CPU
     assert res["workload"]["digest"] == workload_digest(w)
     assert res["speedup"] == pytest.approx(res["output_throughput"] / peer["output_throughput"])
     assert res["speedups"] == {"transformers": res["speedup"]}

@@ -945,3 +945,39 @@ def test_lm_head_never_waits_for_the_gpu_at_a_new_row_count():
     waits = {int(m): w for m, w in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
     # 71 is the control: above max_running_requests, so never warmed
     assert waits == {3: False, 29: False, 64: False, 71: True}
+
+
+def test_gpu_busy_tells_an_idle_gpu_from_a_fed_one():
+    """bench-offline's GPU-busy share (NVML's utilization samples inside a run): matmuls queued back to back read
+    near 100%; the same matmuls with the host sleeping between them, the GPU idle most of the time, read far less."""
+    import time
+
+    from minisgl_cli.gpu_busy import GpuBusy
+
+    dev = torch.device("cuda")
+    a = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        a @ a
+    torch.cuda.synchronize()
+    per_matmul = (time.perf_counter() - t0) / 20
+    with GpuBusy(dev) as fed:
+        end = time.perf_counter() + 2.0
+        while time.perf_counter() < end:
+            for _ in range(50):
+                a @ a
+            torch.cuda.synchronize()
+    with GpuBusy(dev) as idle:
+        end = time.perf_counter() + 2.0
+        while time.perf_counter() < end:
+            a @ a
+            torch.cuda.synchronize()
+            time.sleep(4 * per_matmul)  # the GPU works ~1/5 of the time
+    assert fed.samples >= 2 and idle.samples >= 2, (fed.samples, idle.samples)
+    assert fed.share is not None and idle.share is not None
+    assert fed.share > 0.9, fed.share
+    assert idle.share < 0.6, idle.share
+    with GpuBusy(torch.device("cpu")) as on_cpu:
+        a @ a
+    assert on_cpu.share is None and on_cpu.samples == 0

@@ -1,0 +1,100 @@
+"""How much of a benchmark run the GPU spent executing kernels, from the driver's own utilization samples.
+
+NVML (libnvidia-ml, which ships with the driver: no package needed, read through ctypes) keeps a sample of "GPU
+utilization" every sample period (1/6 s to 1 s, by product): the percent of that period in which any kernel ran.
+`GpuBusy` notes the wall clock around a run and afterwards reads the samples taken inside it, so the run itself is not
+touched. An engine that keeps the GPU fed reads ~100%; one that leaves it idle between steps while its host works
+reads less, which is what tells a host-bound run from a GPU-bound one when two engines are compared on a machine.
+Off CUDA, or where NVML cannot be loaded, the share is None."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Any
+
+_GPU_UTILIZATION_SAMPLES = 1  # nvmlSamplingType_t
+_SUCCESS = 0
+
+
+class _Value(ctypes.Union):  # nvmlValue_t
+    _fields_ = [
+        ("dVal", ctypes.c_double),
+        ("uiVal", ctypes.c_uint),
+        ("ulVal", ctypes.c_ulong),
+        ("ullVal", ctypes.c_ulonglong),
+        ("sllVal", ctypes.c_longlong),
+        ("siVal", ctypes.c_int),
+    ]
+
+
+class _Sample(ctypes.Structure):  # nvmlSample_t
+    _fields_ = [("timeStamp", ctypes.c_ulonglong), ("sampleValue", _Value)]
+
+
+_VALUE_FIELD = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}  # nvmlValueType_t
+_nvml: Any = None  # the loaded library once nvmlInit succeeded; False if it cannot be loaded here
+
+
+def _library() -> Any:
+    global _nvml
+    if _nvml is None:
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            _nvml = lib if lib.nvmlInit_v2() == _SUCCESS else False
+        except OSError:
+            _nvml = False
+    return _nvml
+
+
+def _handle(device: Any) -> ctypes.c_void_p | None:
+    """NVML's handle for a torch CUDA device, found by UUID (NVML numbers GPUs without CUDA_VISIBLE_DEVICES)."""
+    import torch
+
+    lib = _library()
+    if not lib or getattr(device, "type", None) != "cuda" or not torch.cuda.is_available():
+        return None
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    handle = ctypes.c_void_p()
+    name = (uuid if uuid.startswith("GPU-") else f"GPU-{uuid}").encode()
+    return handle if lib.nvmlDeviceGetHandleByUUID(name, ctypes.byref(handle)) == _SUCCESS else None
+
+
+def utilization_samples(device: Any, since_us: int) -> list[tuple[int, float]]:
+    """The device's GPU-utilization samples newer than `since_us` (microseconds since the epoch, as NVML stamps
+    them): (time stamp, percent) pairs, oldest first; empty where NVML has none or cannot be read."""
+    handle = _handle(device)
+    if handle is None:
+        return []
+    lib = _library()
+    kind, count = ctypes.c_int(), ctypes.c_uint()
+    since = ctypes.c_ulonglong(since_us)
+    if lib.nvmlDeviceGetSamples(handle, _GPU_UTILIZATION_SAMPLES, since, ctypes.byref(kind), ctypes.byref(count), None):
+        return []
+    buf = (_Sample * count.value)()
+    if lib.nvmlDeviceGetSamples(handle, _GPU_UTILIZATION_SAMPLES, since, ctypes.byref(kind), ctypes.byref(count), buf):
+        return []
+    field = _VALUE_FIELD.get(kind.value)
+    if field is None:
+        return []
+    return sorted((s.timeStamp, float(getattr(s.sampleValue, field))) for s in buf[: count.value])
+
+
+class GpuBusy:
+    """`with GpuBusy(device) as busy: run()`, then `busy.share`: the mean of NVML's utilization samples taken during
+    the run, as a fraction (None off CUDA, without NVML, or for a run shorter than one sample period)."""
+
+    def __init__(self, device: Any):
+        self.device = device
+        self.share: float | None = None
+        self.samples = 0
+
+    def __enter__(self) -> GpuBusy:
+        self.start_us = time.time_ns() // 1000
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end_us = time.time_ns() // 1000
+        inside = [pct for ts, pct in utilization_samples(self.device, self.start_us) if ts <= end_us]
+        self.samples = len(inside)
+        self.share = sum(inside) / len(inside) / 100 if inside else None
