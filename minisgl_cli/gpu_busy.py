@@ -2,14 +2,16 @@
 
 NVML (libnvidia-ml, which ships with the driver: no package needed, read through ctypes) keeps a sample of "GPU
 utilization" every sample period (1/6 s to 1 s, by product): the percent of that period in which any kernel ran.
-`GpuBusy` notes the wall clock around a run and afterwards reads the samples taken inside it, so the run itself is not
-touched. An engine that keeps the GPU fed reads ~100%; one that leaves it idle between steps while its host works
-reads less, which is what tells a host-bound run from a GPU-bound one when two engines are compared on a machine.
-Off CUDA, or where NVML cannot be loaded, the share is None."""
+`GpuBusy` notes the wall clock around a run and collects the samples taken inside it: a thread reads the new ones
+every few seconds (the driver keeps a bounded number), so the run itself is not touched. An engine that keeps the GPU
+fed reads ~100%; one that leaves it idle between steps while its host works reads less, which is what tells a
+host-bound run from a GPU-bound one when two engines are compared on a machine. Off CUDA, or where NVML cannot be
+loaded, the share is None."""
 
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 from typing import Any
 
@@ -84,17 +86,37 @@ class GpuBusy:
     """`with GpuBusy(device) as busy: run()`, then `busy.share`: the mean of NVML's utilization samples taken during
     the run, as a fraction (None off CUDA, without NVML, or for a run shorter than one sample period)."""
 
-    def __init__(self, device: Any):
+    def __init__(self, device: Any, poll_s: float = 2.0):
         self.device = device
+        self.poll_s = poll_s
         self.share: float | None = None
         self.samples = 0
+        self._seen: dict[int, float] = {}  # time stamp -> percent
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _collect(self) -> None:
+        since = max(self._seen, default=self.start_us)
+        self._seen.update(utilization_samples(self.device, since))
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self._collect()
 
     def __enter__(self) -> GpuBusy:
         self.start_us = time.time_ns() // 1000
+        if _handle(self.device) is not None:
+            self._thread = threading.Thread(target=self._poll, name="gpu-busy", daemon=True)
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         end_us = time.time_ns() // 1000
-        inside = [pct for ts, pct in utilization_samples(self.device, self.start_us) if ts <= end_us]
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._collect()
+        inside = [pct for ts, pct in self._seen.items() if ts <= end_us]
         self.samples = len(inside)
         self.share = sum(inside) / len(inside) / 100 if inside else None

@@ -962,7 +962,7 @@ def test_gpu_busy_tells_an_idle_gpu_from_a_fed_one():
         a @ a
     torch.cuda.synchronize()
     per_matmul = (time.perf_counter() - t0) / 20
-    with GpuBusy(dev) as fed:
+    with GpuBusy(dev, poll_s=0.5) as fed:  # samples gathered over several polls
         end = time.perf_counter() + 2.0
         while time.perf_counter() < end:
             for _ in range(50):
