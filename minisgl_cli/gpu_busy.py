@@ -1,10 +1,10 @@
 """How much of a benchmark run the GPU spent executing kernels, from the driver's own utilization samples.
 
 NVML (libnvidia-ml, which ships with the driver: no package needed, read through ctypes) keeps a sample of "GPU
-utilization" every sample period (1/6 s to 1 s, by product): the percent of that period in which any kernel ran.
-`GpuBusy` notes the wall clock around a run and collects the samples taken inside it: a thread reads the new ones
-every few seconds (the driver keeps a bounded number), so the run itself is not touched. An engine that keeps the GPU
-fed reads ~100%; one that leaves it idle between steps while its host works reads less, which is what tells a
+utilization" every sample period (200 ms on an H100): the percent of that period in which any kernel ran. `GpuBusy`
+notes the wall clock around a run and collects the samples taken inside it: a thread reads the new ones every 2 s,
+since the driver keeps only the last 72 (14 s on an H100), and the run itself is not touched. An engine that keeps the
+GPU fed reads ~100%; one that leaves it idle between steps while its host works reads less, which is what tells a
 host-bound run from a GPU-bound one when two engines are compared on a machine. Off CUDA, or where NVML cannot be
 loaded, the share is None."""
 
