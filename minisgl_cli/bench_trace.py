@@ -211,6 +211,7 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict
     import asyncio
 
     from engine.async_llm import AsyncLLM
+    from minisgl_cli.gpu_busy import GpuBusy
     from minisgl_cli.live_view import LiveView
     from minisgl_cli.replay import LiveCounters, drive, local_sender
 
@@ -233,7 +234,7 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict
             engine.call(lambda x: setattr(x.engine, "step_records", []))
         before = engine.call(lambda x: x.metrics())
         live = LiveCounters()
-        with LiveView("replaying", len(p.items), live, quiet):
+        with LiveView("replaying", len(p.items), live, quiet), GpuBusy(e.device) as busy:
             results = asyncio.run(
                 drive(
                     p.items, local_sender(engine, flags["temperature"], token_stream=flags["token_stream"]), live=live
@@ -265,6 +266,7 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict
         mixed_steps=after.mixed_steps - before.mixed_steps,
         engine="minisgl",
         gpu=_gpu_name(e.device),
+        gpu_busy=busy.share,
     )
     out["mixed_step_share"] = out["mixed_steps"] / max(out["engine_steps"], 1)
     return out, results
@@ -274,6 +276,7 @@ def _run_vllm(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[
     """The replay through vLLM's AsyncLLM in this process (minisgl_cli/vllm_peer.py), timed by the same driver."""
     import asyncio
 
+    from minisgl_cli.gpu_busy import GpuBusy
     from minisgl_cli.live_view import LiveView
     from minisgl_cli.peers import PeerUnavailable
     from minisgl_cli.replay import LiveCounters, drive
@@ -293,19 +296,20 @@ def _run_vllm(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[
             context = min(s.get("max_model_len") or 1 << 62, pool or 1 << 62)
             p = plan(window, flags["vocab_size"] or peer.model_config.vocab_size, context, flags)
             live = LiveCounters()
-            with LiveView("replaying", len(p.items), live, quiet):
+            with LiveView("replaying", len(p.items), live, quiet), GpuBusy(config.torch_device()) as busy:
                 results = await drive(p.items, peer.sender(flags["temperature"]), live=live)
                 duration = time.perf_counter() - live.started
         finally:
             peer.close()
-        return info, pool, startup, p, results, duration
+        return info, pool, startup, p, results, duration, busy.share
 
-    info, pool, startup, p, results, duration = asyncio.run(main())
+    info, pool, startup, p, results, duration, gpu_busy = asyncio.run(main())
     prompt = sum(r.input_len for r in results if r.ok)
     hits = sum(r.cache_hit_tokens or 0 for r in results if r.ok)
     out = summarize(results, duration, p, hits / prompt if prompt else None)
     out.update(mode="in-process", **info, engine="vllm", kv_pool_tokens=pool, startup_seconds=startup)
     out["gpu"] = _gpu_name(config.torch_device())
+    out["gpu_busy"] = gpu_busy
     return out, results
 
 
@@ -408,6 +412,7 @@ def _table(res: dict[str, Any]):
             ("output tok/s", res["output_throughput"]),
             ("total tok/s", res["total_token_throughput"]),
             ("cache hit rate", "n/a" if hit is None else f"{hit:.1%}"),
+            *([("GPU busy", f"{res['gpu_busy']:.1%}")] if res.get("gpu_busy") is not None else []),
             ("trace upper bound", f"{res['trace_cache_hit_upper_bound']:.1%}"),
             *(
                 [("engine steps (mixed)", f"{res['engine_steps']:,} ({res['mixed_step_share']:.0%} mixed)")]

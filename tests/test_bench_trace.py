@@ -48,6 +48,7 @@ def test_qwen_replay_in_process(tmp_path, radix):
     )
     n = len(trace.requests)
     assert (res["completed"], res["failed"], res["mode"], res["format"]) == (n, 0, "in-process", "qwen")
+    assert res["gpu"] is None and res["gpu_busy"] is None  # CPU: no NVML samples
     assert res["total_input_tokens"] == sum(r.input_length for r in trace.requests)
     assert res["total_output_tokens"] == res["expected_output_tokens"] == sum(r.output_length for r in trace.requests)
     assert res["duration"] >= trace.requests[-1].timestamp * 0.1  # arrivals were waited for
