@@ -62,12 +62,9 @@ def _handle(device: Any) -> ctypes.c_void_p | None:
     return handle if lib.nvmlDeviceGetHandleByUUID(name, ctypes.byref(handle)) == _SUCCESS else None
 
 
-def utilization_samples(device: Any, since_us: int) -> list[tuple[int, float]]:
+def _samples(handle: ctypes.c_void_p, since_us: int) -> list[tuple[int, float]]:
     """The device's GPU-utilization samples newer than `since_us` (microseconds since the epoch, as NVML stamps
-    them): (time stamp, percent) pairs, oldest first; empty where NVML has none or cannot be read."""
-    handle = _handle(device)
-    if handle is None:
-        return []
+    them): (time stamp, percent) pairs; empty where NVML has none or cannot be read."""
     lib = _library()
     kind, count = ctypes.c_int(), ctypes.c_uint()
     since = ctypes.c_ulonglong(since_us)
@@ -77,9 +74,7 @@ def utilization_samples(device: Any, since_us: int) -> list[tuple[int, float]]:
     if lib.nvmlDeviceGetSamples(handle, _GPU_UTILIZATION_SAMPLES, since, ctypes.byref(kind), ctypes.byref(count), buf):
         return []
     field = _VALUE_FIELD.get(kind.value)
-    if field is None:
-        return []
-    return sorted((s.timeStamp, float(getattr(s.sampleValue, field))) for s in buf[: count.value])
+    return [(s.timeStamp, float(getattr(s.sampleValue, field))) for s in buf[: count.value]] if field else []
 
 
 class GpuBusy:
@@ -87,7 +82,7 @@ class GpuBusy:
     the run, as a fraction (None off CUDA, without NVML, or for a run shorter than one sample period)."""
 
     def __init__(self, device: Any, poll_s: float = 2.0):
-        self.device = device
+        self.handle = _handle(device)
         self.poll_s = poll_s
         self.share: float | None = None
         self.samples = 0
@@ -96,8 +91,8 @@ class GpuBusy:
         self._thread: threading.Thread | None = None
 
     def _collect(self) -> None:
-        since = max(self._seen, default=self.start_us)
-        self._seen.update(utilization_samples(self.device, since))
+        assert self.handle is not None
+        self._seen.update(_samples(self.handle, max(self._seen, default=self.start_us)))
 
     def _poll(self) -> None:
         while not self._stop.wait(self.poll_s):
@@ -105,7 +100,7 @@ class GpuBusy:
 
     def __enter__(self) -> GpuBusy:
         self.start_us = time.time_ns() // 1000
-        if _handle(self.device) is not None:
+        if self.handle is not None:
             self._thread = threading.Thread(target=self._poll, name="gpu-busy", daemon=True)
             self._thread.start()
         return self
