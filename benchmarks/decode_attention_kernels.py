@@ -15,6 +15,8 @@ Qwen3-0.6B's 16/8 by default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B
   fi-tc-splitN the same with fixed_split_size=N: each request's KV cut into chunks of N pages
   fi-tc-hnd    the same kernel on an HND pool [pages, heads, page, dim] (each head's page contiguous)
   fi-cc        FlashInfer's CUDA-core decode, NHD;  fi-cc-hnd  on HND
+  fi-holistic  FlashInfer's BatchAttention: one persistent kernel for prefill and decode rows, the work (each request's
+               KV in chunks) balanced over the SMs by its planner, the partial results merged inside the same launch
   fa4          FlashAttention-4's varlen forward (`flash_attn.cute`, the engine's `fa` backend) on the NHD pool through
                a page table, one query per request, no KV split; fa4-auto with FA4's own split heuristic
                (num_splits=0), fa4-splitN with N splits. Needs the FA4 bundle on the path (benchmarks/run_gpu_fa.sh
@@ -179,6 +181,13 @@ def case(
         cache = (k_nhd, v_nhd) if layout == "NHD" else (k_hnd, v_hnd)
         return lambda: w.run(q, cache)
 
+    def holistic() -> Callable[[], torch.Tensor]:
+        w = flashinfer.BatchAttention("NHD")
+        qo = torch.arange(batch + 1, dtype=torch.int32, device=dev)
+        w.plan(qo, indptr.to(dev), indices, lens_d, heads, kv_heads, DIM, DIM, page, sm_scale=scale,
+               q_data_type=torch.bfloat16, kv_data_type=dtype)  # fmt: skip
+        return lambda: w.run(q, (k_nhd, v_nhd))[0]
+
     def xqa(layout: str) -> Callable[[], torch.Tensor]:
         xws = torch.zeros(256 * 2**20, dtype=torch.uint8, device=dev)
         cache = (k_nhd, v_nhd) if layout == "NHD" else (k_hnd, v_hnd)
@@ -223,6 +232,7 @@ def case(
         "fi-tc-nosplit": lambda: fi(True, "NHD", disable_split_kv=True),
         "fi-tc-hnd": lambda: fi(True, "HND"),
         "fi-cc": lambda: fi(False, "NHD"),
+        "fi-holistic": holistic,
         "fi-cc-hnd": lambda: fi(False, "HND"),
         "xqa": lambda: xqa("NHD"),
         "xqa-hnd": lambda: xqa("HND"),
