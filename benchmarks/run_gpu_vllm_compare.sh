@@ -95,7 +95,7 @@ for s in "${stages[@]}"; do
       fi
       ;;
     tests)
-      PYTHONPATH=/tmp/site:$PWD timeout 300 python -m pytest -q -p no:cacheprovider tests/test_gpu.py \
+      PYTHONPATH=/tmp/site:$PWD timeout 480 python -m pytest -q -p no:cacheprovider tests/test_gpu.py \
         -k "not tp2 and not fa_" > "$OUT/pytest_gpu_$c.txt" 2>&1
       log "tests: rc=$?"; tail -n 3 "$OUT/pytest_gpu_$c.txt" | tee -a "$summary"
       PYTHONPATH=/tmp/site:$PWD timeout 120 python benchmarks/sampler_rng.py > "$OUT/sampler_rng_$c.txt" 2>&1
