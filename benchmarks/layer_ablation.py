@@ -1,0 +1,144 @@
+"""What would removing a decode layer's small kernels buy? An upper bound, before building any fusion (issue #17; GPU
+only):
+
+    source .whl/use-bundle.sh && python benchmarks/layer_ablation.py --out $OUT/layer_ablation.json
+
+A decode step of Qwen3-0.6B's shapes, 28 layers with their own weights and paged KV (offline lengths, pages
+scattered), one CUDA graph, timed per step with the modes interleaved:
+- `base`: the engine's layer: RMSNorm(x + residual), qkv, the fused q/k norm + rope + KV store, FlashInfer's
+  tensor-core decode, o, RMSNorm(x + residual), gate_up, SiLU * up, down;
+- `no-norms`: both RMSNorm launches gone, the residual added by cuBLAS (`addmm`, beta 1) in the o and down GEMMs.
+  This is where folding each norm's weight into the next GEMM's weight and its 1/rms into the kernel after that GEMM
+  would lead: that fusion cannot be faster than this;
+- `no-silu`: the SiLU launch gone (down reads the gate half as is): the bound for fusing it anywhere;
+- `no-both`: both.
+The modes compute different things on purpose; only their times mean anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+from layer_chain import EPS, HIDDEN, INTER, LAYERS, Q, layer_weights  # this script's folder is on sys.path
+
+from kernels import triton_ops
+
+HEADS, KV_HEADS, DIM, PAGE = 16, 8, 128, 16
+MODES = ("base", "no-norms", "no-silu", "no-both")
+
+
+def run_batch(batch: int, weights: list[dict], dev: torch.device) -> dict:
+    import flashinfer
+
+    bf = torch.bfloat16
+    g = torch.Generator().manual_seed(batch)
+    lens = torch.randint(100, 1025, (batch,), generator=g) + torch.randint(0, 1025, (batch,), generator=g)
+    pages_per = [(int(n) + PAGE - 1) // PAGE for n in lens]
+    total = sum(pages_per)
+    pool = int(total * 1.25) + 8
+    kv = [
+        (
+            torch.randn(pool, PAGE, KV_HEADS, DIM, device=dev, dtype=bf),
+            torch.randn(pool, PAGE, KV_HEADS, DIM, device=dev, dtype=bf),
+        )
+        for _ in range(LAYERS)
+    ]
+    perm = torch.randperm(pool, generator=g)[:total].to(torch.int32)
+    indptr = torch.zeros(batch + 1, dtype=torch.int32)
+    indptr[1:] = torch.tensor(pages_per, dtype=torch.int32).cumsum(0)
+    last = torch.tensor([(int(n) - 1) % PAGE + 1 for n in lens], dtype=torch.int32)
+    # each row's new token: the last slot of its last page
+    slots = (perm[indptr[1:] - 1].long() * PAGE + last.long() - 1).to(dev)
+    pos = (lens - 1).to(dev)
+    freqs = torch.outer(torch.arange(4096, dtype=torch.float32), 1e6 ** (-torch.arange(0, DIM, 2) / DIM))
+    cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(dev)
+    qn, kn = torch.ones(DIM, device=dev, dtype=bf), torch.ones(DIM, device=dev, dtype=bf)
+    ws = torch.zeros(256 * 2**20, dtype=torch.uint8, device=dev)
+    attn = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        ws,
+        "NHD",
+        use_cuda_graph=True,
+        use_tensor_cores=True,
+        paged_kv_indptr_buffer=torch.zeros(batch + 1, dtype=torch.int32, device=dev),
+        paged_kv_indices_buffer=torch.zeros(total, dtype=torch.int32, device=dev),
+        paged_kv_last_page_len_buffer=torch.zeros(batch, dtype=torch.int32, device=dev),
+    )
+    attn.plan(indptr, perm.to(dev), last, HEADS, KV_HEADS, DIM, PAGE, q_data_type=bf, sm_scale=DIM**-0.5)
+
+    def step(mode: str, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+        norms, silu = mode in ("base", "no-silu"), mode in ("base", "no-norms")
+        for i, w in enumerate(weights):
+            if norms:
+                h = triton_ops.rmsnorm(x, w["n1"], EPS, res)
+            else:
+                res = x  # the down GEMM below already added the residual
+                h = x
+            qkv = F.linear(h, w["qkv"])
+            q = qkv[:, :Q].view(-1, HEADS, DIM)
+            k = qkv[:, Q : Q + KV_HEADS * DIM].view(-1, KV_HEADS, DIM)
+            v = qkv[:, Q + KV_HEADS * DIM :].view(-1, KV_HEADS, DIM)
+            triton_ops.qk_norm_rope_store(q, k, v, qn, kn, EPS, cos_sin, pos, kv[i][0], kv[i][1], slots)
+            o = attn.run(q, kv[i]).view(-1, Q)
+            if norms:
+                h = triton_ops.rmsnorm(F.linear(o, w["o"]), w["n2"], EPS, res)
+            else:
+                res = torch.addmm(res, o, w["o"].t())
+                h = res
+            gu = F.linear(h, w["gu"])
+            act = triton_ops.silu_and_mul(gu) if silu else gu[:, :INTER]
+            x = F.linear(act, w["down"]) if norms else torch.addmm(res, act, w["down"].t())
+        return x
+
+    x0 = torch.randn(batch, HIDDEN, device=dev, dtype=bf)
+    r0 = torch.randn(batch, HIDDEN, device=dev, dtype=bf)
+    graphs = {}
+    for mode in MODES:
+        xs, rs = x0.clone(), r0.clone()
+        step(mode, xs.clone(), rs.clone())  # compile outside the graph
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step(mode, xs, rs)
+        graphs[mode] = (graph, xs, rs)
+    times: dict[str, list[float]] = {m: [] for m in MODES}
+    for _ in range(11):
+        for mode in MODES:
+            graph, xs, rs = graphs[mode]
+            xs.copy_(x0)
+            rs.copy_(r0)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            torch.cuda.synchronize()
+            times[mode].append(a.elapsed_time(b))
+    ms = {m: statistics.median(t[3:]) for m, t in times.items()}
+    row = dict(batch=batch, kv_tokens=int(lens.sum()), ms=ms,
+               us_saved_per_layer={m: (ms["base"] - v) * 1e3 / LAYERS for m, v in ms.items()})  # fmt: skip
+    print(
+        f"batch {batch:4} ({row['kv_tokens']:7} KV tokens): "
+        + "  ".join(f"{m} {v:.3f} ms ({row['us_saved_per_layer'][m]:+.1f} us/layer)" for m, v in ms.items()),
+        flush=True,
+    )
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="16,64,128,256")
+    ap.add_argument("--out", default="layer_ablation.json")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    weights = layer_weights(dev)
+    rows = [run_batch(int(b), weights, dev) for b in args.batches.split(",")]
+    with open(args.out, "w") as f:
+        json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
