@@ -35,11 +35,10 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from layer_chain import EPS, HIDDEN, LAYERS, Q, layer_weights  # this script's folder is on sys.path
+from layer_chain import DIM, EPS, HEADS, HIDDEN, DecodeBatch, Q, layer_weights  # this script's folder is on sys.path
 
 from kernels import triton_ops
 
-HEADS, KV_HEADS, DIM, PAGE = 16, 8, 128, 16
 LINE_ELEMS = 64  # bf16 elements in a 128-byte line
 
 
@@ -104,36 +103,9 @@ def set_persisting_l2(fraction: float) -> tuple[int, int]:
 
 
 def run_batch(batch: int, weights: list[dict], dev: torch.device, modes: list[str], ctas: int) -> dict:
-    import flashinfer
-
     bf = torch.bfloat16
-    g = torch.Generator().manual_seed(batch)
-    lens = torch.randint(100, 1025, (batch,), generator=g) + torch.randint(0, 1025, (batch,), generator=g)
-    pages_per = [(int(n) + PAGE - 1) // PAGE for n in lens]
-    total = sum(pages_per)
-    pool = int(total * 1.25) + 8
-    kv = [
-        (
-            torch.randn(pool, PAGE, KV_HEADS, DIM, device=dev, dtype=bf),
-            torch.randn(pool, PAGE, KV_HEADS, DIM, device=dev, dtype=bf),
-        )
-        for _ in range(LAYERS)
-    ]
-    perm = torch.randperm(pool, generator=g)[:total].to(torch.int32)
-    indptr = torch.zeros(batch + 1, dtype=torch.int32)
-    indptr[1:] = torch.tensor(pages_per, dtype=torch.int32).cumsum(0)
-    last = torch.tensor([(int(n) - 1) % PAGE + 1 for n in lens], dtype=torch.int32)
-    ws = torch.zeros(256 * 2**20, dtype=torch.uint8, device=dev)
-    attn = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-        ws,
-        "NHD",
-        use_cuda_graph=True,
-        use_tensor_cores=True,
-        paged_kv_indptr_buffer=torch.zeros(batch + 1, dtype=torch.int32, device=dev),
-        paged_kv_indices_buffer=torch.zeros(total, dtype=torch.int32, device=dev),
-        paged_kv_last_page_len_buffer=torch.zeros(batch, dtype=torch.int32, device=dev),
-    )
-    attn.plan(indptr, perm.to(dev), last, HEADS, KV_HEADS, DIM, PAGE, q_data_type=bf, sm_scale=DIM**-0.5)
+    db = DecodeBatch.draw(batch, torch.Generator().manual_seed(batch), dev)
+    kv, lens, attn = db.kv, db.lens, db.wrapper(dev)
     side = torch.cuda.Stream()
     sink = torch.zeros(ctas, device=dev, dtype=torch.float32)
 

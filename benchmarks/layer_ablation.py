@@ -23,51 +23,36 @@ import statistics
 
 import torch
 import torch.nn.functional as F
-from layer_chain import EPS, HIDDEN, INTER, LAYERS, Q, layer_weights  # this script's folder is on sys.path
+from layer_chain import (  # this script's folder is on sys.path
+    DIM,
+    EPS,
+    HEADS,
+    HIDDEN,
+    INTER,
+    KV_HEADS,
+    LAYERS,
+    PAGE,
+    DecodeBatch,
+    Q,
+    layer_weights,
+)
 
 from kernels import triton_ops
 
-HEADS, KV_HEADS, DIM, PAGE = 16, 8, 128, 16
 MODES = ("base", "no-norms", "no-silu", "no-both")
 
 
 def run_batch(batch: int, weights: list[dict], dev: torch.device) -> dict:
-    import flashinfer
-
     bf = torch.bfloat16
-    g = torch.Generator().manual_seed(batch)
-    lens = torch.randint(100, 1025, (batch,), generator=g) + torch.randint(0, 1025, (batch,), generator=g)
-    pages_per = [(int(n) + PAGE - 1) // PAGE for n in lens]
-    total = sum(pages_per)
-    pool = int(total * 1.25) + 8
-    kv = [
-        (
-            torch.randn(pool, PAGE, KV_HEADS, DIM, device=dev, dtype=bf),
-            torch.randn(pool, PAGE, KV_HEADS, DIM, device=dev, dtype=bf),
-        )
-        for _ in range(LAYERS)
-    ]
-    perm = torch.randperm(pool, generator=g)[:total].to(torch.int32)
-    indptr = torch.zeros(batch + 1, dtype=torch.int32)
-    indptr[1:] = torch.tensor(pages_per, dtype=torch.int32).cumsum(0)
-    last = torch.tensor([(int(n) - 1) % PAGE + 1 for n in lens], dtype=torch.int32)
+    db = DecodeBatch.draw(batch, torch.Generator().manual_seed(batch), dev)
+    kv, lens, indptr, perm, last = db.kv, db.lens, db.indptr, db.pages, db.last
     # each row's new token: the last slot of its last page
     slots = (perm[indptr[1:] - 1].long() * PAGE + last.long() - 1).to(dev)
     pos = (lens - 1).to(dev)
     freqs = torch.outer(torch.arange(4096, dtype=torch.float32), 1e6 ** (-torch.arange(0, DIM, 2) / DIM))
     cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(dev)
     qn, kn = torch.ones(DIM, device=dev, dtype=bf), torch.ones(DIM, device=dev, dtype=bf)
-    ws = torch.zeros(256 * 2**20, dtype=torch.uint8, device=dev)
-    attn = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-        ws,
-        "NHD",
-        use_cuda_graph=True,
-        use_tensor_cores=True,
-        paged_kv_indptr_buffer=torch.zeros(batch + 1, dtype=torch.int32, device=dev),
-        paged_kv_indices_buffer=torch.zeros(total, dtype=torch.int32, device=dev),
-        paged_kv_last_page_len_buffer=torch.zeros(batch, dtype=torch.int32, device=dev),
-    )
-    attn.plan(indptr, perm.to(dev), last, HEADS, KV_HEADS, DIM, PAGE, q_data_type=bf, sm_scale=DIM**-0.5)
+    attn = db.wrapper(dev)
 
     def step(mode: str, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
         norms, silu = mode in ("base", "no-silu"), mode in ("base", "no-norms")

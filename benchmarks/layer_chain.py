@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +36,7 @@ from gemm_shapes import graph_us  # this script's folder is on sys.path when run
 from kernels import triton_ops
 
 HIDDEN, INTER, Q, KV, LAYERS, EPS = 1024, 3072, 2048, 1024, 28, 1e-6
+HEADS, KV_HEADS, DIM, PAGE = 16, 8, 128, 16  # attention heads and the KV pool's page, for DecodeBatch
 
 
 @triton.jit
@@ -269,6 +271,60 @@ def layer_weights(dev: torch.device) -> list[dict[str, torch.Tensor]]:
         )
         for _ in range(LAYERS)
     ]
+
+
+@dataclass
+class DecodeBatch:
+    """A decode step's paged KV for every layer, at the offline workload's context lengths mid-run (prompt 100-1024
+    plus 0-1024 generated tokens), each row's pages scattered over the pool as they are after churn. Shared by the
+    benchmarks that time whole decode steps (two_stream_overlap, prefill_decode_overlap, l2_prefetch, layer_ablation).
+    """
+
+    lens: torch.Tensor  # [rows] context lengths
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: K and V pools [pages, PAGE, KV_HEADS, DIM]
+    indptr: torch.Tensor  # [rows + 1] int32 (host): row i's pages are pages[indptr[i]:indptr[i + 1]]
+    pages: torch.Tensor  # int32 (host)
+    last: torch.Tensor  # [rows] int32 (host): tokens in each row's last page
+
+    @classmethod
+    def draw(cls, rows: int, g: torch.Generator, dev: torch.device, layers: int = LAYERS) -> DecodeBatch:
+        lens = torch.randint(100, 1025, (rows,), generator=g) + torch.randint(0, 1025, (rows,), generator=g)
+        per_row = [(int(n) + PAGE - 1) // PAGE for n in lens]
+        pool = int(sum(per_row) * 1.25) + 8
+        bf = torch.bfloat16
+        kv = [
+            (
+                torch.randn(pool, PAGE, KV_HEADS, DIM, device=dev, dtype=bf),
+                torch.randn(pool, PAGE, KV_HEADS, DIM, device=dev, dtype=bf),
+            )
+            for _ in range(layers)
+        ]
+        pages = torch.randperm(pool, generator=g)[: sum(per_row)].to(torch.int32)
+        indptr = torch.zeros(rows + 1, dtype=torch.int32)
+        indptr[1:] = torch.tensor(per_row, dtype=torch.int32).cumsum(0)
+        last = torch.tensor([(int(n) - 1) % PAGE + 1 for n in lens], dtype=torch.int32)
+        return cls(lens, kv, indptr, pages, last)
+
+    def wrapper(self, dev: torch.device, lo: int = 0, hi: int | None = None):
+        """FlashInfer's tensor-core decode planned for rows [lo, hi), with fixed metadata buffers as the engine's
+        CUDA graphs use."""
+        import flashinfer
+
+        hi = len(self.lens) if hi is None else hi
+        ip = self.indptr[lo : hi + 1] - self.indptr[lo]
+        ids = self.pages[int(self.indptr[lo]) : int(self.indptr[hi])].to(dev)
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            torch.zeros(256 * 2**20, dtype=torch.uint8, device=dev),
+            "NHD",
+            use_cuda_graph=True,
+            use_tensor_cores=True,
+            paged_kv_indptr_buffer=torch.zeros(hi - lo + 1, dtype=torch.int32, device=dev),
+            paged_kv_indices_buffer=torch.zeros(len(ids), dtype=torch.int32, device=dev),
+            paged_kv_last_page_len_buffer=torch.zeros(hi - lo, dtype=torch.int32, device=dev),
+        )
+        w.plan(ip, ids, self.last[lo:hi], HEADS, KV_HEADS, DIM, PAGE, q_data_type=torch.bfloat16,
+               sm_scale=DIM**-0.5)  # fmt: skip
+        return w
 
 
 def main() -> None:

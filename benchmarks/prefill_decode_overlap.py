@@ -23,11 +23,19 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from layer_chain import EPS, HIDDEN, KV, Q, layer_weights  # this script's folder is on sys.path when run as a script
+from layer_chain import (  # this script's folder is on sys.path when run as a script
+    DIM,
+    EPS,
+    HEADS,
+    HIDDEN,
+    KV,
+    KV_HEADS,
+    DecodeBatch,
+    Q,
+    layer_weights,
+)
 
 from kernels import triton_ops
-
-HEADS, KV_HEADS, DIM, PAGE = 16, 8, 128, 16
 
 
 def layers(x: torch.Tensor, res: torch.Tensor, weights: list[dict], attend: Callable) -> torch.Tensor:
@@ -81,24 +89,8 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     rows = []
     for batch in map(int, args.batches.split(",")):
-        lens = torch.randint(100, 1025, (batch,), generator=g) + torch.randint(0, 1025, (batch,), generator=g)
-        pages_per = [(int(n) + PAGE - 1) // PAGE for n in lens]
-        pool = int(sum(pages_per) * 1.25) + 8
-        kv = [tuple(torch.randn(pool, PAGE, KV_HEADS, DIM, device=dev, dtype=bf) for _ in "kv") for _ in weights]
-        ids = torch.randperm(pool, generator=g)[: sum(pages_per)].to(torch.int32)
-        indptr = torch.zeros(batch + 1, dtype=torch.int32)
-        indptr[1:] = torch.tensor(pages_per, dtype=torch.int32).cumsum(0)
-        last = torch.tensor([(int(n) - 1) % PAGE + 1 for n in lens], dtype=torch.int32)
-        dw = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            torch.zeros(256 * 2**20, dtype=torch.uint8, device=dev),
-            "NHD",
-            use_cuda_graph=True,
-            use_tensor_cores=True,
-            paged_kv_indptr_buffer=torch.zeros(batch + 1, dtype=torch.int32, device=dev),
-            paged_kv_indices_buffer=torch.zeros(len(ids), dtype=torch.int32, device=dev),
-            paged_kv_last_page_len_buffer=torch.zeros(batch, dtype=torch.int32, device=dev),
-        )
-        dw.plan(indptr, ids.to(dev), last, HEADS, KV_HEADS, DIM, PAGE, q_data_type=bf, sm_scale=DIM**-0.5)
+        db = DecodeBatch.draw(batch, g, dev)
+        kv, lens, dw = db.kv, db.lens, db.wrapper(dev)
         xd, rd = torch.randn(batch, HIDDEN, device=dev, dtype=bf), torch.randn(batch, HIDDEN, device=dev, dtype=bf)
 
         def decode(xd=xd, rd=rd, dw=dw, kv=kv) -> torch.Tensor:

@@ -25,61 +25,28 @@ import statistics
 import torch
 import torch.nn.functional as F
 from layer_chain import (  # this script's folder is on sys.path when run as a script
+    DIM,
     EPS,
+    HEADS,
     HIDDEN,
-    LAYERS,
+    DecodeBatch,
     Q,
     layer_weights,
 )
 
 from kernels import triton_ops
 
-HEADS, KV_HEADS, DIM, PAGE = 16, 8, 128, 16
-
 
 def run_batch(batch: int, weights: list[dict], dev: torch.device) -> dict:
-    import flashinfer
-
     bf = torch.bfloat16
 
     def rnd(*shape: int, scale: float = 0.02) -> torch.Tensor:
         return torch.randn(*shape, device=dev, dtype=bf) * scale
 
-    g = torch.Generator().manual_seed(batch)
-    lens = torch.randint(100, 1025, (batch,), generator=g) + torch.randint(0, 1025, (batch,), generator=g)
-    pages_per = [(int(n) + PAGE - 1) // PAGE for n in lens]
-    total = sum(pages_per)
-    pool = int(total * 1.25) + 8
-    kv = [
-        (
-            torch.randn(pool, PAGE, KV_HEADS, DIM, device=dev, dtype=bf),
-            torch.randn(pool, PAGE, KV_HEADS, DIM, device=dev, dtype=bf),
-        )
-        for _ in range(LAYERS)
-    ]
-    perm = torch.randperm(pool, generator=g)[:total].to(torch.int32)
-    indptr = torch.zeros(batch + 1, dtype=torch.int32)
-    indptr[1:] = torch.tensor(pages_per, dtype=torch.int32).cumsum(0)
-    last = torch.tensor([(int(n) - 1) % PAGE + 1 for n in lens], dtype=torch.int32)
-
-    def wrapper(lo: int, hi: int):
-        ws = torch.zeros(256 * 2**20, dtype=torch.uint8, device=dev)
-        ip = indptr[lo : hi + 1] - indptr[lo]
-        ids = perm[int(indptr[lo]) : int(indptr[hi])].to(dev)
-        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(  # fixed metadata buffers, as the engine's graphs use
-            ws,
-            "NHD",
-            use_cuda_graph=True,
-            use_tensor_cores=True,
-            paged_kv_indptr_buffer=torch.zeros(hi - lo + 1, dtype=torch.int32, device=dev),
-            paged_kv_indices_buffer=torch.zeros(len(ids), dtype=torch.int32, device=dev),
-            paged_kv_last_page_len_buffer=torch.zeros(hi - lo, dtype=torch.int32, device=dev),
-        )
-        w.plan(ip, ids, last[lo:hi], HEADS, KV_HEADS, DIM, PAGE, q_data_type=bf, sm_scale=DIM**-0.5)
-        return w
-
-    full = wrapper(0, batch)
-    halves = (wrapper(0, batch // 2), wrapper(batch // 2, batch))
+    db = DecodeBatch.draw(batch, torch.Generator().manual_seed(batch), dev)
+    kv, lens = db.kv, db.lens
+    full = db.wrapper(dev)
+    halves = (db.wrapper(dev, 0, batch // 2), db.wrapper(dev, batch // 2, batch))
 
     def layers(x: torch.Tensor, res: torch.Tensor, attn) -> torch.Tensor:
         for i, w in enumerate(weights):
