@@ -29,13 +29,21 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from layer_chain import DIM, EPS, HEADS, HIDDEN, DecodeBatch, Q, layer_weights  # this script's folder is on sys.path
+from layer_chain import (  # this script's folder is on sys.path
+    DIM,
+    EPS,
+    HEADS,
+    HIDDEN,
+    DecodeBatch,
+    Q,
+    interleaved_step_ms,
+    layer_weights,
+)
 
 from kernels import triton_ops
 
@@ -138,39 +146,14 @@ def run_batch(batch: int, weights: list[dict], dev: torch.device, modes: list[st
 
     x0 = torch.randn(batch, HIDDEN, device=dev, dtype=bf)
     r0 = torch.randn(batch, HIDDEN, device=dev, dtype=bf)
-    row: dict = dict(batch=batch, kv_tokens=int(lens.sum()), ms={}, rel_err={})
-    outs = {}
-    graphs = {}
-    for mode in modes:
-        xs, rs = x0.clone(), r0.clone()
-        step(mode, xs.clone(), rs.clone())  # compile outside the graph
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = step(mode, xs, rs)
-        graphs[mode] = (graph, xs, rs, y)
-    times: dict[str, list[float]] = {m: [] for m in modes}
-    for _ in range(9):  # modes interleaved, so a clock or neighbour drift hits all alike
-        for mode in modes:
-            graph, xs, rs, y = graphs[mode]
-            xs.copy_(x0)
-            rs.copy_(r0)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            graph.replay()
-            b.record()
-            torch.cuda.synchronize()
-            times[mode].append(a.elapsed_time(b))
-            outs[mode] = y.float().clone()
-    for mode in modes:
-        row["ms"][mode] = statistics.median(times[mode][2:])
-        row["rel_err"][mode] = ((outs[mode] - outs["base"]).norm() / outs["base"].norm()).item()
-    base = row["ms"]["base"]
+    ms, outs = interleaved_step_ms(step, modes, x0, r0, rounds=9, skip=2)
+    err = {m: ((out - outs["base"]).norm() / outs["base"].norm()).item() for m, out in outs.items()}
+    row = dict(batch=batch, kv_tokens=int(lens.sum()), ms=ms, rel_err=err)
     print(
-        f"batch {batch:4} ({row['kv_tokens']:7} KV tokens): "
-        + "  ".join(f"{m} {v:.3f} ms ({v / base:.3f}x)" for m, v in row["ms"].items())
+        f"batch {batch:4} ({int(lens.sum()):7} KV tokens): "
+        + "  ".join(f"{m} {v:.3f} ms ({v / ms['base']:.3f}x)" for m, v in ms.items())
         + "  err "
-        + " ".join(f"{v:.0e}" for v in row["rel_err"].values()),
+        + " ".join(f"{v:.0e}" for v in err.values()),
         flush=True,
     )
     return row

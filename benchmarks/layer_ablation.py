@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +33,7 @@ from layer_chain import (  # this script's folder is on sys.path
     PAGE,
     DecodeBatch,
     Q,
+    interleaved_step_ms,
     layer_weights,
 )
 
@@ -80,28 +80,7 @@ def run_batch(batch: int, weights: list[dict], dev: torch.device) -> dict:
 
     x0 = torch.randn(batch, HIDDEN, device=dev, dtype=bf)
     r0 = torch.randn(batch, HIDDEN, device=dev, dtype=bf)
-    graphs = {}
-    for mode in MODES:
-        xs, rs = x0.clone(), r0.clone()
-        step(mode, xs.clone(), rs.clone())  # compile outside the graph
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step(mode, xs, rs)
-        graphs[mode] = (graph, xs, rs)
-    times: dict[str, list[float]] = {m: [] for m in MODES}
-    for _ in range(11):
-        for mode in MODES:
-            graph, xs, rs = graphs[mode]
-            xs.copy_(x0)
-            rs.copy_(r0)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            graph.replay()
-            b.record()
-            torch.cuda.synchronize()
-            times[mode].append(a.elapsed_time(b))
-    ms = {m: statistics.median(t[3:]) for m, t in times.items()}
+    ms, _ = interleaved_step_ms(step, MODES, x0, r0, rounds=11, skip=3)
     saved = {m: (ms["base"] - v) * 1e3 / LAYERS for m, v in ms.items()}
     row = dict(batch=batch, kv_tokens=int(lens.sum()), ms=ms, us_saved_per_layer=saved)
     print(

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -325,6 +327,37 @@ class DecodeBatch:
         w.plan(ip, ids, self.last[lo:hi], HEADS, KV_HEADS, DIM, PAGE, q_data_type=torch.bfloat16,
                sm_scale=DIM**-0.5)  # fmt: skip
         return w
+
+
+def interleaved_step_ms(
+    step, modes: Sequence[str], x0: torch.Tensor, r0: torch.Tensor, rounds: int, skip: int
+) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """Each mode's `step(mode, x, residual) -> out` captured in a CUDA graph, then the graphs replayed in turn for
+    `rounds` rounds (so a clock or neighbour drift hits every mode alike) from the same inputs. Returns each mode's
+    median ms per replay after the first `skip` rounds, and its output (fp32)."""
+    graphs = {}
+    for mode in modes:
+        xs, rs = x0.clone(), r0.clone()
+        step(mode, xs.clone(), rs.clone())  # compile outside the graph
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = step(mode, xs, rs)
+        graphs[mode] = (graph, xs, rs, y)
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    for _ in range(rounds):
+        for mode in modes:
+            graph, xs, rs, y = graphs[mode]
+            xs.copy_(x0)
+            rs.copy_(r0)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            torch.cuda.synchronize()
+            times[mode].append(a.elapsed_time(b))
+    outs = {mode: g[3].float().clone() for mode, g in graphs.items()}
+    return {m: statistics.median(t[skip:]) for m, t in times.items()}, outs
 
 
 def main() -> None:

@@ -11,7 +11,8 @@ as the offline workload mid-run, pages scattered), captured in one CUDA graph:
   (forked and joined inside the graph), so one half's latency-bound GEMMs can run while the other half's
   bandwidth-bound attention streams KV;
 - `two-prio`: the same with the second stream at a higher priority.
-Prints ms per step and the ratio to `one`; checks both give the same output.
+Prints ms per step and the ratio to `one`; checks both give the same output. (The modes ran one after the other
+until the twenty-eighth session; now in turn, through layer_chain.interleaved_step_ms.)
 H100 (benchmarks/results/throughput_h100/two_stream.txt): `two` 1.016-1.017x the time of `one` at 64-256 rows,
 `two-prio` 1.005-1.043x: not adopted.
 """
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,7 @@ from layer_chain import (  # this script's folder is on sys.path when run as a s
     HIDDEN,
     DecodeBatch,
     Q,
+    interleaved_step_ms,
     layer_weights,
 )
 
@@ -73,35 +74,14 @@ def run_batch(batch: int, weights: list[dict], dev: torch.device) -> dict:
         torch.cuda.current_stream().wait_stream(side)
         return torch.cat([ya, yb])
 
-    res_row: dict = dict(batch=batch, kv_tokens=int(lens.sum()), ms={}, rel_err={})
-    outs = {}
-    for mode in ("one", "two", "two-prio"):
-        xs, rs = x0.clone(), r0.clone()
-        step(mode, xs.clone(), rs.clone())  # compile / warm outside the graph
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = step(mode, xs, rs)
-        times = []
-        for _ in range(12):
-            xs.copy_(x0)
-            rs.copy_(r0)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            graph.replay()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
-        outs[mode] = y.float().clone()
-        res_row["ms"][mode] = statistics.median(times[2:])
-    for mode, out in outs.items():
-        res_row["rel_err"][mode] = ((out - outs["one"]).norm() / outs["one"].norm()).item()
-    one = res_row["ms"]["one"]
+    ms, outs = interleaved_step_ms(step, ("one", "two", "two-prio"), x0, r0, rounds=12, skip=2)
+    err = {m: ((out - outs["one"]).norm() / outs["one"].norm()).item() for m, out in outs.items()}
+    res_row = dict(batch=batch, kv_tokens=int(lens.sum()), ms=ms, rel_err=err)
     print(
-        f"batch {batch:4} ({res_row['kv_tokens']} KV tokens): "
-        + "  ".join(f"{m} {v:.3f} ms ({v / one:.3f}x)" for m, v in res_row["ms"].items())
+        f"batch {batch:4} ({int(lens.sum())} KV tokens): "
+        + "  ".join(f"{m} {v:.3f} ms ({v / ms['one']:.3f}x)" for m, v in ms.items())
         + "  err "
-        + " ".join(f"{v:.1e}" for v in res_row["rel_err"].values()),
+        + " ".join(f"{v:.1e}" for v in err.values()),
         flush=True,
     )
     return res_row
