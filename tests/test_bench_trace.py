@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -70,9 +69,9 @@ def test_qwen_replay_in_process(tmp_path, radix):
     assert all(a["t"] <= b["t"] for a, b in zip(steps, steps[1:]))
     assert all(s["context_tokens"] >= s["decode_rows"] + s["prefill_tokens"] for s in steps)
     assert all(0 <= s["launch_cpu_ms"] <= s["launch_ms"] + 1 for s in steps)  # thread CPU time, within clock ticks
+    # Whether the engine thread ever blocked depends on the machine: a slow one is busy through the whole replay and
+    # may count none (seen once in CI). tests/test_engine.py checks the counting itself with a wait it makes sure of.
     assert all(s["voluntary_switches"] >= 0 and s["involuntary_switches"] >= 0 for s in steps)
-    if sys.platform == "linux":  # the engine thread blocks between arrivals, waiting for work
-        assert sum(s["voluntary_switches"] for s in steps) > 0
 
 
 def test_mooncake_window_scaled_and_clamped(tmp_path):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 import random
+import resource
+import time
 
 import pytest
 import torch
@@ -162,6 +164,23 @@ def test_step_log_counts_what_each_step_attends_over(tiny_dir):
     # chunks [0, 4), [4, 8), [8, 10): 4 x 0 + 10, 4 x 4 + 10, 2 x 8 + 3 pairs; then tokens 11-13 each read their context
     assert got == [(4, 10, 0, 0), (4, 26, 0, 0), (2, 19, 0, 0), (0, 0, 1, 11), (0, 0, 1, 12), (0, 0, 1, 13)]
     assert all(s.context_tokens >= s.decode_context_tokens for s in llm.engine.step_records)
+
+
+@pytest.mark.skipif(not hasattr(resource, "RUSAGE_THREAD"), reason="per-thread context switches: Linux only")
+def test_step_log_counts_the_waits_of_the_stepping_thread(tiny_dir):
+    """The step log's context switches are the stepping thread's since the previous record, so a step after the thread
+    blocked (in serving, an idle wait for work; here a sleep before every step) counts at least one voluntary switch.
+    Its CPU time in the launch is its own: never above the launch's wall time."""
+    llm = make_llm(tiny_dir)
+    llm.engine.step_records = []
+    llm.add_request(list(range(10)), SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    while llm.has_work():
+        time.sleep(0.01)
+        llm.step()
+    steps = llm.engine.step_records
+    assert len(steps) >= 6
+    assert all(s.voluntary_switches >= 1 for s in steps), [s.voluntary_switches for s in steps]
+    assert all(s.involuntary_switches >= 0 and 0 <= s.launch_cpu_ms <= s.launch_ms + 1 for s in steps)
 
 
 @pytest.mark.parametrize("mixed", [True, False])
