@@ -77,7 +77,7 @@ elif [ "$stage" = decode ]; then  # decode attention per layer at the offline wo
   timeout 560 python benchmarks/decode_attention_kernels.py --graph --kv-dtypes bf16 --pages "${PAGES:-16,128}" \
     --batches "${BATCHES:-256,128,64,32,16}" --kernels "${KERNELS:-fi-tc,fa4,fa4-auto,fa4-split2,fa4-split4}" \
     --out "$OUT/fa_decode_$c.json" > "$OUT/fa_decode_$c.txt" 2>&1 || echo "decode_attention_kernels failed: $?" >> "$OUT/fa_decode_$c.txt"
-  cat "$OUT/fa_decode_$c.txt" | tail -n 60
+  tail -n 60 "$OUT/fa_decode_$c.txt"
 else  # end to end, both backends in this one run
   python - "$OUT" "$c" "${PAGE:-16}" <<'PY'
 import json, subprocess, sys
