@@ -80,13 +80,31 @@ def smollm() -> LLM:
 @pytest.fixture(scope="session")
 def hf_smollm():
     """The same SmolLM2 in Hugging Face transformers (fp32), which dequantizes the GGUF file with its own reader: an
-    independent reference. Loaded once for the session (tens of seconds)."""
+    independent reference. Reading the GGUF takes ~27 s on the 2-core machine, so the first test process to need it
+    saves what transformers made (config, generation config, weights) in the suite's cache directory, and the other
+    processes (xdist workers) rebuild the model from that in ~4 s: the same weights, bit for bit."""
+    import fcntl
+
     from transformers import AutoModelForCausalLM
 
     from engine.weights import embedded_default_path
 
-    path = embedded_default_path()
-    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    cache = Path(os.environ["MINISGL_CACHE_DIR"])
+    saved = cache / "hf-smollm2.pt"
+    with open(cache / "hf-smollm2.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second worker waits for the first one's copy
+        if saved.exists():
+            blob = torch.load(saved, weights_only=False)
+            hf = AutoModelForCausalLM.from_config(blob["config"], dtype=torch.float32)
+            hf.load_state_dict(blob["state"])
+            hf.generation_config = blob["generation"]
+            return hf.eval()
+        path = embedded_default_path()
+        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+        part = saved.with_suffix(".part")  # a process killed while writing leaves no half copy under the name
+        torch.save({"config": hf.config, "generation": hf.generation_config, "state": hf.state_dict()}, part)
+        part.replace(saved)
+        return hf
 
 
 # ---- serve processes (no openai here: the GPU machine lacks it) ---------------------------------------------------

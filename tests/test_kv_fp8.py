@@ -84,24 +84,13 @@ def test_tiny_random_matches_transformers_with_e4m3_kv(preset, tmp_path, fp8_att
     torch.testing.assert_close(llm.engine.runner.last_logits[0], ref_logits, rtol=1e-4, atol=1e-4)
 
 
-def test_smollm_with_e4m3_kv_scores_tokens_as_transformers_does(fp8_attention):
+def test_smollm_with_e4m3_kv_scores_tokens_as_transformers_does(fp8_attention, hf_smollm):
     """On the real SmolLM2, float noise moves a few values across an e4m3 rounding step, and each moves the layers
     after it, so tokens are not bit-identical to the reference. Scored token by token (prompt logprobs over the
     reference's own greedy text), the engine must sit far closer to transformers-with-e4m3-K/V than the rounding
     itself moves transformers."""
-    from transformers import AutoModelForCausalLM
-
-    from engine.weights import embedded_default_path
-
-    path = embedded_default_path()
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    hf = hf_smollm
     llm = make_llm(None, max_running_requests=8, kv_cache_dtype="fp8")
-    seqs = []
-    hf.config._attn_implementation = fp8_attention
-    for text in PROMPTS[:4]:
-        prompt = llm.encode([{"role": "user", "content": text}])
-        seqs.append(prompt + hf_greedy(hf, prompt, 24)[0])
-    outs = llm.generate(seqs, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0))
 
     def hf_logprobs(seq: list[int], impl: str) -> torch.Tensor:
         hf.config._attn_implementation = impl
@@ -109,12 +98,22 @@ def test_smollm_with_e4m3_kv_scores_tokens_as_transformers_does(fp8_attention):
             lp = hf(input_ids=torch.tensor([seq])).logits[0].float().log_softmax(-1)
         return lp[:-1].gather(1, torch.tensor(seq[1:])[:, None])[:, 0]
 
-    ours_err, rounding = [], []
-    for seq, out in zip(seqs, outs):
-        ours = torch.tensor([t.logprob for t in out.prompt_logprobs])
-        ref = hf_logprobs(seq, fp8_attention)
-        ours_err.append((ours - ref).abs().mean())
-        rounding.append((hf_logprobs(seq, "sdpa") - ref).abs().mean())
+    impl = hf.config._attn_implementation  # the session's model: set back for the tests after this one
+    try:
+        seqs = []
+        hf.config._attn_implementation = fp8_attention
+        for text in PROMPTS[:4]:
+            prompt = llm.encode([{"role": "user", "content": text}])
+            seqs.append(prompt + hf_greedy(hf, prompt, 24)[0])
+        outs = llm.generate(seqs, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0))
+        ours_err, rounding = [], []
+        for seq, out in zip(seqs, outs):
+            ours = torch.tensor([t.logprob for t in out.prompt_logprobs])
+            ref = hf_logprobs(seq, fp8_attention)
+            ours_err.append((ours - ref).abs().mean())
+            rounding.append((hf_logprobs(seq, "sdpa") - ref).abs().mean())
+    finally:
+        hf.config._attn_implementation = impl
     assert max(ours_err) < 0.5 * min(rounding), (ours_err, rounding)
     answer = llm.generate(seqs[:1], SamplingParams(max_tokens=8, temperature=0))[0]
     assert answer.cache_hit_tokens > 0  # the same prefix, read back from the fp8 pages the radix cache kept
