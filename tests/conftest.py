@@ -38,7 +38,25 @@ if "MINISGL_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["MINISGL_CACHE_DIR"], ignore_errors=True)
 
 
+# The files that take longest on the 2-core CI machine (~45-160 s each), started first. pytest-xdist hands a worker
+# the next file when it runs low, in collection order (--no-loadscope-reorder: by default it orders files by their
+# number of tests, which put the 3-test fuzz file, ~160 s, last, alone on one worker while the other sat idle).
+LONGEST_FIRST = (
+    "test_fuzz_engine.py",
+    "test_serve_process.py",
+    "test_tp.py",
+    "test_chat_remote.py",
+    "test_serve.py",
+    "test_openai_api.py",
+    "test_hf_equivalence.py",
+    "test_kv_fp8.py",
+    "test_bench_serve.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     skip_slow = pytest.mark.skip(reason="slow: set MINISGL_SLOW=1")
     for item in items:
