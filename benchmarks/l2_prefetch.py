@@ -15,13 +15,17 @@ A decode step of 28 layers with their own weights and paged KV (offline lengths,
   of the 30 MB (fire and forget, so the attention starts at once), same stream;
 - `pf-normal`: the same with a plain `prefetch.global.L2`;
 - `pf-side`: `pf-last`'s kernel on a second stream forked before the attention, joined after it;
-- `ld-side`: real loads with `evict_last` (Triton's `eviction_policy`), summed, on the second stream.
+- `ld-side`: real loads with `evict_last` (Triton's `eviction_policy`), summed, on the second stream;
+- `pf-gemm`, `pf-gemm-last`: after the attention instead, so nothing competes with its KV reads: the gate_up and down
+  weights and the next layer's qkv (26 MB) asked for on the second stream while the o projection runs, joined at
+  the layer's end (plain and `evict_last` prefetches).
 Each mode runs without and then with the L2 set-aside for persisting accesses at its maximum
 (`cudaLimitPersistingL2CacheSize`), since evict_last may only keep lines inside that set-aside.
 Prints ms per step and the ratio to `base`; checks every mode gives `base`'s output.
 H100 (benchmarks/results/session28/h100_l2_prefetch/): every mode slower than `base` at 16-256 rows, with or without
 the set-aside (`pf-side` 1.023-1.119x without, 1.000-1.065x with; `ld-side` 1.14-2.18x), and the set-aside alone made
-`base` 2.7-6.7% slower: not adopted.
+`base` 2.7-6.7% slower: not adopted. After the attention (session29/h100_l2_prefetch_gemm/): `pf-gemm` 1.008-1.013x
+with 32 prefetch programs, 1.011-1.028x with 132; `pf-gemm-last` 1.010-1.015x: not adopted either.
 """
 
 from __future__ import annotations
@@ -122,6 +126,11 @@ def run_batch(batch: int, weights: list[dict], dev: torch.device, modes: list[st
         nxt = [weights[i + 1]["qkv"]] if i + 1 < len(weights) else []
         return [w["o"], w["gu"], w["down"], *nxt]
 
+    def behind(i: int) -> list[torch.Tensor]:
+        w = weights[i]
+        nxt = [weights[i + 1]["qkv"]] if i + 1 < len(weights) else []
+        return [w["gu"], w["down"], *nxt]
+
     def step(mode: str, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
         cur = torch.cuda.current_stream()
         for i, w in enumerate(weights):
@@ -140,8 +149,14 @@ def run_batch(batch: int, weights: list[dict], dev: torch.device, modes: list[st
             o = attn.run(q, kv[i]).reshape(-1, Q)
             if mode in ("pf-side", "ld-side"):
                 cur.wait_stream(side)
+            if mode in ("pf-gemm", "pf-gemm-last"):  # after the attention, beside the o projection
+                side.wait_stream(cur)
+                with torch.cuda.stream(side):
+                    prefetch(behind(i), mode == "pf-gemm-last", ctas)
             h = triton_ops.rmsnorm(F.linear(o, w["o"]), w["n2"], EPS, res)
             x = F.linear(triton_ops.silu_and_mul(F.linear(h, w["gu"])), w["down"])
+            if mode in ("pf-gemm", "pf-gemm-last"):
+                cur.wait_stream(side)
         return x
 
     x0 = torch.randn(batch, HIDDEN, device=dev, dtype=bf)
