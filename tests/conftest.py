@@ -103,12 +103,14 @@ def hf_smollm():
     processes (xdist workers) rebuild the model from that in ~4 s: the same weights, bit for bit."""
     import fcntl
 
+    import transformers
     from transformers import AutoModelForCausalLM
 
     from engine.weights import embedded_default_path
 
-    cache = Path(os.environ["MINISGL_CACHE_DIR"])
-    saved = cache / "hf-smollm2.pt"
+    path = embedded_default_path()
+    cache = Path(os.environ["MINISGL_CACHE_DIR"])  # a fresh one per suite unless the caller set it: key the copy
+    saved = cache / f"hf-smollm2-{transformers.__version__}-{path.stat().st_size}.pt"
     with open(cache / "hf-smollm2.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second worker waits for the first one's copy
         if saved.exists():
@@ -117,7 +119,6 @@ def hf_smollm():
             hf.load_state_dict(blob["state"])
             hf.generation_config = blob["generation"]
             return hf.eval()
-        path = embedded_default_path()
         hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
         part = saved.with_suffix(".part")  # a process killed while writing leaves no half copy under the name
         torch.save({"config": hf.config, "generation": hf.generation_config, "state": hf.state_dict()}, part)
