@@ -40,7 +40,7 @@ if "MINISGL_CACHE_DIR" not in os.environ:
 
 # The files that take longest on the 2-core CI machine (~45-160 s each), started first. pytest-xdist hands a worker
 # the next file when it runs low, in collection order (--no-loadscope-reorder: by default it orders files by their
-# number of tests, which put the 3-test fuzz file, ~160 s, last, alone on one worker while the other sat idle).
+# number of tests, which put the one-test fuzz file, ~160 s, last, alone on one worker while the other sat idle).
 LONGEST_FIRST = (
     "test_fuzz_engine.py",
     "test_serve_process.py",
