@@ -127,9 +127,7 @@ def run_batch(batch: int, weights: list[dict], dev: torch.device, modes: list[st
         return [w["o"], w["gu"], w["down"], *nxt]
 
     def behind(i: int) -> list[torch.Tensor]:
-        w = weights[i]
-        nxt = [weights[i + 1]["qkv"]] if i + 1 < len(weights) else []
-        return [w["gu"], w["down"], *nxt]
+        return ahead(i)[1:]  # all but o, which the projection running beside the prefetch reads
 
     def step(mode: str, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
         cur = torch.cuda.current_stream()

@@ -3,7 +3,7 @@ persistent kernel? The number a decode megakernel's case rests on (issue #17; GP
 
     source .whl/use-bundle.sh && python benchmarks/phase_boundaries.py --out $OUT/phase_boundaries.json
 
-Qwen3-0.6B's 28 layers of projection weights (qkv, o, gate_up, down: 30 MB a layer, 840 MB in all, so L2 holds no
+Qwen3-0.6B's 28 layers of projection weights (qkv, o, gate_up, down: 31.5 MB a layer, 881 MB in all, so L2 holds no
 phase's matrix when it comes) are read in 112 phases, each mode captured in one CUDA graph and replayed in turn:
 - `cublas-M`: the four projections of every layer as cuBLAS GEMMs at M rows, chained (the engine's GEMM kernels);
 - `kernels`: each phase one streaming kernel that reads its matrix once (each program sums its blocks): 112 launches;
@@ -13,7 +13,7 @@ phase's matrix when it comes) are read in 112 phases, each mode captured in one 
 - `persistent-pf-early`, `kernels-pf-next`: each program asks for its share of the next matrix before it reads its
   share of this one, so HBM has the next phase's bytes to move through the barrier or the kernel boundary;
 - `empty` / `barriers`: the boundaries alone, 112 empty kernels or one kernel with 111 barriers and no reads.
-The floor is the 840 MB at the measured read rate (`x.sum()` over 2 GiB, printed). The streaming modes' sums must
+The floor is the 881 MB at the measured read rate (`x.sum()` over 2 GiB, printed). The streaming modes' sums must
 agree (same programs, same blocks, same order; up to the compiler's order of the final in-program sum): the check
 that every phase read all of its matrix.
 """
