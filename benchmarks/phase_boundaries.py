@@ -12,7 +12,13 @@ phase's matrix when it comes) are read in 112 phases, each mode captured in one 
 - `persistent-pf`: the same, each program asking L2 for its share of the next matrix before it waits;
 - `persistent-pf-early`, `kernels-pf-next`: each program asks for its share of the next matrix before it reads its
   share of this one, so HBM has the next phase's bytes to move through the barrier or the kernel boundary;
-- `empty` / `barriers`: the boundaries alone, 112 empty kernels or one kernel with 111 barriers and no reads.
+- `kernels-pdlP` (P = 1, 2, 4): `kernels` launched with programmatic dependent launch. Each program loads its first
+  P blocks before it waits for the kernel before it (weights depend on no earlier kernel; a GEMM's input would),
+  then lets the next kernel launch, which can then load its own first blocks while this one streams the rest;
+- `empty` / `barriers`: the boundaries alone, 112 empty kernels or one kernel with 111 barriers and no reads;
+  `empty-pdl` the empty kernels launched with PDL, each waiting and then letting the next one launch.
+H100 (docs/gpu.md): the best chain without PDL 21.1-22.1 us per layer (2.1x the bytes), no persistent mode better;
+`kernels-pdl` with about each program's whole share loaded before the wait 15.3-15.4 (1.5x).
 The floor is the 881 MB at the measured read rate (`x.sum()` over 2 GiB, printed). The streaming modes' sums must
 agree (same programs, same blocks, same order; up to the compiler's order of the final in-program sum): the check
 that every phase read all of its matrix.
@@ -112,8 +118,26 @@ def _phase(w_ptr, off, n, next_off, next_n, out_ptr, PREFETCH: tl.constexpr, BLO
 
 
 @triton.jit
-def _empty(out_ptr):
-    pass
+def _phase_pdl(w_ptr, off, n, out_ptr, PRE: tl.constexpr, BLOCK: tl.constexpr):
+    """`_phase` under PDL: blocks pid, pid + nprog, ... of the first PRE are loaded before the wait."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    idx = (pid + tl.arange(0, PRE) * nprog)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    first = tl.load(w_ptr + off + idx, mask=idx < n, other=0.0)
+    tl.extra.cuda.gdc_wait()  # what the kernel before wrote is visible from here (a GEMM would read its input now)
+    tl.extra.cuda.gdc_launch_dependents()  # after the wait, else launched kernels pile up waiting (layer_chain.py)
+    acc = tl.sum(first.to(tl.float32), axis=0)
+    for b in range(pid + PRE * nprog, (n + BLOCK - 1) // BLOCK, nprog):
+        i = b * BLOCK + tl.arange(0, BLOCK)
+        acc += tl.load(w_ptr + off + i, mask=i < n, other=0.0).to(tl.float32)
+    tl.store(out_ptr + pid, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _empty(out_ptr, PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 def phases() -> list[tuple[int, int]]:
@@ -176,10 +200,11 @@ def main() -> None:
     per_sm = min(args.per_sm, resident_programs(kp, args.warps))
     nprog = sms * per_sm
     print(f"{nprog} programs ({per_sm} per SM of {args.per_sm} asked, {kp.n_regs} registers)", flush=True)
-    streaming = ("kernels", "kernels-pf-next", "persistent", "persistent-pf", "persistent-pf-early")
+    pdl = tuple(f"kernels-pdl{p}" for p in (1, 2, 4))
+    streaming = ("kernels", "kernels-pf-next", *pdl, "persistent", "persistent-pf", "persistent-pf-early")
     out = {m: torch.zeros(len(shapes) * nprog, device=dev, dtype=torch.float32) for m in streaming}
     ms_rows = [int(v) for v in args.ms.split(",")]
-    modes = [f"cublas-{m}" for m in ms_rows] + [*streaming, "empty", "barriers"]
+    modes = [f"cublas-{m}" for m in ms_rows] + [*streaming, "empty", "empty-pdl", "barriers"]
 
     def step(mode: str, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
         if mode.startswith("cublas-"):
@@ -197,9 +222,16 @@ def main() -> None:
                     PREFETCH=mode == "kernels-pf-next", BLOCK=args.block, num_warps=args.warps,
                 )  # fmt: skip
             return out[mode]
-        if mode == "empty":
+        if mode in pdl:
+            for p, (o, s) in enumerate(zip(offs, sizes)):
+                _phase_pdl[(nprog,)](
+                    w, o, s, out[mode][p * nprog :], PRE=int(mode[len("kernels-pdl") :]), BLOCK=args.block,
+                    num_warps=args.warps, launch_pdl=True,
+                )  # fmt: skip
+            return out[mode]
+        if mode in ("empty", "empty-pdl"):
             for _ in shapes:
-                _empty[(nprog,)](flag)
+                _empty[(nprog,)](flag, PDL=mode == "empty-pdl", launch_pdl=mode == "empty-pdl")
             return flag
         counter.zero_()
         read = mode != "barriers"
@@ -233,6 +265,7 @@ def main() -> None:
         us_per_boundary={
             "kernels - persistent": (ms["kernels"] - ms["persistent"]) * 1e3 / boundaries,
             "empty kernel": ms["empty"] * 1e3 / len(shapes),
+            "empty kernel, PDL": ms["empty-pdl"] * 1e3 / len(shapes),
             "barrier": ms["barriers"] * 1e3 / boundaries,
         },
         sums_max_rel_diff_vs_kernels=same,

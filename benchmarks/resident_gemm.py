@@ -1,0 +1,148 @@
+"""A decode GEMM that loads its weights before it waits for its input, chained under programmatic dependent launch
+(issue #17; GPU only):
+
+    source .whl/use-bundle.sh && python benchmarks/resident_gemm.py --out $OUT/resident_gemm.json
+
+Qwen3-0.6B's four projections (qkv, o, gate_up, down) for 28 layers with their own weights (881 MB: L2 holds none of
+a matrix when its turn comes), chained as in a decode step at M rows, one CUDA graph per mode, replayed in turn:
+- `cublas`: torch's GEMMs, the engine's kernels;
+- `resident`: each program owns BN output columns and loads its whole [BN, K] slice of W (32-128 KB) in one go, then
+  reads x in 16-row blocks (from L2: it is small at these M) and multiplies;
+- `resident-pdl`: the same launched with PDL. The weight slice is loaded before `gdc_wait` (weights depend on no
+  earlier kernel), so the next projection's programs, once launched, stream their weights while this one computes,
+  and its programs let the next launch once their wait is over.
+The question: do kernel boundaries stop costing once the weights no longer wait for the input? (The streaming read
+alone: `phase_boundaries.py`.) Outputs are checked against cuBLAS's.
+H100 (docs/gpu.md): PDL takes ~6 us per layer off; the chain beats cuBLAS at 1 and 16 rows (25.1 / 26.5 against
+26.9 / 27.8 us) and loses from 32 (38.6 against 28.2): each 16-row block is a serial L2 read and product.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from layer_chain import HIDDEN, INTER, KV, LAYERS, Q, interleaved_step_ms  # this script's folder is on sys.path
+
+
+@triton.jit
+def _dot_chunk(x_ptr, rm, M, sx, w, c: tl.constexpr, KC: tl.constexpr, acc):
+    k = c * KC + tl.arange(0, KC)
+    x = tl.load(x_ptr + rm[:, None] * sx + k[None, :], mask=rm[:, None] < M, other=0.0)
+    return tl.dot(x, tl.trans(w), acc)
+
+
+@triton.jit(do_not_specialize=["M"])  # specialized to M = 1 it compiled to a kernel 4x slower than at M = 16
+def _resident_kernel(
+    x_ptr, w_ptr, y_ptr, M, sx, sy,
+    NK: tl.constexpr, KC: tl.constexpr, PDL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+):  # fmt: skip
+    """y[:, cols] = x W[cols]^T for this program's BN columns; K = NK * KC, NK <= 3 (W's slice in NK tensors)."""
+    K: tl.constexpr = NK * KC
+    rn = tl.program_id(0) * BN + tl.arange(0, BN)
+    k = tl.arange(0, KC)
+    w0 = tl.load(w_ptr + rn[:, None] * K + k[None, :])
+    w1 = w0
+    w2 = w0
+    if NK > 1:
+        w1 = tl.load(w_ptr + rn[:, None] * K + KC + k[None, :])
+    if NK > 2:
+        w2 = tl.load(w_ptr + rn[:, None] * K + 2 * KC + k[None, :])
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # x, the previous kernel's output, is visible from here
+        tl.extra.cuda.gdc_launch_dependents()  # after the wait, else launched kernels pile up waiting
+    for m0 in range(0, M, BM):
+        rm = m0 + tl.arange(0, BM)
+        acc = _dot_chunk(x_ptr, rm, M, sx, w0, 0, KC, tl.zeros((BM, BN), tl.float32))
+        if NK > 1:
+            acc = _dot_chunk(x_ptr, rm, M, sx, w1, 1, KC, acc)
+        if NK > 2:
+            acc = _dot_chunk(x_ptr, rm, M, sx, w2, 2, KC, acc)
+        tl.store(y_ptr + rm[:, None] * sy + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=rm[:, None] < M)
+
+
+KC = 1024  # W's slice is loaded in chunks of this many columns (every K here is a multiple)
+COMPILED: dict[tuple[int, int, bool], object] = {}  # (K, BN, PDL) -> Triton's compiled kernel
+
+
+def resident_linear(x: torch.Tensor, w: torch.Tensor, bn: int, pdl: bool, warps: int) -> torch.Tensor:
+    m, k = x.shape
+    n = w.shape[0]
+    assert n % bn == 0 and k % KC == 0 and k // KC <= 3 and w.is_contiguous() and x.stride(1) == 1
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    COMPILED[(k, bn, pdl)] = _resident_kernel[(n // bn,)](
+        x, w, y, m, x.stride(0), y.stride(0), NK=k // KC, KC=KC, PDL=pdl, BM=16, BN=bn, num_warps=warps, num_stages=1,
+        launch_pdl=pdl,
+    )  # fmt: skip
+    return y
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ms", default="1,16,32,64", help="rows")
+    ap.add_argument("--bn", default="32,16,32,16", help="columns per program for qkv, o, gate_up, down")
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--out", default="resident_gemm.json")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    shapes = [(Q + 2 * KV, HIDDEN), (HIDDEN, Q), (2 * INTER, HIDDEN), (HIDDEN, INTER)]
+    # std 1/sqrt(K) keeps the activations O(1) through 112 GEMMs, so the outputs can be compared
+    mats = [[torch.randn(n, k, device=dev).div_(k**0.5).bfloat16() for n, k in shapes] for _ in range(LAYERS)]
+    bns = [int(v) for v in args.bn.split(",")]
+
+    def step(mode: str, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+        h = x[: int(mode.rsplit("-", 1)[1])]
+        for qkv_w, o_w, gu_w, down_w in mats:
+            if mode.startswith("cublas"):
+                qkv = F.linear(h, qkv_w)
+                gu = F.linear(F.linear(qkv[:, :Q], o_w), gu_w)
+                h = F.linear(gu[:, :INTER], down_w)
+            else:
+                pdl, wp = mode.startswith("resident-pdl"), args.warps
+                qkv = resident_linear(h, qkv_w, bns[0], pdl, wp)
+                gu = resident_linear(resident_linear(qkv[:, :Q], o_w, bns[1], pdl, wp), gu_w, bns[2], pdl, wp)
+                h = resident_linear(gu[:, :INTER], down_w, bns[3], pdl, wp)
+        return h
+
+    ms_rows = [int(v) for v in args.ms.split(",")]
+    modes = [f"{kind}-{m}" for m in ms_rows for kind in ("cublas", "resident", "resident-pdl")]
+    x0 = torch.randn(max(ms_rows), HIDDEN, device=dev, dtype=torch.bfloat16)
+    ms, outs = interleaved_step_ms(step, modes, x0, x0, rounds=15, skip=3)
+    rows = []
+    for m in ms_rows:
+        ref = outs[f"cublas-{m}"]
+        row: dict[str, float] = {"m": m}
+        for kind in ("cublas", "resident", "resident-pdl"):
+            row[f"{kind}_us_per_layer"] = ms[f"{kind}-{m}"] * 1e3 / LAYERS
+            row[f"{kind}_rel_err"] = ((outs[f"{kind}-{m}"] - ref).abs().max() / ref.abs().max()).item()
+        rows.append(row)
+        print(
+            f"M={m:4d}: cublas {row['cublas_us_per_layer']:6.1f} us/layer, resident {row['resident_us_per_layer']:6.1f}"
+            f" ({row['resident_rel_err']:.1e}), resident-pdl {row['resident-pdl_us_per_layer']:6.1f}"
+            f" ({row['resident-pdl_rel_err']:.1e})",
+            flush=True,
+        )
+    result = dict(
+        gpu=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        bn=bns,
+        warps=args.warps,
+        kernels={
+            str(key): dict(regs=k.n_regs, spills=k.n_spills, shared=k.metadata.shared)  # type: ignore[attr-defined]
+            for key, k in COMPILED.items()
+        },
+        rows=rows,
+    )
+    print("compiled (K, BN, PDL):", result["kernels"])
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
