@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -81,11 +82,20 @@ def resident_linear(x: torch.Tensor, w: torch.Tensor, bn: int, pdl: bool, warps:
     return y
 
 
+def cuda_ext():
+    """benchmarks/resident_gemm.cu built with torch's extension builder (nvcc; ~1 min the first time)."""
+    from torch.utils.cpp_extension import load
+
+    src = Path(__file__).with_name("resident_gemm.cu")
+    return load(name="resident_gemm_cuda", sources=[str(src)], extra_cuda_cflags=["-O3"], verbose=False)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ms", default="1,16,32,64", help="rows")
     ap.add_argument("--bn", default="32,16,32,16", help="columns per program for qkv, o, gate_up, down")
     ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--kinds", default="cublas,resident,resident-pdl,cuda,cuda-pdl")
     ap.add_argument("--out", default="resident_gemm.json")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -94,6 +104,19 @@ def main() -> None:
     # std 1/sqrt(K) keeps the activations O(1) through 112 GEMMs, so the outputs can be compared
     mats = [[torch.randn(n, k, device=dev).div_(k**0.5).bfloat16() for n, k in shapes] for _ in range(LAYERS)]
     bns = [int(v) for v in args.bn.split(",")]
+    kinds = args.kinds.split(",")
+    ext = cuda_ext() if any(k.startswith("cuda") for k in kinds) else None
+
+    single_gemm_err = {}
+    if ext is not None:  # each shape once against cuBLAS, at row counts that leave partial 16- and 32-row blocks
+        for (n, k), w in zip(shapes, mats[0]):
+            for m in (1, 37):
+                x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                ref = F.linear(x, w).float()
+                for bm in (16, 32):
+                    got = ext.resident_linear(x, w, False, bm, True).float()
+                    single_gemm_err[f"{n}x{k} M={m} bm={bm}"] = ((got - ref).abs().max() / ref.abs().max()).item()
+        print("one GEMM against cuBLAS (max rel. err.):", max(single_gemm_err.values()), flush=True)
 
     def step(mode: str, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
         h = x[: int(mode.rsplit("-", 1)[1])]
@@ -102,6 +125,12 @@ def main() -> None:
                 qkv = F.linear(h, qkv_w)
                 gu = F.linear(F.linear(qkv[:, :Q], o_w), gu_w)
                 h = F.linear(gu[:, :INTER], down_w)
+            elif mode.startswith("cuda"):
+                assert ext is not None
+                pdl, bm, rot = "-pdl" in mode, 16 if h.shape[0] <= 16 else 32, "-rot" in mode
+                qkv = ext.resident_linear(h, qkv_w, pdl, bm, rot)
+                gu = ext.resident_linear(ext.resident_linear(qkv[:, :Q], o_w, pdl, bm, rot), gu_w, pdl, bm, rot)
+                h = ext.resident_linear(gu[:, :INTER], down_w, pdl, bm, rot)
             else:
                 pdl, wp = mode.startswith("resident-pdl"), args.warps
                 qkv = resident_linear(h, qkv_w, bns[0], pdl, wp)
@@ -110,29 +139,26 @@ def main() -> None:
         return h
 
     ms_rows = [int(v) for v in args.ms.split(",")]
-    modes = [f"{kind}-{m}" for m in ms_rows for kind in ("cublas", "resident", "resident-pdl")]
+    modes = [f"{kind}-{m}" for m in ms_rows for kind in kinds]
     x0 = torch.randn(max(ms_rows), HIDDEN, device=dev, dtype=torch.bfloat16)
     ms, outs = interleaved_step_ms(step, modes, x0, x0, rounds=15, skip=3)
     rows = []
     for m in ms_rows:
         ref = outs[f"cublas-{m}"]
         row: dict[str, float] = {"m": m}
-        for kind in ("cublas", "resident", "resident-pdl"):
+        for kind in kinds:
             row[f"{kind}_us_per_layer"] = ms[f"{kind}-{m}"] * 1e3 / LAYERS
             row[f"{kind}_rel_err"] = ((outs[f"{kind}-{m}"] - ref).abs().max() / ref.abs().max()).item()
         rows.append(row)
-        print(
-            f"M={m:4d}: cublas {row['cublas_us_per_layer']:6.1f} us/layer, resident {row['resident_us_per_layer']:6.1f}"
-            f" ({row['resident_rel_err']:.1e}), resident-pdl {row['resident-pdl_us_per_layer']:6.1f}"
-            f" ({row['resident-pdl_rel_err']:.1e})",
-            flush=True,
-        )
+        cells = [f"{k} {row[f'{k}_us_per_layer']:6.1f} ({row[f'{k}_rel_err']:.1e})" for k in kinds]
+        print(f"M={m:4d} us/layer (rel. err.):", ", ".join(cells), flush=True)
     result = dict(
         gpu=torch.cuda.get_device_name(),
         torch=torch.__version__,
         triton=triton.__version__,
         bn=bns,
         warps=args.warps,
+        single_gemm_rel_err=single_gemm_err,
         kernels={
             str(key): dict(regs=k.n_regs, spills=k.n_spills, shared=k.metadata.shared)  # type: ignore[attr-defined]
             for key, k in COMPILED.items()
