@@ -11,10 +11,15 @@ a matrix when its turn comes), chained as in a decode step at M rows, one CUDA g
 - `resident-pdl`: the same launched with PDL. The weight slice is loaded before `gdc_wait` (weights depend on no
   earlier kernel), so the next projection's programs, once launched, stream their weights while this one computes,
   and its programs let the next launch once their wait is over.
+- `cuda[-pdl][-b16][-s2|-sall][-rot]`: the same idea in CUDA (`resident_gemm.cu`: W's slice in shared memory by
+  cp.async before the wait, x streamed through shared memory, mma.sync), with or without PDL; `-b16` 16 rows per
+  pass at every M (else 32 above 16 rows), `-s2` two stages of x instead of three, `-sall` a whole pass of x at
+  once (16 rows), `-rot` each CTA starting at its own chunk of x.
 The question: do kernel boundaries stop costing once the weights no longer wait for the input? (The streaming read
-alone: `phase_boundaries.py`.) Outputs are checked against cuBLAS's.
-H100 (docs/gpu.md): PDL takes ~6 us per layer off; the chain beats cuBLAS at 1 and 16 rows (25.1 / 26.5 against
-26.9 / 27.8 us) and loses from 32 (38.6 against 28.2): each 16-row block is a serial L2 read and product.
+alone: `phase_boundaries.py`.) Outputs are checked against cuBLAS's, and each CUDA GEMM alone at 1 and 37 rows.
+H100 (docs/gpu.md): PDL takes ~6 us per layer off. Up to 16 rows the CUDA chain under PDL is 17% faster than cuBLAS
+(22.3-22.7 against 26.5-27.3 us per layer; the Triton one 25.1-26.5); beyond, every 16 rows cost 10-15 us more,
+since every CTA reads all of x from L2 (cuBLAS's cluster kernels share it): 52.5 against 28.3 at 64 rows.
 """
 
 from __future__ import annotations
@@ -114,7 +119,7 @@ def main() -> None:
                 x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                 ref = F.linear(x, w).float()
                 for bm in (16, 32):
-                    got = ext.resident_linear(x, w, False, bm, True).float()
+                    got = ext.resident_linear(x, w, False, bm, 3, m > 16).float()
                     single_gemm_err[f"{n}x{k} M={m} bm={bm}"] = ((got - ref).abs().max() / ref.abs().max()).item()
         print("one GEMM against cuBLAS (max rel. err.):", max(single_gemm_err.values()), flush=True)
 
@@ -127,10 +132,15 @@ def main() -> None:
                 h = F.linear(gu[:, :INTER], down_w)
             elif mode.startswith("cuda"):
                 assert ext is not None
-                pdl, bm, rot = "-pdl" in mode, 16 if h.shape[0] <= 16 else 32, "-rot" in mode
-                qkv = ext.resident_linear(h, qkv_w, pdl, bm, rot)
-                gu = ext.resident_linear(ext.resident_linear(qkv[:, :Q], o_w, pdl, bm, rot), gu_w, pdl, bm, rot)
-                h = ext.resident_linear(gu[:, :INTER], down_w, pdl, bm, rot)
+                # cuda[-pdl][-b16][-s2|-sall][-rot]: PDL; 16 rows per pass at every M (less shared memory); 2
+                # stages, not 3, or a whole pass's x at once (16 rows); each CTA starting at its own chunk of x
+                pdl, rot = "-pdl" in mode, "-rot" in mode
+                stages = 2 if "-s2" in mode else 0 if "-sall" in mode else 3
+                bm = 16 if h.shape[0] <= 16 or "-b16" in mode or stages == 0 else 32
+                qkv = ext.resident_linear(h, qkv_w, pdl, bm, stages, rot)
+                o = ext.resident_linear(qkv[:, :Q], o_w, pdl, bm, stages, rot)
+                gu = ext.resident_linear(o, gu_w, pdl, bm, stages, rot)
+                h = ext.resident_linear(gu[:, :INTER], down_w, pdl, bm, stages, rot)
             else:
                 pdl, wp = mode.startswith("resident-pdl"), args.warps
                 qkv = resident_linear(h, qkv_w, bns[0], pdl, wp)
