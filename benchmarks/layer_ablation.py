@@ -23,14 +23,10 @@ import json
 import torch
 import torch.nn.functional as F
 from layer_chain import (  # this script's folder is on sys.path
-    DIM,
     EPS,
-    HEADS,
     HIDDEN,
     INTER,
-    KV_HEADS,
     LAYERS,
-    PAGE,
     DecodeBatch,
     Q,
     interleaved_step_ms,
@@ -45,14 +41,7 @@ MODES = ("base", "no-norms", "no-silu", "no-both")
 def run_batch(batch: int, weights: list[dict], dev: torch.device) -> dict:
     bf = torch.bfloat16
     db = DecodeBatch.draw(batch, torch.Generator().manual_seed(batch), dev)
-    kv, lens, indptr, perm, last = db.kv, db.lens, db.indptr, db.pages, db.last
-    # each row's new token: the last slot of its last page
-    slots = (perm[indptr[1:] - 1].long() * PAGE + last.long() - 1).to(dev)
-    pos = (lens - 1).to(dev)
-    freqs = torch.outer(torch.arange(4096, dtype=torch.float32), 1e6 ** (-torch.arange(0, DIM, 2) / DIM))
-    cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(dev)
-    qn, kn = torch.ones(DIM, device=dev, dtype=bf), torch.ones(DIM, device=dev, dtype=bf)
-    attn = db.wrapper(dev)
+    store, attn, kv, lens = db.rope_store(dev), db.wrapper(dev), db.kv, db.lens
 
     def step(mode: str, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
         norms, silu = mode in ("base", "no-silu"), mode in ("base", "no-norms")
@@ -62,11 +51,7 @@ def run_batch(batch: int, weights: list[dict], dev: torch.device) -> dict:
             else:
                 res = x  # the down GEMM below already added the residual
                 h = x
-            qkv = F.linear(h, w["qkv"])
-            q = qkv[:, :Q].view(-1, HEADS, DIM)
-            k = qkv[:, Q : Q + KV_HEADS * DIM].view(-1, KV_HEADS, DIM)
-            v = qkv[:, Q + KV_HEADS * DIM :].view(-1, KV_HEADS, DIM)
-            triton_ops.qk_norm_rope_store(q, k, v, qn, kn, EPS, cos_sin, pos, kv[i][0], kv[i][1], slots)
+            q = store(F.linear(h, w["qkv"]), i)
             o = attn.run(q, kv[i]).view(-1, Q)
             if norms:
                 h = triton_ops.rmsnorm(F.linear(o, w["o"]), w["n2"], EPS, res)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -306,6 +306,26 @@ class DecodeBatch:
         indptr[1:] = torch.tensor(per_row, dtype=torch.int32).cumsum(0)
         last = torch.tensor([(int(n) - 1) % PAGE + 1 for n in lens], dtype=torch.int32)
         return cls(lens, kv, indptr, pages, last)
+
+    def rope_store(self, dev: torch.device) -> Callable[[torch.Tensor, int], torch.Tensor]:
+        """The engine's fused q/k norm + rope + KV store for each row's new token (the last slot of its last page):
+        `store(qkv, layer)` writes K and V into that layer's pool and returns q [rows, HEADS, DIM]."""
+        bf = torch.bfloat16
+        slots = (self.pages[self.indptr[1:] - 1].long() * PAGE + self.last.long() - 1).to(dev)
+        pos = (self.lens - 1).to(dev)
+        freqs = torch.outer(torch.arange(4096, dtype=torch.float32), 1e6 ** (-torch.arange(0, DIM, 2) / DIM))
+        cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(dev)
+        qn, kn = torch.ones(DIM, device=dev, dtype=bf), torch.ones(DIM, device=dev, dtype=bf)
+
+        def store(qkv: torch.Tensor, layer: int) -> torch.Tensor:
+            q = qkv[:, :Q].view(-1, HEADS, DIM)
+            k = qkv[:, Q : Q + KV_HEADS * DIM].view(-1, KV_HEADS, DIM)
+            v = qkv[:, Q + KV_HEADS * DIM :].view(-1, KV_HEADS, DIM)
+            k_pool, v_pool = self.kv[layer]
+            triton_ops.qk_norm_rope_store(q, k, v, qn, kn, EPS, cos_sin, pos, k_pool, v_pool, slots)
+            return q
+
+        return store
 
     def wrapper(self, dev: torch.device, lo: int = 0, hi: int | None = None):
         """FlashInfer's tensor-core decode planned for rows [lo, hi), with fixed metadata buffers as the engine's

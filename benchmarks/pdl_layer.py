@@ -24,13 +24,9 @@ import json
 import torch
 import torch.nn.functional as F
 from layer_chain import (  # this script's folder is on sys.path
-    DIM,
     EPS,
-    HEADS,
     HIDDEN,
-    KV_HEADS,
     LAYERS,
-    PAGE,
     DecodeBatch,
     Q,
     interleaved_step_ms,
@@ -48,13 +44,7 @@ MODES = ["base", "gemm-pdl", "all-pdl"]
 def run_batch(batch: int, weights: list[dict], dev: torch.device, ext) -> dict:
     bf = torch.bfloat16
     db = DecodeBatch.draw(batch, torch.Generator().manual_seed(batch), dev)
-    kv, lens, indptr, perm, last = db.kv, db.lens, db.indptr, db.pages, db.last
-    slots = (perm[indptr[1:] - 1].long() * PAGE + last.long() - 1).to(dev)  # each row's new token
-    pos = (lens - 1).to(dev)
-    freqs = torch.outer(torch.arange(4096, dtype=torch.float32), 1e6 ** (-torch.arange(0, DIM, 2) / DIM))
-    cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(dev)
-    qn, kn = torch.ones(DIM, device=dev, dtype=bf), torch.ones(DIM, device=dev, dtype=bf)
-    attn = db.wrapper(dev)
+    store, attn, kv, lens = db.rope_store(dev), db.wrapper(dev), db.kv, db.lens
     bm, stages = (16, 0) if batch <= 16 else (32, 3)  # resident_gemm.py's best at each size
 
     def step(mode: str, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
@@ -67,11 +57,7 @@ def run_batch(batch: int, weights: list[dict], dev: torch.device, ext) -> dict:
             return rmsnorm_pdl(a, w, res, True) if small_pdl else triton_ops.rmsnorm(a, w, EPS, res)
 
         for i, w in enumerate(weights):
-            qkv = linear(norm(x, w["n1"]), w["qkv"])
-            q = qkv[:, :Q].view(-1, HEADS, DIM)
-            k = qkv[:, Q : Q + KV_HEADS * DIM].view(-1, KV_HEADS, DIM)
-            v = qkv[:, Q + KV_HEADS * DIM :].view(-1, KV_HEADS, DIM)
-            triton_ops.qk_norm_rope_store(q, k, v, qn, kn, EPS, cos_sin, pos, kv[i][0], kv[i][1], slots)
+            q = store(linear(norm(x, w["n1"]), w["qkv"]), i)
             o = attn.run(q, kv[i]).view(-1, Q)
             gu = linear(norm(linear(o, w["o"]), w["n2"]), w["gu"])
             act = silu_pdl(gu, True) if small_pdl else triton_ops.silu_and_mul(gu)
