@@ -184,6 +184,7 @@ torch::Tensor resident_linear(torch::Tensor x, torch::Tensor w, bool pdl, int64_
   TORCH_CHECK(x.dtype() == torch::kBFloat16 && w.dtype() == torch::kBFloat16 && w.is_contiguous());
   TORCH_CHECK(x.stride(1) == 1 && x.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0);
   TORCH_CHECK((bm == 16 && stages == 0) || ((bm == 16 || bm == 32) && (stages == 2 || stages == 3)));
+  TORCH_CHECK(!rotate || (bm == 32 && stages == 3), "rotate is built for 32 rows per pass and 3 stages only");
   const int64_t n = w.size(0), k = w.size(1);
   TORCH_CHECK(x.size(1) == k);
   auto y = torch::empty({x.size(0), n}, x.options());

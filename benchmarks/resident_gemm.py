@@ -14,7 +14,7 @@ a matrix when its turn comes), chained as in a decode step at M rows, one CUDA g
 - `cuda[-pdl][-b16][-s2|-sall][-rot]`: the same idea in CUDA (`resident_gemm.cu`: W's slice in shared memory by
   cp.async before the wait, x streamed through shared memory, mma.sync), with or without PDL; `-b16` 16 rows per
   pass at every M (else 32 above 16 rows), `-s2` two stages of x instead of three, `-sall` a whole pass of x at
-  once (16 rows), `-rot` each CTA starting at its own chunk of x.
+  once (16 rows), `-rot` each CTA starting at its own chunk of x (32-row passes, so above 16 rows only).
 The question: do kernel boundaries stop costing once the weights no longer wait for the input? (The streaming read
 alone: `phase_boundaries.py`.) Outputs are checked against cuBLAS's, and each CUDA GEMM alone at 1 and 37 rows.
 H100 (docs/gpu.md): PDL takes ~6 us per layer off. Up to 16 rows the CUDA chain under PDL is 17% faster than cuBLAS
@@ -119,7 +119,7 @@ def main() -> None:
                 x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                 ref = F.linear(x, w).float()
                 for bm in (16, 32):
-                    got = ext.resident_linear(x, w, False, bm, 3, m > 16).float()
+                    got = ext.resident_linear(x, w, False, bm, 3, bm == 32).float()
                     single_gemm_err[f"{n}x{k} M={m} bm={bm}"] = ((got - ref).abs().max() / ref.abs().max()).item()
         print("one GEMM against cuBLAS (max rel. err.):", max(single_gemm_err.values()), flush=True)
 
@@ -134,9 +134,11 @@ def main() -> None:
                 assert ext is not None
                 # cuda[-pdl][-b16][-s2|-sall][-rot]: PDL; 16 rows per pass at every M (less shared memory); 2
                 # stages, not 3, or a whole pass's x at once (16 rows); each CTA starting at its own chunk of x
-                pdl, rot = "-pdl" in mode, "-rot" in mode
+                # (built for 32-row passes and 3 stages: at 16 rows or fewer the mode runs without it)
+                pdl = "-pdl" in mode
                 stages = 2 if "-s2" in mode else 0 if "-sall" in mode else 3
                 bm = 16 if h.shape[0] <= 16 or "-b16" in mode or stages == 0 else 32
+                rot = "-rot" in mode and bm == 32 and stages == 3
                 qkv = ext.resident_linear(h, qkv_w, pdl, bm, stages, rot)
                 o = ext.resident_linear(qkv[:, :Q], o_w, pdl, bm, stages, rot)
                 gu = ext.resident_linear(o, gu_w, pdl, bm, stages, rot)
