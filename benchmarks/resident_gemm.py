@@ -6,8 +6,8 @@
 Qwen3-0.6B's four projections (qkv, o, gate_up, down) for 28 layers with their own weights (881 MB: L2 holds none of
 a matrix when its turn comes), chained as in a decode step at M rows, one CUDA graph per mode, replayed in turn:
 - `cublas`: torch's GEMMs, the engine's kernels;
-- `resident`: each program owns BN output columns and loads its whole [BN, K] slice of W (32-128 KB) in one go, then
-  reads x in 16-row blocks (from L2: it is small at these M) and multiplies;
+- `resident`: each program owns BN output columns and loads its whole [BN, K] slice of W (64-96 KB at the default
+  `--bn`) in one go, then reads x in 16-row blocks (from L2: it is small at these M) and multiplies;
 - `resident-pdl`: the same launched with PDL. The weight slice is loaded before `gdc_wait` (weights depend on no
   earlier kernel), so the next projection's programs, once launched, stream their weights while this one computes,
   and its programs let the next launch once their wait is over.
