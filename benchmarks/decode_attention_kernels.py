@@ -12,6 +12,8 @@ request at 32,768 tokens, `offline-desc` the offline rows sorted longest first. 
 Qwen3-0.6B's 16/8 by default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B at TP=4. Kernels:
   fi-tc        FlashInfer's tensor-core decode (the engine's choice), NHD pool [pages, page, heads, dim]
   fi-tc-nosplit  the same with disable_split_kv: no KV split across CTAs, so no merge kernel after it
+  fi-tc-graph  the same through a CUDA-graph wrapper (fixed buffers), as the engine's graphs run it: always split;
+               fi-tc-graph-splitN with fixed_split_size=N
   fi-tc-splitN the same with fixed_split_size=N: each request's KV cut into chunks of N pages
   fi-tc-hnd    the same kernel on an HND pool [pages, heads, page, dim] (each head's page contiguous)
   fi-cc        FlashInfer's CUDA-core decode, NHD;  fi-cc-hnd  on HND
@@ -23,6 +25,10 @@ Qwen3-0.6B's 16/8 by default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B
                decode); FA4 loads pages by TMA at page 128 (one key tile), by cp.async at other sizes
   xqa          FlashInfer's XQA decode kernel (TensorRT-LLM's GQA decode; over e4m3 on sm90 its Hopper fp8 kernel), NHD;
                xqa-hnd  on HND. The bundle of the twenty-third session lacks its sources: it does not build there
+  cuda         benchmarks/paged_decode.cu (bf16/fp16 pools), one span per request; cuda-spans on the fp8
+               decode's span plan (cuda-spans-pN: N programs per SM); -wW -sS: W warps, S pipeline stages; -l1: the
+               rows copied by the copy engine (cp.async.bulk) instead of cp.async; -desc: CTAs take the items longest
+               first; -fused: a request's spans merged inside the kernel by the last to finish
   triton       the engine's decode over an fp8 pool (kernels/attention/fp8_decode.py; e4m3 only), one span per
                request; triton-spans with the engine's split (flashinfer_backend.fp8_decode_work: spans of one length,
                about FP8_PROGRAMS_PER_SM programs per SM; triton-spans-pN: N per SM); triton-uniform with the split
@@ -181,6 +187,17 @@ def case(
         cache = (k_nhd, v_nhd) if layout == "NHD" else (k_hnd, v_hnd)
         return lambda: w.run(q, cache)
 
+    def fi_graph(**plan: int) -> Callable[[], torch.Tensor]:
+        # the engine's CUDA-graph wrapper (fixed buffers; FlashInfer then always splits the KV, as in the engine)
+        ind = torch.zeros(max(int(indptr[-1]), 1), dtype=torch.int32, device=dev)
+        bufs = dict(paged_kv_indptr_buffer=torch.zeros(batch + 1, dtype=torch.int32, device=dev),
+                    paged_kv_indices_buffer=ind, paged_kv_last_page_len_buffer=torch.zeros(batch, dtype=torch.int32,
+                    device=dev))  # fmt: skip
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=True, use_tensor_cores=True, **bufs)
+        w.plan(indptr, indices, last, heads, kv_heads, DIM, page, q_data_type=torch.bfloat16, kv_data_type=dtype,
+               sm_scale=scale, **plan)  # fmt: skip
+        return lambda: w.run(q, (k_nhd, v_nhd))
+
     def holistic() -> Callable[[], torch.Tensor]:
         w = flashinfer.BatchAttention("NHD")
         qo = torch.arange(batch + 1, dtype=torch.int32, device=dev)
@@ -216,6 +233,24 @@ def case(
 
         return lambda: w.run(q, (k_nhd, v_nhd))
 
+    def cuda_kernel(name: str) -> Callable[[], torch.Tensor]:
+        # cuda[-spans][-pN][-wW][-sS][-lL][-desc][-fused]: paged_decode.cu on Fp8DecodeWrapper's span plan
+        import paged_decode  # this script's folder is on sys.path when run as a script
+
+        opts = name.split("-")[1:]
+        val = {o[0]: int(o[1:]) for o in opts if o[:1] in "pwsl" and o[1:].isdigit()}
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        w = Fp8DecodeWrapper(val.get("p", FP8_PROGRAMS_PER_SM) * sms, Fp8Scratch(dev))
+        w.plan(indptr, indices, last, heads, kv_heads, DIM, page, sm_scale=scale, disable_split_kv="spans" not in opts)
+        shape: dict = dict(warps=val.get("w", paged_decode.WARPS), stages=val.get("s", paged_decode.STAGES))
+        shape["bulk"] = val.get("l", 0)
+        spans = (w.work, w.work_ptr, w.sm_scale, w.part, w.lse)
+        if "desc" in opts:  # CTAs take the items longest first
+            shape["order"] = torch.from_numpy(paged_decode.longest_first(w.work.cpu().numpy())).to(dev)
+        if "fused" in opts:  # the spans merged inside the kernel
+            shape["counters"] = torch.zeros(batch * kv_heads, dtype=torch.int32, device=dev)
+        return lambda: paged_decode.decode(q, k_nhd, v_nhd, w.indptr, w.indices, *spans, **shape)
+
     def fa4(splits: int) -> Callable[[], torch.Tensor]:
         from kernels.attention.fa_backend import import_fa4
 
@@ -230,6 +265,7 @@ def case(
         "fa4-auto": lambda: fa4(0),
         "fi-tc": lambda: fi(True, "NHD"),
         "fi-tc-nosplit": lambda: fi(True, "NHD", disable_split_kv=True),
+        "fi-tc-graph": fi_graph,
         "fi-tc-hnd": lambda: fi(True, "HND"),
         "fi-cc": lambda: fi(False, "NHD"),
         "fi-holistic": holistic,
@@ -239,6 +275,7 @@ def case(
     }
     for n in (4, 8, 16, 32, 64):
         makers[f"fi-tc-split{n}"] = functools.partial(fi, True, "NHD", fixed_split_size=n)
+        makers[f"fi-tc-graph-split{n}"] = functools.partial(fi_graph, fixed_split_size=n)
     for n in (2, 3, 4, 8):
         makers[f"fa4-split{n}"] = functools.partial(fa4, n)
     ref = reference(q, k_nhd, v_nhd, table_rows, lens.tolist(), scale)
@@ -248,7 +285,12 @@ def case(
         row: dict = dict(kernel=name, kv=kv, lens=lens_name, heads=f"{heads}/{kv_heads}", batch=batch, page=page,
                          graph=graph, kv_tokens=int(lens.sum()))  # fmt: skip
         try:
-            fn = triton_kernel(name) if name.startswith("triton") else makers[name]()
+            if name.startswith("triton"):
+                fn = triton_kernel(name)
+            elif name.startswith("cuda"):
+                fn = cuda_kernel(name)
+            else:
+                fn = makers[name]()
             out = fn().float()
             row["rel_err"] = float((out - ref).norm() / ref.norm())
             us = time_us(fn, graph=graph)

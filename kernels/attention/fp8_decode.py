@@ -174,6 +174,13 @@ def decode(
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
     )
-    if merge:
-        _merge[(rows * heads,)](out, part, lse, work_ptr, heads, D=dim, BLOCK_S=MERGE_BLOCK)
+    if part is not None and lse is not None:
+        merge_spans(out, part, lse, work_ptr, rows, heads)
     return out
+
+
+def merge_spans(
+    out: torch.Tensor, part: torch.Tensor, lse: torch.Tensor, work_ptr: torch.Tensor, rows: int, heads: int
+) -> None:
+    """Each request cut into several spans: its spans' outputs weighed by their log-sum-exps, into `out`."""
+    _merge[(rows * heads,)](out, part, lse, work_ptr, heads, D=out.shape[-1], BLOCK_S=MERGE_BLOCK)

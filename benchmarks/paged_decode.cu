@@ -1,0 +1,391 @@
+// A decode attention kernel over a bf16/fp16 paged KV pool [pages, 16, kv_heads, 128], one CTA per (work item, KV
+// head); a benchmark, not in the engine (benchmarks/paged_decode.py says why). A work item is a span of one request's
+// keys (flashinfer_backend.fp8_decode_work). Each warp of the CTA takes every
+// WARPS-th page of the span and streams it through its own STAGES-deep ring of shared memory with cp.async; the
+// products run on the CUDA cores (a KV head serves a few query heads: the tensor cores' tile would sit mostly
+// empty). At the end the warps' partial softmax states are merged in shared memory: a request in one span writes its
+// output, one cut into several writes each span's normalized output and log-sum-exp for the merge kernel.
+//
+// Lane layout for a page: lane = t4 * 8 + j; the lane reads tokens t4, t4 + 4, t4 + 8, t4 + 12 of the page and of
+// each token the dims [8j, 8j + 8) and [64 + 8j, 64 + 8j + 8), so each quarter warp reads 128 contiguous bytes of one
+// row from shared memory (no bank conflicts).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int D = 128;
+constexpr int PAGE = 16;
+constexpr int ROW_BYTES = D * 2;
+constexpr int PAGE_BYTES = PAGE * ROW_BYTES;  // one page of K (or V) of one KV head
+constexpr int STAGE_BYTES = 2 * PAGE_BYTES;  // K and V
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra WAIT;\n}\n" ::"r"(
+          bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, int bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 r;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr));
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ void widen8(uint4 raw, float* f);
+template <>
+__device__ __forceinline__ void widen8<__nv_bfloat16>(uint4 raw, float* f) {
+  // bf16 -> fp32 is a shift: the low half of each word moves up, the high half is masked
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+template <>
+__device__ __forceinline__ void widen8<__half>(uint4 raw, float* f) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+    f[2 * i] = p.x;
+    f[2 * i + 1] = p.y;
+  }
+}
+
+// The 16 dims lane j of a token group holds, [8j, 8j + 8) and [64 + 8j, 64 + 8j + 8), of a row in shared memory
+template <typename T>
+__device__ __forceinline__ void lane_dims(uint32_t row, int j, float* f) {
+  widen8<T>(lds128(row + 16 * j), f);
+  widen8<T>(lds128(row + 128 + 16 * j), f + 8);
+}
+
+struct Args {
+  const void* q;
+  const void* k;
+  const void* v;
+  const int* indptr;   // [rows + 1] into indices
+  const int* indices;  // page ids
+  const int* work;     // [3, stride_w]: request (-1: no work), first key, end key
+  const int* work_ptr; // [rows + 1]: each request's items
+  const int* order;    // [items]: the item each CTA takes, longest first; null: CTA i takes item i
+  void* out;           // [rows, heads, D]
+  float* part;         // [items, heads, D]
+  float* lse;          // [items, heads], base 2
+  int* counters;       // [rows, kv_heads], zero between calls: spans done; null: the merge is a kernel of its own
+  float qk_scale;      // sm_scale * log2(e)
+  long long stride_qb, stride_qh, stride_kp, stride_ks, stride_kh;  // elements
+  int stride_w;
+  int heads;
+};
+
+template <typename T, int G, int WARPS, int STAGES, int BULK>
+__global__ void __launch_bounds__(WARPS * 32) paged_decode(const Args a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int item = a.order ? a.order[blockIdx.x] : blockIdx.x, kvh = blockIdx.y;
+  const int b = a.work[item];
+  if (b < 0) return;
+  const int start = a.work[a.stride_w + item], end = a.work[2 * a.stride_w + item];
+  const bool alone = a.work_ptr[b + 1] - a.work_ptr[b] == 1;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t4 = lane >> 3, j = lane & 7;
+  const int* pages = a.indices + a.indptr[b];
+
+  float qf[G][16];
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    const T* qp = static_cast<const T*>(a.q) + b * a.stride_qb + (kvh * G + h) * a.stride_qh;
+    widen8<T>(*reinterpret_cast<const uint4*>(qp + 8 * j), qf[h]);
+    widen8<T>(*reinterpret_cast<const uint4*>(qp + 64 + 8 * j), qf[h] + 8);
+#pragma unroll
+    for (int d = 0; d < 16; ++d) qf[h][d] *= a.qk_scale;
+  }
+
+  const int first_page = start / PAGE;
+  const int npages = (end - 1) / PAGE - first_page + 1;
+  const int mine = warp < npages ? (npages - warp + WARPS - 1) / WARPS : 0;  // pages this warp reads
+  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + warp * STAGES * STAGE_BYTES;
+  const char* kbase = static_cast<const char*>(a.k) + kvh * a.stride_kh * 2;
+  const char* vbase = static_cast<const char*>(a.v) + kvh * a.stride_kh * 2;
+  int pid_reg = 0;  // lane i: the page id of this warp's page 32 * (i / 32) + lane
+
+  // BULK: the copy engine brings each row (one lane per K or V row of the page) and signals the stage's mbarrier;
+  // else cp.async, 16 bytes a lane, in commit groups.
+  const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + WARPS * STAGES * STAGE_BYTES +
+                        warp * STAGES * 8;
+  if (BULK) {
+    if (lane == 0) {
+#pragma unroll
+      for (int st = 0; st < STAGES; ++st) mbar_init(bars + 8 * st);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncwarp();
+  }
+  auto issue = [&](int i) {
+    if (i < mine) {
+      if ((i & 31) == 0) {
+        const int at = i + lane;
+        pid_reg = at < mine ? pages[first_page + warp + at * WARPS] : 0;
+      }
+      const int pid = __shfl_sync(0xffffffffu, pid_reg, i & 31);
+      const int tok0 = (first_page + warp + i * WARPS) * PAGE;
+      const uint32_t dst = ring + (i % STAGES) * STAGE_BYTES;
+      const long long page_off = static_cast<long long>(pid) * a.stride_kp * 2;
+      if constexpr (BULK != 0) {
+        const int lo = max(start - tok0, 0), hi = min(end - tok0, PAGE);  // the page's rows in the span
+        const uint32_t bar = bars + 8 * (i % STAGES);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        if (lane == 0) mbar_expect_tx(bar, (hi - lo) * 2 * ROW_BYTES);
+        __syncwarp();
+        const int row = lane & 15, is_v = lane >> 4;
+        const uint32_t to = dst + is_v * PAGE_BYTES + row * ROW_BYTES;
+        if (row >= lo && row < hi) {
+          bulk_copy(to, (is_v ? vbase : kbase) + page_off + row * a.stride_ks * 2, ROW_BYTES, bar);
+        } else {  // a row outside the span: zeros (its score is masked; stale bits could hold a NaN)
+          const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+          float4* zp = reinterpret_cast<float4*>(smem + (to - static_cast<uint32_t>(__cvta_generic_to_shared(smem))));
+#pragma unroll
+          for (int c = 0; c < ROW_BYTES / 16; ++c) zp[c] = z;
+        }
+      } else {
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          const int chunk = lane + 32 * c, tok = chunk >> 4, col = chunk & 15;
+          const bool valid = tok0 + tok >= start && tok0 + tok < end;
+          const long long off = page_off + (valid ? tok : 0) * a.stride_ks * 2 + col * 16;
+          cp_async16(dst + tok * ROW_BYTES + col * 16, kbase + off, valid ? 16 : 0);
+          cp_async16(dst + PAGE_BYTES + tok * ROW_BYTES + col * 16, vbase + off, valid ? 16 : 0);
+        }
+      }
+    }
+    if (!BULK) cp_commit();  // an empty group past the end keeps the wait count uniform
+  };
+
+  float m[G], l[G], acc[G][16];
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.f;
+#pragma unroll
+    for (int d = 0; d < 16; ++d) acc[h][d] = 0.f;
+  }
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) issue(s);
+  for (int i = 0; i < mine; ++i) {
+    issue(i + STAGES - 1);
+    if (BULK) {
+      mbar_wait(bars + 8 * (i % STAGES), (i / STAGES) & 1);
+    } else {
+      cp_wait<STAGES - 1>();
+    }
+    __syncwarp();
+    const uint32_t kst = ring + (i % STAGES) * STAGE_BYTES, vst = kst + PAGE_BYTES;
+    const int tok0 = (first_page + warp + i * WARPS) * PAGE;
+    float s[4][G];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const int tok = 4 * p + t4;
+      float kf[16];
+      lane_dims<T>(kst + tok * ROW_BYTES, j, kf);
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        float x = 0.f;
+#pragma unroll
+        for (int d = 0; d < 16; ++d) x = fmaf(qf[h][d], kf[d], x);
+        x += __shfl_xor_sync(0xffffffffu, x, 1);
+        x += __shfl_xor_sync(0xffffffffu, x, 2);
+        x += __shfl_xor_sync(0xffffffffu, x, 4);
+        const int n = tok0 + tok;
+        s[p][h] = (n >= start && n < end) ? x : -INFINITY;
+      }
+    }
+    float pr[4][G];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      float mx = fmaxf(fmaxf(s[0][h], s[1][h]), fmaxf(s[2][h], s[3][h]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float m_new = fmaxf(m[h], mx);
+      const float alpha = exp2f(m[h] - m_new);
+      float sum = 0.f;
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        pr[p][h] = exp2f(s[p][h] - m_new);
+        sum += pr[p][h];
+      }
+      l[h] = l[h] * alpha + sum;
+#pragma unroll
+      for (int d = 0; d < 16; ++d) acc[h][d] *= alpha;
+      m[h] = m_new;
+    }
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const int tok = 4 * p + t4;
+      float vf[16];
+      lane_dims<T>(vst + tok * ROW_BYTES, j, vf);
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+#pragma unroll
+        for (int d = 0; d < 16; ++d) acc[h][d] = fmaf(pr[p][h], vf[d], acc[h][d]);
+      }
+    }
+    __syncwarp();  // the next issue overwrites this stage
+  }
+  if (!BULK) cp_wait<0>();
+
+  // the four token groups of the warp (t4) into one state per warp
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 8);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 16);
+#pragma unroll
+    for (int d = 0; d < 16; ++d) {
+      acc[h][d] += __shfl_xor_sync(0xffffffffu, acc[h][d], 8);
+      acc[h][d] += __shfl_xor_sync(0xffffffffu, acc[h][d], 16);
+    }
+  }
+  __syncthreads();  // every warp is done with its ring: the merge reuses the shared memory
+  float* red_acc = reinterpret_cast<float*>(smem);  // [WARPS][G][D]
+  float* red_m = red_acc + WARPS * G * D;            // [WARPS][G]
+  float* red_l = red_m + WARPS * G;
+  if (t4 == 0) {
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      float* row = red_acc + (warp * G + h) * D;
+#pragma unroll
+      for (int d = 0; d < 8; ++d) {
+        row[8 * j + d] = acc[h][d];
+        row[64 + 8 * j + d] = acc[h][8 + d];
+      }
+      if (j == 0) {
+        red_m[warp * G + h] = m[h];
+        red_l[warp * G + h] = l[h];
+      }
+    }
+  }
+  __syncthreads();
+  for (int x = threadIdx.x; x < G * D; x += WARPS * 32) {
+    const int h = x / D, d = x % D;
+    float mm = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) mm = fmaxf(mm, red_m[w * G + h]);
+    float ll = 0.f, o = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      const float scale = exp2f(red_m[w * G + h] - mm);  // a warp without pages: exp2(-inf) = 0
+      ll += red_l[w * G + h] * scale;
+      o += red_acc[(w * G + h) * D + d] * scale;
+    }
+    const int head = kvh * G + h;
+    if (alone) {
+      static_cast<T*>(a.out)[(static_cast<long long>(b) * a.heads + head) * D + d] = static_cast<T>(o / ll);
+    } else {
+      const long long at = static_cast<long long>(item) * a.heads + head;
+      a.part[at * D + d] = o / ll;
+      if (d == 0) a.lse[at] = mm + log2f(ll);
+    }
+  }
+  if (alone || a.counters == nullptr) return;
+  // The request's last span to finish merges them all, in span order (the result does not depend on which is last).
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  const int first = a.work_ptr[b], n = a.work_ptr[b + 1] - first;
+  if (threadIdx.x == 0) {
+    int* counter = a.counters + b * gridDim.y + kvh;
+    last = atomicAdd(counter, 1) == n - 1;
+    if (last) *counter = 0;  // ready for the next call (a CUDA graph replays this buffer)
+    __threadfence();
+  }
+  __syncthreads();
+  if (!last) return;
+  for (int x = threadIdx.x; x < G * D; x += WARPS * 32) {
+    const int head = kvh * G + x / D, d = x % D;
+    float mm = -INFINITY;
+    for (int s = 0; s < n; ++s) mm = fmaxf(mm, __ldcg(a.lse + static_cast<long long>(first + s) * a.heads + head));
+    float ll = 0.f, o = 0.f;
+    for (int s = 0; s < n; ++s) {
+      const long long at = static_cast<long long>(first + s) * a.heads + head;
+      const float w = exp2f(__ldcg(a.lse + at) - mm);
+      ll += w;
+      o += w * __ldcg(a.part + at * D + d);
+    }
+    static_cast<T*>(a.out)[(static_cast<long long>(b) * a.heads + head) * D + d] = static_cast<T>(o / ll);
+  }
+}
+
+template <typename T, int G, int WARPS, int STAGES, int BULK>
+int launch(const Args& a, int items, int kv_heads, cudaStream_t stream) {
+  constexpr int ring = WARPS * STAGES * (STAGE_BYTES + 8);  // + the mbarriers
+  constexpr int merge = (WARPS * G * D + 2 * WARPS * G) * 4;
+  constexpr int bytes = ring > merge ? ring : merge;
+  static bool ready = false;
+  if (!ready) {
+    const cudaError_t e = cudaFuncSetAttribute(paged_decode<T, G, WARPS, STAGES, BULK>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess) return e;
+    ready = true;
+  }
+  paged_decode<T, G, WARPS, STAGES, BULK><<<dim3(items, kv_heads), WARPS * 32, bytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <typename T, int G>
+int by_shape(const Args& a, int items, int kv_heads, int warps, int stages, int hint, cudaStream_t s) {
+#define SHAPE(W, S, P) \
+  if (warps == W && stages == S && hint == P) return launch<T, G, W, S, P>(a, items, kv_heads, s);
+  SHAPE(4, 3, 0) SHAPE(4, 3, 1) SHAPE(4, 2, 1) SHAPE(4, 4, 1) SHAPE(8, 3, 1) SHAPE(8, 3, 0)
+#undef SHAPE
+  return -1;
+}
+
+template <typename T>
+int by_group(const Args& a, int items, int kv_heads, int group, int warps, int stages, int hint, cudaStream_t s) {
+  switch (group) {
+    case 1: return by_shape<T, 1>(a, items, kv_heads, warps, stages, hint, s);
+    case 2: return by_shape<T, 2>(a, items, kv_heads, warps, stages, hint, s);
+    case 4: return by_shape<T, 4>(a, items, kv_heads, warps, stages, hint, s);
+      }
+  return -1;
+}
+
+}  // namespace
+
+// Returns a cudaError_t, or -1 for a shape this build has no kernel for.
+extern "C" int paged_decode_launch(const void* q, const void* k, const void* v, const int* indptr, const int* indices,
+                                   const int* work, const int* work_ptr, const int* order, void* out, float* part,
+                                   float* lse, int* counters, float qk_scale, long long stride_qb, long long stride_qh, long long stride_kp,
+                                   long long stride_ks, long long stride_kh, int stride_w, int items, int heads,
+                                   int kv_heads, int fp16, int warps, int stages, int hint, void* stream) {
+  const Args a{q, k, v, indptr, indices, work, work_ptr, order, out, part, lse, counters, qk_scale,
+               stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_w, heads};
+  const int group = heads / kv_heads;
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  return fp16 ? by_group<__half>(a, items, kv_heads, group, warps, stages, hint, s)
+              : by_group<__nv_bfloat16>(a, items, kv_heads, group, warps, stages, hint, s);
+}

@@ -1,0 +1,138 @@
+"""A decode attention kernel in CUDA over a bf16 / fp16 paged KV pool (benchmarks/paged_decode.cu), measured against
+FlashInfer's in benchmarks/decode_attention_kernels.py (kernels `cuda*`; issue #17, thirty-first session). Not in the
+engine: it ties FlashInfer's tensor-core decode on an H100 and trails it by 9% on an H200 at the offline workload's
+batches, and on batches with one long request FlashInfer with a fixed split does as well (docs/gpu.md).
+
+Built once per machine and GPU architecture with the CUDA toolkit's nvcc into the minisgl cache, and called through
+ctypes on torch's current stream, so CUDA graphs capture it. It takes the fp8 Triton decode's work items (spans of
+one length, flashinfer_backend.fp8_decode_work) and its merge kernel for requests cut into several spans, or merges
+them itself (`counters`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SOURCE = Path(__file__).with_name("paged_decode.cu")
+HEAD_DIM, PAGE_SIZE = 128, 16  # the only shape the kernel is built for
+WARPS, STAGES = 4, 3  # the defaults; paged_decode.cu's by_shape lists the (warps, stages, bulk) built
+
+_lib: ctypes.CDLL | None = None
+
+
+def _cache_dir() -> Path:
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return root / "minisgl" / "cuda"
+
+
+def _nvcc() -> str:
+    for cand in (
+        shutil.which("nvcc"),
+        os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc"),
+    ):
+        if cand and os.path.exists(cand):
+            return cand
+    raise RuntimeError("the CUDA decode kernel needs the CUDA toolkit's nvcc (on PATH or in $CUDA_HOME/bin)")
+
+
+def library(device: torch.device | None = None) -> ctypes.CDLL:
+    """The built kernel library, built first if this machine has none for this source and GPU architecture."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    major, minor = torch.cuda.get_device_capability(device)
+    arch = f"{major}{minor}{'a' if major == 9 else ''}"
+    digest = hashlib.sha1(SOURCE.read_bytes()).hexdigest()[:12]
+    target = _cache_dir() / f"paged_decode-{digest}-sm{arch}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        cmd = [_nvcc(), "-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-shared",
+               "-Xcompiler", "-fPIC", "-o", str(tmp), str(SOURCE)]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"building {SOURCE.name} failed:\n{done.stderr[-2000:]}")
+        tmp.replace(target)
+    lib = ctypes.CDLL(str(target))
+    fn = lib.paged_decode_launch
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int
+    fn.argtypes = [p] * 12 + [ctypes.c_float] + [i64] * 5 + [i32] * 8 + [p]
+    fn.restype = i32
+    _lib = lib
+    return lib
+
+
+def longest_first(work: np.ndarray) -> np.ndarray:
+    """The order in which CTAs take the work items [3, items] (request, first key, end key): the longest first, so
+    that no long read starts last and runs alone at the end; unused items (request -1) last."""
+    length = np.where(work[0] >= 0, work[2] - work[1], -1)
+    return np.argsort(-length, kind="stable").astype(np.int32)
+
+
+def decode(
+    q: torch.Tensor,  # [rows, heads, dim], last dim contiguous, rows 16-byte aligned
+    k_cache: torch.Tensor,  # [pages, page, kv_heads, dim], q's dtype
+    v_cache: torch.Tensor,
+    indptr: torch.Tensor,  # int32 [rows + 1] into indices (device)
+    indices: torch.Tensor,  # int32 page ids (device)
+    work: torch.Tensor,  # int32 [3, items] (device): request (-1: none), first key, end key
+    work_ptr: torch.Tensor,  # int32 [rows + 1] (device)
+    sm_scale: float,
+    part: torch.Tensor | None,  # fp32, at least items * heads * dim (None: no request has several spans)
+    lse: torch.Tensor | None,  # fp32, at least items * heads
+    out: torch.Tensor | None = None,  # contiguous [rows, heads, dim]
+    counters: torch.Tensor | None = None,  # int32 [rows * kv_heads], zero: the spans merged inside the kernel
+    order: torch.Tensor | None = None,  # int32 [items]: the item each CTA takes (longest_first)
+    warps: int = WARPS,
+    stages: int = STAGES,
+    bulk: int = 0,  # 1: the copy engine brings the rows (cp.async.bulk), 0: cp.async
+) -> torch.Tensor:
+    from kernels.attention.fp8_decode import LOG2E, merge_spans
+
+    rows, heads, dim = q.shape
+    kv_heads = k_cache.shape[2]
+    out = torch.empty_like(q) if out is None else out
+    assert out.is_contiguous() and q.stride(2) == 1 and work.stride(1) == 1 and k_cache.stride() == v_cache.stride()
+    assert (part is None) == (lse is None)
+    err = library().paged_decode_launch(
+        q.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        indptr.data_ptr(),
+        indices.data_ptr(),
+        work.data_ptr(),
+        work_ptr.data_ptr(),
+        None if order is None else order.data_ptr(),
+        out.data_ptr(),
+        None if part is None else part.data_ptr(),
+        None if lse is None else lse.data_ptr(),
+        None if part is None or counters is None else counters.data_ptr(),
+        sm_scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        work.stride(0),
+        work.shape[1],
+        heads,
+        kv_heads,
+        int(q.dtype == torch.float16),
+        warps,
+        stages,
+        bulk,
+        torch.cuda.current_stream(q.device).cuda_stream,
+    )
+    if err:
+        raise RuntimeError(f"paged_decode_launch: error {err} (rows {rows}, heads {heads}/{kv_heads}, dim {dim})")
+    if part is not None and lse is not None and counters is None:
+        merge_spans(out, part, lse, work_ptr, rows, heads)
+    return out
