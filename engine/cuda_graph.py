@@ -106,7 +106,12 @@ class DecodeGraphs:
         self.outputs.clear()
 
     def can_run(self, batch: Batch) -> bool:
-        return self.enabled and batch.is_decode and len(batch.reqs) <= self.max_bs
+        """A decode batch of at most max_bs rows, unless its attention needs a fixed split (flashinfer_backend.
+        fixed_split_pages), which FlashInfer plans only eagerly."""
+        if not (self.enabled and batch.is_decode and len(batch.reqs) <= self.max_bs):
+            return False
+        assert self.backend is not None
+        return not self.backend.fixed_split([s + 1 for s in batch.starts])
 
     def run(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay the graph for this decode batch; returns its hidden states and the rows' request slots (device)."""

@@ -100,7 +100,9 @@ class _Captured:
 
 
 class MixedGraphs:
-    """Piecewise graphs for non-decode batches of up to `max_tokens` tokens on the FlashInfer backend."""
+    """Piecewise graphs for batches of up to `max_tokens` tokens on the FlashInfer backend: prefill and mixed steps,
+    and the decode steps the decode graphs do not run (more rows than captured; a fixed split of a long request's KV,
+    flashinfer_backend.fixed_split_pages)."""
 
     def __init__(self, runner: ModelRunner, max_tokens: int):
         from kernels.attention.flashinfer_backend import FlashInferBackend

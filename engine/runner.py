@@ -178,7 +178,8 @@ class ModelRunner:
                 slots = None
         else:
             ids, pos, meta = self.prepare(batch)
-            if self.pieces is not None and not batch.is_decode and self.pieces.can_run(batch.num_tokens):
+            # a decode batch gets here where its graph cannot run it (more rows than captured, a fixed split)
+            if self.pieces is not None and self.pieces.can_run(batch.num_tokens):
                 hidden = self.pieces.run(ids, pos, meta)
             else:
                 self.backend.plan(meta)

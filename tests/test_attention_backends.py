@@ -113,6 +113,20 @@ def test_decode_splits_the_kv_only_when_the_batch_cannot_fill_the_gpu_evenly() -
     assert not decode_split_kv([1100] * 255 + [8_000], 8, slots)  # within one slot's share (~8.6k tokens)
 
 
+def test_a_long_request_among_a_full_batch_of_decodes_gets_a_fixed_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernels.attention import flashinfer_backend as fb
+
+    slots, pages = 264, fb.FIXED_SPLIT_PAGES
+    assert pages > 0
+    assert fb.fixed_split_pages([1100] * 255 + [32_000], 8, slots) == pages  # FlashInfer would split none of them
+    assert fb.fixed_split_pages([1100] * 63 + [32_000], 8, slots) == pages  # 64 rows: 512 CTAs, none split either
+    assert fb.fixed_split_pages([1100] * 256, 8, slots) == 0  # even: nothing to share out
+    assert fb.fixed_split_pages([1100] * 255 + [8_000], 8, slots) == 0  # within one slot's share
+    assert fb.fixed_split_pages([1100] * 31 + [32_000], 8, slots) == 0  # 256 CTAs: FlashInfer splits by itself
+    monkeypatch.setattr(fb, "FIXED_SPLIT_PAGES", 0)
+    assert fb.fixed_split_pages([1100] * 255 + [32_000], 8, slots) == 0
+
+
 def test_the_ragged_part_of_a_prefill_is_the_trailing_run_of_fresh_prompts() -> None:
     from kernels.attention.flashinfer_backend import fresh_tail
 

@@ -585,6 +585,39 @@ def test_decode_without_split_kv(peaked_model, monkeypatch):
     assert all(max(gap_a, gap_b) <= 0.25 for _, _, gap_a, gap_b in ties), ties
 
 
+def test_long_request_among_many_decodes_runs_a_fixed_split(peaked_model, monkeypatch):
+    """96 decode rows (288 (request, KV head) CTAs for SmolLM2's 3 KV heads: FlashInfer would split none) beside one
+    6,000-token request: the decode steps plan a fixed split (flashinfer_backend.fixed_split_pages) and run through the
+    piecewise graphs, not a decode graph; against FlashInfer's own choice from the decode graphs, the same computation
+    (the KV is summed in another order: test_mixed_batches_compute_the_same_logits's check)."""
+    from kernels.attention import flashinfer_backend as fb
+
+    g = torch.Generator().manual_seed(8)
+    lens = [6000] + torch.randint(150, 250, (95,), generator=g).tolist()
+    prompts = [torch.randint(0, 10000, (n,), generator=g).tolist() for n in lens]
+    fixed: list[tuple[int, int]] = []  # eager decode plans: (rows, fixed split pages)
+    plan = fb.FlashInferBackend._plan
+
+    def recorded(self, wrapper, meta, split=True):
+        if meta.is_decode and wrapper in self.decode:
+            fixed.append((len(meta.kv_lens), self.fixed_split(meta.kv_lens)))
+        return plan(self, wrapper, meta, split)
+
+    monkeypatch.setattr(fb.FlashInferBackend, "_plan", recorded)
+    runs: list[int] = []
+    on = _greedy_with_logits(peaked_model, prompts, piece_runs=runs, mixed_batch=False)
+    assert (96, fb.FIXED_SPLIT_PAGES) in fixed, sorted(set(fixed))
+    assert runs.count(96) >= 40, runs  # the decode steps, through the pieces
+    monkeypatch.setattr(fb, "FIXED_SPLIT_PAGES", 0)
+    fixed.clear()
+    runs_off: list[int] = []
+    off = _greedy_with_logits(peaked_model, prompts, piece_runs=runs_off, mixed_batch=False)
+    assert 96 not in runs_off and all(rows != 96 for rows, _ in fixed)  # the decode graphs ran them
+    errors, ties = _same_computation(prompts, on, off)
+    assert max(errors) < 5e-2
+    assert all(max(gap_a, gap_b) <= 0.25 for _, _, gap_a, gap_b in ties), ties
+
+
 @pytest.mark.parametrize("backend", ["fa,flashinfer", "fa"])
 def test_fa_computes_the_same_logits_as_flashinfer(peaked_model, backend):
     """FA4 prefill (and, for `fa`, eager FA4 decode) against FlashInfer on the peaked model. Greedy tokens are not

@@ -30,6 +30,10 @@ and was no faster than bf16 on an H200. Its split cuts every request into spans 
 long context beside short ones is shared out among the GPU's programs (H200: 655 -> 78 us per layer for a 32,768-token
 request beside seven short ones).
 
+A decode batch that fills the GPU with one request far longer than the rest gets a fixed split of each request's KV
+(fixed_split_pages): FlashInfer splits only to fill the GPU, so that request's CTAs would read on alone. FlashInfer
+plans a fixed split only eagerly, so such a batch runs from the piecewise graphs, not a decode graph (engine/runner.py).
+
 Every wrapper comes in two copies used in turn. A plan writes its schedule into the wrapper's pinned host
 buffer and queues an async copy to the device; under overlap scheduling the next plan runs while the previous
 step may not have started, so reusing one wrapper would overwrite a schedule before the GPU has read it.
@@ -65,6 +69,10 @@ SPLIT_MIN_GROUP = 4
 NO_SPLIT_WHEN_BALANCED = True
 # Decode over an fp8 pool through kernels/attention/fp8_decode.py where it runs (fp8_decode_supported); off: FlashInfer.
 TRITON_FP8_DECODE = True
+# A decode batch that fills the GPU (fixed_split_pages) with one request far longer than the rest runs FlashInfer with
+# each request's KV cut into chunks of this many pages, eagerly (FlashInfer refuses a fixed split in CUDA-graph mode);
+# 0: FlashInfer's own choice (benchmarks/decode_attention_kernels.py's fi-tc-graph against fi-tc-split32).
+FIXED_SPLIT_PAGES = 32
 
 
 def paged_metadata(meta: AttnMeta, page_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -89,6 +97,18 @@ def decode_split_kv(kv_lens: list[int], num_kv_heads: int, slots: int) -> bool:
     decode steps of 129-256 rows 2-4% faster, docs/gpu.md); a lone long request would keep one CTA busy while the
     rest idle. FlashInfer splits by itself when it sees fit; in CUDA-graph mode it always splits."""
     return max(kv_lens) * slots > sum(kv_lens) * num_kv_heads
+
+
+def fixed_split_pages(kv_lens: list[int], num_kv_heads: int, slots: int) -> int:
+    """The pages per chunk of a fixed split for this decode batch, or 0 for FlashInfer's own choice. FlashInfer splits
+    a request's KV only to fill the GPU: a batch of at least `slots` (request, KV head) CTAs runs unsplit, and one
+    request longer than a slot's share of the KV (decode_split_kv) keeps its CTAs reading long after the rest are done.
+    Cut into chunks of FIXED_SPLIT_PAGES, 255 rows of the offline workload's lengths beside one of 32,768 tokens took
+    328 against 658 us per layer (H200, Qwen3-0.6B's heads; FlashInfer's CUDA-graph decode, which the engine replays,
+    took 658, its eager choice 651); 64 such rows 116 against 481 (docs/gpu.md)."""
+    if FIXED_SPLIT_PAGES <= 0 or len(kv_lens) * num_kv_heads < slots:
+        return 0
+    return FIXED_SPLIT_PAGES if decode_split_kv(kv_lens, num_kv_heads, slots) else 0
 
 
 def fresh_tail(meta: AttnMeta) -> int:
@@ -337,13 +357,23 @@ class FlashInferBackend(AttentionBackend):
             return max(kv_lens) > fp8_span(np.asarray(kv_lens), programs, Fp8DecodeWrapper.MAX_SPANS)
         return decode_split_kv(kv_lens, self.num_kv_heads, self.split_slots)
 
+    def fixed_split(self, kv_lens: list[int]) -> int:
+        """fixed_split_pages for a decode batch here (0 over fp8, whose kernel shares out long requests by itself, and
+        with a sliding window); such a batch runs eagerly, not from a CUDA graph."""
+        if self.fp8_decode or self.window_left >= 0:
+            return 0
+        return fixed_split_pages(kv_lens, self.num_kv_heads, self.split_slots)
+
     def _plan(self, wrapper: _Wrapper, meta: AttnMeta, split: bool = True) -> None:
         indptr, indices, last = paged_metadata(meta, self.pool.page_size)
         common = dict(
             q_data_type=self.dtype, kv_data_type=self.kv_dtype, sm_scale=self.scale, window_left=self.window_left
         )
         paged = (indptr, indices, last, self.num_heads, self.num_kv_heads, self.head_dim, self.pool.page_size)
-        if meta.is_decode:
+        fixed = self.fixed_split(meta.kv_lens) if meta.is_decode and wrapper in self.decode else 0
+        if fixed:
+            wrapper.plan(*paged, fixed_split_size=fixed, **common)
+        elif meta.is_decode:
             wrapper.plan(*paged, disable_split_kv=not split, **common)
         else:
             wrapper.plan(_indptr(meta.q_lens), *paged, causal=True, **common)
