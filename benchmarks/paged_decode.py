@@ -1,6 +1,6 @@
 """A decode attention kernel in CUDA over a bf16 / fp16 paged KV pool (benchmarks/paged_decode.cu), measured against
 FlashInfer's in benchmarks/decode_attention_kernels.py (kernels `cuda*`; issue #17, thirty-first session). Not in the
-engine: it ties FlashInfer's tensor-core decode on an H100 and trails it by 9% on an H200 at the offline workload's
+engine: it ties FlashInfer's tensor-core decode on an H100 and trails it by 8-12% on an H200 at the offline workload's
 batches, and on batches with one long request FlashInfer with a fixed split does as well (docs/gpu.md).
 
 Built once per machine and GPU architecture with the CUDA toolkit's nvcc into the minisgl cache, and called through
