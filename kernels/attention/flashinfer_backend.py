@@ -73,6 +73,10 @@ TRITON_FP8_DECODE = True
 # each request's KV cut into chunks of this many pages, eagerly (FlashInfer refuses a fixed split in CUDA-graph mode);
 # 0: FlashInfer's own choice (benchmarks/decode_attention_kernels.py's fi-tc-graph against fi-tc-split32).
 FIXED_SPLIT_PAGES = 32
+# "Far longer": its KV over FIXED_SPLIT_MARGIN times one slot's share of the batch's. The batches measured were 3.4x
+# (255 rows beside a 32k context) and 10x (63 rows); the offline workload's own, at most ~2x in its last steps, keep
+# their decode graphs (a fixed split there is unmeasured end to end).
+FIXED_SPLIT_MARGIN = 3
 
 
 def paged_metadata(meta: AttnMeta, page_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -102,13 +106,14 @@ def decode_split_kv(kv_lens: list[int], num_kv_heads: int, slots: int) -> bool:
 def fixed_split_pages(kv_lens: list[int], num_kv_heads: int, slots: int) -> int:
     """The pages per chunk of a fixed split for this decode batch, or 0 for FlashInfer's own choice. FlashInfer splits
     a request's KV only to fill the GPU: a batch of at least `slots` (request, KV head) CTAs runs unsplit, and one
-    request longer than a slot's share of the KV (decode_split_kv) keeps its CTAs reading long after the rest are done.
+    request far longer than a slot's share of the KV (FIXED_SPLIT_MARGIN times) keeps its CTAs reading long after the
+    rest are done.
     Cut into chunks of FIXED_SPLIT_PAGES, 255 rows of the offline workload's lengths beside one of 32,768 tokens took
     328 against 658 us per layer (H200, Qwen3-0.6B's heads; FlashInfer's CUDA-graph decode, which the engine replays,
     took 658, its eager choice 651); 64 such rows 116 against 481 (docs/gpu.md)."""
     if FIXED_SPLIT_PAGES <= 0 or len(kv_lens) * num_kv_heads < slots:
         return 0
-    return FIXED_SPLIT_PAGES if decode_split_kv(kv_lens, num_kv_heads, slots) else 0
+    return FIXED_SPLIT_PAGES if max(kv_lens) * slots > FIXED_SPLIT_MARGIN * sum(kv_lens) * num_kv_heads else 0
 
 
 def fresh_tail(meta: AttnMeta) -> int:
