@@ -74,8 +74,8 @@ TRITON_FP8_DECODE = True
 # 0: FlashInfer's own choice (benchmarks/decode_attention_kernels.py's fi-tc-graph against fi-tc-split32).
 FIXED_SPLIT_PAGES = 32
 # "Far longer": its KV over FIXED_SPLIT_MARGIN times one slot's share of the batch's. The batches measured were 3.4x
-# (255 rows beside a 32k context) and 10x (63 rows); the offline workload's own, at most ~2x in its last steps, keep
-# their decode graphs (a fixed split there is unmeasured end to end).
+# (255 rows beside a 32k context) and 10x (63 rows); the offline workload's own, at most 1.27x (its decode steps of 33+
+# rows, from the draw), keep their decode graphs (a fixed split there is unmeasured end to end).
 FIXED_SPLIT_MARGIN = 3
 
 
