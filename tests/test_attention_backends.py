@@ -129,6 +129,21 @@ def test_a_long_request_among_a_full_batch_of_decodes_gets_a_fixed_split(monkeyp
     assert fb.fixed_split_pages([1100] * 255 + [32_000], 8, slots) == 0
 
 
+def test_the_offline_workload_never_plans_a_fixed_split() -> None:
+    """Issue #17's figure is measured on the decode graphs: no decode step of the offline workload (every request in
+    from the start, one token a step each until its output length) may take the fixed split's eager path, on a GPU of
+    132 or 78 SMs (H100/H200's, an H20's) at Qwen3-0.6B's 8 KV heads."""
+    from kernels.attention import flashinfer_backend as fb
+    from minisgl_cli.workload import random_workload
+
+    w = random_workload()
+    assert w.output_tokens == 133_966
+    for slots in (264, 156):
+        for t in range(1, max(w.output_lens)):
+            lens = [len(p) + t for p, n in zip(w.prompts, w.output_lens) if n > t]
+            assert fb.fixed_split_pages(lens, 8, slots) == 0, (slots, t)
+
+
 def test_the_ragged_part_of_a_prefill_is_the_trailing_run_of_fresh_prompts() -> None:
     from kernels.attention.flashinfer_backend import fresh_tail
 
