@@ -13,7 +13,7 @@ Qwen3-0.6B's 16/8 by default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B
   fi-tc        FlashInfer's tensor-core decode (the engine's choice), NHD pool [pages, page, heads, dim]
   fi-tc-nosplit  the same with disable_split_kv: no KV split across CTAs, so no merge kernel after it
   fi-tc-graph  the same through a CUDA-graph wrapper (fixed buffers), as the engine's graphs run it: always split;
-               fi-tc-graph-splitN with fixed_split_size=N
+               fi-tc-graph-splitN with fixed_split_size=N, which FlashInfer refuses in this mode (reported as such)
   fi-tc-splitN the same with fixed_split_size=N: each request's KV cut into chunks of N pages
   fi-tc-hnd    the same kernel on an HND pool [pages, heads, page, dim] (each head's page contiguous)
   fi-cc        FlashInfer's CUDA-core decode, NHD;  fi-cc-hnd  on HND

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 SOURCE = Path(__file__).with_name("paged_decode.cu")
-HEAD_DIM, PAGE_SIZE = 128, 16  # the only shape the kernel is built for
-WARPS, STAGES = 4, 3  # the defaults; paged_decode.cu's by_shape lists the (warps, stages, bulk) built
+# the defaults; paged_decode.cu's by_shape lists the (warps, stages, bulk) built, for head dim 128 and page 16 only
+WARPS, STAGES = 4, 3
 
 _lib: ctypes.CDLL | None = None
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA decode kernel over a bf16 pool (benchmarks/paged_decode.cu) beside FlashInfer's tensor-core decode,
-# one layer at Qwen3-0.6B's heads (benchmarks/decode_attention_kernels.py, CUDA-graph replays), then (STAGES) the
-# engine's bench-offline with each decode in turn.
+# one layer at Qwen3-0.6B's heads (benchmarks/decode_attention_kernels.py, CUDA-graph replays; LENS, BATCHES,
+# KERNELS), after torch's sum over the same bytes; then Nsight Compute on NCU_KERNELS / NCU_METRIC_KERNELS
+# (STAGES=none: only those).
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_cuda_decode.sh
 set -u
 (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)

@@ -107,10 +107,9 @@ def fixed_split_pages(kv_lens: list[int], num_kv_heads: int, slots: int) -> int:
     """The pages per chunk of a fixed split for this decode batch, or 0 for FlashInfer's own choice. FlashInfer splits
     a request's KV only to fill the GPU: a batch of at least `slots` (request, KV head) CTAs runs unsplit, and one
     request far longer than a slot's share of the KV (FIXED_SPLIT_MARGIN times) keeps its CTAs reading long after the
-    rest are done.
-    Cut into chunks of FIXED_SPLIT_PAGES, 255 rows of the offline workload's lengths beside one of 32,768 tokens took
-    328 against 658 us per layer (H200, Qwen3-0.6B's heads; FlashInfer's CUDA-graph decode, which the engine replays,
-    took 658, its eager choice 651); 64 such rows 116 against 481 (docs/gpu.md)."""
+    rest are done. Cut into chunks of FIXED_SPLIT_PAGES, 255 rows of the offline workload's lengths beside one of 32,768
+    tokens took 328 against 658 us per layer (H200, Qwen3-0.6B's heads; FlashInfer's CUDA-graph decode, which the
+    engine replays, took 658, its eager choice 651); 64 such rows 116 against 481 (docs/gpu.md)."""
     if FIXED_SPLIT_PAGES <= 0 or len(kv_lens) * num_kv_heads < slots:
         return 0
     return FIXED_SPLIT_PAGES if max(kv_lens) * slots > FIXED_SPLIT_MARGIN * sum(kv_lens) * num_kv_heads else 0
