@@ -2,21 +2,25 @@
 # Issue #17, vLLM side by side: `bench-offline --compare vllm` on one GPU, minisgl and vLLM 0.26.0 on the identical
 # workload (nano-vllm's, 133,966 output tokens) in one run, one table and one JSON per model.
 #
-# vLLM reaches the GPU machine in two ~40 MiB parts (../shared/gpu/peers/README.md; build them here, once, with
-# ../shared/gpu/peers/make-vllm-parts.sh), the project's FlashInfer bundle is ~29 MiB, and a call carries at most
-# 64 MiB with the ~5 MiB tree: no call can carry a part and the bundle. So the bundle is unpacked (to /tmp/site) in a
-# call of its own BEFORE the parts; then the call that brings the second part runs both engines in one command. The
-# machine keeps /tmp/site and /root only while it stays warm: send the calls one right after the other.
+# A call carries at most 64 MiB, and the tracked tree is now ~25 MB (benchmarks/results/ grew). So vLLM travels in
+# three ~28 MiB parts: build them here, once, with `PART_MIB=28 ../shared/gpu/peers/make-vllm-parts.sh`
+# (../shared/gpu/peers/README.md; its default of 40 MiB no longer fits beside the tree). The project's bundle must
+# hold serve's packages, since bench-offline's CLI imports them: `../shared/gpu/make-bundle.sh pyzmq msgpack uvloop
+# httptools` (~34 MB). No call can carry a part and the bundle, so the bundle is unpacked (to /tmp/site) in a call of
+# its own BEFORE the parts; then the call that brings the last part runs both engines in one command. The machine
+# keeps /tmp/site and /root only while it stays warm: send the calls one right after the other.
 #
-# The run() calls (kind nvidia-h200; nvidia-h100-x1 works the same, its figures are not comparable with H200 ones):
-#   0. carry [".whl/device-bundle.tgz", ".whl/use-bundle.sh", ".whl/fi-cache.tgz"] (or a `minisgl cache export`
-#      archive as .whl/cache.tgz instead of fi-cache.tgz)
-#      command: bash benchmarks/run_gpu_vllm_compare.sh bundle                                        (~1 min)
+# The run() calls (kind nvidia-h100-x1 or nvidia-h200; figures from the two are not comparable):
+#   0. carry [".whl/device-bundle.tgz", ".whl/use-bundle.sh"] (fi-cache.tgz no longer fits beside them; FlashInfer
+#      then JIT-builds its modules in the engine's start-up, ~1-2 min, reported apart)
+#      command: rm -rf /tmp/site; bash benchmarks/run_gpu_vllm_compare.sh bundle [tests]      (~15 s; tests ~6 min)
 #   1. carry [".whl/vllm/p00"]
-#      command: bash benchmarks/run_gpu_vllm_compare.sh assemble                 (exit 0: "have 1/2 vllm parts")
-#   2. carry [".whl/vllm/p01"], timeout_s 600
-#      command: bash benchmarks/run_gpu_vllm_compare.sh assemble qwen   (unpack ~1 min, then Qwen3-0.6B, ~6 min)
-#   3. no carry, timeout_s 600
+#      command: bash benchmarks/run_gpu_vllm_compare.sh assemble                 (exit 0: "have 1/3 vllm parts")
+#   2. carry [".whl/vllm/p01"]
+#      command: bash benchmarks/run_gpu_vllm_compare.sh assemble                 (exit 0: "have 2/3 vllm parts")
+#   3. carry [".whl/vllm/p02"], timeout_s 600
+#      command: bash benchmarks/run_gpu_vllm_compare.sh assemble qwen   (unpack ~10 s, then Qwen3-0.6B, ~5.5 min)
+#   4. no carry, timeout_s 600
 #      command: bash benchmarks/run_gpu_vllm_compare.sh llama                              (Llama-3.1-8B, ~7 min)
 # A stage that finds something missing says which call to send again (the machine may have been replaced).
 # The tree there may carry a stale .git: prefix the commands with MINISGL_COMMIT=<this commit> to name the results.
