@@ -12,12 +12,9 @@ them itself (`counters`).
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
+import cuda_lib  # this script's folder is on sys.path (decode_attention_kernels.py, run_gpu_cuda_decode.sh)
 import numpy as np
 import torch
 
@@ -28,40 +25,12 @@ WARPS, STAGES = 4, 3
 _lib: ctypes.CDLL | None = None
 
 
-def _cache_dir() -> Path:
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return root / "minisgl" / "cuda"
-
-
-def _nvcc() -> str:
-    for cand in (
-        shutil.which("nvcc"),
-        os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc"),
-    ):
-        if cand and os.path.exists(cand):
-            return cand
-    raise RuntimeError("the CUDA decode kernel needs the CUDA toolkit's nvcc (on PATH or in $CUDA_HOME/bin)")
-
-
 def library(device: torch.device | None = None) -> ctypes.CDLL:
     """The built kernel library, built first if this machine has none for this source and GPU architecture."""
     global _lib
     if _lib is not None:
         return _lib
-    major, minor = torch.cuda.get_device_capability(device)
-    arch = f"{major}{minor}{'a' if major == 9 else ''}"
-    digest = hashlib.sha1(SOURCE.read_bytes()).hexdigest()[:12]
-    target = _cache_dir() / f"paged_decode-{digest}-sm{arch}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(f".{os.getpid()}.tmp")
-        cmd = [_nvcc(), "-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-shared",
-               "-Xcompiler", "-fPIC", "-o", str(tmp), str(SOURCE)]  # fmt: skip
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode:
-            raise RuntimeError(f"building {SOURCE.name} failed:\n{done.stderr[-2000:]}")
-        tmp.replace(target)
-    lib = ctypes.CDLL(str(target))
+    lib = cuda_lib.build(SOURCE, device)
     fn = lib.paged_decode_launch
     p, i64, i32 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int
     fn.argtypes = [p] * 12 + [ctypes.c_float] + [i64] * 5 + [i32] * 8 + [p]
