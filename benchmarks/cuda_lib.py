@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -31,11 +32,17 @@ def _nvcc() -> str:
     )
 
 
+def _local_includes(source: Path) -> list[Path]:
+    """The files `source` includes from its own folder (`#include "name"`), so that a change to one rebuilds it."""
+    names = re.findall(r'^#include "([^"]+)"', source.read_text(), flags=re.M)
+    return [source.with_name(n) for n in names]
+
+
 def build(source: Path, device: torch.device | None = None) -> ctypes.CDLL:
     """`source` built for `device`'s architecture (sm_90a on Hopper, for its wgmma/bulk-copy instructions)."""
     major, minor = torch.cuda.get_device_capability(device)
     arch = f"{major}{minor}{'a' if major == 9 else ''}"
-    digest = hashlib.sha1(source.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha1(b"".join(f.read_bytes() for f in [source, *_local_includes(source)])).hexdigest()[:12]
     target = _cache_dir() / f"{source.stem}-{digest}-sm{arch}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)

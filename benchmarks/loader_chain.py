@@ -31,9 +31,8 @@ from pathlib import Path
 
 import cuda_lib  # this script's folder is on sys.path
 import torch
-import torch.nn.functional as F
-from layer_chain import INTER, LAYERS, Q, interleaved_step_ms
-from phase_boundaries import phases
+from layer_chain import LAYERS, interleaved_step_ms
+from phase_boundaries import cublas_chain, measure_read_rate, phases, weight_chain
 
 SOURCE = Path(__file__).with_name("loader_chain.cu")
 CONSUMER_WARPS = 4
@@ -62,28 +61,15 @@ def main() -> None:
     args = ap.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    bf = torch.bfloat16
     shapes = phases()
-    sizes = [r * c for r, c in shapes]
-    offs = [sum(sizes[:i]) for i in range(len(sizes))]
-    w = torch.randn(sum(sizes), device=dev, dtype=bf) * 0.02
-    mats = [w[o : o + s].view(r, c) for o, s, (r, c) in zip(offs, sizes, shapes)]
+    w, mats, offs, sizes = weight_chain(dev)
     offs_b = torch.tensor([2 * o for o in offs], device=dev, dtype=torch.int64)
     sizes_b = torch.tensor([2 * s for s in sizes], device=dev, dtype=torch.int64)
     ref = torch.stack([m.float().sum() for m in mats])
     counter = torch.zeros(1, device=dev, dtype=torch.int32)
     flag = torch.zeros(1, device=dev, dtype=torch.int32)
 
-    big = torch.empty(1 << 30, device=dev, dtype=bf)  # 2 GiB: the read rate the floor uses
-    big.sum()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(5):
-        big.sum()
-    b.record()
-    torch.cuda.synchronize()
-    read_rate = 5 * big.numel() * 2 / (a.elapsed_time(b) * 1e-3)
-    del big
+    read_rate = measure_read_rate(dev)
     floor_ms = w.numel() * 2 / read_rate * 1e3
 
     lib = library()
@@ -107,12 +93,7 @@ def main() -> None:
 
     def step(mode: str, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
         if mode.startswith("cublas-"):
-            h = x[: int(mode.split("-")[1])]
-            for i in range(0, len(mats), 4):
-                qkv = F.linear(h, mats[i])
-                gu = F.linear(F.linear(qkv[:, :Q], mats[i + 1]), mats[i + 2])
-                h = F.linear(gu[:, :INTER], mats[i + 3])
-            return h
+            return cublas_chain(mats, x[: int(mode.split("-")[1])])
         if mode == "barriers":
             counter.zero_()
             launch(0, len(shapes), out[mode], 0, 1, 16, 1, 0)
@@ -127,7 +108,7 @@ def main() -> None:
             launch(0, len(shapes), out[mode], 1, runahead, chunk, stages, inter)
         return out[mode]
 
-    x0 = torch.randn(max(ms_rows), 1024, device=dev, dtype=bf)
+    x0 = torch.randn(max(ms_rows), 1024, device=dev, dtype=torch.bfloat16)
     ms, outs = interleaved_step_ms(step, modes, x0, x0, rounds=args.rounds, skip=3)
     timed_out = int(flag.item())
     sums_err = {

@@ -145,6 +145,38 @@ def phases() -> list[tuple[int, int]]:
     return [(Q + 2 * KV, HIDDEN), (HIDDEN, Q), (2 * INTER, HIDDEN), (HIDDEN, INTER)] * LAYERS
 
 
+def weight_chain(dev: torch.device) -> tuple[torch.Tensor, list[torch.Tensor], list[int], list[int]]:
+    """The 112 matrices in one bf16 buffer (random, scale 0.02): the buffer, each matrix as a view, and each one's
+    element offset and size."""
+    shapes = phases()
+    sizes = [r * c for r, c in shapes]
+    offs = [sum(sizes[:i]) for i in range(len(sizes))]
+    w = torch.randn(sum(sizes), device=dev, dtype=torch.bfloat16) * 0.02
+    return w, [w[o : o + s].view(r, c) for o, s, (r, c) in zip(offs, sizes, shapes)], offs, sizes
+
+
+def cublas_chain(mats: list[torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+    """The four projections of every layer as the engine's cuBLAS GEMMs at h's rows, each fed by the one before."""
+    for i in range(0, len(mats), 4):
+        qkv = F.linear(h, mats[i])
+        gu = F.linear(F.linear(qkv[:, :Q], mats[i + 1]), mats[i + 2])
+        h = F.linear(gu[:, :INTER], mats[i + 3])
+    return h
+
+
+def measure_read_rate(dev: torch.device) -> float:
+    """Bytes per second of torch's `sum` over 2 GiB of bf16 (the floor's read rate), over five sums in a row."""
+    big = torch.empty(1 << 30, device=dev, dtype=torch.bfloat16)
+    big.sum()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(5):
+        big.sum()
+    b.record()
+    torch.cuda.synchronize()
+    return 5 * big.numel() * 2 / (a.elapsed_time(b) * 1e-3)
+
+
 def resident_programs(kernel, num_warps: int) -> int:
     """Programs of `kernel` one SM holds at once, from its registers and shared memory (the barrier needs every
     program resident)."""
@@ -171,25 +203,13 @@ def main() -> None:
     torch.manual_seed(0)
     bf = torch.bfloat16
     shapes = phases()
-    sizes = [r * c for r, c in shapes]
-    offs = [sum(sizes[:i]) for i in range(len(sizes))]
-    w = torch.randn(sum(sizes), device=dev, dtype=bf) * 0.02
-    mats = [w[o : o + s].view(r, c) for o, s, (r, c) in zip(offs, sizes, shapes)]
+    w, mats, offs, sizes = weight_chain(dev)
     offs_t = torch.tensor(offs, device=dev, dtype=torch.int64)
     sizes_t = torch.tensor(sizes, device=dev, dtype=torch.int32)
     counter = torch.zeros(1, device=dev, dtype=torch.int32)
     flag = torch.zeros(1, device=dev, dtype=torch.int32)
 
-    big = torch.empty(1 << 30, device=dev, dtype=bf)  # 2 GiB: the read rate the floor uses
-    big.sum()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(5):
-        big.sum()
-    b.record()
-    torch.cuda.synchronize()
-    read_rate = 5 * big.numel() * 2 / (a.elapsed_time(b) * 1e-3)
-    del big
+    read_rate = measure_read_rate(dev)
     floor_ms = w.numel() * 2 / read_rate * 1e3
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -208,12 +228,7 @@ def main() -> None:
 
     def step(mode: str, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
         if mode.startswith("cublas-"):
-            h = x[: int(mode.split("-")[1])]
-            for i in range(0, len(mats), 4):
-                qkv = F.linear(h, mats[i])
-                gu = F.linear(F.linear(qkv[:, :Q], mats[i + 1]), mats[i + 2])
-                h = F.linear(gu[:, :INTER], mats[i + 3])
-            return h
+            return cublas_chain(mats, x[: int(mode.split("-")[1])])
         if mode in ("kernels", "kernels-pf-next"):
             for p, (o, s) in enumerate(zip(offs, sizes)):
                 no, ns = (offs[p + 1], sizes[p + 1]) if p + 1 < len(offs) else (o, 0)
