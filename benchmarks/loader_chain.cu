@@ -37,7 +37,11 @@ struct Args {
   float* out;              // [phases * grid] each CTA's sum of its share
   int* counter;            // grid barrier arrivals, zero at the first launch of a chain
   int* flag;               // set when a barrier gave up
-  int read, runahead, chunk, stages, interleave;
+  int read;        // 0: no reads, the barriers alone
+  int runahead;    // 0: the loader waits for each barrier, 1: it does not, 2: no barriers (the reads alone)
+  int chunk;       // bytes per stage, a multiple of 16
+  int stages;      // stages in the ring, at most MAX_STAGES
+  int interleave;  // 0: each CTA reads an equal contiguous share of a matrix, 1: every grid-th chunk
 };
 
 // This CTA's chunks of matrix p: o = start, start + step, ... < end, each min(chunk, limit - o) bytes. Contiguous:
