@@ -36,6 +36,7 @@ from phase_boundaries import cublas_chain, measure_read_rate, phases, weight_cha
 
 SOURCE = Path(__file__).with_name("loader_chain.cu")
 CONSUMER_WARPS = 4
+MAX_STAGES = 16  # loader_chain.cu's
 
 
 def library() -> ctypes.CDLL:
@@ -47,8 +48,10 @@ def library() -> ctypes.CDLL:
 
 
 def parse(mode: str) -> tuple[str, int, int, int]:
-    """`runahead-c32-s6` -> ("runahead", 32768, 6, 0); `runahead-c8-s24-i` -> ("runahead", 8192, 24, 1)."""
+    """`runahead-c32-s6` -> ("runahead", 32768, 6, 0); `runahead-c8-s16-i` -> ("runahead", 8192, 16, 1)."""
     kind, c, s, *rest = mode.split("-")
+    if int(s[1:]) > MAX_STAGES:
+        raise SystemExit(f"{mode}: at most {MAX_STAGES} stages (loader_chain.cu's MAX_STAGES)")
     return kind, int(c[1:]) * 1024, int(s[1:]), int(rest == ["i"])
 
 
