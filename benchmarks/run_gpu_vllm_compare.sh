@@ -18,8 +18,9 @@
 #      command: bash benchmarks/run_gpu_vllm_compare.sh assemble                 (exit 0: "have 1/3 vllm parts")
 #   2. carry [".whl/vllm/p01"]
 #      command: bash benchmarks/run_gpu_vllm_compare.sh assemble                 (exit 0: "have 2/3 vllm parts")
-#   3. carry [".whl/vllm/p02"], timeout_s 600
-#      command: bash benchmarks/run_gpu_vllm_compare.sh assemble qwen   (unpack ~10 s, then Qwen3-0.6B, ~5.5 min)
+#   3. carry [".whl/vllm/p02", ".whl/fi-cache.tgz"] (the last part is the smallest: the JIT cache fits beside it;
+#      without it, drop `ficache`), timeout_s 600
+#      command: bash benchmarks/run_gpu_vllm_compare.sh assemble ficache qwen   (unpack ~10 s, then Qwen3-0.6B)
 #   4. no carry, timeout_s 600
 #      command: bash benchmarks/run_gpu_vllm_compare.sh llama                              (Llama-3.1-8B, ~7 min)
 # A stage that finds something missing says which call to send again (the machine may have been replaced).
@@ -29,6 +30,8 @@
 # Stages (several per call, in the order given):
 #   bundle    unpack the project's bundle (FlashInfer) into /tmp/site, restore FlashInfer's JIT cache (and import
 #             .whl/cache.tgz if carried)
+#   ficache   restore FlashInfer's JIT cache from a carried .whl/fi-cache.tgz (from an earlier run on a GPU of the same
+#             architecture), so that the engine's start-up skips the JIT builds
 #   assemble  store the carried vLLM part(s) (.whl/vllm/pNN); once both are there, unpack to /root/vllm-site and
 #             check that vLLM imports under vllm-env.sh (else probe-vllm.py's report goes to $OUT)
 #   qwen      bench-offline --model dummy:Qwen3-0.6B --runs ${RUNS:-3} --compare vllm (plus ${EXTRA} flags, e.g.
@@ -84,6 +87,10 @@ for s in "${stages[@]}"; do
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$summary"
       python -c "import torch, flashinfer as f; print('torch', torch.__version__, 'flashinfer', f.__version__)" \
         2>&1 | tee -a "$summary"
+      ;;
+    ficache)
+      [ -f .whl/fi-cache.tgz ] || { log "ficache: carry .whl/fi-cache.tgz"; exit 1; }
+      tar xzf .whl/fi-cache.tgz -C ~ && log "ficache: $(find ~/.cache/flashinfer -name '*.so' | wc -l) modules restored"
       ;;
     assemble)
       parts=(.whl/vllm/p*/)
@@ -154,7 +161,7 @@ PY
     qwen) bench dummy:Qwen3-0.6B qwen3-0.6b ;;
     qwen-fp8) EXTRA="--kv-cache-dtype fp8" bench dummy:Qwen3-0.6B qwen3-0.6b-fp8kv ;;
     llama) bench dummy:Llama-3.1-8B llama-3.1-8b ;;
-    *) log "unknown stage $s (bundle, assemble, tests, ab_budget, trace, peer_check, qwen, qwen-fp8, llama)"; exit 2 ;;
+    *) log "unknown stage $s (bundle, ficache, assemble, tests, ab_budget, trace, peer_check, qwen, qwen-fp8, llama)"; exit 2 ;;
   esac
 done
 exit $rc
