@@ -11,7 +11,7 @@ LAYERS = ("minisgl_cli", "engine", "kernels", "kvcache")  # top to bottom
 
 
 def _imported_packages(path: Path) -> set[str]:
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             found.update(alias.name.split(".")[0] for alias in node.names)
