@@ -31,6 +31,7 @@ def engine_info(llm: LLM) -> EngineInfo:
         int(d["tp"]),
         llm.config.max_running_requests,
         llm.engine.limits,
+        d["kv_cache_dtype"],
     )
 
 

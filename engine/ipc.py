@@ -50,6 +50,7 @@ class EngineInfo:
     tp: int
     max_running_requests: int
     limits: RequestLimits
+    kv_cache_dtype: str = ""  # where it differs from dtype (fp8)
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)

@@ -4,6 +4,7 @@ any OpenAI-compatible server. Conversations are saved in SQLite (--db, --no-save
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -104,48 +105,82 @@ def chat(
         except StoreError as e:
             raise typer.BadParameter(f"cannot resume: {e}", param_hint="--resume") from e
 
-    engine = None
-    if url is not None:
-        backend = _connect(url, api_key, served_model)
-    else:
-        config = engine_config(seed=seed, **engine_flags)
-        from engine.async_llm import AsyncLLM
-        from minisgl_cli.tui.local import LocalBackend
-
-        llm = load_llm(config)
-        # Tensor parallel: ranks other than 0 run the engine's follower loop here and return; only rank 0 chats.
-        engine = AsyncLLM(llm)
-        backend = LocalBackend(engine)
+    plain = no_tui or not (sys.stdin.isatty() and sys.stdout.isatty())
     try:
-        limit = backend.context_limit
-        if session is not None:
-            session.max_tokens_limit = limit
-            if limit is not None and session.max_tokens >= limit:
-                session.max_tokens = limit - 1
-        else:
-            try:
-                session = ChatSession(
-                    system=system, temperature=temperature, max_tokens=max_tokens, max_tokens_limit=limit
-                )
-            except ValueError as e:
-                raise typer.BadParameter(str(e), param_hint="--max-tokens") from e
-        if no_tui or not (sys.stdin.isatty() and sys.stdout.isatty()):
-            from minisgl_cli.tui.plain import run_plain
+        if url is not None:
+            backend = _connect(url, api_key, served_model)
+            session = _fit(session, backend.context_limit, system, temperature, max_tokens)
+            from minisgl_cli.tui.frontend import run_chat
 
-            if notice:
-                print(f"warning: {notice}", file=sys.stderr)
-            run_plain(backend, session, store, inputs)
-        else:
-            from minisgl_cli.tui.app import ChatApp
-
-            ChatApp(backend, session, store, inputs, notice).run()
-    except KeyboardInterrupt:
-        pass
+            run_chat(backend, session, store, inputs, notice, plain)  # nothing else runs in this process
+            return
+        config = engine_config(seed=seed, **engine_flags)
+        llm = load_llm(config)
+        # Tensor parallel: ranks other than 0 never return from load_llm (they follow rank 0's steps); rank 0 chats.
+        _fit(session, llm.engine.max_model_len, system, temperature, max_tokens)  # refused before the chat starts
     finally:
-        if engine is not None:
-            engine.shutdown()
         if store is not None:
-            store.close()
+            store.close()  # the chat's process opens its own
+    code = _chat_beside_engine(
+        llm,
+        system,
+        temperature,
+        max_tokens,
+        str(store.path) if store else None,
+        session.id if session else None,
+        notice,
+        plain,
+    )
+    if code:
+        raise typer.Exit(code)
+
+
+def _fit(session, limit: int | None, system: str | None, temperature: float, max_tokens: int):
+    from minisgl_cli.tui.session import fit_session
+
+    try:
+        return fit_session(session, limit, system, temperature, max_tokens)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--max-tokens") from e
+
+
+def _chat_beside_engine(
+    llm,
+    system: str | None,
+    temperature: float,
+    max_tokens: int,
+    db: str | None,
+    resume_id: int | None,
+    notice: str | None,
+    plain: bool,
+) -> int:
+    """This process runs the engine loop and the chat runs in its child (minisgl_cli.tui.frontend) on the same
+    terminal, as `serve` runs its HTTP front end. Returns the exit code: the chat's, or 1 if the engine crashed."""
+    from engine.engine_loop import engine_info
+    from engine.ipc import Addresses
+    from minisgl_cli.serve import run_beside_front_end
+    from minisgl_cli.tui.frontend import ChatFrontSpec
+
+    if not plain and llm.engine.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        # The TUI redraws on a core of its own: an OpenMP team that shares the TUI's core waits for it at every
+        # barrier (2 cores: 30.6 tok/s at one thread against 24.0 at two; docs/benchmarks.md).
+        import torch
+
+        torch.set_num_threads(max(1, torch.get_num_threads() - 1))
+    addrs = Addresses.temporary()
+    info = engine_info(llm)
+    spec = ChatFrontSpec(
+        llm.config.model, addrs, os.getpid(), info, system, temperature, max_tokens, db, resume_id, notice, plain
+    )
+    argv = [sys.executable, "-m", "minisgl_cli.tui.frontend", spec.to_json()]
+    # The chat's process computes no tensors: threads of its own would only take the engine's cores (on 2 cores the
+    # TUI streamed 29 tok/s with one, 25-26 without).
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    end = run_beside_front_end(llm.engine, info, addrs, argv, "the chat", interactive=True, front_env=env)
+    if end.error:
+        print(f"minisgl chat: {end.error}", file=sys.stderr)
+        return 1
+    return end.front_code or 0
 
 
 def _session_id(value: str) -> int:

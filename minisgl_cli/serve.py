@@ -27,7 +27,7 @@ from minisgl_cli.server.frontend_spec import ORPHAN_GRACE_S, FrontendSpec
 
 if TYPE_CHECKING:
     from engine.engine import Engine
-    from engine.ipc import EngineInfo
+    from engine.ipc import Addresses, EngineInfo
     from engine.llm import LLM
 
 
@@ -105,28 +105,62 @@ def run_server(
 def serve_engine(engine: Engine, info: EngineInfo, spec: FrontendSpec, step_log: Path | None = None) -> str | None:
     """This process runs the engine loop; the HTTP front end runs in a child process (minisgl_cli.server.frontend)
     until Ctrl-C / SIGTERM here. Returns why it ended, if not by a signal: the loop crashed or the front end died."""
-    from engine.engine_loop import EngineLoop
     from engine.ipc import Addresses
 
     addrs = Addresses.temporary()
+    spec = dataclasses.replace(spec, addrs=addrs, engine_pid=os.getpid())
+    argv = [sys.executable, "-m", "minisgl_cli.server.frontend", spec.to_json()]
+    return run_beside_front_end(engine, info, addrs, argv, "the HTTP front end", step_log).why
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoopEnd:
+    error: str | None  # why the loop crashed
+    stopped_by: str | None  # the front end exited (and how); None, with no error: a signal ended it
+    front_code: int | None  # the front end's exit code, if it exited by itself
+
+    @property
+    def why(self) -> str | None:
+        return self.error or self.stopped_by
+
+
+def run_beside_front_end(
+    engine: Engine,
+    info: EngineInfo,
+    addrs: Addresses,
+    front_argv: list[str],
+    front_name: str,
+    step_log: Path | None = None,
+    interactive: bool = False,
+    front_env: dict[str, str] | None = None,
+) -> LoopEnd:
+    """Run the engine loop here, at `addrs`, with a front end (`front_argv`, called `front_name` in what the loop
+    says) as a child process, until SIGTERM or Ctrl-C, the loop crashes or the child exits; then end the child with
+    SIGTERM if it is still there. An `interactive` front end (the chat) is a person's: it takes Ctrl-C itself (to
+    stop an answer), and after a crash it stays, showing the error, until the person leaves it. `front_env`: the
+    child's environment (default: this one's)."""
+    from engine.engine_loop import EngineLoop
+
     loop = EngineLoop(engine, addrs, info)
     if step_log is not None:
         engine.step_records = []
-    spec = dataclasses.replace(spec, addrs=addrs, engine_pid=os.getpid())
-    front = subprocess.Popen([sys.executable, "-m", "minisgl_cli.server.frontend", spec.to_json()])
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: loop.stop())
+    front = subprocess.Popen(front_argv, env=front_env)
+    signal.signal(signal.SIGTERM, lambda *_: loop.stop())
+    signal.signal(signal.SIGINT, signal.SIG_IGN if interactive else lambda *_: loop.stop())
 
     def front_end_exited() -> str | None:
         code = front.poll()
-        return None if code is None else f"the HTTP front end exited ({_exit_status(code)})"
+        return None if code is None else f"{front_name} exited ({_exit_status(code)})"
 
     try:
         loop.run(watch=front_end_exited)
-        if loop.error:  # the front end fails open requests and answers 503 meanwhile
+        if loop.error and interactive:
+            front.wait()
+        elif loop.error:  # the front end fails open requests and answers 503 meanwhile
             time.sleep(ORPHAN_GRACE_S)
     finally:
-        if front.poll() is None:
+        code = front.poll()
+        if code is None:
             front.terminate()
             try:
                 front.wait(timeout=10)
@@ -139,7 +173,7 @@ def serve_engine(engine: Engine, info: EngineInfo, spec: FrontendSpec, step_log:
             from engine.engine import write_step_log
 
             write_step_log(engine.step_records or [], step_log)
-    return loop.error or loop.stopped_by
+    return LoopEnd(loop.error, loop.stopped_by, code)
 
 
 def _exit_status(code: int) -> str:

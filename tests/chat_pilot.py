@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import io
+import queue
+import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from rich.console import Console
 from textual.pilot import Pilot
 from textual.widgets import Static
 
-from engine.async_llm import AsyncLLM
+from engine.engine_loop import engine_info
+from engine.ipc import Addresses
+from engine.llm import LLM
+from engine.remote_llm import RemoteLLM
 from minisgl_cli.tui.app import ChatApp
 from minisgl_cli.tui.local import LocalBackend
 from minisgl_cli.tui.session import ChatSession
 from minisgl_cli.tui.stats import Load
 from minisgl_cli.tui.store import ChatStore
 from minisgl_cli.tui.widgets import MetricsPanel, PromptBox
+from tests.server_harness import InspectableLoop
 
 T = TypeVar("T")
 _notified: dict[int, list[tuple[str, str]]] = {}  # id(app) -> every (notification, severity) it showed
@@ -45,6 +51,39 @@ def run_pilot(app: ChatApp, scenario: Callable[[ChatApp, Pilot], Awaitable[None]
     return app
 
 
+class LocalEngine:
+    """The engine loop on a thread of its own, as `minisgl chat` runs it in its own process, and a LocalBackend
+    (RemoteLLM) on it for the chat."""
+
+    def __init__(self, llm: LLM) -> None:
+        self.llm, self.addrs = llm, Addresses.temporary()
+        self.loop = InspectableLoop(llm.engine, self.addrs, engine_info(llm))
+        self.thread = threading.Thread(target=self.loop.run, name="engine-loop", daemon=True)
+        self.thread.start()
+
+    def backend(self) -> LocalBackend:
+        """A new front end's handle; it connects on the event loop that first awaits its ready()."""
+        return LocalBackend(RemoteLLM(self.llm.tokenizer, self.addrs), engine_info(self.llm))
+
+    def call(self, fn: Callable[[LLM], T], timeout: float = 30.0) -> T:
+        """fn(llm) on the engine loop's thread, between steps."""
+        box: queue.Queue[Any] = queue.Queue()
+        self.loop.calls.put((lambda _: fn(self.llm), box))
+        ok, value = box.get(timeout=timeout)
+        if not ok:
+            raise value
+        return cast(T, value)
+
+    def shutdown(self) -> None:
+        self.loop.stop()
+        self.thread.join(timeout=30)
+        self.loop.close()
+        self.addrs.remove()
+
+
+_engines: dict[int, LocalEngine] = {}  # id(app) -> the engine behind it
+
+
 def run_app(
     llm,
     scenario,
@@ -53,17 +92,18 @@ def run_app(
     inputs: list[str] | None = None,
     **settings,
 ) -> ChatApp:
-    """run_pilot over a fresh AsyncLLM on `llm`; saved to `store` if given; `session` (with its input history) or a
+    """run_pilot over a LocalEngine on `llm`; saved to `store` if given; `session` (with its input history) or a
     new one from `settings`."""
-    engine = AsyncLLM(llm)
+    engine = LocalEngine(llm)
     if session is None:
         session = ChatSession(max_tokens_limit=llm.engine.max_model_len, **settings)
-    app = ChatApp(LocalBackend(engine), session, store, inputs)
+    app = ChatApp(engine.backend(), session, store, inputs)
+    _engines[id(app)] = engine
     try:
         run_pilot(app, scenario)
     finally:
         engine.shutdown()
-    assert engine.error is None
+    assert engine.loop.error is None
     return app
 
 
@@ -120,9 +160,8 @@ def load(app: ChatApp) -> Load:
     return app.last_metrics
 
 
-def engine(app: ChatApp) -> AsyncLLM:
-    assert isinstance(app.backend, LocalBackend)
-    return app.backend.engine
+def engine(app: ChatApp) -> LocalEngine:
+    return _engines[id(app)]
 
 
 async def idle(app: ChatApp, pilot, what: str = "the answer") -> None:

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.async_llm import AsyncLLM
-from minisgl_cli.tui.local import LocalBackend
 from minisgl_cli.tui.plain import run_plain
 from minisgl_cli.tui.session import ChatSession
+from tests.chat_pilot import LocalEngine
 from tests.conftest import checked, make_llm
 
 MINISGL = shutil.which("minisgl") or str(Path(sys.executable).parent / "minisgl")
@@ -93,15 +92,14 @@ def test_bad_flags_exit_with_a_clear_message(flags, message):
 
 def test_run_plain_keeps_history_and_resets():
     llm = make_llm("dummy:tiny-llama", num_pages=128)
-    engine = AsyncLLM(llm)
+    engine = LocalEngine(llm)
     session = ChatSession(max_tokens=5, max_tokens_limit=llm.engine.max_model_len)
     out, err = io.StringIO(), io.StringIO()
     try:
-        backend = LocalBackend(engine)
-        run_plain(backend, session, None, None, io.StringIO("one\ntwo\n"), out, err)
+        run_plain(engine.backend(), session, None, None, io.StringIO("one\ntwo\n"), out, err)
         assert [m.content for m in session.history if m.role == "user"] == ["one", "two"]
         assert [m.role for m in session.history] == ["user", "assistant"] * 2
-        run_plain(backend, session, None, None, io.StringIO("/reset\nthree\n"), out, err)
+        run_plain(engine.backend(), session, None, None, io.StringIO("/reset\nthree\n"), out, err)
         assert [m.content for m in session.history if m.role == "user"] == ["three"]
         assert "new conversation" in err.getvalue()
         m = engine.call(lambda llm: checked(llm).metrics())

@@ -77,6 +77,9 @@ class ScriptedBackend:
         self.sent: list[tuple[list[dict[str, str]], bool | None]] = []
         self.hold: asyncio.Event | None = None  # set: the first answer waits for it before closing its thinking
 
+    async def ready(self) -> None:
+        pass
+
     def start(self, messages, params, thinking):
         self.sent.append((messages, thinking))
         hold = self.hold if len(self.sent) == 1 else None

@@ -13,7 +13,7 @@ from textual.widgets import Sparkline
 from engine.streams import END as _END
 from engine.streams import RequestStream
 from minisgl_cli.tui.app import ChatApp
-from minisgl_cli.tui.local import LocalAnswer
+from minisgl_cli.tui.local import LocalAnswer, LocalBackend
 from minisgl_cli.tui.session import ChatMessage
 from minisgl_cli.tui.widgets import AnswerMarkdown, AssistantMessage, MetricsPanel, NoteMessage, PromptBox, UserMessage
 from tests.chat_pilot import (
@@ -177,8 +177,9 @@ def test_turn_ends_when_its_whole_answer_was_queued_with_empty_deltas(tiny):
 
     async def scenario(app: ChatApp, pilot) -> None:
         params = app.session.params()
-        llm = engine(app)
-        outs = await asyncio.to_thread(lambda: list(llm.submit("hi", params)))  # a real answer
+        assert isinstance(app.backend, LocalBackend)
+        remote = app.backend.remote
+        outs = [out async for out in remote.submit("hi", params, "real")]  # a real answer
         assert outs[-1].finished and len(outs[-1].token_ids) == 4
         stream = RequestStream("held-back", outs[0].prompt_token_ids, asyncio.get_running_loop())
         for out in outs:  # the same outputs, all queued already, with their text still held back
@@ -187,7 +188,7 @@ def test_turn_ends_when_its_whole_answer_was_queued_with_empty_deltas(tiny):
         app.session.add(ChatMessage("user", "hi"))
         reply = AssistantMessage(1)
         await app.query_one("#conversation").mount(reply)
-        app.answer = LocalAnswer(llm, stream)
+        app.answer = LocalAnswer(remote, stream)
         app.generate(app.answer, reply)
         await wait_for(pilot, lambda: not app.generating, timeout=10, what="the turn to end")
         await pilot.pause()

@@ -110,6 +110,7 @@ class ChatApp(App):
         yield Footer()
 
     async def on_mount(self) -> None:
+        await self.backend.ready()
         self.query_one("#conversation", VerticalScroll).anchor()
         box = self.query_one(PromptBox)
         box.set_history(self._inputs)

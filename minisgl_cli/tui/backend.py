@@ -1,4 +1,4 @@
-"""What the chat front ends talk to: the in-process engine (local.py) or any OpenAI-compatible server
+"""What the chat front ends talk to: the local engine (local.py) or any OpenAI-compatible server
 (server_backend.py over remote.py). Both stream an answer as Pieces and report the load behind the panel."""
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ class ChatBackend(Protocol):
     model: str  # saved with each session
     context_limit: int | None  # the model's context in tokens, when known
     thinking_switch: bool | None  # the chat template has enable_thinking (None: cannot tell, a server)
+
+    async def ready(self) -> None:
+        """Get ready on the event loop the chat runs on, before its first answer or load."""
+        ...
 
     def start(self, messages: list[dict[str, str]], params: SamplingParams, thinking: bool | None) -> Answer:
         """Send a conversation (call on the running event loop). ValueError: this request is refused (too long,

@@ -1,23 +1,32 @@
-"""The in-process engine as a chat backend: requests go to an AsyncLLM, whose thread runs the engine loop; the
-answer is the engine's own RequestStream, with the engine's token times."""
+"""The local engine as a chat backend. Its loop runs apart from the chat (engine_loop.EngineLoop: `minisgl chat` runs
+it in the parent process, the chat in a child; tests run it in a thread) and the chat reaches it through RemoteLLM,
+which tokenizes and detokenizes here. Apart, because the chat's UI shares no interpreter with the engine: in one
+process, Textual's redraws and the engine's step took turns at the GIL and a 2-core CPU streamed at a third of the
+engine's speed (docs/benchmarks.md, "What the TUI costs")."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import time
 from collections.abc import AsyncIterator
 
-from engine.async_llm import AsyncLLM, EngineDeadError, RequestStream
+from engine.ipc import EngineInfo
+from engine.remote_llm import RemoteLLM
 from engine.sampling_params import SamplingParams
+from engine.streams import EngineDeadError, RequestStream
 from minisgl_cli.tui.backend import BackendError
 from minisgl_cli.tui.stats import Load
 from minisgl_cli.tui.thinking import OPEN
 from minisgl_cli.tui.turn import Piece
 
+_rids = itertools.count()
+
 
 class LocalAnswer:
-    def __init__(self, engine: AsyncLLM, stream: RequestStream, opens_in_thinking: bool = False) -> None:
-        self.engine, self.stream = engine, stream
+    def __init__(self, remote: RemoteLLM, stream: RequestStream, opens_in_thinking: bool = False) -> None:
+        self.remote, self.stream = remote, stream
         self.started = time.perf_counter()
         self.opens_in_thinking = opens_in_thinking
 
@@ -38,43 +47,54 @@ class LocalAnswer:
                     len(out.token_ids),
                 )
         except EngineDeadError as e:
-            yield Piece(finished=True, finish_reason="error", error=str(e) or self.engine.error or "engine stopped")
+            yield Piece(finished=True, finish_reason="error", error=str(e) or self.remote.error or "engine stopped")
 
     def stop(self) -> None:
-        self.engine.abort(self.stream.rid)
+        self.remote.abort(self.stream.rid)
 
 
 class LocalBackend:
     METRICS_TIMEOUT = 5.0  # seconds; a read waits for the engine's current step
 
-    def __init__(self, engine: AsyncLLM) -> None:
-        self.engine = engine
-        info = engine.llm.describe()
-        self.model = info["model"]
-        kv = f" · KV {info['kv_cache_dtype']}" if info["kv_cache_dtype"] != info["dtype"] else ""
-        self.title = f"{info['model']} · {info['device']} · {info['dtype']}{kv}"
-        self.title += f" · attention {info['attention']} · TP {info['tp']}"
-        self.context_limit: int | None = engine.llm.engine.max_model_len
-        self.thinking_switch: bool | None = engine.llm.tokenizer.thinking_switch
+    ENGINE_WATCH_S = 0.5
+
+    def __init__(self, remote: RemoteLLM, info: EngineInfo, engine_pid: int | None = None) -> None:
+        """`engine_pid`: the engine's process is this one's parent (`minisgl chat`), watched from ready() on."""
+        self.remote, self.engine_pid = remote, engine_pid
+        self._watch: asyncio.Task[None] | None = None
+        self.model = info.model
+        kv = f" · KV {info.kv_cache_dtype}" if info.kv_cache_dtype not in ("", info.dtype) else ""
+        self.title = f"{info.model} · {info.device} · {info.dtype}{kv} · attention {info.attention} · TP {info.tp}"
+        self.context_limit: int | None = info.limits.max_model_len
+        self.thinking_switch: bool | None = remote.tokenizer.thinking_switch
+
+    async def ready(self, timeout: float = 60.0) -> None:
+        """Greet the engine from the event loop the chat runs on (RemoteLLM lives on one loop); before any answer."""
+        await self.remote.start(timeout)
+        if self.engine_pid is not None:
+            self._watch = asyncio.create_task(self._watch_engine(self.engine_pid))
+
+    async def _watch_engine(self, pid: int) -> None:
+        """An engine killed outright sends no last word: its open answers and the next ones end with this error."""
+        while os.getppid() == pid:
+            await asyncio.sleep(self.ENGINE_WATCH_S)
+        self.remote.fail_all(f"the engine process (pid {pid}) exited")
 
     def start(self, messages: list[dict[str, str]], params: SamplingParams, thinking: bool | None) -> LocalAnswer:
-        tok = self.engine.llm.tokenizer
+        tok = self.remote.tokenizer
         kwargs = {"enable_thinking": thinking} if thinking is not None and self.thinking_switch else {}
         prompt = tok.chat_prompt(messages, **kwargs)
         try:
-            stream = self.engine.submit(tok.encode_chat(messages, **kwargs), params, loop=asyncio.get_running_loop())
+            stream = self.remote.submit(tok.encode_chat(messages, **kwargs), params, f"chat-{next(_rids)}")
         except EngineDeadError as e:
             raise BackendError(str(e)) from e
-        return LocalAnswer(self.engine, stream, prompt.rstrip().endswith(OPEN))
+        return LocalAnswer(self.remote, stream, prompt.rstrip().endswith(OPEN))
 
     async def load(self) -> Load | None:
-        if not self.engine.alive:
-            return None
-        try:
-            m = await asyncio.to_thread(self.engine.call, lambda llm: llm.metrics(), self.METRICS_TIMEOUT)
-        except Exception:  # a busy or stopped engine: the next poll tries again
-            return None
-        return Load.from_engine(m)
+        m = await self.remote.metrics(self.METRICS_TIMEOUT)
+        return None if m is None else Load.from_engine(m)
 
     async def aclose(self) -> None:
-        pass
+        if self._watch is not None:
+            self._watch.cancel()
+        self.remote.close()

@@ -49,6 +49,7 @@ def run_plain(
     interactive = stdin.isatty()
     print(f"minisgl chat · {backend.title}   (/help for commands, Ctrl-D to quit)", file=stderr)
     loop = LoopThread()
+    loop.run(backend.ready())
     inputs = list(inputs or [])
     turn = TurnStats()
     try:

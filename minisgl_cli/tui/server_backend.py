@@ -103,6 +103,9 @@ class ServerBackend:
             body["chat_template_kwargs"] = {"enable_thinking": thinking}
         return ServerAnswer(self.client, body)
 
+    async def ready(self) -> None:
+        pass  # connect() found the server
+
     async def load(self) -> Load | None:
         text = await self.client.metrics_text()
         return None if text is None else load_from_metrics(text)

@@ -78,3 +78,16 @@ class ChatSession:
     @property
     def turns(self) -> int:
         return sum(m.role == "assistant" for m in self.history)
+
+
+def fit_session(
+    resumed: ChatSession | None, limit: int | None, system: str | None, temperature: float, max_tokens: int
+) -> ChatSession:
+    """The chat's session against a model of `limit` tokens of context: `resumed` with its answer length cut to fit,
+    or a new one with these settings (ValueError: one of them is out of range)."""
+    if resumed is not None:
+        resumed.max_tokens_limit = limit
+        if limit is not None and resumed.max_tokens >= limit:
+            resumed.max_tokens = limit - 1
+        return resumed
+    return ChatSession(system=system, temperature=temperature, max_tokens=max_tokens, max_tokens_limit=limit)

@@ -1,0 +1,83 @@
+"""The chat's process: `minisgl chat` loads the model and runs the engine loop (minisgl_cli.serve's
+run_beside_front_end, as `serve` does); the chat itself, TUI or plain lines, runs here, in its child, on the same
+terminal, and reaches the engine through RemoteLLM (tui/local.py says why apart). Started with a ChatFrontSpec as
+JSON in argv[1]. `chat --url` runs run_chat in its own process: a server is already apart."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from engine.ipc import Addresses, EngineInfo
+
+
+@dataclass(frozen=True, slots=True)
+class ChatFrontSpec:
+    model: str | None  # as --model: where the tokenizer comes from
+    addrs: Addresses
+    engine_pid: int
+    info: EngineInfo
+    system: str | None
+    temperature: float
+    max_tokens: int
+    db: str | None  # the session store; None: nothing is saved
+    resume_id: int | None  # the saved chat to reopen
+    notice: str | None  # shown once the chat starts
+    plain: bool  # lines on stdin/stdout instead of the TUI
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(text: str) -> ChatFrontSpec:
+        d = json.loads(text)
+        return ChatFrontSpec(**{**d, "addrs": Addresses(**d["addrs"]), "info": EngineInfo.from_wire(d["info"])})
+
+
+def run(spec: ChatFrontSpec) -> None:
+    from engine.engine import load_tokenizer
+    from engine.remote_llm import RemoteLLM
+    from minisgl_cli.tui.local import LocalBackend
+    from minisgl_cli.tui.session import ChatSession, fit_session
+    from minisgl_cli.tui.store import ChatStore
+
+    backend = LocalBackend(RemoteLLM(load_tokenizer(spec.model), spec.addrs), spec.info, spec.engine_pid)
+    store = ChatStore(Path(spec.db)) if spec.db is not None else None
+    try:
+        resumed: ChatSession | None = None
+        inputs: list[str] = []
+        if spec.resume_id is not None:  # `minisgl chat` read it once already: a bad id never gets here
+            assert store is not None
+            resumed, inputs = store.load(spec.resume_id)
+        session = fit_session(resumed, backend.context_limit, spec.system, spec.temperature, spec.max_tokens)
+        run_chat(backend, session, store, inputs, spec.notice, spec.plain)
+    finally:
+        if store is not None:
+            store.close()
+
+
+def run_chat(backend, session, store, inputs: list[str], notice: str | None, plain: bool) -> None:
+    """The chat on this terminal, the TUI or plain lines, until it is left (Ctrl-C included)."""
+    try:
+        if plain:
+            from minisgl_cli.tui.plain import run_plain
+
+            if notice:
+                print(f"warning: {notice}", file=sys.stderr)
+            run_plain(backend, session, store, inputs)
+        else:
+            from minisgl_cli.tui.app import ChatApp
+
+            ChatApp(backend, session, store, inputs, notice).run()
+    except KeyboardInterrupt:
+        pass
+
+
+def main() -> None:
+    run(ChatFrontSpec.from_json(sys.argv[1]))
+
+
+if __name__ == "__main__":
+    main()
