@@ -174,3 +174,17 @@ def check_group_ends(how: str, model: str, device: str) -> str:
     if how == "killed":  # torchrun names the rank that died
         assert "rank      : 1" in out and "SIGKILL" in out, out[-3000:]
     return out
+
+
+def test_chat_at_tp2_answers_from_rank_0_and_ends_the_group():
+    """`chat --tp 2` under torchrun: rank 0 runs the engine loop beside the chat's process (as `serve` does), rank 1
+    follows; two piped turns are answered and Ctrl-D (end of input) ends every process with exit 0."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m", "minisgl_cli"]
+    cmd += ["chat", "--no-tui", "--no-save", "--model", "dummy:tiny-llama", "--device", "cpu", "--tp", "2"]
+    cmd += ["--max-tokens", "6", "--num-pages", "256"]
+    p = subprocess.run(cmd, input="hello\nsecond\n", capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "TP 2" in p.stderr
+    assert p.stderr.count("[length · TTFT") == 2, p.stderr[-3000:]
