@@ -4,7 +4,9 @@ any OpenAI-compatible server. Conversations are saved in SQLite (--db, --no-save
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -106,33 +108,48 @@ def chat(
             raise typer.BadParameter(f"cannot resume: {e}", param_hint="--resume") from e
 
     plain = no_tui or not (sys.stdin.isatty() and sys.stdout.isatty())
-    try:
-        if url is not None:
-            backend = _connect(url, api_key, served_model)
-            session = _fit(session, backend.context_limit, system, temperature, max_tokens)
+    if url is not None:
+        try:
             from minisgl_cli.tui.frontend import run_chat
 
-            run_chat(backend, session, store, inputs, notice, plain)  # nothing else runs in this process
-            return
-        config = engine_config(seed=seed, **engine_flags)
+            backend = _connect(url, api_key, served_model)
+            run_chat(
+                backend,
+                _fit(session, backend.context_limit, system, temperature, max_tokens),
+                store,
+                inputs,
+                notice,
+                plain,
+            )
+        finally:
+            if store is not None:
+                store.close()
+        return
+    config = engine_config(seed=seed, **engine_flags)
+    # Tensor parallel: only rank 0 chats; the other ranks never return from load_llm (they follow rank 0's steps).
+    front = None
+    if _rank() == 0:
+        settings = dict(system=system, temperature=temperature, max_tokens=max_tokens, notice=notice)
+        settings.update(db=str(store.path) if store else None, resume_id=session.id if session else None)
+        front = _ChatProcess(config.model, settings, plain)
+    try:
         llm = load_llm(config)
-        # Tensor parallel: ranks other than 0 never return from load_llm (they follow rank 0's steps); rank 0 chats.
         _fit(session, llm.engine.max_model_len, system, temperature, max_tokens)  # refused before the chat starts
+    except BaseException:
+        if front is not None:
+            front.abandon()
+        raise
     finally:
         if store is not None:
             store.close()  # the chat's process opens its own
-    code = _chat_beside_engine(
-        llm,
-        system,
-        temperature,
-        max_tokens,
-        str(store.path) if store else None,
-        session.id if session else None,
-        notice,
-        plain,
-    )
+    assert front is not None
+    code = front.run_beside(llm)
     if code:
         raise typer.Exit(code)
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
 
 
 def _fit(session, limit: int | None, system: str | None, temperature: float, max_tokens: int):
@@ -144,43 +161,50 @@ def _fit(session, limit: int | None, system: str | None, temperature: float, max
         raise typer.BadParameter(str(e), param_hint="--max-tokens") from e
 
 
-def _chat_beside_engine(
-    llm,
-    system: str | None,
-    temperature: float,
-    max_tokens: int,
-    db: str | None,
-    resume_id: int | None,
-    notice: str | None,
-    plain: bool,
-) -> int:
-    """This process runs the engine loop and the chat runs in its child (minisgl_cli.tui.frontend) on the same
-    terminal, as `serve` runs its HTTP front end. Returns the exit code: the chat's, or 1 if the engine crashed."""
-    from engine.engine_loop import engine_info
-    from engine.ipc import Addresses
-    from minisgl_cli.serve import run_beside_front_end
-    from minisgl_cli.tui.frontend import ChatFrontSpec
+class _ChatProcess:
+    """The chat (minisgl_cli.tui.frontend), started as this process's child before the model loads, so that its
+    imports and tokenizer overlap the load. This process then runs the engine loop beside it, as `serve` runs its HTTP
+    front end, and tells it the engine is up by sending the engine's description on a pipe of its own."""
 
-    if not plain and llm.engine.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        # The TUI redraws on a core of its own: an OpenMP team that shares the TUI's core waits for it at every
-        # barrier (2 cores: 30.6 tok/s at one thread against 24.0 at two; docs/benchmarks.md).
-        import torch
+    def __init__(self, model: str | None, settings: dict[str, Any], plain: bool) -> None:
+        from engine.ipc import Addresses
+        from minisgl_cli.tui.frontend import ChatFrontSpec
 
-        torch.set_num_threads(max(1, torch.get_num_threads() - 1))
-    addrs = Addresses.temporary()
-    info = engine_info(llm)
-    spec = ChatFrontSpec(
-        llm.config.model, addrs, os.getpid(), info, system, temperature, max_tokens, db, resume_id, notice, plain
-    )
-    argv = [sys.executable, "-m", "minisgl_cli.tui.frontend", spec.to_json()]
-    # The chat's process computes no tensors: threads of its own would only take the engine's cores (on 2 cores the
-    # TUI streamed 29 tok/s with one, 25-26 without).
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    end = run_beside_front_end(llm.engine, info, addrs, argv, "the chat", interactive=True, front_env=env)
-    if end.error:
-        print(f"minisgl chat: {end.error}", file=sys.stderr)
-        return 1
-    return end.front_code or 0
+        self.plain, self.addrs = plain, Addresses.temporary()
+        read_end, self.info_pipe = os.pipe()
+        spec = ChatFrontSpec(model, self.addrs, os.getpid(), read_end, plain=plain, **settings)
+        # The chat's process computes no tensors: threads of its own would only take the engine's cores (on 2 cores
+        # the TUI streamed 29 tok/s with one, 25-26 without).
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        argv = [sys.executable, "-m", "minisgl_cli.tui.frontend", spec.to_json()]
+        self.proc = subprocess.Popen(argv, env=env, pass_fds=[read_end])
+        os.close(read_end)
+
+    def abandon(self) -> None:
+        """The engine will not come up (the model failed to load, a setting was refused): the chat ends unstarted."""
+        os.close(self.info_pipe)
+        self.proc.wait()
+        self.addrs.remove()
+
+    def run_beside(self, llm) -> int:
+        """Run the engine loop until the chat ends; returns the exit code: the chat's, or 1 if the engine crashed."""
+        from engine.engine_loop import engine_info
+        from minisgl_cli.serve import run_beside_front_end
+
+        if not self.plain and llm.engine.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+            # The TUI redraws on a core of its own: an OpenMP team that shares the TUI's core waits for it at every
+            # barrier (2 cores: 30.6 tok/s at one thread against 24.0 at two; docs/benchmarks.md).
+            import torch
+
+            torch.set_num_threads(max(1, torch.get_num_threads() - 1))
+        info = engine_info(llm)
+        with os.fdopen(self.info_pipe, "w") as pipe:
+            pipe.write(json.dumps(info.to_wire()) + "\n")
+        end = run_beside_front_end(llm.engine, info, self.addrs, self.proc, "the chat", interactive=True)
+        if end.error:
+            print(f"minisgl chat: {end.error}", file=sys.stderr)
+            return 1
+        return end.front_code or 0
 
 
 def _session_id(value: str) -> int:

@@ -109,8 +109,8 @@ def serve_engine(engine: Engine, info: EngineInfo, spec: FrontendSpec, step_log:
 
     addrs = Addresses.temporary()
     spec = dataclasses.replace(spec, addrs=addrs, engine_pid=os.getpid())
-    argv = [sys.executable, "-m", "minisgl_cli.server.frontend", spec.to_json()]
-    return run_beside_front_end(engine, info, addrs, argv, "the HTTP front end", step_log).why
+    front = subprocess.Popen([sys.executable, "-m", "minisgl_cli.server.frontend", spec.to_json()])
+    return run_beside_front_end(engine, info, addrs, front, "the HTTP front end", step_log).why
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -128,23 +128,21 @@ def run_beside_front_end(
     engine: Engine,
     info: EngineInfo,
     addrs: Addresses,
-    front_argv: list[str],
+    front: subprocess.Popen,
     front_name: str,
     step_log: Path | None = None,
     interactive: bool = False,
-    front_env: dict[str, str] | None = None,
 ) -> LoopEnd:
-    """Run the engine loop here, at `addrs`, with a front end (`front_argv`, called `front_name` in what the loop
-    says) as a child process, until SIGTERM or Ctrl-C, the loop crashes or the child exits; then end the child with
-    SIGTERM if it is still there. An `interactive` front end (the chat) is a person's: it takes Ctrl-C itself (to
-    stop an answer), and after a crash it stays, showing the error, until the person leaves it. `front_env`: the
-    child's environment (default: this one's)."""
+    """Run the engine loop here, at `addrs`, for a front end already started as a child process (`front`, called
+    `front_name` in what the loop says; it may connect before the loop binds), until SIGTERM or Ctrl-C, the loop
+    crashes or the child exits; then end the child with SIGTERM if it is still there. An `interactive` front end
+    (the chat) is a person's: it takes Ctrl-C itself (to stop an answer), and after a crash it stays, showing the
+    error, until the person leaves it."""
     from engine.engine_loop import EngineLoop
 
     loop = EngineLoop(engine, addrs, info)
     if step_log is not None:
         engine.step_records = []
-    front = subprocess.Popen(front_argv, env=front_env)
     signal.signal(signal.SIGTERM, lambda *_: loop.stop())
     signal.signal(signal.SIGINT, signal.SIG_IGN if interactive else lambda *_: loop.stop())
 

@@ -1,7 +1,9 @@
 """The chat's process: `minisgl chat` loads the model and runs the engine loop (minisgl_cli.serve's
 run_beside_front_end, as `serve` does); the chat itself, TUI or plain lines, runs here, in its child, on the same
 terminal, and reaches the engine through RemoteLLM (tui/local.py says why apart). Started with a ChatFrontSpec as
-JSON in argv[1]. `chat --url` runs run_chat in its own process: a server is already apart."""
+JSON in argv[1] while the model still loads: its imports and tokenizer (~4 s on a 2-core CPU) overlap the load, and
+it starts the chat once the engine's description arrives on a pipe of its own. `chat --url` runs run_chat in its
+own process: a server is already apart."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ class ChatFrontSpec:
     model: str | None  # as --model: where the tokenizer comes from
     addrs: Addresses
     engine_pid: int
-    info: EngineInfo
+    info_fd: int  # the engine's EngineInfo arrives here as one JSON line once it is up; end of file: it never will
     system: str | None
     temperature: float
     max_tokens: int
@@ -33,7 +35,7 @@ class ChatFrontSpec:
     @staticmethod
     def from_json(text: str) -> ChatFrontSpec:
         d = json.loads(text)
-        return ChatFrontSpec(**{**d, "addrs": Addresses(**d["addrs"]), "info": EngineInfo.from_wire(d["info"])})
+        return ChatFrontSpec(**{**d, "addrs": Addresses(**d["addrs"])})
 
 
 def run(spec: ChatFrontSpec) -> None:
@@ -43,7 +45,16 @@ def run(spec: ChatFrontSpec) -> None:
     from minisgl_cli.tui.session import ChatSession, fit_session
     from minisgl_cli.tui.store import ChatStore
 
-    backend = LocalBackend(RemoteLLM(load_tokenizer(spec.model), spec.addrs), spec.info, spec.engine_pid)
+    try:
+        tokenizer = load_tokenizer(spec.model)
+    except Exception:  # a bad model: the engine's load, under way, reports it and never comes up
+        tokenizer = None
+    with open(spec.info_fd) as pipe:
+        line = pipe.readline()
+    if not line:
+        return  # the model did not load (its error is on the terminal already), or the session was refused
+    info = EngineInfo.from_wire(json.loads(line))
+    backend = LocalBackend(RemoteLLM(tokenizer or load_tokenizer(spec.model), spec.addrs), info, spec.engine_pid)
     store = ChatStore(Path(spec.db)) if spec.db is not None else None
     try:
         resumed: ChatSession | None = None
