@@ -16,6 +16,7 @@ import typer
 from minisgl_cli.options import (
     Seed,
     engine_config,
+    launcher_rank,
     load_llm,
     with_engine_flags,
 )
@@ -128,7 +129,7 @@ def chat(
     config = engine_config(seed=seed, **engine_flags)
     # Tensor parallel: only rank 0 chats; the other ranks never return from load_llm (they follow rank 0's steps).
     front = None
-    if _rank() == 0:
+    if launcher_rank() == 0:
         settings = dict(system=system, temperature=temperature, max_tokens=max_tokens, notice=notice)
         settings.update(db=str(store.path) if store else None, resume_id=session.id if session else None)
         front = _ChatProcess(config.model, settings, plain)
@@ -146,10 +147,6 @@ def chat(
     code = front.run_beside(llm)
     if code:
         raise typer.Exit(code)
-
-
-def _rank() -> int:
-    return int(os.environ.get("RANK", "0"))
 
 
 def _fit(session, limit: int | None, system: str | None, temperature: float, max_tokens: int):

@@ -178,11 +178,17 @@ def engine_config(seed: int = 0, **flags: Any):
         raise typer.BadParameter(str(e)) from e
 
 
+def launcher_rank() -> int:
+    """This process's rank under torchrun (0 without it), known before the engine joins its group."""
+    import os
+
+    return int(os.environ.get("RANK", "0"))
+
+
 def load_llm(config, quiet: bool = False):
     """Build the LLM with a rich progress bar for the model load; model errors exit cleanly.
     Under torchrun (--tp N) ranks > 0 never return: they mirror rank 0's engine steps until it exits."""
     import atexit
-    import os
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -197,7 +203,7 @@ def load_llm(config, quiet: bool = False):
         TimeElapsedColumn(),
         console=console,
         transient=True,
-        disable=quiet or os.environ.get("RANK", "0") != "0",
+        disable=quiet or launcher_rank() != 0,
     ) as bar:
         task = bar.add_task("loading model", total=None)
 

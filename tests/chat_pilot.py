@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import queue
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -67,12 +66,7 @@ class LocalEngine:
 
     def call(self, fn: Callable[[LLM], T], timeout: float = 30.0) -> T:
         """fn(llm) on the engine loop's thread, between steps."""
-        box: queue.Queue[Any] = queue.Queue()
-        self.loop.calls.put((lambda _: fn(self.llm), box))
-        ok, value = box.get(timeout=timeout)
-        if not ok:
-            raise value
-        return cast(T, value)
+        return cast(T, self.loop.call(lambda _: fn(self.llm), timeout))
 
     def shutdown(self) -> None:
         self.loop.stop()

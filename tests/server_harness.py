@@ -37,6 +37,15 @@ class InspectableLoop(EngineLoop):
         super().__init__(*args)
         self.calls: queue.Queue[tuple[Callable[[Engine], Any], queue.Queue[Any]]] = queue.Queue()
 
+    def call(self, fn: Callable[[Engine], Any], timeout: float = 30.0) -> Any:
+        """fn(engine) run on the loop's thread between steps; its result, or its exception raised here."""
+        box: queue.Queue[Any] = queue.Queue()
+        self.calls.put((fn, box))
+        ok, value = box.get(timeout=timeout)
+        if not ok:
+            raise value
+        return value
+
     def _receive(self, block: bool) -> None:
         super()._receive(block)
         while not self.calls.empty():
@@ -68,12 +77,7 @@ class LiveServer:
 
     def on_engine(self, fn: Callable[[Engine], Any], timeout: float = 30.0) -> Any:
         """fn(engine) run on the engine loop's thread between steps."""
-        box: queue.Queue[Any] = queue.Queue()
-        self.engine_loop.calls.put((fn, box))
-        ok, value = box.get(timeout=timeout)
-        if not ok:
-            raise value
-        return value
+        return self.engine_loop.call(fn, timeout)
 
     def live_requests(self) -> int:
         """Requests the engine still holds, after checking its page accounting (on its thread)."""
