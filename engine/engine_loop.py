@@ -104,7 +104,14 @@ class EngineLoop:
                 del self.sent[req.rid]
             else:
                 self.sent[req.rid] = len(req.output_ids)
-            entry: list[Any] = [req.rid, req.output_ids[n:], req.finish_reason, req.error, req.cache_hit_tokens]
+            entry: list[Any] = [
+                req.rid,
+                req.output_ids[n:],
+                req.token_times[n:],
+                req.finish_reason,
+                req.error,
+                req.cache_hit_tokens,
+            ]
             if req.params.logprobs is not None or req.params.prompt_logprobs is not None:
                 first = n == 0 and req.params.prompt_logprobs is not None
                 prompt = [lp.to_wire() for lp in req.prompt_logprobs] if first else None  # once, with the first

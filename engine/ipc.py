@@ -3,11 +3,16 @@ msgpack-encoded lists. The front end sends commands; the engine answers with one
 
 Front end -> engine:            Engine -> front end:
   ["hello"]                       ["hello", info]                 (EngineInfo as a dict)
-  ["add", rid, ids, params]       ["step", [[rid, new_ids, finish_reason, error, cache_hit_tokens(, logprobs,
-                                              prompt_logprobs: only for requests that asked)], ...]]
+  ["add", rid, ids, params]       ["step", [[rid, new_ids, token_times, finish_reason, error, cache_hit_tokens(,
+                                              logprobs, prompt_logprobs: only for requests that asked)], ...]]
   ["abort", rid, reason]          ["refused", rid, message]       (the engine's own check refused an add)
   ["metrics", seq]                ["metrics", seq, metrics]        (EngineMetrics as a dict)
   ["shutdown"]                    ["dead", why]                    (the loop crashed; nothing more follows)
+
+token_times are the engine's time.perf_counter() when each new token was made. Both ends run on one host (the pipes
+are Unix sockets), where that clock is one monotonic clock for every process, so the front end takes them as they are:
+a front end busy elsewhere (a TUI redrawing) reads several steps at once, and stamping them on arrival would report
+gaps of zero between tokens the engine made milliseconds apart.
 """
 
 from __future__ import annotations

@@ -145,9 +145,8 @@ class RemoteLLM:
             msg = unpack(await self._outputs.recv())
             kind = msg[0]
             if kind == "step":
-                now = time.perf_counter()
                 for entry in msg[1]:
-                    self._on_tokens(now, *entry)
+                    self._on_tokens(*entry)
             elif kind == "metrics":
                 fut = self._metrics.get(msg[1])
                 if fut is not None and not fut.done():
@@ -162,9 +161,9 @@ class RemoteLLM:
 
     def _on_tokens(
         self,
-        now: float,
         rid: str,
         new_ids: list[int],
+        token_times: list[float],
         reason: str | None,
         error: str | None,
         cache_hit_tokens: int,
@@ -180,9 +179,9 @@ class RemoteLLM:
             p.prompt_logprobs = [TokenLogprob.from_wire(w) for w in prompt_logprobs]
         if new_ids:
             p.token_ids += new_ids
-            p.token_times += [now] * len(new_ids)
+            p.token_times += token_times  # the engine's (engine/ipc.py)
             if p.first_token_time is None:
-                p.first_token_time = now
+                p.first_token_time = token_times[0]
         engine_reason = reason
         delta, reason, error = p.text.advance(new_ids, reason, error)
         finished = reason is not None

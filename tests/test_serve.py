@@ -3,6 +3,7 @@ and raw httpx, checked against the in-process engine (LLM.generate with the same
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -346,6 +347,35 @@ def test_metrics_parse_and_move(tiny):
         counts = [v for _, v in buckets]
         assert counts == sorted(counts) and buckets[-1][0] == float("inf")
         assert counts[-1] == after[(f"minisgl:{h}_count", lab)] and after[(f"minisgl:{h}_sum", lab)] > 0
+
+
+def test_token_times_are_the_engines_when_the_front_end_reads_late(tiny):
+    """A front end busy elsewhere (the chat's TUI redrawing) reads several steps' messages at once. The times its
+    outputs carry are still when the engine made each token: stamped on arrival, they would all be the moment it got
+    round to reading them, with gaps of zero between them."""
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+
+    def finished() -> int:
+        return tiny.engine_metrics().finished_requests
+
+    async def submit_then_stall():
+        done = finished()
+        stream = tiny.remote.submit([5, 6, 7, 8], params, "late-reader")
+        deadline = time.monotonic() + 30
+        while finished() == done:  # this blocks the front end's event loop until the engine has made every token
+            assert time.monotonic() < deadline, "the request did not finish"
+            time.sleep(0.005)
+        woke = time.perf_counter()
+        outs = [out async for out in stream]
+        return woke, outs
+
+    woke, outs = asyncio.run_coroutine_threadsafe(submit_then_stall(), tiny.event_loop).result(60)
+    last = outs[-1]
+    assert last.finished and len(last.token_ids) == len(last.token_times) == 16
+    assert last.arrival < last.first_token_time == last.token_times[0]
+    assert last.token_times[-1] < woke  # made before the front end read any of them
+    gaps = [b - a for a, b in zip(last.token_times, last.token_times[1:])]
+    assert min(gaps) > 0  # one token a step, each step after the last
 
 
 def test_queue_limit_answers_429_then_a_dead_engine_503():

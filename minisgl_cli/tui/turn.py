@@ -11,8 +11,8 @@ from minisgl_cli.tui.thinking import ThinkSplitter
 
 @dataclass(slots=True)
 class Piece:
-    """New output of an answer. Times are time.perf_counter() seconds: the engine's own token times in-process,
-    the arrival of each streamed chunk from a server."""
+    """New output of an answer. Times are time.perf_counter() seconds: the engine's own token times from the
+    local engine (engine/ipc.py), the arrival of each streamed chunk from a server."""
 
     text: str = ""  # answer text as generated (may hold <think> tags)
     reasoning: str = ""  # thinking a server already split off (`reasoning_content`)
