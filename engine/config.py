@@ -1,11 +1,15 @@
-"""Engine settings: one frozen dataclass, validated once; every front end builds one of these."""
+"""Engine settings: one frozen dataclass, validated once; every front end builds one of these. Its field defaults are
+the CLI's too (minisgl_cli/options.py), so the module imports torch only where a method needs it: `minisgl --help`
+stays free of it."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def _backend_ok(name: str) -> bool:
@@ -100,6 +104,8 @@ class EngineConfig:
                 raise ValueError(f"{name} {why} (got {getattr(self, name)!r})")
 
     def torch_device(self) -> torch.device:
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dev = torch.device(self.device)
@@ -108,6 +114,8 @@ class EngineConfig:
         return dev
 
     def torch_dtype(self, device: torch.device) -> torch.dtype:
+        import torch
+
         if self.dtype == "auto":
             if device.type == "cuda":
                 return torch.bfloat16
@@ -124,6 +132,8 @@ class EngineConfig:
 
     def torch_kv_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The KV pool's stored dtype for a model computing in `dtype`."""
+        import torch
+
         return dtype if self.kv_cache_dtype == "auto" else torch.float8_e4m3fn
 
     def use_overlap(self, device: torch.device) -> bool:

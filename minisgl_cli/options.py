@@ -1,5 +1,5 @@
-"""Engine flags shared by every command (Annotated aliases), and the EngineConfig they build.
-Nothing here imports torch: `minisgl --help` must stay fast."""
+"""Engine flags shared by every command (Annotated aliases), and the EngineConfig they build; their defaults are
+EngineConfig's. Nothing here imports torch: `minisgl --help` must stay fast."""
 
 from __future__ import annotations
 
@@ -7,18 +7,21 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Annotated, Any, TypeVar
 
 import typer
+
+from engine.config import EngineConfig
+from engine.model_config import PRESETS
 
 Model = Annotated[
     str | None,
     typer.Option(
         "--model",
         "-m",
-        help="HF directory, .gguf file, or dummy:<preset> "
-        "(Qwen3-0.6B, Llama-3.1-8B, Qwen3-32B, SmolLM2-135M, tiny-llama, "
-        "tiny-qwen3). Default: embedded SmolLM2-135M-Instruct.",
+        help=f"HF directory, .gguf file, or dummy:<preset> ({', '.join(PRESETS)}). "
+        "Default: embedded SmolLM2-135M-Instruct.",
     ),
 ]
 Device = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")]
@@ -65,7 +68,6 @@ MixedBatch = Annotated[
         "then decode)",
     ),
 ]
-MIXED_PREFILL_TOKENS = 1024  # engine.config.MIXED_PREFILL_TOKENS (not imported: this module stays free of torch)
 MixedPrefillTokens = Annotated[
     int | None,
     typer.Option(
@@ -93,7 +95,6 @@ Backend = Annotated[
     ),
 ]
 GraphBs = Annotated[int, typer.Option(help="largest decode batch captured in a CUDA graph (0: off)", min=0)]
-PIECEWISE_GRAPH_TOKENS = 4096  # engine.config.PIECEWISE_GRAPH_TOKENS (not imported: this module stays free of torch)
 PiecewiseTokens = Annotated[
     int,
     typer.Option(
@@ -107,29 +108,34 @@ Tp = Annotated[int, typer.Option(help="tensor-parallel size (launch with torchru
 Seed = Annotated[int, typer.Option(help="engine random seed")]
 
 
-# The engine flags, in the order --help lists them after a command's own, with their defaults (a command may change a
-# default: with_engine_flags). `--seed` is each command's own: it seeds the workload too.
-ENGINE_FLAGS: tuple[tuple[str, Any, Any], ...] = (
-    ("model", Model, None),
-    ("device", Device, "auto"),
-    ("dtype", Dtype, "auto"),
-    ("page_size", PageSize, 16),
-    ("num_pages", NumPages, None),
-    ("kv_cache_gb", KvCacheGb, None),
-    ("kv_cache_dtype", KvCacheDtype, "auto"),
-    ("memory_fraction", MemoryFraction, 0.85),
-    ("max_running_requests", MaxRunning, 256),
-    ("max_batch_tokens", MaxBatchTokens, 8192),
-    ("max_running_tokens", MaxRunningTokens, None),
-    ("max_model_len", MaxModelLen, None),
-    ("no_radix_cache", NoRadix, False),
-    ("attention_backend", Backend, "auto"),
-    ("cuda_graph_max_bs", GraphBs, 256),
-    ("piecewise_graph_tokens", PiecewiseTokens, PIECEWISE_GRAPH_TOKENS),
-    ("no_overlap", NoOverlap, False),
-    ("mixed_batch", MixedBatch, True),
-    ("mixed_prefill_tokens", MixedPrefillTokens, MIXED_PREFILL_TOKENS),
-    ("tp", Tp, 1),
+# The engine flags, in the order --help lists them after a command's own, with their defaults: EngineConfig's own, and
+# off for the `no_*` switches (a command may change a default: with_engine_flags). `--seed` is each command's own: it
+# seeds the workload too.
+_ENGINE_DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
+ENGINE_FLAGS: tuple[tuple[str, Any, Any], ...] = tuple(
+    (name, option, False if name.startswith("no_") else _ENGINE_DEFAULTS[name])
+    for name, option in (
+        ("model", Model),
+        ("device", Device),
+        ("dtype", Dtype),
+        ("page_size", PageSize),
+        ("num_pages", NumPages),
+        ("kv_cache_gb", KvCacheGb),
+        ("kv_cache_dtype", KvCacheDtype),
+        ("memory_fraction", MemoryFraction),
+        ("max_running_requests", MaxRunning),
+        ("max_batch_tokens", MaxBatchTokens),
+        ("max_running_tokens", MaxRunningTokens),
+        ("max_model_len", MaxModelLen),
+        ("no_radix_cache", NoRadix),
+        ("attention_backend", Backend),
+        ("cuda_graph_max_bs", GraphBs),
+        ("piecewise_graph_tokens", PiecewiseTokens),
+        ("no_overlap", NoOverlap),
+        ("mixed_batch", MixedBatch),
+        ("mixed_prefill_tokens", MixedPrefillTokens),
+        ("tp", Tp),
+    )
 )
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -165,11 +171,9 @@ def with_engine_flags(**defaults: Any) -> Callable[[F], F]:
     return decorate
 
 
-def engine_config(seed: int = 0, **flags: Any):
+def engine_config(seed: int = 0, **flags: Any) -> EngineConfig:
     """Build an EngineConfig from the engine flags among `flags` (ENGINE_FLAGS' defaults for those not given; other
     flags are ignored); bad values become a clean CLI error."""
-    from engine.config import EngineConfig
-
     values = {name: flags.get(name, default) for name, _, default in ENGINE_FLAGS}
     no_radix_cache, no_overlap = values.pop("no_radix_cache"), values.pop("no_overlap")
     try:

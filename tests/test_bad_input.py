@@ -615,3 +615,20 @@ def test_every_engine_command_takes_every_engine_flag(command):
     )
     bad = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
     assert bad.exit_code == 2 and "kv_cache_dtype must be auto, fp8 or fp8_e4m3" in flat(bad.output), bad.output
+
+
+def test_the_cli_defaults_are_the_engines_and_help_imports_no_torch():
+    """ENGINE_FLAGS takes its defaults from EngineConfig's fields (the `no_*` switches off), and neither it nor
+    `minisgl --help` imports torch: engine/config.py imports it only inside the methods that need it."""
+    from dataclasses import fields
+
+    from minisgl_cli.options import ENGINE_FLAGS, engine_config
+
+    config = {f.name: f.default for f in fields(EngineConfig)}
+    for name, _, default in ENGINE_FLAGS:
+        assert default == (False if name.startswith("no_") else config[name]), name
+    assert engine_config() == EngineConfig()
+    probe = "import sys; from minisgl_cli.app import app; sys.argv = ['minisgl', '--help']\n"
+    probe += "try:\n    app()\nexcept SystemExit:\n    pass\nassert 'torch' not in sys.modules, 'torch imported'"
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "bench-offline" in r.stdout, r.stderr

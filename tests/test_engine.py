@@ -469,23 +469,11 @@ def test_generate_returns_its_own_requests_when_another_finishes_first():
     assert not llm.has_work()
 
 
-def test_the_cli_mixed_prefill_default_is_the_engines():
-    """Kept apart so `minisgl --help` does not import torch, like the piecewise limit below."""
-    from engine.config import MIXED_PREFILL_TOKENS, EngineConfig
-    from minisgl_cli.options import MIXED_PREFILL_TOKENS as CLI_DEFAULT
-
-    assert CLI_DEFAULT == MIXED_PREFILL_TOKENS == EngineConfig().mixed_prefill_tokens
-
-
-def test_piecewise_graph_sizes_pad_little_and_the_cli_default_is_the_engines():
+def test_piecewise_graph_sizes_pad_little():
     """The padded token counts prefill/mixed steps replay at (engine/piecewise_graph.py): every step of up to the
-    limit has a size, at most twice its tokens below 256 and at most 1.25x above; the CLI's default (kept apart so
-    `minisgl --help` does not import torch) is the engine's."""
-    from engine.config import PIECEWISE_GRAPH_TOKENS, EngineConfig
+    limit has a size, at most twice its tokens below 256 and at most 1.25x above."""
     from engine.piecewise_graph import token_sizes
-    from minisgl_cli.options import PIECEWISE_GRAPH_TOKENS as CLI_DEFAULT
 
-    assert CLI_DEFAULT == PIECEWISE_GRAPH_TOKENS == EngineConfig().piecewise_graph_tokens
     for limit in (16, 100, 256, 2048, 3000, 8192):
         sizes = token_sizes(limit)
         assert sizes == sorted(set(sizes)) and sizes[-1] == limit and sizes[0] >= 1
