@@ -159,10 +159,6 @@ def matmul(x: torch.Tensor, w: QuantMatrix) -> torch.Tensor:
     return y if x2 is x else y.reshape(*x.shape[:-1], n)
 
 
-def available() -> bool:
-    return _lib is not None
-
-
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm of x [T, H] fp32 (of x + residual, with residual updated in place to that sum, when given)."""
     assert _lib is not None

@@ -20,7 +20,6 @@ from engine.layers import Loadable, Narrowable, ReplicatedLinear, silu_and_mul
 from engine.model_config import ModelConfig
 
 EXPERT_PROJ = ("gate", "up", "down")  # checkpoint tensors of one expert: index 3 * expert + position here
-FUSED_MOE = True  # off: the torch loop on CUDA too (a step-profile variant; it syncs with the host, so no graphs)
 
 
 @functools.cache
@@ -91,7 +90,7 @@ class Experts(Loadable):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """This rank's partial sum of the chosen experts' outputs ([T, H]; the caller all-reduces)."""
-        if FUSED_MOE and x.is_cuda and (ops := fused_moe_ops()) is not None:
+        if x.is_cuda and (ops := fused_moe_ops()) is not None:
             out: torch.Tensor = ops.fused_moe(x, self.w13, self.w2, weights, ids)
             return out
         return moe_reference(x, self.w13, self.w2, weights, ids)

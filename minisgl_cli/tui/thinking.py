@@ -13,7 +13,6 @@ class ThinkSplitter:
     def __init__(self, opened: bool = False) -> None:
         self.inside = opened
         self.started = opened  # past the point where a <think> may still open
-        self.closed = False
         self._held = ""
         self._newlines = opened  # drop the newlines that follow a tag, in whichever delta they come
 
@@ -46,7 +45,7 @@ class ThinkSplitter:
             i = buf.find(CLOSE)
             if i >= 0:
                 thinking += self._text(buf[:i])
-                self.inside, self.closed, self._newlines, buf = False, True, True, buf[i + len(CLOSE) :]
+                self.inside, self._newlines, buf = False, True, buf[i + len(CLOSE) :]
                 continue
             keep = _partial_suffix(buf, CLOSE)
             thinking += self._text(buf[: len(buf) - keep])
