@@ -1,4 +1,4 @@
-"""The memory-bandwidth floor of an offline workload (see GPU.md, "The offline benchmark and its physical floor").
+"""The memory-bandwidth floor of an offline workload (docs/benchmarks.md, "The floor").
 
 Every decode step must read, at least once, the weights and the KV cache of every running request. With all
 requests running from the start the workload needs max(output_len) - 1 decode steps; request i's decode step j
@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-# Measured device-to-device copy bandwidth (GPU.md), bytes/s; matched against torch.cuda.get_device_name().
+# Measured device-to-device copy bandwidth (torch copies of GiBs on each GPU: docs/gpu.md), bytes/s; matched
+# against torch.cuda.get_device_name().
 GPU_BANDWIDTH = {"H200": 4.3e12, "H100": 3.0e12}
 
 

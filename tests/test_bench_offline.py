@@ -70,7 +70,8 @@ def test_parse_range_rejects(text):
 
 
 def test_floor_of_the_published_workload_matches_gpu_md():
-    # GPU.md: Qwen3-0.6B bf16, ~13.9 TB of KV and ~1.2 TB of weights over the workload; ~36,000 tok/s on an H200.
+    # The GPU guide's figures for Qwen3-0.6B bf16: ~13.9 TB of KV and ~1.2 TB of weights over the workload;
+    # ~36,000 tok/s on an H200.
     w = random_workload()
     f = decode_floor([len(p) for p in w.prompts], w.output_lens, PRESETS["Qwen3-0.6B"], 2, "H200", 4.3e12)
     assert PRESETS["Qwen3-0.6B"].kv_bytes_per_token(2) == 114_688

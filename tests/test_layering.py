@@ -1,5 +1,5 @@
-"""Imports point only downward: minisgl_cli -> engine -> kernels -> kvcache (DESIGN.md). Read from the sources, so
-an upward import anywhere (a function body's included) fails here before it tangles the layers."""
+"""Imports point only downward: minisgl_cli -> engine -> kernels -> kvcache (the project's design rule). Read from
+the sources, so an upward import anywhere (a function body's included) fails here before it tangles the layers."""
 
 from __future__ import annotations
 
