@@ -38,7 +38,7 @@ from engine.scheduler import Batch, Scheduler  # noqa: E402
 from kvcache.manager import CacheManager  # noqa: E402
 from minisgl_cli.bench_trace import plan  # noqa: E402
 from minisgl_cli.replay import RequestResult  # noqa: E402
-from minisgl_cli.serve_metrics import summarize  # noqa: E402
+from minisgl_cli.run_figures import summarize  # noqa: E402
 from minisgl_cli.trace_reader import read_trace  # noqa: E402
 
 

@@ -159,7 +159,7 @@ def _print_client_check(console, json_path: Path | None) -> None:
 
 def _parse_load(flags: dict[str, Any]):
     from minisgl_cli.arrivals import ARRIVALS, Load, parse_concurrency, parse_rates
-    from minisgl_cli.serve_metrics import load_sort_key, parse_slo
+    from minisgl_cli.run_figures import load_sort_key, parse_slo
 
     try:
         rates = parse_rates(flags["rate"])
@@ -287,7 +287,7 @@ def _run_sweep(
 ) -> dict[str, Any]:
     from minisgl_cli.live_view import LiveView
     from minisgl_cli.replay import LiveCounters, drive, local_sender, url_sender
-    from minisgl_cli.serve_metrics import mark_knee
+    from minisgl_cli.run_figures import mark_knee
 
     chat = flags["endpoint"] == "chat"
     rows: list[dict[str, Any]] = []
@@ -387,7 +387,7 @@ def _hit_rate(before, after, target: Target) -> float | None:
 
 
 def _row(load, results, duration: float, t0: float, slo, flags: dict[str, Any], check) -> dict[str, Any]:
-    from minisgl_cli.serve_metrics import client_usage, per_request, summarize
+    from minisgl_cli.run_figures import client_usage, per_request, summarize
 
     row: dict[str, Any] = {
         "load": load.label,

@@ -334,7 +334,7 @@ def _run_url(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[s
         served_model,
         url_sender,
     )
-    from minisgl_cli.serve_metrics import client_usage
+    from minisgl_cli.run_figures import client_usage
 
     vocab, context = flags["vocab_size"], config.max_model_len
     if vocab is None or context is None:
@@ -377,7 +377,7 @@ def _run_url(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[s
 
 
 def summarize(results, duration: float, p: Plan, cache_hit_rate: float | None) -> dict[str, Any]:
-    from minisgl_cli.serve_metrics import summarize as figures
+    from minisgl_cli.run_figures import summarize as figures
 
     out = figures(results, duration, e2e_name="e2e_latency")
     out.update(
