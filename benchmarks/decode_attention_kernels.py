@@ -30,7 +30,7 @@ Qwen3-0.6B's 16/8 by default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B
                rows copied by the copy engine (cp.async.bulk) instead of cp.async; -desc: CTAs take the items longest
                first; -fused: a request's spans merged inside the kernel by the last to finish
   triton       the engine's decode over an fp8 pool (kernels/attention/fp8_decode.py; e4m3 only), one span per
-               request; triton-spans with the engine's split (flashinfer_backend.fp8_decode_work: spans of one length,
+               request; triton-spans with the engine's split (fp8_decode_plan.fp8_decode_work: spans of one length,
                about FP8_PROGRAMS_PER_SM programs per SM; triton-spans-pN: N per SM); triton-uniform with the split
                before the spans (every request in the same number of parts, from the batch size alone). The
                candidates the kernel was chosen from (K/V widened in
@@ -142,7 +142,7 @@ def case(
 ) -> list[dict]:
     import flashinfer
 
-    from kernels.attention.flashinfer_backend import FP8_PROGRAMS_PER_SM, Fp8DecodeWrapper, Fp8Scratch
+    from kernels.attention.fp8_decode_plan import FP8_PROGRAMS_PER_SM, Fp8DecodeWrapper, Fp8Scratch
 
     g = torch.Generator().manual_seed(0)
     if lens_name == "shared":

@@ -5,7 +5,7 @@ batches, and on batches with one long request FlashInfer with a fixed split does
 
 Built once per machine and GPU architecture with the CUDA toolkit's nvcc into the minisgl cache, and called through
 ctypes on torch's current stream, so CUDA graphs capture it. It takes the fp8 Triton decode's work items (spans of
-one length, flashinfer_backend.fp8_decode_work) and its merge kernel for requests cut into several spans, or merges
+one length, fp8_decode_plan.fp8_decode_work) and its merge kernel for requests cut into several spans, or merges
 them itself (`counters`).
 """
 

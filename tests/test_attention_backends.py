@@ -306,10 +306,10 @@ def test_stored_kv_is_not_written_again() -> None:
 
 
 def test_fp8_decode_work_cuts_every_request_into_spans_of_one_length() -> None:
-    """flashinfer_backend.fp8_decode_work, the fp8 decode's split: the spans tile each request's keys exactly, have one
+    """fp8_decode_plan.fp8_decode_work, the fp8 decode's split: the spans tile each request's keys exactly, have one
     length (aligned to the kernel's step) but each request's last, number at most programs + requests and at most
     max_spans per request, so a lone long request is shared out among many programs; without a split, one span each."""
-    from kernels.attention.flashinfer_backend import FP8_SPAN_ALIGN, fp8_decode_work
+    from kernels.attention.fp8_decode_plan import FP8_SPAN_ALIGN, fp8_decode_work
 
     def spans(work: np.ndarray, ptr: np.ndarray, r: int) -> list[tuple[int, int]]:
         assert (work[0, ptr[r] : ptr[r + 1]] == r).all()
@@ -340,12 +340,12 @@ def test_fp8_decode_work_cuts_every_request_into_spans_of_one_length() -> None:
 
 
 def test_fp8_decode_wrapper_plans_spans_and_graph_buffers() -> None:
-    """kernels/attention/flashinfer_backend.Fp8DecodeWrapper, the fp8 decode kernel's planner (the kernel itself runs
+    """kernels/attention/fp8_decode_plan.Fp8DecodeWrapper, the fp8 decode kernel's planner (the kernel itself runs
     on Hopper only: tests/test_gpu.py): context lengths from FlashInfer's page metadata, the spans and page table in one
     device buffer, merge scratch only where a request has several spans; a graph wrapper's fixed buffer refilled in
     place, its spans padded to the most a plan can make (request -1), the merge kept with a split, and the copy's
     shared page-id buffer refilled up to the batch's pages."""
-    from kernels.attention.flashinfer_backend import Fp8DecodeWrapper, Fp8Scratch
+    from kernels.attention.fp8_decode_plan import Fp8DecodeWrapper, Fp8Scratch
 
     indptr = torch.tensor([0, 2, 3, 6], dtype=torch.int32)  # 2, 1 and 3 pages of 16
     last = torch.tensor([5, 16, 1], dtype=torch.int32)
@@ -407,6 +407,7 @@ def test_flashinfer_fp8_pool_decodes_through_the_triton_kernel_on_hopper(
     kernel's, and a mixed batch's decode rows go to it at any group (here 2), since FlashInfer's paged pass widens
     their fp8 KV as its decode does; elsewhere, or with TRITON_FP8_DECODE off, FlashInfer's wrappers and the bf16 rule
     (decode rows apart from a group of 4)."""
+    from kernels.attention.fp8_decode_plan import FP8_PROGRAMS_PER_SM, Fp8DecodeWrapper
     from kvcache.pool import FP8
 
     fib = _stub_flashinfer(monkeypatch)
@@ -419,20 +420,20 @@ def test_flashinfer_fp8_pool_decodes_through_the_triton_kernel_on_hopper(
     be = fib.FlashInferBackend(pool, H, KVH, D, CPU)
     triton = enabled and capability == (9, 0)
     assert be.fp8_decode == triton
-    assert all(isinstance(w, fib.Fp8DecodeWrapper if triton else _Decode) for w in be.decode)
+    assert all(isinstance(w, Fp8DecodeWrapper if triton else _Decode) for w in be.decode)
     be.plan(meta)
     assert be.parts is not None
     kinds = [type(w) for w, *_ in be.parts]
-    assert kinds == ([fib.Fp8DecodeWrapper, _Paged, _Ragged] if triton else [_Paged, _Ragged])
+    assert kinds == ([Fp8DecodeWrapper, _Paged, _Ragged] if triton else [_Paged, _Ragged])
     graph = be.graph_wrapper(2, 0, True, max_pages=16)
-    assert isinstance(graph, fib.Fp8DecodeWrapper if triton else _Decode)
+    assert isinstance(graph, Fp8DecodeWrapper if triton else _Decode)
     if triton:  # the graph copy's buffers: the copy's shared page-id buffer and its own indptr / lengths
-        assert isinstance(graph, fib.Fp8DecodeWrapper)
+        assert isinstance(graph, Fp8DecodeWrapper)
         decode = AttnMeta(True, [1, 1], [5, 12], tables[:2], torch.tensor([4, 11]))
         be.plan_graph(2, 16, decode, decode.out_slots, turn=0, split=True)
         assert graph.indices is be.graph_indices[0] and graph.work[:, :2].tolist() == [[0, 1], [0, 0], [5, 12]]
         # the split: wherever the spans cut some request (FP8_PROGRAMS_PER_SM per SM; 4 SMs here), not FlashInfer's rule
-        assert be.fp8_slots == fib.FP8_PROGRAMS_PER_SM * 4
+        assert be.fp8_slots == FP8_PROGRAMS_PER_SM * 4
         be.fp8_slots = 64  # 8 programs per KV head: spans of a multiple of 128 keys near an eighth of them all
         assert not be.split_kv([100] * 64) and not be.split_kv([100] * 63 + [1024])  # spans of 896 and 1,024
         assert be.split_kv([100] * 63 + [1100]) and be.split_kv([100] * 8 + [5000])  # 1,024 and 768

@@ -178,10 +178,11 @@ def test_fp8_decode_kernel_matches_exact_attention(heads: int, kv_heads: int, di
     """kernels/attention/fp8_decode.py, behind the backend's plan/run as the engine calls it, against exact attention
     in fp32 over the same stored e4m3 K/V: contexts of 1 token to several key blocks (not multiples of one), pages
     scattered, one span per request or the engine's split (spans of one length: the merge, and requests in one span
-    written directly; flashinfer_backend.fp8_decode_work). Its error stays at FlashInfer's fp8 decode's (2.1e-3 at
+    written directly; fp8_decode_plan.fp8_decode_work). Its error stays at FlashInfer's fp8 decode's (2.1e-3 at
     Qwen3-0.6B's heads, benchmarks/decode_attention_kernels.py)."""
     from kernels.attention.base import AttnMeta
-    from kernels.attention.flashinfer_backend import FlashInferBackend, Fp8DecodeWrapper, fp8_decode_supported
+    from kernels.attention.flashinfer_backend import FlashInferBackend
+    from kernels.attention.fp8_decode_plan import Fp8DecodeWrapper, fp8_decode_supported
     from kvcache.pool import FP8, KVPool
 
     dev, PS = torch.device("cuda"), 16
@@ -225,7 +226,8 @@ def test_fp8_decode_compiles_once_for_every_batch_shape() -> None:
     one variant of each kernel (none where an earlier test built it)."""
     from kernels.attention import fp8_decode
     from kernels.attention.base import AttnMeta
-    from kernels.attention.flashinfer_backend import FlashInferBackend, Fp8DecodeWrapper, fp8_decode_supported
+    from kernels.attention.flashinfer_backend import FlashInferBackend
+    from kernels.attention.fp8_decode_plan import Fp8DecodeWrapper, fp8_decode_supported
     from kvcache.pool import FP8, KVPool
 
     dev, H, KVH, D, PS = torch.device("cuda"), 16, 8, 128, 16

@@ -11,7 +11,7 @@ registers.
 
 One program per (work item, KV head): a work item is a span of one request's keys, its query heads the N side of the
 MMA (padded to 16). A request cut into several spans gets a second kernel that merges them by their log-sum-exp. The
-engine calls it through flashinfer_backend.Fp8DecodeWrapper, which cuts the spans so that every program reads about as
+engine calls it through fp8_decode_plan.Fp8DecodeWrapper, which cuts the spans so that every program reads about as
 many keys (fp8_decode_work) and keeps their metadata in fixed buffers for CUDA graphs.
 
 H200, Qwen3-0.6B's heads (16 query, 8 KV), one layer (`benchmarks/decode_attention_kernels.py`; docs/gpu.md): 212
@@ -24,13 +24,14 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention.fp8_decode_plan import KEYS_PER_STEP as BLOCK_N
+from kernels.attention.fp8_decode_plan import MERGE_SPANS as MERGE_BLOCK
+
 LOG2E = 1.4426950408889634
-BLOCK_N = 128  # keys per step of the loop: 64 and 256 were 10-43% slower (H200), as were 8 warps
 NUM_STAGES = 3
 NUM_WARPS = 4
 # The work items are run-time data, so one build of each kernel serves every batch (a build per split count compiled
 # mid-run was a 1.1 s stall in a replay's mixed step). The merge takes up to MERGE_BLOCK spans of a request.
-MERGE_BLOCK = 32
 
 
 @triton.jit
