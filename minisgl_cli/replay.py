@@ -9,7 +9,6 @@ is scheduled when a slot frees."""
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import aclosing
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 
 from engine.gc_heap import frozen_heap
 from minisgl_cli.openai_client import HTTPStatusError
+from minisgl_cli.prometheus import cache_counters, parse_prometheus
 
 OnDone = Callable[["RequestResult"], None]
 
@@ -256,26 +256,6 @@ async def served_model(client, name: str | None = None) -> tuple[str, str | None
     return name, owner if owner in KNOWN_OWNERS else None
 
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN|[+-]Inf)\s*$")
-# (hit tokens, prompt tokens) counter pairs in the /metrics of known servers; this project's first.
-CACHE_COUNTERS = [
-    ("minisgl:prefix_cache_hits", "minisgl:prefix_cache_queries"),
-    ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
-    ("sglang:cached_tokens", "sglang:prompt_tokens"),
-]
-
-
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Sum of every sample per metric name, with a trailing `_total` dropped."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line.strip())
-        if m:
-            name = m.group(1).removesuffix("_total")
-            out[name] = out.get(name, 0.0) + float(m.group(3))
-    return out
-
-
 async def scrape_metrics(client) -> dict[str, float] | None:
     try:
         status, body = await client.get("/metrics")
@@ -288,8 +268,9 @@ def cache_hit_rate(before: dict[str, float] | None, after: dict[str, float] | No
     """Hit tokens / prompt tokens over the replay, from counters scraped before and after (None if unknown)."""
     if not before or not after:
         return None
-    for hits, prompts in CACHE_COUNTERS:
-        if hits in after and prompts in after:
-            d_prompt = after[prompts] - before.get(prompts, 0.0)
-            return (after[hits] - before.get(hits, 0.0)) / d_prompt if d_prompt > 0 else None
-    return None
+    end = cache_counters(after)
+    if end is None:
+        return None
+    start = cache_counters(before) or (0.0, 0.0)
+    d_prompt = end[1] - start[1]
+    return (end[0] - start[0]) / d_prompt if d_prompt > 0 else None

@@ -206,3 +206,20 @@ def test_metrics_of_vllm_and_sglang():
         0.75,
     )
     assert load_from_metrics("# nothing known\nprocess_cpu_seconds_total 1.5\n") is None
+
+
+def test_one_prometheus_reader_for_the_panel_and_the_replay():
+    """minisgl_cli/prometheus.py serves the chat's panel and bench-trace's cache-hit figure: counters with or without
+    the `_total` suffix (some exporters drop it), summed over labels, values that are not finite skipped."""
+    from minisgl_cli.prometheus import cache_counters, parse_prometheus
+    from minisgl_cli.replay import cache_hit_rate
+
+    bare = VLLM.replace("_total{", "{") + 'vllm:e2e_request_latency_seconds_sum{model_name="m"} NaN\n'
+    m = parse_prometheus(bare)
+    assert "vllm:e2e_request_latency_seconds_sum" not in m and m["vllm:request_success"] == 7.0
+    assert cache_counters(m) == cache_counters(parse_prometheus(VLLM)) == (400.0, 1000.0)
+    v = load_from_metrics(bare)
+    assert (v.preemptions, v.finished_requests, v.cache_hit_rate) == (3, 7, 0.4)
+    later = parse_prometheus(VLLM.replace("} 400.0", "} 700.0").replace("} 1000.0", "} 1500.0"))
+    assert cache_hit_rate(parse_prometheus(VLLM), later) == 0.6
+    assert cache_hit_rate({"up": 1.0}, later) == 700 / 1500  # no counters scraped before: from zero

@@ -2,28 +2,8 @@
 
 from __future__ import annotations
 
-import math
-import re
-
+from minisgl_cli.prometheus import cache_counters, counter, parse_prometheus
 from minisgl_cli.tui.stats import Load
-
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{.*\})?\s+(\S+)")
-
-
-def parse_prometheus(text: str) -> dict[str, float]:
-    """metric name -> value, summed over label sets (histogram series keep their _bucket/_sum/_count names)."""
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line.strip())
-        if match is None:  # comments, blank lines
-            continue
-        try:
-            value = float(match.group(2))
-        except ValueError:
-            continue
-        if math.isfinite(value):
-            values[match.group(1)] = values.get(match.group(1), 0.0) + value
-    return values
 
 
 def _int(v: float | None) -> int | None:
@@ -41,7 +21,7 @@ def load_from_metrics(text: str) -> Load | None:
             # usage = in_use / total and total = in_use + cached + free
             in_use = round(usage * (cached + free) / (1 - usage))
             total = in_use + round(cached) + round(free)
-        queries, hits = m.get("minisgl:prefix_cache_queries_total"), m.get("minisgl:prefix_cache_hits_total")
+        hits, queries = cache_counters(m) or (None, None)
         return Load(
             "minisgl",
             usage,
@@ -51,26 +31,26 @@ def load_from_metrics(text: str) -> Load | None:
             total,
             running=_int(m.get("minisgl:num_requests_running")),
             waiting=_int(m.get("minisgl:num_requests_waiting")),
-            finished_requests=_int(m.get("minisgl:request_success_total")),
-            preemptions=_int(m.get("minisgl:num_preemptions_total")),
-            prompt_tokens=_int(m.get("minisgl:prompt_tokens_total")),
+            finished_requests=_int(counter(m, "minisgl:request_success")),
+            preemptions=_int(counter(m, "minisgl:num_preemptions")),
+            prompt_tokens=_int(counter(m, "minisgl:prompt_tokens")),
             cache_hit_tokens=_int(hits),
-            generation_tokens=_int(m.get("minisgl:generation_tokens_total")),
+            generation_tokens=_int(counter(m, "minisgl:generation_tokens")),
             cache_hit_rate=hits / queries if hits is not None and queries else None,
         )
     if "vllm:num_requests_running" in m:
         usage = m.get("vllm:kv_cache_usage_perc", m.get("vllm:gpu_cache_usage_perc"))
-        queries, hits = m.get("vllm:prefix_cache_queries_total"), m.get("vllm:prefix_cache_hits_total")
+        hits, queries = cache_counters(m) or (None, None)
         return Load(
             "vllm",
             usage,
             running=_int(m.get("vllm:num_requests_running")),
             waiting=_int(m.get("vllm:num_requests_waiting")),
-            finished_requests=_int(m.get("vllm:request_success_total")),
-            preemptions=_int(m.get("vllm:num_preemptions_total")),
-            prompt_tokens=_int(m.get("vllm:prompt_tokens_total")),
+            finished_requests=_int(counter(m, "vllm:request_success")),
+            preemptions=_int(counter(m, "vllm:num_preemptions")),
+            prompt_tokens=_int(counter(m, "vllm:prompt_tokens")),
             cache_hit_tokens=_int(hits),
-            generation_tokens=_int(m.get("vllm:generation_tokens_total")),
+            generation_tokens=_int(counter(m, "vllm:generation_tokens")),
             cache_hit_rate=hits / queries if hits is not None and queries else None,
         )
     if "sglang:num_running_reqs" in m:
@@ -85,8 +65,8 @@ def load_from_metrics(text: str) -> Load | None:
             1,
             running=_int(m.get("sglang:num_running_reqs")),
             waiting=_int(m.get("sglang:num_queue_reqs")),
-            prompt_tokens=_int(m.get("sglang:prompt_tokens_total")),
-            generation_tokens=_int(m.get("sglang:generation_tokens_total")),
+            prompt_tokens=_int(counter(m, "sglang:prompt_tokens")),
+            generation_tokens=_int(counter(m, "sglang:generation_tokens")),
             cache_hit_rate=m.get("sglang:cache_hit_rate"),
         )
     return None
