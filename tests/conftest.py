@@ -126,7 +126,22 @@ def hf_smollm():
         return hf
 
 
-# ---- serve processes (no openai here: the GPU machine lacks it) ---------------------------------------------------
+# ---- child processes: the CLI, torchrun groups, servers (no openai here: the GPU machine lacks it) ------------------
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This environment with the checkout first on PYTHONPATH (a child imports this code, whatever else the path
+    holds: the GPU machine's package bundle), plus `extra`."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
+
+def torchrun_cmd(nproc: int, *args: str) -> list[str]:
+    """torchrun through this interpreter: `nproc` ranks on this host running `args` (a script and its arguments, or
+    -m module ...)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone", *args]
 
 
 def free_port() -> int:

@@ -30,7 +30,7 @@ from engine.sampling_params import SamplingParams
 from engine.weights import embedded_default_path
 from minisgl_cli.app import app
 from minisgl_cli.trace_reader import TraceError, read_trace
-from tests.conftest import make_llm
+from tests.conftest import make_llm, subprocess_env, torchrun_cmd
 from tests.hf_reference import hf_model_from_config, save_hf
 from tests.server_harness import live_server
 from tests.test_bench_offline import flat
@@ -108,24 +108,9 @@ def test_real_console_script_exits_2_without_a_traceback():
 
 def test_tp_that_does_not_divide_the_heads_under_torchrun():
     # SmolLM2-135M has 9 query heads and 3 KV heads: neither divides by 2.
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--standalone",
-        "-m",
-        "minisgl_cli",
-        *SERVE[:1],
-        "--model",
-        "dummy:SmolLM2-135M",
-        "--device",
-        "cpu",
-        "--tp",
-        "2",
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MINISGL_DIST_TIMEOUT": "60", "PYTHONPATH": str(ROOT)}
+    cmd = torchrun_cmd(2, "-m", "minisgl_cli", *SERVE[:1], "--model", "dummy:SmolLM2-135M", "--device", "cpu")
+    cmd += ["--tp", "2"]
+    env = subprocess_env(OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT="60")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     out = p.stdout + p.stderr
     assert p.returncode != 0

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import os
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ import pytest
 from engine.async_llm import AsyncLLM, EngineDeadError
 from engine.llm import LLM, RequestOutput
 from engine.sampling_params import SamplingParams
-from tests.conftest import make_llm
+from tests.conftest import make_llm, subprocess_env
 from tests.server_harness import LiveServer, live_server
 from tests.test_engine import assert_all_pages_back, prompts_with_shared_prefix, tiny_dir  # noqa: F401
 
@@ -533,7 +532,7 @@ def test_soak_serve_briefly(tmp_path):
         text=True,
         timeout=300,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=subprocess_env(),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())

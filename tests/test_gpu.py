@@ -684,20 +684,15 @@ def test_tp2_ranks_exit_when_the_command_ends(tmp_path):
     """NCCL + CUDA graphs: every rank must leave once rank 0 is done. They once hung in destroy_process_group
     while graphs holding captured all-reduces were still alive (pytorch/pytorch#115388)."""
     import json
-    import os
     import subprocess
-    import sys
     from pathlib import Path
+
+    from tests.conftest import subprocess_env, torchrun_cmd
 
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "result.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--standalone",
+    cmd = torchrun_cmd(
+        2,
         "-m",
         "minisgl_cli",
         "bench-offline",
@@ -714,9 +709,8 @@ def test_tp2_ranks_exit_when_the_command_ends(tmp_path):
         "--quiet",
         "--json",
         str(out),
-    ]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    )
+    proc = subprocess.run(cmd, env=subprocess_env(), cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(out.read_text())["completed"] == 8
 

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.llm import LLM
-from tests.conftest import free_port, wait_healthy
+from tests.conftest import free_port, subprocess_env, torchrun_cmd, wait_healthy
 from tests.tp_cases import ENGINE, PARAMS, prompts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,19 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def tp_run(model: str, n: int, tmp_path: Path, kv_cache_dtype: str = "auto") -> dict:
     out = tmp_path / f"tp{n}.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT="120")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(n),
-        "--standalone",
-        str(ROOT / "tests" / "tp_generate.py"),
-        model,
-        str(out),
-        kv_cache_dtype,
-    ]
+    env = subprocess_env(OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT="120")
+    cmd = torchrun_cmd(n, str(ROOT / "tests" / "tp_generate.py"), model, str(out), kv_cache_dtype)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
@@ -83,15 +71,9 @@ def test_tp_size_must_match_world_and_divide_heads():
 
 def _serve_tp2(timeout_s: int, model: str, device: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT=str(timeout_s))
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--standalone",
+    env = subprocess_env(OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT=str(timeout_s))
+    cmd = torchrun_cmd(
+        2,
         "-m",
         "minisgl_cli",
         "serve",
@@ -105,7 +87,7 @@ def _serve_tp2(timeout_s: int, model: str, device: str) -> tuple[subprocess.Pope
         str(port),
         "--log-level",
         "warning",
-    ]
+    )
     proc = subprocess.Popen(
         cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )  # one process group: the test can always clean it all up
@@ -179,9 +161,8 @@ def check_group_ends(how: str, model: str, device: str) -> str:
 def test_chat_at_tp2_answers_from_rank_0_and_ends_the_group():
     """`chat --tp 2` under torchrun: rank 0 runs the engine loop beside the chat's process (as `serve` does), rank 1
     follows; two piped turns are answered and Ctrl-D (end of input) ends every process with exit 0."""
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m", "minisgl_cli"]
+    env = subprocess_env(OMP_NUM_THREADS="1")
+    cmd = torchrun_cmd(2, "-m", "minisgl_cli")
     cmd += ["chat", "--no-tui", "--no-save", "--model", "dummy:tiny-llama", "--device", "cpu", "--tp", "2"]
     cmd += ["--max-tokens", "6", "--num-pages", "256"]
     p = subprocess.run(cmd, input="hello\nsecond\n", capture_output=True, text=True, timeout=300, env=env)
