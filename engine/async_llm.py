@@ -5,30 +5,27 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from engine.gc_heap import collect_if_idle, frozen_heap
 from engine.llm import LLM, Prompt
 from engine.sampling_params import SamplingParams
+from engine.step_loop import StepLoop
 from engine.streams import END, EngineDeadError, RequestStream
 
 __all__ = ["AsyncLLM", "EngineDeadError", "RequestStream"]
 T = TypeVar("T")
 
 
-class AsyncLLM:
+class AsyncLLM(StepLoop):
     """Thread-safe front of an LLM: submit() from any thread, outputs arrive on each RequestStream."""
 
-    IDLE_TICK = 0.5  # seconds; under TP the loop steps even when idle so follower ranks stay in lockstep
-
     def __init__(self, llm: LLM):
+        super().__init__()
         self.llm = llm
         self._inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._streams: dict[str, RequestStream] = {}
         self._lock = threading.Lock()
-        self.error: str | None = None
         self._stop = threading.Event()
         self._closed = False  # set under _lock when the loop ends: nothing is queued after that
         self._thread = threading.Thread(target=self._run, name="minisgl-engine", daemon=True)
@@ -84,23 +81,23 @@ class AsyncLLM:
         self._inbox.put(("wake",))
         self._thread.join(timeout=30)
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            idle = not self.llm.has_work()
-            collect_if_idle(not idle)
-            self._drain_inbox(block=idle)
-            if not self.llm.has_work() and self.llm.config.tp == 1:
-                continue
-            for out in self.llm.step():
-                stream = self._streams.get(out.rid)
-                if stream is None or (stream.final_only and not out.finished):
-                    continue
-                stream.put(out)
-                if out.finished:
-                    stream.put(END)
-                    del self._streams[out.rid]
+    def _busy(self) -> bool:
+        return self.llm.has_work()
 
-    def _drain_inbox(self, block: bool) -> None:
+    def _stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def _step(self) -> None:
+        for out in self.llm.step():
+            stream = self._streams.get(out.rid)
+            if stream is None or (stream.final_only and not out.finished):
+                continue
+            stream.put(out)
+            if out.finished:
+                stream.put(END)
+                del self._streams[out.rid]
+
+    def _receive(self, block: bool) -> None:
         try:
             item = self._inbox.get(timeout=self.IDLE_TICK) if block else self._inbox.get_nowait()
         except queue.Empty:
@@ -128,11 +125,7 @@ class AsyncLLM:
 
     def _run(self) -> None:
         try:
-            with frozen_heap():
-                self._loop()
-        except Exception as e:  # the loop itself broke: fail everyone clearly instead of hanging them
-            self.error = f"engine loop crashed: {type(e).__name__}: {e}"
-            traceback.print_exc()
+            self._run_steps()
         finally:  # crashed or shut down: every open stream and everything still queued fails now
             with self._lock:
                 self._closed = True

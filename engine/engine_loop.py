@@ -5,20 +5,18 @@ changed request's new token ids. No text is handled here: the front end tokenize
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 import zmq
 
-from engine.distributed import TP
 from engine.engine import Engine
-from engine.gc_heap import collect_if_idle, frozen_heap
 from engine.ipc import Addresses, EngineInfo, connect, pack, unpack
 from engine.llm import LLM
 from engine.request import Req
 from engine.sampling_params import SamplingParams
+from engine.step_loop import StepLoop
 
 
 def engine_info(llm: LLM) -> EngineInfo:
@@ -38,50 +36,45 @@ def engine_info(llm: LLM) -> EngineInfo:
 Watch = Callable[[], str | None]  # returns why the loop must stop (e.g. the front end exited), else None
 
 
-class EngineLoop:
-    IDLE_TICK = 0.5  # seconds; under TP the loop steps even when idle so follower ranks stay in lockstep
+class EngineLoop(StepLoop):
     WATCH_EVERY = 0.5  # seconds between calls of the watch function
 
     def __init__(self, engine: Engine, addrs: Addresses, info: EngineInfo):
+        super().__init__()
         self.engine, self.info = engine, info
         self.ctx = zmq.Context()
         self.commands = connect(self.ctx.socket(zmq.PULL), addrs.commands, bind=True)
         self.outputs = connect(self.ctx.socket(zmq.PUSH), addrs.outputs, bind=True)
         self.sent: dict[str, int] = {}  # rid -> output ids already sent, for requests still running
-        self.error: str | None = None  # why the loop crashed
         self.stopped_by: str | None = None  # why the watch stopped it
         self._stop = False
+        self._watch: Watch | None = None
+        self._next_watch = 0.0
 
     def stop(self) -> None:
         """Ask the loop to end after its current step (signal handlers, other threads)."""
         self._stop = True
 
     def run(self, watch: Watch | None = None) -> None:
-        try:
-            with frozen_heap():
-                self._loop(watch)
-        except Exception as e:  # the loop itself broke
-            self.error = f"engine loop crashed: {type(e).__name__}: {e}"
-            traceback.print_exc()
+        self._watch, self._next_watch = watch, time.monotonic() + self.WATCH_EVERY
+        self._run_steps()
         # Whatever ended the loop, the front end fails its open requests with this and answers 503 from now on.
         self._send(["dead", self.error or self.stopped_by or "engine shut down"])
 
-    def _loop(self, watch: Watch | None) -> None:
-        next_watch = time.monotonic() + self.WATCH_EVERY
-        while not self._stop:
-            idle = not self.engine.has_work()
-            collect_if_idle(not idle)
-            self._receive(block=idle)
-            if watch is not None and time.monotonic() >= next_watch:
-                next_watch = time.monotonic() + self.WATCH_EVERY
-                self.stopped_by = watch()
-                if self.stopped_by:
-                    break
-            if self._stop or (not self.engine.has_work() and TP.size == 1):
-                continue
-            changed = self.engine.step()
-            if changed:
-                self._send_step(changed)
+    def _busy(self) -> bool:
+        return self.engine.has_work()
+
+    def _stopping(self) -> bool:
+        if self._watch is not None and not self._stop and time.monotonic() >= self._next_watch:
+            self._next_watch = time.monotonic() + self.WATCH_EVERY
+            self.stopped_by = self._watch()
+            self._stop = bool(self.stopped_by)
+        return self._stop
+
+    def _step(self) -> None:
+        changed = self.engine.step()
+        if changed:
+            self._send_step(changed)
 
     def close(self) -> None:
         self.commands.close()
