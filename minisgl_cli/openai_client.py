@@ -1,5 +1,6 @@
-"""The project's one streaming client for OpenAI-compatible servers: a small HTTP/1.1 client on asyncio streams with a
-keep-alive pool, SSE parsed from raw byte chunks, and only the fields a benchmark needs decoded from each event.
+"""The project's one streaming client for OpenAI-compatible servers (the benchmarks' and the chat's): a small HTTP/1.1
+client on asyncio streams with a keep-alive pool, SSE parsed from raw byte chunks, and only the fields they need
+decoded from each event.
 
 Why not httpx: with one SSE event per socket write (what real servers send), httpx's per-read overhead (h11 and its
 stream layers) held a client to ~14,000 events/s on the project's 2-core CPU machine, this one to ~80,000
@@ -29,12 +30,23 @@ class Event:
     text: str  # delta text; "" for role, finish and usage chunks
     usage: dict[str, Any] | None = None
     finish_reason: str | None = None
+    reasoning: str = ""  # `reasoning_content` / `reasoning` of servers that split thinking off
 
 
 class HTTPStatusError(Exception):
     def __init__(self, status: int, body: bytes):
         self.status, self.body = status, body
         super().__init__(f"HTTP {status}: {body.decode(errors='replace')[:300]}")
+
+    @property
+    def message(self) -> str:
+        """The server's own words: the `message` of an OpenAI-shaped error body, else the body's start."""
+        try:
+            err = json.loads(self.body)
+            err = err.get("error", err) if isinstance(err, dict) else err
+            return str(err.get("message", err) if isinstance(err, dict) else err)
+        except ValueError:
+            return self.body.decode(errors="replace").strip()[:300] or "(empty body)"
 
 
 class StreamError(Exception):
@@ -47,11 +59,12 @@ def api_base(url: str) -> str:
     return url if url.endswith("/v1") else url + "/v1"
 
 
-def decode_event(payload: bytes) -> tuple[str, dict[str, Any] | None, str | None]:
-    """(text, usage, finish_reason) of one `data:` payload. A plain token chunk (finish_reason null, no usage, no
-    error) has only its text string decoded; anything else goes through json.loads (3.5x slower per event)."""
+def decode_event(payload: bytes) -> tuple[str, str, dict[str, Any] | None, str | None]:
+    """(text, reasoning, usage, finish_reason) of one `data:` payload. A plain token chunk (finish_reason null, no
+    usage, no error, no reasoning) has only its text string decoded; anything else goes through json.loads (3.5x
+    slower per event)."""
     s = payload.decode()
-    if '"error"' not in s and '"usage":{' not in s and '"usage": {' not in s:
+    if '"error"' not in s and '"usage":{' not in s and '"usage": {' not in s and '"reasoning' not in s:
         if '"finish_reason":null' in s or '"finish_reason": null' in s:
             i, n = s.find('"text":'), 7
             if i < 0:
@@ -60,19 +73,21 @@ def decode_event(payload: bytes) -> tuple[str, dict[str, Any] | None, str | None
                 i += n
                 while s[i] == " ":
                     i += 1
-                return (scanstring(s, i + 1)[0] if s[i] == '"' else ""), None, None
+                return (scanstring(s, i + 1)[0] if s[i] == '"' else ""), "", None, None
     obj = json.loads(s)
     if not isinstance(obj, dict):
         raise StreamError(f"unexpected event {s[:200]}")
     if obj.get("error"):
         err = obj["error"]
         raise StreamError(f"server error: {err.get('message', err) if isinstance(err, dict) else err}")
-    text, finish = "", None
+    text, reasoning, finish = "", "", None
     if choices := obj.get("choices"):
         c = choices[0]
-        text = c.get("text") or (c.get("delta") or {}).get("content") or ""
+        delta = c.get("delta") or {}
+        text = c.get("text") or delta.get("content") or ""
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
         finish = c.get("finish_reason")
-    return text, obj.get("usage"), finish
+    return text, reasoning, obj.get("usage"), finish
 
 
 class OpenAIClient:
@@ -147,8 +162,8 @@ class OpenAIClient:
                     if payload == b"[DONE]":
                         done = True
                         break
-                    text, usage, finish = decode_event(payload)
-                    yield Event(now, text, usage, finish)
+                    text, reasoning, usage, finish = decode_event(payload)
+                    yield Event(now, text, usage, finish, reasoning)
             if not done:
                 raise StreamError("the stream ended before data: [DONE]")
             reusable = _keep_alive(headers)

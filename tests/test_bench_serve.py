@@ -81,8 +81,9 @@ def test_poisson_arrivals_have_exponential_gaps():
 def test_event_decoding_matches_json(obj, compact):
     payload = json.dumps(obj, separators=(",", ":") if compact else None).encode()
     c = (obj.get("choices") or [{}])[0]
-    text = c.get("text") or (c.get("delta") or {}).get("content") or ""
-    assert decode_event(payload) == (text, obj.get("usage"), c.get("finish_reason"))
+    delta = c.get("delta") or {}
+    text, reasoning = c.get("text") or delta.get("content") or "", delta.get("reasoning_content") or ""
+    assert decode_event(payload) == (text, reasoning, obj.get("usage"), c.get("finish_reason"))
 
 
 def test_event_blocks():

@@ -1,15 +1,19 @@
-"""A small async client for OpenAI-compatible chat servers (over httpx): stream a chat completion as timed deltas,
-list the served models, fetch /metrics. Kept narrow so another transport can stand in for it."""
+"""The chat's side of an OpenAI-compatible server: stream a chat completion as timed deltas, list the served models,
+fetch /metrics. The HTTP and SSE work is the project's one client (minisgl_cli/openai_client.py); this adds the chat's
+request shape and turns every failure into a RemoteError the chat can show."""
 
 from __future__ import annotations
 
-import json
-import time
+import asyncio
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+from minisgl_cli.openai_client import HTTPStatusError, OpenAIClient, StreamError, api_base
+
+CONNECT_TIMEOUT = 10.0  # seconds for the model list at start-up
+METRICS_TIMEOUT = 5.0
 
 
 class RemoteError(Exception):
@@ -31,82 +35,59 @@ class Delta:
     usage: dict[str, Any] | None = None  # the final usage chunk (stream_options.include_usage)
 
 
-def split_url(url: str) -> tuple[str, str]:
-    """(server root, API base ending in /v1) from either form."""
+def check_url(url: str) -> str:
+    """The API base (ending in /v1) of a server given either way; a clear error for what is not an http(s) URL."""
     url = url.strip().rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"--url must start with http:// or https:// (got {url!r})")
-    root = url.removesuffix("/v1")
-    return root, root + "/v1"
-
-
-def _error_text(body: bytes) -> str:
-    try:
-        err = json.loads(body)
-        err = err.get("error", err) if isinstance(err, dict) else err
-        return str(err.get("message", err) if isinstance(err, dict) else err)
-    except ValueError:
-        return body.decode(errors="replace").strip()[:300] or "(empty body)"
+    return api_base(url)
 
 
 class OpenAIChatClient:
-    def __init__(self, url: str, api_key: str | None = None, timeout: float = 600.0) -> None:
-        self.root, self.base = split_url(url)
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.timeout = httpx.Timeout(timeout, connect=10.0)
-        self._client: httpx.AsyncClient | None = None  # made on first use, on the loop that uses it
+    def __init__(self, url: str, api_key: str | None = None) -> None:
+        self.base = check_url(url)
+        self.api_key = api_key
+        self._client: OpenAIClient | None = None  # made on first use, on the event loop that uses it
 
     @property
-    def client(self) -> httpx.AsyncClient:
+    def client(self) -> OpenAIClient:
         if self._client is None:
-            self._client = httpx.AsyncClient(headers=self.headers, timeout=self.timeout)
+            self._client = OpenAIClient(self.base, api_key=self.api_key)
         return self._client
 
     def models(self) -> list[dict[str, Any]]:
-        """GET /v1/models (blocking: for start-up, before any event loop)."""
+        """GET /v1/models (blocking: for start-up, before the chat's event loop runs)."""
+
+        async def ask() -> list[dict[str, Any]]:
+            async with OpenAIClient(self.base, api_key=self.api_key) as client, asyncio.timeout(CONNECT_TIMEOUT):
+                return await client.models()
+
         try:
-            r = httpx.get(self.base + "/models", headers=self.headers, timeout=10.0)
-        except httpx.HTTPError as e:
-            raise RemoteError(f"cannot reach {self.base}: {e}") from e
-        if r.status_code != 200:
-            raise RemoteError(f"{self.base}/models answered {r.status_code}: {_error_text(r.content)}", r.status_code)
-        data = r.json().get("data")
-        if not isinstance(data, list):
+            data = asyncio.run(ask())
+        except HTTPStatusError as e:
+            raise RemoteError(f"{self.base}/models answered {e.status}: {e.message}", e.status) from e
+        except (OSError, TimeoutError, ValueError) as e:  # ValueError: not JSON
+            raise RemoteError(f"cannot reach {self.base}: {e or type(e).__name__}") from e
+        if not all(isinstance(m, dict) for m in data):
             raise RemoteError(f"{self.base}/models: no model list in the answer")
         return data
 
     async def stream(self, body: dict[str, Any]) -> AsyncIterator[Delta]:
         """POST /v1/chat/completions with stream=true; yields each chunk's delta. RemoteError on any failure,
-        including an error event mid-stream or a stream that ends without a finish_reason."""
+        including an error event mid-stream or a stream that ends without a finish_reason. Leaving early (the
+        task cancelled) drops the connection, which makes the server abort the request."""
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         finished = False
         try:
-            async with self.client.stream("POST", self.base + "/chat/completions", json=body) as r:
-                if r.status_code != 200:
-                    raise RemoteError(f"server answered {r.status_code}: {_error_text(await r.aread())}", r.status_code)
-                async for line in r.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        raise RemoteError(f"server error: {_error_text(data.encode())}")
-                    now = time.perf_counter()
-                    for choice in chunk.get("choices") or []:
-                        delta = choice.get("delta") or {}
-                        reason = choice.get("finish_reason")
-                        finished = finished or reason is not None
-                        yield Delta(
-                            now,
-                            delta.get("content") or "",
-                            delta.get("reasoning_content") or delta.get("reasoning") or "",
-                            reason,
-                        )
-                    if chunk.get("usage"):
-                        yield Delta(now, usage=chunk["usage"])
-        except httpx.HTTPError as e:
+            async with aclosing(self.client.stream("/v1/chat/completions", body)) as events:
+                async for ev in events:
+                    finished = finished or ev.finish_reason is not None
+                    yield Delta(ev.time, ev.text, ev.reasoning, ev.finish_reason, ev.usage)
+        except HTTPStatusError as e:
+            raise RemoteError(f"server answered {e.status}: {e.message}", e.status) from e
+        except StreamError as e:
+            raise RemoteError(str(e)) from e
+        except (OSError, asyncio.IncompleteReadError) as e:
             raise RemoteError(f"lost the server: {type(e).__name__}: {e}") from e
         except ValueError as e:  # json
             raise RemoteError(f"bad stream from the server: {e}") from e
@@ -116,12 +97,13 @@ class OpenAIChatClient:
     async def metrics_text(self) -> str | None:
         """GET /metrics; None when the server has none (or cannot be reached now)."""
         try:
-            r = await self.client.get(self.root + "/metrics", timeout=5.0)
-        except httpx.HTTPError:
+            async with asyncio.timeout(METRICS_TIMEOUT):
+                status, body = await self.client.get("/metrics")
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, StreamError):
             return None
-        return r.text if r.status_code == 200 else None
+        return body.decode(errors="replace") if status == 200 else None
 
     async def aclose(self) -> None:
         if self._client is not None:
-            await self._client.aclose()
+            await self._client.close()
             self._client = None

@@ -33,9 +33,7 @@ class ServerAnswer:
         usage: dict[str, Any] = {}
         try:
             async for d in client.stream(body):
-                if d.usage:
-                    usage = d.usage
-                    continue
+                usage = d.usage or usage
                 reason = reason or d.finish_reason
                 if d.content or d.reasoning:
                     self._q.put_nowait(Piece(d.content, d.reasoning, [d.time]))
