@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
+from engine.config import EngineConfig
 from minisgl_cli import options as o
 from minisgl_cli.peers import PEERS
 
@@ -221,7 +222,9 @@ def register(app: typer.Typer) -> None:
             os._exit(0)
 
 
-def _build_workload(config, num_seqs: int, input_len: str, output_len: str, seed: int, dataset: Path | None):
+def _build_workload(
+    config: EngineConfig, num_seqs: int, input_len: str, output_len: str, seed: int, dataset: Path | None
+):
     from minisgl_cli.hf_peer import model_config_for, tokenizer_for
     from minisgl_cli.workload import dataset_workload, parse_range, random_workload
 
@@ -295,7 +298,9 @@ def _add_floor(result: dict[str, Any], workload, mc, dtype, kv_dtype, device, tp
         result["floor_fraction_uniform_routing"] = result["output_throughput"] / uniform_tps
 
 
-def _run_minisgl(config, workload, temperature: float, quiet: bool, repeats: int = 1, **_: Any) -> dict[str, Any]:
+def _run_minisgl(
+    config: EngineConfig, workload, temperature: float, quiet: bool, repeats: int = 1, **_: Any
+) -> dict[str, Any]:
     from engine.sampling_params import SamplingParams
     from minisgl_cli.gpu_busy import GpuBusy
     from minisgl_cli.workload import warmup_like

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from engine.config import EngineConfig
 from minisgl_cli import options as o
 
 
@@ -186,7 +187,7 @@ def _parse_load(flags: dict[str, Any]):
     return loads, slo
 
 
-def _target(config, flags: dict[str, Any]) -> Target:
+def _target(config: EngineConfig, flags: dict[str, Any]) -> Target:
     from minisgl_cli.hf_peer import model_config_for, tokenizer_for
 
     needs_text = flags["prompt_format"] == "text" or flags["endpoint"] == "chat" or flags["dataset"] is not None

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from engine.config import EngineConfig
 from minisgl_cli import options as o
 
 ENGINES = ("minisgl", "vllm")
@@ -207,7 +208,7 @@ def plan(window, vocab: int, context: int, flags: dict[str, Any]) -> Plan:
     return Plan(eff, items, clamped, eff.reuse_upper_bound())
 
 
-def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[str, Any], list]:
+def _run_local(config: EngineConfig, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[str, Any], list]:
     import asyncio
 
     from engine.async_llm import AsyncLLM
@@ -272,7 +273,7 @@ def _run_local(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict
     return out, results
 
 
-def _run_vllm(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[str, Any], list]:
+def _run_vllm(config: EngineConfig, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[str, Any], list]:
     """The replay through vLLM's AsyncLLM in this process (minisgl_cli/vllm_peer.py), timed by the same driver."""
     import asyncio
 
@@ -319,7 +320,7 @@ def _gpu_name(device) -> str | None:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
-def _run_url(config, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[str, Any], list]:
+def _run_url(config: EngineConfig, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[str, Any], list]:
     import asyncio
 
     from minisgl_cli.client_check import client_check_or_none

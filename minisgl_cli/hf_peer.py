@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.config import EngineConfig
 from minisgl_cli.peers import OnDone, PeerRun
 
 if TYPE_CHECKING:
@@ -230,7 +231,7 @@ class TransformersPeer:
     """The `Peer` interface (minisgl_cli/peers.py) over transformers: continuous batching (`generate_batch`) or
     padded static batches (`generate`)."""
 
-    def __init__(self, config, api: str = "auto", batch_size: int = 64) -> None:
+    def __init__(self, config: EngineConfig, api: str = "auto", batch_size: int = 64) -> None:
         import torch
 
         from minisgl_cli.peers import PeerUnavailable

@@ -189,7 +189,7 @@ def launcher_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def load_llm(config, quiet: bool = False):
+def load_llm(config: EngineConfig, quiet: bool = False):
     """Build the LLM with a rich progress bar for the model load; model errors exit cleanly.
     Under torchrun (--tp N) ranks > 0 never return: they mirror rank 0's engine steps until it exits."""
     import atexit

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from engine.config import EngineConfig
 from minisgl_cli.peers import OnDone, PeerRun, PeerUnavailable
 
 # (section of vllm_config, attribute) reported with the figure; missing ones (other vLLM versions) are left out.
@@ -158,7 +159,7 @@ class _VllmBase:
     """What both vLLM peers set up alike: vLLM imported, the engine arguments for the run's model (`self._kw`), and
     what `description()` reports."""
 
-    def __init__(self, config, overrides: dict[str, Any] | None = None) -> None:
+    def __init__(self, config: EngineConfig, overrides: dict[str, Any] | None = None) -> None:
         self.vllm = import_vllm()
         self.version = self.vllm.__version__
         self.overrides = overrides or {}
@@ -169,7 +170,7 @@ class _VllmBase:
 class VllmPeer(_VllmBase):
     """The `Peer` interface (minisgl_cli/peers.py) over vLLM's offline `LLM`."""
 
-    def __init__(self, config, overrides: dict[str, Any] | None = None) -> None:
+    def __init__(self, config: EngineConfig, overrides: dict[str, Any] | None = None) -> None:
         super().__init__(config, overrides)
         with refused_arguments(self._tmp):
             self.llm = self.vllm.LLM(**self._kw)
@@ -218,7 +219,7 @@ class VllmAsyncPeer(_VllmBase):
     it less the HTTP hop. Batch limits are the ones `vllm serve` gets (`UsageContext.OPENAI_API_SERVER`).
     Build it inside the running event loop: its engine client binds to that loop."""
 
-    def __init__(self, config, overrides: dict[str, Any] | None = None) -> None:
+    def __init__(self, config: EngineConfig, overrides: dict[str, Any] | None = None) -> None:
         super().__init__(config, overrides)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.usage.usage_lib import UsageContext
