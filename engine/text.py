@@ -181,7 +181,8 @@ class TextState:
 
     def advance(self, new_ids: list[int], reason: str | None, error: str | None) -> tuple[str, str | None, str | None]:
         """Feed the new ids; returns (delta text, finish reason, error). `reason` is the engine's (None while the
-        request runs); a stop string found here finishes it with "stop"; a detokenizer fault ends it with "error"."""
+        request runs); a stop string found here finishes it with "stop" (whatever the engine said); a detokenizer
+        fault ends it with "error"."""
         first = self.n_ids + 1
         self.n_ids += len(new_ids)
         if reason == "stop" and new_ids and new_ids[-1] in self.stop_ids:
@@ -190,7 +191,9 @@ class TextState:
             self._feed(new_ids, first)
         except Exception as e:  # a fault in one request's text handling ends that request only
             reason, error = "error", f"detokenization failed: {e}"
-        if self.finish_reason and reason is None:
+        if self.finish_reason and reason != "error":
+            # a stop string matched: "stop", even on the engine's last allowed token, where the engine says "length"
+            # (vLLM: the detokenizer's stop string wins); the text was cut at it either way
             reason = self.finish_reason
         upto = len(self.text) if reason else max(len(self.text) - self.hold, self.emitted)
         delta, self.emitted = self.text[self.emitted : upto], upto

@@ -50,6 +50,9 @@ SMOL_CASES = {
 @pytest.fixture(scope="module")
 def smol(smollm):
     refs = {name: smollm.generate([prompt], params)[0] for name, (prompt, params) in SMOL_CASES.items()}
+    # a stop string that completes on the last allowed token: the text's last word, found nowhere before it
+    stop = _last_word(refs["complete"].text)
+    refs["stop_at_last"] = smollm.generate([COMPLETE], SamplingParams(temperature=0, max_tokens=20, stop=[stop]))[0]
     with live_server(smollm, model_name="smollm") as server:
         yield server, refs
 
@@ -58,6 +61,12 @@ def smol(smollm):
 def tiny():
     with live_server(make_llm(**TINY)) as server:
         yield server
+
+
+def _last_word(text: str) -> str:
+    word = text.split()[-1]
+    assert text.endswith(word) and text.find(word) == len(text) - len(word), text
+    return word
 
 
 def _stream_text(stream, chat: bool) -> tuple[str, list[str | None], list]:
@@ -147,6 +156,22 @@ def test_stop_string_ends_the_text_before_it(smol):
         ),
         chat=False,
     )
+    assert (text, reasons[-1]) == (want, "stop")
+
+
+def test_stop_string_on_the_last_allowed_token_finishes_with_stop(smol):
+    """The stop string completes on token max_tokens: the engine says "length", but the text is cut at the stop
+    string, so the choice finished because of it (vLLM's rule), in-process and through the server alike."""
+    server, refs = smol
+    full, ref = refs["complete"], refs["stop_at_last"]
+    stop = _last_word(full.text)
+    want = full.text[: -len(stop)]
+    assert (ref.text, ref.finish_reason, len(ref.token_ids)) == (want, "stop", 20)
+    client = server.openai()
+    kw = dict(model="smollm", prompt=COMPLETE, max_tokens=20, temperature=0, stop=[stop])
+    out = client.completions.create(**kw)
+    assert (out.choices[0].text, out.choices[0].finish_reason) == (want, "stop")
+    text, reasons, _ = _stream_text(client.completions.create(**kw, stream=True), chat=False)
     assert (text, reasons[-1]) == (want, "stop")
 
 
