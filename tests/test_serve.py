@@ -403,6 +403,36 @@ def test_token_times_are_the_engines_when_the_front_end_reads_late(tiny):
     assert min(gaps) > 0  # one token a step, each step after the last
 
 
+def test_chat_n_choices_without_max_tokens_share_the_context_default():
+    """Chat's default max_tokens (the rest of the context) is a ceiling, not room every choice reserves at once: n=3
+    choices that could each grow to the whole cache are served (the scheduler preempts as the cache fills). Only a
+    prompt that leaves no room for one token per choice is refused, naming n and what the choices need."""
+    with live_server(make_llm(max_running_requests=8, num_pages=24)) as server:  # 384 tokens of KV cache
+        capacity = server.client.limits.kv_capacity
+        assert capacity == 384 and server.client.max_request_tokens == 384
+        client = server.openai()
+        out = client.chat.completions.create(model=server.model, messages=MSG, n=3, temperature=0)
+        prompt = out.usage.prompt_tokens
+        assert 3 * (capacity - prompt) > capacity  # what the old check reserved: over the cache
+        assert [c.finish_reason for c in out.choices] == ["length"] * 3
+        assert out.usage.completion_tokens == 3 * (capacity - prompt)
+        assert len({c.message.content for c in out.choices}) == 1  # greedy: the same answer three times
+
+        long = [{"role": "user", "content": "x" * (capacity - prompt + len(MSG[0]["content"]) - 2)}]
+        assert len(server.llm.encode(long)) == capacity - 2  # room for one token each of two choices, not three
+        two = client.chat.completions.create(model=server.model, messages=long, n=2, temperature=0)
+        assert [c.finish_reason for c in two.choices] == ["length"] * 2
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=server.model, messages=long, n=3, temperature=0)
+        assert e.value.body["param"] == "n"
+        assert e.value.body["message"] == (
+            f"n=3 choices need prompt ({capacity - 2} tokens) + at least 1 token each = {capacity + 1} tokens of KV "
+            f"cache at once, over its capacity of {capacity}"
+        )
+        m = server.wait_idle()
+        assert (server.client.in_flight, m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0, 0)
+
+
 def test_queue_limit_answers_429_then_a_dead_engine_503():
     with (
         live_server(make_llm(max_running_requests=2, num_pages=512), max_queued_requests=1) as server,

@@ -147,8 +147,10 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Pro
         room = max(client.max_request_tokens - len(ids), 1)  # chat's default: what the context leaves, as OpenAI
         default = room if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
         params = _sampling_params(body, default if max_tokens is None else max_tokens, max_name)
+        # chat's default is a ceiling the choices share as they grow, not room each must have at once
+        asked = None if chat and max_tokens is None else params.max_tokens
         try:
-            client.limits.check_choices(len(ids), params.max_tokens, samples, "best_of" if samples > n else "n")
+            client.limits.check_choices(len(ids), asked, samples, "best_of" if samples > n else "n")
         except ValueError as e:
             raise _refusal(e, chat) from e
         states.append(
