@@ -59,6 +59,11 @@ class SamplingParams:
             ),  # torch.Generator.manual_seed range; beyond it the sampler would raise
             (all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings"),
             (
+                all(not isinstance(s, str) or _unicode(s) for s in self.stop),
+                "stop",
+                "must be valid Unicode (a lone UTF-16 surrogate never appears in the text)",
+            ),
+            (
                 all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
                 "stop_token_ids",
                 "must be non-negative integers",
@@ -102,6 +107,14 @@ def _token_id(key: int | str) -> int:
     if isinstance(key, str) and key.strip().isdigit():
         return int(key)
     return key  # type: ignore[return-value]  # not an id: __post_init__'s check names logit_bias
+
+
+def _unicode(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _finite(v: object) -> bool:

@@ -8,6 +8,17 @@ from typing import Any
 Message = dict[str, str]
 
 
+def check_unicode(text: str, what: str) -> None:
+    """ValueError naming `what` if `text` holds a lone UTF-16 surrogate (JSON's "\\ud800" decodes to one): it is not
+    Unicode a tokenizer can take (Hugging Face's raised a TypeError, a 500 in the server)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"{what} holds a lone UTF-16 surrogate {text[e.start]!r} at character {e.start}, which is not valid Unicode"
+        ) from None
+
+
 class Tokenizer:
     """A Hugging Face tokenizer with the few calls the engine needs."""
 
@@ -40,6 +51,7 @@ class Tokenizer:
         return len(self.hf)
 
     def encode(self, text: str) -> list[int]:
+        check_unicode(text, "prompt")
         return list(self.hf.encode(text))
 
     def decode(self, ids: list[int]) -> str:
@@ -66,6 +78,10 @@ class Tokenizer:
                 or not isinstance(m.get("content"), str)
             ):
                 raise ValueError(f"each message needs a role (system/user/assistant) and string content; got {m!r}")
+        for i, m in enumerate(messages):
+            for key, value in m.items():
+                if isinstance(value, str):
+                    check_unicode(value, f"messages[{i}].{key}")
         if not self.has_chat_template:
             return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
         prompt: str = self.hf.apply_chat_template(
@@ -91,6 +107,7 @@ class ByteTokenizer(Tokenizer):
         return 256
 
     def encode(self, text: str) -> list[int]:
+        check_unicode(text, "prompt")
         return list(text.encode())
 
     def token_texts(self, ids: list[int]) -> list[str]:

@@ -286,6 +286,8 @@ def test_unknown_and_empty_fields_are_tolerated_and_change_nothing(tiny):
         ([{"role": "wizard", "content": "hi"}], "each message needs a role"),
         ([{"role": "user"}], "each message needs a role (system/user/assistant) and string content"),
         ([-1], "prompt token id -1 is outside the vocabulary [0, 512)"),
+        ("a\ud800", "prompt holds a lone UTF-16 surrogate '\\ud800' at character 1, which is not valid Unicode"),
+        ([{"role": "user", "content": "\udfff"}], "messages[0].content holds a lone UTF-16 surrogate"),
     ],
 )
 def test_bad_prompts_are_refused_by_the_engine_api(prompt, message):

@@ -229,3 +229,39 @@ def test_min_tokens_and_stop_token_ids(server):
     assert cut.choices[0].message.content == tok.decode(ids[:j])  # the stop token's own text is left out
     m = server.wait_idle()
     assert (m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0)
+
+
+# ---- text that is not Unicode -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path, body, param, message",
+    [
+        ("/v1/completions", '{"prompt": "\\ud800", "max_tokens": 2}', "prompt", "prompt holds a lone UTF-16 surrogate"),
+        ("/v1/completions", '{"prompt": ["ok", "a\\udfffb"]}', "prompt", "'\\udfff' at character 1"),
+        (
+            "/v1/chat/completions",
+            '{"messages": [{"role": "user", "content": "hi \\ud800"}], "max_tokens": 2}',
+            "messages",
+            "messages[0].content holds a lone UTF-16 surrogate '\\ud800' at character 3",
+        ),
+        (
+            "/v1/chat/completions",
+            '{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udc00"}]}]}',
+            "messages",
+            "messages[0].content holds a lone UTF-16 surrogate",
+        ),
+        ("/v1/completions", '{"prompt": "hi", "stop": ["\\ud800"]}', "stop", "stop must be valid Unicode"),
+    ],
+    ids=["prompt", "prompt-list", "chat", "chat-part", "stop"],
+)
+def test_a_lone_surrogate_is_a_400_naming_the_field(server, path, body, param, message):
+    """JSON may spell a lone UTF-16 surrogate ("\\ud800"); it is no Unicode text, and the real tokenizer raised a
+    TypeError on it (a 500). It is refused naming the field, and the server serves on."""
+    r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["type"], err["param"]) == ("invalid_request_error", param), err
+    assert message in err["message"], err
+    ok = server.openai().completions.create(model="smollm", prompt="Hi", max_tokens=2)
+    assert ok.usage.completion_tokens == 2
