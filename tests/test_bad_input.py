@@ -209,6 +209,14 @@ def tiny():
             "top_logprobs must be in [0, 20] (got 21)",
         ),
         (CH, {"messages": MSG, "tool_choice": "required"}, "tool_choice", "unsupported_parameter", "tool_choice="),
+        (CH, {"messages": MSG, "best_of": 2}, "best_of", "unsupported_parameter", "best_of=2 is not supported"),
+        (
+            C,
+            {"prompt": "hi", "prompt_embeds": "AAAA"},
+            "prompt_embeds",
+            "unsupported_parameter",
+            "prompt_embeds='AAAA' is not supported",
+        ),
         (
             CH,
             {"messages": MSG * 3000, "max_tokens": 3},

@@ -132,7 +132,7 @@ class GenerationRequest(_Body):
 
 
 class CompletionRequest(GenerationRequest):
-    REFUSED = {**_REFUSED, "suffix": (None, ""), "add_special_tokens": (None, True)}
+    REFUSED = {**_REFUSED, "suffix": (None, ""), "add_special_tokens": (None, True), "prompt_embeds": (None,)}
 
     prompt: str | list[int] | list[str] | list[list[int]]
     best_of: int | None = None
@@ -206,6 +206,7 @@ class ChatCompletionRequest(GenerationRequest):
         "chat_template": (None,),
         "chat_template_kwargs": (None, {}),
         "documents": (None,),
+        "best_of": (None, 1),  # completions only
     }
 
     messages: list[ChatMessage]
