@@ -124,6 +124,7 @@ def test_tp_that_does_not_divide_the_heads_under_torchrun():
 
 C, CH = "/v1/completions", "/v1/chat/completions"
 MSG = [{"role": "user", "content": "hi"}]
+CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
 @pytest.fixture(scope="module")
@@ -217,6 +218,21 @@ def tiny():
             "unsupported_parameter",
             "prompt_embeds='AAAA' is not supported",
         ),
+        (
+            CH,
+            {"messages": [*MSG, {"role": "assistant", "content": None, "tool_calls": [CALL]}, *MSG]},
+            "messages",
+            "unsupported_parameter",
+            "messages[1].tool_calls is not supported by this server (tools are not)",
+        ),
+        (
+            CH,
+            {"messages": [*MSG, {"role": "assistant", "function_call": CALL["function"]}, *MSG]},
+            "messages",
+            "unsupported_parameter",
+            "messages[1].function_call is not supported",
+        ),
+        (CH, {"messages": [{"role": "user", "content": "hi", "name": 5}]}, "messages", "string_type", "name"),
         (
             CH,
             {"messages": MSG * 3000, "max_tokens": 3},

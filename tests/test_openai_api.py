@@ -6,6 +6,8 @@ tests/test_serve.py's BAD and tests/test_bad_input.py."""
 
 from __future__ import annotations
 
+import copy
+
 import httpx
 import pytest
 import torch
@@ -265,3 +267,38 @@ def test_a_lone_surrogate_is_a_400_naming_the_field(server, path, body, param, m
     assert message in err["message"], err
     ok = server.openai().completions.create(model="smollm", prompt="Hi", max_tokens=2)
     assert ok.usage.completion_tokens == 2
+
+
+# ---- message names -------------------------------------------------------------------------------------------------
+
+NAMED_TEMPLATE = (  # newlines as expressions: HF renders templates with trim_blocks
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] }}{% if m.name %}{{ ' ' + m.name }}{% endif %}"
+    "{{ '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}{{ '<|im_start|>assistant\\n' }}"
+)
+
+
+def test_message_names_reach_the_chat_template(server):
+    """A message's `name` is handed to the chat template: a template that renders it (here one that does) puts it in
+    the prompt; SmolLM2's own ignores it, as the model was never shown names."""
+    client = server.openai()
+    named = [{"role": "user", "content": "Who am I?", "name": "Alice"}]
+    plain = [{"role": "user", "content": "Who am I?"}]
+    kw = dict(model="smollm", max_tokens=6, temperature=0)
+    same = [client.chat.completions.create(messages=m, **kw) for m in (named, plain)]
+    assert same[0].choices[0].message.content == same[1].choices[0].message.content
+    assert same[0].usage.prompt_tokens == same[1].usage.prompt_tokens
+
+    tok = copy.copy(server.remote.tokenizer)
+    tok.hf = copy.deepcopy(tok.hf)
+    tok.hf.chat_template = NAMED_TEMPLATE
+    prompt = tok.chat_prompt(named)
+    assert prompt == "<|im_start|>user Alice\nWho am I?<|im_end|>\n<|im_start|>assistant\n"
+    original, server.remote.tokenizer = server.remote.tokenizer, tok  # the front end's tokenizer, for this test
+    try:
+        outs = [client.chat.completions.create(messages=m, **kw) for m in (named, plain)]
+    finally:
+        server.remote.tokenizer = original
+    ref = client.completions.create(prompt=prompt, **kw)  # the same prompt as text: the same answer
+    assert outs[0].choices[0].message.content == ref.choices[0].text
+    assert outs[0].usage.prompt_tokens == ref.usage.prompt_tokens == len(tok.encode(prompt))
+    assert outs[1].usage.prompt_tokens < outs[0].usage.prompt_tokens  # the name was in the prompt

@@ -178,6 +178,10 @@ class ContentPart(_Body):
 class ChatMessage(_Body):
     role: str
     content: str | list[ContentPart] | None = None
+    name: str | None = None  # passed to the chat template, which renders it or not (as vLLM)
+    # an assistant's calls of tools: refused, as tools are (left out, the turn would read as an empty message)
+    tool_calls: Any = None
+    function_call: Any = None
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -229,8 +233,23 @@ class ChatCompletionRequest(GenerationRequest):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def chat_messages(self) -> list[dict[str, str]]:
-        # newer OpenAI clients send system prompts as "developer"; chat templates know them as "system"
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+        out = []
+        for i, m in enumerate(self.messages):
+            for field_name in ("tool_calls", "function_call"):
+                value = getattr(m, field_name)
+                if value not in (None, []):
+                    raise APIError(
+                        400,
+                        f"messages[{i}].{field_name} is not supported by this server (tools are not)",
+                        param="messages",
+                        code="unsupported_parameter",
+                    )
+            # newer OpenAI clients send system prompts as "developer"; chat templates know them as "system"
+            message = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            if m.name is not None:
+                message["name"] = m.name
+            out.append(message)
+        return out
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
