@@ -433,6 +433,31 @@ def test_chat_n_choices_without_max_tokens_share_the_context_default():
         assert (server.client.in_flight, m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0, 0)
 
 
+@pytest.mark.parametrize(
+    "body, param, message",
+    [
+        ({"prompt": [1, 2, 3], "n": 4}, "n", "n=4: 4 generations at once"),
+        ({"prompt": "hi", "n": 1, "best_of": 5}, "best_of", "best_of=5: 5 generations at once"),
+        ({"prompt": ["a", "b", "c", "d"]}, "prompt", "4 prompts: 4 generations at once"),
+        ({"prompt": ["a", "b"], "n": 2}, "n", "2 prompts x n=2: 4 generations at once"),
+    ],
+)
+def test_more_choices_than_the_server_ever_admits_are_a_400_not_a_429(body, param, message):
+    """A request of more generations than --max-running-requests + --max-queued-requests can never be admitted, even
+    by an idle server: a 429 told the client to retry (the openai client does, in vain); it is a 400 naming why."""
+    with live_server(make_llm(max_running_requests=2, num_pages=64), max_queued_requests=1) as server:
+        r = httpx.post(f"{server.url}/v1/completions", json={"max_tokens": 5, **body}, timeout=60)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert (err["type"], err["param"]) == ("invalid_request_error", param), err
+        assert err["message"] == (
+            f"{message}, more than this server ever admits (--max-running-requests 2 + --max-queued-requests 1 = 3)"
+        )
+        ok = server.openai().completions.create(model=server.model, prompt=[1, 2, 3], max_tokens=5, n=3)
+        assert len(ok.choices) == 3  # at the limit: admitted
+        assert server.client.metrics.rejected == 0
+
+
 def test_queue_limit_answers_429_then_a_dead_engine_503():
     with (
         live_server(make_llm(max_running_requests=2, num_pages=512), max_queued_requests=1) as server,

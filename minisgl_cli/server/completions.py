@@ -141,6 +141,15 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Pro
         max_tokens = 1
     n, samples = body.num_choices, body.num_samples
     rank_logprobs = 0 if samples > n and k is None else k  # best_of ranks samples by their tokens' log-probability
+    count, limit = len(prompts) * samples, client.admission_limit
+    if limit is not None and count > limit:  # more than even an idle server admits: a 400, not a 429 to retry
+        choices_name = "best_of" if samples > n else "n"
+        param = "prompt" if len(prompts) > limit or samples == 1 else choices_name
+        what = f"{choices_name}={samples}" if samples > 1 else ""
+        if len(prompts) > 1:
+            what = f"{len(prompts)} prompts" + (f" x {what}" if what else "")
+        most = f"{client.limits_flags} = {limit}"
+        raise APIError(400, f"{what}: {count} generations at once, more than this server ever admits ({most})", param)
     specs: list[JobSpec] = []
     states: list[_Prompt] = []
     for p, ids in zip(prompts, encoded):

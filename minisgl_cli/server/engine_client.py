@@ -96,6 +96,11 @@ class EngineClient:
         self.in_flight = 0  # admitted, not yet finished: running in the engine or queued for it
         self._tasks: set[asyncio.Task] = set()
 
+    @property
+    def admission_limit(self) -> int | None:
+        """The most jobs (choices of prompts) in flight at once; None: no limit."""
+        return None if self.max_queued is None else self.max_running + self.max_queued
+
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
             raise APIError(
@@ -114,13 +119,15 @@ class EngineClient:
 
     def start(self, request: Request, specs: list[JobSpec]) -> list[Job]:
         """Admit a request's jobs, all or none (ValueError if the engine refuses one, EngineDeadError if the engine
-        is gone). Jobs with `after` are sent to the engine later, by their task."""
-        if self.max_queued is not None and self.in_flight + len(specs) > self.max_running + self.max_queued:
+        is gone; a 429 while the server is full). Jobs with `after` are sent to the engine later, by their task. The
+        caller refuses more jobs than admission_limit first (a 400: retrying cannot help)."""
+        limit = self.admission_limit
+        if limit is not None and self.in_flight + len(specs) > limit:
             self.metrics.rejected += 1
             raise APIError(
                 429,
                 f"server is full: {self.in_flight} requests are running or queued and this one adds {len(specs)} "
-                f"(--max-running-requests {self.max_running} + --max-queued-requests {self.max_queued}); retry later",
+                f"({self.limits_flags}); retry later",
                 code="queue_full",
             )
         for spec in specs:  # the engine would refuse them later, after a 200 was sent: refuse them all now
@@ -141,6 +148,10 @@ class EngineClient:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return jobs
+
+    @property
+    def limits_flags(self) -> str:
+        return f"--max-running-requests {self.max_running} + --max-queued-requests {self.max_queued}"
 
     def _deliver(self, job: Job, item: object) -> None:
         """One item of `job`'s engine stream (an output, END after the finished one, or an exception), as it arrives.
