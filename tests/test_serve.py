@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -372,6 +373,42 @@ def test_metrics_parse_and_move(tiny):
         counts = [v for _, v in buckets]
         assert counts == sorted(counts) and buckets[-1][0] == float("inf")
         assert counts[-1] == after[(f"minisgl:{h}_count", lab)] and after[(f"minisgl:{h}_sum", lab)] > 0
+
+
+def test_metrics_answer_promptly_during_a_long_engine_step(tiny):
+    """The engine answers a metrics request between steps. During a long one (here the engine's thread is held for
+    4 s, as a big CPU prefill would), /metrics answers within a second with the last snapshot and says how old it
+    is, instead of waiting (up to 10 s, Prometheus's scrape timeout) and then leaving the engine's figures out."""
+    lab = (("model_name", "tiny-llama"),)
+    client = tiny.openai()
+    client.completions.create(model=tiny.model, prompt="warm up", max_tokens=3)
+    before = _families(tiny)
+    assert before[("minisgl:engine_metrics_age_seconds", lab)] < 1
+    held = threading.Event()
+
+    def long_step(_engine) -> None:
+        held.set()
+        time.sleep(4)
+
+    blocker = threading.Thread(target=tiny.on_engine, args=(long_step,))
+    blocker.start()
+    try:
+        assert held.wait(10)
+        for _ in range(2):  # the second scrape finds the first one's request still unanswered: it waits no longer
+            start = time.monotonic()
+            during = _families(tiny)
+            assert time.monotonic() - start < 1.5
+            for name in ("num_requests_running", "kv_cache_usage_perc", "generation_tokens_total"):
+                assert during[(f"minisgl:{name}", lab)] == before[(f"minisgl:{name}", lab)]
+            assert during[("minisgl:engine_metrics_age_seconds", lab)] >= 0.5
+    finally:
+        blocker.join()
+    out = client.completions.create(model=tiny.model, prompt="after", max_tokens=4)
+    after = _families(tiny)
+    assert after[("minisgl:engine_metrics_age_seconds", lab)] < 1
+    assert after[("minisgl:generation_tokens_total", lab)] == (
+        before[("minisgl:generation_tokens_total", lab)] + out.usage.completion_tokens
+    )
 
 
 def test_token_times_are_the_engines_when_the_front_end_reads_late(tiny):

@@ -51,7 +51,8 @@ def create_app(remote: RemoteLLM, model_name: str | None = None, max_queued_requ
 
     @app.get("/metrics")
     async def metrics(_: Request) -> PlainTextResponse:
-        text = client.metrics.render(await client.engine_metrics(), client.in_flight)
+        engine, age = await client.engine_metrics()
+        text = client.metrics.render(engine, client.in_flight, age)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app

@@ -6,6 +6,8 @@ latency metrics and its abort, so those happen even when the handler never start
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +25,10 @@ from engine.streams import END
 from engine.text import Prompt, RequestOutput
 from minisgl_cli.server.errors import APIError
 from minisgl_cli.server.metrics import ServerMetrics
+
+# /metrics waits this long for the engine's snapshot (it answers between steps), then serves the last one
+METRICS_WAIT_S = 0.5
+METRICS_TIMEOUT_S = 300.0  # a snapshot asked for during a step longer than this is given up on (asked again later)
 
 
 @dataclass(eq=False, slots=True)
@@ -95,6 +101,11 @@ class EngineClient:
         self.metrics = ServerMetrics(model_name)
         self.in_flight = 0  # admitted, not yet finished: running in the engine or queued for it
         self._tasks: set[asyncio.Task] = set()
+        self._last_metrics: tuple[EngineMetrics, float] | None = None  # the engine's last snapshot, when asked for
+        self._metrics_call: asyncio.Task[None] | None = None  # the snapshot asked for and not yet answered
+        with contextlib.suppress(RuntimeError):  # a first snapshot now, so that a first scrape in a long step has one
+            asyncio.get_running_loop()
+            self._metrics_call = asyncio.create_task(self._fetch_metrics())
 
     @property
     def admission_limit(self) -> int | None:
@@ -215,6 +226,25 @@ class EngineClient:
         for job in jobs:
             job.abort()
 
-    async def engine_metrics(self) -> EngineMetrics | None:
-        """A consistent snapshot, taken by the engine between steps; None if the engine is gone."""
-        return await self.remote.metrics()
+    async def engine_metrics(self) -> tuple[EngineMetrics | None, float]:
+        """A consistent snapshot, taken by the engine between steps, and its age in seconds. The engine answers
+        between steps, so during a long one (a big prefill takes seconds on a CPU) this waits METRICS_WAIT_S, then
+        returns the last snapshot: a scrape is answered promptly and never loses the engine's figures (Prometheus
+        gives up on a scrape after 10 s). The request stays out and refreshes the snapshot once the step is over.
+        (None, 0.0) if the engine is gone or has not answered yet."""
+        if not self.remote.alive:
+            return None, 0.0
+        if self._metrics_call is None or self._metrics_call.done():
+            self._metrics_call = asyncio.create_task(self._fetch_metrics())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._metrics_call), METRICS_WAIT_S)
+        if self._last_metrics is None or not self.remote.alive:
+            return None, 0.0
+        snapshot, taken = self._last_metrics
+        return snapshot, time.monotonic() - taken
+
+    async def _fetch_metrics(self) -> None:
+        sent = time.monotonic()
+        snapshot = await self.remote.metrics(timeout=METRICS_TIMEOUT_S)
+        if snapshot is not None:
+            self._last_metrics = snapshot, sent

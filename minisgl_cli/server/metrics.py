@@ -96,7 +96,8 @@ class ServerMetrics:
         self.e2e.observe((out.token_times[-1] if out.token_times else time.perf_counter()) - out.arrival)
         self.finished[out.finish_reason or "unknown"] += 1
 
-    def render(self, engine: EngineMetrics | None, in_flight: int) -> str:
+    def render(self, engine: EngineMetrics | None, in_flight: int, engine_age: float = 0.0) -> str:
+        """engine: the engine's last snapshot (None: the engine is gone), taken engine_age seconds ago."""
         labels = f'model_name="{_label(self.model_name)}"'
         lines: list[str] = []
         declared: set[str] = set()
@@ -108,6 +109,12 @@ class ServerMetrics:
             lines.append(f"{name}{{{labels}{extra}}} {value!r}")
 
         if engine is not None:  # None: the engine loop is gone, only the server's own numbers remain
+            scalar(
+                "gauge",
+                "minisgl:engine_metrics_age_seconds",
+                "Age of the engine figures below (the engine answers between steps; during a long one, the last).",
+                engine_age,
+            )
             scalar("gauge", "minisgl:num_requests_running", "Requests in the engine's running batch.", engine.running)
             scalar("gauge", "minisgl:num_requests_waiting", "Requests waiting to be scheduled.", engine.waiting)
             scalar(
