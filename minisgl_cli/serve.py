@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -20,6 +22,7 @@ from rich.console import Console
 from minisgl_cli.options import (
     Seed,
     engine_config,
+    launcher_rank,
     load_llm,
     with_engine_flags,
 )
@@ -78,9 +81,38 @@ def register(app: typer.Typer) -> None:
         """Serve the model over an OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions,
         /v1/models, /health, /metrics."""
         config = engine_config(seed=seed, **engine_flags)
-        llm = load_llm(config)  # under torchrun, ranks > 0 stay in there, following rank 0's steps
-        name = served_model_name or engine_flags["model"]
-        run_server(llm, host, port, name, max_queued_requests, log_level.value, step_log)
+        # rank 0 serves HTTP: its address is taken before the model loads, so a port in use or a bad --host ends
+        # the command at once (exit 2), not after minutes of loading
+        listener = bind_listener(host, port) if launcher_rank() == 0 else None
+        try:
+            llm = load_llm(config)  # under torchrun, ranks > 0 stay in there, following rank 0's steps
+            name = served_model_name or engine_flags["model"]
+            run_server(llm, host, port, name, max_queued_requests, log_level.value, step_log, listener)
+        finally:
+            if listener is not None:
+                listener.close()
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (port 0: a free one), for the front end to listen on; exits 2 naming the
+    address if it cannot be had (in use, not an address of this machine, a host name that does not resolve)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)  # as uvicorn binds
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses a TIME_WAIT port
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        _cannot_listen(host, port, e)
+    return sock
+
+
+def _cannot_listen(host: str, port: int, e: OSError) -> NoReturn:
+    why = e.strerror or str(e)
+    hint = "another process listens there: choose another --port" if e.errno == errno.EADDRINUSE else ""
+    Console(stderr=True, soft_wrap=True).print(
+        f"[red]error:[/red] cannot listen on --host {host} --port {port}: {why}" + (f" ({hint})" if hint else "")
+    )
+    raise typer.Exit(2) from e
 
 
 def run_server(
@@ -91,11 +123,14 @@ def run_server(
     max_queued_requests: int | None = None,
     log_level: str = "info",
     step_log: Path | None = None,
+    listener: socket.socket | None = None,
 ) -> None:
-    """Serve `llm` until Ctrl-C / SIGTERM. Exits non-zero if the engine loop crashes or the front end dies."""
+    """Serve `llm` until Ctrl-C / SIGTERM. Exits non-zero if the engine loop crashes or the front end dies.
+    listener: host:port already bound (bind_listener); None: the front end binds it."""
     from engine.engine_loop import engine_info
 
-    spec = FrontendSpec(llm.config.model, None, host, port, model_name, max_queued_requests, log_level, os.getpid())
+    fd = None if listener is None else listener.fileno()
+    spec = FrontendSpec(llm.config.model, None, host, port, model_name, max_queued_requests, log_level, os.getpid(), fd)
     why = serve_engine(llm.engine, engine_info(llm), spec, step_log)
     if why:
         Console(stderr=True, soft_wrap=True).print(f"[red]minisgl serve:[/red] {why}; exiting")
@@ -109,7 +144,8 @@ def serve_engine(engine: Engine, info: EngineInfo, spec: FrontendSpec, step_log:
 
     addrs = Addresses.temporary()
     spec = dataclasses.replace(spec, addrs=addrs, engine_pid=os.getpid())
-    front = subprocess.Popen([sys.executable, "-m", "minisgl_cli.server.frontend", spec.to_json()])
+    fds = () if spec.fd is None else (spec.fd,)  # the listening socket, bound here
+    front = subprocess.Popen([sys.executable, "-m", "minisgl_cli.server.frontend", spec.to_json()], pass_fds=fds)
     return run_beside_front_end(engine, info, addrs, front, "the HTTP front end", step_log).why
 
 

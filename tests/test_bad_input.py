@@ -12,6 +12,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +89,28 @@ def test_bad_serve_flags_exit_2_naming_the_problem(flags, message):
     code, out = invoke(*SERVE, *flags)
     assert code == 2, out
     assert message in out, out
+
+
+def test_a_port_in_use_or_a_bad_host_exit_2_before_the_model_loads(tmp_path):
+    """The HTTP address is bound before the model loads (as vLLM does): a port in use, a host name that does not
+    resolve or an address of another machine end the command at once with exit 2, naming them. (It used to load the
+    model, print the banner with the address, then fail in the front end: exit 1.) The broken model file proves
+    the order: its load would fail too, and is never reached."""
+    broken = tmp_path / "model.bin"
+    broken.write_bytes(b"\0" * 64)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        in_use = f"error: cannot listen on --host 127.0.0.1 --port {port}: Address already in use (another process"
+        for model in ("dummy:tiny-llama", str(broken)):
+            code, out = invoke(*SERVE[:1], "--model", model, "--device", "cpu", "--port", port)
+            assert (code, in_use in out, "minisgl serve:" in out, "not a .gguf" in out) == (2, True, False, False), out
+    for host, why in (("no-such-host.invalid", ""), ("192.0.2.1", "Cannot assign requested")):
+        code, out = invoke(*SERVE[:1], "--model", str(broken), "--device", "cpu", "--host", host)
+        assert code == 2 and f"error: cannot listen on --host {host} --port 8000: {why}" in out, out
+    code, out = invoke(*SERVE[:1], "--model", str(broken), "--device", "cpu", "--port", port)  # free again
+    assert code == 2 and "is not a .gguf file" in out, out
 
 
 def test_cuda_device_without_cuda():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -138,3 +139,34 @@ def test_an_fp8_kv_cache_serves_what_the_engine_computes_in_process():
         assert got.text == want.text
         gap = max(abs(a - b.logprob) for a, b in zip(served, want.logprobs))
         assert (gap < 1e-4) == close, (kv, gap)
+
+
+@pytest.mark.timeout(180)
+def test_port_0_serves_on_the_port_the_banner_names():
+    """--port 0 takes a free port; the banner names the one bound (it printed ":0"), and the server answers there."""
+    cmd = [sys.executable, "-m", "minisgl_cli", "serve", "--model", "dummy:tiny-llama", "--device", "cpu"]
+    proc = subprocess.Popen(
+        [*cmd, "--port", "0", "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        seen = []
+        while not (match := re.search(r"at http://127\.0\.0\.1:(\d+)/v1$", seen[-1] if seen else "")):
+            line = proc.stdout.readline()
+            assert line, "".join(seen)  # the command ended without a banner
+            seen.append(line.rstrip())
+        port = int(match.group(1))
+        assert port != 0, seen
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(proc, url)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=60)
+        assert (
+            client.completions.create(model="dummy:tiny-llama", prompt="hi", max_tokens=3).usage.completion_tokens == 3
+        )
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for p in psutil.Process(proc.pid).children(recursive=True):
+                p.kill()
+        proc.kill()
+        proc.wait()

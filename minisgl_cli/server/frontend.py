@@ -83,14 +83,21 @@ async def _main(spec: FrontendSpec) -> int:
         )
     )
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: setattr(server, "should_exit", True))
+    # the socket the command bound before loading the model (its port is the real one when --port was 0)
+    sockets = None if spec.fd is None else [socket.socket(fileno=spec.fd)]
+    host, port = (spec.host, spec.port) if sockets is None else sockets[0].getsockname()[:2]
     Console(stderr=True, soft_wrap=True).print(
         f"[bold]minisgl serve[/bold]: model [cyan]{app.state.client.model_name}[/cyan] on {info.device} "
-        f"({info.dtype}, {info.attention} attention, tp={info.tp}) at http://{spec.host}:{spec.port}/v1"
+        f"({info.dtype}, {info.attention} attention, tp={info.tp}) at http://{_url_host(host)}:{port}/v1"
     )
     try:
-        return await serve_http(remote, server, engine_pid=spec.engine_pid)
+        return await serve_http(remote, server, sockets, engine_pid=spec.engine_pid)
     finally:
         remote.close()
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def main() -> None:

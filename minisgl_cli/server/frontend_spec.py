@@ -23,6 +23,9 @@ class FrontendSpec:
     max_queued_requests: int | None
     log_level: str
     engine_pid: int
+    # the listening socket, bound by the command before it loaded the model and passed to the front end (pass_fds);
+    # None: the front end binds host:port itself
+    fd: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
