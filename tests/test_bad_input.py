@@ -236,6 +236,27 @@ def tiny():
         (CH, {"messages": MSG, "best_of": 2}, "best_of", "unsupported_parameter", "best_of=2 is not supported"),
         (
             C,
+            {"prompt": "hi", "stream_options": {"include_usage": True}},
+            "stream_options",
+            None,
+            "Stream options can only be defined when stream=True",
+        ),
+        (
+            CH,
+            {"messages": MSG, "stream": False, "stream_options": {}},
+            "stream_options",
+            None,
+            "Stream options can only be defined when stream=True",
+        ),
+        (
+            CH,
+            {"messages": MSG, "stream": True, "stream_options": {"continuous_usage_stats": True}},
+            "stream_options",
+            "unsupported_parameter",
+            "stream_options.continuous_usage_stats=True is not supported",
+        ),
+        (
+            C,
             {"prompt": "hi", "prompt_embeds": "AAAA"},
             "prompt_embeds",
             "unsupported_parameter",

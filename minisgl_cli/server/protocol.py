@@ -38,6 +38,7 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False  # vLLM's: usage on every chunk; refused (check_supported)
 
 
 # Fields of the OpenAI API and of vLLM's extensions that would change the answer and that this server does not
@@ -102,6 +103,16 @@ class GenerationRequest(_Body):
                     param=name,
                     code="unsupported_parameter",
                 )
+        if self.stream_options is not None and not self.stream:  # OpenAI's and vLLM's answer too
+            raise APIError(400, "Stream options can only be defined when stream=True", param="stream_options")
+        if self.stream_options is not None and self.stream_options.continuous_usage_stats:
+            raise APIError(
+                400,
+                "stream_options.continuous_usage_stats=True is not supported by this server (usage comes in the last "
+                "chunk, with include_usage)",
+                param="stream_options",
+                code="unsupported_parameter",
+            )
         if self.n is not None and not 1 <= self.n <= MAX_N:
             raise APIError(400, f"n must be in [1, {MAX_N}] (got {self.n})", param="n")
 
