@@ -203,6 +203,18 @@ def test_seeded_sampling_with_penalties_matches_engine(smol):
 def test_models_health_and_token_id_prompts(tiny):
     client = tiny.openai()
     assert [m.id for m in client.models.list().data] == [tiny.model] == ["tiny-llama"]
+    card = client.models.retrieve(tiny.model)  # GET /v1/models/{id}
+    assert (card.id, card.object, card.owned_by, card.model_extra["max_model_len"]) == (
+        "tiny-llama",
+        "model",
+        "minisgl",
+        2048,
+    )
+    assert card == client.models.list().data[0]
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("gpt-4")
+    assert (e.value.body["param"], e.value.body["code"]) == ("model", "model_not_found")
+    assert "model 'gpt-4' does not exist; this server serves 'tiny-llama'" in e.value.body["message"]
     assert httpx.get(f"{tiny.url}/health").status_code == 200
     ids = [72, 101, 108, 108, 111, 300, 7, 511]
     ref = make_llm(**TINY).generate([ids], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
@@ -527,6 +539,14 @@ def test_queue_limit_answers_429_then_a_dead_engine_503():
         r = raw.post("/v1/chat/completions", json={"messages": MSG})
         assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable_error"
         assert raw.get("/metrics").status_code == 200
+
+
+def test_a_served_name_with_slashes_is_retrieved():
+    with live_server(make_llm(num_pages=16), model_name="org/tiny-llama") as server:
+        client = server.openai()
+        assert client.models.retrieve("org/tiny-llama").id == "org/tiny-llama"
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve("org/other")
 
 
 def test_cli_serve_command():

@@ -32,22 +32,22 @@ def create_app(remote: RemoteLLM, model_name: str | None = None, max_queued_requ
             return JSONResponse({"status": "ok"})
         raise APIError(503, f"engine is not running: {remote.error or 'stopped'}")
 
+    card = {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "minisgl",
+        "max_model_len": client.max_model_len,
+    }
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": name,
-                        "object": "model",
-                        "created": created,
-                        "owned_by": "minisgl",
-                        "max_model_len": client.max_model_len,
-                    }
-                ],
-            }
-        )
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.get("/v1/models/{model:path}")  # :path: a served name may hold slashes (a --model path, org/name)
+    async def model(model: str) -> JSONResponse:
+        client.check_model(model)  # another name: 404 model_not_found
+        return JSONResponse(card)
 
     @app.get("/metrics")
     async def metrics(_: Request) -> PlainTextResponse:
