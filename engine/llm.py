@@ -7,8 +7,9 @@ from contextlib import nullcontext
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.engine import Engine, Progress
+from engine.engine import Engine
 from engine.gc_heap import paused_collector
+from engine.loader import Progress
 from engine.metrics import EngineMetrics
 from engine.request import Req
 from engine.sampling_params import SamplingParams

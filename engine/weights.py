@@ -110,7 +110,7 @@ _GGUF_NAMES = {
 _GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
-def _open_gguf(path: Path) -> GGUFReader:
+def open_gguf(path: Path) -> GGUFReader:
     import gguf
 
     try:
@@ -127,7 +127,7 @@ def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
 
 
 def gguf_config(path: Path, reader: GGUFReader | None = None) -> ModelConfig:
-    r = reader or _open_gguf(path)
+    r = reader or open_gguf(path)
     arch = _field(r, "general.architecture")
     if arch not in _GGUF_ARCH:
         raise ValueError(f"{path}: unsupported GGUF architecture {arch!r} (supported: {', '.join(_GGUF_ARCH)})")
@@ -173,7 +173,7 @@ def gguf_weights(
     `quantized`, the tensors a CPU kernel reads as stored (Q4_1, Q8_0) are also put there, under the same names."""
     import gguf
 
-    r = reader or _open_gguf(path)
+    r = reader or open_gguf(path)
     llama_rope = cfg.architecture == "LlamaForCausalLM"
     for t in r.tensors:
         parts = t.name.split(".")
@@ -209,7 +209,7 @@ def gguf_weights(
 
 
 def gguf_tensor_count(path: Path, reader: GGUFReader | None = None) -> int:
-    return len((reader or _open_gguf(path)).tensors)
+    return len((reader or open_gguf(path)).tensors)
 
 
 # ---- dummy -----------------------------------------------------------------------------------------

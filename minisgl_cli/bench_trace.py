@@ -244,7 +244,7 @@ def _run_local(config: EngineConfig, window, flags: dict[str, Any], quiet: bool)
             duration = time.perf_counter() - live.started
         after = engine.call(lambda x: x.metrics())
         if flags["step_log"]:
-            from engine.engine import write_step_log
+            from engine.step_log import write_step_log
 
             write_step_log(engine.call(lambda x: x.engine.step_records or []), flags["step_log"])
     finally:

@@ -4,7 +4,7 @@ Which weights the peer gets:
 - the embedded default or any .gguf file: transformers dequantizes the same GGUF file with its own reader;
 - a HF directory: `from_pretrained` on the same directory;
 - a dummy preset: transformers' model class built from `ModelConfig.to_hf_dict()`, with the very weights the
-  engine's dummy loader makes (built once here through `engine.engine.load_model`, copied in by HF names).
+  engine's dummy loader makes (built once here through `engine.loader.load_model`, copied in by HF names).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def load_hf_model(spec: str | None, device, dtype):
     elif kind == "hf":
         model = AutoModelForCausalLM.from_pretrained(str(where), dtype=dtype)
     else:
-        from engine.engine import load_model
+        from engine.loader import load_model
 
         ours = load_model(spec, device, dtype, with_tokenizer=False).model  # the engine's exact dummy weights
         model = hf_twin(ours, device, dtype)

@@ -204,7 +204,7 @@ def run_beside_front_end(
         loop.close()
         addrs.remove()
         if step_log is not None:
-            from engine.engine import write_step_log
+            from engine.step_log import write_step_log
 
             write_step_log(engine.step_records or [], step_log)
     return LoopEnd(loop.error, loop.stopped_by, code)

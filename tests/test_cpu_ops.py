@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.cache_paths import cache_root
-from engine.engine import load_model
 from engine.layers import CPU_QUANT_MAX_ROWS, Loadable
+from engine.loader import load_model
 from engine.weights import embedded_default_path
 from kernels import cpu_ops
 from kernels.cpu_ops import QuantMatrix

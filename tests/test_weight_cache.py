@@ -7,7 +7,7 @@ import os
 import torch
 
 from engine import weight_cache
-from engine.engine import load_model
+from engine.loader import load_model
 from engine.weights import embedded_default_path
 from tests.test_cpu_ops import quantized_modules
 from tests.test_hf_equivalence import PROMPTS

@@ -39,7 +39,7 @@ class ChatFrontSpec:
 
 
 def run(spec: ChatFrontSpec) -> None:
-    from engine.engine import load_tokenizer
+    from engine.loader import load_tokenizer
     from engine.remote_llm import RemoteLLM
     from minisgl_cli.tui.local import LocalBackend
     from minisgl_cli.tui.session import ChatSession, fit_session

@@ -1,0 +1,138 @@
+"""Loading a model spec (as --model: a GGUF file, a HF directory, dummy:<preset>): its weights into a model on a
+device, and its tokenizer alone. The model's own modules are imported when a model is built, so a front-end process
+that needs only the tokenizer does not import them."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine import weight_cache, weights
+from engine.cache_paths import cache_root
+from engine.distributed import TP
+from engine.model_config import PRESETS, ModelConfig
+from engine.tokenizer import ByteTokenizer, Tokenizer
+
+if TYPE_CHECKING:
+    from engine.models.llama import LlamaForCausalLM
+    from kernels.cpu_ops import QuantMatrix
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    cfg: ModelConfig
+    model: LlamaForCausalLM
+    tokenizer: Tokenizer
+    source: str
+    load_seconds: float
+    cpu_ops: bool = False  # layers run through kernels/cpu_ops (GGUF blocks, fused small ops, decode attention)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def load_tokenizer(spec: str | None, extra_eos: tuple[int, ...] = ()) -> Tokenizer:
+    """The tokenizer of a model spec (as --model): from the GGUF file (or its cached conversion), the HF directory,
+    or bytes for dummy models."""
+    kind, where = weights.resolve(spec)
+    if kind == "gguf" and (cached := weight_cache.lookup(Path(where))) is not None:
+        kind, where = "hf", cached
+    return _tokenizer(kind, Path(where), extra_eos)
+
+
+def _tokenizer(kind: str, path: Path, extra_eos: tuple[int, ...]) -> Tokenizer:
+    if kind == "gguf":
+        return Tokenizer.from_gguf(path, extra_eos)
+    if kind == "hf":
+        return Tokenizer.from_hf_dir(path, extra_eos) or ByteTokenizer()
+    return ByteTokenizer()
+
+
+def load_model(
+    spec: str | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    progress: Progress | None = None,
+    with_tokenizer: bool = True,
+) -> LoadedModel:
+    from engine.layers import cpu_weight_layout, use_cpu_ops
+    from engine.models import create_model
+    from kernels import cpu_ops
+
+    t0 = time.perf_counter()
+    kind, where = weights.resolve(spec)
+    source = f"{kind}:{where}"
+    cached = weight_cache.lookup(Path(where)) if kind == "gguf" else None
+    if cached is not None:
+        kind, where = "hf", cached
+    path = Path(where)  # a file or directory unless kind is "dummy"
+    keep: dict[str, torch.Tensor] | None = {} if kind == "gguf" and with_tokenizer and weight_cache.enabled() else None
+    # GGUF blocks for the CPU kernel (kernels/cpu_ops.py): it computes in fp32, on one process
+    use_blocks = device.type == "cpu" and dtype == torch.float32 and TP.size == 1
+    uses_cpu_ops = False
+    quantized: dict[str, QuantMatrix] | None = {} if kind == "gguf" and (use_blocks or keep is not None) else None
+    reader = None
+    if kind == "dummy":
+        cfg = PRESETS[str(where)]
+    elif kind == "gguf":
+        reader = weights.open_gguf(path)
+        cfg = weights.gguf_config(path, reader)
+    else:
+        cfg = weights.hf_config(path)
+    with torch.device(device), _default_dtype(dtype):
+        model = create_model(cfg)
+    with torch.no_grad():
+        if kind == "dummy":
+            model.load_weights(weights.dummy_weights(cfg, device, dtype))
+        elif kind == "gguf":
+            total = weights.gguf_tensor_count(path, reader)
+            done = [0]
+
+            def tick() -> None:
+                done[0] += 1
+                if progress:
+                    progress("loading weights", done[0], total)
+
+            stream = weights.gguf_weights(path, cfg, reader, tick, quantized)
+            if keep is not None:  # the dequantized weights, for the cache
+                stream = ((name, keep.setdefault(name, w)) for name, w in stream)
+            model.load_weights(stream)
+        else:
+            try:
+                model.load_weights(weights.hf_weights(path))
+            except ValueError as e:
+                if str(where) in str(e):  # already names the file
+                    raise
+                raise ValueError(f"{where}: {e}") from e
+    model.eval()
+    if device.type == "cpu":
+        cpu_weight_layout(model)
+    if use_blocks and cached is not None:
+        quantized = weight_cache.load_quantized(cached)
+    if use_blocks and quantized:
+        if (why := cpu_ops.load(cache_root() / "kernels")) is None:
+            model.load_quantized(quantized)
+            use_cpu_ops(model)
+            uses_cpu_ops = True
+        else:
+            print(f"minisgl: no quantized CPU kernel ({why}); running the dequantized weights", file=sys.stderr)
+    tok = _tokenizer(kind, path, cfg.eos_token_ids) if with_tokenizer else ByteTokenizer()
+    if keep is not None:
+        weight_cache.store(path, cfg, keep, tok.hf, quantized or {})
+    return LoadedModel(cfg, model, tok, source, time.perf_counter() - t0, uses_cpu_ops)
