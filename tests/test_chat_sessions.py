@@ -9,7 +9,7 @@ import sqlite3
 import subprocess
 
 import pytest
-from textual.widgets import Input
+from textual.widgets import Input, OptionList
 
 from minisgl_cli.chat import resume_flag
 from minisgl_cli.tui.app import ChatApp
@@ -297,3 +297,40 @@ def test_resume_flag_takes_an_optional_id():
     ]
     assert resume_flag(["minisgl", "chat", "--resume", "3"]) == ["minisgl", "chat", "--resume", "3"]
     assert resume_flag(["minisgl", "serve", "--resume"]) == ["minisgl", "serve", "--resume"]  # only chat's
+
+
+def test_titles_with_brackets_show_as_typed_in_the_sessions_list(tiny, db):
+    """A title is text, never markup: `[/x]` once crashed the app at ctrl+o (and at every ctrl+o after, as the title
+    was saved), and `arr[i]` showed as `arr` in italics."""
+
+    def shown(screen: SessionsScreen) -> str:
+        box = screen.query_one(OptionList)
+        return "\n".join(box.render_line(y).text for y in range(box.size.height))
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "[/x] what is 2+2?")
+        await idle(app, pilot)
+        await pilot.press("ctrl+o")
+        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="sessions list")
+        screen = app.screen
+        assert isinstance(screen, SessionsScreen)
+        await pilot.pause()
+        assert "[/x] what is 2+2?" in shown(screen)
+        for title in ("[/oops] renamed", "arr[i]"):
+            await pilot.press("r")
+            screen.query_one("#rename", Input).value = title
+            await pilot.press("enter")
+            await pilot.pause()
+            assert title in shown(screen)
+        assert app.session.title == "arr[i]" and app.is_running
+        await pilot.press("escape")
+        await send(pilot, "/rename [b]bold[/b] and [/unclosed]")
+        await pilot.pause()
+        assert app.session.title == "[b]bold[/b] and [/unclosed]"
+        assert "[b]bold[/b] and [/unclosed]" in notices(app)[-1]
+        await pilot.press("ctrl+o")
+        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="sessions list again")
+        await pilot.pause()
+        assert "[b]bold[/b] and [/unclosed]" in shown(app.screen)
+
+    run_app(tiny, scenario, ChatStore(db), max_tokens=2)

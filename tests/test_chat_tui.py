@@ -8,7 +8,9 @@ import dataclasses
 import re
 
 import pytest
+from textual.content import Content
 from textual.widgets import Sparkline
+from textual.widgets._toast import Toast
 
 from engine.streams import END as _END
 from engine.streams import RequestStream
@@ -236,6 +238,7 @@ def test_slash_commands_and_bad_values(tiny):
         await pilot.pause()
         help_note, stats_note = [rendered(n.content) for n in app.query(NoteMessage)[-2:]]
         assert "/max-tokens" in help_note and "New chat" in help_note and "esc" in help_note
+        assert "/copy [code [n]]" in help_note and "/export md|json [path]" in help_note  # brackets, not markup
         m = load(app)
         assert f"KV pages  0 in use, {m.kv_pages_cached} cached, {m.kv_pages_free} free of 512" in stats_note
         assert re.search(r"TTFT\s+-", stats_note), stats_note
@@ -294,3 +297,18 @@ def test_multiline_input(tiny):
         assert not box.multiline and box.value == "a\nb\nc"  # the history holds whole messages
 
     run_app(tiny, scenario, max_tokens=3)
+
+
+def test_ctrl_c_shows_textuals_quit_hint_rendered(tiny):
+    """Our notices are plain text; Textual's own (ctrl+c's hint) keep their markup."""
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await pilot.press("ctrl+c")
+        await wait_for(pilot, lambda: len(app._notifications) > 0, what="the hint")
+        toast = Toast(list(app._notifications)[-1])  # the pilot shows no toasts: mount one as Textual would
+        await app.screen.mount(toast)
+        shown = toast.render()
+        assert isinstance(shown, Content)
+        assert "Press ctrl+q to quit the app" in shown.plain and "[b]" not in shown.plain
+
+    run_app(tiny, scenario)

@@ -118,16 +118,17 @@ class ChatApp(App):
         await self.note([(WELCOME, [])])
         await self.show_history()
         if self._notice:
-            self.notify(self._notice, severity="warning", timeout=10)
+            self.say(self._notice, severity="warning", timeout=10)
         self.set_interval(1 / self.METRICS_HZ, self.refresh_metrics)
         self.refresh_metrics()
 
     async def on_unmount(self) -> None:
         await self.backend.aclose()
 
-    def notify(self, message: str, *, markup: bool = False, **kw) -> None:
-        """Plain text by default: messages quote user input and engine errors, which may contain [brackets]."""
-        super().notify(message, markup=markup, **kw)
+    def say(self, message: str, **kw) -> None:
+        """A notice of ours, as plain text: it may quote user input, titles and engine errors, which may hold
+        [brackets]. (Textual's own notices, e.g. the one ctrl+c shows, go through notify() and keep their markup.)"""
+        self.notify(message, markup=False, **kw)
 
     @property
     def generating(self) -> bool:
@@ -171,7 +172,7 @@ class ChatApp(App):
             self.store.save(self.session, self.query_one(PromptBox).entries)
         except StoreError as e:
             if self.save_error is None:
-                self.notify(
+                self.say(
                     f"{e} — the chat stays open and is saved at the next change",
                     title="not saved",
                     severity="error",
@@ -180,7 +181,7 @@ class ChatApp(App):
             self.save_error = str(e)
             return
         if self.save_error is not None:
-            self.notify("saved again")
+            self.say("saved again")
             self.save_error = None
         self.title = _short(self.session.title) or "minisgl chat"
 
@@ -195,7 +196,7 @@ class ChatApp(App):
             box.value = ""
             await self.command(line)
         elif self.generating:
-            self.notify("still answering: press Esc to stop it first", severity="warning")
+            self.say("still answering: press Esc to stop it first", severity="warning")
         else:
             box.value = ""  # now: what is typed while the turn starts belongs to the next message
             if await self.send(line):
@@ -207,7 +208,7 @@ class ChatApp(App):
         try:
             result = run_command(line, self.session, self.backend.thinking_switch)
         except CommandError as e:
-            self.notify(str(e), title="command", severity="error")
+            self.say(str(e), title="command", severity="error")
             return
         if result.action == "reset":
             await self.action_new_conversation()
@@ -228,7 +229,7 @@ class ChatApp(App):
         elif result.action == "sessions":
             self.action_sessions()
         else:
-            self.notify(result.message)
+            self.say(result.message)
         self.save()
 
     async def note(self, sections: list[tuple[str, list[tuple[str, str]]]]) -> None:
@@ -258,7 +259,7 @@ class ChatApp(App):
             return self.answer
         except (ValueError, BackendError) as e:
             hint = " (try /reset or a smaller /max-tokens)" if isinstance(e, ValueError) and self.session.turns else ""
-            self.notify(f"{e}{hint}", title="cannot send", severity="error")
+            self.say(f"{e}{hint}", title="cannot send", severity="error")
             return None
 
     async def follow(self, answer: Answer) -> None:
@@ -323,12 +324,12 @@ class ChatApp(App):
             reply.add_class("-error")
             why = turn.error if turn.finished else "the answer stream ended early"
             kept = "partial answer kept" if turn.content or turn.reasoning else "your message is kept"
-            self.notify(f"generation failed: {why} ({kept}; ctrl+r tries again)", severity="error", timeout=10)
+            self.say(f"generation failed: {why} ({kept}; ctrl+r tries again)", severity="error", timeout=10)
         elif reason == "abort":
             reply.add_class("-stopped")
-            self.notify("stopped")
+            self.say("stopped")
         elif reason == "length":
-            self.notify(f"answer cut at {self.session.max_tokens} tokens (/max-tokens to change)")
+            self.say(f"answer cut at {self.session.max_tokens} tokens (/max-tokens to change)")
         self.refresh_metrics()
 
     def show_turn(self, turn: TurnReader, reply: AssistantMessage) -> None:
@@ -377,16 +378,16 @@ class ChatApp(App):
         box.value = ""
         await self.query_one("#conversation").remove_children()
         self.title = "minisgl chat"
-        self.notify("new conversation" + (f" (system: {self.session.system})" if self.session.system else ""))
+        self.say("new conversation" + (f" (system: {self.session.system})" if self.session.system else ""))
 
     async def action_regenerate(self) -> None:
         if self.generating:
-            self.notify("still answering: press Esc to stop it first", severity="warning")
+            self.say("still answering: press Esc to stop it first", severity="warning")
             return
         if not self.session.awaiting_answer:
             last = self.session.last("assistant")
             if last is None or last != len(self.session.history) - 1:
-                self.notify("nothing to answer again yet", severity="warning")
+                self.say("nothing to answer again yet", severity="warning")
                 return
             answer = self.start(self.session.messages()[:-1])
             if answer is None:
@@ -404,11 +405,11 @@ class ChatApp(App):
 
     def action_edit_last(self) -> None:
         if self.generating:
-            self.notify("still answering: press Esc to stop it first", severity="warning")
+            self.say("still answering: press Esc to stop it first", severity="warning")
             return
         i = self.session.last("user")
         if i is None:
-            self.notify("no message to edit yet", severity="warning")
+            self.say("no message to edit yet", severity="warning")
             return
         self.editing = i
         for w in self.query(UserMessage):
@@ -416,14 +417,14 @@ class ChatApp(App):
         box = self.query_one(PromptBox)
         box.value = self.session.history[i].content
         box.focus()
-        self.notify("editing your last message: enter sends it in its place, esc cancels")
+        self.say("editing your last message: enter sends it in its place, esc cancels")
 
     def cancel_edit(self) -> None:
         self.editing = None
         for w in self.query(UserMessage):
             w.remove_class("-editing")
         self.query_one(PromptBox).value = ""
-        self.notify("edit cancelled")
+        self.say("edit cancelled")
 
     def action_copy_answer(self) -> None:
         self.copy("", "")
@@ -431,42 +432,40 @@ class ChatApp(App):
     def copy(self, what: str, n: str) -> None:
         i = self.session.last("assistant")
         if i is None:
-            self.notify("no answer to copy yet", severity="warning")
+            self.say("no answer to copy yet", severity="warning")
             return
         text = self.session.history[i].content
         if what == "code":
             blocks = code_blocks(text)
             if not blocks:
-                self.notify("the last answer has no code block", severity="warning")
+                self.say("the last answer has no code block", severity="warning")
                 return
             k = int(n) if n else len(blocks)
             if k > len(blocks):
-                self.notify(f"the last answer has {len(blocks)} code block(s), not {k}", severity="warning")
+                self.say(f"the last answer has {len(blocks)} code block(s), not {k}", severity="warning")
                 return
             text, label = blocks[k - 1], f"code block {k} of {len(blocks)}"
         else:
             label = "the last answer"
         self.copy_to_clipboard(text)
-        self.notify(f"copied {label} ({len(text)} characters)")
+        self.say(f"copied {label} ({len(text)} characters)")
 
     def export(self, fmt: str, path: str) -> None:
         try:
             target = export(self.session, fmt, path)
         except (OSError, ValueError) as e:
-            self.notify(f"cannot export: {e}", title="export", severity="error")
+            self.say(f"cannot export: {e}", title="export", severity="error")
             return
-        self.notify(f"exported to {target}")
+        self.say(f"exported to {target}")
 
     def action_multiline(self) -> None:
         box = self.query_one(PromptBox)
         box.set_multiline(not box.multiline)
-        self.notify("multi-line: enter adds a line, ctrl+s sends" if box.multiline else "enter sends")
+        self.say("multi-line: enter adds a line, ctrl+s sends" if box.multiline else "enter sends")
 
     def action_sessions(self) -> None:
         if self.store is None:
-            self.notify(
-                "this chat is not being saved (--no-save, or the database cannot be opened)", severity="warning"
-            )
+            self.say("this chat is not being saved (--no-save, or the database cannot be opened)", severity="warning")
             return
         self.push_screen(SessionsScreen(self.store, self.session.id), self.open_session)
 
@@ -474,19 +473,19 @@ class ChatApp(App):
         if id is None or id == self.session.id or self.store is None:
             return
         if self.generating:
-            self.notify("still answering: press Esc to stop it first", severity="warning")
+            self.say("still answering: press Esc to stop it first", severity="warning")
             return
         try:
             session, inputs = self.store.load(id, self.backend.context_limit)
         except (StoreError, KeyError) as e:
-            self.notify(f"cannot open chat {id}: {e}", severity="error")
+            self.say(f"cannot open chat {id}: {e}", severity="error")
             return
         self.session, self.editing = session, None
         self.query_one(PromptBox).set_history(inputs)
         await self.query_one("#conversation").remove_children()
         await self.show_history()
         self.save()  # now the last chat: --resume comes back to it
-        self.notify(f"opened {session.title!r} ({len(session.history)} messages)")
+        self.say(f"opened {session.title!r} ({len(session.history)} messages)")
 
     def on_renamed(self, event: Renamed) -> None:
         if event.id == self.session.id:

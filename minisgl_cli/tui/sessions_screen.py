@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -63,16 +64,18 @@ class SessionsScreen(ModalScreen[int | None]):
         try:
             self.infos = self.store.sessions()
         except StoreError as e:
-            self.app.notify(str(e), title="sessions", severity="error")
+            self.app.notify(str(e), title="sessions", severity="error", markup=False)
             self.infos = []
         box = self.query_one(OptionList)
         keep = box.highlighted or 0
         box.clear_options()
         box.add_options(
             [
-                Option(
-                    f"{'▶ ' if i.id == self.current else '  '}{i.title[:48]:<48} "
-                    f"{i.messages:>3} msgs  {_when(i.updated)}",
+                Option(  # Text: a title is shown as typed, never read as markup
+                    Text(
+                        f"{'▶ ' if i.id == self.current else '  '}{i.title[:48]:<48} "
+                        f"{i.messages:>3} msgs  {_when(i.updated)}"
+                    ),
                     id=str(i.id),
                 )
                 for i in self.infos
@@ -119,7 +122,7 @@ class SessionsScreen(ModalScreen[int | None]):
         try:
             self.store.rename(info.id, title)
         except StoreError as e:
-            self.app.notify(str(e), title="rename", severity="error")
+            self.app.notify(str(e), title="rename", severity="error", markup=False)
         self.app.post_message(Renamed(info.id, title))
         self.reload()
 
@@ -128,15 +131,17 @@ class SessionsScreen(ModalScreen[int | None]):
         if info is None:
             return
         if info.id == self.current:
-            self.app.notify("this is the open chat: start a new one (ctrl+n) to delete it", severity="warning")
+            self.app.notify(
+                "this is the open chat: start a new one (ctrl+n) to delete it", severity="warning", markup=False
+            )
             return
         if self._armed != info.id:
             self._armed = info.id
-            self.app.notify(f"press d again to delete {info.title!r}", severity="warning")
+            self.app.notify(f"press d again to delete {info.title!r}", severity="warning", markup=False)
             return
         self._armed = None
         try:
             self.store.delete(info.id)
         except StoreError as e:
-            self.app.notify(str(e), title="delete", severity="error")
+            self.app.notify(str(e), title="delete", severity="error", markup=False)
         self.reload()

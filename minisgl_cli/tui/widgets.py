@@ -24,7 +24,7 @@ def _rows(rows: list[tuple[str, str]]) -> Table:
     table.add_column(style="bold cyan", no_wrap=True)
     table.add_column()
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(Text(key), Text(value))  # Text: help and numbers hold [brackets], not markup
     return table
 
 
