@@ -334,3 +334,25 @@ def test_titles_with_brackets_show_as_typed_in_the_sessions_list(tiny, db):
         assert "[b]bold[/b] and [/unclosed]" in shown(app.screen)
 
     run_app(tiny, scenario, ChatStore(db), max_tokens=2)
+
+
+def test_an_answer_cut_by_a_new_chat_or_quitting_is_saved(tiny, db):
+    """ctrl+n or ctrl+q mid-answer: the chat is saved with what had arrived, as a stopped answer, and with its input
+    history (it once kept the question alone, so --resume ended on an unanswered question)."""
+    store = ChatStore(db)
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        for key, question in (("ctrl+n", "first question"), ("ctrl+q", "second question")):
+            before = app.turn
+            await send(pilot, question)
+            await wait_for(pilot, lambda b=before: app.turn is not b and app.turn.output_tokens >= 5, what="tokens")
+            assert app.generating
+            await pilot.press(key)
+            await pilot.pause()
+
+    run_app(tiny, scenario, store, max_tokens=1500)
+    chats = [ChatStore(db).load(info.id) for info in reversed(ChatStore(db).sessions())]
+    for (session, inputs), question in zip(chats, ("first question", "second question"), strict=True):
+        assert [m.role for m in session.history] == ["user", "assistant"] and inputs == [question]
+        stats = known(session.history[1].stats)
+        assert stats.finish_reason == "abort" and 5 <= stats.output_tokens < 1500

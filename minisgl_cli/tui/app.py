@@ -93,6 +93,7 @@ class ChatApp(App):
         self.session.model = self.session.model or backend.model
         self.sub_title = backend.title
         self.answer: Answer | None = None  # the answer being generated, if any
+        self._reading: tuple[Answer, TurnReader] | None = None  # an answer not yet in the session
         self.turn = TurnStats()
         self.last_metrics: Load | None = None
         self.editing: int | None = None  # history index of the user message being edited
@@ -106,7 +107,8 @@ class ChatApp(App):
         with Horizontal():
             yield VerticalScroll(id="conversation")
             yield MetricsPanel(id="metrics")
-        yield PromptBox(id="prompt", placeholder="Message (Enter to send, /help for commands)")
+        self.input_box = PromptBox(id="prompt", placeholder="Message (Enter to send, /help for commands)")
+        yield self.input_box
         yield Footer()
 
     async def on_mount(self) -> None:
@@ -123,6 +125,8 @@ class ChatApp(App):
         self.refresh_metrics()
 
     async def on_unmount(self) -> None:
+        if self.answer is not None:  # the app ends mid-answer (ctrl+q, SIGTERM): keep what had arrived
+            self.keep_answer(self.answer, cut=True)
         await self.backend.aclose()
 
     def say(self, message: str, **kw) -> None:
@@ -169,7 +173,7 @@ class ChatApp(App):
         if self.store is None or (self.session.id is None and not self.session.history):
             return
         try:
-            self.store.save(self.session, self.query_one(PromptBox).entries)
+            self.store.save(self.session, self.input_box.entries)  # the box itself: at exit it is unmounted
         except StoreError as e:
             if self.save_error is None:
                 self.say(
@@ -273,7 +277,8 @@ class ChatApp(App):
     async def generate(self, answer: Answer, reply: AssistantMessage) -> None:
         try:
             await self._generate(answer, reply)
-        finally:  # the turn is over once its message is in the session (or it was cancelled)
+        finally:  # the turn is over once its message is in the session
+            self.keep_answer(answer, cut=True)  # cancelled (the app exits): what had arrived, as a stopped answer
             if self.answer is answer:  # ctrl+n may have moved on to a new answer already
                 self.answer = None
 
@@ -281,6 +286,7 @@ class ChatApp(App):
         md = Markdown.get_stream(reply.answer)  # coalesces fragments when tokens arrive faster than Markdown renders
         think_md: MarkdownStream | None = None
         turn = TurnReader(answer.started, answer.opens_in_thinking)
+        self._reading = (answer, turn)
         shown = 0.0
         trailing: Timer | None = None
 
@@ -315,10 +321,7 @@ class ChatApp(App):
                 await stop_markdown(think_md)
         stats = turn.stats
         self.show_turn(turn, reply)
-        if turn.content or turn.reasoning or stats.output_tokens:  # a partial answer (stopped, failed) stays as shown
-            message = ChatMessage("assistant", turn.content, turn.reasoning.strip(), stats, time.time())
-            self.session.add(message)
-            self.save()
+        self.keep_answer(answer)
         reason = stats.finish_reason
         if reason == "error":
             reply.add_class("-error")
@@ -331,6 +334,18 @@ class ChatApp(App):
         elif reason == "length":
             self.say(f"answer cut at {self.session.max_tokens} tokens (/max-tokens to change)")
         self.refresh_metrics()
+
+    def keep_answer(self, answer: Answer, cut: bool = False) -> None:
+        """Add `answer` to the session and save it, once: when it ends, or `cut` short when the chat moves on
+        mid-answer (ctrl+n, the app exits), with what had arrived, as a stopped answer. A partial answer (stopped,
+        failed) stays as shown."""
+        if self._reading is None or self._reading[0] is not answer:
+            return
+        turn, self._reading = self._reading[1], None
+        stats = turn.stats if turn.finished or not cut else dataclasses.replace(turn.meter.stats, finish_reason="abort")
+        if turn.content or turn.reasoning or stats.output_tokens:
+            self.session.add(ChatMessage("assistant", turn.content, turn.reasoning.strip(), stats, time.time()))
+            self.save()
 
     def show_turn(self, turn: TurnReader, reply: AssistantMessage) -> None:
         stats = turn.stats if turn.finished else turn.meter.stats
@@ -367,8 +382,9 @@ class ChatApp(App):
             self.cancel_edit()
 
     async def action_new_conversation(self) -> None:
-        if self.answer is not None:  # drop the answer in flight: its worker must not add it to the new history
+        if self.answer is not None:  # end the answer in flight: kept in its own chat, not in the new one
             self.answer.stop()
+            self.keep_answer(self.answer, cut=True)
             self.workers.cancel_group(self, "generate")
             self.answer = None
         self.editing = None
