@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -114,7 +115,7 @@ def chat(
             from minisgl_cli.tui.frontend import run_chat
 
             backend = _connect(url, api_key, served_model)
-            run_chat(
+            code = run_chat(
                 backend,
                 _fit(session, backend.context_limit, system, temperature, max_tokens),
                 store,
@@ -125,6 +126,8 @@ def chat(
         finally:
             if store is not None:
                 store.close()
+        if code:
+            raise typer.Exit(code)
         return
     config = engine_config(seed=seed, **engine_flags)
     # Tensor parallel: only rank 0 chats; the other ranks never return from load_llm (they follow rank 0's steps).
@@ -135,10 +138,12 @@ def chat(
         front = _ChatProcess(config.model, settings, plain)
     try:
         llm = load_llm(config)
+        if front is not None:  # the chat's process takes Ctrl-C from here on (run_beside_front_end ignores it too)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         _fit(session, llm.engine.max_model_len, system, temperature, max_tokens)  # refused before the chat starts
-    except BaseException:
+    except BaseException as e:
         if front is not None:
-            front.abandon()
+            front.abandon(interrupted=isinstance(e, KeyboardInterrupt))
         raise
     finally:
         if store is not None:
@@ -174,17 +179,28 @@ class _ChatProcess:
         # the TUI streamed 29 tok/s with one, 25-26 without).
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         argv = [sys.executable, "-m", "minisgl_cli.tui.frontend", spec.to_json()]
-        self.proc = subprocess.Popen(argv, env=env, pass_fds=[read_end])
+        # Started with Ctrl-C ignored (frontend.run takes it back once the chat starts): Ctrl-C while the model loads
+        # ends this process, which then ends that one quietly, not in the middle of its imports with a traceback.
+        was = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            self.proc = subprocess.Popen(argv, env=env, pass_fds=[read_end])
+        finally:
+            signal.signal(signal.SIGINT, was)
         os.close(read_end)
 
-    def abandon(self) -> None:
-        """The engine will not come up (the model failed to load, a setting was refused): the chat ends unstarted."""
+    def abandon(self, interrupted: bool = False) -> None:
+        """The engine will not come up (the model failed to load, a setting was refused, Ctrl-C: `interrupted`): the
+        chat ends unstarted."""
         os.close(self.info_pipe)
+        if interrupted:  # at once, not once its tokenizer has loaded
+            self.proc.terminate()
         self.proc.wait()
         self.addrs.remove()
 
     def run_beside(self, llm) -> int:
-        """Run the engine loop until the chat ends; returns the exit code: the chat's, or 1 if the engine crashed."""
+        """Run the engine loop until the chat ends; returns the exit code: the chat's (128 + the signal that ended
+        it, as a shell reports it), 1 if the engine crashed, 128 + the signal that ended this process (SIGTERM,
+        SIGHUP)."""
         from engine.engine_loop import engine_info
         from minisgl_cli.serve import run_beside_front_end
 
@@ -201,7 +217,10 @@ class _ChatProcess:
         if end.error:
             print(f"minisgl chat: {end.error}", file=sys.stderr)
             return 1
-        return end.front_code or 0
+        if end.signum is not None:
+            return 128 + end.signum
+        code = end.front_code or 0
+        return 128 - code if code < 0 else code
 
 
 def _session_id(value: str) -> int:

@@ -154,6 +154,7 @@ class LoopEnd:
     error: str | None  # why the loop crashed
     stopped_by: str | None  # the front end exited (and how); None, with no error: a signal ended it
     front_code: int | None  # the front end's exit code, if it exited by itself
+    signum: int | None = None  # the signal that ended the loop, if one did
 
     @property
     def why(self) -> str | None:
@@ -173,14 +174,23 @@ def run_beside_front_end(
     `front_name` in what the loop says; it may connect before the loop binds), until SIGTERM or Ctrl-C, the loop
     crashes or the child exits; then end the child with SIGTERM if it is still there. An `interactive` front end
     (the chat) is a person's: it takes Ctrl-C itself (to stop an answer), and after a crash it stays, showing the
-    error, until the person leaves it."""
+    error, until the person leaves it; its terminal closing (SIGHUP) ends the loop as SIGTERM does, so that the
+    IPC directory is removed."""
     from engine.engine_loop import EngineLoop
 
     loop = EngineLoop(engine, addrs, info)
     if step_log is not None:
         engine.step_records = []
-    signal.signal(signal.SIGTERM, lambda *_: loop.stop())
-    signal.signal(signal.SIGINT, signal.SIG_IGN if interactive else lambda *_: loop.stop())
+    caught: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        caught.append(signum)
+        loop.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN if interactive else stop)
+    if interactive and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup's choice stands
+        signal.signal(signal.SIGHUP, stop)
 
     def front_end_exited() -> str | None:
         code = front.poll()
@@ -207,7 +217,7 @@ def run_beside_front_end(
             from engine.step_log import write_step_log
 
             write_step_log(engine.step_records or [], step_log)
-    return LoopEnd(loop.error, loop.stopped_by, code)
+    return LoopEnd(loop.error, loop.stopped_by, code, caught[0] if caught else None)
 
 
 def _exit_status(code: int) -> str:

@@ -5,9 +5,12 @@ and leaves the terminal to the shell. And if the engine's process is killed outr
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -15,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from minisgl_cli.tui.store import ChatStore
+from minisgl_cli.tui.turn import TurnStats
 from tests.test_chat_plain import MINISGL, TINY
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
@@ -61,13 +66,37 @@ def processes(marker: str) -> dict[int, int]:
     return found
 
 
-def start_chat(term: Terminal, tmp_path: Path, marker: str) -> None:
-    chat = [MINISGL, "chat", *TINY, "--no-save", "--max-tokens", "6", "--system", marker]
+def start(term: Terminal, tmp_path: Path, command: str) -> None:
+    """`command` in the terminal; its exit status goes to tmp_path/status."""
     status = tmp_path / "status"
-    term.tmux(
-        "new-session", "-d", "-s", "chat", "-x", "120", "-y", "40", f"{' '.join(chat)}; echo $? > {status}; sleep 600"
-    )
+    term.tmux("new-session", "-d", "-s", "chat", "-x", "120", "-y", "40", f"{command}; echo $? > {status}; sleep 600")
+
+
+def start_chat(term: Terminal, tmp_path: Path, marker: str, *flags: str, env: str = "") -> None:
+    flags = flags or ("--no-save", "--max-tokens", "6")
+    start(term, tmp_path, f"{env} {' '.join([MINISGL, 'chat', *TINY, *flags, '--system', marker])}")
     term.wait_for(lambda s: "Type a message" in s, "the chat to start")
+
+
+def exit_status(term: Terminal, tmp_path: Path, timeout: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout
+    while not (tmp_path / "status").exists():
+        assert time.monotonic() < deadline, term.screen()
+        time.sleep(0.1)
+    return int((tmp_path / "status").read_text())
+
+
+def engine_pid(marker: str) -> int:
+    pids = processes(marker)
+    [engine] = [pid for pid, parent in pids.items() if parent not in pids]
+    return engine
+
+
+def gone(marker: str, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not processes(marker)
 
 
 def test_the_tui_answers_and_ctrl_q_ends_both_processes(terminal, tmp_path):
@@ -78,24 +107,112 @@ def test_the_tui_answers_and_ctrl_q_ends_both_processes(terminal, tmp_path):
     screen = terminal.wait_for(lambda s: "/ 6 out" in s, "the answer's numbers")
     assert "tiny-llama" in screen and "hello there" in screen
     terminal.tmux("send-keys", "-t", "chat", "C-q")
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "status").exists():
-        assert time.monotonic() < deadline, terminal.screen()
-        time.sleep(0.2)
-    assert (tmp_path / "status").read_text().strip() == "0"
+    assert exit_status(terminal, tmp_path) == 0
     assert processes(marker) == {}
 
 
 def test_a_killed_engine_process_shows_in_the_chat(terminal, tmp_path):
     marker = f"terminal-{uuid.uuid4().hex[:8]}"
     start_chat(terminal, tmp_path, marker)
-    pids = processes(marker)
-    [engine] = [pid for pid, parent in pids.items() if parent not in pids]
-    os.kill(engine, signal.SIGKILL)
+    os.kill(engine_pid(marker), signal.SIGKILL)
     terminal.tmux("send-keys", "-t", "chat", "anyone there?", "Enter")
     terminal.wait_for(lambda s: "exited" in s and "failed" in s, "the chat to report the engine gone")
     terminal.tmux("send-keys", "-t", "chat", "C-q")
-    deadline = time.monotonic() + 30
-    while processes(marker):
+    assert gone(marker), terminal.screen()
+
+
+BROKEN_BACKEND = """
+import sys
+from minisgl_cli.tui.frontend import run_chat
+from minisgl_cli.tui.session import ChatSession
+
+class Broken:
+    model = title = "broken"
+    context_limit = thinking_switch = None
+
+    async def ready(self):
+        raise RuntimeError("the backend broke")
+
+    async def load(self):
+        return None
+
+    async def aclose(self):
+        pass
+
+sys.exit(run_chat(Broken(), ChatSession(), None, [], None, False))
+"""
+
+
+def test_a_crashed_tui_exits_non_zero(terminal, tmp_path):
+    """The chat's process exits with the app's return code: `minisgl chat` passes it on, so a crash is no clean
+    exit (it once exited 0)."""
+    script = tmp_path / "broken.py"
+    script.write_text(BROKEN_BACKEND)
+    start(terminal, tmp_path, f"{sys.executable} {script}")
+    assert exit_status(terminal, tmp_path, timeout=120) == 1
+    assert "the backend broke" in terminal.screen()
+
+
+def test_ctrl_c_while_the_model_loads_exits_quietly(terminal, tmp_path):
+    marker = f"terminal-{uuid.uuid4().hex[:8]}"
+    start(terminal, tmp_path, f"{MINISGL} chat --device cpu --no-save --system {marker}")  # SmolLM2: seconds to load
+    deadline = time.monotonic() + 60
+    while len(processes(marker)) < 2:  # the chat's process is importing, the engine's loading the model
         assert time.monotonic() < deadline, terminal.screen()
-        time.sleep(0.2)
+        time.sleep(0.02)
+    time.sleep(0.5)  # into the chat's imports (past Python's own start)
+    terminal.tmux("send-keys", "-t", "chat", "C-c")
+    assert exit_status(terminal, tmp_path, timeout=60) == 130
+    assert "Traceback" not in terminal.screen() and "KeyboardInterrupt" not in terminal.screen(), terminal.screen()
+    assert gone(marker)
+
+
+@pytest.fixture
+def ipc_dir() -> Iterator[Path]:
+    """TMPDIR for the chat: where its engine's IPC directory goes (short: a socket path has ~100 bytes)."""
+    where = Path(tempfile.mkdtemp(prefix="mc-"))
+    yield where
+    shutil.rmtree(where, ignore_errors=True)
+
+
+def answering(term: Terminal, tmp_path: Path, marker: str, ipc_dir: Path) -> Path:
+    """A saved chat in the middle of a long answer; its database."""
+    db = tmp_path / "chat.db"
+    start_chat(term, tmp_path, marker, "--db", str(db), "--max-tokens", "1900", env=f"TMPDIR={ipc_dir}")
+    assert [p.name.startswith("minisgl-") for p in ipc_dir.iterdir()] == [True]
+    term.tmux("send-keys", "-t", "chat", "hello there", "Enter")
+    term.wait_for(lambda s: int((re.findall(r"/ (\d+) out", s) or ["0"])[-1]) >= 10, "the answer to stream")
+    return db
+
+
+def saved_answer(db: Path) -> TurnStats:
+    session, inputs = ChatStore(db).load(1)
+    assert [m.role for m in session.history] == ["user", "assistant"] and inputs == ["hello there"]
+    stats = session.history[1].stats
+    assert stats is not None and 10 <= stats.output_tokens < 1900
+    return stats
+
+
+def test_sigterm_mid_answer_restores_the_terminal_and_saves_the_answer(terminal, tmp_path, ipc_dir):
+    """`kill <minisgl chat>`: its chat's process, which it ends with SIGTERM, leaves the app as ctrl+q does (it
+    died on the spot: the terminal stayed in the alternate screen with mouse reporting on, and the answer was
+    lost), and `minisgl chat` exits 143 (it exited 0)."""
+    marker = f"terminal-{uuid.uuid4().hex[:8]}"
+    db = answering(terminal, tmp_path, marker, ipc_dir)
+    os.kill(engine_pid(marker), signal.SIGTERM)
+    assert exit_status(terminal, tmp_path) == 143
+    modes = "#{alternate_on} #{mouse_any_flag} #{mouse_button_flag} #{mouse_standard_flag} #{mouse_sgr_flag}"
+    assert terminal.tmux("display", "-p", "-t", "chat", modes).split() == ["0"] * 5
+    assert gone(marker) and list(ipc_dir.iterdir()) == []
+    saved_answer(db)
+
+
+def test_closing_the_terminal_mid_answer_saves_it_and_cleans_up(terminal, tmp_path, ipc_dir):
+    """SIGHUP to both processes: the chat saves the answer as stopped, the engine's process removes its IPC
+    directory (it died on the spot and left it)."""
+    marker = f"terminal-{uuid.uuid4().hex[:8]}"
+    db = answering(terminal, tmp_path, marker, ipc_dir)
+    terminal.tmux("kill-session", "-t", "chat")
+    assert gone(marker)
+    assert list(ipc_dir.iterdir()) == []
+    assert saved_answer(db).finish_reason == "abort"

@@ -7,12 +7,19 @@ own process: a server is already apart."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 import sys
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.ipc import Addresses, EngineInfo
+
+if TYPE_CHECKING:
+    from minisgl_cli.tui.app import ChatApp
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +45,8 @@ class ChatFrontSpec:
         return ChatFrontSpec(**{**d, "addrs": Addresses(**d["addrs"])})
 
 
-def run(spec: ChatFrontSpec) -> None:
+def run(spec: ChatFrontSpec) -> int:
+    """The chat once the engine is up; its exit status (run_chat's)."""
     from engine.loader import load_tokenizer
     from engine.remote_llm import RemoteLLM
     from minisgl_cli.tui.local import LocalBackend
@@ -52,8 +60,12 @@ def run(spec: ChatFrontSpec) -> None:
     with open(spec.info_fd) as pipe:
         line = pipe.readline()
     if not line:
-        return  # the model did not load (its error is on the terminal already), or the session was refused
+        return 0  # the model did not load (its error is on the terminal already), or the session was refused
     info = EngineInfo.from_wire(json.loads(line))
+    # `minisgl chat` started this process with Ctrl-C ignored, so that Ctrl-C while the model loaded ended that
+    # process alone (which then ends this one) instead of interrupting this one's imports with a traceback. The
+    # chat takes it from here (the plain mode stops an answer with it).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     backend = LocalBackend(RemoteLLM(tokenizer or load_tokenizer(spec.model), spec.addrs), info, spec.engine_pid)
     store = ChatStore(Path(spec.db)) if spec.db is not None else None
     try:
@@ -63,14 +75,15 @@ def run(spec: ChatFrontSpec) -> None:
             assert store is not None
             resumed, inputs = store.load(spec.resume_id)
         session = fit_session(resumed, backend.context_limit, spec.system, spec.temperature, spec.max_tokens)
-        run_chat(backend, session, store, inputs, spec.notice, spec.plain)
+        return run_chat(backend, session, store, inputs, spec.notice, spec.plain)
     finally:
         if store is not None:
             store.close()
 
 
-def run_chat(backend, session, store, inputs: list[str], notice: str | None, plain: bool) -> None:
-    """The chat on this terminal, the TUI or plain lines, until it is left (Ctrl-C included)."""
+def run_chat(backend, session, store, inputs: list[str], notice: str | None, plain: bool) -> int:
+    """The chat on this terminal, the TUI or plain lines, until it is left. Returns its exit status: 0 when left
+    (ctrl+q, end of input), 1 if the TUI crashed, 128 + the signal that ended it (Ctrl-C: 130, SIGTERM: 143)."""
     try:
         if plain:
             from minisgl_cli.tui.plain import run_plain
@@ -78,16 +91,27 @@ def run_chat(backend, session, store, inputs: list[str], notice: str | None, pla
             if notice:
                 print(f"warning: {notice}", file=sys.stderr)
             run_plain(backend, session, store, inputs)
-        else:
-            from minisgl_cli.tui.app import ChatApp
+            return 0
+        from minisgl_cli.tui.app import ChatApp
 
-            ChatApp(backend, session, store, inputs, notice).run()
+        return asyncio.run(_run_tui(ChatApp(backend, session, store, inputs, notice)))
     except KeyboardInterrupt:
-        pass
+        return 128 + signal.SIGINT
+
+
+async def _run_tui(app: ChatApp) -> int:
+    """The app, ended as ctrl+q ends it on SIGTERM (`minisgl chat` ending its chat, or a kill) and SIGHUP (the
+    terminal closed): the terminal is restored and an answer in flight is saved, which the default action of these
+    signals (to die at once) skipped."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(sig, partial(app.exit, return_code=128 + sig))
+    await app.run_async()
+    return app.return_code or 0
 
 
 def main() -> None:
-    run(ChatFrontSpec.from_json(sys.argv[1]))
+    sys.exit(run(ChatFrontSpec.from_json(sys.argv[1])))
 
 
 if __name__ == "__main__":
