@@ -14,9 +14,11 @@ from textual.widgets._toast import Toast
 
 from engine.streams import END as _END
 from engine.streams import RequestStream
+from minisgl_cli.report import latency_stats
 from minisgl_cli.tui.app import ChatApp
 from minisgl_cli.tui.local import LocalAnswer, LocalBackend
 from minisgl_cli.tui.session import ChatMessage
+from minisgl_cli.tui.turn import TurnStats
 from minisgl_cli.tui.widgets import AnswerMarkdown, AssistantMessage, MetricsPanel, NoteMessage, PromptBox, UserMessage
 from tests.chat_pilot import (
     engine,
@@ -310,5 +312,22 @@ def test_ctrl_c_shows_textuals_quit_hint_rendered(tiny):
         shown = toast.render()
         assert isinstance(shown, Content)
         assert "Press ctrl+q to quit the app" in shown.plain and "[b]" not in shown.plain
+
+    run_app(tiny, scenario)
+
+
+def test_tbt_percentiles_are_the_benchmarks(tiny):
+    """The chat's TBT p50/p90 (the panel, /stats, the saved numbers) interpolate as the benchmarks' reports do; they
+    once took the nearest rank, so the same gaps gave other numbers (here p90 10.0 ms against 7.9 ms)."""
+    gaps = [0.001, 0.002, 0.003, 0.010]
+    expected = latency_stats(gaps)
+    turn = TurnStats(itls=gaps)
+    assert (turn.tbt_p50 * 1e3, turn.tbt_p90 * 1e3) == pytest.approx((expected["p50"], expected["p90"]))
+    assert TurnStats().tbt_p50 == 0.0
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        panel = app.query_one(MetricsPanel)
+        panel.show_turn(TurnStats(itls=gaps))
+        assert re.search(r"p50 / p90\s+2\.5 / 7\.9 ms", panel_text(app, "tbt")), panel_text(app, "tbt")
 
     run_app(tiny, scenario)

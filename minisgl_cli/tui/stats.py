@@ -11,14 +11,6 @@ if TYPE_CHECKING:
     from minisgl_cli.tui.turn import TurnStats
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100]); 0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
-
-
 @dataclass(frozen=True, slots=True)
 class Load:
     """KV cache and scheduler state, from the in-process engine or a server's /metrics. A server exposes only some

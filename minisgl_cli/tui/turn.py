@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minisgl_cli.tui.stats import percentile
+from minisgl_cli.report import percentile
 from minisgl_cli.tui.thinking import ThinkSplitter
 
 
@@ -42,11 +42,16 @@ class TurnStats:
 
     @property
     def tbt_p50(self) -> float:
-        return percentile(self.itls, 50)
+        return tbt_percentile(self.itls, 50)
 
     @property
     def tbt_p90(self) -> float:
-        return percentile(self.itls, 90)
+        return tbt_percentile(self.itls, 90)
+
+
+def tbt_percentile(gaps: list[float], q: float) -> float:
+    """As the benchmarks compute it (report.percentile, interpolated); 0 for no gaps."""
+    return percentile(sorted(gaps), q) if gaps else 0.0
 
 
 class TurnMeter:

@@ -15,8 +15,8 @@ from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Collapsible, Markdown, Sparkline, Static, TextArea
 
-from minisgl_cli.tui.stats import Load, ms, percentile
-from minisgl_cli.tui.turn import TurnStats
+from minisgl_cli.tui.stats import Load, ms
+from minisgl_cli.tui.turn import TurnStats, tbt_percentile
 
 
 def _rows(rows: list[tuple[str, str]]) -> Table:
@@ -187,7 +187,7 @@ class MetricsPanel(VerticalScroll):
         self.query_one("#turn", Static).update(_rows(rows))
         window = list(self.tbt_ms)
         self.query_one("#tbt", Static).update(
-            _rows([("p50 / p90", f"{percentile(window, 50):.1f} / {percentile(window, 90):.1f} ms")])
+            _rows([("p50 / p90", f"{tbt_percentile(window, 50):.1f} / {tbt_percentile(window, 90):.1f} ms")])
         )
         self.query_one("#tbt-spark", Sparkline).data = window
 
