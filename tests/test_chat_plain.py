@@ -102,7 +102,15 @@ def test_run_plain_keeps_history_and_resets():
         run_plain(engine.backend(), session, None, None, io.StringIO("/reset\nthree\n"), out, err)
         assert [m.content for m in session.history if m.role == "user"] == ["three"]
         assert "new conversation" in err.getvalue()
+
+        class Typed(io.StringIO):  # a person at a terminal
+            def isatty(self) -> bool:
+                return True
+
+        out, err = io.StringIO(), io.StringIO()
+        run_plain(engine.backend(), session, None, None, Typed("four\n"), out, err)
+        assert err.getvalue().count("\n> ") == 2 and not out.getvalue().startswith("\n> ")  # stdout: the answer
         m = engine.call(lambda llm: checked(llm).metrics())
-        assert m.kv_pages_in_use == 0 and m.finished_requests == 3
+        assert m.kv_pages_in_use == 0 and m.finished_requests == 4
     finally:
         engine.shutdown()

@@ -275,6 +275,7 @@ def test_plain_mode_saves_and_resumes(tmp_path):
     first_prompt = int(re.findall(r"cache hit \d+/(\d+)", p.stderr)[0])
     p = subprocess.run([MINISGL, "chat", *args, "--resume"], input="two\n", capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
+    assert "resumed chat 1: one (2 messages)" in p.stderr
     assert int(re.findall(r"cache hit \d+/(\d+)", p.stderr)[0]) > first_prompt + 4  # the prompt carries turn one
     session, inputs = ChatStore(db).load(1)
     assert [m.content for m in session.history if m.role == "user"] == ["one", "two"]

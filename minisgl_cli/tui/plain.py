@@ -48,15 +48,17 @@ def run_plain(
 ) -> None:
     interactive = stdin.isatty()
     print(f"minisgl chat · {backend.title}   (/help for commands, Ctrl-D to quit)", file=stderr)
+    if session.id is not None:
+        print(f"resumed chat {session.id}: {session.title} ({len(session.history)} messages)", file=stderr)
     loop = LoopThread()
     loop.run(backend.ready())
     inputs = list(inputs or [])
     turn = TurnStats()
     try:
         while True:
-            if interactive:
-                stdout.write("\n> ")
-                stdout.flush()
+            if interactive:  # on stderr: `chat --no-tui > answers.txt` keeps the answers alone
+                stderr.write("\n> ")
+                stderr.flush()
             line = stdin.readline()
             if not line:
                 break
