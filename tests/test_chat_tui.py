@@ -10,6 +10,7 @@ import re
 import pytest
 from textual.content import Content
 from textual.widgets import Sparkline
+from textual.widgets._markdown import MarkdownParagraph
 from textual.widgets._toast import Toast
 
 from engine.streams import END as _END
@@ -17,12 +18,13 @@ from engine.streams import RequestStream
 from minisgl_cli.report import latency_stats
 from minisgl_cli.tui.app import ChatApp
 from minisgl_cli.tui.local import LocalAnswer, LocalBackend
-from minisgl_cli.tui.session import ChatMessage
+from minisgl_cli.tui.session import ChatMessage, ChatSession
 from minisgl_cli.tui.turn import TurnStats
 from minisgl_cli.tui.widgets import AnswerMarkdown, AssistantMessage, MetricsPanel, NoteMessage, PromptBox, UserMessage
 from tests.chat_pilot import (
     engine,
     errors,
+    idle,
     known,
     load,
     notices,
@@ -30,10 +32,12 @@ from tests.chat_pilot import (
     panel_text,
     rendered,
     run_app,
+    run_pilot,
     send,
     wait_for,
 )
 from tests.conftest import checked, make_llm
+from tests.test_chat_thinking import ScriptedAnswer, ScriptedBackend
 
 
 @pytest.fixture(scope="module")
@@ -331,3 +335,27 @@ def test_tbt_percentiles_are_the_benchmarks(tiny):
         assert re.search(r"p50 / p90\s+2\.5 / 7\.9 ms", panel_text(app, "tbt")), panel_text(app, "tbt")
 
     run_app(tiny, scenario)
+
+
+def test_single_newlines_in_an_answer_are_line_breaks():
+    """A poem keeps its lines, streamed and reopened (Markdown alone made a single newline a space)."""
+    tokens = ["Roses are red,", "\n", "violets", " are blue.", "\n\n", "Second", " verse\nends."]
+
+    class Poem(ScriptedBackend):
+        def start(self, messages, params, thinking):
+            return ScriptedAnswer(tokens, 0.001, None)
+
+    def paragraphs(app: ChatApp) -> list[str]:
+        return [p._content.plain for p in app.query_one(AssistantMessage).answer.query(MarkdownParagraph)]
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "a poem, please")
+        await idle(app, pilot)
+        await pilot.pause()
+        assert paragraphs(app) == ["Roses are red,\nviolets are blue.", "Second verse\nends."]
+        await app.query_one("#conversation").remove_children()
+        await app.show_history()  # as a resumed or opened chat shows it
+        await pilot.pause()
+        assert paragraphs(app) == ["Roses are red,\nviolets are blue.", "Second verse\nends."]
+
+    run_pilot(ChatApp(Poem(thinking_switch=None), ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from markdown_it import MarkdownIt
+from markdown_it.rules_core import StateCore
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -39,11 +41,30 @@ class UserMessage(Static):
         self.index = index  # position in the session's history
 
 
+def _hard_breaks(state: StateCore) -> None:
+    for token in state.tokens:
+        for child in token.children or []:
+            if child.type == "softbreak":
+                child.type = "hardbreak"
+
+
+def model_markdown() -> MarkdownIt:
+    """Textual's parser, with a single newline a line break (Markdown makes it a space: a poem ran together into
+    one paragraph), as chat UIs show a model's text. markdown-it's `breaks` option is for its HTML renderer only;
+    Textual reads the tokens, so the soft breaks become hard ones."""
+    md = MarkdownIt("gfm-like")
+    md.core.ruler.push("hard_breaks", _hard_breaks)
+    return md
+
+
 class AnswerMarkdown(Markdown):
     DEFAULT_CSS = """
     AnswerMarkdown { padding: 0; margin: 0; }
     AnswerMarkdown MarkdownBlock:last-child { margin-bottom: 0; }
     """
+
+    def __init__(self, markdown: str = "") -> None:
+        super().__init__(markdown, parser_factory=model_markdown)
 
 
 class ThinkingBlock(Collapsible):
@@ -56,7 +77,7 @@ class ThinkingBlock(Collapsible):
     """
 
     def __init__(self, text: str = "", collapsed: bool = False) -> None:
-        self.body = Markdown(text)
+        self.body = Markdown(text, parser_factory=model_markdown)
         super().__init__(self.body, title="Thinking…", collapsed=collapsed)
 
 
