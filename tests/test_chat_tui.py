@@ -13,6 +13,7 @@ from textual.widgets import Sparkline
 from textual.widgets._markdown import MarkdownParagraph
 from textual.widgets._toast import Toast
 
+from engine.remote_llm import RemoteLLM
 from engine.streams import END as _END
 from engine.streams import RequestStream
 from minisgl_cli.report import latency_stats
@@ -359,3 +360,21 @@ def test_single_newlines_in_an_answer_are_line_breaks():
         assert paragraphs(app) == ["Roses are red,\nviolets are blue.", "Second verse\nends."]
 
     run_pilot(ChatApp(Poem(thinking_switch=None), ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario)
+
+
+def test_a_long_step_keeps_the_last_load_shown(tiny, monkeypatch):
+    """A metrics read that times out (the engine in a step longer than METRICS_TIMEOUT, e.g. a long prompt's prefill
+    on a CPU) keeps the last figures shown, marked stale; the sections once went away as if the engine were gone."""
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await wait_for(pilot, lambda: app.last_metrics is not None, what="first metrics read")
+
+        async def timed_out(self, timeout: float = 10.0) -> None:
+            return None  # what RemoteLLM.metrics gives when the engine does not answer in time
+
+        monkeypatch.setattr(RemoteLLM, "metrics", timed_out)
+        await wait_for(pilot, lambda: load(app).stale, what="a read that timed out")
+        assert app.query_one("#kv").display and app.query_one("#sched").display
+        assert "as of the last step" in panel_text(app, "kv") and re.search(r"running\s+0", panel_text(app, "sched"))
+
+    run_app(tiny, scenario)

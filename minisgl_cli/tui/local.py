@@ -7,6 +7,7 @@ engine's speed (docs/benchmarks.md, "What the TUI costs")."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import time
@@ -61,6 +62,7 @@ class LocalBackend:
     def __init__(self, remote: RemoteLLM, info: EngineInfo, engine_pid: int | None = None) -> None:
         """`engine_pid`: the engine's process is this one's parent (`minisgl chat`), watched from ready() on."""
         self.remote, self.engine_pid = remote, engine_pid
+        self._last: Load | None = None
         self._watch: asyncio.Task[None] | None = None
         self.model = info.model
         kv = f" · KV {info.kv_cache_dtype}" if info.kv_cache_dtype not in ("", info.dtype) else ""
@@ -91,8 +93,15 @@ class LocalBackend:
         return LocalAnswer(self.remote, stream, prompt.rstrip().endswith(OPEN))
 
     async def load(self) -> Load | None:
+        """The engine's load; the last one, marked stale, while a step outlasts the read (a long prompt's prefill on
+        a CPU: the panel once went blank as if the engine were gone); None once the engine is gone."""
         m = await self.remote.metrics(self.METRICS_TIMEOUT)
-        return None if m is None else Load.from_engine(m)
+        if m is not None:
+            self._last = Load.from_engine(m)
+            return self._last
+        if self._last is None or not self.remote.alive:
+            return None
+        return dataclasses.replace(self._last, stale=True)
 
     async def aclose(self) -> None:
         if self._watch is not None:

@@ -32,6 +32,7 @@ class Load:
     generation_tokens: int | None = None
     cache_hit_rate: float | None = None
     steps: int | None = None
+    stale: bool = False  # the last figures, kept while the engine is busy with a step longer than a read waits
 
     @classmethod
     def from_engine(cls, m: EngineMetrics) -> Load:

@@ -231,6 +231,8 @@ class MetricsPanel(VerticalScroll):
             lines.append(Text.assemble(("░", "grey50"), f" free    {m.kv_pages_free}"))
         if m.source != "engine":
             lines.append(Text(f"from {m.source} /metrics, {unit}", style="italic grey50"))
+        if m.stale:
+            lines.append(Text("as of the last step: the engine is in a long one", style="italic yellow"))
         self.query_one("#kv", Static).update(Text("\n").join(lines))
         self.query_one("#sched", Static).update(
             _rows(
