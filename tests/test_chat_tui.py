@@ -378,3 +378,17 @@ def test_a_long_step_keeps_the_last_load_shown(tiny, monkeypatch):
         assert "as of the last step" in panel_text(app, "kv") and re.search(r"running\s+0", panel_text(app, "sched"))
 
     run_app(tiny, scenario)
+
+
+def test_the_metrics_panel_gives_way_on_a_narrow_terminal():
+    async def scenario(app: ChatApp, pilot) -> None:
+        panel, conversation = app.query_one(MetricsPanel), app.query_one("#conversation")
+        assert panel.display and panel.region.width == 40
+        await pilot.resize_terminal(60, 15)
+        await pilot.pause()
+        assert not panel.display and conversation.region.width == 60
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause()
+        assert panel.display and panel.region.width == 40
+
+    run_pilot(ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens_limit=4096)), scenario)

@@ -63,7 +63,11 @@ class ChatApp(App):
     CSS = """
     #conversation { width: 1fr; padding: 0 1; }
     #prompt { dock: bottom; margin: 0 0 1 0; }
+    Screen.-narrow #metrics { display: none; }
     """
+    # Below 90 columns the 40-column metrics panel would leave the conversation too little room: it is hidden
+    # until the terminal is wider again (/stats shows the same numbers).
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (90, "-wide")]
     BINDINGS = [
         Binding("escape", "stop", "Stop"),
         Binding("ctrl+n", "new_conversation", "New chat"),
