@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
+import time
 
 import pytest
 from textual.content import Content
@@ -20,9 +21,10 @@ from minisgl_cli.report import latency_stats
 from minisgl_cli.tui.app import ChatApp
 from minisgl_cli.tui.local import LocalAnswer, LocalBackend
 from minisgl_cli.tui.session import ChatMessage, ChatSession
-from minisgl_cli.tui.turn import TurnStats
+from minisgl_cli.tui.turn import TurnReader, TurnStats
 from minisgl_cli.tui.widgets import AnswerMarkdown, AssistantMessage, MetricsPanel, NoteMessage, PromptBox, UserMessage
 from tests.chat_pilot import (
+    LocalEngine,
     engine,
     errors,
     idle,
@@ -392,3 +394,33 @@ def test_the_metrics_panel_gives_way_on_a_narrow_terminal():
         assert panel.display and panel.region.width == 40
 
     run_pilot(ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens_limit=4096)), scenario)
+
+
+def test_ttft_counts_from_before_the_request_is_submitted(tiny, monkeypatch):
+    """The engine may stamp the first token before submit() returns (its thread, or process, runs meanwhile): TTFT
+    counts from before the submit. Counted from after it, the pilot and plain-mode tests saw TTFT -0.1 ms."""
+    submit = RemoteLLM.submit
+
+    def slow_return(self, *args, **kwargs):
+        stream = submit(self, *args, **kwargs)
+        time.sleep(0.3)  # the engine answers meanwhile
+        return stream
+
+    monkeypatch.setattr(RemoteLLM, "submit", slow_return)
+    eng = LocalEngine(tiny)
+
+    async def turn() -> TurnStats:
+        backend = eng.backend()
+        await backend.ready()
+        answer = backend.start([{"role": "user", "content": "hi"}], ChatSession(max_tokens=2).params(), None)
+        reader = TurnReader(answer.started)
+        async for piece in answer:
+            reader.add(piece)
+        await backend.aclose()
+        return reader.stats
+
+    try:
+        stats = asyncio.run(turn())
+    finally:
+        eng.shutdown()
+    assert stats.output_tokens == 2 and known(stats.ttft) > 0

@@ -26,9 +26,11 @@ _rids = itertools.count()
 
 
 class LocalAnswer:
-    def __init__(self, remote: RemoteLLM, stream: RequestStream, opens_in_thinking: bool = False) -> None:
+    def __init__(
+        self, remote: RemoteLLM, stream: RequestStream, opens_in_thinking: bool = False, started: float | None = None
+    ) -> None:
         self.remote, self.stream = remote, stream
-        self.started = time.perf_counter()
+        self.started = time.perf_counter() if started is None else started  # when it was sent
         self.opens_in_thinking = opens_in_thinking
 
     async def __aiter__(self) -> AsyncIterator[Piece]:
@@ -86,11 +88,13 @@ class LocalBackend:
         tok = self.remote.tokenizer
         kwargs = {"enable_thinking": thinking} if thinking is not None and self.thinking_switch else {}
         prompt = tok.chat_prompt(messages, **kwargs)
+        ids = tok.encode_chat(messages, **kwargs)
+        started = time.perf_counter()  # before the submit: the engine may stamp the first token before it returns
         try:
-            stream = self.remote.submit(tok.encode_chat(messages, **kwargs), params, f"chat-{next(_rids)}")
+            stream = self.remote.submit(ids, params, f"chat-{next(_rids)}")
         except EngineDeadError as e:
             raise BackendError(str(e)) from e
-        return LocalAnswer(self.remote, stream, prompt.rstrip().endswith(OPEN))
+        return LocalAnswer(self.remote, stream, prompt.rstrip().endswith(OPEN), started)
 
     async def load(self) -> Load | None:
         """The engine's load; the last one, marked stale, while a step outlasts the read (a long prompt's prefill on
