@@ -67,9 +67,20 @@ def processes(marker: str) -> dict[int, int]:
 
 
 def start(term: Terminal, tmp_path: Path, command: str) -> None:
-    """`command` in the terminal; its exit status goes to tmp_path/status."""
+    """`command` in the terminal; its exit status goes to tmp_path/status. The terminal's own size, not the COLUMNS
+    and LINES this process may have in its environment (80x24 here: the TUI ran 80 columns wide)."""
     status = tmp_path / "status"
-    term.tmux("new-session", "-d", "-s", "chat", "-x", "120", "-y", "40", f"{command}; echo $? > {status}; sleep 600")
+    term.tmux(
+        "new-session",
+        "-d",
+        "-s",
+        "chat",
+        "-x",
+        "120",
+        "-y",
+        "40",
+        f"unset COLUMNS LINES; {command}; echo $? > {status}; sleep 600",
+    )
 
 
 def start_chat(term: Terminal, tmp_path: Path, marker: str, *flags: str, env: str = "") -> None:
