@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 
 import pytest
+from textual.screen import Screen
 from textual.widgets import Input, OptionList
 
 from minisgl_cli.chat import resume_flag
@@ -304,7 +305,7 @@ def test_titles_with_brackets_show_as_typed_in_the_sessions_list(tiny, db):
     """A title is text, never markup: `[/x]` once crashed the app at ctrl+o (and at every ctrl+o after, as the title
     was saved), and `arr[i]` showed as `arr` in italics."""
 
-    def shown(screen: SessionsScreen) -> str:
+    def shown(screen: Screen) -> str:
         box = screen.query_one(OptionList)
         return "\n".join(box.render_line(y).text for y in range(box.size.height))
 
