@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from minisgl_cli.options import (
+    ENGINE_FLAGS,
     Seed,
     engine_config,
     launcher_rank,
@@ -57,7 +58,8 @@ def resume_flag(argv: list[str]) -> list[str]:
     if "chat" not in out[1:2]:
         return out
     for i, arg in enumerate(out):
-        if arg == "--resume" and (i + 1 == len(out) or out[i + 1].startswith("-")):
+        follows = out[i + 1] if i + 1 < len(out) else None
+        if arg == "--resume" and (follows is None or (follows.startswith("-") and not follows[1:].isdigit())):
             out.insert(i + 1, RESUME_LAST)
             break
     return out
@@ -109,6 +111,13 @@ def chat(
         except StoreError as e:
             raise typer.BadParameter(f"cannot resume: {e}", param_hint="--resume") from e
 
+    if url is None and served_model is not None:
+        raise typer.BadParameter("names a model at --url, and there is no --url", param_hint="--served-model")
+    if url is not None:  # the server at --url runs its own engine: a flag for the local one would do nothing
+        local = [f"--{n.replace('_', '-')}" for n, _, d in ENGINE_FLAGS if engine_flags.get(n, d) != d]
+        if local or seed != 0:
+            flags = ", ".join(local + (["--seed"] if seed != 0 else []))
+            raise typer.BadParameter(f"{flags}: set the local engine, which --url does not start", param_hint="--url")
     plain = no_tui or not (sys.stdin.isatty() and sys.stdout.isatty())
     if url is not None:
         try:

@@ -157,6 +157,16 @@ def test_url_errors_are_clear():
     assert p.returncode == 2 and "must start with http://" in p.stderr
     with pytest.raises(RemoteError, match="cannot reach"):
         ServerBackend.connect(f"http://127.0.0.1:{port}", None, None)
+    # flags that only a local engine would use, and a served model without a server, are refused, not ignored
+    url = ["--url", f"http://127.0.0.1:{port}"]
+    for args, says in (
+        ([*url, "--model", "dummy:tiny-llama", "--tp", "4"], "--model, --tp: set the local engine"),
+        ([*url, "--seed", "3"], "--seed: set the local engine"),
+        (["--served-model", "m", "--no-tui"], "names a model at --url, and there is no --url"),
+    ):
+        env = dict(os.environ, COLUMNS="300")  # the error box on one line
+        p = subprocess.run([MINISGL, "chat", *args], capture_output=True, text=True, timeout=60, env=env)
+        assert p.returncode == 2 and says in p.stderr and "cannot reach" not in p.stderr, p.stderr
 
 
 def test_served_model_must_exist(server):

@@ -298,6 +298,8 @@ def test_resume_flag_takes_an_optional_id():
         "--no-tui",
     ]
     assert resume_flag(["minisgl", "chat", "--resume", "3"]) == ["minisgl", "chat", "--resume", "3"]
+    # a negative id is a value (refused by the id check, naming it), not an unknown option
+    assert resume_flag(["minisgl", "chat", "--resume", "-1"]) == ["minisgl", "chat", "--resume", "-1"]
     assert resume_flag(["minisgl", "serve", "--resume"]) == ["minisgl", "serve", "--resume"]  # only chat's
 
 
