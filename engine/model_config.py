@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,13 @@ class ModelConfig:
                 raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"{self.num_heads} attention heads do not divide into {self.num_kv_heads} KV heads")
+        if not self.max_position_embeddings >= 1:
+            raise ValueError(f"max_position_embeddings must be >= 1 (got {self.max_position_embeddings})")
+        for name in ("rms_norm_eps", "rope_theta"):  # NaN fails these too
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be a positive number (got {getattr(self, name)})")
+        if self.rope_scaling is not None:
+            _check_rope_scaling(self.rope_scaling)
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be >= 1 (got {self.sliding_window})")
         if self.num_experts:
@@ -97,8 +105,7 @@ class ModelConfig:
         if archs[0] not in HF_MODEL_TYPES:  # before the fields: another architecture names them differently
             raise ValueError(f"unsupported architecture {archs[0]!r} (supported: {', '.join(HF_MODEL_TYPES)})")
         arch = archs[0]
-        if d.get("attention_bias") and arch != "Qwen2ForCausalLM":  # Qwen2's q/k/v bias is implied, not this flag
-            raise ValueError(f"attention_bias=true is not supported for {arch}")
+        _refuse_unsupported(d, arch)
         window = d.get("sliding_window")
         if arch in _QWEN:
             # Qwen configs carry a sliding_window that applies only with use_sliding_window, and then only to the
@@ -109,37 +116,45 @@ class ModelConfig:
                     "full-attention checkpoints (use_sliding_window=false) are"
                 )
             window = None
-        heads = int(d["num_attention_heads"])
+        heads = _int(d, "num_attention_heads")
         if heads < 1:
             raise ValueError(f"num_attention_heads must be >= 1 (got {heads})")
         eos = d.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        eos_list = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+        if not all(_is_int(t) and t >= 0 for t in eos_list):
+            raise ValueError(f"eos_token_id must be a token id or a list of them (got {eos!r})")
+        bos = d.get("bos_token_id")
+        if bos is not None and not (_is_int(bos) and bos >= 0):
+            raise ValueError(f"bos_token_id must be a token id (got {bos!r})")
         rope_scaling = d.get("rope_scaling")
         rope_theta = d.get("rope_theta")
         if rope_theta is None and isinstance(d.get("rope_parameters"), dict):  # transformers 5 layout
             rope_theta = d["rope_parameters"].get("rope_theta")
             if d["rope_parameters"].get("rope_type", "default") != "default":
                 rope_scaling = d["rope_parameters"]
+        if rope_scaling is not None and not isinstance(rope_scaling, dict):
+            raise ValueError(f"rope_scaling must be an object (got {rope_scaling!r})")
         return ModelConfig(
             architecture=archs[0],
-            vocab_size=int(d["vocab_size"]),
-            hidden_size=int(d["hidden_size"]),
-            intermediate_size=int(d["intermediate_size"]),
-            num_layers=int(d["num_hidden_layers"]),
+            vocab_size=_int(d, "vocab_size"),
+            hidden_size=_int(d, "hidden_size"),
+            intermediate_size=_int(d, "intermediate_size"),
+            num_layers=_int(d, "num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=int(d.get("num_key_value_heads") or heads),
-            head_dim=int(d.get("head_dim") or d["hidden_size"] // heads),
-            rope_theta=float(rope_theta or 10000.0),
+            num_kv_heads=_int(d, "num_key_value_heads") if d.get("num_key_value_heads") else heads,
+            head_dim=_int(d, "head_dim") if d.get("head_dim") else _int(d, "hidden_size") // heads,
+            rope_theta=10000.0 if rope_theta is None else float(rope_theta),
+            # {"rope_type": "default"} is no scaling; a dict naming no type is refused (ModelConfig checks it)
             rope_scaling=rope_scaling
-            if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) not in (None, "default")
+            if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) != "default"
             else None,
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
-            eos_token_ids=eos_ids,
-            bos_token_id=d.get("bos_token_id"),
+            tie_word_embeddings=_bool(d, "tie_word_embeddings"),
+            max_position_embeddings=_int(d, "max_position_embeddings") if "max_position_embeddings" in d else 4096,
+            eos_token_ids=tuple(int(t) for t in eos_list),
+            bos_token_id=None if bos is None else int(bos),
             name=name,
-            sliding_window=None if window is None else int(window),
+            sliding_window=None if window is None else _int(d, "sliding_window"),
             **(_moe_fields(d) if arch == "Qwen3MoeForCausalLM" else {}),
         )
 
@@ -200,6 +215,67 @@ class ModelConfig:
 
     def describe(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _bool(d: dict[str, Any], key: str) -> bool:
+    v = d.get(key, False)
+    if not isinstance(v, bool):  # bool("false") is True
+        raise ValueError(f"{key} must be true or false (got {v!r})")
+    return v
+
+
+def _int(d: dict[str, Any], key: str) -> int:
+    """d[key] as an int: an integral float (64.0) is one; 64.5, true or "64" are not (int() would cut or parse them)."""
+    v = d[key]
+    if _is_int(v):
+        return int(v)
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    raise ValueError(f"{key} must be an integer (got {v!r})")
+
+
+# Activations this decoder computes (its MLP is SiLU-gated); transformers' ACT2FN maps "swish" to SiLU too.
+_ACTIVATIONS = ("silu", "swish")
+ROPE_TYPES = ("default", "llama3")
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _refuse_unsupported(d: dict[str, Any], arch: str) -> None:
+    """Config fields that would change the model's output and that this engine does not implement: refused here,
+    not loaded and ignored."""
+    quant = d.get("quantization_config") or d.get("compression_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
+        raise ValueError(
+            f"quantized checkpoints are not supported (quantization_config: quant_method {method!r}); "
+            "give an unquantized (bf16 / fp16 / fp32) checkpoint, or a GGUF file"
+        )
+    act = d.get("hidden_act", d.get("hidden_activation"))
+    if act is not None and act not in _ACTIVATIONS:
+        raise ValueError(f"hidden_act {act!r} is not supported (supported: silu)")
+    if d.get("attention_bias") and arch != "Qwen2ForCausalLM":  # Qwen2's q/k/v bias is implied, not this flag
+        raise ValueError(f"attention_bias=true is not supported for {arch}")
+    if d.get("mlp_bias"):
+        raise ValueError(f"mlp_bias=true is not supported for {arch}")
+    layer_types = d.get("layer_types")
+    if arch != "MistralForCausalLM" and isinstance(layer_types, list):
+        other = sorted({t for t in layer_types if t != "full_attention"}, key=str)
+        if other:
+            raise ValueError(f"layer_types {other} are not supported for {arch} (only full_attention layers are)")
+
+
+def _check_rope_scaling(s: dict[str, Any]) -> None:
+    kind = s.get("rope_type", s.get("type"))
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"unsupported rope scaling type {kind!r} (supported: {', '.join(ROPE_TYPES)})")
+    if kind == "llama3":
+        missing = [k for k in _LLAMA3_KEYS if not isinstance(s.get(k), (int, float)) or isinstance(s.get(k), bool)]
+        if missing:
+            raise ValueError(f"llama3 rope scaling needs numbers for {', '.join(missing)} (got {s!r})")
 
 
 def _moe_fields(d: dict[str, Any]) -> dict[str, Any]:

@@ -589,6 +589,42 @@ def broken_model(kind: str, good: Path, tmp: Path) -> tuple[Path, str, str]:
             str(d),
             "weight 'lm_head.weight' has shape (512, 64), but the config makes it (300, 64)",
         )
+    # config fields that would change the output, which the engine does not implement: refused, never ignored
+    if kind == "quantized checkpoint":
+        _edit_config(d, quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
+        return d, str(cfg), "quantized checkpoints are not supported (quantization_config: quant_method 'fp8')"
+    if kind == "gelu activation":
+        return _edit_config(d, hidden_act="gelu"), str(cfg), "hidden_act 'gelu' is not supported"
+    if kind == "mlp_bias":
+        return _edit_config(d, mlp_bias=True), str(cfg), "mlp_bias=true is not supported"
+    if kind == "yarn rope scaling":
+        _edit_config(d, rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512})
+        return d, str(cfg), "unsupported rope scaling type 'yarn'"
+    if kind == "linear rope in rope_parameters":
+        _edit_config(d, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+        return d, str(cfg), "unsupported rope scaling type 'linear'"
+    if kind == "rope scaling naming no type":
+        return _edit_config(d, rope_scaling={"factor": 2.0}), str(cfg), "unsupported rope scaling type None"
+    if kind == "rope_scaling a list":
+        return _edit_config(d, rope_scaling=[1, 2]), str(cfg), "rope_scaling must be an object (got [1, 2])"
+    if kind == "llama3 rope without its factors":
+        _edit_config(d, rope_scaling={"rope_type": "llama3", "factor": 8.0})
+        return d, str(cfg), "llama3 rope scaling needs numbers for low_freq_factor"
+    if kind == "sliding layer_types":
+        _edit_config(d, layer_types=["sliding_attention", "full_attention"])
+        return d, str(cfg), "layer_types ['sliding_attention'] are not supported"
+    if kind == "fractional vocab_size":
+        return _edit_config(d, vocab_size=512.7), str(cfg), "vocab_size must be an integer (got 512.7)"
+    if kind == "negative rms_norm_eps":
+        return _edit_config(d, rms_norm_eps=-1), str(cfg), "rms_norm_eps must be a positive number"
+    if kind == "rope_theta 0":
+        return _edit_config(d, rope_theta=0), str(cfg), "rope_theta must be a positive number (got 0.0)"
+    if kind == "max_position_embeddings 0":
+        return _edit_config(d, max_position_embeddings=0), str(cfg), "max_position_embeddings must be >= 1"
+    if kind == "eos ids as strings":
+        return _edit_config(d, eos_token_id=["</s>"]), str(cfg), "eos_token_id must be a token id"
+    if kind == "tie_word_embeddings a string":
+        return _edit_config(d, tie_word_embeddings="false"), str(cfg), "tie_word_embeddings must be true or false"
     raise AssertionError(kind)
 
 
@@ -620,6 +656,21 @@ HF_CASES = [
     "weights for fewer layers",
     "weights smaller than the config",
     "weights larger than the config",
+    "quantized checkpoint",
+    "gelu activation",
+    "mlp_bias",
+    "yarn rope scaling",
+    "linear rope in rope_parameters",
+    "rope scaling naming no type",
+    "rope_scaling a list",
+    "llama3 rope without its factors",
+    "sliding layer_types",
+    "fractional vocab_size",
+    "negative rms_norm_eps",
+    "rope_theta 0",
+    "max_position_embeddings 0",
+    "eos ids as strings",
+    "tie_word_embeddings a string",
 ]
 GGUF_CASES = ["random bytes", "empty", "truncated"]
 
@@ -641,6 +692,8 @@ def test_broken_model_files_are_named_in_the_error(kind, good_dir, tmp_path):
         "weights larger than the config",
         "no weights",
         "random bytes",
+        "quantized checkpoint",
+        "yarn rope scaling",
     ],
 )
 def test_broken_model_files_exit_2_from_the_cli(kind, good_dir, tmp_path):
