@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -56,12 +57,19 @@ def resolve(spec: str | None) -> tuple[str, str | Path]:
 
 
 # ---- Hugging Face directory -------------------------------------------------------------------------
+# Weight dtypes read as they are (cast to the model's dtype). Integer, bool and fp8 tensors are quantized or not
+# weights at all: casting them would load a broken model without a word.
+_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+INDEX_FILE = "model.safetensors.index.json"
+
+
 class _SafetensorSlice:
     """A lazily read safetensors tensor: narrow() reads only the requested rows/columns from disk."""
 
     def __init__(self, handle: Any, name: str):  # a safetensors safe_open handle
         self._slice = handle.get_slice(name)
         self.shape = tuple(self._slice.get_shape())
+        self.dtype = str(self._slice.get_dtype())
 
     def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
         index = [slice(None)] * len(self.shape)
@@ -70,23 +78,52 @@ class _SafetensorSlice:
         return part
 
 
+def hf_weight_files(path: Path) -> list[Path]:
+    """The checkpoint's safetensors files: those its index (model.safetensors.index.json) lists, when it has one
+    (other .safetensors files beside them, e.g. Mistral's consolidated.safetensors, are not part of it), else all."""
+    index = path / INDEX_FILE
+    if not index.is_file():
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"model directory {path} has no .safetensors files")
+        return files
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{index} is not a safetensors index (JSON with a weight_map object): {e!r}") from e
+    if not names or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{index}: its weight_map names no files")
+    missing = [n for n in names if not (path / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{index} lists {len(missing)} file(s) missing from {path}: {', '.join(missing)}")
+    return [path / n for n in names]
+
+
 def hf_weights(path: Path) -> Iterator[tuple[str, _SafetensorSlice]]:
     from safetensors import safe_open
 
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"model directory {path} has no .safetensors files")
-    for f in files:
+    seen: dict[str, Path] = {}
+    for f in hf_weight_files(path):
         try:
             handle = safe_open(str(f), framework="pt")
         except Exception as e:
             raise ValueError(f"cannot read {f}: {e}") from e
         with handle:
             for name in handle.keys():
+                if name in seen:  # the later file's copy would silently replace the earlier one
+                    raise ValueError(f"tensor {name!r} is in both {seen[name]} and {f}")
+                seen[name] = f
                 try:
-                    yield name, _SafetensorSlice(handle, name)
+                    t = _SafetensorSlice(handle, name)
                 except Exception as e:
                     raise ValueError(f"cannot read tensor {name!r} in {f}: {e}") from e
+                if t.dtype not in _FLOAT_DTYPES:
+                    raise ValueError(
+                        f"tensor {name!r} in {f} has dtype {t.dtype}: quantized or integer weights are not "
+                        f"supported (supported: {', '.join(_FLOAT_DTYPES)})"
+                    )
+                yield name, t
 
 
 def hf_config(path: Path) -> ModelConfig:

@@ -625,7 +625,60 @@ def broken_model(kind: str, good: Path, tmp: Path) -> tuple[Path, str, str]:
         return _edit_config(d, eos_token_id=["</s>"]), str(cfg), "eos_token_id must be a token id"
     if kind == "tie_word_embeddings a string":
         return _edit_config(d, tie_word_embeddings="false"), str(cfg), "tie_word_embeddings must be true or false"
+    if kind in ("int8 weights", "fp8 weights"):  # a cast would load them as a broken model
+        dtype = torch.int8 if kind == "int8 weights" else torch.float8_e4m3fn
+        _edit_weights(st_file, lambda sd: sd.update({UP: (sd[UP] * 100).to(dtype)}))
+        return d, str(st_file), f"tensor 'model.layers.0.mlp.up_proj.weight' in {st_file} has dtype"
+    if kind == "a tensor in two files":  # the later copy replaced the earlier one
+        shutil.copy(st_file, d / "model-copy.safetensors")
+        return d, str(d / "model-copy.safetensors"), "is in both"
+    if kind == "index lists a missing shard":
+        _shard(d)
+        (d / "model-00002-of-00002.safetensors").unlink()
+        return d, str(d), "lists 1 file(s) missing from"
+    if kind == "index not JSON":
+        _shard(d)
+        (d / "model.safetensors.index.json").write_text("{")
+        return d, str(d / "model.safetensors.index.json"), "is not a safetensors index"
     raise AssertionError(kind)
+
+
+UP = "model.layers.0.mlp.up_proj.weight"
+
+
+def _edit_weights(f: Path, edit) -> None:
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(f)
+    edit(sd)
+    save_file(sd, f)
+
+
+def _shard(d: Path) -> None:
+    """Split model.safetensors in two, with the index transformers writes."""
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(d / "model.safetensors")
+    (d / "model.safetensors").unlink()
+    names = sorted(sd)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for f, keys in halves.items():
+        save_file({k: sd[k] for k in keys}, d / f)
+    weight_map = {k: f for f, keys in halves.items() for k in keys}
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def test_a_sharded_checkpoint_reads_only_the_files_of_its_index(good_dir, tmp_path):
+    """A stray .safetensors beside the shards (Mistral repos ship consolidated.safetensors) is not part of it."""
+    from safetensors.torch import save_file
+
+    d = _copy(good_dir, tmp_path, "sharded")
+    _shard(d)
+    save_file({"layers.0.attention.wq.weight": torch.zeros(2)}, d / "consolidated.safetensors")
+    params = SamplingParams(max_tokens=6, temperature=0)
+    sharded = LLM(EngineConfig(model=str(d), device="cpu", num_pages=16)).generate([[1, 2, 3]], params)
+    whole = LLM(EngineConfig(model=str(good_dir), device="cpu", num_pages=16)).generate([[1, 2, 3]], params)
+    assert list(sharded[0].token_ids) == list(whole[0].token_ids)
 
 
 def broken_gguf(kind: str, tmp: Path) -> tuple[Path, str, str]:
@@ -671,6 +724,11 @@ HF_CASES = [
     "max_position_embeddings 0",
     "eos ids as strings",
     "tie_word_embeddings a string",
+    "int8 weights",
+    "fp8 weights",
+    "a tensor in two files",
+    "index lists a missing shard",
+    "index not JSON",
 ]
 GGUF_CASES = ["random bytes", "empty", "truncated"]
 
@@ -694,6 +752,8 @@ def test_broken_model_files_are_named_in_the_error(kind, good_dir, tmp_path):
         "random bytes",
         "quantized checkpoint",
         "yarn rope scaling",
+        "fp8 weights",
+        "index lists a missing shard",
     ],
 )
 def test_broken_model_files_exit_2_from_the_cli(kind, good_dir, tmp_path):
