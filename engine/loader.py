@@ -18,7 +18,7 @@ from engine import weight_cache, weights
 from engine.cache_paths import cache_root
 from engine.distributed import TP
 from engine.model_config import PRESETS, ModelConfig
-from engine.tokenizer import ByteTokenizer, Tokenizer
+from engine.tokenizer import TOKENIZER_FILES, ByteTokenizer, Tokenizer
 
 if TYPE_CHECKING:
     from engine.models.llama import LlamaForCausalLM
@@ -60,7 +60,14 @@ def _tokenizer(kind: str, path: Path, extra_eos: tuple[int, ...]) -> Tokenizer:
     if kind == "gguf":
         return Tokenizer.from_gguf(path, extra_eos)
     if kind == "hf":
-        return Tokenizer.from_hf_dir(path, extra_eos) or ByteTokenizer()
+        tok = Tokenizer.from_hf_dir(path, extra_eos)
+        if tok is None:  # a checkpoint saved without its tokenizer: say so, text through bytes is not the model's
+            print(
+                f"minisgl: {path} has no tokenizer ({', '.join(TOKENIZER_FILES)}): text is read and written as "
+                "UTF-8 bytes (token ids 0-255), not the model's vocabulary; token-id prompts are unaffected",
+                file=sys.stderr,
+            )
+        return tok or ByteTokenizer()
     return ByteTokenizer()
 
 

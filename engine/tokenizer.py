@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 Message = dict[str, str]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
 def check_unicode(text: str, what: str) -> None:
@@ -32,9 +33,13 @@ class Tokenizer:
     def from_hf_dir(path: Path, extra_eos: tuple[int, ...] = ()) -> Tokenizer | None:
         from transformers import AutoTokenizer
 
-        if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        if not any((path / f).exists() for f in TOKENIZER_FILES):
             return None
-        return Tokenizer(AutoTokenizer.from_pretrained(str(path)), extra_eos)
+        try:
+            hf = AutoTokenizer.from_pretrained(str(path))
+        except Exception as e:  # a broken tokenizer.json raised a bare JSONDecodeError (a traceback from the CLI)
+            raise ValueError(f"cannot load the tokenizer in {path}: {type(e).__name__}: {e}") from e
+        return Tokenizer(hf, extra_eos)
 
     @staticmethod
     def from_gguf(path: Path, extra_eos: tuple[int, ...] = ()) -> Tokenizer:

@@ -640,6 +640,9 @@ def broken_model(kind: str, good: Path, tmp: Path) -> tuple[Path, str, str]:
         _shard(d)
         (d / "model.safetensors.index.json").write_text("{")
         return d, str(d / "model.safetensors.index.json"), "is not a safetensors index"
+    if kind == "tokenizer.json not JSON":
+        (d / "tokenizer.json").write_text("{bad")
+        return d, str(d), "cannot load the tokenizer in"
     raise AssertionError(kind)
 
 
@@ -679,6 +682,15 @@ def test_a_sharded_checkpoint_reads_only_the_files_of_its_index(good_dir, tmp_pa
     sharded = LLM(EngineConfig(model=str(d), device="cpu", num_pages=16)).generate([[1, 2, 3]], params)
     whole = LLM(EngineConfig(model=str(good_dir), device="cpu", num_pages=16)).generate([[1, 2, 3]], params)
     assert list(sharded[0].token_ids) == list(whole[0].token_ids)
+
+
+def test_a_checkpoint_without_a_tokenizer_says_text_goes_through_bytes(good_dir, capfd):
+    """No silent fallback: a HF directory without tokenizer files still loads (token-id prompts work), with a
+    warning naming it."""
+    llm = LLM(EngineConfig(model=str(good_dir), device="cpu", num_pages=16))
+    err = capfd.readouterr().err
+    assert f"{good_dir} has no tokenizer" in err and "UTF-8 bytes" in err, err
+    assert llm.tokenizer.vocab_size == 256
 
 
 def broken_gguf(kind: str, tmp: Path) -> tuple[Path, str, str]:
@@ -729,6 +741,7 @@ HF_CASES = [
     "a tensor in two files",
     "index lists a missing shard",
     "index not JSON",
+    "tokenizer.json not JSON",
 ]
 GGUF_CASES = ["random bytes", "empty", "truncated"]
 
@@ -754,6 +767,7 @@ def test_broken_model_files_are_named_in_the_error(kind, good_dir, tmp_path):
         "yarn rope scaling",
         "fp8 weights",
         "index lists a missing shard",
+        "tokenizer.json not JSON",
     ],
 )
 def test_broken_model_files_exit_2_from_the_cli(kind, good_dir, tmp_path):
