@@ -169,29 +169,60 @@ def gguf_config(path: Path, reader: GGUFReader | None = None) -> ModelConfig:
     if arch not in _GGUF_ARCH:
         raise ValueError(f"{path}: unsupported GGUF architecture {arch!r} (supported: {', '.join(_GGUF_ARCH)})")
     p = f"{arch}."
-    heads = int(_field(r, p + "attention.head_count"))
-    hidden = int(_field(r, p + "embedding_length"))
+
+    def need(key: str) -> int:  # a field the shapes come from: missing, int(None) was a bare TypeError
+        v = _field(r, p + key)
+        if v is None:
+            raise ValueError(f"{path}: GGUF metadata lacks {p + key!r}")
+        try:
+            return int(v)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: GGUF metadata {p + key!r} is not an integer ({v!r})") from e
+
+    heads = need("attention.head_count")
+    hidden = need("embedding_length")
+    if heads < 1:
+        raise ValueError(f"{path}: GGUF metadata {p}attention.head_count must be >= 1 (got {heads})")
     names = {t.name for t in r.tensors}
+    # What would change the rope and is not implemented here: refused, not ignored.
+    scaling = _field(r, p + "rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise ValueError(f"{path}: GGUF rope scaling {scaling!r} is not supported")
+    if "rope_freqs.weight" in names:
+        raise ValueError(
+            f"{path}: rope_freqs.weight (llama3 rope frequency factors, Llama 3.1 and later) is not supported for "
+            "GGUF files; the Hugging Face checkpoint of the model is"
+        )
     vocab = _field(r, p + "vocab_size") or len(_field(r, "tokenizer.ggml.tokens", []))
+    if not vocab:
+        raise ValueError(f"{path}: GGUF metadata gives no vocabulary size ({p}vocab_size or tokenizer.ggml.tokens)")
     eos = _field(r, "tokenizer.ggml.eos_token_id")
     bos = _field(r, "tokenizer.ggml.bos_token_id")
-    return ModelConfig(
-        architecture=_GGUF_ARCH[arch],
-        vocab_size=int(vocab),
-        hidden_size=hidden,
-        intermediate_size=int(_field(r, p + "feed_forward_length")),
-        num_layers=int(_field(r, p + "block_count")),
-        num_heads=heads,
-        num_kv_heads=int(_field(r, p + "attention.head_count_kv", heads)),
-        head_dim=int(_field(r, p + "attention.key_length", hidden // heads)),
-        rope_theta=float(_field(r, p + "rope.freq_base", 10000.0)),
-        rms_norm_eps=float(_field(r, p + "attention.layer_norm_rms_epsilon", 1e-6)),
-        tie_word_embeddings="output.weight" not in names,
-        max_position_embeddings=int(_field(r, p + "context_length", 4096)),
-        eos_token_ids=(int(eos),) if eos is not None else (),
-        bos_token_id=None if bos is None else int(bos),
-        name=path.stem,
-    )
+    head_dim = int(_field(r, p + "attention.key_length", hidden // heads))
+    rotary = _field(r, p + "rope.dimension_count")
+    if rotary is not None and int(rotary) != head_dim:
+        raise ValueError(f"{path}: partial rotary embeddings (rope over {rotary} of {head_dim} dims) are not supported")
+    intermediate, layers = need("feed_forward_length"), need("block_count")
+    try:
+        return ModelConfig(
+            architecture=_GGUF_ARCH[arch],
+            vocab_size=int(vocab),
+            hidden_size=hidden,
+            intermediate_size=intermediate,
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=int(_field(r, p + "attention.head_count_kv", heads)),
+            head_dim=head_dim,
+            rope_theta=float(_field(r, p + "rope.freq_base", 10000.0)),
+            rms_norm_eps=float(_field(r, p + "attention.layer_norm_rms_epsilon", 1e-6)),
+            tie_word_embeddings="output.weight" not in names,
+            max_position_embeddings=int(_field(r, p + "context_length", 4096)),
+            eos_token_ids=(int(eos),) if eos is not None else (),
+            bos_token_id=None if bos is None else int(bos),
+            name=path.stem,
+        )
+    except ValueError as e:  # a value ModelConfig refuses (KV heads that do not divide the heads, ...)
+        raise ValueError(f"{path}: {e}") from e
 
 
 def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:

@@ -693,12 +693,50 @@ def test_a_checkpoint_without_a_tokenizer_says_text_goes_through_bytes(good_dir,
     assert llm.tokenizer.vocab_size == 256
 
 
+def _tiny_gguf(f: Path, drop=(), kv: dict | None = None, tensors: dict | None = None) -> None:
+    """A tiny Llama GGUF (no tokenizer: the config is read first): `drop` metadata, add `kv` (under llama.) and
+    `tensors` (name: shape)."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(f), "llama")
+    meta = {"block_count": 1, "embedding_length": 64, "feed_forward_length": 128, "attention.head_count": 4}
+    meta |= {"attention.head_count_kv": 2, "context_length": 256, "vocab_size": 512}
+    for key, value in meta.items():
+        if key.split(".")[-1] not in drop:
+            w.add_uint32(f"llama.{key}", value)
+    for key, value in (kv or {}).items():
+        (w.add_string if isinstance(value, str) else w.add_uint32)(f"llama.{key}", value)
+    shapes = {"token_embd.weight": (512, 64), "output_norm.weight": (64,), "blk.0.attn_q.weight": (64, 64)}
+    shapes |= {"blk.0.attn_k.weight": (32, 64), "blk.0.attn_v.weight": (32, 64), "blk.0.attn_output.weight": (64, 64)}
+    shapes |= {"blk.0.ffn_gate.weight": (128, 64), "blk.0.ffn_up.weight": (128, 64), "blk.0.ffn_down.weight": (64, 128)}
+    shapes |= {"blk.0.attn_norm.weight": (64,), "blk.0.ffn_norm.weight": (64,)} | (tensors or {})
+    for name, shape in shapes.items():
+        w.add_tensor(name, np.ones(shape, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def broken_gguf(kind: str, tmp: Path) -> tuple[Path, str, str]:
     f = tmp / f"{kind.replace(' ', '_')}.gguf"
     if kind == "random bytes":
         f.write_bytes(os.urandom(4096))
     elif kind == "empty":
         f.write_bytes(b"")
+    elif kind == "GGUF lacking head_count":
+        _tiny_gguf(f, drop=("head_count",))
+        return f, str(f), "GGUF metadata lacks 'llama.attention.head_count'"
+    elif kind == "GGUF with yarn rope":
+        _tiny_gguf(f, kv={"rope.scaling.type": "yarn"})
+        return f, str(f), "GGUF rope scaling 'yarn' is not supported"
+    elif kind == "GGUF with llama3 rope factors":
+        _tiny_gguf(f, tensors={"rope_freqs.weight": (8,)})
+        return f, str(f), "rope_freqs.weight (llama3 rope frequency factors"
+    elif kind == "GGUF with partial rotary":
+        _tiny_gguf(f, kv={"rope.dimension_count": 8})
+        return f, str(f), "partial rotary embeddings (rope over 8 of 16 dims)"
     else:  # "truncated": the real embedded model cut in half
         with open(embedded_default_path(), "rb") as src:
             f.write_bytes(src.read(os.path.getsize(embedded_default_path()) // 2))
@@ -743,7 +781,15 @@ HF_CASES = [
     "index not JSON",
     "tokenizer.json not JSON",
 ]
-GGUF_CASES = ["random bytes", "empty", "truncated"]
+GGUF_CASES = [
+    "random bytes",
+    "empty",
+    "truncated",
+    "GGUF lacking head_count",
+    "GGUF with yarn rope",
+    "GGUF with llama3 rope factors",
+    "GGUF with partial rotary",
+]
 
 
 @pytest.mark.parametrize("kind", HF_CASES + GGUF_CASES)
@@ -768,6 +814,7 @@ def test_broken_model_files_are_named_in_the_error(kind, good_dir, tmp_path):
         "fp8 weights",
         "index lists a missing shard",
         "tokenizer.json not JSON",
+        "GGUF lacking head_count",
     ],
 )
 def test_broken_model_files_exit_2_from_the_cli(kind, good_dir, tmp_path):
