@@ -21,8 +21,9 @@ from engine.cache_paths import cache_root
 from engine.model_config import ModelConfig
 from kernels.cpu_ops import QuantMatrix
 
-FORMAT = 3  # bump when what is stored changes (3: gguf-blocks/)
+FORMAT = 4  # bump when what is stored changes (3: gguf-blocks/; 4: entry.json)
 QUANT_FILE = "gguf-blocks/blocks.safetensors"
+MANIFEST = "entry.json"  # written last: every other file of the entry with its size
 
 
 def enabled() -> bool:
@@ -42,8 +43,37 @@ def lookup(gguf: Path) -> Path | None:
         d = entry(gguf)
     except OSError:
         return None
-    files = ("config.json", "model.safetensors", QUANT_FILE)
-    return d if all((d / f).is_file() for f in files) else None
+    if not d.exists():
+        return None
+    if (why := _damage(d)) is None:
+        return d
+    # A damaged entry (a file cut short or removed since, a disk error) would fail every start, or load without its
+    # tokenizer: it is removed and the GGUF read again (which stores a fresh one).
+    print(f"minisgl: the cached conversion {d} is damaged ({why}); removing it and reading {gguf}", file=sys.stderr)
+    shutil.rmtree(d, ignore_errors=True)
+    return None
+
+
+def _damage(d: Path) -> str | None:
+    """Why the entry at d is not whole (None: it is): its manifest, the files and sizes it lists, the safetensors
+    headers."""
+    from safetensors import safe_open
+
+    try:
+        files = json.loads((d / MANIFEST).read_text())["files"]
+        for name, size in files.items():
+            if (d / name).stat().st_size != size:
+                return f"{name} has {(d / name).stat().st_size} bytes, not {size}"
+        for name in ("config.json", "model.safetensors", QUANT_FILE):
+            if name not in files:
+                return f"no {name}"
+        json.loads((d / "config.json").read_text())
+        for name in ("model.safetensors", QUANT_FILE):
+            with safe_open(str(d / name), "pt"):
+                pass
+    except Exception as e:  # OSError, JSON, a safetensors header: all mean the same here
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def store(
@@ -71,6 +101,8 @@ def store(
         save_file(blocks, str(tmp / QUANT_FILE), metadata={name: q.kind for name, q in quantized.items()} or None)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
+        sizes = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+        (tmp / MANIFEST).write_text(json.dumps({"format": FORMAT, "files": sizes}, indent=1))
         try:
             tmp.rename(final)
         except OSError:  # another process (a tensor-parallel rank) got there first

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+import pytest
 import torch
 
 from engine import weight_cache
@@ -76,3 +78,49 @@ def test_an_entry_without_quantized_blocks_reads_back(tmp_path, monkeypatch):
     entry = weight_cache.store(f, PRESETS["tiny-llama"], {"w": torch.zeros(2)}, None, {})
     assert entry is not None and weight_cache.lookup(f) == entry
     assert weight_cache.load_quantized(entry) == {}
+
+
+def _damage(entry, how: str) -> None:
+    if how == "weights cut short":
+        f = entry / "model.safetensors"
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    elif how == "config.json removed":
+        (entry / "config.json").unlink()
+    elif how == "tokenizer file removed":
+        (entry / "tokenizer.json").unlink()
+    elif how == "manifest missing":
+        (entry / weight_cache.MANIFEST).unlink()
+    else:  # same size, not a safetensors header any more
+        f = entry / "model.safetensors"
+        f.write_bytes(b"\xff" * f.stat().st_size)
+
+
+@pytest.mark.parametrize(
+    "how", ["weights cut short", "config.json removed", "tokenizer file removed", "manifest missing", "garbled header"]
+)
+def test_a_damaged_entry_is_removed_and_the_gguf_read_again(how, tmp_path, monkeypatch, capfd):
+    """A cache entry damaged after it was written used to fail every start (`cannot read .../model.safetensors`),
+    or load without its tokenizer (text through bytes): now it is removed, with a warning, and the GGUF is read."""
+    from engine.model_config import PRESETS
+    from engine.weights import dummy_weights
+    from tests.test_bad_input import _tiny_gguf
+
+    monkeypatch.setenv("MINISGL_WEIGHT_CACHE", "1")
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "c"))
+    f = tmp_path / "m.gguf"
+    _tiny_gguf(f)
+    cfg = PRESETS["tiny-llama"]
+    weights = dict(dummy_weights(cfg, "cpu", torch.float32))
+
+    class Tok:  # what store() asks of a tokenizer
+        def save_pretrained(self, d: str) -> None:
+            (Path(d) / "tokenizer.json").write_text("{}")
+
+    entry = weight_cache.store(f, cfg, weights, Tok(), {})
+    assert entry is not None and weight_cache.lookup(f) == entry
+    capfd.readouterr()
+    _damage(entry, how)
+    loaded = load_model(str(f), torch.device("cpu"), torch.float32, with_tokenizer=False)
+    assert "is damaged" in capfd.readouterr().err
+    assert not entry.exists()
+    assert loaded.cfg.num_layers == 1  # the GGUF's own config (the entry held tiny-llama's two layers)
