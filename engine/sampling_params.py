@@ -36,8 +36,25 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if isinstance(self.stop, tuple):
+            self.stop = list(self.stop)
+        if isinstance(self.stop_token_ids, tuple):
+            self.stop_token_ids = list(self.stop_token_ids)
         if isinstance(self.logit_bias, dict):  # JSON object keys are strings
             self.logit_bias = {_token_id(k): v for k, v in self.logit_bias.items()}
+        # Types first: a string compared below raised a bare TypeError, and ignore_eos="false" was truthy (EOS ignored)
+        numbers = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+        for name in numbers:
+            if not _real(getattr(self, name)):
+                raise ValueError(f"{name} must be a number (got {getattr(self, name)!r})")
+        for name in ("max_tokens", "top_k", "min_tokens"):
+            if not _integer(getattr(self, name)):
+                raise ValueError(f"{name} must be an integer (got {getattr(self, name)!r})")
+        for name in ("ignore_eos", "detokenize"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false (got {getattr(self, name)!r})")
+        if not isinstance(self.stop, list) or not isinstance(self.stop_token_ids, list):
+            raise ValueError(f"stop and stop_token_ids must be lists (got {self.stop!r}, {self.stop_token_ids!r})")
         checks = [
             (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "must be an integer >= 1"),
             (self.temperature >= 0, "temperature", "must be >= 0"),
@@ -64,7 +81,7 @@ class SamplingParams:
                 "must be valid Unicode (a lone UTF-16 surrogate never appears in the text)",
             ),
             (
-                all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+                all(_integer(t) and t >= 0 for t in self.stop_token_ids),
                 "stop_token_ids",
                 "must be non-negative integers",
             ),
@@ -115,6 +132,14 @@ def _unicode(s: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _real(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _integer(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _finite(v: object) -> bool:

@@ -861,3 +861,24 @@ def test_the_cli_defaults_are_the_engines_and_help_imports_no_torch():
     probe += "try:\n    app()\nexcept SystemExit:\n    pass\nassert 'torch' not in sys.modules, 'torch imported'"
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "bench-offline" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"temperature": "0.5"}, "temperature must be a number (got '0.5')"),
+        ({"top_p": None}, "top_p must be a number (got None)"),
+        ({"repetition_penalty": True}, "repetition_penalty must be a number (got True)"),
+        ({"max_tokens": True}, "max_tokens must be an integer (got True)"),
+        ({"min_tokens": 1.0}, "min_tokens must be an integer (got 1.0)"),
+        ({"ignore_eos": "false"}, "ignore_eos must be true or false (got 'false')"),  # truthy: EOS was ignored
+        ({"stop": None}, "stop and stop_token_ids must be lists"),
+        ({"stop_token_ids": [True]}, "stop_token_ids must be non-negative integers"),
+    ],
+)
+def test_sampling_params_of_the_wrong_type_are_refused_by_name(kw, message):
+    """The Python API takes no JSON schema: a string, None or bool where a number goes raised a bare TypeError
+    (or, for ignore_eos="false", was taken as true)."""
+    with pytest.raises(ValueError) as e:
+        SamplingParams(**kw)
+    assert message in str(e.value)
