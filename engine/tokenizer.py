@@ -23,6 +23,11 @@ def check_unicode(text: str, what: str) -> None:
 class Tokenizer:
     """A Hugging Face tokenizer with the few calls the engine needs."""
 
+    # Messages without a chat template: refused for a real tokenizer (there is no right layout to guess, as in vLLM
+    # since transformers dropped default templates); the byte tokenizer of dummy models lays them out as
+    # "role: content" lines, so chats and servers of dummy models run.
+    PLAIN_CHAT = False
+
     def __init__(self, hf: Any, extra_eos: tuple[int, ...] = ()):
         self.hf = hf
         eos = {hf.eos_token_id} if getattr(hf, "eos_token_id", None) is not None else set()
@@ -88,6 +93,11 @@ class Tokenizer:
                 if isinstance(value, str):
                     check_unicode(value, f"messages[{i}].{key}")
         if not self.has_chat_template:
+            if not self.PLAIN_CHAT:
+                raise ValueError(
+                    "this model's tokenizer has no chat template, so its messages have no known layout: send a plain"
+                    " prompt (a completion) instead, or use a model whose tokenizer has one"
+                )
             return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
         prompt: str = self.hf.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True, **template_kwargs
@@ -101,6 +111,8 @@ class Tokenizer:
 class ByteTokenizer(Tokenizer):
     """For dummy-weight models, which ship no tokenizer: ids 0-255 are UTF-8 bytes, others decode to `<id>`, so
     every sampled token streams as its own text delta (a server's inter-token latency stays measurable)."""
+
+    PLAIN_CHAT = True
 
     def __init__(self) -> None:
         self.hf = None

@@ -882,3 +882,19 @@ def test_sampling_params_of_the_wrong_type_are_refused_by_name(kw, message):
     with pytest.raises(ValueError) as e:
         SamplingParams(**kw)
     assert message in str(e.value)
+
+
+def test_messages_need_a_chat_template(smollm):
+    """No template, no guessed layout: a real tokenizer without one refuses messages (vLLM's answer too); the byte
+    tokenizer of dummy models keeps its "role: content" lines so their chats and servers run."""
+    import copy
+
+    from engine.tokenizer import ByteTokenizer, Tokenizer
+
+    chat = [{"role": "user", "content": "hi"}]
+    hf = copy.deepcopy(smollm.tokenizer.hf)
+    hf.chat_template = None
+    with pytest.raises(ValueError, match="no chat template"):
+        Tokenizer(hf).chat_prompt(chat)
+    assert ByteTokenizer().chat_prompt(chat) == "user: hi\nassistant:"
+    assert "<|im_start|>user\nhi<|im_end|>" in smollm.tokenizer.chat_prompt(chat)
