@@ -23,6 +23,9 @@ def register(app: typer.Typer) -> None:
         sweep), beside each run's engine, GPU or device, commit and flags."""
         from rich.console import Console
 
+        from minisgl_cli.report import check_outputs
+
+        check_outputs(plot=plot)
         if plot is not None:
             from minisgl_cli.plots import require_matplotlib
 

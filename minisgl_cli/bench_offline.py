@@ -125,8 +125,9 @@ def register(app: typer.Typer) -> None:
         del flags["ctx"]
         from rich.console import Console
 
-        from minisgl_cli.report import command_flags, environment, write_json
+        from minisgl_cli.report import check_outputs, command_flags, environment, write_json
 
+        check_outputs(json=json_path, plot=plot)
         console = Console()
         engine = engine.lower()
         if engine not in ENGINES:

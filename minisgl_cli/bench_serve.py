@@ -115,6 +115,9 @@ def register(app: typer.Typer) -> None:
         flags.pop("api_key")
         from rich.console import Console
 
+        from minisgl_cli.report import check_outputs
+
+        check_outputs(json=json_path, csv=csv_path, plot=plot)
         console = Console()
         if client_check:
             return _print_client_check(console, json_path)

@@ -117,9 +117,10 @@ def register(app: typer.Typer) -> None:
         flags.update(flags.pop("engine_flags"))
         from rich.console import Console
 
-        from minisgl_cli.report import command_flags, environment, write_json
+        from minisgl_cli.report import check_outputs, command_flags, environment, write_json
         from minisgl_cli.trace_reader import TraceError, read_trace
 
+        check_outputs(json=json_path, plot=plot, step_log=step_log)
         console = Console()
         config = o.engine_config(**flags)
         try:

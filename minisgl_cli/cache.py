@@ -71,6 +71,16 @@ class CacheArchiveError(ValueError):
 def export(dest: Path) -> dict[str, int]:
     """Pack every cache directory that exists into `dest` (tar.gz); returns files per cache."""
     counts: dict[str, int] = {}
+    tmp = dest.with_name(dest.name + ".partial")  # a failed or interrupted export leaves no half archive at dest
+    try:
+        _export_to(tmp, counts)
+        tmp.replace(dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return counts
+
+
+def _export_to(dest: Path, counts: dict[str, int]) -> None:
     with tarfile.open(dest, "w:gz") as tar:
         for loc in locations():
             files = _files(loc.path)
@@ -85,7 +95,6 @@ def export(dest: Path) -> dict[str, int]:
         info = tarfile.TarInfo(MANIFEST)
         info.size, info.mtime = len(raw), int(time.time())
         tar.addfile(info, io.BytesIO(raw))
-    return counts
 
 
 def import_(src: Path) -> tuple[dict[str, int], dict]:
@@ -156,8 +165,10 @@ def register(app: typer.Typer) -> None:
         archive: Annotated[Path, typer.Argument(help="the .tar.gz to write")],
     ) -> None:
         """Pack every cache into one archive, for `minisgl cache import` on a machine of the same kind."""
-        if archive.is_dir():
-            raise typer.BadParameter(f"{archive} is a directory", param_hint="ARCHIVE")
+        from minisgl_cli.report import check_outputs
+
+        check_outputs(ARCHIVE=archive)
+        archive.parent.mkdir(parents=True, exist_ok=True)
         counts = export(archive)
         Console().print(
             f"wrote {archive} ({_size(archive.stat().st_size)}): "

@@ -91,6 +91,49 @@ def environment() -> dict[str, str]:
     return env
 
 
+def output_problem(path: Path) -> str | None:
+    """Why `path` cannot be written as a file (None when it can): a directory given for a file, a parent that is a
+    file, a directory this user cannot write in. A missing parent is fine (it is created when the file is written).
+    Checked before a run starts, so that a run never ends in a traceback that loses its results."""
+    import tempfile
+
+    if path.is_dir():
+        return f"{path} is a directory; give a file name"
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            return f"{path} is not writable"
+        return None
+    parent = path.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"cannot create {path}: {parent} is a file, not a directory"
+    try:  # os.access says yes to root on a read-only file system: try it
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        return f"cannot write in {parent} ({e.strerror or e})"
+    return None
+
+
+def check_outputs(**paths: Path | None) -> None:
+    """Fail with a CLI error (exit 2) naming the flag, before anything runs, when one of the output files given
+    (flag name -> path, e.g. json=Path(...), step_log=...) cannot be written, or two flags name the same file."""
+    import typer
+
+    seen: dict[Path, str] = {}
+    for name, path in paths.items():
+        if path is None:
+            continue
+        flag = name if name.isupper() else "--" + name.replace("_", "-")
+        if why := output_problem(path):
+            raise typer.BadParameter(why, param_hint=flag)
+        key = path.absolute()
+        if key in seen:
+            raise typer.BadParameter(f"{path} is also given to {seen[key]}", param_hint=flag)
+        seen[key] = flag
+
+
 def write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+from pathlib import Path
 
 import pytest
 import typer
@@ -345,3 +346,54 @@ def test_dataset_without_prompts_is_a_clear_error(tmp_path):
     (tmp_path / "d.json").write_text(json.dumps([{"a": 1, "b": "x"}]))
     r = CliRunner().invoke(app, ["bench-offline", *TINY, "--dataset", str(tmp_path / "d.json")])
     assert r.exit_code == 2 and "no 'conversations' or text column" in flat(r.output)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["bench-offline", *TINY],
+        ["bench-trace", str(Path(__file__).parent.parent / "traces" / "qwen_sample.jsonl"), *TINY],
+        ["bench-serve", *TINY],
+    ],
+    ids=["offline", "trace", "serve"],
+)
+@pytest.mark.parametrize("flag", ["--json", "--plot", "--csv", "--step-log"])
+@pytest.mark.parametrize("where", ["dir", "parent-file", "read-only"])
+def test_bad_output_paths_fail_before_the_run(tmp_path, monkeypatch, command, flag, where):
+    if flag == "--csv" and command[0] != "bench-serve" or flag == "--step-log" and command[0] != "bench-trace":
+        pytest.skip("not a flag of this command")
+    import minisgl_cli.options as o
+
+    def no_load(*a, **k):
+        raise AssertionError("the model loaded before the output paths were checked")
+
+    monkeypatch.setattr(o, "load_llm", no_load)
+    (tmp_path / "file").write_text("x")
+    path, message = {
+        "dir": (tmp_path, f"{tmp_path} is a directory"),
+        "parent-file": (tmp_path / "file" / "out", f"{tmp_path / 'file'} is a file, not a directory"),
+        "read-only": (Path("/proc/minisgl-out"), "cannot write in /proc"),
+    }[where]
+    r = CliRunner(env={"COLUMNS": "300"}).invoke(app, [*command, flag, str(path)])
+    assert r.exit_code == 2, r.output + repr(r.exception)
+    out = flat(r.output)
+    assert f"Invalid value for {flag}: " in out and message in out, out
+
+
+def test_bench_compare_and_cache_export_check_their_output_paths(tmp_path):
+    (tmp_path / "file").write_text("x")
+    res = tmp_path / "r.json"
+    res.write_text(json.dumps({"output_throughput": 1.0, "benchmark": "bench-offline"}))
+    runner = CliRunner(env={"COLUMNS": "300"})
+    r = runner.invoke(app, ["bench-compare", str(res), "--plot", str(tmp_path / "file" / "p.png")])
+    assert r.exit_code == 2 and "Invalid value for --plot: cannot create" in flat(r.output), r.output
+    r = runner.invoke(app, ["cache", "export", str(tmp_path)])
+    assert r.exit_code == 2 and f"Invalid value for ARCHIVE: {tmp_path} is a directory" in flat(r.output), r.output
+    r = runner.invoke(app, ["cache", "export", str(tmp_path / "file" / "x.tar.gz")])
+    assert r.exit_code == 2 and "is a file, not a directory" in flat(r.output), r.output
+
+
+def test_one_file_for_two_outputs_is_refused(tmp_path):
+    out = str(tmp_path / "r.json")
+    r = CliRunner().invoke(app, ["bench-offline", *TINY, "--json", out, "--plot", out])
+    assert r.exit_code == 2 and "is also given to --json" in flat(r.output), r.output

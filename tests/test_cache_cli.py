@@ -122,3 +122,12 @@ def test_not_an_archive(caches, tmp_path):
     assert r.exit_code == 2 and "not a cache archive" in flat(r.output)
     r = CliRunner().invoke(app, ["cache", "import", str(tmp_path / "missing.tar.gz")])
     assert r.exit_code == 2 and "does not exist" in flat(r.output)
+
+
+def test_export_creates_a_missing_parent_and_leaves_no_partial_file(caches, tmp_path):
+    fill(caches)
+    archive = tmp_path / "new" / "dir" / "c.tar.gz"
+    r = CliRunner().invoke(app, ["cache", "export", str(archive)])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    assert tarfile.is_tarfile(archive)
+    assert [p.name for p in archive.parent.iterdir()] == ["c.tar.gz"]
