@@ -167,6 +167,11 @@ def register(app: typer.Typer) -> None:
             flags=command_flags(flags),
         )
         console.print(_table(result))
+        if result["partial"]:
+            console.print(
+                f"[yellow]partial results:[/yellow] interrupted after {result['completed'] + result['failed']:,} of "
+                f"{result['planned_requests']:,} requests finished (those in flight are not counted)"
+            )
         if json_path is not None:
             write_json(json_path, result)
             console.print(f"results written to {json_path}")
@@ -175,6 +180,8 @@ def register(app: typer.Typer) -> None:
 
             plot_timeline(results, plot, f"bench-trace {trace.name} -> {result.get('url') or result['model']}")
             console.print(f"plot written to {plot}")
+        if result["partial"]:
+            raise typer.Exit(130)  # Ctrl-C's status, once the partial results are out
 
 
 def plan(window, vocab: int, context: int, flags: dict[str, Any]) -> Plan:
@@ -215,7 +222,7 @@ def _run_local(config: EngineConfig, window, flags: dict[str, Any], quiet: bool)
     from engine.async_llm import AsyncLLM
     from minisgl_cli.gpu_busy import GpuBusy
     from minisgl_cli.live_view import LiveView
-    from minisgl_cli.replay import LiveCounters, drive, local_sender
+    from minisgl_cli.replay import LiveCounters, drive_or_interrupted, local_sender
 
     # Tensor parallelism: under torchrun the follower ranks branch off right after this load (rank 0 goes on).
     llm = o.load_llm(config, quiet=quiet)
@@ -231,28 +238,39 @@ def _run_local(config: EngineConfig, window, flags: dict[str, Any], quiet: bool)
             f"stays below the trace's bound (pick --length-scale / --page-size to match)"
         )
     engine = AsyncLLM(llm)
-    try:
-        if flags["step_log"]:
-            engine.call(lambda x: setattr(x.engine, "step_records", []))
-        before = engine.call(lambda x: x.metrics())
-        live = LiveCounters()
-        with LiveView("replaying", len(p.items), live, quiet), GpuBusy(e.device) as busy:
-            results = asyncio.run(
-                drive(
-                    p.items, local_sender(engine, flags["temperature"], token_stream=flags["token_stream"]), live=live
-                )
-            )
-            duration = time.perf_counter() - live.started
-        after = engine.call(lambda x: x.metrics())
-        if flags["step_log"]:
-            from engine.step_log import write_step_log
+    if flags["step_log"]:
+        engine.call(lambda x: setattr(x.engine, "step_records", []))
+    before = engine.call(lambda x: x.metrics())
+    live = LiveCounters()
 
-            write_step_log(engine.call(lambda x: x.engine.step_records or []), flags["step_log"])
-    finally:
-        engine.shutdown()
+    async def main():
+        # The engine shuts down in here, while the loop its streams deliver to still runs (after a Ctrl-C too).
+        try:
+            send = local_sender(engine, flags["temperature"], token_stream=flags["token_stream"])
+            return await drive_or_interrupted(p.items, send, live)
+        finally:
+            # The requests a Ctrl-C cut off are aborted: the engine's counters then cover what was replayed.
+            after = engine.call(lambda x: x.metrics())
+            records = engine.call(lambda x: x.engine.step_records or []) if flags["step_log"] else None
+            engine.shutdown()
+            state.update(after=after, records=records)
+
+    state: dict[str, Any] = {}
+    with LiveView("replaying", len(p.items), live, quiet), GpuBusy(e.device) as busy:
+        try:
+            results, interrupted = asyncio.run(main())
+        finally:
+            if "after" not in state:  # main never ran its finally (an error before it started)
+                engine.shutdown()
+        duration = time.perf_counter() - live.started
+    after = state["after"]
+    if flags["step_log"]:
+        from engine.step_log import write_step_log
+
+        write_step_log(state["records"], flags["step_log"])
     d_prompt = after.prompt_tokens - before.prompt_tokens
     hit_rate = (after.cache_hit_tokens - before.cache_hit_tokens) / d_prompt if d_prompt else None
-    out = summarize(results, duration, p, hit_rate)
+    out = summarize(results, duration, p, hit_rate, interrupted)
     out.update(
         mode="in-process",
         **llm.describe(),
@@ -281,7 +299,7 @@ def _run_vllm(config: EngineConfig, window, flags: dict[str, Any], quiet: bool) 
     from minisgl_cli.gpu_busy import GpuBusy
     from minisgl_cli.live_view import LiveView
     from minisgl_cli.peers import PeerUnavailable
-    from minisgl_cli.replay import LiveCounters, drive
+    from minisgl_cli.replay import LiveCounters, drive_or_interrupted
     from minisgl_cli.vllm_peer import VllmAsyncPeer
 
     async def main():
@@ -299,16 +317,16 @@ def _run_vllm(config: EngineConfig, window, flags: dict[str, Any], quiet: bool) 
             p = plan(window, flags["vocab_size"] or peer.model_config.vocab_size, context, flags)
             live = LiveCounters()
             with LiveView("replaying", len(p.items), live, quiet), GpuBusy(config.torch_device()) as busy:
-                results = await drive(p.items, peer.sender(flags["temperature"]), live=live)
+                results, interrupted = await drive_or_interrupted(p.items, peer.sender(flags["temperature"]), live)
                 duration = time.perf_counter() - live.started
         finally:
             peer.close()
-        return info, pool, startup, p, results, duration, busy.share
+        return info, pool, startup, p, results, duration, busy.share, interrupted
 
-    info, pool, startup, p, results, duration, gpu_busy = asyncio.run(main())
+    info, pool, startup, p, results, duration, gpu_busy, interrupted = asyncio.run(main())
     prompt = sum(r.input_len for r in results if r.ok)
     hits = sum(r.cache_hit_tokens or 0 for r in results if r.ok)
-    out = summarize(results, duration, p, hits / prompt if prompt else None)
+    out = summarize(results, duration, p, hits / prompt if prompt else None, interrupted)
     out.update(mode="in-process", **info, engine="vllm", kv_pool_tokens=pool, startup_seconds=startup)
     out["gpu"] = _gpu_name(config.torch_device())
     out["gpu_busy"] = gpu_busy
@@ -331,7 +349,7 @@ def _run_url(config: EngineConfig, window, flags: dict[str, Any], quiet: bool) -
     from minisgl_cli.replay import (
         LiveCounters,
         cache_hit_rate,
-        drive,
+        drive_or_interrupted,
         scrape_metrics,
         served_model,
         url_sender,
@@ -366,23 +384,30 @@ def _run_url(config: EngineConfig, window, flags: dict[str, Any], quiet: bool) -
             before = await scrape_metrics(client)
             live = LiveCounters()
             with LiveView("replaying", len(p.items), live, quiet):
-                results = await drive(p.items, url_sender(client, name, flags["temperature"]), live=live)
+                results, interrupted = await drive_or_interrupted(
+                    p.items, url_sender(client, name, flags["temperature"]), live
+                )
                 duration = time.perf_counter() - live.started
             after = await scrape_metrics(client)
-            return name, engine, results, duration, cache_hit_rate(before, after)
+            return name, engine, results, duration, cache_hit_rate(before, after), interrupted
 
-    name, engine, results, duration, hit_rate = asyncio.run(main())
-    out = summarize(results, duration, p, hit_rate)
+    name, engine, results, duration, hit_rate, interrupted = asyncio.run(main())
+    out = summarize(results, duration, p, hit_rate, interrupted)
     out.update(mode="url", url=flags["url"], model=name, engine=engine)
     out.update(client_usage(out, results, check.tok_per_s if check else None), client_check=check and check.as_dict())
     return out, results
 
 
-def summarize(results, duration: float, p: Plan, cache_hit_rate: float | None) -> dict[str, Any]:
+def summarize(
+    results, duration: float, p: Plan, cache_hit_rate: float | None, interrupted: bool = False
+) -> dict[str, Any]:
     from minisgl_cli.run_figures import summarize as figures
 
     out = figures(results, duration, e2e_name="e2e_latency")
     out.update(
+        planned_requests=len(p.items),
+        partial=interrupted,
+        stopped="interrupted" if interrupted else None,
         cache_hit_rate=cache_hit_rate,
         trace_cache_hit_upper_bound=p.upper_bound,
         block_size=p.trace.block_size,

@@ -157,6 +157,17 @@ async def _drive(
     return list(await asyncio.gather(*(one(i) for i in items)))
 
 
+async def drive_or_interrupted(
+    items: list[ReplayItem], send: Sender, live: LiveCounters, **kwargs
+) -> tuple[list[RequestResult], bool]:
+    """`drive`, or, when Ctrl-C cancels it (asyncio.run cancels its main task on SIGINT), the requests finished by
+    then and True: the caller reports them as partial results rather than losing the run."""
+    try:
+        return await drive(items, send, live=live, **kwargs), False
+    except asyncio.CancelledError:
+        return sorted(live.done, key=lambda r: r.index), True
+
+
 def failure(e: BaseException, timeout: float | None = None) -> str:
     if isinstance(e, TimeoutError):
         return f"TimeoutError: no answer within {timeout:g} s" if timeout else "TimeoutError"

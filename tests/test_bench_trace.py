@@ -192,3 +192,33 @@ def test_url_mode_against_minisgl_serve(tmp_path):
         check_latencies(res)
         # The server's /metrics counters give the hit rate of exactly this replay.
         assert 0.1 < res["cache_hit_rate"] <= res["trace_cache_hit_upper_bound"]
+
+
+def test_ctrl_c_keeps_the_finished_requests_as_partial_results(tmp_path):
+    """SIGINT mid-replay: the requests finished so far are reported and written (partial), no traceback, exit 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "t.json"
+    cmd = [sys.executable, "-m", "minisgl_cli", "bench-trace", str(TRACES / "qwen_1000.jsonl"), *TINY]
+    env = {**os.environ, "PYTHONPATH": str(TRACES.parent)}
+    p = subprocess.Popen(
+        [*cmd, "--json", str(out)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores SIGINT
+    )
+    time.sleep(10)  # the load, then a few seconds of the trace's real-time arrivals
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == 130, stdout + stderr
+    assert "Traceback" not in stderr, stderr
+    assert "partial results: interrupted" in flat(stdout)
+    res = json.loads(out.read_text())
+    assert res["partial"] and res["stopped"] == "interrupted"
+    assert 0 < res["completed"] < res["planned_requests"] == 1000
