@@ -34,6 +34,13 @@ def register(app: typer.Typer) -> None:
         console = Console()
         console.print(_runs_table(runs))
         console.print(_figures_table(runs))
+        for what, key in (("benchmarks", "kind"), ("models", "model")):
+            values = list(dict.fromkeys(str(r[key]) for r in runs))
+            if len(values) > 1:
+                console.print(
+                    f"[yellow]note:[/yellow] these runs are of different {what} ({', '.join(values)}): their figures "
+                    "are not like for like"
+                )
         if plot is not None:
             from minisgl_cli.plots import plot_compare
 
@@ -41,14 +48,24 @@ def register(app: typer.Typer) -> None:
             console.print(f"plot written to {plot}")
 
 
+KINDS = ("bench-serve", "bench-trace", "bench-offline")
+OTHER_SERVE = "serving (vLLM/SGLang)"  # `vllm bench serve` / SGLang bench_serving --save-result files
+
+
 def _kind(d: dict[str, Any]) -> str:
     if "benchmark" in d:
-        return d["benchmark"]
+        return str(d["benchmark"])
     if "sweep" in d:
         return "bench-serve"
     if "trace" in d:
         return "bench-trace"
-    return "bench-offline" if "workload" in d and "num_seqs" in (d.get("workload") or {}) else "unknown"
+    if "workload" in d and "num_seqs" in (d.get("workload") or {}):
+        return "bench-offline"
+    return OTHER_SERVE if "backend" in d or "model_id" in d else "unknown"
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _figures(d: dict[str, Any]) -> dict[str, Any]:
@@ -76,17 +93,30 @@ def load_run(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise typer.BadParameter(f"cannot read {path}: {e}", param_hint="FILES") from e
     if not isinstance(d, dict) or "output_throughput" not in d and not d.get("sweep"):
+        other = f" (a {d['benchmark']} result)" if isinstance(d, dict) and "benchmark" in d else ""
         raise typer.BadParameter(
-            f"{path} is not a bench-serve, bench-trace or bench-offline result (no output_throughput or sweep)",
+            f"{path} is not a bench-serve, bench-trace or bench-offline result{other} (no output_throughput or sweep)",
             param_hint="FILES",
         )
     kind = _kind(d)
-    rows = [_figures(r) for r in d["sweep"]] if kind == "bench-serve" else [_figures(d)]
+    sweep = d.get("sweep")
+    if sweep is not None and (not isinstance(sweep, list) or not sweep or not all(isinstance(r, dict) for r in sweep)):
+        raise typer.BadParameter(f"{path}: 'sweep' must be a non-empty list of load points", param_hint="FILES")
+    rows = [_figures(r) for r in sweep] if sweep else [_figures(d)]
+    for i, row in enumerate(rows):
+        if not _is_number(row.get("output_throughput")):
+            where = f"sweep[{i}]" if sweep else "the result"
+            raise typer.BadParameter(
+                f"{path}: {where} has no numeric output_throughput (got {row.get('output_throughput')!r})",
+                param_hint="FILES",
+            )
     env = d.get("environment") or {}
     flags = d.get("flags") or {}
     defaults = _defaults(kind)
     shown = [f"--{k.replace('_', '-')} {v}" for k, v in flags.items() if k not in FLAG_SKIP and v != defaults.get(k)]
     engine = d.get("engine") or ("minisgl" if d.get("mode") == "in-process" else None)
+    if kind == OTHER_SERVE:
+        engine = engine or d.get("backend")
     where = d.get("url") or d.get("device") or "?"
     return {
         "name": d.get("label") or f"{path.stem} ({engine or where})",

@@ -124,3 +124,33 @@ def test_compare_single_runs_and_bad_files(tmp_path):
     assert r.exit_code == 2 and "is not a bench-serve, bench-trace or bench-offline result" in flat(r.output)
     r = CliRunner().invoke(app, ["bench-compare", str(tmp_path / "missing.json")])
     assert r.exit_code == 2 and "cannot read" in flat(r.output)
+
+
+def test_malformed_results_are_refused_by_name(tmp_path):
+    cases = {
+        "text.json": ("throughput: fast", "cannot read"),
+        "string.json": ({"output_throughput": "fast"}, "has no numeric output_throughput (got 'fast')"),
+        "sweep_str.json": ({"sweep": "abc"}, "'sweep' must be a non-empty list of load points"),
+        "sweep_row.json": ({"sweep": [{"load": "rate 1"}]}, "sweep[0] has no numeric output_throughput"),
+        "client.json": ({"benchmark": "client-check", "tok_per_s": 5.0}, "(a client-check result)"),
+    }
+    for name, (content, message) in cases.items():
+        path = tmp_path / name
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+        r = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["bench-compare", str(path)])
+        assert r.exit_code == 2 and message in flat(r.output), (name, r.output, r.exception)
+
+
+def test_a_vllm_result_and_runs_of_different_kinds(tmp_path):
+    vllm = tmp_path / "vllm.json"  # the fields `vllm bench serve --save-result` writes
+    vllm.write_text(json.dumps({"backend": "vllm", "model_id": "Qwen/Qwen3-0.6B", "output_throughput": 900.0}))
+    serve = tmp_path / "serve.json"
+    serve.write_text(json.dumps({"benchmark": "bench-serve", "model_id": "Qwen/Qwen3-0.6B", "output_throughput": 5.0}))
+    off = tmp_path / "off.json"
+    off.write_text(json.dumps({"benchmark": "bench-offline", "model": "tiny-llama", "output_throughput": 7.0}))
+    out = run("bench-compare", str(vllm), str(serve))
+    assert "serving (vLLM/SGLang) vllm Qwen/Qwen3-0.6B" in out and "not like for like" in out
+    assert "different benchmarks (serving (vLLM/SGLang), bench-serve)" in out
+    assert "different models" not in out
+    out = run("bench-compare", str(serve), str(off))
+    assert "different benchmarks (bench-serve, bench-offline)" in out and "different models" in out
