@@ -91,11 +91,23 @@ def read_dataset_prompts(path: Path, limit: int) -> list[str]:
     try:
         ds = load_dataset(kind, data_files=str(path), split="train")
     except Exception as e:
-        raise ValueError(f"cannot read dataset {path}: {e}") from e
+        root: BaseException = e  # datasets wraps the parser's error in "An error occurred while generating ..."
+        while root.__cause__ is not None or root.__context__ is not None:
+            root = root.__cause__ or root.__context__  # type: ignore[assignment]
+        why = str(e) if root is e else f"{e}: {type(root).__name__}: {root}"
+        hint = " (expected JSON lines, or a JSON list, of objects)" if kind == "json" else ""
+        raise ValueError(f"cannot read dataset {path}: {why}{hint}") from e
     if "conversations" in ds.column_names:
 
         def first_turn(conv) -> str:
+            if conv is not None and not isinstance(conv, list):
+                raise ValueError(
+                    f"dataset {path}: 'conversations' must be a list of turns ({{'from' or 'role', 'value' or "
+                    f"'content'}}), got {type(conv).__name__} {str(conv)[:40]!r}"
+                )
             for turn in conv or []:
+                if not isinstance(turn, dict):
+                    raise ValueError(f"dataset {path}: a 'conversations' turn must be an object, got {turn!r:.40}")
                 role = turn.get("from", turn.get("role"))
                 if role in ("human", "user"):
                     return str(turn.get("value", turn.get("content")) or "")

@@ -397,3 +397,20 @@ def test_one_file_for_two_outputs_is_refused(tmp_path):
     out = str(tmp_path / "r.json")
     r = CliRunner().invoke(app, ["bench-offline", *TINY, "--json", out, "--plot", out])
     assert r.exit_code == 2 and "is also given to --json" in flat(r.output), r.output
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("broken.jsonl", '{"prompt": "hi"', "Unexpected character found"),  # the parser's words, not only datasets'
+        ("conv.jsonl", '{"conversations": "hello"}', "'conversations' must be a list of turns"),
+        ("turns.jsonl", '{"conversations": [["human", "hi"]]}', "a 'conversations' turn must be an object"),
+    ],
+)
+def test_malformed_datasets_are_clear_errors(tmp_path, name, text, message):
+    (tmp_path / name).write_text(text + "\n")
+    r = CliRunner(env={"COLUMNS": "300"}).invoke(
+        app, ["bench-offline", *TINY, "--num-seqs", "2", "--dataset", str(tmp_path / name)]
+    )
+    assert r.exit_code == 2, r.output + repr(r.exception)
+    assert "Invalid value for --dataset" in flat(r.output) and message in flat(r.output)
