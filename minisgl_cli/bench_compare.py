@@ -125,7 +125,7 @@ def load_run(path: Path) -> dict[str, Any]:
         "engine": engine,
         "model": d.get("model_id") or d.get("model"),
         "gpu": d.get("gpu") or where,
-        "commit": env.get("commit"),
+        "commit": (env.get("commit") or "") + (" (dirty)" if env.get("dirty") else "") or None,
         "flags": " ".join(shown),
         "partial": bool(d.get("partial")),
         "rows": rows,

@@ -61,11 +61,12 @@ def kv_table(title: str, rows: Sequence[tuple[Any, ...]], columns: Sequence[str]
     return table
 
 
-def environment() -> dict[str, str]:
-    """Versions and the git commit, so a stored result says what produced it."""
+def environment() -> dict[str, Any]:
+    """Versions, the git commit (and whether the tree had changes), the platform and the command line, so a stored
+    result says what produced it and how to run it again."""
     import torch
 
-    env = {"python": platform.python_version(), "torch": torch.__version__}
+    env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__}
     try:
         import transformers
 
@@ -88,7 +89,43 @@ def environment() -> dict[str, str]:
             )
         except (OSError, subprocess.SubprocessError):
             env["commit"] = "unknown"
+    env["dirty"] = _dirty() if not os.environ.get("MINISGL_COMMIT") else None
+    try:
+        from importlib import metadata
+
+        env["minisgl"] = metadata.version("minisgl")
+    except Exception:  # not installed as a package (PYTHONPATH=.)
+        pass
+    env["platform"] = platform.platform()
+    env["cpu_count"] = os.cpu_count()
+    env["command"] = command_line()
     return env
+
+
+def _dirty() -> bool | None:
+    """Whether the tree has uncommitted changes to tracked files (the commit alone does not say what ran)."""
+    try:
+        r = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(r.stdout.strip()) if r.returncode == 0 else None
+
+
+def command_line() -> str | None:
+    """The command as typed (`minisgl ...`, or `python -m minisgl_cli ...`), to run it again; None when the
+    command was invoked some other way (a test's CliRunner)."""
+    import shlex
+    import sys
+
+    if Path(sys.argv[0]).name not in ("minisgl", "__main__.py"):
+        return None
+    return shlex.join(["minisgl", *sys.argv[1:]])
 
 
 def output_problem(path: Path) -> str | None:

@@ -222,3 +222,7 @@ def test_ctrl_c_keeps_the_finished_requests_as_partial_results(tmp_path):
     res = json.loads(out.read_text())
     assert res["partial"] and res["stopped"] == "interrupted"
     assert 0 < res["completed"] < res["planned_requests"] == 1000
+    # what a stored result needs to be run again
+    env = res["environment"]
+    assert env["command"].startswith("minisgl bench-trace ") and "--json" in env["command"]
+    assert isinstance(env["dirty"], bool) and env["platform"] and env["cpu_count"] >= 1
