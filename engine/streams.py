@@ -40,8 +40,13 @@ class RequestStream:
         deliver = self._q.put_nowait if self._sink is None else self._sink
         if self._loop is None or asyncio._get_running_loop() is self._loop:
             deliver(item)
-        else:
+            return
+        try:
             self._loop.call_soon_threadsafe(deliver, item)
+        except RuntimeError:
+            if not self._loop.is_closed():
+                raise
+            # The consumer's loop has ended (an engine shutting down after its caller): nobody is left to read it.
 
     def __iter__(self) -> Iterator[RequestOutput]:
         assert isinstance(self._q, queue.Queue), "created for asyncio: use `async for`"

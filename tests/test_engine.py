@@ -480,3 +480,16 @@ def test_piecewise_graph_sizes_pad_little():
         for t in range(1, limit + 1):
             s = next(x for x in sizes if x >= t)
             assert s <= max(16, 2 * t) if t <= 256 else s <= 1.25 * t, (limit, t, s)
+
+
+def test_a_stream_whose_consumer_loop_has_closed_takes_outputs_quietly():
+    """An engine that shuts down after its caller's event loop closed (bench-trace on Ctrl-C) still tells each open
+    stream: with nobody left to read, that is not an error ("Event loop is closed" raised in the engine thread)."""
+    import asyncio
+
+    from engine.streams import END, RequestStream
+
+    loop = asyncio.new_event_loop()
+    stream = RequestStream("r", [1], loop)
+    loop.close()
+    stream.put(END)  # no RuntimeError
