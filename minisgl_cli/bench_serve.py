@@ -178,6 +178,8 @@ def _parse_load(flags: dict[str, Any]):
         raise typer.BadParameter(
             f"must be one of {', '.join(ARRIVALS)} (got {flags['arrival']!r})", param_hint="--arrival"
         )
+    if flags["arrival"] == "constant" and flags["burstiness"] != 1.0:
+        raise typer.BadParameter("shapes Poisson (gamma) gaps; --arrival constant has none", param_hint="--burstiness")
     if flags["endpoint"] not in ("completions", "chat"):
         raise typer.BadParameter(f"must be completions or chat (got {flags['endpoint']!r})", param_hint="--endpoint")
     if flags["prompt_format"] not in ("ids", "text"):
@@ -353,7 +355,11 @@ def _run_sweep(
     if not rows:
         console.print(f"[red]error:[/red] no load point finished ({stopped or 'nothing ran'})")
         raise typer.Exit(1)
-    mark_knee(rows)
+    if len({r["request_rate"] for r in rows}) == 1 or len({r["max_concurrency"] for r in rows}) == 1:
+        mark_knee(rows)
+    else:  # a grid of rates x concurrencies: its loads are no one line along which a knee means anything
+        for row in rows:
+            row["knee"], row["knee_reason"] = False, None
     return _result(target, rows, singles, slo, flags, check, served, stopped)
 
 

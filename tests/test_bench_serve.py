@@ -118,6 +118,18 @@ def test_measures_what_the_mock_was_told(tmp_path, mock):
     assert res["completed"] == 30 and res["goodput_fraction"] == 0 and res["request_goodput"] == 0
 
 
+@pytest.mark.parametrize("mock", [MockConfig(ttft=0.01, tpot=0.002)], indirect=True)
+def test_a_grid_of_rates_and_concurrencies_marks_no_knee_and_burstiness_needs_poisson(tmp_path, mock):
+    """The knee is found along one line of loads; a rate x concurrency grid is no line (sorted by rate, then
+    concurrency, its "knee" meant nothing). --burstiness shapes Poisson gaps: beside --arrival constant it is refused,
+    not ignored."""
+    args = ["--url", mock, *URL_FLAGS, "--num-requests", "6", "--output-len", "4:4", "--warmup", "0"]
+    res, _ = bench(tmp_path, *args, "--rate", "50,100", "--max-concurrency", "1,2")
+    assert len(res["sweep"]) == 4 and not any(r["knee"] for r in res["sweep"])
+    _, out = bench(tmp_path, *args, "--rate", "10", "--arrival", "constant", "--burstiness", "0.5", code=2)
+    assert "Poisson" in out and "--burstiness" in out
+
+
 @pytest.mark.parametrize("mock", [MockConfig(ttft=0.02, tpot=0.005, capacity=2)], indirect=True)
 def test_concurrency_sweep_finds_the_knee(tmp_path, mock):
     # The mock serves 2 streams at once (~70 ms each): concurrency 2 doubles the throughput of 1, 6 adds nothing
