@@ -9,7 +9,6 @@ import sqlite3
 import subprocess
 
 import pytest
-from textual.screen import Screen
 from textual.widgets import Input, OptionList
 
 from minisgl_cli.chat import resume_flag
@@ -32,6 +31,15 @@ def tiny():
 @pytest.fixture
 def db(tmp_path):
     return tmp_path / "chat.db"
+
+
+async def open_sessions(app: ChatApp, pilot) -> SessionsScreen:
+    """ctrl+o, then the saved-chats list once it is up."""
+    await pilot.press("ctrl+o")
+    await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="sessions list")
+    screen = app.screen
+    assert isinstance(screen, SessionsScreen)
+    return screen
 
 
 def test_default_db_is_under_xdg_data_home(private_data_dir):
@@ -199,10 +207,7 @@ def test_sessions_list_opens_renames_and_deletes(tiny, db):
     async def scenario(app: ChatApp, pilot) -> None:
         await send(pilot, "hello")
         await idle(app, pilot)
-        await pilot.press("ctrl+o")
-        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="sessions list")
-        screen = app.screen
-        assert isinstance(screen, SessionsScreen)
+        screen = await open_sessions(app, pilot)
         assert [i.title for i in screen.infos] == ["hello", "beta chat", "alpha chat"]  # newest first
         await pilot.press("d")  # the open chat cannot be deleted
         assert "this is the open chat" in notices(app)[-1]
@@ -307,17 +312,14 @@ def test_titles_with_brackets_show_as_typed_in_the_sessions_list(tiny, db):
     """A title is text, never markup: `[/x]` once crashed the app at ctrl+o (and at every ctrl+o after, as the title
     was saved), and `arr[i]` showed as `arr` in italics."""
 
-    def shown(screen: Screen) -> str:
+    def shown(screen: SessionsScreen) -> str:
         box = screen.query_one(OptionList)
         return "\n".join(box.render_line(y).text for y in range(box.size.height))
 
     async def scenario(app: ChatApp, pilot) -> None:
         await send(pilot, "[/x] what is 2+2?")
         await idle(app, pilot)
-        await pilot.press("ctrl+o")
-        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="sessions list")
-        screen = app.screen
-        assert isinstance(screen, SessionsScreen)
+        screen = await open_sessions(app, pilot)
         await pilot.pause()
         assert "[/x] what is 2+2?" in shown(screen)
         for title in ("[/oops] renamed", "arr[i]"):
@@ -332,10 +334,9 @@ def test_titles_with_brackets_show_as_typed_in_the_sessions_list(tiny, db):
         await pilot.pause()
         assert app.session.title == "[b]bold[/b] and [/unclosed]"
         assert "[b]bold[/b] and [/unclosed]" in notices(app)[-1]
-        await pilot.press("ctrl+o")
-        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), what="sessions list again")
+        screen = await open_sessions(app, pilot)
         await pilot.pause()
-        assert "[b]bold[/b] and [/unclosed]" in shown(app.screen)
+        assert "[b]bold[/b] and [/unclosed]" in shown(screen)
 
     run_app(tiny, scenario, ChatStore(db), max_tokens=2)
 
