@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 MAX_LOGPROBS = 20  # most alternatives per position (vLLM's default --max-logprobs; OpenAI's top_logprobs limit)
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
@@ -56,7 +57,7 @@ class SamplingParams:
         if not isinstance(self.stop, list) or not isinstance(self.stop_token_ids, list):
             raise ValueError(f"stop and stop_token_ids must be lists (got {self.stop!r}, {self.stop_token_ids!r})")
         checks = [
-            (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "must be an integer >= 1"),
+            (self.max_tokens >= 1, "max_tokens", "must be an integer >= 1"),
             (self.temperature >= 0, "temperature", "must be >= 0"),
             (
                 isinstance(self.top_k, int) and -1 <= self.top_k < 2**63,
@@ -134,7 +135,7 @@ def _unicode(s: str) -> bool:
     return True
 
 
-def _real(v: object) -> bool:
+def _real(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -143,7 +144,7 @@ def _integer(v: object) -> bool:
 
 
 def _finite(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return _real(v) and math.isfinite(v)
 
 
 def _logprob_count(k: object) -> bool:
