@@ -250,10 +250,10 @@ def tiny():
         ),
         (
             CH,
-            {"messages": MSG, "stream": True, "stream_options": {"continuous_usage_stats": True}},
+            {"messages": MSG, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
             "stream_options",
-            "unsupported_parameter",
-            "stream_options.continuous_usage_stats=True is not supported",
+            None,
+            "Stream options can only be defined when stream=True",
         ),
         (
             C,

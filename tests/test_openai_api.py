@@ -1,8 +1,8 @@
 """The OpenAI API fields evaluation harnesses and clients send, against `minisgl serve` over the real SmolLM2 in fp32,
 through the official openai client: log-probabilities equal to log_softmax of Hugging Face transformers' logits on
 the same tokens (chat and completions, streamed and not), echo with max_tokens 0, lists of prompts, n and best_of
-(the prompt prefilled once), logit_bias, min_tokens and stop_token_ids. Bad values of these fields are in
-tests/test_serve.py's BAD and tests/test_bad_input.py."""
+(the prompt prefilled once), streamed usage (stream_options), logit_bias, min_tokens and stop_token_ids. Bad values
+of these fields are in tests/test_serve.py's BAD and tests/test_bad_input.py."""
 
 from __future__ import annotations
 
@@ -192,6 +192,99 @@ def test_a_list_of_prompts_equals_single_requests(server):
         for c in chunk.choices:
             streamed[c.index] += c.text
     assert streamed == [s.choices[0].text for s in singles]
+
+
+# ---- stream_options.continuous_usage_stats ------------------------------------------------------------------------
+
+CONTINUOUS = {"include_usage": True, "continuous_usage_stats": True}
+
+
+def _stream(client, chat: bool, **kw) -> list:
+    if chat:
+        return list(client.chat.completions.create(messages=CHAT, stream=True, **kw))
+    return list(client.completions.create(prompt="The three primary colors are", stream=True, **kw))
+
+
+def _create(client, chat: bool, **kw):
+    if chat:
+        return client.chat.completions.create(messages=CHAT, **kw)
+    return client.completions.create(prompt="The three primary colors are", **kw)
+
+
+def _tokens_in(choice, chat: bool) -> int:
+    """The tokens a streamed choice's chunk carries, counted by its log-probabilities (one entry a token)."""
+    if choice.logprobs is None:
+        return 0
+    return len(choice.logprobs.content or []) if chat else len(choice.logprobs.tokens or [])
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
+def test_continuous_usage_stats_put_each_choices_usage_so_far_on_every_chunk(server, chat, n):
+    """vLLM's stream_options.continuous_usage_stats: every chunk carries the usage of its own choice so far (per
+    choice, not summed over the n), and the last usage-only chunk the totals, which equal the unstreamed answer's."""
+    client = server.openai()
+    kw = dict(model="smollm", max_tokens=10, temperature=1.0, seed=3, n=n)
+    whole = _create(client, chat, **kw).usage
+    # logprobs: every output of the engine is a chunk, so the tokens chunks carry count what the usage says
+    lp = dict(logprobs=True, top_logprobs=0) if chat else dict(logprobs=0)
+    chunks = _stream(client, chat, stream_options=CONTINUOUS, **kw, **lp)
+    *content, last = chunks
+    final = last.usage
+    assert last.choices == []
+    assert (final.prompt_tokens, final.completion_tokens, final.total_tokens) == (
+        whole.prompt_tokens,
+        whole.completion_tokens,
+        whole.total_tokens,
+    )
+    seen = {i: [] for i in range(n)}
+    carried = dict.fromkeys(range(n), 0)
+    for c in content:
+        (choice,) = c.choices
+        u = c.usage
+        assert u is not None and u.prompt_tokens == whole.prompt_tokens
+        assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+        carried[choice.index] += _tokens_in(choice, chat)
+        assert u.completion_tokens == carried[choice.index]  # this choice's tokens sent so far, no other's
+        seen[choice.index].append(u.completion_tokens)
+    for i, counts in seen.items():
+        assert counts == sorted(counts) and counts[-1] > 0, (i, counts)
+        if chat:
+            assert counts[0] == 0  # the role chunk, before any token
+    assert sum(counts[-1] for counts in seen.values()) == final.completion_tokens
+    if n == 2:  # per choice: each choice's own count ends below the total
+        assert all(0 < counts[-1] < final.completion_tokens for counts in seen.values())
+    else:
+        assert seen[0][-1] == final.completion_tokens
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
+def test_stream_usage_follows_include_usage_as_vllm(server, chat):
+    """include_usage absent beside continuous_usage_stats: true is taken as true (vLLM's default); an explicit
+    false turns all usage off (vLLM ignores continuous_usage_stats then); without continuous_usage_stats only the
+    last chunk carries usage, and without stream_options none does."""
+    client = server.openai()
+    kw = dict(model="smollm", max_tokens=6, temperature=0)
+    plain = _stream(client, chat, **kw)
+    assert all(c.usage is None for c in plain)
+
+    def text(chunks) -> str:
+        return "".join((ch.delta.content or "") if chat else ch.text for c in chunks for ch in c.choices)
+
+    implied = _stream(client, chat, stream_options={"continuous_usage_stats": True}, **kw)
+    *content, last = implied
+    assert last.choices == [] and last.usage.completion_tokens == 6
+    counts = [c.usage.completion_tokens for c in content]  # without logprobs: chunks of text only
+    assert counts == sorted(counts) and (counts[0] == 0) == chat  # chat's role chunk comes before any token
+    assert counts[-1] == 6 and all(
+        c.usage.total_tokens == last.usage.prompt_tokens + k for c, k in zip(content, counts)
+    )
+    off = _stream(client, chat, stream_options={"include_usage": False, "continuous_usage_stats": True}, **kw)
+    assert all(c.usage is None and c.choices for c in off)
+    final_only = _stream(client, chat, stream_options={"include_usage": True}, **kw)
+    *content, last = final_only
+    assert all(c.usage is None for c in content) and last.choices == [] and last.usage.completion_tokens == 6
+    assert text(plain) == text(implied) == text(off) == text(final_only)
 
 
 # ---- logit_bias, min_tokens, stop_token_ids -----------------------------------------------------------------------

@@ -91,6 +91,7 @@ class _Choice:
     job: Job
     discard: bool  # max_tokens 0 with echo: the one token generated (as vLLM does) is not part of the answer
     started: bool = False  # streaming: its first chunk went out
+    tokens: int = 0  # streaming: its completion tokens so far
     logprobs_sent: int = 0
     text_offset: int = 0
 
@@ -190,6 +191,7 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Pro
             client.model_name,
             chat,
             include_usage=bool(body.stream) and body.include_usage,
+            continuous_usage=bool(body.stream) and body.continuous_usage,
         ),
         None if body.return_tokens_as_token_ids else client.remote.tokenizer,
         k,
@@ -296,11 +298,19 @@ async def _merged(jobs: list[Job]) -> AsyncIterator[tuple[int, list[RequestOutpu
 
 async def _sse(shape: _Shape, choices: list[_Choice], prompt_tokens: int) -> AsyncIterator[str]:
     reply = shape.reply
-    templates = [_text_event_parts(reply, ch.index) for ch in choices] if shape.logprobs is None else []
-    completion_tokens = 0
+    # the text-only chunks' fast path; not with log-probabilities or continuous usage, which differ chunk to chunk
+    fast = shape.logprobs is None and not reply.continuous_usage
+    templates = [_text_event_parts(reply, ch.index) for ch in choices] if fast else []
+
+    def event(
+        ch: _Choice, text: str, reason: str | None = None, lp: dict[str, Any] | None = None, role: bool = False
+    ) -> str:
+        so_far = (len(ch.prompt.ids), ch.tokens)
+        return _event(reply.chunk(text, reason, role=role, index=ch.index, logprobs=lp, so_far=so_far))
+
     try:
         if reply.chat:
-            yield "".join(_event(reply.chunk("", role=True, index=ch.index)) for ch in choices)
+            yield "".join(event(ch, "", role=True) for ch in choices)
         async for i, batch in _merged([ch.job for ch in choices]):
             ch, events = choices[i], []
             for out in batch:
@@ -311,28 +321,28 @@ async def _sse(shape: _Shape, choices: list[_Choice], prompt_tokens: int) -> Asy
                     ch.started = True
                     if ch.prompt.echo is not None:
                         lp = shape.logprobs_of(ch, out, 0, 0, echo=True)
-                        events.append(_event(reply.chunk(ch.prompt.echo, index=ch.index, logprobs=lp)))
+                        events.append(event(ch, ch.prompt.echo, lp=lp))
                 if ch.discard:
                     if out.finished:
-                        events.append(_event(reply.chunk("", "length", index=ch.index)))
+                        events.append(event(ch, "", "length"))
                     continue
+                ch.tokens += len(out.delta_token_ids)
                 lp = None
                 if shape.logprobs is not None and out.delta_token_ids:
                     start = ch.logprobs_sent
                     ch.logprobs_sent += len(out.delta_token_ids)
                     lp = shape.logprobs_of(ch, out, start, ch.logprobs_sent, echo=False)
                 if out.finished:
-                    completion_tokens += len(out.token_ids)
-                    events.append(_event(reply.chunk(out.delta_text, out.finish_reason, index=ch.index, logprobs=lp)))
-                elif lp is not None:
-                    events.append(_event(reply.chunk(out.delta_text, index=ch.index, logprobs=lp)))
+                    events.append(event(ch, out.delta_text, out.finish_reason, lp))
+                elif lp is not None or (out.delta_text and not fast):
+                    events.append(event(ch, out.delta_text, lp=lp))
                 elif out.delta_text:  # tokens that complete no character yet send nothing
                     head, tail = templates[i]
                     events.append(head + json.dumps(out.delta_text, ensure_ascii=False).translate(_LINE_BREAKS) + tail)
             if events:
                 yield "".join(events)
         if reply.include_usage:
-            yield _event(reply.usage_chunk(usage(prompt_tokens, completion_tokens)))
+            yield _event(reply.usage_chunk(usage(prompt_tokens, sum(ch.tokens for ch in choices))))
     except (ValueError, EngineDeadError) as e:
         yield _event(_refusal(e, reply.chat).body())
     yield "data: [DONE]\n\n"

@@ -38,7 +38,16 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     include_usage: bool | None = False
-    continuous_usage_stats: bool | None = False  # vLLM's: usage on every chunk; refused (check_supported)
+    continuous_usage_stats: bool | None = False  # vLLM's: every chunk also carries the usage so far
+
+    def usage(self) -> tuple[bool, bool]:
+        """(a last chunk with the usage totals, every chunk with the usage so far), as vLLM's should_include_usage:
+        continuous usage needs include_usage, which vLLM's StreamOptions defaults to true, so absent beside
+        continuous_usage_stats: true it is taken as true here too, and an explicit false (or null) turns both off.
+        Absent otherwise it stays false (OpenAI's default; vLLM's true would add the last chunk to `{}`)."""
+        asked = "include_usage" in self.model_fields_set
+        last = bool(self.include_usage) if asked else bool(self.continuous_usage_stats)
+        return last, last and bool(self.continuous_usage_stats)
 
 
 # Fields of the OpenAI API and of vLLM's extensions that would change the answer and that this server does not
@@ -105,14 +114,6 @@ class GenerationRequest(_Body):
                 )
         if self.stream_options is not None and not self.stream:  # OpenAI's and vLLM's answer too
             raise APIError(400, "Stream options can only be defined when stream=True", param="stream_options")
-        if self.stream_options is not None and self.stream_options.continuous_usage_stats:
-            raise APIError(
-                400,
-                "stream_options.continuous_usage_stats=True is not supported by this server (usage comes in the last "
-                "chunk, with include_usage)",
-                param="stream_options",
-                code="unsupported_parameter",
-            )
         if self.n is not None and not 1 <= self.n <= MAX_N:
             raise APIError(400, f"n must be in [1, {MAX_N}] (got {self.n})", param="n")
 
@@ -121,7 +122,11 @@ class GenerationRequest(_Body):
 
     @property
     def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
+        return self.stream_options is not None and self.stream_options.usage()[0]
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.usage()[1]
 
     @property
     def num_choices(self) -> int:
@@ -279,6 +284,7 @@ class Reply:
     model: str
     chat: bool
     include_usage: bool = False  # streaming: every chunk carries "usage": null, the last one the totals
+    continuous_usage: bool = False  # with include_usage: every chunk's "usage" is its choice's usage so far
     created: int = field(default_factory=lambda: int(time.time()))
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -305,7 +311,10 @@ class Reply:
         role: bool = False,
         index: int = 0,
         logprobs: dict[str, Any] | None = None,
+        so_far: tuple[int, int] = (0, 0),
     ) -> dict[str, Any]:
+        """One choice's chunk; `so_far` is its (prompt tokens, completion tokens) up to and including this chunk,
+        its "usage" with continuous usage (as vLLM: per choice, and per prompt of a list; the last chunk sums all)."""
         choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
         if self.chat:
             delta: dict[str, str] = {"role": "assistant"} if role else {}
@@ -313,7 +322,9 @@ class Reply:
         else:
             choice["text"] = text
         out = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
-        return {**out, "usage": None} if self.include_usage else out
+        if not self.include_usage:
+            return out
+        return {**out, "usage": usage(*so_far) if self.continuous_usage else None}
 
     def usage_chunk(self, use: dict[str, int]) -> dict[str, Any]:
         return {**self._envelope("chat.completion.chunk" if self.chat else "text_completion", []), "usage": use}
