@@ -255,15 +255,22 @@ class RMSNorm(Loadable):
         return self.forward(residual), residual
 
 
-def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
+def rope_freq_factors(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
+    """What each rope frequency is divided by under scaling `s`: a GGUF's own factors (kind freq_factors, read from
+    its rope_freqs.weight), or llama3 scaling's, computed from its four numbers as llama.cpp's convert_hf_to_gguf.py
+    computes the factors it writes into rope_freqs.weight (transformers' llama3 inv_freq is inv_freq / these)."""
+    kind = s.get("rope_type", s.get("type"))
+    if kind == "freq_factors":
+        return torch.tensor(s["factors"], dtype=torch.float64)
+    if kind != "llama3":
+        raise ValueError(f"unsupported rope scaling type {kind!r} (supported: llama3, freq_factors)")
     factor, lo, hi = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
     old_ctx = float(s["original_max_position_embeddings"])
     wavelen = 2 * math.pi / inv_freq
     smooth = (old_ctx / wavelen - lo) / (hi - lo)
-    scaled = torch.where(wavelen > old_ctx / lo, inv_freq / factor, inv_freq)
-    mid = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-    is_mid = (wavelen <= old_ctx / lo) & (wavelen >= old_ctx / hi)
-    return torch.where(is_mid, mid, scaled)
+    mid = 1 / ((1 - smooth) / factor + smooth)  # between the two: interpolated
+    low = torch.full_like(inv_freq, factor)  # wavelengths beyond old_ctx / lo: slowed by `factor`
+    return torch.where(wavelen > old_ctx / lo, low, torch.where(wavelen < old_ctx / hi, torch.ones_like(mid), mid))
 
 
 class RotaryEmbedding(nn.Module):
@@ -276,10 +283,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
         if scaling:
-            kind = scaling.get("rope_type", scaling.get("type"))
-            if kind != "llama3":
-                raise ValueError(f"unsupported rope scaling type {kind!r} (supported: llama3)")
-            inv_freq = _llama3_inv_freq(inv_freq, scaling)
+            inv_freq = inv_freq / rope_freq_factors(inv_freq, scaling)
         t = torch.arange(max_pos, dtype=torch.float64)
         freqs = torch.outer(t, inv_freq)
         self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1).float(), persistent=False)

@@ -71,7 +71,7 @@ class ModelConfig:
             if not 0 < getattr(self, name) < math.inf:
                 raise ValueError(f"{name} must be a positive number (got {getattr(self, name)})")
         if self.rope_scaling is not None:
-            _check_rope_scaling(self.rope_scaling)
+            _check_rope_scaling(self.rope_scaling, self.head_dim)
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be >= 1 (got {self.sliding_window})")
         if self.num_experts:
@@ -240,7 +240,9 @@ def _int(d: dict[str, Any], key: str) -> int:
 
 # Activations this decoder computes (its MLP is SiLU-gated); transformers' ACT2FN maps "swish" to SiLU too.
 _ACTIVATIONS = ("silu", "swish")
-ROPE_TYPES = ("default", "llama3")
+# freq_factors: what each of the head_dim / 2 rope frequencies is divided by, as a GGUF's rope_freqs.weight gives
+# them (llama.cpp's form of llama3 scaling); {"rope_type": "freq_factors", "factors": [...]}
+ROPE_TYPES = ("default", "llama3", "freq_factors")
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -268,7 +270,7 @@ def _refuse_unsupported(d: dict[str, Any], arch: str) -> None:
             raise ValueError(f"layer_types {other} are not supported for {arch} (only full_attention layers are)")
 
 
-def _check_rope_scaling(s: dict[str, Any]) -> None:
+def _check_rope_scaling(s: dict[str, Any], head_dim: int) -> None:
     kind = s.get("rope_type", s.get("type"))
     if kind not in ROPE_TYPES:
         raise ValueError(f"unsupported rope scaling type {kind!r} (supported: {', '.join(ROPE_TYPES)})")
@@ -276,6 +278,15 @@ def _check_rope_scaling(s: dict[str, Any]) -> None:
         missing = [k for k in _LLAMA3_KEYS if not isinstance(s.get(k), (int, float)) or isinstance(s.get(k), bool)]
         if missing:
             raise ValueError(f"llama3 rope scaling needs numbers for {', '.join(missing)} (got {s!r})")
+    if kind == "freq_factors":
+        factors = s.get("factors")
+        what = "rope frequency factors (freq_factors; a GGUF's rope_freqs.weight)"
+        if not isinstance(factors, list) or len(factors) != head_dim // 2:
+            n = len(factors) if isinstance(factors, list) else repr(factors)
+            raise ValueError(f"{what}: need head_dim / 2 = {head_dim // 2} of them (got {n})")
+        for i, f in enumerate(factors):  # NaN fails the range test too
+            if not (isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f < math.inf):
+                raise ValueError(f"{what} must be finite numbers > 0 (factor {i} is {f!r})")
 
 
 def _moe_fields(d: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,10 @@ from engine.cache_paths import cache_root
 from engine.model_config import ModelConfig
 from kernels.cpu_ops import QuantMatrix
 
-FORMAT = 4  # bump when what is stored changes (3: gguf-blocks/; 4: entry.json)
+# Bump when what is stored changes (3: gguf-blocks/; 4: entry.json). A GGUF's rope_freqs.weight, stored as
+# config.json's rope_scaling {"rope_type": "freq_factors", ...}, needed none: such files were refused until then
+# (no older entry is of one), and every other file's entry is written as before.
+FORMAT = 4
 QUANT_FILE = "gguf-blocks/blocks.safetensors"
 MANIFEST = "entry.json"  # written last: every other file of the entry with its size
 

@@ -188,11 +188,6 @@ def gguf_config(path: Path, reader: GGUFReader | None = None) -> ModelConfig:
     scaling = _field(r, p + "rope.scaling.type")
     if scaling not in (None, "none"):
         raise ValueError(f"{path}: GGUF rope scaling {scaling!r} is not supported")
-    if "rope_freqs.weight" in names:
-        raise ValueError(
-            f"{path}: rope_freqs.weight (llama3 rope frequency factors, Llama 3.1 and later) is not supported for "
-            "GGUF files; the Hugging Face checkpoint of the model is"
-        )
     vocab = _field(r, p + "vocab_size") or len(_field(r, "tokenizer.ggml.tokens", []))
     if not vocab:
         raise ValueError(f"{path}: GGUF metadata gives no vocabulary size ({p}vocab_size or tokenizer.ggml.tokens)")
@@ -203,6 +198,7 @@ def gguf_config(path: Path, reader: GGUFReader | None = None) -> ModelConfig:
     if rotary is not None and int(rotary) != head_dim:
         raise ValueError(f"{path}: partial rotary embeddings (rope over {rotary} of {head_dim} dims) are not supported")
     intermediate, layers = need("feed_forward_length"), need("block_count")
+    factors = _rope_freq_factors(path, r)
     try:
         return ModelConfig(
             architecture=_GGUF_ARCH[arch],
@@ -214,6 +210,7 @@ def gguf_config(path: Path, reader: GGUFReader | None = None) -> ModelConfig:
             num_kv_heads=int(_field(r, p + "attention.head_count_kv", heads)),
             head_dim=head_dim,
             rope_theta=float(_field(r, p + "rope.freq_base", 10000.0)),
+            rope_scaling=None if factors is None else {"rope_type": "freq_factors", "factors": factors},
             rms_norm_eps=float(_field(r, p + "attention.layer_norm_rms_epsilon", 1e-6)),
             tie_word_embeddings="output.weight" not in names,
             max_position_embeddings=int(_field(r, p + "context_length", 4096)),
@@ -223,6 +220,19 @@ def gguf_config(path: Path, reader: GGUFReader | None = None) -> ModelConfig:
         )
     except ValueError as e:  # a value ModelConfig refuses (KV heads that do not divide the heads, ...)
         raise ValueError(f"{path}: {e}") from e
+
+
+def _rope_freq_factors(path: Path, reader: GGUFReader) -> list[float] | None:
+    """The llama3 rope of Llama 3.1 and later as llama.cpp stores it: rope_freqs.weight, what each of the
+    head_dim / 2 frequencies is divided by (ModelConfig checks their number and values). None: the file has none."""
+    import gguf
+
+    t = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if t is None:
+        return None
+    if t.tensor_type.name not in _FLOAT_DTYPES:  # llama.cpp writes F32; a quantized or integer one is no float
+        raise ValueError(f"{path}: rope_freqs.weight has type {t.tensor_type.name}, not F32")
+    return [float(f) for f in gguf.dequantize(t.data, t.tensor_type).reshape(-1)]
 
 
 def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -253,7 +263,7 @@ def gguf_weights(
             name = "lm_head.weight"
         elif parts[0] == "blk" and parts[2] in _GGUF_NAMES:
             name = f"model.layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}.weight"
-        elif t.name == "rope_freqs.weight":
+        elif t.name == "rope_freqs.weight":  # no weight: gguf_config reads it into the config's rope scaling
             continue
         else:
             raise ValueError(f"{path}: unexpected GGUF tensor {t.name!r}")
@@ -277,7 +287,8 @@ def gguf_weights(
 
 
 def gguf_tensor_count(path: Path, reader: GGUFReader | None = None) -> int:
-    return len((reader or open_gguf(path)).tensors)
+    """How many weights gguf_weights yields (its progress ticks)."""
+    return sum(t.name != "rope_freqs.weight" for t in (reader or open_gguf(path)).tensors)
 
 
 # ---- dummy -----------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Hugging Face transformers as the benchmark peer: the same weights, the same workload, its own batching.
 
 Which weights the peer gets:
-- the embedded default or any .gguf file: transformers dequantizes the same GGUF file with its own reader;
+- the embedded default or any .gguf file: transformers dequantizes the same GGUF file with its own reader (which
+  ignores rope_freqs.weight: for Llama 3.1 and later GGUFs the peer's rope lacks the llama3 scaling the engine applies);
 - a HF directory: `from_pretrained` on the same directory;
 - a dummy preset: transformers' model class built from `ModelConfig.to_hf_dict()`, with the very weights the
   engine's dummy loader makes (built once here through `engine.loader.load_model`, copied in by HF names).

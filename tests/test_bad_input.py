@@ -695,7 +695,7 @@ def test_a_checkpoint_without_a_tokenizer_says_text_goes_through_bytes(good_dir,
 
 def _tiny_gguf(f: Path, drop=(), kv: dict | None = None, tensors: dict | None = None) -> None:
     """A tiny Llama GGUF (no tokenizer: the config is read first): `drop` metadata, add `kv` (under llama.) and
-    `tensors` (name: shape)."""
+    `tensors` (name: shape, of ones, or name: array)."""
     import gguf
     import numpy as np
 
@@ -712,7 +712,7 @@ def _tiny_gguf(f: Path, drop=(), kv: dict | None = None, tensors: dict | None = 
     shapes |= {"blk.0.ffn_gate.weight": (128, 64), "blk.0.ffn_up.weight": (128, 64), "blk.0.ffn_down.weight": (64, 128)}
     shapes |= {"blk.0.attn_norm.weight": (64,), "blk.0.ffn_norm.weight": (64,)} | (tensors or {})
     for name, shape in shapes.items():
-        w.add_tensor(name, np.ones(shape, dtype=np.float32))
+        w.add_tensor(name, shape if isinstance(shape, np.ndarray) else np.ones(shape, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -731,9 +731,27 @@ def broken_gguf(kind: str, tmp: Path) -> tuple[Path, str, str]:
     elif kind == "GGUF with yarn rope":
         _tiny_gguf(f, kv={"rope.scaling.type": "yarn"})
         return f, str(f), "GGUF rope scaling 'yarn' is not supported"
-    elif kind == "GGUF with llama3 rope factors":
-        _tiny_gguf(f, tensors={"rope_freqs.weight": (8,)})
-        return f, str(f), "rope_freqs.weight (llama3 rope frequency factors"
+    elif kind.startswith("GGUF rope_freqs"):  # llama3 rope factors, one per frequency: head_dim 16 has 8
+        import numpy as np
+
+        bad = "rope frequency factors (freq_factors; a GGUF's rope_freqs.weight) must be finite numbers > 0"
+        values, says = {
+            "GGUF rope_freqs of the wrong length": (
+                np.ones(7, dtype=np.float32),
+                "need head_dim / 2 = 8 of them (got 7)",
+            ),
+            "GGUF rope_freqs not finite": (
+                np.array([1, 2, np.nan] + [8] * 5, dtype=np.float32),
+                f"{bad} (factor 2 is nan)",
+            ),
+            "GGUF rope_freqs with a zero": (
+                np.array([0, 2, 4] + [8] * 5, dtype=np.float32),
+                f"{bad} (factor 0 is 0.0)",
+            ),
+            "GGUF rope_freqs of integers": (np.ones(8, dtype=np.int32), "rope_freqs.weight has type I32, not F32"),
+        }[kind]
+        _tiny_gguf(f, tensors={"rope_freqs.weight": values})
+        return f, str(f), says
     elif kind == "GGUF with partial rotary":
         _tiny_gguf(f, kv={"rope.dimension_count": 8})
         return f, str(f), "partial rotary embeddings (rope over 8 of 16 dims)"
@@ -787,7 +805,10 @@ GGUF_CASES = [
     "truncated",
     "GGUF lacking head_count",
     "GGUF with yarn rope",
-    "GGUF with llama3 rope factors",
+    "GGUF rope_freqs of the wrong length",
+    "GGUF rope_freqs not finite",
+    "GGUF rope_freqs with a zero",
+    "GGUF rope_freqs of integers",
     "GGUF with partial rotary",
 ]
 
