@@ -2,7 +2,7 @@
 
 Which weights the peer gets:
 - the embedded default or any .gguf file: transformers dequantizes the same GGUF file with its own reader (which
-  ignores rope_freqs.weight: for Llama 3.1 and later GGUFs the peer's rope lacks the llama3 scaling the engine applies);
+  ignores rope_freqs.weight, Llama 3.1 and later: its rope frequencies are then divided by the file's factors here);
 - a HF directory: `from_pretrained` on the same directory;
 - a dummy preset: transformers' model class built from `ModelConfig.to_hf_dict()`, with the very weights the
   engine's dummy loader makes (built once here through `engine.loader.load_model`, copied in by HF names).
@@ -59,6 +59,7 @@ def load_hf_model(spec: str | None, device, dtype):
     if kind == "gguf":
         path = Path(where)
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+        _apply_rope_freqs(model, weights.gguf_config(path))
     elif kind == "hf":
         model = AutoModelForCausalLM.from_pretrained(str(where), dtype=dtype)
     else:
@@ -68,6 +69,22 @@ def load_hf_model(spec: str | None, device, dtype):
         model = hf_twin(ours, device, dtype)
         del ours
     return model.to(device).eval()
+
+
+def _apply_rope_freqs(model, cfg) -> None:
+    """A GGUF's llama3 rope (its rope_freqs.weight factors, which the engine divides each frequency by) on the
+    transformers model read from the same file: its GGUF reader builds the rope without them."""
+    s = cfg.rope_scaling
+    if not s or s.get("rope_type") != "freq_factors":
+        return
+    rotary = model.model.rotary_emb
+    if rotary.rope_type != "default":  # a reader that maps the factors itself: nothing to add
+        raise ValueError(f"transformers built a {rotary.rope_type!r} rope from a GGUF with rope_freqs.weight")
+    import torch
+
+    factors = torch.tensor(s["factors"], dtype=rotary.inv_freq.dtype, device=rotary.inv_freq.device)
+    rotary.inv_freq.div_(factors)
+    rotary.original_inv_freq.div_(factors)
 
 
 def hf_twin(ours, device, dtype):

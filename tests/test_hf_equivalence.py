@@ -217,3 +217,12 @@ def test_gguf_rope_freqs_match_transformers_llama3_scaling(tmp_path):
     # (with rope_freqs the logits differ from HF's by ~2e-5; without them by ~8-10, and no greedy token agrees)
     assert all((got - ref).abs().max().item() > 1.0 for got, (_, ref) in zip(plain_logits, refs))
     assert all(got != ref for got, (ref, _) in zip(plain_tokens, refs))
+    # bench-offline's transformers peer reads the same file with transformers' GGUF reader, which drops rope_freqs:
+    # the peer divides its frequencies by them, so it is the model above, not one without the llama3 rope
+    from minisgl_cli.hf_peer import load_hf_model
+
+    peer = load_hf_model(str(with_freqs), torch.device("cpu"), torch.float32)
+    for prompt, (ref_tokens, ref_logits) in zip(prompts, refs):
+        peer_tokens, peer_logits = hf_greedy(peer, prompt, 16)
+        assert peer_tokens == ref_tokens
+        torch.testing.assert_close(peer_logits, ref_logits, rtol=1e-4, atol=1e-4)
