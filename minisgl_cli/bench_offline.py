@@ -7,11 +7,12 @@ process or a PYTHONPATH), then minisgl in this process, and merges the children'
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from typer.core import TyperCommand
@@ -125,7 +126,15 @@ def register(app: typer.Typer) -> None:
         del flags["ctx"]
         from rich.console import Console
 
-        from minisgl_cli.report import check_outputs, command_flags, environment, write_json
+        from minisgl_cli.report import (
+            INTERRUPTED_EXIT,
+            check_outputs,
+            command_flags,
+            environment,
+            interrupted_fields,
+            interrupted_note,
+            write_json,
+        )
 
         check_outputs(json=json_path, plot=plot)
         console = Console()
@@ -168,15 +177,30 @@ def register(app: typer.Typer) -> None:
 
             require_matplotlib()
         config = o.engine_config(**flags)
-        workload = _build_workload(config, num_seqs, input_len, output_len, seed, dataset)
-        # Peers first: one that cannot run fails in seconds, and each finds the GPU free (vLLM claims 90% of it).
-        peer_results = [_run_child(name, ctx, workload, vllm_env if name == "vllm" else None) for name in peers]
-        if engine == "minisgl" or peers:
-            main = _run_minisgl(config, workload, temperature, quiet, repeats=runs)
-        else:
-            main = _run_peer(engine, config, workload, temperature, quiet, runs, peer_api, peer_batch_size, overrides)
+        main_engine = "minisgl" if peers else engine
+        try:
+            workload = _build_workload(config, num_seqs, input_len, output_len, seed, dataset)
+            # Peers first: one that cannot run fails in seconds, and each finds the GPU free (vLLM claims 90% of it).
+            peer_results = [_run_child(name, ctx, workload, vllm_env if name == "vllm" else None) for name in peers]
+            if main_engine == "minisgl":
+                main = _run_minisgl(config, workload, temperature, quiet, repeats=runs)
+            else:
+                main = _run_peer(
+                    engine, config, workload, temperature, quiet, runs, peer_api, peer_batch_size, overrides
+                )
+        except KeyboardInterrupt:
+            # Ctrl-C before one timed run of the main engine finished (a run cut short after one has finished
+            # returns the finished ones instead): its engine and any peer child are stopped by now.
+            child = os.environ.get(PEER_CHILD_ENV) == "1"  # its --json is the parent's temporary file
+            written = f"; nothing written to {json_path}" if json_path is not None and not child else ""
+            console.print(
+                f"[yellow]interrupted[/yellow] before a timed run of {main_engine} finished: no results{written}"
+            )
+            _exit(INTERRUPTED_EXIT)
         results = [main, *peer_results]
         result: dict[str, Any] = dict(main)
+        interrupted = main["completed_runs"] < main["planned_runs"]
+        result.update(interrupted_fields(interrupted))
         if peer_results:
             speedups = {
                 p["engine"]: main["output_throughput"] / max(p["output_throughput"], 1e-9) for p in peer_results
@@ -207,6 +231,9 @@ def register(app: typer.Typer) -> None:
                 console.print(f"{r['engine']} settings: " + ", ".join(f"{k} {v}" for k, v in r["settings"].items()))
         for name, x in result.get("speedups", {}).items():
             console.print(f"[bold]minisgl / {name} output throughput: {x:.2f}x[/bold]")
+        if interrupted:
+            note = " (the run in progress is not counted; the figures are the median of those that finished)"
+            console.print(interrupted_note(main["completed_runs"], main["planned_runs"], "timed runs", note))
         if json_path is not None:
             write_json(json_path, result)
             console.print(f"results written to {json_path}")
@@ -216,11 +243,17 @@ def register(app: typer.Typer) -> None:
             title = f"bench-offline: {result['model']} on {result['device']}, {workload.num_seqs} requests"
             plot_steps(steps, plot, title)
             console.print(f"plot written to {plot}")
-        if os.environ.get(PEER_CHILD_ENV) == "1":
-            # A peer child is done once its JSON is written; vLLM's engine-core process can hold up a normal exit.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+        _exit(INTERRUPTED_EXIT if interrupted else 0)
+
+
+def _exit(code: int) -> NoReturn:
+    """End the command with `code`. A peer child is done once its JSON is written (or, interrupted, once its engine
+    is closed): vLLM's engine-core process can hold up a normal exit."""
+    if os.environ.get(PEER_CHILD_ENV) == "1":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise typer.Exit(code)
 
 
 def _build_workload(
@@ -302,6 +335,9 @@ def _add_floor(result: dict[str, Any], workload, mc, dtype, kv_dtype, device, tp
 def _run_minisgl(
     config: EngineConfig, workload, temperature: float, quiet: bool, repeats: int = 1, **_: Any
 ) -> dict[str, Any]:
+    """Start-up, a warm-up, then `repeats` timed runs, the median reported. Ctrl-C after a timed run has finished
+    ends the runs there and reports those that finished (`completed_runs` < `planned_runs`); before that it
+    propagates."""
     from engine.sampling_params import SamplingParams
     from minisgl_cli.gpu_busy import GpuBusy
     from minisgl_cli.workload import warmup_like
@@ -309,66 +345,86 @@ def _run_minisgl(
     t0 = time.perf_counter()
     # Tensor parallelism: under torchrun the follower ranks branch off right after this load (rank 0 goes on).
     llm = o.load_llm(config, quiet=quiet)
-    startup = time.perf_counter() - t0
-    vocab = llm.engine.model_cfg.vocab_size
+    try:
+        startup = time.perf_counter() - t0
+        vocab = llm.engine.model_cfg.vocab_size
 
-    # Token ids only, as the peers run (vLLM with skip_tokenizer_init): the benchmark counts tokens, not text.
-    def params_for(lens: list[int]) -> list[SamplingParams]:
-        return [SamplingParams(max_tokens=n, temperature=temperature, ignore_eos=True, detokenize=False) for n in lens]
+        # Token ids only, as the peers run (vLLM with skip_tokenizer_init): the benchmark counts tokens, not text.
+        def params_for(lens: list[int]) -> list[SamplingParams]:
+            return [
+                SamplingParams(max_tokens=n, temperature=temperature, ignore_eos=True, detokenize=False) for n in lens
+            ]
 
-    params = params_for(workload.output_lens)
+        params = params_for(workload.output_lens)
 
-    # Warm-up on other random prompts of the same lengths (the timed run gets no radix-cache hits from it).
-    t0 = time.perf_counter()
-    warm = warmup_like(workload, vocab)
-    llm.generate(warm.prompts, params_for(warm.output_lens))
-    warmup = time.perf_counter() - t0
+        # Warm-up on other random prompts of the same lengths (the timed run gets no radix-cache hits from it).
+        t0 = time.perf_counter()
+        warm = warmup_like(workload, vocab)
+        llm.generate(warm.prompts, params_for(warm.output_lens))
+        warmup = time.perf_counter() - t0
 
-    before = llm.metrics()
-    timed = []
-    for i in range(repeats):
-        llm.engine.clear_cache()  # every run starts cold, as the first does
-        with _progress(quiet) as bar:
-            task = bar.add_task(
-                "minisgl" if repeats == 1 else f"minisgl run {i + 1}/{repeats}", total=workload.output_tokens
-            )
-            steps: list[tuple[float, int, int]] = []  # (time, requests, tokens) of every step, for --plot
-            t0 = time.perf_counter()
+        before = after = llm.metrics()
+        timed = []
+        try:
+            for i in range(repeats):
+                llm.engine.clear_cache()  # every run starts cold, as the first does
+                label = "minisgl" if repeats == 1 else f"minisgl run {i + 1}/{repeats}"
+                with _progress(quiet) as bar:
+                    task = bar.add_task(label, total=workload.output_tokens)
+                    steps: list[tuple[float, int, int]] = []  # (time, requests, tokens) of every step, for --plot
+                    t0 = time.perf_counter()
 
-            # Counts per step, no outputs for running requests (the GPU waits on the host at small batches).
-            def on_progress(requests: int, tokens: int, steps=steps, t0=t0, bar=bar, task=task) -> None:
-                steps.append((time.perf_counter() - t0, requests, tokens))
-                if len(steps) % 32 == 0:  # a rich refresh per step would cost more than a small model's step
-                    bar.update(task, completed=sum(n for _, _, n in steps))
+                    # Counts per step, no outputs for running requests (the GPU waits on the host at small batches).
+                    def on_progress(requests: int, tokens: int, steps=steps, t0=t0, bar=bar, task=task) -> None:
+                        steps.append((time.perf_counter() - t0, requests, tokens))
+                        if len(steps) % 32 == 0:  # a rich refresh per step would cost more than a small model's step
+                            bar.update(task, completed=sum(n for _, _, n in steps))
 
-            with GpuBusy(llm.engine.device) as busy:
-                outs = llm.generate(workload.prompts, params, on_progress=on_progress)
-            timed.append((time.perf_counter() - t0, outs, steps, busy.share))
-    after = llm.metrics()
-    duration, outs, steps, gpu_busy = sorted(timed, key=lambda t: t[0])[(repeats - 1) // 2]  # the median (lower middle)
-    ok = [out for out in outs if out.finish_reason in ("length", "stop")]
-    result = _summary("minisgl", len(ok), workload.input_tokens, sum(len(out.token_ids) for out in ok), duration)
-    result.update(
-        failed=len(outs) - len(ok),
-        **llm.describe(),
-        startup_seconds=startup,
-        warmup_seconds=warmup,
-        preemptions=after.preemptions - before.preemptions,
-        cache_hit_tokens=after.cache_hit_tokens - before.cache_hit_tokens,
-        gpu_busy=gpu_busy,
-        runs=[
-            {"duration": d, "output_throughput": sum(len(o.token_ids) for o in os) / d, "gpu_busy": busy}
-            for d, os, _, busy in timed
-        ],
-        engine_steps=len(steps),
-        _steps=steps,
-        startup_breakdown=_startup_breakdown(llm.engine),
-    )
-    e = llm.engine
-    _add_floor(result, workload, e.model_cfg, e.dtype, e.kv_dtype, e.device, config.tp)
-    del llm, outs
-    _free_memory()
+                    with GpuBusy(llm.engine.device) as busy:
+                        outs = llm.generate(workload.prompts, params, on_progress=on_progress)
+                    timed.append((time.perf_counter() - t0, outs, steps, busy.share))
+                after = llm.metrics()  # the counters up to the last finished run (not a run cut short)
+                _run_done(label, timed[-1][0], sum(len(out.token_ids) for out in outs), repeats, quiet)
+        except KeyboardInterrupt:
+            if not timed:
+                raise
+        duration, outs, steps, gpu_busy = sorted(timed, key=lambda t: t[0])[(len(timed) - 1) // 2]  # lower middle
+        ok = [out for out in outs if out.finish_reason in ("length", "stop")]
+        result = _summary("minisgl", len(ok), workload.input_tokens, sum(len(out.token_ids) for out in ok), duration)
+        result.update(
+            failed=len(outs) - len(ok),
+            **llm.describe(),
+            startup_seconds=startup,
+            warmup_seconds=warmup,
+            preemptions=after.preemptions - before.preemptions,
+            cache_hit_tokens=after.cache_hit_tokens - before.cache_hit_tokens,
+            gpu_busy=gpu_busy,
+            runs=[
+                {"duration": d, "output_throughput": sum(len(o.token_ids) for o in os) / d, "gpu_busy": busy}
+                for d, os, _, busy in timed
+            ],
+            completed_runs=len(timed),
+            planned_runs=repeats,
+            engine_steps=len(steps),
+            _steps=steps,
+            startup_breakdown=_startup_breakdown(llm.engine),
+        )
+        e = llm.engine
+        _add_floor(result, workload, e.model_cfg, e.dtype, e.kv_dtype, e.device, config.tp)
+    finally:
+        # The engine holds no process or thread of its own on one GPU (under --tp, load_llm's atexit releases the
+        # follower ranks): its memory goes back now, however the runs ended.
+        del llm
+        _free_memory()
     return result
+
+
+def _run_done(label: str, duration: float, tokens: int, repeats: int, quiet: bool) -> None:
+    """One line per finished timed run of several (on stderr, as the progress bars): what Ctrl-C would keep."""
+    if repeats > 1 and not quiet:
+        from rich.console import Console
+
+        Console(stderr=True).print(f"{label} finished: {duration:.2f} s, {tokens / duration:,.1f} output tok/s")
 
 
 def _startup_breakdown(engine) -> dict[str, float]:
@@ -403,40 +459,49 @@ def _run_peer(
             peer = open_peer(name, config, peer_api, peer_batch_size, vllm_args)
     except PeerUnavailable as e:
         raise typer.BadParameter(str(e), param_hint="--engine") from e
-    startup = time.perf_counter() - t0
-    device, mc = config.torch_device(), model_config_for(config.model)
-    t0 = time.perf_counter()
-    warm = warmup_like(workload, mc.vocab_size)
-    n = 4 if name == "transformers" else warm.num_seqs  # ~40x slower: a few prompts warm it enough
-    peer.generate(warm.prompts[:n], warm.output_lens[:n], temperature)
-    warmup = time.perf_counter() - t0
-    runs, busy_shares = [], []
-    for i in range(repeats):
-        with _progress(quiet) as bar:
-            task = bar.add_task(name if repeats == 1 else f"{name} run {i + 1}/{repeats}", total=workload.output_tokens)
-            # B023: the lambda reads this iteration's task, and only runs within this iteration.
-            on_done = lambda n: bar.advance(task, n)  # noqa: B023, E731
-            with GpuBusy(device) as busy:
-                runs.append(peer.generate(workload.prompts, workload.output_lens, temperature, on_done))
-            busy_shares.append(busy.share)
-    median = sorted(range(repeats), key=lambda i: runs[i].duration)[(repeats - 1) // 2]  # lower middle
-    run = runs[median]
-    result = _summary(name, len(run.output_lens), workload.input_tokens, sum(run.output_lens), run.duration)
-    result.update(
-        failed=run.failed,
-        **peer.describe(),
-        startup_seconds=startup,
-        warmup_seconds=warmup,
-        gpu_busy=busy_shares[median],
-        runs=[
-            {"duration": r.duration, "output_throughput": sum(r.output_lens) / r.duration, "gpu_busy": b}
-            for r, b in zip(runs, busy_shares)
-        ],
-    )
-    dtype = config.torch_dtype(device)
-    _add_floor(result, workload, mc, dtype, config.torch_kv_dtype(dtype), device, config.tp)
-    peer.close()
-    _free_memory()
+    try:
+        startup = time.perf_counter() - t0
+        device, mc = config.torch_device(), model_config_for(config.model)
+        t0 = time.perf_counter()
+        warm = warmup_like(workload, mc.vocab_size)
+        n = 4 if name == "transformers" else warm.num_seqs  # ~40x slower: a few prompts warm it enough
+        peer.generate(warm.prompts[:n], warm.output_lens[:n], temperature)
+        warmup = time.perf_counter() - t0
+        timed: list[tuple[Any, float | None]] = []  # (PeerRun, GPU busy share) of each finished run
+        try:
+            for i in range(repeats):
+                label = name if repeats == 1 else f"{name} run {i + 1}/{repeats}"
+                with _progress(quiet) as bar:
+                    task = bar.add_task(label, total=workload.output_tokens)
+                    # B023: the lambda reads this iteration's task, and only runs within this iteration.
+                    on_done = lambda n: bar.advance(task, n)  # noqa: B023, E731
+                    with GpuBusy(device) as busy:
+                        done = peer.generate(workload.prompts, workload.output_lens, temperature, on_done)
+                    timed.append((done, busy.share))
+                _run_done(label, done.duration, sum(done.output_lens), repeats, quiet)
+        except KeyboardInterrupt:  # as in _run_minisgl: the finished runs are the result, if there are any
+            if not timed:
+                raise
+        run, gpu_busy = sorted(timed, key=lambda t: t[0].duration)[(len(timed) - 1) // 2]  # the median (lower middle)
+        result = _summary(name, len(run.output_lens), workload.input_tokens, sum(run.output_lens), run.duration)
+        result.update(
+            failed=run.failed,
+            **peer.describe(),
+            startup_seconds=startup,
+            warmup_seconds=warmup,
+            gpu_busy=gpu_busy,
+            runs=[
+                {"duration": r.duration, "output_throughput": sum(r.output_lens) / r.duration, "gpu_busy": b}
+                for r, b in timed
+            ],
+            completed_runs=len(timed),
+            planned_runs=repeats,
+        )
+        dtype = config.torch_dtype(device)
+        _add_floor(result, workload, mc, dtype, config.torch_kv_dtype(dtype), device, config.tp)
+    finally:
+        peer.close()  # vLLM's engine core is a process of its own: it ends here, however the runs ended
+        _free_memory()
     return result
 
 
@@ -480,6 +545,8 @@ def _run_child(name: str, ctx: typer.Context, workload, env_script: Path | None)
 
     from rich.console import Console
 
+    from minisgl_cli.report import INTERRUPTED_EXIT
+
     with tempfile.TemporaryDirectory(prefix="minisgl-peer-") as tmp:
         out = Path(tmp) / f"{name}.json"
         cmd = [sys.executable, "-m", "minisgl_cli", "bench-offline", *_given_flags(ctx), "--engine", name]
@@ -488,7 +555,16 @@ def _run_child(name: str, ctx: typer.Context, workload, env_script: Path | None)
             # $0 is "bash", not the script: vllm-env.sh tells "sourced" from "run" by BASH_SOURCE[0] == $0
             cmd = ["bash", "-c", 'source "$1" && shift && exec "$@"', "bash", str(env_script), *cmd]
         Console(stderr=True).print(f"[bold]{name}[/bold] in a process of its own: {shlex.join(cmd)}")
-        rc = subprocess.run(cmd, env={**os.environ, PEER_CHILD_ENV: "1"}).returncode
+        # A process group of its own: a Ctrl-C at the terminal reaches this process alone, which stops the child
+        # (and whatever it started, vLLM's engine core) once, and waits for it.
+        child = subprocess.Popen(cmd, env={**os.environ, PEER_CHILD_ENV: "1"}, process_group=0)
+        try:
+            rc = child.wait()
+        except KeyboardInterrupt:
+            _stop_child(name, child)
+            raise
+        if rc == INTERRUPTED_EXIT:  # the child alone was sent a Ctrl-C: the run stops as if this one had been
+            raise KeyboardInterrupt
         if rc != 0 or not out.is_file():
             Console(stderr=True).print(
                 f"[red]bench-offline: the {name} peer failed (exit status {rc}); its messages are above[/red]"
@@ -500,6 +576,28 @@ def _run_child(name: str, ctx: typer.Context, workload, env_script: Path | None)
     for key in ("workload", "flags", "benchmark"):
         data.pop(key, None)
     return data
+
+
+def _stop_child(name: str, child, grace: float = 30.0) -> None:
+    """Ctrl-C for a peer child and the processes it started (its process group): it closes its engine and exits;
+    after `grace` seconds, or at a second Ctrl-C, they are killed. Nothing of the group is left running."""
+    import signal
+    import subprocess
+
+    from rich.console import Console
+
+    Console(stderr=True).print(f"stopping the {name} peer (Ctrl-C again to kill it)")
+    try:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGINT)
+        try:
+            child.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    finally:  # also at a second Ctrl-C
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)  # what is left of the group: the child, or what it started
+        child.wait()
 
 
 def _free_memory() -> None:

@@ -138,7 +138,9 @@ def register(app: typer.Typer) -> None:
         result = _run_sweep(console, target, plans, warm, slo_targets, flags, check, api_key, served)
         _report(console, result, flags)
         if result["stopped"] == "interrupted":
-            raise typer.Exit(130)  # Ctrl-C's status, once the partial results are out
+            from minisgl_cli.report import INTERRUPTED_EXIT
+
+            raise typer.Exit(INTERRUPTED_EXIT)  # once the partial results are out
 
 
 def _print_client_check(console, json_path: Path | None) -> None:

@@ -117,7 +117,14 @@ def register(app: typer.Typer) -> None:
         flags.update(flags.pop("engine_flags"))
         from rich.console import Console
 
-        from minisgl_cli.report import check_outputs, command_flags, environment, write_json
+        from minisgl_cli.report import (
+            INTERRUPTED_EXIT,
+            check_outputs,
+            command_flags,
+            environment,
+            interrupted_note,
+            write_json,
+        )
         from minisgl_cli.trace_reader import TraceError, read_trace
 
         check_outputs(json=json_path, plot=plot, step_log=step_log)
@@ -168,10 +175,9 @@ def register(app: typer.Typer) -> None:
         )
         console.print(_table(result))
         if result["partial"]:
-            console.print(
-                f"[yellow]partial results:[/yellow] interrupted after {result['completed'] + result['failed']:,} of "
-                f"{result['planned_requests']:,} requests finished (those in flight are not counted)"
-            )
+            done = result["completed"] + result["failed"]
+            note = " (those in flight are not counted)"
+            console.print(interrupted_note(done, result["planned_requests"], "requests", note))
         if json_path is not None:
             write_json(json_path, result)
             console.print(f"results written to {json_path}")
@@ -181,7 +187,7 @@ def register(app: typer.Typer) -> None:
             plot_timeline(results, plot, f"bench-trace {trace.name} -> {result.get('url') or result['model']}")
             console.print(f"plot written to {plot}")
         if result["partial"]:
-            raise typer.Exit(130)  # Ctrl-C's status, once the partial results are out
+            raise typer.Exit(INTERRUPTED_EXIT)  # once the partial results are out
 
 
 def plan(window, vocab: int, context: int, flags: dict[str, Any]) -> Plan:
@@ -401,13 +407,13 @@ def _run_url(config: EngineConfig, window, flags: dict[str, Any], quiet: bool) -
 def summarize(
     results, duration: float, p: Plan, cache_hit_rate: float | None, interrupted: bool = False
 ) -> dict[str, Any]:
+    from minisgl_cli.report import interrupted_fields
     from minisgl_cli.run_figures import summarize as figures
 
     out = figures(results, duration, e2e_name="e2e_latency")
     out.update(
         planned_requests=len(p.items),
-        partial=interrupted,
-        stopped="interrupted" if interrupted else None,
+        **interrupted_fields(interrupted),
         cache_hit_rate=cache_hit_rate,
         trace_cache_hit_upper_bound=p.upper_bound,
         block_size=p.trace.block_size,

@@ -171,6 +171,20 @@ def check_outputs(**paths: Path | None) -> None:
         seen[key] = flag
 
 
+# Ctrl-C's exit status (128 + SIGINT): a benchmark cut short by it exits so once its partial results are out.
+INTERRUPTED_EXIT = 130
+
+
+def interrupted_fields(interrupted: bool) -> dict[str, Any]:
+    """How a result cut short by Ctrl-C is marked in a benchmark's JSON (bench-compare lists it as partial)."""
+    return {"partial": interrupted, "stopped": "interrupted" if interrupted else None}
+
+
+def interrupted_note(done: int, planned: int, what: str, note: str = "") -> str:
+    """The line printed under the table of results cut short by Ctrl-C: how many of the planned units finished."""
+    return f"[yellow]partial results:[/yellow] interrupted after {done:,} of {planned:,} {what} finished{note}"
+
+
 def write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")

@@ -411,3 +411,137 @@ def test_malformed_datasets_are_clear_errors(tmp_path, name, text, message):
     )
     assert r.exit_code == 2, r.output + repr(r.exception)
     assert "Invalid value for --dataset" in flat(r.output) and message in flat(r.output)
+
+
+def _start_bench(tmp_path: Path, *args: str):
+    """bench-offline as from a terminal: a session of its own (its process group gets the Ctrl-C), SIGINT at its
+    default (a background job ignores it); stdout to a file, stderr (progress, run lines) piped to be watched."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "minisgl_cli", "bench-offline", *TINY[:4], *args]
+    with open(tmp_path / "stdout", "w") as stdout:
+        return subprocess.Popen(
+            cmd,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            env={**os.environ, "COLUMNS": "200"},
+        )
+
+
+def _wait_for(p, text: str, seen: list[str], timeout: float = 240.0) -> None:
+    """Read p's stderr line by line until one holds `text` (the lines go to `seen`)."""
+    import time
+
+    t0 = time.monotonic()
+    for line in p.stderr:
+        seen.append(line)
+        if text in line:
+            return
+        assert time.monotonic() - t0 < timeout, "".join(seen)
+    raise AssertionError(f"{text!r} never came (exit status {p.wait()}):\n" + "".join(seen))
+
+
+def _alive(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _session(pid: int) -> list:
+    """The live processes of the session `pid` leads (the benchmark and every process it started, peer children in
+    their own process groups too)."""
+    import os
+
+    import psutil
+
+    alive = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getsid(proc.pid) == pid and _alive(proc):
+                alive.append(proc)
+        except OSError:  # gone meanwhile
+            continue
+    return alive
+
+
+def _interrupt(p, seen: list[str]) -> tuple[str, list]:
+    """Ctrl-C as a terminal sends it (to the foreground process group); the whole stderr, and the processes the run
+    had started that are still alive once it has exited."""
+    import os
+    import signal
+
+    started = _session(p.pid)
+    assert started, "the benchmark is not running"
+    os.killpg(p.pid, signal.SIGINT)
+    _, rest = p.communicate(timeout=120)
+    return "".join(seen) + rest, [proc for proc in started if _alive(proc)] + _session(p.pid)
+
+
+def test_ctrl_c_keeps_the_finished_runs_as_partial_results(tmp_path):
+    """--runs 3 --compare transformers, SIGINT once minisgl's first timed run has finished: the finished runs (and
+    the peer, which ran first) are reported in the table and the JSON, marked partial with how many of the planned
+    runs finished; exit 130, no traceback, no process left."""
+    out = tmp_path / "r.json"
+    args = ["--num-seqs", "2", "--input-len", "16:32", "--output-len", "256:512", "--max-running-requests", "1"]
+    p = _start_bench(tmp_path, *args, "--runs", "3", "--compare", "--temperature", "0", "--json", str(out))
+    seen: list[str] = []
+    _wait_for(p, "minisgl run 1/3 finished", seen)
+    stderr, left = _interrupt(p, seen)
+    stdout = flat((tmp_path / "stdout").read_text())
+    assert p.returncode == 130, stdout + stderr
+    assert "Traceback" not in stderr and "Aborted" not in stderr, stderr
+    assert not left, left
+    res = json.loads(out.read_text())
+    n = res["completed_runs"]
+    assert 1 <= n < 3 and res["planned_runs"] == 3 and len(res["runs"]) == n, res["runs"]  # the cut run is dropped
+    assert res["partial"] is True and res["stopped"] == "interrupted"
+    assert f"partial results: interrupted after {n} of 3 timed runs finished" in stdout, stdout
+    assert "minisgl (torch)" in stdout and "transformers" in stdout  # the normal table, peer column too
+    # the figures are those of a whole finished run: the median of the finished ones
+    w = random_workload(2, (16, 32), (256, 512), vocab_size=512)
+    assert (res["completed"], res["failed"], res["total_output_tokens"]) == (2, 0, w.output_tokens)
+    assert res["duration"] == sorted(r["duration"] for r in res["runs"])[(n - 1) // 2]
+    assert res["output_throughput"] == pytest.approx(w.output_tokens / res["duration"])
+    peer = res["peer"]  # ran to its end before minisgl started
+    assert (peer["engine"], peer["completed"]) == ("transformers", 2)
+    assert (peer["completed_runs"], peer["planned_runs"]) == (1, 1)
+    assert peer["total_output_tokens"] == w.output_tokens and res["speedups"]["transformers"] > 0
+    assert res["benchmark"] == "bench-offline" and res["workload"]["digest"] == workload_digest(w)
+
+
+def test_ctrl_c_before_a_run_finished_writes_nothing_and_stops_the_peer(tmp_path):
+    """SIGINT while the --compare peer child runs: the child (in a process group of its own, so the terminal's
+    Ctrl-C reaches the parent alone) is stopped by the parent and waited for; no timed run of minisgl finished, so
+    the command says so, writes no results file, and exits 130 with no process left."""
+    import time
+
+    import psutil
+
+    out = tmp_path / "r.json"
+    args = ["--num-seqs", "4", "--input-len", "16:32", "--output-len", "512:1024", "--json", str(out)]
+    p = _start_bench(tmp_path, *args, "--compare", "--quiet")
+    seen: list[str] = []
+    _wait_for(p, "in a process of its own", seen)
+    t0 = time.monotonic()
+    while not (kids := psutil.Process(p.pid).children()) and time.monotonic() - t0 < 30:
+        time.sleep(0.1)
+    assert kids, "no peer child"
+    time.sleep(4)  # the child imports, loads transformers and runs; stopped wherever it is
+    assert p.poll() is None and kids[0].is_running()
+    stderr, left = _interrupt(p, seen)
+    stdout = flat((tmp_path / "stdout").read_text())
+    assert p.returncode == 130, stdout + stderr
+    assert "Traceback" not in stderr, stderr
+    assert not left, left
+    assert "stopping the transformers peer" in flat(stderr)
+    assert f"interrupted before a timed run of minisgl finished: no results; nothing written to {out}" in stdout
+    assert not out.exists()
