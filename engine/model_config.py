@@ -72,6 +72,7 @@ class ModelConfig:
                 raise ValueError(f"{name} must be a positive number (got {getattr(self, name)})")
         if self.rope_scaling is not None:
             _check_rope_scaling(self.rope_scaling, self.head_dim)
+        check_token_ids(self.vocab_size, self.eos_token_ids, self.bos_token_id)
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be >= 1 (got {self.sliding_window})")
         if self.num_experts:
@@ -215,6 +216,26 @@ class ModelConfig:
 
     def describe(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def check_token_ids(
+    vocab_size: int,
+    eos: tuple[int, ...],
+    bos: int | None,
+    eos_field: str = "eos_token_id",
+    bos_field: str = "bos_token_id",
+    vocab_field: str = "vocab_size",
+) -> None:
+    """ValueError naming the field when an EOS or BOS id is no token of the vocabulary (ids 0 to vocab_size - 1):
+    an EOS the model can never sample never stops a request, and a BOS outside the embedding fails every prompt."""
+    for field_name, ids in ((eos_field, eos), (bos_field, () if bos is None else (bos,))):
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            shown = f"{list(ids)!r}: {bad[0]}" if len(ids) > 1 else str(bad[0])
+            raise ValueError(
+                f"{field_name} {shown} is outside the vocabulary ({vocab_field} {vocab_size}: ids 0 to "
+                f"{vocab_size - 1})"
+            )
 
 
 def _is_int(v: object) -> bool:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.model_config import PRESETS, ModelConfig
+from engine.model_config import PRESETS, ModelConfig, check_token_ids
 from kernels.cpu_ops import BLOCK_BYTES, QuantMatrix
 
 if TYPE_CHECKING:
@@ -200,6 +200,12 @@ def gguf_config(path: Path, reader: GGUFReader | None = None) -> ModelConfig:
     intermediate, layers = need("feed_forward_length"), need("block_count")
     factors = _rope_freq_factors(path, r)
     try:
+        eos_ids, bos_id = (() if eos is None else (int(eos),)), (None if bos is None else int(bos))
+        # named by their GGUF keys (ModelConfig checks them again, under config.json's names)
+        vocab_key = f"{p}vocab_size" if _field(r, p + "vocab_size") else "tokenizer.ggml.tokens (its length)"
+        check_token_ids(
+            int(vocab), eos_ids, bos_id, "tokenizer.ggml.eos_token_id", "tokenizer.ggml.bos_token_id", vocab_key
+        )
         return ModelConfig(
             architecture=_GGUF_ARCH[arch],
             vocab_size=int(vocab),
@@ -214,8 +220,8 @@ def gguf_config(path: Path, reader: GGUFReader | None = None) -> ModelConfig:
             rms_norm_eps=float(_field(r, p + "attention.layer_norm_rms_epsilon", 1e-6)),
             tie_word_embeddings="output.weight" not in names,
             max_position_embeddings=int(_field(r, p + "context_length", 4096)),
-            eos_token_ids=(int(eos),) if eos is not None else (),
-            bos_token_id=None if bos is None else int(bos),
+            eos_token_ids=eos_ids,
+            bos_token_id=bos_id,
             name=path.stem,
         )
     except ValueError as e:  # a value ModelConfig refuses (KV heads that do not divide the heads, ...)

@@ -623,6 +623,16 @@ def broken_model(kind: str, good: Path, tmp: Path) -> tuple[Path, str, str]:
         return _edit_config(d, max_position_embeddings=0), str(cfg), "max_position_embeddings must be >= 1"
     if kind == "eos ids as strings":
         return _edit_config(d, eos_token_id=["</s>"]), str(cfg), "eos_token_id must be a token id"
+    # special ids the model has no token for: an EOS it can never sample stopped nothing (ignored, loaded)
+    if kind == "eos id outside the vocabulary":
+        _edit_config(d, eos_token_id=512)
+        return d, str(cfg), "eos_token_id 512 is outside the vocabulary (vocab_size 512: ids 0 to 511)"
+    if kind == "an eos id of a list outside the vocabulary":
+        _edit_config(d, eos_token_id=[2, 70000])
+        return d, str(cfg), "eos_token_id [2, 70000]: 70000 is outside the vocabulary (vocab_size 512: ids 0 to 511)"
+    if kind == "bos id outside the vocabulary":
+        _edit_config(d, bos_token_id=1000)
+        return d, str(cfg), "bos_token_id 1000 is outside the vocabulary (vocab_size 512: ids 0 to 511)"
     if kind == "tie_word_embeddings a string":
         return _edit_config(d, tie_word_embeddings="false"), str(cfg), "tie_word_embeddings must be true or false"
     if kind in ("int8 weights", "fp8 weights"):  # a cast would load them as a broken model
@@ -694,8 +704,8 @@ def test_a_checkpoint_without_a_tokenizer_says_text_goes_through_bytes(good_dir,
 
 
 def _tiny_gguf(f: Path, drop=(), kv: dict | None = None, tensors: dict | None = None) -> None:
-    """A tiny Llama GGUF (no tokenizer: the config is read first): `drop` metadata, add `kv` (under llama.) and
-    `tensors` (name: shape, of ones, or name: array)."""
+    """A tiny Llama GGUF (no tokenizer: the config is read first): `drop` metadata, add `kv` (under llama., but
+    tokenizer.* keys) and `tensors` (name: shape, of ones, or name: array)."""
     import gguf
     import numpy as np
 
@@ -705,8 +715,9 @@ def _tiny_gguf(f: Path, drop=(), kv: dict | None = None, tensors: dict | None = 
     for key, value in meta.items():
         if key.split(".")[-1] not in drop:
             w.add_uint32(f"llama.{key}", value)
-    for key, value in (kv or {}).items():
-        (w.add_string if isinstance(value, str) else w.add_uint32)(f"llama.{key}", value)
+    for key, value in (kv or {}).items():  # tokenizer.* keys as they are
+        key = key if key.startswith("tokenizer.") else f"llama.{key}"
+        (w.add_string if isinstance(value, str) else w.add_uint32)(key, value)
     shapes = {"token_embd.weight": (512, 64), "output_norm.weight": (64,), "blk.0.attn_q.weight": (64, 64)}
     shapes |= {"blk.0.attn_k.weight": (32, 64), "blk.0.attn_v.weight": (32, 64), "blk.0.attn_output.weight": (64, 64)}
     shapes |= {"blk.0.ffn_gate.weight": (128, 64), "blk.0.ffn_up.weight": (128, 64), "blk.0.ffn_down.weight": (64, 128)}
@@ -755,6 +766,16 @@ def broken_gguf(kind: str, tmp: Path) -> tuple[Path, str, str]:
     elif kind == "GGUF with partial rotary":
         _tiny_gguf(f, kv={"rope.dimension_count": 8})
         return f, str(f), "partial rotary embeddings (rope over 8 of 16 dims)"
+    elif kind == "GGUF eos outside the vocabulary":
+        _tiny_gguf(f, kv={"tokenizer.ggml.eos_token_id": 600})
+        return (
+            f,
+            str(f),
+            "tokenizer.ggml.eos_token_id 600 is outside the vocabulary (llama.vocab_size 512: ids 0 to 511)",
+        )
+    elif kind == "GGUF bos outside the vocabulary":
+        _tiny_gguf(f, kv={"tokenizer.ggml.bos_token_id": 512})
+        return f, str(f), "tokenizer.ggml.bos_token_id 512 is outside the vocabulary (llama.vocab_size 512"
     else:  # "truncated": the real embedded model cut in half
         with open(embedded_default_path(), "rb") as src:
             f.write_bytes(src.read(os.path.getsize(embedded_default_path()) // 2))
@@ -791,6 +812,9 @@ HF_CASES = [
     "rope_theta 0",
     "max_position_embeddings 0",
     "eos ids as strings",
+    "eos id outside the vocabulary",
+    "an eos id of a list outside the vocabulary",
+    "bos id outside the vocabulary",
     "tie_word_embeddings a string",
     "int8 weights",
     "fp8 weights",
@@ -810,6 +834,8 @@ GGUF_CASES = [
     "GGUF rope_freqs with a zero",
     "GGUF rope_freqs of integers",
     "GGUF with partial rotary",
+    "GGUF eos outside the vocabulary",
+    "GGUF bos outside the vocabulary",
 ]
 
 
@@ -836,6 +862,8 @@ def test_broken_model_files_are_named_in_the_error(kind, good_dir, tmp_path):
         "index lists a missing shard",
         "tokenizer.json not JSON",
         "GGUF lacking head_count",
+        "eos id outside the vocabulary",
+        "GGUF eos outside the vocabulary",
     ],
 )
 def test_broken_model_files_exit_2_from_the_cli(kind, good_dir, tmp_path):
