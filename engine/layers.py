@@ -68,7 +68,8 @@ def fused_ops() -> FusedOps | None:
 
 
 class Narrowable(Protocol):
-    """A checkpoint tensor that can be read in part (a rank reads only its shard)."""
+    """A checkpoint tensor that can be read in part (a rank reads only its shard). A `source` attribute, where the
+    stream gives one, says where it was read (a file, a GGUF tensor) for the load's error messages."""
 
     @property
     def shape(self) -> torch.Size | tuple[int, ...]: ...
@@ -90,8 +91,9 @@ class Loadable(nn.Module):
     def full_shape(self, param: str, index: int) -> tuple[int, ...]:
         return tuple(self.weight.shape)
 
-    def load_shard(self, param: str, index: int, full: Narrowable) -> None:
-        self.weight.copy_(full.narrow(0, 0, full.shape[0]))
+    def load_shard(self, param: str, index: int, full: Narrowable) -> torch.Tensor:
+        """Copy this rank's part of the checkpoint tensor in; the part of the parameter it now fills."""
+        return self.weight.copy_(full.narrow(0, 0, full.shape[0]))
 
     def hf_tensor(self, param: str, index: int) -> torch.Tensor:
         """The whole checkpoint tensor (tensor-parallel size 1), to build a transformers twin."""
@@ -118,12 +120,12 @@ class ColumnParallelLinear(Loadable):
         n = self.sizes[index] * TP.size
         return (n, self.weight.shape[1]) if param == "weight" else (n,)
 
-    def load_shard(self, param: str, index: int, full: Narrowable) -> None:
+    def load_shard(self, param: str, index: int, full: Narrowable) -> torch.Tensor:
         n = self.sizes[index]
         start = sum(self.sizes[:index])
         target = self.weight if param == "weight" else self.bias
         assert target is not None  # shards() lists a bias only when there is one
-        target[start : start + n].copy_(full.narrow(0, TP.rank * n, n))
+        return target[start : start + n].copy_(full.narrow(0, TP.rank * n, n))
 
     def hf_tensor(self, param: str, index: int) -> torch.Tensor:
         target = self.weight if param == "weight" else self.bias
@@ -163,8 +165,8 @@ class RowParallelLinear(Loadable):
     def full_shape(self, param: str, index: int) -> tuple[int, ...]:
         return (self.weight.shape[0], self.in_per_rank * TP.size)
 
-    def load_shard(self, param: str, index: int, full: Narrowable) -> None:
-        self.weight.copy_(full.narrow(1, TP.rank * self.in_per_rank, self.in_per_rank))
+    def load_shard(self, param: str, index: int, full: Narrowable) -> torch.Tensor:
+        return self.weight.copy_(full.narrow(1, TP.rank * self.in_per_rank, self.in_per_rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return TP.all_reduce(_linear(x, self.weight, self.quant))
@@ -183,9 +185,9 @@ class VocabParallelEmbedding(Loadable):
     def full_shape(self, param: str, index: int) -> tuple[int, ...]:
         return (self.vocab, self.weight.shape[1])
 
-    def load_shard(self, param: str, index: int, full: Narrowable) -> None:
+    def load_shard(self, param: str, index: int, full: Narrowable) -> torch.Tensor:
         n = min(self.per_rank, self.vocab - self.start)
-        self.weight[:n].copy_(full.narrow(0, self.start, n))
+        return self.weight[:n].copy_(full.narrow(0, self.start, n))
 
     def hf_tensor(self, param: str, index: int) -> torch.Tensor:
         return self.weight.detach()[: self.vocab]

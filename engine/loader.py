@@ -106,7 +106,7 @@ def load_model(
         model = create_model(cfg)
     with torch.no_grad():
         if kind == "dummy":
-            model.load_weights(weights.dummy_weights(cfg, device, dtype))
+            model.load_weights(weights.dummy_weights(cfg, device, dtype), check_finite=False)  # drawn finite
         elif kind == "gguf":
             total = weights.gguf_tensor_count(path, reader)
             done = [0]

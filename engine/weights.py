@@ -66,10 +66,11 @@ INDEX_FILE = "model.safetensors.index.json"
 class _SafetensorSlice:
     """A lazily read safetensors tensor: narrow() reads only the requested rows/columns from disk."""
 
-    def __init__(self, handle: Any, name: str):  # a safetensors safe_open handle
+    def __init__(self, handle: Any, name: str, file: Path):  # a safetensors safe_open handle
         self._slice = handle.get_slice(name)
         self.shape = tuple(self._slice.get_shape())
         self.dtype = str(self._slice.get_dtype())
+        self.source = str(file)  # named in the load's errors (engine/layers.py Narrowable)
 
     def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
         index = [slice(None)] * len(self.shape)
@@ -115,7 +116,7 @@ def hf_weights(path: Path) -> Iterator[tuple[str, _SafetensorSlice]]:
                     raise ValueError(f"tensor {name!r} is in both {seen[name]} and {f}")
                 seen[name] = f
                 try:
-                    t = _SafetensorSlice(handle, name)
+                    t = _SafetensorSlice(handle, name, f)
                 except Exception as e:
                     raise ValueError(f"cannot read tensor {name!r} in {f}: {e}") from e
                 if t.dtype not in _FLOAT_DTYPES:
@@ -284,6 +285,7 @@ def gguf_weights(
             heads = cfg.num_kv_heads
         if heads is not None:
             w = _unpermute(w, heads)
+        w.source = f"{path} (GGUF tensor {t.name})"  # type: ignore[attr-defined]  # named in the load's errors
         if quantized is not None and t.tensor_type.name in BLOCK_BYTES and w.dim() == 2:
             q = QuantMatrix.from_gguf(t.tensor_type.name, t.data, *w.shape)
             quantized[name] = q if heads is None else q.rows(_unpermute(torch.arange(w.shape[0]), heads))

@@ -639,6 +639,18 @@ def broken_model(kind: str, good: Path, tmp: Path) -> tuple[Path, str, str]:
         dtype = torch.int8 if kind == "int8 weights" else torch.float8_e4m3fn
         _edit_weights(st_file, lambda sd: sd.update({UP: (sd[UP] * 100).to(dtype)}))
         return d, str(st_file), f"tensor 'model.layers.0.mlp.up_proj.weight' in {st_file} has dtype"
+    # non-finite weights loaded quietly and made every logit NaN: the first such tensor is named, with its file
+    if kind == "a NaN weight":  # and a later tensor all NaN: the first is named
+
+        def nan(sd):
+            sd[UP].view(-1)[77] = math.nan
+            sd["model.layers.1.mlp.down_proj.weight"].fill_(math.nan)
+
+        _edit_weights(st_file, nan)
+        return d, str(st_file), f"weight '{UP}' in {st_file} holds 1 NaN and 0 infinite values of 8,192 (the model"
+    if kind == "an infinite weight":
+        _edit_weights(st_file, lambda sd: sd[UP].view(-1).index_fill_(0, torch.tensor([5]), -math.inf))
+        return d, str(st_file), f"weight '{UP}' in {st_file} holds 0 NaN and 1 infinite values of 8,192"
     if kind == "a tensor in two files":  # the later copy replaced the earlier one
         shutil.copy(st_file, d / "model-copy.safetensors")
         return d, str(d / "model-copy.safetensors"), "is in both"
@@ -703,9 +715,9 @@ def test_a_checkpoint_without_a_tokenizer_says_text_goes_through_bytes(good_dir,
     assert llm.tokenizer.vocab_size == 256
 
 
-def _tiny_gguf(f: Path, drop=(), kv: dict | None = None, tensors: dict | None = None) -> None:
+def _tiny_gguf(f: Path, drop=(), kv: dict | None = None, tensors: dict | None = None, nan: str = "") -> None:
     """A tiny Llama GGUF (no tokenizer: the config is read first): `drop` metadata, add `kv` (under llama., but
-    tokenizer.* keys) and `tensors` (name: shape, of ones, or name: array)."""
+    tokenizer.* keys) and `tensors` (name: shape, of ones, or name: array); the tensor named `nan` holds a NaN."""
     import gguf
     import numpy as np
 
@@ -723,7 +735,10 @@ def _tiny_gguf(f: Path, drop=(), kv: dict | None = None, tensors: dict | None = 
     shapes |= {"blk.0.ffn_gate.weight": (128, 64), "blk.0.ffn_up.weight": (128, 64), "blk.0.ffn_down.weight": (64, 128)}
     shapes |= {"blk.0.attn_norm.weight": (64,), "blk.0.ffn_norm.weight": (64,)} | (tensors or {})
     for name, shape in shapes.items():
-        w.add_tensor(name, shape if isinstance(shape, np.ndarray) else np.ones(shape, dtype=np.float32))
+        data = shape if isinstance(shape, np.ndarray) else np.ones(shape, dtype=np.float32)
+        if name == nan:
+            data.flat[3] = np.nan
+        w.add_tensor(name, data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -766,6 +781,9 @@ def broken_gguf(kind: str, tmp: Path) -> tuple[Path, str, str]:
     elif kind == "GGUF with partial rotary":
         _tiny_gguf(f, kv={"rope.dimension_count": 8})
         return f, str(f), "partial rotary embeddings (rope over 8 of 16 dims)"
+    elif kind == "GGUF with a NaN weight":
+        _tiny_gguf(f, nan="blk.0.ffn_up.weight")
+        return f, str(f), f"weight '{UP}' in {f} (GGUF tensor blk.0.ffn_up.weight) holds 1 NaN and 0 infinite values"
     elif kind == "GGUF eos outside the vocabulary":
         _tiny_gguf(f, kv={"tokenizer.ggml.eos_token_id": 600})
         return (
@@ -816,6 +834,8 @@ HF_CASES = [
     "an eos id of a list outside the vocabulary",
     "bos id outside the vocabulary",
     "tie_word_embeddings a string",
+    "a NaN weight",
+    "an infinite weight",
     "int8 weights",
     "fp8 weights",
     "a tensor in two files",
@@ -836,6 +856,7 @@ GGUF_CASES = [
     "GGUF with partial rotary",
     "GGUF eos outside the vocabulary",
     "GGUF bos outside the vocabulary",
+    "GGUF with a NaN weight",
 ]
 
 
@@ -864,6 +885,7 @@ def test_broken_model_files_are_named_in_the_error(kind, good_dir, tmp_path):
         "GGUF lacking head_count",
         "eos id outside the vocabulary",
         "GGUF eos outside the vocabulary",
+        "a NaN weight",
     ],
 )
 def test_broken_model_files_exit_2_from_the_cli(kind, good_dir, tmp_path):
@@ -871,6 +893,40 @@ def test_broken_model_files_exit_2_from_the_cli(kind, good_dir, tmp_path):
     code, out = invoke("bench-offline", "--model", str(path), "--device", "cpu", "--num-seqs", "1", "--quiet")
     assert code == 2, out
     assert says in out and names.replace(" ", "") in out.replace(" ", ""), out
+
+
+def test_a_weight_beyond_float16s_range_is_refused_as_loaded_in_float16(good_dir, tmp_path):
+    """The check runs on the tensor as loaded: a finite fp32 value past float16's largest (65504) would load as an
+    infinity; the message says the cast made it, not the file. The same checkpoint loads in float32."""
+    d = _copy(good_dir, tmp_path, "big")
+    _edit_weights(d / "model.safetensors", lambda sd: sd[UP].view(-1).__setitem__(0, 1e6))
+    with pytest.raises(ValueError) as e:
+        LLM(EngineConfig(model=str(d), device="cpu", dtype="float16", num_pages=16))
+    assert (
+        f"weight '{UP}' in {d / 'model.safetensors'} holds 0 NaN and 1 infinite values of 8,192 once cast to "
+        "float16: its values are finite but beyond float16's range" in str(e.value)
+    ), e.value
+    LLM(EngineConfig(model=str(d), device="cpu", dtype="float32", num_pages=16))
+
+
+def test_a_cached_conversion_with_a_nan_is_refused_naming_the_cached_file(tmp_path, monkeypatch):
+    """The weight cache's read path (a GGUF's dequantized copy, read as a HF directory): a NaN there is named with the
+    cached file, as in any checkpoint. The entry is written by the cache's own store()."""
+    from engine import weight_cache
+    from engine.weights import gguf_config, gguf_weights
+
+    monkeypatch.setenv("MINISGL_WEIGHT_CACHE", "1")
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
+    f = tmp_path / "m.gguf"
+    _tiny_gguf(f)
+    cfg = gguf_config(f)
+    weights = {name: w for name, w in gguf_weights(f, cfg)}
+    weights[UP].view(-1)[9] = math.nan
+    entry = weight_cache.store(f, cfg, weights, None, {})
+    assert entry is not None and weight_cache.lookup(f) == entry
+    with pytest.raises(ValueError) as e:
+        LLM(EngineConfig(model=str(f), device="cpu", num_pages=16))
+    assert f"weight '{UP}' in {entry / 'model.safetensors'} holds 1 NaN" in str(e.value), e.value
 
 
 def test_a_model_file_that_is_not_gguf(tmp_path):

@@ -145,6 +145,27 @@ def _hf_name(path: str, param: str, index: int) -> str:
     return f"{parent}.{leaf}.{param}" if parent else f"{leaf}.{param}"
 
 
+def _finite(t: torch.Tensor) -> bool:
+    """Whether t holds no NaN and no infinity. Its sum is finite unless one of them is there or the sum overflows (only
+    then the exact test runs): one read of the tensor, 10x faster than isfinite(t).all() on a CPU (SmolLM2-135M's
+    shapes, 161 M fp32 values: 28 vs 299 ms; benchmarks/finite_check_ab.py times the whole load)."""
+    return bool(torch.isfinite(t.sum(dtype=torch.float32))) or bool(torch.isfinite(t).all())
+
+
+def _not_finite(name: str, w: Narrowable, part: torch.Tensor) -> str:
+    """The refusal of a checkpoint tensor holding NaN or infinite values as loaded: where it was read, how many, and
+    whether the checkpoint holds them or the cast to the model's dtype made them (a value beyond float16's range)."""
+    source = getattr(w, "source", None)
+    nan, inf = int(part.isnan().sum()), int(part.isinf().sum())
+    what = f"{nan:,} NaN and {inf:,} infinite values of {part.numel():,}"
+    dtype = str(part.dtype).removeprefix("torch.")
+    if bool(torch.isfinite(w.narrow(0, 0, w.shape[0])).all()):  # read again, only to say why
+        why = f"once cast to {dtype}: its values are finite but beyond {dtype}'s range (load it in float32 or bfloat16)"
+    else:
+        why = "(the model would compute NaN logits)"
+    return f"weight {name!r}{f' in {source}' if source else ''} holds {what} {why}"
+
+
 class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -175,13 +196,15 @@ class LlamaForCausalLM(nn.Module):
         tied = self.cfg.tie_word_embeddings
         return {p: m for p, m in self.named_modules() if isinstance(m, Loadable) and not (tied and p == "lm_head")}
 
-    def load_weights(self, weights: Iterable[tuple[str, Narrowable]]) -> None:
-        """Load HF-named weights; raises on unknown or missing names so a wrong file is caught early."""
+    def load_weights(self, weights: Iterable[tuple[str, Narrowable]], check_finite: bool = True) -> None:
+        """Load HF-named weights; raises on unknown or missing names so a wrong file is caught early, and (with
+        check_finite) on the first tensor holding a NaN or an infinity as loaded, which would make every logit NaN
+        (checked where it now lies, on the model's device and in its dtype: one pass over each tensor)."""
         modules = self.loadable()
         shards = {p: set(m.shards()) for p, m in modules.items()}
         loaded: set[tuple[str, str, int]] = set()
-        for name, w in weights:
-            name = name.removeprefix("model.")
+        for checkpoint_name, w in weights:
+            name = checkpoint_name.removeprefix("model.")
             if name == "lm_head.weight" and self.cfg.tie_word_embeddings:
                 continue
             if name.endswith("rotary_emb.inv_freq"):
@@ -194,7 +217,9 @@ class LlamaForCausalLM(nn.Module):
             want = module.full_shape(param, index)
             if tuple(w.shape) != want:  # a larger tensor would otherwise be cut down to size without a word
                 raise ValueError(f"weight {name!r} has shape {tuple(w.shape)}, but the config makes it {want}")
-            module.load_shard(param, index, w)
+            part = module.load_shard(param, index, w)
+            if check_finite and not _finite(part):
+                raise ValueError(_not_finite(checkpoint_name, w, part))
             loaded.add(where)
         expected = {(p, param, i) for p, keys in shards.items() for param, i in keys}
         missing = sorted(_hf_name(*k) for k in expected - loaded)

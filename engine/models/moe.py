@@ -75,13 +75,12 @@ class Experts(Loadable):
         full = self.inter * TP.size
         return (self.hidden, full) if index % 3 == 2 else (full, self.hidden)
 
-    def load_shard(self, param: str, index: int, full: Narrowable) -> None:
+    def load_shard(self, param: str, index: int, full: Narrowable) -> torch.Tensor:
         e, k = divmod(index, 3)
         n, start = self.inter, TP.rank * self.inter
         if k == 2:
-            self.w2[e].copy_(full.narrow(1, start, n))
-        else:
-            self.w13[e, k * n : (k + 1) * n].copy_(full.narrow(0, start, n))
+            return self.w2[e].copy_(full.narrow(1, start, n))
+        return self.w13[e, k * n : (k + 1) * n].copy_(full.narrow(0, start, n))
 
     def hf_tensor(self, param: str, index: int) -> torch.Tensor:
         e, k = divmod(index, 3)
