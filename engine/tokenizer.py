@@ -30,6 +30,14 @@ class Tokenizer:
 
     def __init__(self, hf: Any, extra_eos: tuple[int, ...] = ()):
         self.hf = hf
+        if (
+            _bpe(hf)
+            and getattr(hf, "clean_up_tokenization_spaces", False)
+            and not getattr(hf, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)
+        ):
+            # transformers 5 skips this clean-up for BPE tokenizers (it would strip the spaces before punctuation)
+            # and warns on the first decode; some versions turn it on for GGUF files. Off: the same text, no warning.
+            hf.clean_up_tokenization_spaces = False
         eos = {hf.eos_token_id} if getattr(hf, "eos_token_id", None) is not None else set()
         self.eos_ids = frozenset(eos | set(extra_eos))
         self.has_chat_template = bool(getattr(hf, "chat_template", None))
@@ -164,3 +172,9 @@ class IncrementalDetokenizer:
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
             return full[len(prefix) :]
         return ""
+
+
+def _bpe(hf: Any) -> bool:
+    """Whether a transformers tokenizer's backend is a BPE model (byte-level or not)."""
+    backend = getattr(hf, "backend_tokenizer", None)
+    return backend is not None and type(backend.model).__name__ == "BPE"

@@ -145,3 +145,28 @@ def test_streamed_outputs_are_snapshots_and_the_final_one_a_list(smollm):
     assert [(list(o.token_ids), list(o.token_times)) for o in outs] == seen  # later steps changed no earlier one
     assert type(outs[-1].token_ids) is list and type(outs[-1].token_times) is list
     assert all(isinstance(o.token_ids, Prefix) for o in outs[:-1])
+
+
+def test_a_bpe_tokenizer_with_clean_up_on_decodes_as_transformers_does_and_says_nothing():
+    """Some transformers versions read the GGUF's tokenizer with clean_up_tokenization_spaces on; transformers 5 then
+    skips that clean-up for BPE (it would strip spaces before punctuation) and logs a warning that landed in the chat's
+    output. The engine's tokenizer keeps the text and prints nothing."""
+    import subprocess
+    import sys
+
+    from tests.conftest import subprocess_env
+
+    code = (
+        "from transformers import AutoTokenizer\n"
+        "from engine import weights\n"
+        "from engine.tokenizer import Tokenizer\n"
+        "p = weights.embedded_default_path()\n"
+        "hf = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name, clean_up_tokenization_spaces=True)\n"
+        "assert hf.clean_up_tokenization_spaces\n"
+        "tok = Tokenizer(hf)\n"
+        "print(repr(tok.decode(tok.encode('Hello , world . Yes !'))))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == repr("Hello , world . Yes !")
+    assert "clean_up_tokenization" not in r.stderr, r.stderr
