@@ -17,7 +17,7 @@
 set -u
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(tests real bench profile)
-c=$(git rev-parse --short HEAD 2>/dev/null || echo "${COMMIT:-unknown}")
+c=${MINISGL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}  # the tree there may carry a stale .git
 parts=.whl/gguf
 store=$HOME/minisgl-gguf
 gguf=$store/SmolLM2-135M-Instruct.Q4_1.gguf
