@@ -1,4 +1,4 @@
-"""Per-request sampling settings, validated at construction so bad values never reach the engine."""
+"""Per-request sampling settings, validated at construction and at submission so bad values never reach the engine."""
 
 from __future__ import annotations
 
@@ -43,6 +43,11 @@ class SamplingParams:
             self.stop_token_ids = list(self.stop_token_ids)
         if isinstance(self.logit_bias, dict):  # JSON object keys are strings
             self.logit_bias = {_token_id(k): v for k, v in self.logit_bias.items()}
+        self.validate()
+
+    def validate(self) -> None:
+        """ValueError naming the first bad field. Run at construction and again at submission (RequestLimits.check):
+        the fields can be assigned afterwards, and a temperature set to -1 or max_tokens to 0 was sampled with."""
         # Types first: a string compared below raised a bare TypeError, and ignore_eos="false" was truthy (EOS ignored)
         numbers = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
         for name in numbers:

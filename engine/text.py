@@ -46,6 +46,7 @@ class RequestLimits:
         return min(self.max_model_len, self.kv_capacity)
 
     def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        params.validate()  # again: a field assigned after construction was never checked
         if not prompt_ids:
             raise ValueError("prompt is empty")
         fast = set(map(type, prompt_ids)) <= {int} and min(prompt_ids) >= 0 and max(prompt_ids) < self.vocab_size

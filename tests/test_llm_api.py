@@ -1,0 +1,35 @@
+"""The Python API as a user drives it (engine.llm.LLM, engine.async_llm.AsyncLLM): misuse gets a clear error, and no
+request is left running or holding KV pages behind it."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.sampling_params import SamplingParams
+from tests.conftest import make_llm
+
+
+def assert_idle(llm, pages: int) -> None:
+    assert not llm.has_work() and llm.engine.reqs == {} and llm._text == {}
+    assert llm.metrics().kv_pages_free == pages
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("temperature", -1.0, "temperature must be >= 0"),
+        ("max_tokens", 0, "max_tokens must be an integer >= 1"),
+        ("top_p", 0.0, "top_p must be in (0, 1]"),
+        ("stop", "x", "stop and stop_token_ids must be lists"),
+        ("seed", 2**70, "seed must be a 64-bit integer"),
+    ],
+)
+def test_a_sampling_field_assigned_after_construction_is_checked_at_submission(field, value, message):
+    """SamplingParams checks its fields when built, but they can be assigned afterwards: a temperature set to -1 was
+    sampled with, max_tokens set to 0 generated a token. Submission checks them again."""
+    llm = make_llm(num_pages=64, radix_cache=False)
+    params = SamplingParams(max_tokens=4, temperature=0)
+    setattr(params, field, value)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        llm.generate([[1, 2, 3]], params)
+    assert_idle(llm, 64)
