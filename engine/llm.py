@@ -102,7 +102,9 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run a batch to completion; outputs in prompt order. on_step(outputs) sees each step's outputs at once;
         on_progress(requests, tokens) only counts them (how many requests the step changed, how many tokens it
-        produced), so without on_step and on_output no output is built for a running request that needs no text."""
+        produced), so without on_step and on_output no output is built for a running request that needs no text.
+        If the call fails (a bad prompt, a callback raising, KeyboardInterrupt), the requests it added are
+        withdrawn: none runs on, none holds KV pages."""
         if params is None or isinstance(params, SamplingParams):
             plist = [params or SamplingParams()] * len(prompts)
         else:  # any sequence, not only a list or tuple
@@ -116,30 +118,38 @@ class LLM:
             try:
                 for p, sp in zip(prompts, plist):
                     rids.append(self.add_request(p, sp))
-            except Exception:
-                for rid in rids:  # a bad prompt fails the call; the ones before it must not run on unasked
-                    self.abort(rid)
-                while any(r in self.engine.reqs for r in rids):
-                    self.step()
+                running = on_step is not None or on_output is not None
+                wanted = set(rids)
+                while len(final) < len(rids):
+                    tokens = self.engine.stats["generation_tokens"]
+                    reqs = self.engine.step()
+                    outs = self._outputs(reqs, running)
+                    if on_progress is not None:
+                        on_progress(len(reqs), self.engine.stats["generation_tokens"] - tokens)
+                    if on_step is not None:
+                        on_step(outs)
+                    for out in outs:
+                        if on_output is not None:
+                            on_output(out)
+                        if out.finished and out.rid in wanted:  # another caller's request may finish here too
+                            final[out.rid] = out
+            except BaseException:
+                # A bad prompt, a callback or the step raised, or the caller interrupted: what this call added and
+                # has not finished must not run on in a later call, nor hold its pages.
+                self._withdraw([r for r in rids if r not in final])
                 raise
-            running = on_step is not None or on_output is not None
-            wanted = set(rids)
-            while len(final) < len(rids):
-                tokens = self.engine.stats["generation_tokens"]
-                reqs = self.engine.step()
-                outs = self._outputs(reqs, running)
-                if on_progress is not None:
-                    on_progress(len(reqs), self.engine.stats["generation_tokens"] - tokens)
-                if on_step is not None:
-                    on_step(outs)
-                for out in outs:
-                    if on_output is not None:
-                        on_output(out)
-                    if out.finished and out.rid in wanted:  # another caller's request may finish here too
-                        final[out.rid] = out
-            while any(r in self.engine.reqs for r in rids):  # a stop string ended some: their pages go back now
-                self.step()
+            self._drain(rids)  # a stop string ended some: their pages go back now
         return [final[r] for r in rids]
+
+    def _withdraw(self, rids: list[str]) -> None:
+        for rid in rids:
+            self.abort(rid)
+        self._drain(rids)
+
+    def _drain(self, rids: list[str]) -> None:
+        """Step until none of `rids` is in the engine (ended ones return their pages at the next step)."""
+        while self.engine.has_work() and any(r in self.engine.reqs for r in rids):
+            self.step()
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """Drive the engine until this request finishes, yielding its outputs (other requests progress too)."""
@@ -154,8 +164,7 @@ class LLM:
         finally:
             if not done:
                 self.abort(rid)
-            while self.engine.has_work() and rid in self.engine.reqs:  # also when a stop string ended it
-                self.step()
+            self._drain([rid])  # also when a stop string ended it
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -33,3 +33,20 @@ def test_a_sampling_field_assigned_after_construction_is_checked_at_submission(f
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         llm.generate([[1, 2, 3]], params)
     assert_idle(llm, 64)
+
+
+def test_a_failing_generate_withdraws_what_it_added():
+    """A callback raising (or KeyboardInterrupt) in the middle of generate() left its requests running: they held
+    their pages after the call and ran on, unseen, inside later calls."""
+    llm = make_llm(num_pages=64, radix_cache=False)
+
+    def boom(out):
+        raise RuntimeError("callback failed")
+
+    with pytest.raises(RuntimeError, match="callback failed"):
+        llm.generate([[1, 2, 3]] * 3, SamplingParams(max_tokens=50, ignore_eos=True), on_output=boom)
+    assert_idle(llm, 64)
+    steps = llm.engine.stats["steps"]
+    out = llm.generate([[4, 5, 6]], SamplingParams(max_tokens=4, temperature=0))[0]
+    assert len(out.token_ids) == 4 and llm.engine.stats["steps"] - steps <= 5  # nothing else ran in this call
+    assert_idle(llm, 64)
