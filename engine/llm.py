@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, cast
 
 from engine.config import EngineConfig
 from engine.engine import Engine
@@ -94,29 +94,33 @@ class LLM:
     # ---- conveniences -------------------------------------------------------------------------------
     def generate(
         self,
-        prompts: Sequence[Prompt],
+        prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         on_output: Callable[[RequestOutput], object] | None = None,
         on_step: Callable[[list[RequestOutput]], object] | None = None,
         on_progress: Callable[[int, int], object] | None = None,
     ) -> list[RequestOutput]:
-        """Run a batch to completion; outputs in prompt order. on_step(outputs) sees each step's outputs at once;
-        on_progress(requests, tokens) only counts them (how many requests the step changed, how many tokens it
-        produced), so without on_step and on_output no output is built for a running request that needs no text.
+        """Run a batch to completion; outputs in prompt order. `prompts` is a list of prompts, or one prompt (a
+        string, a token-id list, a conversation), which gives a list of one output. on_step(outputs) sees each
+        step's outputs at once; on_progress(requests, tokens) only counts them (how many requests the step changed,
+        how many tokens it produced), so without on_step and on_output no output is built for a running request that
+        needs no text.
         If the call fails (a bad prompt, a callback raising, KeyboardInterrupt), the requests it added are
         withdrawn: none runs on, none holds KV pages."""
+        # a string, token ids or one conversation: a batch of one
+        batch = [cast(Prompt, prompts)] if _one_prompt(prompts) else cast(Sequence[Prompt], prompts)
         if params is None or isinstance(params, SamplingParams):
-            plist = [params or SamplingParams()] * len(prompts)
+            plist = [params or SamplingParams()] * len(batch)
         else:  # any sequence, not only a list or tuple
             plist = list(params)
-        if len(plist) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(plist)} sampling params")
+        if len(plist) != len(batch):
+            raise ValueError(f"{len(batch)} prompts but {len(plist)} sampling params")
         final: dict[str, RequestOutput] = {}
         # The pause covers the adds too: a collection due from the previous run's objects hit them (171 ms once).
         with paused_collector() if PAUSE_COLLECTOR else nullcontext():
             rids: list[str] = []
             try:
-                for p, sp in zip(prompts, plist):
+                for p, sp in zip(batch, plist):
                     rids.append(self.add_request(p, sp))
                 running = on_step is not None or on_output is not None
                 wanted = set(rids)
@@ -182,3 +186,15 @@ class LLM:
             "attention": e.backend_name,
             "tp": str(self.config.tp),
         }
+
+
+def _one_prompt(prompts: object) -> bool:
+    """A single prompt where generate() takes a list of them: a string (iterated, each character became a prompt of
+    its own), or a non-empty list of token ids or of chat messages (no list of prompts holds ints or dicts)."""
+    if isinstance(prompts, str):
+        return True
+    if not isinstance(prompts, list) or not prompts:
+        return False
+    return all(isinstance(t, int) and not isinstance(t, bool) for t in prompts) or all(
+        isinstance(m, dict) for m in prompts
+    )

@@ -35,6 +35,17 @@ def test_a_sampling_field_assigned_after_construction_is_checked_at_submission(f
     assert_idle(llm, 64)
 
 
+@pytest.mark.parametrize("prompt", ["hello", [1, 2, 3], [{"role": "user", "content": "hi"}]])
+def test_generate_takes_one_prompt_as_a_batch_of_one(smollm, prompt):
+    """generate("hello") ran five one-character prompts ("h", "e", ...) and returned five outputs; [1, 2, 3] failed
+    as three prompts. One prompt gives one output, the one a list of it gives."""
+    params = SamplingParams(max_tokens=3, temperature=0)
+    one = smollm.generate(prompt, params)
+    assert len(one) == 1
+    assert one[0].token_ids == smollm.generate([prompt], params)[0].token_ids
+    assert one[0].prompt_token_ids == smollm.encode(prompt)
+
+
 def test_a_failing_generate_withdraws_what_it_added():
     """A callback raising (or KeyboardInterrupt) in the middle of generate() left its requests running: they held
     their pages after the call and ran on, unseen, inside later calls."""
