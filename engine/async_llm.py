@@ -45,7 +45,9 @@ class AsyncLLM(StepLoop):
     ) -> RequestStream:
         """Validates now (raising ValueError for bad input), then queues the request for the engine thread.
         final_only: the stream gets the finished output alone, not one per step: a consumer that wants only the
-        result (its token times are the engine's) then costs the engine thread no wake-up of its loop per token."""
+        result (its token times are the engine's) then costs the engine thread no wake-up of its loop per token.
+        A consumer that stops iterating the stream before its end (break, an exception, its task cancelled) aborts
+        the request: its KV pages go back at the next step."""
         if not self.alive:
             raise EngineDeadError(f"engine is not running: {self.error or 'stopped'}")
         params = params or SamplingParams()
@@ -54,7 +56,7 @@ class AsyncLLM(StepLoop):
         with self._lock:
             self._check_open()
             rid = rid or self.llm.engine.new_rid()
-            stream = RequestStream(rid, ids, loop, final_only)
+            stream = RequestStream(rid, ids, loop, final_only, on_abandon=lambda: self.abort(rid))
             self._inbox.put(("add", rid, ids, params, stream))
         return stream
 

@@ -26,6 +26,7 @@ class RequestStream:
         loop: asyncio.AbstractEventLoop | None,
         final_only: bool = False,
         sink: Callable[[object], None] | None = None,
+        on_abandon: Callable[[], object] | None = None,
     ):
         self.rid, self.prompt_ids = rid, prompt_ids
         self.final_only = final_only  # only the finished output (with every token's time) arrives
@@ -34,6 +35,9 @@ class RequestStream:
         # With a sink, each item goes to it (on the loop's thread) instead of the queue, and nothing iterates: a
         # consumer without a task of its own saves a pass through the event loop per output (serve's hot path).
         self._sink = sink
+        # Called when a consumer leaves the iteration before the end (break, an exception, its task cancelled): the
+        # owner aborts the request, which would otherwise run on to max_tokens holding its KV pages.
+        self._on_abandon = on_abandon
 
     def put(self, item: object) -> None:
         """An output, an exception, or END; from any thread."""
@@ -50,15 +54,33 @@ class RequestStream:
 
     def __iter__(self) -> Iterator[RequestOutput]:
         assert isinstance(self._q, queue.Queue), "created for asyncio: use `async for`"
-        while (item := self._q.get()) is not END:
-            if isinstance(item, Exception):
-                raise item
-            yield item
+        ended = False
+        try:
+            while (item := self._q.get()) is not END:
+                if isinstance(item, Exception):
+                    ended = True
+                    raise item
+                yield item
+            ended = True
+        finally:
+            if not ended:
+                self._abandoned()
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
         assert isinstance(self._q, asyncio.Queue), "created for threads: use `for`"
         assert self._sink is None, "its outputs go to the sink"
-        while (item := await self._q.get()) is not END:
-            if isinstance(item, Exception):
-                raise item
-            yield item
+        ended = False
+        try:
+            while (item := await self._q.get()) is not END:
+                if isinstance(item, Exception):
+                    ended = True
+                    raise item
+                yield item
+            ended = True
+        finally:
+            if not ended:
+                self._abandoned()
+
+    def _abandoned(self) -> None:
+        if self._on_abandon is not None:
+            self._on_abandon()

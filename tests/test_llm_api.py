@@ -61,3 +61,64 @@ def test_a_failing_generate_withdraws_what_it_added():
     out = llm.generate([[4, 5, 6]], SamplingParams(max_tokens=4, temperature=0))[0]
     assert len(out.token_ids) == 4 and llm.engine.stats["steps"] - steps <= 5  # nothing else ran in this call
     assert_idle(llm, 64)
+
+
+def test_an_async_consumer_that_stops_early_aborts_its_request():
+    """Leaving a stream early (break, or the consuming task cancelled) left its request running to max_tokens,
+    holding its KV pages; vLLM's AsyncLLM aborts it. A thread's stream the same."""
+    import asyncio
+    import threading
+
+    from engine.async_llm import AsyncLLM
+
+    llm = make_llm(num_pages=256, radix_cache=False)
+    a = AsyncLLM(llm)
+    params = SamplingParams(max_tokens=2000, ignore_eos=True)
+
+    def idle() -> bool:
+        return a.call(lambda llm: not llm.has_work() and llm.metrics().kv_pages_free == 256)
+
+    async def wait_idle() -> None:
+        """Idle, the abandoned request ended long before its 2,000 tokens."""
+        tokens = a.call(lambda llm: llm.engine.stats["generation_tokens"])
+        while not idle():
+            await asyncio.sleep(0.05)
+        assert a.call(lambda llm: llm.engine.stats["generation_tokens"]) - tokens < 1000
+
+    async def main() -> list:
+        loop = asyncio.get_running_loop()
+        s = a.submit([1, 2, 3], params, loop=loop)
+        async for out in s:
+            if len(out.token_ids) >= 3:
+                break
+        await wait_idle()
+
+        async def consume(s):
+            async for _ in s:
+                pass
+
+        task = asyncio.create_task(consume(a.submit([4, 5, 6], params, loop=loop)))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        await wait_idle()
+        # a consumer that reads to the end aborts nothing
+        return [o async for o in a.submit([7, 8], SamplingParams(max_tokens=3), loop=loop)]
+
+    try:
+        outs = asyncio.run(main())
+        assert outs[-1].finish_reason == "length" and len(outs[-1].token_ids) == 3
+        done = threading.Event()
+
+        def thread_consumer():
+            for out in a.submit([9, 10], params):
+                if out.token_ids:
+                    break
+            done.set()
+
+        threading.Thread(target=thread_consumer).start()
+        assert done.wait(30)
+        asyncio.run(wait_idle())
+        a.call(lambda llm: llm.engine.check())
+        assert a.call(lambda llm: llm.metrics().finished_requests) == 4
+    finally:
+        a.shutdown()
