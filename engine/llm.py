@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from typing import Any, cast
@@ -31,26 +32,65 @@ class LLM:
         self.engine = Engine(self.config, progress)
         self.tokenizer = self.engine.loaded.tokenizer
         self._text: dict[str, TextState] = {}
+        # generate() and stream() calls may run at once (threads, or one nested in another's callback): whichever
+        # steps the engine posts each output to the inbox of the call that owns its request. Before, a call only
+        # saw the outputs of the steps it ran itself, and waited forever for one another call's step had taken.
+        self._lock = threading.RLock()  # held for each step, add and abort
+        self._inbox: dict[str, list[RequestOutput]] = {}  # rid -> the owning call's inbox
 
     # ---- requests -------------------------------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:
         return encode_prompt(self.tokenizer, prompt)
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None, rid: str | None = None) -> str:
+        return self._add(prompt, params, rid, None)
+
+    def _add(
+        self, prompt: Prompt, params: SamplingParams | None, rid: str | None, box: list[RequestOutput] | None
+    ) -> str:
+        """add_request; with `box`, its outputs go there from the first step on, whoever runs it."""
         params = params or SamplingParams()
         ids = self.encode(prompt)
-        req = self.engine.add_request(ids, params, rid)
-        self._text[req.rid] = TextState.create(self.tokenizer, ids, params)
+        with self._lock:
+            req = self.engine.add_request(ids, params, rid)
+            self._text[req.rid] = TextState.create(self.tokenizer, ids, params)
+            if box is not None:
+                self._inbox[req.rid] = box
         return req.rid
 
     def abort(self, rid: str) -> None:
-        self.engine.abort(rid)
+        with self._lock:
+            self.engine.abort(rid)
 
     def has_work(self) -> bool:
         return self.engine.has_work()
 
     def step(self) -> list[RequestOutput]:
-        return self._outputs(self.engine.step(), running=True)
+        with self._lock:
+            outs = self._outputs(self.engine.step(), running=True)
+            self._post(outs)
+        return outs
+
+    def _post(self, outs: list[RequestOutput]) -> None:
+        for out in outs:
+            box = self._inbox.get(out.rid)
+            if box is not None:
+                box.append(out)
+
+    def _receive(self, box: list[RequestOutput], running: bool) -> tuple[list[RequestOutput], tuple[int, int] | None]:
+        """What `box` holds, stepping the engine first if it is empty; and (requests, tokens) of that step, if any."""
+        with self._lock:
+            counts = None
+            if not box:
+                tokens = self.engine.stats["generation_tokens"]
+                reqs = self.engine.step()
+                self._post(self._outputs(reqs, running))
+                counts = (len(reqs), self.engine.stats["generation_tokens"] - tokens)
+                if not box and not self.engine.has_work():
+                    raise RuntimeError("the engine is idle but requests of this call never finished")
+            got = box[:]
+            box.clear()
+        return got, counts
 
     def _outputs(self, reqs: list[Req], running: bool) -> list[RequestOutput]:
         """The outputs of the requests a step changed. running=False: a running request's output is built only where
@@ -106,7 +146,8 @@ class LLM:
         how many tokens it produced), so without on_step and on_output no output is built for a running request that
         needs no text.
         If the call fails (a bad prompt, a callback raising, KeyboardInterrupt), the requests it added are
-        withdrawn: none runs on, none holds KV pages."""
+        withdrawn: none runs on, none holds KV pages. Calls may overlap (threads, or one inside another's callback or
+        stream loop): the engine steps for all of them, and each call sees the outputs of its own requests only."""
         # a string, token ids or one conversation: a batch of one
         batch = [cast(Prompt, prompts)] if _one_prompt(prompts) else cast(Sequence[Prompt], prompts)
         if params is None or isinstance(params, SamplingParams):
@@ -119,29 +160,30 @@ class LLM:
         # The pause covers the adds too: a collection due from the previous run's objects hit them (171 ms once).
         with paused_collector() if PAUSE_COLLECTOR else nullcontext():
             rids: list[str] = []
+            box: list[RequestOutput] = []
             try:
                 for p, sp in zip(batch, plist):
-                    rids.append(self.add_request(p, sp))
+                    rids.append(self._add(p, sp, None, box))
                 running = on_step is not None or on_output is not None
-                wanted = set(rids)
                 while len(final) < len(rids):
-                    tokens = self.engine.stats["generation_tokens"]
-                    reqs = self.engine.step()
-                    outs = self._outputs(reqs, running)
-                    if on_progress is not None:
-                        on_progress(len(reqs), self.engine.stats["generation_tokens"] - tokens)
+                    outs, counts = self._receive(box, running)
+                    if on_progress is not None and counts is not None:
+                        on_progress(*counts)
                     if on_step is not None:
                         on_step(outs)
                     for out in outs:
                         if on_output is not None:
                             on_output(out)
-                        if out.finished and out.rid in wanted:  # another caller's request may finish here too
+                        if out.finished:
                             final[out.rid] = out
             except BaseException:
                 # A bad prompt, a callback or the step raised, or the caller interrupted: what this call added and
                 # has not finished must not run on in a later call, nor hold its pages.
                 self._withdraw([r for r in rids if r not in final])
                 raise
+            finally:
+                for rid in rids:
+                    self._inbox.pop(rid, None)
             self._drain(rids)  # a stop string ended some: their pages go back now
         return [final[r] for r in rids]
 
@@ -152,20 +194,24 @@ class LLM:
 
     def _drain(self, rids: list[str]) -> None:
         """Step until none of `rids` is in the engine (ended ones return their pages at the next step)."""
-        while self.engine.has_work() and any(r in self.engine.reqs for r in rids):
-            self.step()
+        while True:
+            with self._lock:
+                if not (self.engine.has_work() and any(r in self.engine.reqs for r in rids)):
+                    return
+                self.step()
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """Drive the engine until this request finishes, yielding its outputs (other requests progress too)."""
-        rid = self.add_request(prompt, params)
+        box: list[RequestOutput] = []
+        rid = self._add(prompt, params, None, box)
         done = False
         try:
             while not done:
-                for out in self.step():
-                    if out.rid == rid:
-                        done = out.finished
-                        yield out
+                for out in self._receive(box, running=True)[0]:
+                    done = out.finished
+                    yield out
         finally:
+            self._inbox.pop(rid, None)
             if not done:
                 self.abort(rid)
             self._drain([rid])  # also when a stop string ended it

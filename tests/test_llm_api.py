@@ -122,3 +122,66 @@ def test_an_async_consumer_that_stops_early_aborts_its_request():
         assert a.call(lambda llm: llm.metrics().finished_requests) == 4
     finally:
         a.shutdown()
+
+
+def _within(seconds: float, fn) -> object:
+    """fn() on a daemon thread; fails (instead of hanging the suite) if it has not returned in time."""
+    import threading
+
+    box: dict[str, object] = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"still waiting after {seconds:.0f} s"
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]
+
+
+def test_generate_from_two_threads_and_nested_in_a_stream():
+    """Each generate() or stream() call used to see only the outputs of the steps it ran itself: two threads calling
+    generate() at once, or a generate() inside a stream's loop, took each other's final outputs and then stepped an
+    idle engine forever. Each call now gets its own requests' outputs, whoever steps; the tokens are those of a
+    call alone."""
+    import threading
+
+    llm = make_llm(num_pages=256, radix_cache=False)
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    prompts = {k: [[k + 1, j + 2, 3] for j in range(4)] for k in range(2)}
+    alone = {k: [o.token_ids for o in llm.generate(prompts[k], params)] for k in prompts}
+
+    got: dict[int, list] = {}
+
+    def both() -> None:
+        threads = [
+            threading.Thread(target=lambda k=k: got.update({k: llm.generate(prompts[k], params)})) for k in (0, 1)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    _within(60, both)
+    assert {k: [o.token_ids for o in outs] for k, outs in got.items()} == alone
+
+    def nested() -> tuple[list, list]:
+        streamed, inner = [], []
+        for out in llm.stream(prompts[0][0], params):
+            streamed.append(out)
+            if len(streamed) == 2:
+                inner = llm.generate(prompts[1], params)
+        return streamed, inner
+
+    streamed, inner = _within(60, nested)
+    assert [o.token_ids for o in inner] == alone[1]
+    assert streamed[-1].finished and streamed[-1].token_ids == alone[0][0]
+    assert "".join(o.delta_text for o in streamed) == streamed[-1].text
+    llm.engine.check()
+    assert_idle(llm, 256)
