@@ -286,6 +286,7 @@ def test_plain_mode_saves_and_resumes(tmp_path):
     session, inputs = ChatStore(db).load(1)
     assert [m.content for m in session.history if m.role == "user"] == ["one", "two"]
     assert session.temperature == 0.2 and inputs == ["one", "/temp 0.2", "two"]
+    assert session.model == "tiny-llama"  # the plain mode once saved none (exports read "Model: -")
     assert len(ChatStore(db).sessions()) == 1
     p = subprocess.run([MINISGL, "chat", *args, "--resume", "7"], input="", capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "no chat 7" in p.stderr

@@ -47,6 +47,7 @@ def run_plain(
     stderr: TextIO = sys.stderr,
 ) -> None:
     interactive = stdin.isatty()
+    session.model = session.model or backend.model  # saved with the chat and in its exports, as the TUI does
     print(f"minisgl chat · {backend.title}   (/help for commands, Ctrl-D to quit)", file=stderr)
     if session.id is not None:
         print(f"resumed chat {session.id}: {session.title} ({len(session.history)} messages)", file=stderr)
