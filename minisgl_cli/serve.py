@@ -80,6 +80,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve the model over an OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions,
         /v1/models, /health, /metrics."""
+        from minisgl_cli.report import check_outputs
+
+        check_outputs(step_log=step_log)  # written when the server stops: a bad path fails now, not after the run
         config = engine_config(seed=seed, **engine_flags)
         # rank 0 serves HTTP: its address is taken before the model loads, so a port in use or a bad --host ends
         # the command at once (exit 2), not after minutes of loading

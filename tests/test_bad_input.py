@@ -113,6 +113,18 @@ def test_a_port_in_use_or_a_bad_host_exit_2_before_the_model_loads(tmp_path):
     assert code == 2 and "is not a .gguf file" in out, out
 
 
+def test_an_unwritable_step_log_exits_2_before_the_model_loads(tmp_path):
+    """serve --step-log is checked as the benchmarks' output paths are, before anything loads: it used to be written
+    only when the server stopped, so a directory or a path under a file served for the whole run and then lost the
+    log with a traceback. The broken model file proves the order, as above."""
+    broken = tmp_path / "model.bin"
+    broken.write_bytes(b"\0" * 64)
+    for path, why in ((tmp_path, "is a directory; give a file name"), (broken / "steps.jsonl", "is a file, not a")):
+        code, out = invoke(*SERVE, "--model", str(broken), "--step-log", str(path))
+        assert code == 2 and "Invalid value for --step-log" in out and why in out, out
+        assert "not a .gguf" not in out, out
+
+
 def test_cuda_device_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
