@@ -26,7 +26,11 @@ Model = Annotated[
 ]
 Device = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")]
 Dtype = Annotated[
-    str, typer.Option(help="auto (bf16 on GPU and on CPUs with native bf16, else fp32) | float32 | bfloat16 | float16")
+    str,
+    typer.Option(
+        help="auto (bf16 on GPU and on CPUs with native bf16, else fp32; a .gguf model, the default one included, is "
+        "fp32 on every CPU) | float32 | bfloat16 | float16"
+    ),
 ]
 PageSize = Annotated[int, typer.Option(help="tokens per KV page", min=1)]
 NumPages = Annotated[int | None, typer.Option(help="KV pool size in pages (overrides --kv-cache-gb)", min=1)]
@@ -73,7 +77,7 @@ MixedPrefillTokens = Annotated[
     typer.Option(
         help="with mixed batches, the most prefill tokens a step adds while requests are decoding (smaller: shorter "
         "gaps between a stream's tokens; larger: prompts prefill in fewer steps); with nothing decoding, prefill fills "
-        "--max-batch-tokens (unset: --max-batch-tokens either way)",
+        "--max-batch-tokens (unset, as bench-offline leaves it: --max-batch-tokens either way)",
         min=1,
     ),
 ]
