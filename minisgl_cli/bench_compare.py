@@ -10,7 +10,18 @@ from typing import Annotated, Any
 
 import typer
 
-FLAG_SKIP = {"json_path", "csv_path", "plot", "quiet", "save_detailed", "client_check", "no_client_check", "label"}
+# not shown: output switches, and bench-trace's vllm_args (derived from --vllm-arg, which is shown when given)
+FLAG_SKIP = {
+    "json_path",
+    "csv_path",
+    "plot",
+    "quiet",
+    "save_detailed",
+    "client_check",
+    "no_client_check",
+    "label",
+    "vllm_args",
+}
 
 
 def register(app: typer.Typer) -> None:
@@ -78,13 +89,15 @@ def _figures(d: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _defaults(kind: str) -> dict[str, Any]:
-    """The command's own defaults, so a run shows only the flags it was given."""
+def _defaults(kind: str) -> tuple[dict[str, Any], set[str]]:
+    """The command's own defaults, so a run shows only the flags it was given, and the names of its arguments (shown
+    as their values, not as flags)."""
     from minisgl_cli.app import app
 
     group = typer.main.get_command(app)
     cmd = getattr(group, "commands", {}).get(kind)  # typer's group is not a click.Group: it vendors click
-    return {p.name: p.default for p in cmd.params} if cmd else {}
+    params = cmd.params if cmd else []
+    return {p.name: p.default for p in params}, {p.name for p in params if p.param_type_name == "argument"}
 
 
 def load_run(path: Path) -> dict[str, Any]:
@@ -112,8 +125,12 @@ def load_run(path: Path) -> dict[str, Any]:
             )
     env = d.get("environment") or {}
     flags = d.get("flags") or {}
-    defaults = _defaults(kind)
-    shown = [f"--{k.replace('_', '-')} {v}" for k, v in flags.items() if k not in FLAG_SKIP and v != defaults.get(k)]
+    defaults, arguments = _defaults(kind)
+    shown = [
+        str(v) if k in arguments else f"--{k.replace('_', '-')} {v}"
+        for k, v in flags.items()
+        if k not in FLAG_SKIP and v != defaults.get(k)
+    ]
     engine = d.get("engine") or ("minisgl" if d.get("mode") == "in-process" else None)
     if kind == OTHER_SERVE:
         engine = engine or d.get("backend")
