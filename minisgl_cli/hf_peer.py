@@ -115,15 +115,12 @@ def _generation_config(temperature: float):
     from transformers import GenerationConfig
 
     # eos_token_id=None: continuous batching then disables EOS (-1), i.e. ignore_eos; top_k=0 turns off HF's
-    # default top-k of 50 so both engines sample from the same distribution.
-    greedy = temperature == 0
+    # default top-k of 50 so both engines sample from the same distribution (greedy takes none: transformers warns
+    # that sampling flags beside do_sample=False are ignored).
+    if temperature == 0:
+        return GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=0)
     return GenerationConfig(
-        do_sample=not greedy,
-        temperature=None if greedy else temperature,
-        top_k=0,
-        top_p=1.0,
-        eos_token_id=None,
-        pad_token_id=0,
+        do_sample=True, temperature=temperature, top_k=0, top_p=1.0, eos_token_id=None, pad_token_id=0
     )
 
 
@@ -159,7 +156,9 @@ def run_generate_batch(
         if page and "num_blocks" in inspect.signature(ContinuousBatchingConfig).parameters:
             blocks = sum(-(-(len(p) + n) // page) for p, n in zip(prompts, output_lens)) + len(prompts)
             kw["continuous_batching_config"] = ContinuousBatchingConfig(num_blocks=blocks)
-    manager = model.init_continuous_batching(generation_config=_generation_config(temperature), **kw)
+    config = _generation_config(temperature)
+    config.eos_token_id = -1  # what continuous batching makes of None (EOS off), without its warning on every run
+    manager = model.init_continuous_batching(generation_config=config, **kw)
     extra = {"eos_token_id": -1} if "eos_token_id" in inspect.signature(manager.add_request).parameters else {}
     if hasattr(manager, "warmup"):
         manager.warmup()  # CUDA graph capture: kept out of the timing

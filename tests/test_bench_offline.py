@@ -545,3 +545,27 @@ def test_ctrl_c_before_a_run_finished_writes_nothing_and_stops_the_peer(tmp_path
     assert "stopping the transformers peer" in flat(stderr)
     assert f"interrupted before a timed run of minisgl finished: no results; nothing written to {out}" in stdout
     assert not out.exists()
+
+
+@pytest.mark.parametrize("temperature", ["0", "0.6"])
+def test_the_transformers_peer_under_quiet_prints_nothing(tmp_path, temperature):
+    """--quiet: the peer's run writes nothing to stderr. transformers warned on every run about the EOS the peer turns
+    off on purpose and, greedy, about the sampling flags it ignores."""
+    import subprocess
+    import sys
+
+    from tests.conftest import subprocess_env
+
+    out = tmp_path / "peer.json"
+    args = ["--engine", "transformers", *TINY, "--num-seqs", "4", "--input-len", "16:32", "--output-len", "4:8"]
+    r = subprocess.run(
+        [sys.executable, "-m", "minisgl_cli", "bench-offline", *args, "--temperature", temperature, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    res = json.loads(out.read_text())
+    assert (res["engine"], res["api"], res["completed"]) == ("transformers", "generate_batch", 4)
