@@ -129,6 +129,8 @@ class Engine:
         rid: str | None = None,
         eos_ids: frozenset[int] | None = None,
     ) -> Req:
+        if self._shutdown:
+            raise RuntimeError("the engine has been shut down; it takes no more requests")
         self.validate(prompt_ids, params)
         rid = rid or self.new_rid()
         if rid in self.reqs:

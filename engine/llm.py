@@ -217,7 +217,14 @@ class LLM:
             self._drain([rid])  # also when a stop string ended it
 
     def shutdown(self) -> None:
+        """Ends the engine (and, under TP, its follower ranks); later requests are refused."""
         self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
 
     def metrics(self) -> EngineMetrics:
         return self.engine.metrics()

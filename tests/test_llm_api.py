@@ -185,3 +185,15 @@ def test_generate_from_two_threads_and_nested_in_a_stream():
     assert "".join(o.delta_text for o in streamed) == streamed[-1].text
     llm.engine.check()
     assert_idle(llm, 256)
+
+
+def test_an_llm_shut_down_refuses_requests_and_closes_as_a_context_manager():
+    """shutdown() on one device left the engine running: generate() afterwards still answered. It is refused now, by
+    name; `with LLM(...) as llm:` shuts it down at the end of the block."""
+    with make_llm(num_pages=64, radix_cache=False) as llm:
+        out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+        assert len(out[0].token_ids) == 2
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
+    assert_idle(llm, 64)
+    llm.shutdown()  # a second shutdown is a no-op
