@@ -43,10 +43,10 @@ print(f"GPU memory allocated: {held / 2**30:.2f} GiB in the block, {torch.cuda.m
 PY
 fi
 if has steplog; then
-  t0=$(date +%s.%N)
+  t0=$(date +%s%N)
   timeout 120 python -m minisgl_cli serve --model dummy:Qwen3-0.6B --port 8210 --step-log /nonexistent/dir/steps.jsonl \
     > "$d/steplog_bad.txt" 2>&1
-  echo "serve --step-log into a missing directory: rc=$? in $(echo "$(date +%s.%N) - $t0" | bc) s: $(tail -n 2 "$d/steplog_bad.txt" | tr '\n' ' ')"
+  echo "serve --step-log into a missing directory: rc=$? in $((($(date +%s%N) - t0) / 1000000)) ms: $(tail -n 2 "$d/steplog_bad.txt" | tr '\n' ' ')"
   (timeout 300 python -m minisgl_cli serve --model dummy:Qwen3-0.6B --port 8210 --log-level warning \
     --step-log "$d/steps.jsonl" > "$d/serve.log" 2>&1 &)
   for i in $(seq 1 180); do curl -sf http://127.0.0.1:8210/health >/dev/null && break; sleep 1; done
