@@ -2,8 +2,8 @@
 # On one GPU (CUDA_VISIBLE_DEVICES picks it), what the thirty-fifth session changed and tested on CPU only:
 #   llm      the Python API: `with LLM(...)` on CUDA, two threads' generate() at once, refusal after the block, the
 #            GPU memory the engine held after shutdown
-#   steplog  `serve --step-log` into a missing directory exits 2 before the model loads; into a file, a replay of
-#            64 requests against it, then Ctrl-C: the log is written, no process left
+#   steplog  `serve --step-log` under a file (not a directory) exits 2 before the model loads; into a directory
+#            that does not exist yet, a replay of 64 requests, then Ctrl-C: the log is written, no process left
 #   peer     `bench-offline --compare transformers --quiet` on a small greedy workload: nothing but the table
 # Usage there: source .whl/use-bundle.sh && MINISGL_COMMIT=<sha> bash benchmarks/run_gpu_api_checks.sh [stages]
 set -u
@@ -44,11 +44,11 @@ PY
 fi
 if has steplog; then
   t0=$(date +%s%N)
-  timeout 120 python -m minisgl_cli serve --model dummy:Qwen3-0.6B --port 8210 --step-log /nonexistent/dir/steps.jsonl \
+  timeout 120 python -m minisgl_cli serve --model dummy:Qwen3-0.6B --port 8210 --step-log "$d/steplog_bad.txt/steps.jsonl" \
     > "$d/steplog_bad.txt" 2>&1
-  echo "serve --step-log into a missing directory: rc=$? in $((($(date +%s%N) - t0) / 1000000)) ms: $(tail -n 2 "$d/steplog_bad.txt" | tr '\n' ' ')"
+  echo "serve --step-log under a file: rc=$? in $((($(date +%s%N) - t0) / 1000000)) ms: $(tail -n 2 "$d/steplog_bad.txt" | tr '\n' ' ')"
   (timeout 300 python -m minisgl_cli serve --model dummy:Qwen3-0.6B --port 8210 --log-level warning \
-    --step-log "$d/steps.jsonl" > "$d/serve.log" 2>&1 &)
+    --step-log "$d/new/steps.jsonl" > "$d/serve.log" 2>&1 &)
   for i in $(seq 1 180); do curl -sf http://127.0.0.1:8210/health >/dev/null && break; sleep 1; done
   timeout 120 python -m minisgl_cli bench-trace traces/qwen_sample.jsonl --url http://127.0.0.1:8210 --num-requests 64 \
     --vocab-size 151936 --max-model-len 40960 --quiet --json "$d/trace.json" > "$d/trace.log" 2>&1
@@ -56,8 +56,8 @@ if has steplog; then
   pkill -INT -f "minisgl_cli serve"
   for i in $(seq 1 30); do pgrep -f "minisgl_cli serve" >/dev/null || break; sleep 1; done
   pgrep -fa "minisgl_cli serve" && echo "LEFT BEHIND" || echo "no process left"
-  echo "step log: $(wc -l < "$d/steps.jsonl") steps"
-  python benchmarks/step_log_summary.py "$d/steps.jsonl" 2>&1 | head -n 12
+  echo "step log: $(wc -l < "$d/new/steps.jsonl") steps"
+  python benchmarks/step_log_summary.py "$d/new/steps.jsonl" 2>&1 | head -n 12
 fi
 if has peer; then
   timeout 300 python -m minisgl_cli bench-offline --model dummy:Qwen3-0.6B --num-seqs 16 --input-len 100:200 \

@@ -41,5 +41,7 @@ class StepRecord:
 
 def write_step_log(records: list[StepRecord], path: str | Path) -> None:
     """One JSON line per step (bench-trace --step-log, serve --step-log; benchmarks/step_log_summary.py reads it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)  # as --json's: the up-front check lets a missing parent pass
     with open(path, "w") as f:
         f.writelines(json.dumps(asdict(rec)) + "\n" for rec in records)

@@ -100,8 +100,9 @@ def test_ctrl_c_or_sigterm_leaves_no_process_behind(sig):
 
 def test_step_log_is_written_when_the_server_stops(tmp_path):
     """serve --step-log: the engine process records its steps and writes them on Ctrl-C; they account for every
-    token it made (each came from a decode row or a request's last prefill chunk)."""
-    log = tmp_path / "steps.jsonl"
+    token it made (each came from a decode row or a request's last prefill chunk). The log's directory need not
+    exist: it is created, as --json's is (the up-front check lets a missing parent pass)."""
+    log = tmp_path / "run" / "steps.jsonl"
     with serve("--step-log", str(log)) as (proc, front, url):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=60)
         made = 0
