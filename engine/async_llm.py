@@ -52,7 +52,7 @@ class AsyncLLM(StepLoop):
             raise EngineDeadError(f"engine is not running: {self.error or 'stopped'}")
         params = params or SamplingParams()
         ids = self.llm.encode(prompt)
-        self.llm.engine.validate(ids, params)
+        params = self.llm.engine.validate(ids, params)  # the request's own copy: later edits of the caller's miss it
         with self._lock:
             self._check_open()
             rid = rid or self.llm.engine.new_rid()

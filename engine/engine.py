@@ -119,8 +119,9 @@ class Engine:
         self._counter += 1
         return f"req-{self._counter}"
 
-    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        self.limits.check(prompt_ids, params)
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> SamplingParams:
+        """The request's own checked copy of `params` (RequestLimits.check)."""
+        return self.limits.check(prompt_ids, params)
 
     def add_request(
         self,
@@ -131,7 +132,7 @@ class Engine:
     ) -> Req:
         if self._shutdown:
             raise RuntimeError("the engine has been shut down; it takes no more requests")
-        self.validate(prompt_ids, params)
+        params = self.validate(prompt_ids, params)
         rid = rid or self.new_rid()
         if rid in self.reqs:
             raise ValueError(f"request id {rid!r} is already in use")

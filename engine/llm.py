@@ -53,7 +53,7 @@ class LLM:
         ids = self.encode(prompt)
         with self._lock:
             req = self.engine.add_request(ids, params, rid)
-            self._text[req.rid] = TextState.create(self.tokenizer, ids, params)
+            self._text[req.rid] = TextState.create(self.tokenizer, ids, req.params)  # its own copy, checked
             if box is not None:
                 self._inbox[req.rid] = box
         return req.rid

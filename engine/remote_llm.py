@@ -85,7 +85,7 @@ class RemoteLLM:
             raise EngineDeadError(f"engine is not running: {self.error or 'stopped'}")
         assert self.info is not None
         ids = self.encode(prompt)
-        self.info.limits.check(ids, params)
+        params = self.info.limits.check(ids, params)  # the request's own copy, as the engine runs it
         stream = RequestStream(rid, ids, asyncio.get_running_loop(), sink=sink)
         p = _Pending(stream, TextState.create(self.tokenizer, ids, params))
         if params.logprobs is not None:

@@ -45,7 +45,12 @@ class RequestLimits:
         """The most tokens (prompt + output) one request may span."""
         return min(self.max_model_len, self.kv_capacity)
 
-    def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
+    def check(self, prompt_ids: list[int], params: SamplingParams) -> SamplingParams:
+        """The request's own copy of `params`, checked (ValueError if this engine cannot run it). Every submission
+        (LLM, AsyncLLM, RemoteLLM) runs the request with that copy: with the caller's object, a field it edited after
+        submitting (a temperature set to -1, max_tokens shortened, a stop token appended) reached the running request
+        unchecked."""
+        params = params.own_copy()
         params.validate()  # again: a field assigned after construction was never checked
         if not prompt_ids:
             raise ValueError("prompt is empty")
@@ -63,6 +68,7 @@ class RequestLimits:
             raise ValueError(f"{asked} exceeds the model's context length {self.max_model_len}")
         if total > self.kv_capacity:
             raise ValueError(f"{asked} exceeds the KV cache capacity of {self.kv_capacity} tokens")
+        return params
 
     def check_choices(self, prompt_len: int, max_tokens: int | None, n: int, name: str = "n") -> None:
         """n samples of one prompt share its KV pages: all of them must fit in the cache at once. max_tokens None:

@@ -197,3 +197,56 @@ def test_an_llm_shut_down_refuses_requests_and_closes_as_a_context_manager():
         llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
     assert_idle(llm, 64)
     llm.shutdown()  # a second shutdown is a no-op
+
+
+def _edit_after_submission(params: SamplingParams, field: str, reference: list[int]) -> None:
+    """What a caller might do to its params object while the request it submitted runs (reusing it for the next
+    batch, say); none of it may reach that request."""
+    if field == "max_tokens":
+        params.max_tokens = 2
+    elif field == "temperature":
+        params.temperature = -1.0  # invalid: submission would refuse it; below 1e-5 the sampler takes it as greedy
+    elif field == "stop_token_ids":
+        params.stop_token_ids.append(reference[3])  # in place: a copy of the object alone would still share the list
+    elif field == "logit_bias":
+        params.logit_bias[next(t for t in range(512) if t not in reference)] = 100.0  # in place, as above
+
+
+@pytest.mark.parametrize("front", ["add_request", "stream", "async"])
+@pytest.mark.parametrize("field", ["max_tokens", "temperature", "stop_token_ids", "logit_bias"])
+def test_editing_sampling_params_after_submission_changes_no_submitted_request(front, field):
+    """A submitted request ran with the caller's SamplingParams object itself: edits made after submission (max_tokens
+    shortened, a temperature of -1 that submission would refuse, a stop token or a logit bias added in place) reached
+    the running request unchecked. Each request now runs with its own checked copy and makes the tokens it was asked
+    for."""
+    from engine.async_llm import AsyncLLM
+
+    llm = make_llm(num_pages=64, radix_cache=False)
+
+    def params() -> SamplingParams:  # sampled with a seed: its tokens do not depend on the batch or the step
+        return SamplingParams(max_tokens=8, temperature=0.8, seed=7, ignore_eos=True)
+
+    reference = llm.generate([[1, 2, 3]], params())[0].token_ids
+    assert len(reference) == 8
+    p = params()
+    if front == "add_request":
+        rid = llm.add_request([1, 2, 3], p)
+        _edit_after_submission(p, field, reference)
+        outs = [o for _ in range(30) if llm.has_work() for o in llm.step() if o.rid == rid]
+    elif front == "stream":
+        outs = []
+        for out in llm.stream([1, 2, 3], p):
+            if not outs:  # the request is running: its first token is out
+                _edit_after_submission(p, field, reference)
+            outs.append(out)
+    else:
+        a = AsyncLLM(llm)
+        try:
+            stream = a.submit([1, 2, 3], p)
+            _edit_after_submission(p, field, reference)  # whether or not the engine thread has taken it yet
+            outs = _within(60, lambda: list(stream))
+        finally:
+            a.shutdown()
+    assert outs[-1].finished and outs[-1].finish_reason == "length"
+    assert list(outs[-1].token_ids) == reference
+    assert_idle(llm, 64)
