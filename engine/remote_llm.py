@@ -80,13 +80,15 @@ class RemoteLLM:
         self, prompt: Prompt, params: SamplingParams, rid: str, sink: Callable[[object], None] | None = None
     ) -> RequestStream:
         """Validates now (ValueError for bad input, EngineDeadError once the engine is gone), then sends it. Its
-        outputs, then END or an exception, go to the returned stream, or to `sink` as they arrive (RequestStream)."""
+        outputs, then END or an exception, go to the returned stream, or to `sink` as they arrive (RequestStream).
+        A consumer that stops iterating the stream before its end (break, an exception, its task cancelled) aborts
+        the request, as AsyncLLM's do, instead of leaving it to run on to max_tokens holding its KV pages."""
         if not self.alive:
             raise EngineDeadError(f"engine is not running: {self.error or 'stopped'}")
         assert self.info is not None
         ids = self.encode(prompt)
         params = self.info.limits.check(ids, params)  # the request's own copy, as the engine runs it
-        stream = RequestStream(rid, ids, asyncio.get_running_loop(), sink=sink)
+        stream = RequestStream(rid, ids, asyncio.get_running_loop(), sink=sink, on_abandon=lambda: self.abort(rid))
         p = _Pending(stream, TextState.create(self.tokenizer, ids, params))
         if params.logprobs is not None:
             p.logprobs = []

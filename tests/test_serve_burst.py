@@ -4,10 +4,13 @@ streams too, while every other client gets its full answer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import httpx
 import pytest
 
+from engine.sampling_params import SamplingParams
+from engine.text import RequestOutput
 from tests.conftest import make_llm
 from tests.server_harness import LiveServer, live_server
 
@@ -115,3 +118,58 @@ def test_burst_with_early_disconnects(server):
     assert grew.get("abort", 0) == n_leavers and grew.get("length", 0) == len(results), grew
     m = server.engine_metrics()
     assert m.finished_requests >= N_CLIENTS
+
+
+@pytest.mark.parametrize("how", ["break", "raise", "cancel"])
+def test_a_remote_stream_left_early_aborts_its_request(server, how):
+    """RemoteLLM, serve's handle on the engine process, left a request running to max_tokens, holding its KV pages,
+    when the consumer of its stream stopped early (break, an exception, its task cancelled); AsyncLLM's streams
+    abort it, and now RemoteLLM's do the same. A consumer that leaves on the finished output, before the stream's
+    end, aborts a request that has already ended: harmless, as is aborting it again."""
+    remote = server.remote
+    long = SamplingParams(max_tokens=2000, ignore_eos=True)
+
+    async def leave(rid: str) -> list[RequestOutput]:
+        """Leave the stream of a long request `how`; then what the stream got after that, up to its end."""
+        stream = remote.submit([5, 6, 7], long, rid)
+        if how == "break":
+            async for _ in stream:
+                break
+        elif how == "raise":
+            with contextlib.suppress(RuntimeError):
+                async for _ in stream:
+                    raise RuntimeError("the consumer failed")
+        else:
+
+            async def consume() -> None:
+                async for _ in stream:
+                    pass
+
+            task = asyncio.create_task(consume())
+            while not remote.pending[rid].token_ids:  # it is running
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        return [out async for out in stream]  # the rest, up to the engine's last word for it
+
+    async def leave_on_the_finished_output(rid: str) -> RequestOutput:
+        async for out in remote.submit([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True), rid):
+            if out.finished:
+                break  # before END: the stream aborts a request that has ended
+        remote.abort(rid)
+        return out
+
+    before = server.engine_metrics()
+    rest = asyncio.run_coroutine_threadsafe(leave(f"leave-{how}"), server.event_loop).result(60)
+    assert rest[-1].finished and rest[-1].finish_reason == "abort"
+    assert len(rest[-1].token_ids) < 1000
+    _idle_and_clean(server)
+    rid = f"finished-{how}"
+    out = asyncio.run_coroutine_threadsafe(leave_on_the_finished_output(rid), server.event_loop).result(60)
+    assert out.finish_reason == "length" and len(out.token_ids) == 3
+    _idle_and_clean(server)
+    after = server.engine_metrics()
+    assert after.finished_requests == before.finished_requests + 2
+    assert after.generation_tokens - before.generation_tokens < 1003
+    assert remote.pending == {}
