@@ -10,6 +10,7 @@ import json
 import os
 import tarfile
 import time
+import zlib
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path, PurePosixPath
@@ -98,48 +99,73 @@ def _export_to(dest: Path, counts: dict[str, int]) -> None:
 
 
 def import_(src: Path) -> tuple[dict[str, int], dict]:
-    """Check every member first (known cache, relative path, regular file), then write them; returns files per
-    cache and the archive's manifest."""
+    """Read and check the whole archive first (readable to its end, a JSON manifest, every member a regular file at
+    a relative path under a known cache), then write them; returns files per cache and the archive's manifest."""
     where = {loc.name: loc.path for loc in locations()}
     try:
         tar = tarfile.open(src, "r:*")
-    except (tarfile.TarError, OSError) as e:
+    except (tarfile.TarError, OSError, EOFError) as e:
         raise CacheArchiveError(f"{src}: not a cache archive ({e})") from e
     with tar:
-        members = tar.getmembers()
-        if MANIFEST not in [m.name for m in members]:
-            raise CacheArchiveError(f"{src}: not a cache archive made by `minisgl cache export` (no {MANIFEST})")
-        plan = []
-        for m in members:
-            if m.name == MANIFEST or m.isdir():
-                continue
-            parts = PurePosixPath(m.name).parts
-            if not m.isfile() or PurePosixPath(m.name).is_absolute() or ".." in parts or len(parts) < 2:
-                raise CacheArchiveError(f"{src}: refusing member {m.name!r} (only files under a cache folder)")
-            if parts[0] not in where:
-                known = ", ".join(where)
-                raise CacheArchiveError(f"{src}: member {m.name!r} belongs to no cache this machine has ({known})")
-            plan.append((m, where[parts[0]].joinpath(*parts[1:])))
-        manifest_file = tar.extractfile(MANIFEST)
-        assert manifest_file is not None
-        manifest = json.loads(manifest_file.read())
-        counts: dict[str, int] = {}
-        for m, target in plan:
-            data = tar.extractfile(m)
-            assert data is not None
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(target.name + ".minisgl-import")
-            tmp.write_bytes(data.read())
-            os.chmod(tmp, m.mode & 0o777 or 0o644)
-            # The exported times, not now, to the nanosecond: FlashInfer's ninja rebuilds a module whose outputs look
-            # older than its sources or newer than its deps log (the imported start took 29 s, then 26 s, against
-            # 6.9 s; docs/gpu.md).
-            ns = int(m.pax_headers.get(MTIME_NS) or int(m.mtime * 1e9))
-            os.utime(tmp, ns=(ns, ns))
-            tmp.replace(target)  # a reader never sees half a kernel
-            name = PurePosixPath(m.name).parts[0]
-            counts[name] = counts.get(name, 0) + 1
+        try:
+            members = tar.getmembers()  # reads the archive to its end: a truncated one fails here
+            manifest = _manifest(src, tar, members)
+            plan = _check_members(src, members, where)
+        except (tarfile.TarError, EOFError, zlib.error, OSError) as e:  # gzip's BadGzipFile is an OSError
+            raise CacheArchiveError(f"{src}: truncated or corrupt archive ({e or type(e).__name__})") from e
+        _write_all(src, tar, plan)
+    counts: dict[str, int] = {}
+    for m, _ in plan:
+        name = PurePosixPath(m.name).parts[0]
+        counts[name] = counts.get(name, 0) + 1
     return counts, manifest
+
+
+def _manifest(src: Path, tar: tarfile.TarFile, members: list[tarfile.TarInfo]) -> dict:
+    m = next((m for m in members if m.name == MANIFEST), None)
+    if m is None:
+        raise CacheArchiveError(f"{src}: not a cache archive made by `minisgl cache export` (no {MANIFEST})")
+    data = tar.extractfile(m) if m.isfile() else None
+    try:
+        manifest = json.loads(data.read()) if data is not None else None
+    except ValueError:
+        manifest = None
+    if not isinstance(manifest, dict):
+        raise CacheArchiveError(f"{src}: its {MANIFEST} is not a JSON object (not made by `minisgl cache export`)")
+    return manifest
+
+
+def _check_members(
+    src: Path, members: list[tarfile.TarInfo], where: dict[str, Path]
+) -> list[tuple[tarfile.TarInfo, Path]]:
+    plan = []
+    for m in members:
+        if m.name == MANIFEST or m.isdir():
+            continue
+        parts = PurePosixPath(m.name).parts
+        if not m.isfile() or PurePosixPath(m.name).is_absolute() or ".." in parts or len(parts) < 2:
+            raise CacheArchiveError(f"{src}: refusing member {m.name!r} (only files under a cache folder)")
+        if parts[0] not in where:
+            known = ", ".join(where)
+            raise CacheArchiveError(f"{src}: member {m.name!r} belongs to no cache this machine has ({known})")
+        plan.append((m, where[parts[0]].joinpath(*parts[1:])))
+    return plan
+
+
+def _write_all(src: Path, tar: tarfile.TarFile, plan: list[tuple[tarfile.TarInfo, Path]]) -> None:
+    for m, target in plan:
+        data = tar.extractfile(m)
+        assert data is not None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".minisgl-import")
+        tmp.write_bytes(data.read())
+        os.chmod(tmp, m.mode & 0o777 or 0o644)
+        # The exported times, not now, to the nanosecond: FlashInfer's ninja rebuilds a module whose outputs look
+        # older than its sources or newer than its deps log (the imported start took 29 s, then 26 s, against
+        # 6.9 s; docs/gpu.md).
+        ns = int(m.pax_headers.get(MTIME_NS) or int(m.mtime * 1e9))
+        os.utime(tmp, ns=(ns, ns))
+        tmp.replace(target)  # a reader never sees half a kernel
 
 
 def _size(n: int) -> str:

@@ -3,6 +3,7 @@ ones by the variables their owners read), and archives that must be refused befo
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import tarfile
@@ -90,9 +91,10 @@ def test_export_then_import_restores_every_cache(caches, tmp_path):
     assert mtimes(caches) == times
 
 
-def _archive(path: Path, members: dict[str, bytes], manifest: bool = True) -> Path:
+def _archive(path: Path, members: dict[str, bytes], manifest: bool | bytes = True) -> Path:
+    mf = b"{}" if manifest is True else manifest
     with tarfile.open(path, "w:gz") as tar:
-        for name, data in {**members, **({"minisgl-cache.json": b"{}"} if manifest else {})}.items():
+        for name, data in {**members, **({"minisgl-cache.json": mf} if mf else {})}.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -131,3 +133,33 @@ def test_export_creates_a_missing_parent_and_leaves_no_partial_file(caches, tmp_
     assert r.exit_code == 0, r.output + repr(r.exception)
     assert tarfile.is_tarfile(archive)
     assert [p.name for p in archive.parent.iterdir()] == ["c.tar.gz"]
+
+
+def test_truncated_or_corrupt_archives_are_refused_before_anything_is_written(caches, tmp_path):
+    """A cut-short download: a gzip stream that ends early (was a bare 'Aborted.', exit 1), a plain tar that ends
+    mid-member (a ReadError traceback), a manifest that is not a JSON object (a traceback, after the files were
+    already written)."""
+    fill(caches)
+    good = tmp_path / "good.tar.gz"
+    assert CliRunner().invoke(app, ["cache", "export", str(good)]).exit_code == 0
+    for d in caches.values():
+        for p in sorted(d.rglob("*"), reverse=True):
+            p.unlink() if p.is_file() else p.rmdir()
+    raw = good.read_bytes()
+    plain = gzip.decompress(raw)
+    bad = {
+        "cut.tar.gz": raw[: len(raw) // 2],
+        "head.tar.gz": raw[:60],
+        "cut.tar": plain[: len(plain) // 2],
+    }
+    for name, data in bad.items():
+        (tmp_path / name).write_bytes(data)
+        r = CliRunner().invoke(app, ["cache", "import", str(tmp_path / name)])
+        assert r.exit_code == 2, (name, r.output, r.exception)
+        assert "truncated or corrupt archive" in flat(r.output) or "not a cache archive" in flat(r.output), name
+        assert read_back(caches) == {}, name
+    for manifest in (b"not json", b"[1, 2]"):
+        archive = _archive(tmp_path / "m.tar.gz", {"triton/x": b"1"}, manifest)
+        r = CliRunner().invoke(app, ["cache", "import", str(archive)])
+        assert r.exit_code == 2 and "is not a JSON object" in flat(r.output), r.output
+        assert read_back(caches) == {}
