@@ -5,6 +5,8 @@ them into one archive and `import` unpacks it where this machine looks for them,
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import json
 import os
@@ -100,7 +102,8 @@ def _export_to(dest: Path, counts: dict[str, int]) -> None:
 
 def import_(src: Path) -> tuple[dict[str, int], dict]:
     """Read and check the whole archive first (readable to its end, a JSON manifest, every member a regular file at
-    a relative path under a known cache), then write them; returns files per cache and the archive's manifest."""
+    a relative path under a known cache), then write every file beside its target and move them all into place: a
+    bad archive or a failed write leaves the caches as they were. Returns files per cache and the manifest."""
     where = {loc.name: loc.path for loc in locations()}
     try:
         tar = tarfile.open(src, "r:*")
@@ -149,23 +152,52 @@ def _check_members(
             known = ", ".join(where)
             raise CacheArchiveError(f"{src}: member {m.name!r} belongs to no cache this machine has ({known})")
         plan.append((m, where[parts[0]].joinpath(*parts[1:])))
+    files = {target for _, target in plan}
+    for m, target in plan:
+        if any(d in files for d in target.parents):
+            raise CacheArchiveError(f"{src}: refusing member {m.name!r} (a folder of it is a file in the archive)")
     return plan
 
 
 def _write_all(src: Path, tar: tarfile.TarFile, plan: list[tuple[tarfile.TarInfo, Path]]) -> None:
-    for m, target in plan:
-        data = tar.extractfile(m)
-        assert data is not None
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".minisgl-import")
-        tmp.write_bytes(data.read())
-        os.chmod(tmp, m.mode & 0o777 or 0o644)
-        # The exported times, not now, to the nanosecond: FlashInfer's ninja rebuilds a module whose outputs look
-        # older than its sources or newer than its deps log (the imported start took 29 s, then 26 s, against
-        # 6.9 s; docs/gpu.md).
-        ns = int(m.pax_headers.get(MTIME_NS) or int(m.mtime * 1e9))
-        os.utime(tmp, ns=(ns, ns))
-        tmp.replace(target)  # a reader never sees half a kernel
+    """Every file to a temporary name beside its target, then all of them into place; on a failure the temporary
+    files and the directories made for them are removed, so the caches are left as they were."""
+    staged: list[tuple[Path, Path]] = []
+    made: list[Path] = []
+    moved = 0
+    try:
+        for m, target in plan:
+            missing = [d for d in (target.parent, *target.parent.parents) if not d.exists()]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            made += reversed(missing)
+            if target.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "a directory is in the way", str(target))
+            data = tar.extractfile(m)
+            assert data is not None
+            tmp = target.with_name(target.name + ".minisgl-import")
+            staged.append((tmp, target))
+            tmp.write_bytes(data.read())
+            os.chmod(tmp, m.mode & 0o777 or 0o644)
+            # The exported times, not now, to the nanosecond: FlashInfer's ninja rebuilds a module whose outputs look
+            # older than its sources or newer than its deps log (the imported start took 29 s, then 26 s, against
+            # 6.9 s; docs/gpu.md).
+            ns = int(m.pax_headers.get(MTIME_NS) or int(m.mtime * 1e9))
+            os.utime(tmp, ns=(ns, ns))
+        for tmp, target in staged:
+            tmp.replace(target)  # a reader never sees half a kernel
+            moved += 1
+    except BaseException as e:
+        for tmp, _ in staged[moved:]:
+            tmp.unlink(missing_ok=True)
+        for d in reversed(made) if not moved else ():
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        if isinstance(e, OSError):
+            done = "nothing was imported" if not moved else f"only {moved} of {len(plan)} files were imported"
+            raise CacheArchiveError(
+                f"{src}: cannot write {e.filename or 'the cache'} ({e.strerror or e}); {done}"
+            ) from e
+        raise
 
 
 def _size(n: int) -> str:

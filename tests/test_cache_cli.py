@@ -163,3 +163,19 @@ def test_truncated_or_corrupt_archives_are_refused_before_anything_is_written(ca
         r = CliRunner().invoke(app, ["cache", "import", str(archive)])
         assert r.exit_code == 2 and "is not a JSON object" in flat(r.output), r.output
         assert read_back(caches) == {}
+
+
+def test_a_failed_write_imports_nothing(caches, tmp_path):
+    """The second file cannot be written (a directory stands where it goes): the first one, already written, was
+    left in place and the import ended in a traceback; now the import is refused whole, naming the path."""
+    (caches["triton"] / "b").mkdir(parents=True)
+    archive = _archive(tmp_path / "a.tar.gz", {"triton/a": b"1", "triton/b": b"2", "minisgl/new/dir/c": b"3"})
+    r = CliRunner().invoke(app, ["cache", "import", str(archive)])
+    assert r.exit_code == 2, r.output + repr(r.exception)
+    assert "a directory is in the way" in flat(r.output) and "nothing was imported" in flat(r.output)
+    assert read_back(caches) == {} and not caches["minisgl"].exists()  # no file, no directory made for one
+    assert sorted(p.name for p in caches["triton"].iterdir()) == ["b"]
+    archive = _archive(tmp_path / "c.tar.gz", {"triton/a": b"1", "triton/a/b": b"2"})  # a file and a folder
+    r = CliRunner().invoke(app, ["cache", "import", str(archive)])
+    assert r.exit_code == 2 and "refusing member 'triton/a/b'" in flat(r.output), r.output
+    assert read_back(caches) == {}
