@@ -247,7 +247,7 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(str(e), param_hint="ARCHIVE") from e
         console = Console()
         console.print(
-            f"imported {sum(counts.values())} files: " + ", ".join(f"{k} {v}" for k, v in counts.items()) or "nothing"
+            f"imported {sum(counts.values())} files: " + (", ".join(f"{k} {v}" for k, v in counts.items()) or "nothing")
         )
         theirs, ours = manifest.get("versions", {}), _versions()
         differ = [f"{p} {theirs.get(p)} there, {ours.get(p)} here" for p in PACKAGES if theirs.get(p) != ours.get(p)]

@@ -179,3 +179,15 @@ def test_a_failed_write_imports_nothing(caches, tmp_path):
     r = CliRunner().invoke(app, ["cache", "import", str(archive)])
     assert r.exit_code == 2 and "refusing member 'triton/a/b'" in flat(r.output), r.output
     assert read_back(caches) == {}
+
+
+def test_empty_caches_export_and_import_say_so(caches, tmp_path):
+    info = CliRunner().invoke(app, ["cache", "info"], env={"COLUMNS": "250"})
+    assert info.exit_code == 0 and str(caches["minisgl"]) in info.output
+    archive = tmp_path / "empty.tar.gz"
+    r = CliRunner().invoke(app, ["cache", "export", str(archive)])
+    assert r.exit_code == 0 and "minisgl 0 files" in flat(r.output), r.output
+    for _ in range(2):  # twice: the same outcome
+        r = CliRunner().invoke(app, ["cache", "import", str(archive)])
+        assert r.exit_code == 0 and "imported 0 files: nothing" in flat(r.output), r.output
+    assert read_back(caches) == {}
