@@ -29,6 +29,8 @@ class MockConfig:
     capacity: int = 0  # streams served at once (0: unlimited); later requests wait for a slot
     fail_from: int = 0  # requests numbered from this one (1-based) get HTTP 500 (0: never)
     cut_from: int = 0  # streams numbered from this one close the connection after 2 tokens (0: never)
+    blank_from: int = 0  # streams numbered from this one make tokens with no text (special tokens, as a real server
+    # sends them: no event of their own, then the finish chunk with empty text; 0: never)
     model: str = "mock"
 
 
@@ -120,6 +122,8 @@ class MockServer:
         tail = _event({**env, "choices": [choice("", "length")]}) + _event({**env, "choices": [], "usage": usage})
         tail += b"data: [DONE]\n\n"
         cut = cfg.cut_from and number >= cfg.cut_from
+        if cfg.blank_from and number >= cfg.blank_from:
+            token = b""
         sent = 0
         if cfg.ttft:
             await asyncio.sleep(max(0.0, start + cfg.ttft - time.perf_counter()))
@@ -133,8 +137,9 @@ class MockServer:
             else:
                 k = min(cfg.events_per_write, n_out - sent)
             sent += k
-            writer.write(_chunk(token * k))
-            await writer.drain()
+            if token:
+                writer.write(_chunk(token * k))
+                await writer.drain()
             if cfg.tpot and sent < n_out:
                 await asyncio.sleep(max(0.0, start + cfg.ttft + sent * cfg.tpot - time.perf_counter()))
         writer.write(_chunk(tail) + b"0\r\n\r\n")

@@ -224,6 +224,7 @@ def url_sender(client, model: str, temperature: float, chat: bool = False) -> Se
             body["prompt"] = item.prompt
         times: list[float] = []
         usage = None
+        finished = None  # when the choice's finish_reason came
         res.sent = time.perf_counter()
         try:
             async with asyncio.timeout(client.timeout), aclosing(client.stream(path, body)) as events:
@@ -231,11 +232,19 @@ def url_sender(client, model: str, temperature: float, chat: bool = False) -> Se
                     if ev.text:
                         times.append(ev.time)
                         live.tokens += 1
+                    if ev.finish_reason and finished is None:
+                        finished = ev.time
                     if ev.usage:
                         usage = ev.usage
         except Exception as e:
             res.error = failure(e, client.timeout)
         res.output_tokens = int(usage["completion_tokens"]) if usage else len(times)
+        if not times and finished is not None and res.error is None and (usage is None or res.output_tokens > 0):
+            # Tokens whose text is empty (a special token, bytes that complete no character yet) send no event of
+            # their own: an output made only of them shows up first in its finish chunk, which then times it.
+            times.append(finished)
+            live.tokens += 1
+            res.output_tokens = max(res.output_tokens, 1)
         if usage and usage.get("prompt_tokens"):
             res.input_len = int(usage["prompt_tokens"])
         res.set_times(times)

@@ -194,6 +194,23 @@ def test_url_mode_against_minisgl_serve(tmp_path):
         assert 0.1 < res["cache_hit_rate"] <= res["trace_cache_hit_upper_bound"]
 
 
+def test_url_outputs_of_textless_tokens_are_timed_not_failed(tmp_path):
+    """A token whose text is empty (a special token; a byte that completes no character yet) sends no event of its
+    own, and an output made only of such tokens shows up first in the finish chunk: with the tiny model a 1-token
+    output did so (the full Mooncake trace clamped to its 2,048-token context), and the replay counted the request
+    as failed ('the stream carried no tokens') although the server made it. The mock streams exactly that."""
+    from minisgl_cli.mock_server import MockConfig, mock_server_process
+    from tests.conftest import free_port
+
+    with mock_server_process(MockConfig(ttft=0.02, tpot=0.001, blank_from=2), free_port()) as url:
+        args = ["--url", url, "--vocab-size", "512", "--max-model-len", "4096", "--no-client-check", "--quiet"]
+        res = replay(tmp_path, QWEN, *args, "--num-requests", "4", "--time-scale", "0", "--max-output-len", "3")
+    trace = read_trace(QWEN).window(0, 4)
+    assert (res["completed"], res["failed"], res["errors"]) == (4, 0, [])
+    assert res["total_output_tokens"] == sum(min(r.output_length, 3) for r in trace.requests)  # from usage
+    assert res["mean_ttft_ms"] >= 20  # the mock's TTFT: blank outputs are timed at their finish chunk
+
+
 def test_ctrl_c_keeps_the_finished_requests_as_partial_results(tmp_path):
     """SIGINT mid-replay: the requests finished so far are reported and written (partial), no traceback, exit 130."""
     import os
