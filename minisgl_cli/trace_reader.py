@@ -122,15 +122,21 @@ def read_trace(
     if block_size is not None and block_size < 1:
         raise TraceError(f"block size must be >= 1 (got {block_size})")
     try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
+        raw = path.read_bytes()
+    except OSError as e:
         raise TraceError(f"cannot read trace {path}: {e}") from e
+    if raw[:2] == b"\x1f\x8b":
+        raise TraceError(f"{path} is gzip-compressed: decompress it first (gunzip -k {path})")
     reqs: list[TraceRequest] = []
     skipped: list[tuple[int, str]] = []
-    for lineno, text in enumerate(lines, 1):
-        if not text.strip():
+    for lineno, line in enumerate(raw.splitlines(), 1):  # bytes: only \n, \r and \r\n end a line
+        if not line.strip():
             continue
         try:
+            try:
+                text = line.decode()
+            except UnicodeDecodeError as e:
+                raise TraceError(f"not UTF-8 text (byte 0x{line[e.start]:02x} at column {e.start + 1})") from None
             try:
                 rec = json.loads(text)
             except json.JSONDecodeError as e:

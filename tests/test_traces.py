@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -99,6 +100,24 @@ def test_unreadable_or_empty_trace(tmp_path):
         read_trace(tmp_path / "missing.jsonl")
     with pytest.raises(TraceError, match="no usable requests"):
         read_trace(write(tmp_path, ["oops"]), skip_bad_lines=True)
+
+
+def test_binary_or_gzip_trace_names_the_line_or_says_what_it_is(tmp_path):
+    """A stray non-UTF-8 byte was reported for the whole file ('utf-8 codec can't decode byte 0xff in position
+    2,500,000', no line, and --skip-bad-lines could not skip it); a gzip-compressed trace the same way."""
+    path = tmp_path / "t.jsonl"
+    good = json.dumps(mooncake(0)).encode() + b"\n"
+    path.write_bytes(good + b'{"timestamp": 1, "x": "\xff"}\n' + good.replace(b": 0,", b": 2,"))
+    with pytest.raises(TraceError, match=rf"{path}:2: not UTF-8 text \(byte 0xff at column 24\)"):
+        read_trace(path)
+    t = read_trace(path, skip_bad_lines=True)
+    assert [r.line for r in t.requests] == [1, 3] and t.skipped[0][0] == 2
+    gz = tmp_path / "t.jsonl.gz"
+    gz.write_bytes(gzip.compress(good))
+    with pytest.raises(TraceError, match=r"is gzip-compressed: decompress it first \(gunzip -k"):
+        read_trace(gz)
+    with pytest.raises(TraceError, match="cannot read trace .*Is a directory"):
+        read_trace(tmp_path)
 
 
 def test_window_rebases_time_and_slices(tmp_path):
