@@ -24,6 +24,8 @@ class Plan:
     items: list  # replay.ReplayItem
     clamped: int
     upper_bound: float
+    context: int  # the longest prompt + output the replay allowed (the model's context, or its KV pool)
+    scaled_tokens: tuple[int, int]  # the window's input and output tokens after --length-scale, before clamping
 
 
 def register(app: typer.Typer) -> None:
@@ -174,6 +176,14 @@ def register(app: typer.Typer) -> None:
             flags=command_flags(flags),
         )
         console.print(_table(result))
+        if result["clamped_requests"]:
+            r = result
+            console.print(
+                f"[yellow]note:[/yellow] {r['clamped_requests']:,} of {r['planned_requests']:,} requests were clamped "
+                f"(--max-input-len / --max-output-len, or a context of {r['context_tokens']:,} tokens, output first): "
+                f"the window's {r['trace_input_tokens']:,} / {r['trace_output_tokens']:,} input / output tokens were "
+                "cut to fit (--length-scale shrinks a trace whole instead)"
+            )
         if result["partial"]:
             done = result["completed"] + result["failed"]
             note = " (those in flight are not counted)"
@@ -197,9 +207,10 @@ def plan(window, vocab: int, context: int, flags: dict[str, Any]) -> Plan:
 
     f = flags["length_scale"]
     bs = max(1, round(window.block_size * f))
-    reqs, clamped = [], 0
+    reqs, clamped, scaled_in, scaled_out = [], 0, 0, 0
     for r in window.requests:
         inp, out = max(1, round(r.input_length * f)), max(1, round(r.output_length * f))
+        scaled_in, scaled_out = scaled_in + inp, scaled_out + out
         new_in = min(inp, flags["max_input_len"] or inp)
         new_out = min(out, flags["max_output_len"] or out)
         if new_in + new_out > context:
@@ -219,7 +230,7 @@ def plan(window, vocab: int, context: int, flags: dict[str, Any]) -> Plan:
         )
         for r in reqs
     ]
-    return Plan(eff, items, clamped, eff.reuse_upper_bound())
+    return Plan(eff, items, clamped, eff.reuse_upper_bound(), context, (scaled_in, scaled_out))
 
 
 def _run_local(config: EngineConfig, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[str, Any], list]:
@@ -418,6 +429,9 @@ def summarize(
         trace_cache_hit_upper_bound=p.upper_bound,
         block_size=p.trace.block_size,
         clamped_requests=p.clamped,
+        context_tokens=p.context,
+        trace_input_tokens=p.scaled_tokens[0],
+        trace_output_tokens=p.scaled_tokens[1],
     )
     return out
 

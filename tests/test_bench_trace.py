@@ -102,22 +102,23 @@ def test_mooncake_window_scaled_and_clamped(tmp_path):
 
 
 def test_lengths_clamped_to_the_context(tmp_path):
-    # The published Mooncake slice at 1/64 has prompts of up to ~1,900 tokens; a 256-token context clamps them.
-    res = replay(
-        tmp_path,
-        TRACES / "mooncake_conversation_head200.jsonl",
-        *TINY,
-        "--time-scale",
-        "0",
-        "--num-requests",
-        "30",
-        "--length-scale",
-        "0.015625",
-        "--max-model-len",
-        "256",
+    # The published Mooncake slice at 1/64 has prompts of up to ~1,900 tokens; a 256-token context clamps them. The
+    # result says so: the count, the context clamped to and the window's tokens before (the context was not said).
+    out = tmp_path / "trace.json"
+    args = ["--time-scale", "0", "--num-requests", "30", "--length-scale", "0.015625", "--max-model-len", "256"]
+    r = CliRunner().invoke(
+        app, ["bench-trace", str(TRACES / "mooncake_conversation_head200.jsonl"), *TINY, *args, "--json", str(out)]
     )
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    res = json.loads(out.read_text())
+    window = read_trace(TRACES / "mooncake_conversation_head200.jsonl").requests[:30]
     assert (res["completed"], res["failed"]) == (30, 0) and res["clamped_requests"] > 0
+    assert res["context_tokens"] == 256
     assert res["total_input_tokens"] + res["total_output_tokens"] <= 30 * 256
+    assert res["trace_input_tokens"] == sum(max(1, round(r.input_length / 64)) for r in window)
+    assert res["trace_input_tokens"] > res["total_input_tokens"]
+    assert f"{res['clamped_requests']} of 30 requests were clamped" in flat(r.output)
+    assert "a context of 256 tokens" in flat(r.output)
 
 
 def test_failed_requests_are_counted_not_fatal(tmp_path):
