@@ -15,11 +15,13 @@ from typing import Annotated, Any
 import typer
 
 from minisgl_cli.options import (
-    ENGINE_FLAGS,
+    ENGINE_FLAG_NAMES,
     Seed,
     engine_config,
     launcher_rank,
     load_llm,
+    refuse_each,
+    refuse_given,
     with_engine_flags,
 )
 
@@ -67,6 +69,7 @@ def resume_flag(argv: list[str]) -> list[str]:
 
 @with_engine_flags()
 def chat(
+    ctx: typer.Context,
     seed: Seed = 0,
     system: System = None,
     temperature: Temperature = 0.7,
@@ -86,6 +89,18 @@ def chat(
 
     if resume is not None and no_save:
         raise typer.BadParameter("--resume reads the database, which --no-save leaves alone", param_hint="--resume")
+    if no_save:
+        refuse_given(ctx, "names the session database, and --no-save reads and writes none", "db")
+    if resume is not None:
+        why = "--resume reopens the chat with its own settings: change them in the chat (/system, /temp, /max-tokens)"
+        refuse_given(ctx, why, "system", "temperature", "max_tokens")
+    if url is None:  # OPENAI_API_KEY set in the environment is no error: only a flag given here is
+        no_url = "and there is no --url (chat runs the local engine)"
+        refuse_each(
+            ctx, {"served_model": f"names a model at --url, {no_url}", "api_key": f"is the key for --url, {no_url}"}
+        )
+    else:  # the server at --url runs its own engine: a flag for the local one would do nothing
+        refuse_given(ctx, "set the local engine, which --url does not start", *ENGINE_FLAG_NAMES, "seed")
     resume_id = None if resume in (None, RESUME_LAST) else _session_id(resume)
     store, notice = None, None
     if not no_save:
@@ -111,13 +126,6 @@ def chat(
         except StoreError as e:
             raise typer.BadParameter(f"cannot resume: {e}", param_hint="--resume") from e
 
-    if url is None and served_model is not None:
-        raise typer.BadParameter("names a model at --url, and there is no --url", param_hint="--served-model")
-    if url is not None:  # the server at --url runs its own engine: a flag for the local one would do nothing
-        local = [f"--{n.replace('_', '-')}" for n, _, d in ENGINE_FLAGS if engine_flags.get(n, d) != d]
-        if local or seed != 0:
-            flags = ", ".join(local + (["--seed"] if seed != 0 else []))
-            raise typer.BadParameter(f"{flags}: set the local engine, which --url does not start", param_hint="--url")
     plain = no_tui or not (sys.stdin.isatty() and sys.stdout.isatty())
     if url is not None:
         try:

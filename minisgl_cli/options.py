@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import Annotated, Any, TypeVar
 
@@ -141,6 +141,7 @@ ENGINE_FLAGS: tuple[tuple[str, Any, Any], ...] = tuple(
         ("tp", Tp),
     )
 )
+ENGINE_FLAG_NAMES = tuple(name for name, _, _ in ENGINE_FLAGS)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -184,6 +185,38 @@ def engine_config(seed: int = 0, **flags: Any) -> EngineConfig:
         return EngineConfig(**values, radix_cache=not no_radix_cache, overlap=False if no_overlap else None, seed=seed)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
+
+
+def given(ctx: typer.Context, *names: str) -> list[str]:
+    """The flags among the parameters `names` that the command line set, spelled as --help spells them (a switch
+    as its --no-... form when that is the one given), in --help's order. A value read from an environment variable
+    (OPENAI_API_KEY, MINISGL_VLLM_ENV) or a default is not given: a variable set for every shell must not break the
+    commands that do not read it."""
+    wanted = set(names)
+    flags = []
+    for p in ctx.command.params:
+        if p.name not in wanted or not p.opts:
+            continue
+        # compared by name: typer vendors click, ParameterSource with it, in a private module
+        source = ctx.get_parameter_source(p.name)
+        if source is None or source.name != "COMMANDLINE":
+            continue
+        flags.append(p.secondary_opts[0] if p.secondary_opts and ctx.params.get(p.name) is False else p.opts[0])
+    return flags
+
+
+def refuse_given(ctx: typer.Context, why: str, *names: str) -> None:
+    """Refuse the flags among the parameters `names` that the command line set, for `why` (this run would not read
+    them): a flag accepted and ignored looks as if it had changed the result. Exit 2, naming them."""
+    if flags := given(ctx, *names):
+        raise typer.BadParameter(why, param_hint=", ".join(flags))
+
+
+def refuse_each(ctx: typer.Context, reasons: Mapping[str, str]) -> None:
+    """refuse_given for parameters with reasons of their own ({name: why}); those sharing a reason are named
+    together."""
+    for why in dict.fromkeys(reasons.values()):
+        refuse_given(ctx, why, *(name for name, w in reasons.items() if w == why))
 
 
 def launcher_rank() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import re
 import shutil
 import subprocess
@@ -10,18 +11,23 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from minisgl_cli.app import app
 from minisgl_cli.tui.plain import run_plain
 from minisgl_cli.tui.session import ChatSession
 from tests.chat_pilot import LocalEngine
 from tests.conftest import checked, make_llm
+from tests.test_bench_offline import flat
 
 MINISGL = shutil.which("minisgl") or str(Path(sys.executable).parent / "minisgl")
 TINY = ["--model", "dummy:tiny-llama", "--device", "cpu", "--num-pages", "256"]
 
 
-def chat(*args: str, stdin: str) -> subprocess.CompletedProcess:
-    return subprocess.run([MINISGL, "chat", *args], input=stdin, capture_output=True, text=True, timeout=300)
+def chat(*args: str, stdin: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [MINISGL, "chat", *args], input=stdin, capture_output=True, text=True, timeout=300, env={**os.environ, **env}
+    )
 
 
 TURN = re.compile(
@@ -57,7 +63,8 @@ def test_piped_chat_with_slash_commands():
 
 
 def test_plain_mode_is_automatic_when_not_a_terminal():
-    p = chat(*TINY, "--max-tokens", "4", stdin="hi\n")
+    # an OPENAI_API_KEY set for every shell is no --api-key given without --url (refused below): the chat runs
+    p = chat(*TINY, "--max-tokens", "4", stdin="hi\n", OPENAI_API_KEY="sk-global")
     assert p.returncode == 0, p.stderr
     assert [m.group(4) for m in TURN.finditer(p.stderr)] == ["4"]
     assert "· KV " not in p.stderr.splitlines()[0]  # the header names the KV dtype only where it is not the model's
@@ -88,6 +95,31 @@ def test_bad_flags_exit_with_a_clear_message(flags, message):
     p = chat("--no-tui", *TINY, *flags, stdin="hi\n")
     assert p.returncode == 2, p.stderr
     assert message in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--api-key", "k"], "--api-key: is the key for --url, and there is no --url (chat runs the local engine)"),
+        (["--served-model", "m"], "--served-model: names a model at --url, and there is no --url"),
+        (["--db", "c.db", "--no-save"], "--db: names the session database, and --no-save reads and writes none"),
+        (
+            ["--resume", "3", "-t", "0.2", "--max-tokens", "9"],
+            "--temperature, --max-tokens: --resume reopens the chat with its own settings: change them in the chat",
+        ),
+        (
+            ["--url", "http://127.0.0.1:1", "--no-radix-cache", "--tp", "1", "--seed", "0"],
+            "--seed, --no-radix-cache, --tp: set the local engine, which --url does not start",
+        ),
+    ],
+)
+def test_flags_the_chat_would_not_read_are_refused(flags, message):
+    """A flag accepted and ignored looks as if it had changed the chat: each is refused by name (exit 2) before
+    anything loads, even at its default value (--tp 1, --seed 0). --api-key without --url was taken and dropped;
+    --db beside --no-save, and the settings beside --resume (the chat's own come back), were ignored."""
+    r = CliRunner().invoke(app, ["chat", "--no-tui", *flags], env={"COLUMNS": "300"})
+    assert r.exit_code == 2, r.output
+    assert f"Invalid value for {message}" in flat(r.output), r.output
 
 
 def test_run_plain_keeps_history_and_resets():

@@ -274,11 +274,18 @@ def test_corrupted_database_leaves_the_file_and_chats_unsaved(tmp_path):
 
 def test_plain_mode_saves_and_resumes(tmp_path):
     db = tmp_path / "chat.db"
-    args = ["--no-tui", *TINY, "--max-tokens", "4", "--db", str(db)]
-    p = subprocess.run([MINISGL, "chat", *args], input="one\n/temp 0.2\n", capture_output=True, text=True, timeout=300)
+    args = ["--no-tui", *TINY, "--db", str(db)]
+    p = subprocess.run(
+        [MINISGL, "chat", *args, "--max-tokens", "4"],
+        input="one\n/temp 0.2\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     assert "not saved" not in p.stderr, p.stderr  # each save ran on the thread that opened the database
     first_prompt = int(re.findall(r"cache hit \d+/(\d+)", p.stderr)[0])
+    # the chat's own settings come back (--max-tokens beside --resume is refused: tests/test_chat_plain.py)
     p = subprocess.run([MINISGL, "chat", *args, "--resume"], input="two\n", capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert "resumed chat 1: one (2 messages)" in p.stderr
