@@ -19,7 +19,7 @@ from typer.core import TyperCommand
 
 from engine.config import EngineConfig
 from minisgl_cli import options as o
-from minisgl_cli.peers import PEERS
+from minisgl_cli.peers import PEER_ENGINE_FLAGS, PEERS
 
 ENGINES = ("minisgl", *PEERS)
 # The per-step token budget of an offline run, where every prompt is there at the start and no stream waits on a
@@ -147,6 +147,34 @@ def register(app: typer.Typer) -> None:
             peers = [] if compare is None else parse_peers(compare)
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--compare") from e
+        if peers and engine != "minisgl":
+            raise typer.BadParameter(
+                "--compare runs minisgl beside the peers it names: name them all there (e.g. --compare "
+                "transformers,vllm)",
+                param_hint="--engine",
+            )
+        engines = ["minisgl", *peers] if peers else [engine]
+        unread = [_unread(e) for e in engines]
+        o.refuse_each(ctx, {name: why for name, why in unread[0].items() if all(name in u for u in unread[1:])})
+        if "vllm" not in peers:  # MINISGL_VLLM_ENV set for every shell is no error: only the flag given here is
+            why = (
+                "is sourced before the vLLM peer's own process (--compare vllm); --engine vllm runs vLLM in this "
+                "one: source the script before the command"
+                if engine == "vllm"
+                else "is sourced before the vLLM peer's process: give --compare vllm"
+            )
+            o.refuse_given(ctx, why, "vllm_env")
+        if dataset is not None:
+            o.refuse_given(ctx, "draws random prompts' lengths, and --dataset prompts have their own", "input_len")
+        if "transformers" in engines and o.given(ctx, "peer_batch_size"):
+            from minisgl_cli.hf_peer import batches_continuously
+
+            if batches_continuously(peer_api):
+                raise typer.BadParameter(
+                    "sizes the padded `generate` batches, and the transformers peer batches continuously here "
+                    "(generate_batch): give --peer-api generate",
+                    param_hint="--peer-batch-size",
+                )
         if peers and engine_flags["tp"] > 1:
             raise typer.BadParameter(
                 "--compare runs with --tp 1 (each torchrun rank would start the peers): run `--engine vllm --tp N` "
@@ -158,10 +186,7 @@ def register(app: typer.Typer) -> None:
             hint = "--engine" if engine == "transformers" else "--compare"
             raise typer.BadParameter(f"the transformers peer has no {kv_cache_dtype} KV cache", param_hint=hint)
         overrides = o.vllm_args(vllm_arg)
-        if overrides and engine != "vllm" and "vllm" not in peers:
-            why = "is for the vLLM peer: give --engine vllm or --compare vllm"
-            raise typer.BadParameter(why, param_hint="--vllm-arg")
-        if vllm_env is not None and not vllm_env.is_file():
+        if "vllm" in peers and vllm_env is not None and not vllm_env.is_file():
             raise typer.BadParameter(f"{vllm_env} is not a file", param_hint="--vllm-env")
         if "vllm" in peers and vllm_env is None:
             import importlib.util
@@ -517,14 +542,34 @@ def workload_digest(workload) -> str:
     return hashlib.sha256(json.dumps([workload.prompts, workload.output_lens]).encode()).hexdigest()[:16]
 
 
-def _given_flags(ctx: typer.Context) -> list[str]:
-    """This command's flags that differ from their defaults, for a peer child (which has the same defaults and
-    environment), without those only the parent acts on."""
+def _unread(engine: str) -> dict[str, str]:
+    """The parameters that a run of `engine` alone does not read, each with what its refusal says; a peer child is
+    given none of them."""
+    for_transformers = "is for the transformers peer: give --engine transformers or --compare transformers"
+    for_vllm = "is for the vLLM peer: give --engine vllm or --compare vllm"
+    if engine == "minisgl":
+        return {"peer_api": for_transformers, "peer_batch_size": for_transformers, "vllm_arg": for_vllm}
+    ours = f"for minisgl's engine, which --engine {engine} does not run" + (
+        " (vLLM's own settings: --vllm-arg KEY=VALUE)" if engine == "vllm" else ""
+    )
+    out = {name: ours for name in o.ENGINE_FLAG_NAMES if name not in PEER_ENGINE_FLAGS[engine]}
+    out["plot"] = f"draws minisgl's engine steps, and --engine {engine} runs no minisgl"
+    if engine == "transformers":
+        out.update(vllm_arg=for_vllm, runs="times minisgl's and vLLM's runs; transformers runs once (~40x slower)")
+    else:
+        out.update(peer_api=for_transformers, peer_batch_size=for_transformers)
+    return out
+
+
+def _given_flags(ctx: typer.Context, name: str) -> list[str]:
+    """This command's flags that differ from their defaults, for the child of the peer `name` (which has the same
+    defaults and environment), without those only the parent acts on and those the peer does not read."""
     from typer.core import TyperOption
 
+    skip = {"compare", "engine", "json_path", "plot", "vllm_env", *_unread(name)}
     args: list[str] = []
     for p in ctx.command.params:
-        if p.name in ("compare", "engine", "json_path", "plot", "vllm_env") or not isinstance(p, TyperOption):
+        if p.name in skip or not isinstance(p, TyperOption):
             continue
         value = ctx.params[p.name or ""]
         if value == p.default:
@@ -553,7 +598,7 @@ def _run_child(name: str, ctx: typer.Context, workload, env_script: Path | None)
 
     with tempfile.TemporaryDirectory(prefix="minisgl-peer-") as tmp:
         out = Path(tmp) / f"{name}.json"
-        cmd = [sys.executable, "-m", "minisgl_cli", "bench-offline", *_given_flags(ctx), "--engine", name]
+        cmd = [sys.executable, "-m", "minisgl_cli", "bench-offline", *_given_flags(ctx, name), "--engine", name]
         cmd += ["--json", str(out)]
         if env_script is not None:
             # $0 is "bash", not the script: vllm-env.sh tells "sourced" from "run" by BASH_SOURCE[0] == $0

@@ -128,6 +128,18 @@ def has_generate_batch(model) -> bool:
     return hasattr(model, "init_continuous_batching")
 
 
+def batches_continuously(api: str) -> bool:
+    """Whether the peer runs generate_batch under `api` (auto: where transformers has it), known without a model:
+    every model that generates takes it from GenerationMixin."""
+    if api != "auto":
+        return api == "generate_batch"
+    try:
+        from transformers import GenerationMixin
+    except ImportError:  # the peer reports it where it loads
+        return False
+    return hasattr(GenerationMixin, "init_continuous_batching")
+
+
 def run_generate_batch(
     model, prompts: Sequence[list[int]], output_lens: Sequence[int], temperature: float, on_done: OnDone | None = None
 ) -> PeerRun:

@@ -9,6 +9,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 PEERS = ("transformers", "vllm")
+# The engine flags (minisgl_cli/options.py) each peer's run reads from the run's EngineConfig; the others set
+# minisgl's engine alone (max_model_len: the workload's context check, and vLLM's own limit).
+PEER_ENGINE_FLAGS = {
+    "transformers": ("model", "device", "dtype", "kv_cache_dtype", "max_model_len"),
+    "vllm": ("model", "device", "dtype", "kv_cache_dtype", "max_model_len", "tp"),
+}
 OnDone = Callable[[int], None]  # called with each finished request's output token count
 
 

@@ -153,7 +153,8 @@ def test_compare_runs_transformers_on_the_same_workload(tmp_path):
     """Bare --compare (transformers, as before the list): the peer runs as a child `bench-offline --engine
     transformers --json ...` given this run's flags, and its JSON is merged after a check of the workload's digest."""
     args = ("--num-seqs", "6", "--input-len", "16:48", "--output-len", "4:16", "--seed", "5", "--temperature", "0")
-    res = bench(tmp_path, *TINY, *args, "--compare")
+    # minisgl's --max-running-requests is not passed on: the child would refuse it as a flag it does not read
+    res = bench(tmp_path, *TINY, *args, "--max-running-requests", "4", "--compare")
     w = random_workload(6, (16, 48), (4, 16), seed=5, vocab_size=512)
     peer = res["peer"]
     assert (peer["engine"], peer["api"], peer["completed"]) == ("transformers", "generate_batch", 6)
@@ -218,15 +219,29 @@ def test_a_failing_peer_child_stops_the_run(tmp_path):
 
 
 def test_vllm_args_reach_the_peer_child(tmp_path):
-    # The child's command line, as its environment script sees it: the overrides travel, once per value.
+    # The child's command line, as its environment script sees it: the overrides travel, once per value; minisgl's
+    # engine flags do not (the child would refuse them as flags vLLM does not read), nor does --peer-api.
     seen = tmp_path / "argv.txt"
     env = tmp_path / "env.sh"
     env.write_text(f'echo "$*" > {seen}; return 1\n')
-    args = ["--compare", "vllm", "--vllm-env", str(env), "--vllm-arg", "max_num_seqs=256"]
-    r = CliRunner().invoke(app, ["bench-offline", *TINY, *args, "--vllm-arg", "enforce_eager=true"])
+    args = ["--compare", "vllm", "--vllm-env", str(env), "--vllm-arg", "max_num_seqs=256", "--page-size", "32"]
+    r = CliRunner().invoke(app, ["bench-offline", *TINY, *args, "--vllm-arg", "enforce_eager=true", "--runs", "2"])
     assert r.exit_code == 1 and "the vllm peer failed (exit status 1)" in flat(r.output)
     argv = seen.read_text()
     assert "--vllm-arg max_num_seqs=256 --vllm-arg enforce_eager=true" in argv and "--engine vllm" in argv
+    assert "--runs 2" in argv and "--page-size" not in argv
+
+
+def test_compare_both_peers_with_a_vllm_arg(tmp_path):
+    """--compare transformers,vllm --vllm-arg: the transformers child got --vllm-arg too, refused it as a flag for
+    the vLLM peer, and the run ended before vLLM started. Each child now gets only what its peer reads."""
+    seen = tmp_path / "argv.txt"
+    env = tmp_path / "env.sh"
+    env.write_text(f'echo "$*" > {seen}; return 1\n')
+    args = ["--num-seqs", "2", "--input-len", "4:8", "--output-len", "2:2", "--compare", "transformers,vllm"]
+    r = CliRunner().invoke(app, ["bench-offline", *TINY, *args, "--vllm-env", str(env), "--vllm-arg", "max_num_seqs=8"])
+    assert r.exit_code == 1 and "the vllm peer failed (exit status 1)" in flat(r.output), r.output
+    assert "--vllm-arg max_num_seqs=8" in seen.read_text()
 
 
 def test_vllm_args_parse():
@@ -334,12 +349,47 @@ def test_dataset_prompts_sharegpt_jsonl_and_parquet(tmp_path):
         (["--page-size", "0"], "--page-size"),
         (["--kv-cache-dtype", "fp8", "--compare"], "Invalid value for --compare: the transformers peer has no fp8"),
         (["--kv-cache-dtype", "fp8", "--engine", "transformers"], "Invalid value for --engine: the transformers peer"),
+        # flags the run would not read: refused by name, never accepted and ignored
+        (["--peer-api", "generate"], "--peer-api: is for the transformers peer: give --engine transformers or"),
+        (["--compare", "vllm", "--peer-batch-size", "8"], "--peer-batch-size: is for the transformers peer"),
+        (
+            ["--engine", "transformers", "--peer-api", "generate_batch", "--peer-batch-size", "8"],
+            "--peer-batch-size: sizes the padded `generate` batches, and the transformers peer batches continuously",
+        ),
+        (
+            ["--engine", "transformers", "--tp", "1", "--page-size", "32"],
+            "--page-size, --tp: for minisgl's engine, which --engine transformers does not run",
+        ),
+        (
+            ["--engine", "vllm", "--memory-fraction", "0.5", "--no-radix-cache"],
+            "--memory-fraction, --no-radix-cache: for minisgl's engine, which --engine vllm does not run (vLLM's own",
+        ),
+        (
+            ["--engine", "transformers", "--runs", "3"],
+            "--runs: times minisgl's and vLLM's runs; transformers runs once",
+        ),
+        (["--engine", "transformers", "--plot", "p.png"], "--plot: draws minisgl's engine steps, and --engine"),
+        (["--compare", "transformers", "--vllm-arg", "max_num_seqs=8"], "--vllm-arg: is for the vLLM peer"),
+        (["--engine", "vllm", "--vllm-env", "/bin/sh"], "--vllm-env: is sourced before the vLLM peer's own process"),
+        (["--vllm-env", "/bin/sh"], "--vllm-env: is sourced before the vLLM peer's process: give --compare vllm"),
+        (["--engine", "transformers", "--compare", "vllm"], "--engine: --compare runs minisgl beside the peers it"),
+        (["--dataset", "d.json", "--input-len", "8:8"], "--input-len: draws random prompts' lengths, and --dataset"),
     ],
 )
 def test_bad_flags_exit_with_a_clear_message(tmp_path, args, message):
-    r = CliRunner().invoke(app, ["bench-offline", *TINY, *args])
+    # a small workload: a flag wrongly accepted runs it in seconds and the test fails, rather than running the default
+    small = ["--num-seqs", "2", "--input-len", "4:8", "--output-len", "2:2"]
+    r = CliRunner().invoke(app, ["bench-offline", *TINY, *small, *args], env={"MINISGL_VLLM_ENV": None})
     assert r.exit_code == 2, r.output
     assert message in flat(r.output)
+
+
+def test_values_from_the_environment_are_not_flags_given(tmp_path, monkeypatch):
+    """MINISGL_VLLM_ENV set for every shell (even to a file that is not there) is no --vllm-env given to a run
+    without the vLLM peer."""
+    monkeypatch.setenv("MINISGL_VLLM_ENV", str(tmp_path / "missing.sh"))
+    res = bench(tmp_path, *TINY, "--num-seqs", "2", "--input-len", "4:8", "--output-len", "2:2")
+    assert (res["engine"], res["completed"]) == ("minisgl", 2)
 
 
 def test_dataset_without_prompts_is_a_clear_error(tmp_path):
