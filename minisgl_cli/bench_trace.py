@@ -12,6 +12,7 @@ import typer
 
 from engine.config import EngineConfig
 from minisgl_cli import options as o
+from minisgl_cli.peers import PEER_ENGINE_FLAGS
 
 ENGINES = ("minisgl", "vllm")
 
@@ -32,6 +33,7 @@ def register(app: typer.Typer) -> None:
     @app.command("bench-trace")
     @o.with_engine_flags()
     def bench_trace(
+        ctx: typer.Context,
         trace: Annotated[Path, typer.Argument(help="JSONL trace (Qwen/Bailian or Mooncake format)")],
         format: Annotated[str, typer.Option("--format", help="auto | qwen | mooncake")] = "auto",
         block_size: Annotated[
@@ -117,6 +119,7 @@ def register(app: typer.Typer) -> None:
         (ignore_eos); lengths that do not fit the model's context are clamped and counted."""
         flags = dict(locals())
         flags.update(flags.pop("engine_flags"))
+        del flags["ctx"]
         from rich.console import Console
 
         from minisgl_cli.report import (
@@ -132,13 +135,6 @@ def register(app: typer.Typer) -> None:
         check_outputs(json=json_path, plot=plot, step_log=step_log)
         console = Console()
         config = o.engine_config(**flags)
-        try:
-            full = read_trace(trace, format, block_size, skip_bad_lines)
-        except TraceError as e:
-            raise typer.BadParameter(str(e), param_hint="TRACE") from e
-        window = full.window(start, num_requests)
-        if not window.requests:
-            raise typer.BadParameter(f"the trace has {len(full.requests)} requests; --start {start} is past them")
         engine = engine.lower()
         if engine not in ENGINES:
             raise typer.BadParameter(f"must be one of {', '.join(ENGINES)} (got {engine!r})", param_hint="--engine")
@@ -147,9 +143,27 @@ def register(app: typer.Typer) -> None:
         flags["vllm_args"] = o.vllm_args(vllm_arg)
         if flags["vllm_args"] and engine != "vllm":
             raise typer.BadParameter("is for --engine vllm", param_hint="--vllm-arg")
-        if step_log is not None and (url is not None or engine != "minisgl"):
-            why = "records the in-process minisgl engine's steps: it does not go with --url or --engine vllm"
-            raise typer.BadParameter(why, param_hint="--step-log")
+        reads_model = vocab_size is None or config.max_model_len is None  # _run_url's vocabulary and context
+        o.refuse_by_url(ctx, url, reads_model, ("served_model", "request_timeout", "no_client_check"))
+        if engine == "vllm":
+            why = "for minisgl's engine, which --engine vllm does not run (vLLM's own settings: --vllm-arg KEY=VALUE)"
+            o.refuse_engine_flags(ctx, why, PEER_ENGINE_FLAGS["vllm"])
+        if url is not None or engine != "minisgl":
+            not_here = "it does not go with --url or --engine vllm"
+            o.refuse_each(
+                ctx,
+                {
+                    "step_log": f"records the in-process minisgl engine's steps: {not_here}",
+                    "token_stream": f"sets how the in-process minisgl engine hands out tokens: {not_here}",
+                },
+            )
+        try:
+            full = read_trace(trace, format, block_size, skip_bad_lines)
+        except TraceError as e:
+            raise typer.BadParameter(str(e), param_hint="TRACE") from e
+        window = full.window(start, num_requests)
+        if not window.requests:
+            raise typer.BadParameter(f"the trace has {len(full.requests)} requests; --start {start} is past them")
         if plot is not None:
             from minisgl_cli.plots import require_matplotlib
 

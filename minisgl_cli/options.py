@@ -219,6 +219,28 @@ def refuse_each(ctx: typer.Context, reasons: Mapping[str, str]) -> None:
         refuse_given(ctx, why, *(name for name, w in reasons.items() if w == why))
 
 
+def refuse_engine_flags(ctx: typer.Context, why: str, read: tuple[str, ...] = ()) -> None:
+    """Refuse the engine flags given on the command line, but those in `read`: the run starts no minisgl engine to
+    read them (`why`)."""
+    refuse_given(ctx, why, *(name for name in ENGINE_FLAG_NAMES if name not in read))
+
+
+def refuse_by_url(ctx: typer.Context, url: str | None, reads_model: bool, url_only: tuple[str, ...]) -> None:
+    """A benchmark run in-process or against --url (bench-trace, bench-serve): refuse the flags `url_only` without
+    --url, and with it the engine flags (the server runs its own engine) but --max-model-len and, where the run
+    reads the served model's config or tokenizer from it (`reads_model`), --model."""
+    if url is None:
+        refuse_given(ctx, "is for a run against --url, and there is no --url", *url_only)
+        return
+    why = (
+        "for the in-process engine, which --url does not start (--model and --max-model-len describe the served model)"
+    )
+    refuse_engine_flags(ctx, why, ("model", "max_model_len"))
+    if not reads_model:
+        why = "is read for the served model's vocabulary and context, and --vocab-size and --max-model-len give both"
+        refuse_given(ctx, why, "model")
+
+
 def launcher_rank() -> int:
     """This process's rank under torchrun (0 without it), known before the engine joins its group."""
     import os

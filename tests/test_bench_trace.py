@@ -147,7 +147,8 @@ def test_bad_options(tmp_path):
     assert r.exit_code == 2 and "past them" in flat(r.output)
     r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *TINY, "--format", "sharegpt"])
     assert r.exit_code == 2 and "unknown trace format" in flat(r.output)
-    r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *TINY, "--url", "http://x", "--step-log", "s.jsonl"])
+    url = ["--url", "http://x", "--model", "dummy:tiny-llama", "--quiet"]  # TINY's --device is refused with --url
+    r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *url, "--step-log", "s.jsonl"])
     assert r.exit_code == 2 and "does not go with --url" in flat(r.output)
     for args, message in (
         (["--engine", "sglang"], "must be one of minisgl, vllm"),
@@ -158,6 +159,38 @@ def test_bad_options(tmp_path):
     ):
         r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *TINY, *args])
         assert r.exit_code == 2 and message in flat(r.output), (args, r.output)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--served-model", "m"], "--served-model: is for a run against --url, and there is no --url"),
+        (
+            ["--request-timeout", "5", "--no-client-check"],
+            "--request-timeout, --no-client-check: is for a run against --url, and there is no --url",
+        ),
+        (
+            ["--url", "http://x", "--device", "cpu", "--tp", "1"],
+            "--device, --tp: for the in-process engine, which --url does not start (--model and --max-model-len",
+        ),
+        (
+            ["--url", "http://x", "--vocab-size", "512", "--max-model-len", "256"],
+            "--model: is read for the served model's vocabulary and context, and --vocab-size and --max-model-len",
+        ),
+        (["--url", "http://x", "--token-stream"], "--token-stream: sets how the in-process minisgl engine hands out"),
+        (["--engine", "vllm", "--no-token-stream"], "--no-token-stream: sets how the in-process minisgl engine"),
+        (
+            ["--engine", "vllm", "--device", "cpu", "--page-size", "32"],
+            "--page-size: for minisgl's engine, which --engine vllm does not run (vLLM's own settings: --vllm-arg",
+        ),
+    ],
+)
+def test_flags_the_replay_would_not_read_are_refused(args, message):
+    """Each was accepted and ignored (in-process: the --url flags; with --url: the in-process engine's, and --model
+    once --vocab-size and --max-model-len give what it is read for; with --engine vllm: minisgl's engine flags and
+    --token-stream); now refused by name before the trace is read."""
+    r = CliRunner().invoke(app, ["bench-trace", "/no/such/trace.jsonl", "--model", "dummy:tiny-llama", *args])
+    assert r.exit_code == 2 and f"Invalid value for {message}" in flat(r.output), r.output
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
