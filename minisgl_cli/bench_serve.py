@@ -34,6 +34,7 @@ def register(app: typer.Typer) -> None:
     @app.command("bench-serve")
     @o.with_engine_flags()
     def bench_serve(
+        ctx: typer.Context,
         url: Annotated[
             str | None,
             typer.Option(help="an OpenAI-compatible server (e.g. http://127.0.0.1:8000); default in-process"),
@@ -83,7 +84,7 @@ def register(app: typer.Typer) -> None:
         temperature: Annotated[float, typer.Option(help="sampling temperature", min=0.0)] = 0.0,
         vocab_size: Annotated[
             int | None,
-            typer.Option(help="with --url: prompt ids stay below this (default: --model's vocabulary)", min=2),
+            typer.Option(help="prompt ids stay below this (default: --model's vocabulary)", min=2),
         ] = None,
         request_timeout: Annotated[float, typer.Option(help="seconds per request with --url", min=0.1)] = 600.0,
         client_check: Annotated[
@@ -113,6 +114,7 @@ def register(app: typer.Typer) -> None:
         flags = dict(locals())
         flags.update(flags.pop("engine_flags"))
         flags.pop("api_key")
+        del flags["ctx"]
         from rich.console import Console
 
         from minisgl_cli.report import check_outputs
@@ -120,8 +122,26 @@ def register(app: typer.Typer) -> None:
         check_outputs(json=json_path, csv=csv_path, plot=plot)
         console = Console()
         if client_check:
+            others = [p.name or "" for p in ctx.command.params if p.name not in ("client_check", "json_path")]
+            o.refuse_given(ctx, "--client-check only measures the client's absorption rate (--json: its file)", *others)
             return _print_client_check(console, json_path)
+        reads_model = vocab_size is None or engine_flags["max_model_len"] is None or _needs_text(flags)
+        o.refuse_by_url(ctx, url, reads_model, ("api_key", "served_model", "request_timeout", "no_client_check"))
+        if json_path is None:
+            why = "is written to the --json file, and there is no --json"
+            o.refuse_given(ctx, why, "label", "save_detailed")
+        if dataset is not None:
+            o.refuse_given(ctx, "draws random prompts' lengths, and --dataset prompts have their own", "input_len")
+        if endpoint == "chat" and prompt_format == "ids":
+            o.refuse_given(ctx, "--endpoint chat sends text prompts", "prompt_format")
+        if not prefix_groups:
+            o.refuse_given(
+                ctx, "is the length of each --prefix-groups group's shared prefix, and there are none", "prefix_len"
+            )
         loads, slo_targets = _parse_load(flags)
+        if all(math.isinf(load.rate) for load in loads):
+            why = "shapes the gaps between arrivals at a --rate, and --rate inf sends with no gaps"
+            o.refuse_given(ctx, why, "arrival", "burstiness")
         if plot is not None:
             from minisgl_cli.plots import require_matplotlib
 
@@ -196,10 +216,15 @@ def _parse_load(flags: dict[str, Any]):
     return loads, slo
 
 
+def _needs_text(flags: dict[str, Any]) -> bool:
+    """Whether the workload needs the model's tokenizer: prompts sent as text, or a dataset's text prompts."""
+    return flags["prompt_format"] == "text" or flags["endpoint"] == "chat" or flags["dataset"] is not None
+
+
 def _target(config: EngineConfig, flags: dict[str, Any]) -> Target:
     from minisgl_cli.hf_peer import model_config_for, tokenizer_for
 
-    needs_text = flags["prompt_format"] == "text" or flags["endpoint"] == "chat" or flags["dataset"] is not None
+    needs_text = _needs_text(flags)
     if flags["url"] is None:
         llm = o.load_llm(config, quiet=flags["quiet"])
         e = llm.engine

@@ -244,6 +244,54 @@ def test_bad_input_is_named(tmp_path):
     assert "no 'conversations' or text column" in out and "body, lang" in out.replace(",", ", ").replace("  ", " ")
 
 
+NOWHERE = ["--url", "http://127.0.0.1:1"]  # a flag wrongly accepted beside it fails fast: cannot reach
+IN_PROCESS = ["--model", "dummy:tiny-llama", "--device", "cpu", "--num-requests", "2", "--output-len", "2:2"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--client-check", "--rate", "3", "--quiet"], "--rate, --quiet: --client-check only measures the client's"),
+        ([*IN_PROCESS, "--api-key", "k"], "--api-key: is for a run against --url, and there is no --url"),
+        (
+            [*IN_PROCESS, "--served-model", "m", "--request-timeout", "5", "--no-client-check"],
+            "--served-model, --request-timeout, --no-client-check: is for a run against --url, and there is no --url",
+        ),
+        ([*NOWHERE, *URL_FLAGS, "--tp", "1"], "--tp: for the in-process engine, which --url does not start"),
+        (
+            [*NOWHERE, *URL_FLAGS, "--model", "dummy:tiny-llama"],
+            "--model: is read for the served model's vocabulary and context, and --vocab-size and --max-model-len",
+        ),
+        ([*NOWHERE, *URL_FLAGS, "--label", "x"], "--label: is written to the --json file, and there is no --json"),
+        ([*NOWHERE, *URL_FLAGS, "--save-detailed"], "--save-detailed: is written to the --json file, and there is"),
+        (
+            [*IN_PROCESS, "--dataset", "d.json", "--input-len", "4:4"],
+            "--input-len: draws random prompts' lengths, and --dataset prompts have their own",
+        ),
+        (
+            [*IN_PROCESS, "--endpoint", "chat", "--prompt-format", "ids"],
+            "--prompt-format: --endpoint chat sends text prompts",
+        ),
+        ([*NOWHERE, *URL_FLAGS, "--prefix-len", "9"], "--prefix-len: is the length of each --prefix-groups group's"),
+        (
+            [*NOWHERE, *URL_FLAGS, "--arrival", "constant"],
+            "--arrival: shapes the gaps between arrivals at a --rate, and --rate inf sends with no gaps",
+        ),
+    ],
+)
+def test_flags_the_run_would_not_read_are_refused(args, message):
+    """Each was accepted and ignored; refused by name before anything loads or connects."""
+    r = CliRunner().invoke(app, ["bench-serve", *args], env={"COLUMNS": "300"})
+    assert r.exit_code == 2 and f"Invalid value for {message}" in flat(r.output), r.output
+
+
+def test_an_api_key_from_the_environment_is_no_flag_given():
+    """OPENAI_API_KEY set for every shell is not --api-key given without --url: the in-process run goes on."""
+    args = ["bench-serve", *IN_PROCESS, "--input-len", "4:4", "--quiet"]
+    r = CliRunner().invoke(app, args, env={"OPENAI_API_KEY": "sk-global"})
+    assert r.exit_code == 0 and "output tok/s" in flat(r.output), r.output
+
+
 def test_plot_without_matplotlib_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     r = CliRunner().invoke(app, ["bench-serve", "--url", "http://127.0.0.1:1", "--plot", "x.png", *URL_FLAGS])
