@@ -202,6 +202,8 @@ def register(app: typer.Typer) -> None:
 
             require_matplotlib()
         config = o.engine_config(**flags)
+        if "minisgl" in engines:
+            o.refuse_unread_engine_flags(ctx, config)
         main_engine = "minisgl" if peers else engine
         try:
             workload = _build_workload(config, num_seqs, input_len, output_len, seed, dataset)

@@ -127,6 +127,9 @@ def register(app: typer.Typer) -> None:
             return _print_client_check(console, json_path)
         reads_model = vocab_size is None or engine_flags["max_model_len"] is None or _needs_text(flags)
         o.refuse_by_url(ctx, url, reads_model, ("api_key", "served_model", "request_timeout", "no_client_check"))
+        config = o.engine_config(**flags)
+        if url is None:
+            o.refuse_unread_engine_flags(ctx, config)
         if json_path is None:
             why = "is written to the --json file, and there is no --json"
             o.refuse_given(ctx, why, "label", "save_detailed")
@@ -146,7 +149,6 @@ def register(app: typer.Typer) -> None:
             from minisgl_cli.plots import require_matplotlib
 
             require_matplotlib()
-        config = o.engine_config(**flags)
         target = _target(config, flags)
         served: dict[str, Any] = {}
         plans, warm = _plans(target, loads, flags, served)

@@ -148,6 +148,8 @@ def register(app: typer.Typer) -> None:
         if engine == "vllm":
             why = "for minisgl's engine, which --engine vllm does not run (vLLM's own settings: --vllm-arg KEY=VALUE)"
             o.refuse_engine_flags(ctx, why, PEER_ENGINE_FLAGS["vllm"])
+        if url is None and engine == "minisgl":
+            o.refuse_unread_engine_flags(ctx, config)
         if url is not None or engine != "minisgl":
             not_here = "it does not go with --url or --engine vllm"
             o.refuse_each(

@@ -22,6 +22,7 @@ from minisgl_cli.options import (
     load_llm,
     refuse_each,
     refuse_given,
+    refuse_unread_engine_flags,
     with_engine_flags,
 )
 
@@ -147,6 +148,7 @@ def chat(
             raise typer.Exit(code)
         return
     config = engine_config(seed=seed, **engine_flags)
+    refuse_unread_engine_flags(ctx, config)
     # Tensor parallel: only rank 0 chats; the other ranks never return from load_llm (they follow rank 0's steps).
     front = None
     if launcher_rank() == 0:

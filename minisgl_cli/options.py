@@ -33,7 +33,7 @@ Dtype = Annotated[
     ),
 ]
 PageSize = Annotated[int, typer.Option(help="tokens per KV page", min=1)]
-NumPages = Annotated[int | None, typer.Option(help="KV pool size in pages (overrides --kv-cache-gb)", min=1)]
+NumPages = Annotated[int | None, typer.Option(help="KV pool size in pages (instead of --kv-cache-gb)", min=1)]
 KvCacheGb = Annotated[
     float | None,
     typer.Option(help="KV pool budget in GiB (default: 1 on CPU, --memory-fraction of GPU memory)", min=0.001),
@@ -45,7 +45,14 @@ KvCacheDtype = Annotated[
         "tokens and half the KV a decode step reads; attention results change slightly)",
     ),
 ]
-MemoryFraction = Annotated[float, typer.Option(help="GPU memory fraction for weights + KV", min=0.01, max=1.0)]
+MemoryFraction = Annotated[
+    float,
+    typer.Option(
+        help="GPU memory fraction for weights + KV: sizes the KV pool on CUDA without --num-pages / --kv-cache-gb",
+        min=0.01,
+        max=1.0,
+    ),
+]
 MaxRunning = Annotated[int, typer.Option(help="max concurrently running requests", min=1)]
 VllmArgs = Annotated[
     list[str] | None,
@@ -142,6 +149,9 @@ ENGINE_FLAGS: tuple[tuple[str, Any, Any], ...] = tuple(
     )
 )
 ENGINE_FLAG_NAMES = tuple(name for name, _, _ in ENGINE_FLAGS)
+# Engine flags that only a CUDA device reads (a CPU engine has no CUDA graphs, no overlap scheduling, and a KV budget
+# of its own)
+CUDA_ONLY_FLAGS = ("memory_fraction", "cuda_graph_max_bs", "piecewise_graph_tokens", "no_overlap")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -239,6 +249,26 @@ def refuse_by_url(ctx: typer.Context, url: str | None, reads_model: bool, url_on
     if not reads_model:
         why = "is read for the served model's vocabulary and context, and --vocab-size and --max-model-len give both"
         refuse_given(ctx, why, "model")
+
+
+def refuse_unread_engine_flags(ctx: typer.Context, config: EngineConfig) -> None:
+    """Refuse the engine flags given on the command line that minisgl's engine, as `config` sets it up, would not
+    read: a KV budget beside the pool's size in pages, mixed-batch settings without mixed batches, CUDA settings on
+    another device (resolved only when one is given: `auto` imports torch)."""
+    if config.num_pages is not None:
+        refuse_given(ctx, "budgets the KV pool, and --num-pages sets its size: give one of them", "kv_cache_gb")
+    if config.num_pages is not None or config.kv_cache_gb is not None:
+        why = "sizes the KV pool from GPU memory, and --num-pages / --kv-cache-gb size it instead"
+        refuse_given(ctx, why, "memory_fraction")
+    if not config.mixed_batch:
+        refuse_given(ctx, "bounds prefill in mixed batches, and --no-mixed-batch runs none", "mixed_prefill_tokens")
+    if given(ctx, *CUDA_ONLY_FLAGS):
+        try:
+            device = config.torch_device()
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--device") from e
+        if device.type != "cuda":
+            refuse_given(ctx, f"sets the engine on a CUDA device, and this one runs on {device}", *CUDA_ONLY_FLAGS)
 
 
 def launcher_rank() -> int:

@@ -24,6 +24,7 @@ from minisgl_cli.options import (
     engine_config,
     launcher_rank,
     load_llm,
+    refuse_unread_engine_flags,
     with_engine_flags,
 )
 from minisgl_cli.server.frontend_spec import ORPHAN_GRACE_S, FrontendSpec
@@ -69,6 +70,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     @with_engine_flags()
     def serve(
+        ctx: typer.Context,
         seed: Seed = 0,
         host: Host = "127.0.0.1",
         port: Port = 8000,
@@ -84,6 +86,7 @@ def register(app: typer.Typer) -> None:
 
         check_outputs(step_log=step_log)  # written when the server stops: a bad path fails now, not after the run
         config = engine_config(seed=seed, **engine_flags)
+        refuse_unread_engine_flags(ctx, config)
         # rank 0 serves HTTP: its address is taken before the model loads, so a port in use or a bad --host ends
         # the command at once (exit 2), not after minutes of loading
         listener = bind_listener(host, port) if launcher_rank() == 0 else None

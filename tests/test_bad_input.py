@@ -963,6 +963,47 @@ def test_every_engine_command_takes_every_engine_flag(command):
     assert bad.exit_code == 2 and "kv_cache_dtype must be auto, fp8 or fp8_e4m3" in flat(bad.output), bad.output
 
 
+# per command: a small run, so that a flag wrongly accepted fails the test in seconds (serve would serve: timeout)
+SMALL_RUN = {
+    "chat": ["--no-tui"],
+    "serve": ["--port", "0"],
+    "bench-offline": ["--num-seqs", "2", "--input-len", "4:8", "--output-len", "2:2"],
+    "bench-trace": [str(ROOT / "traces" / "qwen_sample.jsonl"), "--num-requests", "2", "--time-scale", "0"],
+    "bench-serve": ["--num-requests", "2", "--input-len", "4:4", "--output-len", "2:2"],
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("command", list(SMALL_RUN))
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--num-pages", "64", "--kv-cache-gb", "1"], "--kv-cache-gb: budgets the KV pool, and --num-pages sets its"),
+        (
+            ["--kv-cache-gb", "1", "--memory-fraction", "0.5"],
+            "--memory-fraction: sizes the KV pool from GPU memory, and --num-pages / --kv-cache-gb size it instead",
+        ),
+        (
+            ["--no-mixed-batch", "--mixed-prefill-tokens", "512"],
+            "--mixed-prefill-tokens: bounds prefill in mixed batches, and --no-mixed-batch runs none",
+        ),
+        (
+            ["--cuda-graph-max-bs", "8", "--piecewise-graph-tokens", "0", "--no-overlap"],
+            "--cuda-graph-max-bs, --piecewise-graph-tokens, --no-overlap: sets the engine on a CUDA device, and this "
+            "one runs on cpu",
+        ),
+    ],
+    ids=["pages-and-budget", "fraction-and-budget", "prefill-without-mixed", "cuda-on-cpu"],
+)
+def test_engine_flags_the_engine_would_not_read_are_refused(command, flags, message):
+    """Every command that builds minisgl's engine refuses, by name, engine flags that engine would not read: they
+    were accepted and ignored (--kv-cache-gb beside --num-pages, --memory-fraction beside either, the prefill bound of
+    mixed batches without them, CUDA settings on the CPU)."""
+    args = [command, "--model", "dummy:tiny-llama", "--device", "cpu", *SMALL_RUN[command], *flags]
+    code, out = invoke(*args)
+    assert code == 2 and f"Invalid value for {message}" in out, out
+
+
 def test_the_cli_defaults_are_the_engines_and_help_imports_no_torch():
     """ENGINE_FLAGS takes its defaults from EngineConfig's fields (the `no_*` switches off), and neither it nor
     `minisgl --help` imports torch: engine/config.py imports it only inside the methods that need it."""
