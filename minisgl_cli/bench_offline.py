@@ -479,15 +479,11 @@ def _run_peer(
     from minisgl_cli.workload import warmup_like
 
     repeats = 1 if name == "transformers" else repeats
-    if quiet and name == "transformers":
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # its weight loading's bar (a GGUF's conversion's: _run_child)
     t0 = time.perf_counter()
     try:
         with _progress(quiet) as bar:
             bar.add_task(f"loading {name}", total=None)
-            peer = open_peer(name, config, peer_api, peer_batch_size, vllm_args)
+            peer = open_peer(name, config, peer_api, peer_batch_size, vllm_args, quiet)
     except PeerUnavailable as e:
         raise typer.BadParameter(str(e), param_hint="--engine") from e
     try:
@@ -608,10 +604,7 @@ def _run_child(name: str, ctx: typer.Context, workload, env_script: Path | None)
         Console(stderr=True).print(f"[bold]{name}[/bold] in a process of its own: {shlex.join(cmd)}")
         # A process group of its own: a Ctrl-C at the terminal reaches this process alone, which stops the child
         # (and whatever it started, vLLM's engine core) once, and waits for it.
-        env = {**os.environ, PEER_CHILD_ENV: "1"}
-        if ctx.params.get("quiet"):
-            env["TQDM_DISABLE"] = "1"  # transformers' GGUF conversion bar: plain tqdm, which reads it when imported
-        child = subprocess.Popen(cmd, env=env, process_group=0)
+        child = subprocess.Popen(cmd, env={**os.environ, PEER_CHILD_ENV: "1"}, process_group=0)
         try:
             rc = child.wait()
         except KeyboardInterrupt:

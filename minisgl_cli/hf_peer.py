@@ -10,9 +10,11 @@ Which weights the peer gets:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +52,8 @@ def tokenizer_for(spec: str | None) -> Tokenizer:
     return ByteTokenizer()
 
 
-def load_hf_model(spec: str | None, device, dtype):
+def load_hf_model(spec: str | None, device, dtype, quiet: bool = False):
+    """transformers' model for a --model value (the module docstring says which weights); `quiet`: no progress bar."""
     from transformers import AutoModelForCausalLM
 
     from engine import weights
@@ -58,10 +61,12 @@ def load_hf_model(spec: str | None, device, dtype):
     kind, where = weights.resolve(spec)
     if kind == "gguf":
         path = Path(where)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+        with _no_progress_bars(quiet):
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
         _apply_rope_freqs(model, weights.gguf_config(path))
     elif kind == "hf":
-        model = AutoModelForCausalLM.from_pretrained(str(where), dtype=dtype)
+        with _no_progress_bars(quiet):
+            model = AutoModelForCausalLM.from_pretrained(str(where), dtype=dtype)
     else:
         from engine.loader import load_model
 
@@ -69,6 +74,29 @@ def load_hf_model(spec: str | None, device, dtype):
         model = hf_twin(ours, device, dtype)
         del ours
     return model.to(device).eval()
+
+
+@contextmanager
+def _no_progress_bars(quiet: bool) -> Iterator[None]:
+    """While transformers loads a model under --quiet: no weight-loading bar (transformers' own switch) and no GGUF
+    conversion bar. That one is plain tqdm, which no switch of transformers reaches, and TQDM_DISABLE would have to be
+    set before tqdm is imported (the engine's GGUF reader imports it before any peer loads): so the converter's tqdm is
+    a disabled one meanwhile. The same path quiets a --compare child, which runs this with --quiet."""
+    if not quiet:
+        yield
+        return
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    was_enabled, bar = hf_logging.is_progress_bar_enabled(), gguf_utils.tqdm
+    hf_logging.disable_progress_bar()
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _apply_rope_freqs(model, cfg) -> None:
@@ -260,7 +288,7 @@ class TransformersPeer:
     """The `Peer` interface (minisgl_cli/peers.py) over transformers: continuous batching (`generate_batch`) or
     padded static batches (`generate`)."""
 
-    def __init__(self, config: EngineConfig, api: str = "auto", batch_size: int = 64) -> None:
+    def __init__(self, config: EngineConfig, api: str = "auto", batch_size: int = 64, quiet: bool = False) -> None:
         import torch
 
         from minisgl_cli.peers import PeerUnavailable
@@ -276,7 +304,7 @@ class TransformersPeer:
         self.api, self.batch_size = api, batch_size
         self.name = model_config_for(config.model).name or str(config.model)
         torch.manual_seed(config.seed)
-        self.model = load_hf_model(config.model, self.device, self.dtype)
+        self.model = load_hf_model(config.model, self.device, self.dtype, quiet)
 
     def generate(
         self,

@@ -50,14 +50,19 @@ class Peer(Protocol):
 
 
 def open_peer(
-    name: str, config, peer_api: str = "auto", peer_batch_size: int = 64, vllm_args: dict[str, Any] | None = None
+    name: str,
+    config,
+    peer_api: str = "auto",
+    peer_batch_size: int = 64,
+    vllm_args: dict[str, Any] | None = None,
+    quiet: bool = False,
 ) -> Peer:
     """Load the named peer with `config`'s model (its start-up is the caller's to time); vllm_args: the vLLM
-    peer's engine-argument overrides."""
+    peer's engine-argument overrides; quiet: the transformers peer loads without progress bars."""
     if name == "transformers":
         from minisgl_cli.hf_peer import TransformersPeer
 
-        return TransformersPeer(config, peer_api, peer_batch_size)
+        return TransformersPeer(config, peer_api, peer_batch_size, quiet)
     if name == "vllm":
         from minisgl_cli.vllm_peer import VllmPeer
 

@@ -597,17 +597,22 @@ def test_ctrl_c_before_a_run_finished_writes_nothing_and_stops_the_peer(tmp_path
     assert not out.exists()
 
 
-@pytest.mark.parametrize("temperature", ["0", "0.6"])
-def test_the_transformers_peer_under_quiet_prints_nothing(tmp_path, temperature):
+@pytest.mark.parametrize("temperature, gguf", [("0", False), ("0.6", False), ("0.6", True)])
+def test_the_transformers_peer_under_quiet_prints_nothing(tmp_path, temperature, gguf):
     """--quiet: the peer's run writes nothing to stderr. transformers warned on every run about the EOS the peer turns
-    off on purpose and, greedy, about the sampling flags it ignores."""
+    off on purpose and, greedy, about the sampling flags it ignores; from a GGUF file (the embedded default is one)
+    its conversion bar showed, plain tqdm that transformers' own switch does not reach."""
     import subprocess
     import sys
 
     from tests.conftest import subprocess_env
+    from tests.test_bad_input import _tiny_gguf
 
+    model = ["--model", str(tmp_path / "tiny.gguf")] if gguf else []
+    if gguf:
+        _tiny_gguf(tmp_path / "tiny.gguf")
     out = tmp_path / "peer.json"
-    args = ["--engine", "transformers", *TINY, "--num-seqs", "4", "--input-len", "16:32", "--output-len", "4:8"]
+    args = ["--engine", "transformers", *TINY, *model, "--num-seqs", "4", "--input-len", "16:32", "--output-len", "4:8"]
     r = subprocess.run(
         [sys.executable, "-m", "minisgl_cli", "bench-offline", *args, "--temperature", temperature, "--json", str(out)],
         capture_output=True,
