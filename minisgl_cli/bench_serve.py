@@ -145,6 +145,9 @@ def register(app: typer.Typer) -> None:
         if all(math.isinf(load.rate) for load in loads):
             why = "shapes the gaps between arrivals at a --rate, and --rate inf sends with no gaps"
             o.refuse_given(ctx, why, "arrival", "burstiness")
+        if all(math.isinf(load.rate) and load.max_concurrency is None for load in loads):
+            why = "stops sending after S seconds, and --rate inf without --max-concurrency sends everything at once"
+            o.refuse_given(ctx, why, "duration")
         if plot is not None:
             from minisgl_cli.plots import require_matplotlib
 

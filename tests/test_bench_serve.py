@@ -277,6 +277,10 @@ IN_PROCESS = ["--model", "dummy:tiny-llama", "--device", "cpu", "--num-requests"
             [*NOWHERE, *URL_FLAGS, "--arrival", "constant"],
             "--arrival: shapes the gaps between arrivals at a --rate, and --rate inf sends with no gaps",
         ),
+        (
+            [*NOWHERE, *URL_FLAGS, "--duration", "5", "--rate", "inf"],
+            "--duration: stops sending after S seconds, and --rate inf without --max-concurrency sends everything",
+        ),
     ],
 )
 def test_flags_the_run_would_not_read_are_refused(args, message):
