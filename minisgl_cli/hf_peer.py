@@ -88,13 +88,15 @@ def _no_progress_bars(quiet: bool) -> Iterator[None]:
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
     from transformers.utils import logging as hf_logging
 
-    was_enabled, bar = hf_logging.is_progress_bar_enabled(), gguf_utils.tqdm
+    was_enabled, bar = hf_logging.is_progress_bar_enabled(), getattr(gguf_utils, "tqdm", None)
     hf_logging.disable_progress_bar()
-    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    if bar is not None:  # a transformers that names it otherwise shows its bar, and loads all the same
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
     try:
         yield
     finally:
-        gguf_utils.tqdm = bar
+        if bar is not None:
+            gguf_utils.tqdm = bar
         if was_enabled:
             hf_logging.enable_progress_bar()
 
