@@ -493,7 +493,7 @@ def test_bad_qwen_lines_and_unreadable_traces(tmp_path):
     with pytest.raises(TraceError, match="no usable requests"):
         read_trace(_trace(tmp_path, ["", "  "], "blank.jsonl"))
     (tmp_path / "latin1.jsonl").write_bytes(b'{"timestamp": 0, "note": "\xe9"}\n')
-    with pytest.raises(TraceError, match="cannot read trace .*latin1.jsonl"):
+    with pytest.raises(TraceError, match=r"latin1.jsonl:1: not UTF-8 text \(byte 0xe9 at column 27\)"):
         read_trace(tmp_path / "latin1.jsonl")
     with pytest.raises(TraceError, match="cannot read trace"):
         read_trace(tmp_path)  # a directory
