@@ -32,6 +32,14 @@ def encode_prompt(tokenizer: Tokenizer, prompt: Prompt) -> list[int]:
     raise ValueError("prompt must be a string, a list of token ids, or a list of chat messages")
 
 
+class ContextOverflow(ValueError):
+    """A request's prompt plus max_tokens is over the model's context length or the KV pool's capacity (`limit`)."""
+
+    def __init__(self, message: str, prompt_tokens: int, max_tokens: int, limit: int) -> None:
+        super().__init__(message)
+        self.prompt_tokens, self.max_tokens, self.limit = prompt_tokens, max_tokens, limit
+
+
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
     """What a request may ask of this engine; checked by the engine and, before sending, by a remote front end."""
@@ -65,9 +73,11 @@ class RequestLimits:
         total = len(prompt_ids) + params.max_tokens
         asked = f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total}"
         if total > self.max_model_len:
-            raise ValueError(f"{asked} exceeds the model's context length {self.max_model_len}")
+            over = f"{asked} exceeds the model's context length {self.max_model_len}"
+            raise ContextOverflow(over, len(prompt_ids), params.max_tokens, self.max_model_len)
         if total > self.kv_capacity:
-            raise ValueError(f"{asked} exceeds the KV cache capacity of {self.kv_capacity} tokens")
+            over = f"{asked} exceeds the KV cache capacity of {self.kv_capacity} tokens"
+            raise ContextOverflow(over, len(prompt_ids), params.max_tokens, self.kv_capacity)
         return params
 
     def check_choices(self, prompt_len: int, max_tokens: int | None, n: int, name: str = "n") -> None:

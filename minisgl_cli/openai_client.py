@@ -39,6 +39,17 @@ class HTTPStatusError(Exception):
         super().__init__(f"HTTP {status}: {body.decode(errors='replace')[:300]}")
 
     @property
+    def code(self) -> str | None:
+        """The `code` of an OpenAI-shaped error body (e.g. "context_length_exceeded"), if it has a string one."""
+        try:
+            err = json.loads(self.body)
+        except ValueError:
+            return None
+        err = err.get("error", err) if isinstance(err, dict) else err
+        code = err.get("code") if isinstance(err, dict) else None
+        return code if isinstance(code, str) else None
+
+    @property
     def message(self) -> str:
         """The server's own words: the `message` of an OpenAI-shaped error body, else the body's start."""
         try:

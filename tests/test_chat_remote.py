@@ -92,6 +92,9 @@ def test_url_4xx_is_a_notice_and_keeps_the_conversation(server, tmp_path):
         await wait_for(pilot, lambda: errors(app), what="the refusal")
         await pilot.pause()
         assert "server answered 400" in errors(app)[-1] and "your message is kept" in errors(app)[-1]
+        # the server's context_length_exceeded says what to do, as the local engine's refusal does
+        assert "message too long: server answered 400" in errors(app)[-1]
+        assert "a smaller /max-tokens may leave room for an answer" in errors(app)[-1]
         assert [m.role for m in app.session.history] == ["user"]
         await send(pilot, "/max-tokens 5")
         await pilot.press("ctrl+r")  # answers the kept message

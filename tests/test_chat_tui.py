@@ -265,6 +265,43 @@ def test_slash_commands_and_bad_values(tiny):
     run_app(tiny, scenario, max_tokens=16)
 
 
+def test_a_conversation_that_outgrows_the_context_says_what_to_do():
+    # A context of 128 tokens: the first turn fits, the second no longer does (the tiny model's random answer
+    # re-encodes to more tokens than it made). The refusal says why and what to do, nothing is sent (no page held),
+    # and /max-tokens or /reset gets the chat going again. It said only "(try /reset or a smaller /max-tokens)",
+    # suggesting /max-tokens where no answer length could fit, and the plain mode and --url said nothing at all.
+    llm = make_llm("dummy:tiny-llama", num_pages=64, max_model_len=128)
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "hello")
+        await idle(app, pilot)
+        await send(pilot, "x " * 30)
+        await pilot.pause()
+        why = errors(app)[-1]
+        assert re.match(r"conversation too long: prompt \(\d+ tokens\) \+ max_tokens \(40\) = \d+ exceeds", why), why
+        assert why.endswith("/reset starts a new chat"), why
+        assert not app.generating and [m.role for m in app.session.history] == ["user", "assistant"]
+        assert app.query_one(PromptBox).value == "x " * 30  # the message stays in the box
+        m = engine(app).call(lambda llm: checked(llm).metrics())
+        assert m.kv_pages_in_use == 0 and m.running == 0
+        assert int(re.search(r"prompt \((\d+) tokens", why).group(1)) >= 128  # type: ignore[union-attr]
+        assert "/max-tokens" not in why  # no answer length can fit: it said "try ... a smaller /max-tokens"
+        await send(pilot, "/reset")
+        await send(pilot, "/max-tokens 127")
+        await send(pilot, "again")
+        await pilot.pause()
+        why = errors(app)[-1]
+        prompt = int(re.search(r"prompt \((\d+) tokens", why).group(1))  # type: ignore[union-attr]
+        assert why.startswith("message too long: ") and f"/max-tokens {128 - prompt} or less leaves room" in why, why
+        await send(pilot, f"/max-tokens {128 - prompt}")
+        await send(pilot, "again")
+        await idle(app, pilot)
+        assert [m.content for m in app.session.history if m.role == "user"] == ["again"]
+        assert app.turn.output_tokens == 128 - prompt
+
+    run_app(llm, scenario, max_tokens=40)
+
+
 def test_input_history_recall(tiny):
     async def scenario(app: ChatApp, pilot) -> None:
         box = app.query_one(PromptBox)

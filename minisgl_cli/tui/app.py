@@ -265,9 +265,8 @@ class ChatApp(App):
         try:
             self.answer = self.backend.start(messages, self.session.params(), self.session.thinking)
             return self.answer
-        except (ValueError, BackendError) as e:
-            hint = " (try /reset or a smaller /max-tokens)" if isinstance(e, ValueError) and self.session.turns else ""
-            self.say(f"{e}{hint}", title="cannot send", severity="error")
+        except (ValueError, BackendError) as e:  # a conversation too long says what to do (backend.too_long)
+            self.say(str(e), title="cannot send", severity="error", timeout=10)
             return None
 
     async def follow(self, answer: Answer) -> None:

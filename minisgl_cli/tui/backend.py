@@ -15,6 +15,25 @@ class BackendError(RuntimeError):
     """The backend cannot take requests at all (the engine stopped, the server is unreachable)."""
 
 
+def too_long(
+    reason: str, messages: list[dict[str, str]], prompt_tokens: int | None = None, limit: int | None = None
+) -> str:
+    """The chat's one message for a turn whose conversation plus answer does not fit the model (its context, or the
+    KV pool's capacity): the backend's `reason`, then what to do. `prompt_tokens` / `limit` when known (the local
+    engine): whether a shorter answer could still fit."""
+    if prompt_tokens is not None and limit is not None and prompt_tokens < limit:
+        shorter = f"/max-tokens {limit - prompt_tokens} or less leaves room for a shorter answer"
+    elif prompt_tokens is None:
+        shorter = "a smaller /max-tokens may leave room for an answer"
+    else:
+        shorter = ""
+    if any(m["role"] == "assistant" for m in messages):
+        what, fix = "conversation too long", "/reset starts a new chat"
+    else:
+        what, fix = "message too long", "a shorter message (or a shorter /system prompt) fits"
+    return f"{what}: {reason}; " + (f"{shorter}, or {fix}" if shorter else fix)
+
+
 class Answer(Protocol):
     """One answer in flight. Iterate it on the event loop it was started on; the last Piece has finished=True
     (finish_reason "error" with the reason when the engine or server failed)."""

@@ -17,7 +17,8 @@ from engine.ipc import EngineInfo
 from engine.remote_llm import RemoteLLM
 from engine.sampling_params import SamplingParams
 from engine.streams import EngineDeadError, RequestStream
-from minisgl_cli.tui.backend import BackendError
+from engine.text import ContextOverflow
+from minisgl_cli.tui.backend import BackendError, too_long
 from minisgl_cli.tui.stats import Load
 from minisgl_cli.tui.thinking import OPEN
 from minisgl_cli.tui.turn import Piece
@@ -94,6 +95,8 @@ class LocalBackend:
             stream = self.remote.submit(ids, params, f"chat-{next(_rids)}")
         except EngineDeadError as e:
             raise BackendError(str(e)) from e
+        except ContextOverflow as e:
+            raise ValueError(too_long(str(e), messages, e.prompt_tokens, e.limit)) from e
         return LocalAnswer(self.remote, stream, prompt.rstrip().endswith(OPEN), started)
 
     async def load(self) -> Load | None:

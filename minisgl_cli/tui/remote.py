@@ -19,9 +19,10 @@ METRICS_TIMEOUT = 5.0
 class RemoteError(Exception):
     """The server refused the request (status set: 4xx/5xx), failed mid-answer, or could not be reached."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, too_long: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        self.too_long = too_long  # the prompt plus max_tokens is over the server's context (a 400 that says so)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +85,9 @@ class OpenAIChatClient:
                     finished = finished or ev.finish_reason is not None
                     yield Delta(ev.time, ev.text, ev.reasoning, ev.finish_reason, ev.usage)
         except HTTPStatusError as e:
-            raise RemoteError(f"server answered {e.status}: {e.message}", e.status) from e
+            # minisgl and OpenAI send code context_length_exceeded; vLLM says "maximum context length" in its message
+            over = e.status == 400 and (e.code == "context_length_exceeded" or "context length" in e.message.lower())
+            raise RemoteError(f"server answered {e.status}: {e.message}", e.status, over) from e
         except StreamError as e:
             raise RemoteError(str(e)) from e
         except (OSError, asyncio.IncompleteReadError) as e:

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from engine.sampling_params import SamplingParams
+from minisgl_cli.tui.backend import too_long
 from minisgl_cli.tui.prom import load_from_metrics
 from minisgl_cli.tui.remote import OpenAIChatClient, RemoteError
 from minisgl_cli.tui.stats import Load
@@ -41,7 +42,8 @@ class ServerAnswer:
             self._q.put_nowait(Piece(finished=True, finish_reason="abort"))
             return
         except RemoteError as e:
-            self._q.put_nowait(Piece(finished=True, finish_reason="error", error=str(e)))
+            why = too_long(str(e), body["messages"]) if e.too_long else str(e)
+            self._q.put_nowait(Piece(finished=True, finish_reason="error", error=why))
             return
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         self._q.put_nowait(
