@@ -252,6 +252,43 @@ def test_locked_database_notifies_and_catches_up(tiny, db, monkeypatch):
     assert len(session.history) == 4
 
 
+def test_a_chat_changed_or_deleted_by_another_chat_is_saved_as_a_new_one(tiny, db):
+    # The same chat open in two terminals (--resume twice): each save wrote the whole chat over the other's, so the
+    # first terminal's new messages vanished without a word. A chat deleted by the other one (ctrl+o, d d) failed
+    # every later save with "FOREIGN KEY constraint failed", the notice promising a save that never came.
+    store = ChatStore(db)
+    first = ChatSession(max_tokens=3)
+    first.add(ChatMessage("user", "shared"))
+    first.add(ChatMessage("assistant", "answer"))
+    store.save(first, ["shared"])
+    resumed, inputs = store.load(first.id)
+    other = ChatStore(db)  # the second terminal, with the same chat open
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        theirs, _ = other.load(first.id)
+        theirs.add(ChatMessage("user", "theirs"))
+        assert other.save(theirs, ["shared", "theirs"]) is None
+        await send(pilot, "mine")
+        await idle(app, pilot)
+        moved = [n for n in notices(app) if "changed by another minisgl chat" in n]
+        assert moved and f"chat {first.id} was changed" in moved[0] and str(db) in moved[0], notices(app)
+        assert app.session.id not in (None, first.id) and not errors(app)
+        other.delete(app.session.id)
+        await send(pilot, "after delete")
+        await idle(app, pilot)
+        assert any("was deleted by another minisgl chat" in n for n in notices(app)), notices(app)
+        assert not errors(app) and app.save_error is None
+
+    app = run_app(tiny, scenario, store, session=resumed, inputs=inputs)
+    assert len(notices(app)) >= 2
+    kept, _ = ChatStore(db).load(first.id)
+    assert [m.content for m in kept.history] == ["shared", "answer", "theirs"]
+    mine, typed = ChatStore(db).load(app.session.id)
+    assert [m.content for m in mine.history if m.role == "user"] == ["shared", "mine", "after delete"]
+    assert len(mine.history) == 6 and typed == ["shared", "mine", "after delete"]
+    assert [s.id for s in ChatStore(db).sessions()] == [app.session.id, first.id]
+
+
 def test_corrupted_database_leaves_the_file_and_chats_unsaved(tmp_path):
     db = tmp_path / "chat.db"
     db.write_bytes(b"this is not a database" * 100)

@@ -177,7 +177,7 @@ class ChatApp(App):
         if self.store is None or (self.session.id is None and not self.session.history):
             return
         try:
-            self.store.save(self.session, self.input_box.entries)  # the box itself: at exit it is unmounted
+            moved = self.store.save(self.session, self.input_box.entries)  # the box itself: at exit it is unmounted
         except StoreError as e:
             if self.save_error is None:
                 self.say(
@@ -188,6 +188,8 @@ class ChatApp(App):
                 )
             self.save_error = str(e)
             return
+        if moved is not None:
+            self.say(moved, title="saved as a new chat", severity="warning", timeout=10)
         if self.save_error is not None:
             self.say("saved again")
             self.save_error = None

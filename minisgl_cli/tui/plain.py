@@ -99,9 +99,12 @@ def run_plain(
 def _save(store: ChatStore | None, session: ChatSession, inputs: list[str], err: TextIO) -> None:
     if store is not None and (session.history or session.id is not None):
         try:
-            store.save(session, inputs)
+            moved = store.save(session, inputs)
         except StoreError as e:
             print(f"error: not saved: {e}", file=err)
+            return
+        if moved is not None:
+            print(f"warning: {moved}", file=err)
 
 
 def _answer(

@@ -29,6 +29,7 @@ class ChatSession:
     thinking: bool | None = None  # the chat template's enable_thinking; None: the template's default
     history: list[ChatMessage] = field(default_factory=list)
     id: int | None = None  # row in the session store, once saved
+    saved_at: float | None = None  # the row's `updated` as this chat last read or wrote it (store.ChatStore.save)
     title: str = ""
     model: str = ""
 
@@ -73,7 +74,7 @@ class ChatSession:
     def reset(self) -> None:
         """A new, unsaved conversation with the same settings."""
         self.history.clear()
-        self.id, self.title = None, ""
+        self.id, self.title, self.saved_at = None, "", None
 
     @property
     def turns(self) -> int:

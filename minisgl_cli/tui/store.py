@@ -111,46 +111,51 @@ class ChatStore:
         self.db.close()
 
     # ---- writing --------------------------------------------------------------------------------------------
-    def save(self, s: ChatSession, inputs: list[str]) -> None:
-        """Write the session (assigning s.id the first time), all its messages and its input history."""
+    def save(self, s: ChatSession, inputs: list[str]) -> str | None:
+        """Write the session (assigning s.id the first time), all its messages and its input history. Another chat
+        may have the same session open (`--resume` in two terminals) or have deleted it: when its row is not as this
+        chat last read or wrote it, the session is saved as a new chat instead of over the other's messages (or
+        into a row that is gone), and the returned notice says so; None otherwise."""
         now = time.time()
         row = (s.title or "untitled", s.model, s.system, s.temperature, s.max_tokens, s.thinking, now)
+        notice: str | None = None
         with self._errors("save to"):
             self.db.execute("BEGIN IMMEDIATE")
             try:
-                if s.id is None:
+                id = s.id
+                if id is not None:
+                    found = self.db.execute("SELECT updated FROM sessions WHERE id=?", (id,)).fetchone()
+                    if found is None or found[0] != s.saved_at:
+                        why = "deleted" if found is None else "changed"
+                        notice = f"chat {id} was {why} by another minisgl chat using {self.path}; this conversation"
+                        id = None
+                if id is None:
                     cur = self.db.execute(
                         "INSERT INTO sessions (title, model, system, temperature, max_tokens, thinking, updated,"
                         " created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                         (*row, now),
                     )
-                    s.id = cur.lastrowid
+                    id = cur.lastrowid
                 else:
                     self.db.execute(
                         "UPDATE sessions SET title=?, model=?, system=?, temperature=?, max_tokens=?, thinking=?,"
                         " updated=? WHERE id=?",
-                        (*row, s.id),
+                        (*row, id),
                     )
                 self.db.executemany(
                     "INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(s.id, i, *_message_row(m)) for i, m in enumerate(s.history)],
+                    [(id, i, *_message_row(m)) for i, m in enumerate(s.history)],
                 )
-                self.db.execute("DELETE FROM messages WHERE session_id=? AND seq>=?", (s.id, len(s.history)))
-                self.db.execute("DELETE FROM inputs WHERE session_id=?", (s.id,))
-                self.db.executemany("INSERT INTO inputs VALUES (?, ?, ?)", [(s.id, i, x) for i, x in enumerate(inputs)])
+                self.db.execute("DELETE FROM messages WHERE session_id=? AND seq>=?", (id, len(s.history)))
+                self.db.execute("DELETE FROM inputs WHERE session_id=?", (id,))
+                self.db.executemany("INSERT INTO inputs VALUES (?, ?, ?)", [(id, i, x) for i, x in enumerate(inputs)])
                 self.db.execute("COMMIT")
             except BaseException:
                 if self.db.in_transaction:
                     self.db.execute("ROLLBACK")
-                if s.id is not None and not self._exists(s.id):
-                    s.id = None  # the insert was rolled back
                 raise
-
-    def _exists(self, id: int) -> bool:
-        try:
-            return self.db.execute("SELECT 1 FROM sessions WHERE id=?", (id,)).fetchone() is not None
-        except sqlite3.Error:
-            return False
+        s.id, s.saved_at = id, now  # only once committed: a failed save leaves the session as it was
+        return None if notice is None else f"{notice} is saved anew as chat {id}"
 
     def rename(self, id: int, title: str) -> None:
         with self._errors("rename in"):
@@ -179,7 +184,8 @@ class ChatStore:
         of the model it goes on with (a saved max_tokens at or above it is cut below it)."""
         with self._errors("read"):
             row = self.db.execute(
-                "SELECT title, model, system, temperature, max_tokens, thinking FROM sessions WHERE id=?", (id,)
+                "SELECT title, model, system, temperature, max_tokens, thinking, updated FROM sessions WHERE id=?",
+                (id,),
             ).fetchone()
             if row is None:
                 raise KeyError(id)
@@ -189,7 +195,7 @@ class ChatStore:
                 (id,),
             ).fetchall()
             inputs = [r[0] for r in self.db.execute("SELECT line FROM inputs WHERE session_id=? ORDER BY seq", (id,))]
-        title, model, system, temperature, max_tokens, thinking = row
+        title, model, system, temperature, max_tokens, thinking, updated = row
         if max_tokens_limit is not None:
             max_tokens = min(max_tokens, max_tokens_limit - 1)
         s = ChatSession(
@@ -201,6 +207,7 @@ class ChatStore:
             id=id,
             title=title,
             model=model,
+            saved_at=updated,
         )
         s.history = [_message(r) for r in messages]
         return s, inputs
