@@ -191,3 +191,19 @@ def test_empty_caches_export_and_import_say_so(caches, tmp_path):
         r = CliRunner().invoke(app, ["cache", "import", str(archive)])
         assert r.exit_code == 0 and "imported 0 files: nothing" in flat(r.output), r.output
     assert read_back(caches) == {}
+
+
+def test_a_relative_xdg_cache_home_is_ignored(tmp_path, monkeypatch):
+    """The XDG Base Directory spec: a relative $XDG_CACHE_HOME is invalid and must be ignored (it was used, so the
+    cache moved with the working directory)."""
+    from engine.cache_paths import cache_root
+
+    monkeypatch.delenv("MINISGL_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", "rel/cache")
+    assert cache_root() == tmp_path / "home" / ".cache" / "minisgl"
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    assert cache_root() == tmp_path / "home" / ".cache" / "minisgl"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "xdg" / "minisgl"
