@@ -151,7 +151,16 @@ def _check_members(
         if parts[0] not in where:
             known = ", ".join(where)
             raise CacheArchiveError(f"{src}: member {m.name!r} belongs to no cache this machine has ({known})")
-        plan.append((m, where[parts[0]].joinpath(*parts[1:])))
+        root = where[parts[0]]
+        target = root.joinpath(*parts[1:])
+        # A folder inside the cache that is a symlink (one a user made) would take the write wherever it points,
+        # outside the cache too. The cache root itself may be one: where the caches live is the user's setting.
+        if link := next((d for d in target.parents if d != root and root in d.parents and d.is_symlink()), None):
+            raise CacheArchiveError(
+                f"{src}: refusing member {m.name!r}: {link} is a symbolic link, and the import writes only inside the"
+                " cache (remove the link, or point the cache's variable at its target)"
+            )
+        plan.append((m, target))
     files = {target for _, target in plan}
     for m, target in plan:
         if any(d in files for d in target.parents):
@@ -175,8 +184,10 @@ def _write_all(src: Path, tar: tarfile.TarFile, plan: list[tuple[tarfile.TarInfo
             data = tar.extractfile(m)
             assert data is not None
             tmp = target.with_name(target.name + ".minisgl-import")
+            tmp.unlink(missing_ok=True)  # a leftover (or a symlink placed there) is never written through
             staged.append((tmp, target))
-            tmp.write_bytes(data.read())
+            with open(tmp, "xb") as out:
+                out.write(data.read())
             os.chmod(tmp, m.mode & 0o777 or 0o644)
             # The exported times, not now, to the nanosecond: FlashInfer's ninja rebuilds a module whose outputs look
             # older than its sources or newer than its deps log (the imported start took 29 s, then 26 s, against

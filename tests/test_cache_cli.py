@@ -207,3 +207,29 @@ def test_a_relative_xdg_cache_home_is_ignored(tmp_path, monkeypatch):
     assert cache_root() == tmp_path / "home" / ".cache" / "minisgl"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache_root() == tmp_path / "xdg" / "minisgl"
+
+
+def test_import_never_writes_through_a_symlink_inside_a_cache(caches, tmp_path):
+    """A folder inside a cache that is a symlink to somewhere else took the import's files there (outside the caches
+    altogether); now the archive is refused before anything is written. A file-level symlink, and one left at the
+    temporary name a file is staged under, are replaced, never written through."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (caches["triton"]).mkdir(parents=True)
+    (caches["triton"] / "link").symlink_to(outside, target_is_directory=True)
+    archive = _archive(tmp_path / "a.tar.gz", {"triton/ok": b"1", "triton/link/sub/x": b"2"})
+    r = CliRunner().invoke(app, ["cache", "import", str(archive)])
+    assert r.exit_code == 2, r.output + repr(r.exception)
+    assert "refusing member 'triton/link/sub/x'" in flat(r.output) and "is a symbolic link" in flat(r.output)
+    assert list(outside.iterdir()) == [] and not (caches["triton"] / "ok").exists()
+    (caches["triton"] / "link").unlink()
+    victim = outside / "victim"
+    victim.write_bytes(b"mine")
+    (caches["triton"] / "f").symlink_to(victim)
+    (caches["triton"] / "g.minisgl-import").symlink_to(victim)
+    archive = _archive(tmp_path / "b.tar.gz", {"triton/f": b"1", "triton/g": b"2"})
+    r = CliRunner().invoke(app, ["cache", "import", str(archive)])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    assert victim.read_bytes() == b"mine" and list(outside.iterdir()) == [victim]
+    assert read_back(caches) == {"triton/f": b"1", "triton/g": b"2"}
+    assert not (caches["triton"] / "f").is_symlink() and not (caches["triton"] / "g.minisgl-import").exists()
