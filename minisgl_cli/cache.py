@@ -71,28 +71,38 @@ class CacheArchiveError(ValueError):
     pass
 
 
-def export(dest: Path) -> dict[str, int]:
-    """Pack every cache directory that exists into `dest` (tar.gz); returns files per cache."""
+def export(dest: Path) -> tuple[dict[str, int], list[str]]:
+    """Pack every cache directory that exists into `dest` (tar.gz); returns files per cache and notes on the files
+    that were skipped (gone between listing and reading: a cache in use replaces its files). A file that cannot be
+    read is a CacheArchiveError naming it, and nothing is left at `dest`."""
     counts: dict[str, int] = {}
+    notes: list[str] = []
     tmp = dest.with_name(dest.name + ".partial")  # a failed or interrupted export leaves no half archive at dest
     try:
-        _export_to(tmp, counts)
+        _export_to(tmp, counts, notes)
         tmp.replace(dest)
     finally:
         tmp.unlink(missing_ok=True)
-    return counts
+    return counts, notes
 
 
-def _export_to(dest: Path, counts: dict[str, int]) -> None:
+def _export_to(dest: Path, counts: dict[str, int], notes: list[str]) -> None:
     with tarfile.open(dest, "w:gz") as tar:
         for loc in locations():
-            files = _files(loc.path)
-            for f in files:
-                info = tar.gettarinfo(f, arcname=f"{loc.name}/{f.relative_to(loc.path).as_posix()}")
-                info.pax_headers = {MTIME_NS: str(f.stat().st_mtime_ns)}
-                with f.open("rb") as data:
-                    tar.addfile(info, data)
-            counts[loc.name] = len(files)
+            counts[loc.name] = 0
+            for f in _files(loc.path):
+                try:
+                    with f.open("rb") as data:
+                        st = os.fstat(data.fileno())  # the file opened, not whatever has its name by now
+                        info = tar.gettarinfo(arcname=f"{loc.name}/{f.relative_to(loc.path).as_posix()}", fileobj=data)
+                        info.pax_headers = {MTIME_NS: str(st.st_mtime_ns)}
+                        tar.addfile(info, data)
+                except FileNotFoundError:
+                    notes.append(f"skipped {f}: it was removed while the export ran")
+                    continue
+                except OSError as e:  # unreadable, or cut shorter while being read ('unexpected end of data')
+                    raise CacheArchiveError(f"cannot read {f} ({e.strerror or e}); no archive was written") from e
+                counts[loc.name] += 1
         manifest = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": counts, "versions": _versions()}
         raw = json.dumps(manifest, indent=1).encode()
         info = tarfile.TarInfo(MANIFEST)
@@ -238,7 +248,12 @@ def register(app: typer.Typer) -> None:
 
         check_outputs(ARCHIVE=archive)
         archive.parent.mkdir(parents=True, exist_ok=True)
-        counts = export(archive)
+        try:
+            counts, notes = export(archive)
+        except CacheArchiveError as e:
+            raise typer.BadParameter(str(e), param_hint="ARCHIVE") from e
+        for note in notes:
+            Console(stderr=True).print(f"[yellow]note:[/yellow] {note}")
         Console().print(
             f"wrote {archive} ({_size(archive.stat().st_size)}): "
             + ", ".join(f"{name} {n} files" for name, n in counts.items())

@@ -233,3 +233,44 @@ def test_import_never_writes_through_a_symlink_inside_a_cache(caches, tmp_path):
     assert victim.read_bytes() == b"mine" and list(outside.iterdir()) == [victim]
     assert read_back(caches) == {"triton/f": b"1", "triton/g": b"2"}
     assert not (caches["triton"] / "f").is_symlink() and not (caches["triton"] / "g.minisgl-import").exists()
+
+
+def test_export_of_files_removed_or_unreadable_meanwhile(caches, tmp_path, monkeypatch):
+    """A cache in use: a file listed for the export is gone when it is read (was a FileNotFoundError traceback), so
+    it is skipped with a note; a file that cannot be read (was a PermissionError traceback) fails the export,
+    naming it, with no archive (or partial one) left behind."""
+    from minisgl_cli import cache
+
+    fill(caches)
+    gone = caches["triton"] / "ABCD" / "rms_norm.json"
+    listed = cache._files
+
+    def files_then_remove(root: Path) -> list[Path]:
+        out = listed(root)
+        if gone in out:
+            gone.unlink()
+        return out
+
+    monkeypatch.setattr(cache, "_files", files_then_remove)
+    archive = tmp_path / "c.tar.gz"
+    r = CliRunner().invoke(app, ["cache", "export", str(archive)], env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    assert f"skipped {gone}: it was removed while the export ran" in flat(r.output)
+    assert "triton 1 files" in flat(r.output)
+    with tarfile.open(archive) as tar:
+        assert "triton/ABCD/rms_norm.cubin" in tar.getnames() and "triton/ABCD/rms_norm.json" not in tar.getnames()
+    archive.unlink()
+
+    secret = caches["minisgl"] / "gguf-v1" / "1-2" / "model" / "model.safetensors"
+    real_open = Path.open
+
+    def denied(self: Path, *args, **kwargs):
+        if self == secret:  # what chmod 000 does to a user who is not root
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", denied)
+    r = CliRunner().invoke(app, ["cache", "export", str(archive)], env={"COLUMNS": "300"})
+    assert r.exit_code == 2, r.output + repr(r.exception)
+    assert f"cannot read {secret} (Permission denied); no archive was written" in flat(r.output)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == []
