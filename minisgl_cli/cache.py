@@ -74,7 +74,14 @@ class CacheArchiveError(ValueError):
 def export(dest: Path) -> tuple[dict[str, int], list[str]]:
     """Pack every cache directory that exists into `dest` (tar.gz); returns files per cache and notes on the files
     that were skipped (gone between listing and reading: a cache in use replaces its files). A file that cannot be
-    read is a CacheArchiveError naming it, and nothing is left at `dest`."""
+    read, or an archive that would land in a cache it packs, is a CacheArchiveError naming it, and nothing is left
+    at `dest`."""
+    where = dest.absolute().resolve()
+    for loc in locations():
+        root = loc.path.absolute().resolve()
+        if where == root or root in where.parents:  # it would pack itself (its .partial) and be imported as a cache
+            raise CacheArchiveError(f"{dest} is inside the {loc.name} cache ({loc.path}): write it elsewhere")
+    dest.parent.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
     notes: list[str] = []
     tmp = dest.with_name(dest.name + ".partial")  # a failed or interrupted export leaves no half archive at dest
@@ -247,7 +254,6 @@ def register(app: typer.Typer) -> None:
         from minisgl_cli.report import check_outputs
 
         check_outputs(ARCHIVE=archive)
-        archive.parent.mkdir(parents=True, exist_ok=True)
         try:
             counts, notes = export(archive)
         except CacheArchiveError as e:

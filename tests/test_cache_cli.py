@@ -274,3 +274,14 @@ def test_export_of_files_removed_or_unreadable_meanwhile(caches, tmp_path, monke
     assert r.exit_code == 2, r.output + repr(r.exception)
     assert f"cannot read {secret} (Permission denied); no archive was written" in flat(r.output)
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == []
+
+
+def test_export_into_a_cache_folder_is_refused(caches, tmp_path):
+    """An archive written inside a cache packed its own partial file (`triton/c.tar.gz.partial`), and would be
+    imported as a cache file; now refused before anything is made, a missing folder for it included."""
+    fill(caches)
+    archive = caches["triton"] / "new" / "c.tar.gz"
+    r = CliRunner().invoke(app, ["cache", "export", str(archive)], env={"COLUMNS": "300"})
+    assert r.exit_code == 2, r.output + repr(r.exception)
+    assert f"{archive} is inside the triton cache ({caches['triton']}): write it elsewhere" in flat(r.output)
+    assert not (caches["triton"] / "new").exists()
