@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NoReturn, TypeVar, cast
 
@@ -66,6 +70,28 @@ def broadcast_objects(obj: T) -> T:
     box = [obj if TP.rank == 0 else None]
     dist.broadcast_object_list(box, src=0, group=TP.cpu_group)
     return cast(T, box[0])
+
+
+@contextmanager
+def ctrl_c_after_step() -> Iterator[None]:
+    """Rank 0's step under TP: a Ctrl-C (KeyboardInterrupt) that arrives during it is raised once it is done. Raised
+    inside, it cut the step short between two collectives, the followers waited in the next one and rank 0 in
+    another (`bench-offline --tp 2` stopped by Ctrl-C hung until torchrun killed both ranks 30 s later, with no
+    results). Only where Python's own handler is in place, in the main thread: `serve`'s engine loop has its own,
+    which acts between steps already, and the followers ignore SIGINT."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    caught: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def leave_failed_group(err: BaseException) -> NoReturn:

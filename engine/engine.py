@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from engine.config import EngineConfig
-from engine.distributed import TP, broadcast_objects, init_tp, leave_failed_group
+from engine.distributed import TP, broadcast_objects, ctrl_c_after_step, init_tp, leave_failed_group
 from engine.gc_heap import collect_if_idle, frozen_heap
 from engine.loader import Progress, load_model
 from engine.metrics import EngineMetrics
@@ -219,11 +219,12 @@ class Engine:
     # ---- the loop -----------------------------------------------------------------------------------
     def step(self) -> list[Req]:
         """One scheduling step. Returns requests that received a token or finished this step."""
-        try:
+        if TP.size == 1:
             return self._step()
+        try:
+            with ctrl_c_after_step():  # the ranks stay in lockstep: a step is never cut short on rank 0
+                return self._step()
         except Exception as e:
-            if TP.size == 1:
-                raise
             leave_failed_group(e)  # the group cannot go on: every rank ends, none hangs
 
     def _step(self) -> list[Req]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import signal
 import sys
 
 from engine.config import EngineConfig
@@ -35,10 +37,29 @@ def watch_collections(llm: LLM) -> dict[str, list]:
     return seen
 
 
+def ctrl_c_mid_step(llm: LLM, model: str) -> bool:
+    """Ctrl-C on rank 0 while a step runs its model (between collectives): generate() must end with
+    KeyboardInterrupt and leave every rank in step with the others (it used to hang them all)."""
+    runner = llm.engine.runner
+    run = runner.run
+
+    def interrupted_run(*args, **kwargs):
+        runner.run = run
+        os.kill(os.getpid(), signal.SIGINT)
+        return run(*args, **kwargs)
+
+    runner.run = interrupted_run  # type: ignore[method-assign]
+    try:
+        llm.generate(prompts(model), PARAMS["greedy"])
+    except KeyboardInterrupt:
+        return True
+    return False
+
+
 def main() -> None:
     model, out = sys.argv[1], sys.argv[2]
     kv_cache_dtype = sys.argv[3] if len(sys.argv) > 3 else "auto"
-    tp = int(__import__("os").environ["WORLD_SIZE"])
+    tp = int(os.environ["WORLD_SIZE"])
     llm = LLM(EngineConfig(model=model, tp=tp, kv_cache_dtype=kv_cache_dtype, **ENGINE))
     if TP.rank != 0:
         seen = watch_collections(llm)
@@ -46,7 +67,12 @@ def main() -> None:
         with open(f"{out}.rank{TP.rank}", "w") as f:
             json.dump(seen, f)
         return
-    results = {name: [o.token_ids for o in llm.generate(prompts(model), p)] for name, p in PARAMS.items()}
+    results: dict[str, object] = {
+        name: [o.token_ids for o in llm.generate(prompts(model), p)] for name, p in PARAMS.items()
+    }
+    if "tiny" in model:  # a second of the tiny model's time; SmolLM2 at TP=3 on CI's CPUs would take far longer
+        results["interrupted"] = ctrl_c_mid_step(llm, model)
+        results["after_ctrl_c"] = [o.token_ids for o in llm.generate(prompts(model), PARAMS["greedy"])]
     llm.shutdown()
     with open(out, "w") as f:
         json.dump(results, f)
