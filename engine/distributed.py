@@ -77,15 +77,22 @@ def ctrl_c_after_step() -> Iterator[None]:
     """Rank 0's step under TP: a Ctrl-C (KeyboardInterrupt) that arrives during it is raised once it is done. Raised
     inside, it cut the step short between two collectives, the followers waited in the next one and rank 0 in
     another (`bench-offline --tp 2` stopped by Ctrl-C hung until torchrun killed both ranks 30 s later, with no
-    results). Only where Python's own handler is in place, in the main thread: `serve`'s engine loop has its own,
-    which acts between steps already, and the followers ignore SIGINT."""
+    results). A second Ctrl-C during the same step is raised at once. Only where Python's own handler is in place, in
+    the main thread: `serve`'s engine loop has its own, which acts between steps already, and the followers ignore
+    SIGINT."""
     if threading.current_thread() is not threading.main_thread() or (
         signal.getsignal(signal.SIGINT) is not signal.default_int_handler
     ):
         yield
         return
     caught: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+
+    def hold(signum: int, frame: object) -> None:
+        if caught:  # a second Ctrl-C while a step hangs (a peer gone, before the collective times out): now
+            raise KeyboardInterrupt
+        caught.append(signum)
+
+    signal.signal(signal.SIGINT, hold)
     try:
         yield
     finally:

@@ -172,3 +172,25 @@ def test_chat_at_tp2_answers_from_rank_0_and_ends_the_group():
     assert p.returncode == 0, p.stderr[-3000:]
     assert "TP 2" in p.stderr
     assert p.stderr.count("[length · TTFT") == 2, p.stderr[-3000:]
+
+
+def test_a_ctrl_c_during_a_tp_step_is_raised_after_it_and_a_second_one_at_once():
+    """Rank 0's steps under TP run in ctrl_c_after_step: one Ctrl-C waits for the step's end (the ranks stay in
+    lockstep); a second in the same step (one hanging on a peer that is gone) is raised at once."""
+    from engine.distributed import ctrl_c_after_step
+
+    assert threading.current_thread() is threading.main_thread()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_after_step():
+            os.kill(os.getpid(), signal.SIGINT)
+            done.append("step finished")
+    assert done == ["step finished"]
+    with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_after_step():
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+            done.append("the hung step went on")
+    assert done == ["step finished"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
