@@ -42,8 +42,13 @@ async def open_sessions(app: ChatApp, pilot) -> SessionsScreen:
     return screen
 
 
-def test_default_db_is_under_xdg_data_home(private_data_dir):
+def test_default_db_is_under_xdg_data_home(private_data_dir, tmp_path, monkeypatch):
     assert default_db_path() == private_data_dir / "minisgl" / "chat.db"
+    # a relative $XDG_DATA_HOME is ignored, as the XDG spec says (it moved the chats with the working directory)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_DATA_HOME", "rel/data")
+    assert default_db_path() == tmp_path / "home" / ".local" / "share" / "minisgl" / "chat.db"
 
 
 def test_saved_session_resumes_in_a_second_app(tiny, db):

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sqlite3
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.cache_paths import xdg_home
 from minisgl_cli.tui.session import ChatMessage, ChatSession
 from minisgl_cli.tui.turn import TurnStats
 
@@ -71,8 +71,7 @@ class SessionInfo:
 
 
 def default_db_path() -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "minisgl" / "chat.db"
+    return xdg_home("XDG_DATA_HOME", ".local/share") / "minisgl" / "chat.db"
 
 
 class ChatStore:
