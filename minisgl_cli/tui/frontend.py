@@ -74,7 +74,11 @@ def run(spec: ChatFrontSpec) -> int:
         if spec.resume_id is not None:  # `minisgl chat` read it once already: a bad id never gets here
             assert store is not None
             resumed, inputs = store.load(spec.resume_id)
-        session = fit_session(resumed, backend.context_limit, spec.system, spec.temperature, spec.max_tokens)
+        try:  # `minisgl chat` checked --max-tokens against the model's context; a smaller KV pool is known only now
+            session = fit_session(resumed, backend.context_limit, spec.system, spec.temperature, spec.max_tokens)
+        except ValueError as e:
+            print(f"Error: Invalid value for --max-tokens: {e}", file=sys.stderr)
+            return 2
         return run_chat(backend, session, store, inputs, spec.notice, spec.plain)
     finally:
         if store is not None:

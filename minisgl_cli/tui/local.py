@@ -70,7 +70,8 @@ class LocalBackend:
         self.model = info.model
         kv = f" · KV {info.kv_cache_dtype}" if info.kv_cache_dtype not in ("", info.dtype) else ""
         self.title = f"{info.model} · {info.device} · {info.dtype}{kv} · attention {info.attention} · TP {info.tp}"
-        self.context_limit: int | None = info.limits.max_model_len
+        # what one request may span: the model's context, or the KV pool's capacity where that is smaller
+        self.context_limit: int | None = info.limits.max_request_tokens
         self.thinking_switch: bool | None = remote.tokenizer.thinking_switch
 
     async def ready(self, timeout: float = 60.0) -> None:

@@ -25,7 +25,7 @@ class ChatSession:
     system: str | None = None
     temperature: float = 0.7
     max_tokens: int = 512
-    max_tokens_limit: int | None = None  # the model's context length, when known
+    max_tokens_limit: int | None = None  # the tokens one request may span (the context, or a smaller KV pool's)
     thinking: bool | None = None  # the chat template's enable_thinking; None: the template's default
     history: list[ChatMessage] = field(default_factory=list)
     id: int | None = None  # row in the session store, once saved
@@ -45,7 +45,7 @@ class ChatSession:
     def set_max_tokens(self, value: int) -> None:
         limit = self.max_tokens_limit
         if value < 1 or (limit is not None and value >= limit):
-            top = f" and below the model's context of {limit}" if limit is not None else ""
+            top = f" and below the context of {limit} tokens (the model's, or a smaller KV cache's)" if limit else ""
             raise ValueError(f"max_tokens must be >= 1{top} (got {value})")
         self.max_tokens = value
 
