@@ -366,7 +366,8 @@ class ChatApp(App):
         """Read the load without blocking the UI loop; skip if a read is pending."""
         if not self._polling:
             self._polling = True
-            self.run_worker(self._read_metrics(), group="metrics")
+            # the method, not a coroutine: a worker the closing app never starts leaves none un-awaited behind
+            self.run_worker(self._read_metrics, group="metrics")  # type: ignore[arg-type]  # Textual types Coroutine[None, None, T]
 
     async def _read_metrics(self) -> None:
         try:
