@@ -106,6 +106,8 @@ def chat(
     store, notice = None, None
     if not no_save:
         path = db or default_db_path()
+        if resume is not None and not path.exists():  # opening it would create an empty database to find nothing in
+            raise typer.BadParameter(f"no saved chat in {path}: the file does not exist", param_hint="--resume")
         try:
             store = ChatStore(path)
         except StoreError as e:

@@ -343,6 +343,22 @@ def test_plain_mode_saves_and_resumes(tmp_path):
     assert p.returncode == 0 and not default_db_path().exists()
 
 
+def test_resume_from_a_database_that_does_not_exist_creates_none(tmp_path):
+    """--resume with no database file: refused by name before the model loads, and no empty database is left behind
+    (opening it to look created one)."""
+    db = tmp_path / "none.db"
+    for resume in (["--resume"], ["--resume", "3"]):
+        p = subprocess.run(
+            [MINISGL, "chat", "--no-tui", *TINY, "--db", str(db), *resume],
+            input="",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 2 and "does not exist" in p.stderr, p.stderr
+        assert not db.exists()
+
+
 def test_resume_flag_takes_an_optional_id():
     assert resume_flag(["minisgl", "chat", "--resume"]) == ["minisgl", "chat", "--resume", "last"]
     assert resume_flag(["minisgl", "chat", "--resume", "--no-tui"]) == [
