@@ -105,12 +105,14 @@ Backend = Annotated[
         help="auto | torch | flashinfer | fa (FlashAttention-4, extra 'fa'), or PREFILL,DECODE such as fa,flashinfer",
     ),
 ]
-GraphBs = Annotated[int, typer.Option(help="largest decode batch captured in a CUDA graph (0: off)", min=0)]
+GraphBs = Annotated[
+    int, typer.Option(help="largest decode batch captured in a CUDA graph (0: off; FlashInfer decode only)", min=0)
+]
 PiecewiseTokens = Annotated[
     int,
     typer.Option(
         help="largest prefill/mixed step (tokens) run through CUDA graphs captured in pieces between the attention "
-        "calls (0: off)",
+        "calls (0: off; FlashInfer for both phases only)",
         min=0,
     ),
 ]
@@ -269,6 +271,26 @@ def refuse_unread_engine_flags(ctx: typer.Context, config: EngineConfig) -> None
             raise typer.BadParameter(str(e), param_hint="--device") from e
         if device.type != "cuda":
             refuse_given(ctx, f"sets the engine on a CUDA device, and this one runs on {device}", *CUDA_ONLY_FLAGS)
+        _refuse_graph_flags_off_flashinfer(ctx, config, device)
+
+
+def _refuse_graph_flags_off_flashinfer(ctx: typer.Context, config: EngineConfig, device: Any) -> None:
+    """The engine captures CUDA graphs over FlashInfer alone (engine/cuda_graph.py, engine/piecewise_graph.py): decode
+    graphs when it decodes, piecewise graphs when it runs both phases. Under another backend the graph flags are
+    not read."""
+    if not given(ctx, "cuda_graph_max_bs", "piecewise_graph_tokens"):
+        return
+    from kernels.attention.base import resolve_backends
+
+    prefill, decode = resolve_backends(config.attention_backend, device)
+    if decode != "flashinfer":
+        refuse_given(
+            ctx, f"sizes the decode graphs, captured over FlashInfer only; {decode} decodes here", "cuda_graph_max_bs"
+        )
+    if (prefill, decode) != ("flashinfer", "flashinfer"):
+        backends = prefill if prefill == decode else f"{prefill} (prefill) and {decode} (decode)"
+        why = f"sizes the piecewise graphs, captured when FlashInfer runs both phases; here {backends}"
+        refuse_given(ctx, why, "piecewise_graph_tokens")
 
 
 def launcher_rank() -> int:

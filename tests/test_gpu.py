@@ -1010,3 +1010,43 @@ def test_gpu_busy_tells_an_idle_gpu_from_a_fed_one():
     with GpuBusy(torch.device("cpu")) as on_cpu:
         a @ a
     assert on_cpu.share is None and on_cpu.samples == 0
+
+
+@pytest.mark.parametrize(
+    "backend, flags, message",
+    [
+        (
+            "torch",
+            ["--cuda-graph-max-bs", "8"],
+            "--cuda-graph-max-bs: sizes the decode graphs, captured over FlashInfer",
+        ),
+        ("torch", ["--piecewise-graph-tokens", "512"], "--piecewise-graph-tokens: sizes the piecewise graphs"),
+        ("flashinfer,torch", ["--cuda-graph-max-bs", "8"], "only; torch decodes here"),
+        (
+            "fa,flashinfer",
+            ["--piecewise-graph-tokens", "512"],
+            "FlashInfer runs both phases; here fa (prefill) and flashinfer (decode)",
+        ),
+        ("flashinfer", ["--cuda-graph-max-bs", "8", "--piecewise-graph-tokens", "512"], None),
+        ("fa,flashinfer", ["--cuda-graph-max-bs", "8"], None),
+    ],
+)
+def test_graph_flags_are_refused_where_no_graph_is_captured(backend, flags, message):
+    """The engine captures CUDA graphs over FlashInfer alone: decode graphs when it decodes, piecewise graphs when it
+    runs both phases. Elsewhere --cuda-graph-max-bs / --piecewise-graph-tokens were accepted and ignored; now they
+    are refused by name before the model loads. Where they are read, the run goes on (FA4 absent: its error, not
+    ours)."""
+    from typer.testing import CliRunner
+
+    from minisgl_cli.app import app
+
+    args = ["bench-offline", "--model", "dummy:tiny-llama", "--device", "cuda", "--attention-backend", backend]
+    args += ["--num-seqs", "2", "--input-len", "4:8", "--output-len", "2:2", "--quiet", *flags]
+    r = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+    out = " ".join(r.output.split())
+    if message is not None:
+        assert r.exit_code == 2 and message in out, out
+    else:
+        assert "piecewise graphs" not in out and "decode graphs" not in out, out
+        if backend == "flashinfer":
+            assert r.exit_code == 0, out

@@ -119,6 +119,15 @@ def _resolve_auto(phase: str, device: torch.device) -> str:
     return pick if pick in available_backends() else "torch"
 
 
+def resolve_backends(name: str, device: torch.device) -> tuple[str, str]:
+    """The (prefill, decode) backends `name` runs on `device`: `auto` resolves per phase (AUTO_CUDA on CUDA, where
+    that package imports; torch elsewhere)."""
+    prefill, decode = parse_backend(name)
+    prefill = _resolve_auto("prefill", device) if prefill == "auto" else prefill
+    decode = _resolve_auto("decode", device) if decode == "auto" else decode
+    return prefill, decode
+
+
 def _create_one(
     name: str,
     pool: KVPool,
@@ -160,10 +169,8 @@ def create_backend(
     device: torch.device,
     sliding_window: int | None = None,
 ) -> AttentionBackend:
-    """`name` as parse_backend takes it; `auto` resolves per phase (AUTO_CUDA on CUDA, torch elsewhere)."""
-    prefill, decode = parse_backend(name)
-    prefill = _resolve_auto("prefill", device) if prefill == "auto" else prefill
-    decode = _resolve_auto("decode", device) if decode == "auto" else decode
+    """`name` as parse_backend takes it, resolved by resolve_backends."""
+    prefill, decode = resolve_backends(name, device)
     args = (pool, num_heads, num_kv_heads, head_dim, device, sliding_window)
     if prefill == decode:
         return _create_one(prefill, *args)
