@@ -45,7 +45,7 @@
 #             in-process, one run per name in ${TRACE_RUNS:-minisgl vllm minisgl-run1024}: minisgl; vLLM's AsyncLLM
 #             (`--engine vllm`, under vllm-env.sh); minisgl admitting up to 1024 requests as vLLM's server does
 #             (minisgl-run1024); vLLM admitting 256 as minisgl does (vllm-seqs256)
-#   peer_check bench-offline --engine vllm on 32 prompts with --vllm-arg max_num_seqs=64
+#   peer_check bench-offline --engine vllm on 32 prompts with --vllm-arg max_num_seqs=64, with and without --quiet
 # Each bench stage: vLLM first, in a child process under /root/vllm-site/vllm-env.sh (no FlashInfer of ours on its
 # path), then minisgl in the parent with /tmp/site. Out: $OUT/bench_offline_vllm_<model>_<commit>.json (minisgl at
 # the top level, vLLM under `peers`), its log, summary_vllm_<commit>.txt, and fi-cache.tgz (keep it in .whl/).
@@ -151,12 +151,17 @@ for name in sys.argv[3:]:
           f"{r['cache_hit_rate'] or 0:.1%}  pool {r.get('kv_pool_tokens')}  {r.get('settings', '')}")
 PY
       ;;
-    peer_check)  # the offline vLLM peer on a small workload, with an engine-argument override
-      # shellcheck disable=SC1090
-      (source "$vllm_env" && timeout 300 python -m minisgl_cli bench-offline --model dummy:Qwen3-0.6B --engine vllm \
-        --num-seqs 32 --runs 1 --vllm-arg max_num_seqs=64 --quiet --json "$OUT/peer_check_$c.json") \
-        > "$OUT/peer_check_$c.log" 2>&1
-      log "peer_check: rc=$?"; grep -E "output tok/s|max_num_seqs|Error" "$OUT/peer_check_$c.log" | tail -n 4 | tee -a "$summary"
+    peer_check)  # the offline vLLM peer on a small workload, with an engine-argument override; --quiet hides vLLM's
+      # load and graph-capture bars (its use_tqdm_on_load): counted in the log, against a run without --quiet
+      for q in quiet loud; do
+        qflag=(--quiet); [ $q = loud ] && qflag=()
+        # shellcheck disable=SC1090
+        (source "$vllm_env" && timeout 300 python -m minisgl_cli bench-offline --model dummy:Qwen3-0.6B --engine vllm \
+          --num-seqs 32 --runs 1 --vllm-arg max_num_seqs=64 "${qflag[@]}" --json "$OUT/peer_check_${q}_$c.json") \
+          > "$OUT/peer_check_${q}_$c.log" 2>&1
+        log "peer_check $q: rc=$? capture-bar lines: $(grep -c 'Capturing CUDA graphs' "$OUT/peer_check_${q}_$c.log")"
+        grep -E "output tok/s|max_num_seqs|Error" "$OUT/peer_check_${q}_$c.log" | tail -n 4 | tee -a "$summary"
+      done
       ;;
     qwen) bench dummy:Qwen3-0.6B qwen3-0.6b ;;
     qwen-fp8) EXTRA="--kv-cache-dtype fp8" bench dummy:Qwen3-0.6B qwen3-0.6b-fp8kv ;;

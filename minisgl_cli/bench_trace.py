@@ -338,7 +338,7 @@ def _run_vllm(config: EngineConfig, window, flags: dict[str, Any], quiet: bool) 
     async def main():
         t0 = time.perf_counter()
         try:
-            peer = VllmAsyncPeer(config, flags["vllm_args"])
+            peer = VllmAsyncPeer(config, flags["vllm_args"], quiet)
         except PeerUnavailable as e:
             raise typer.BadParameter(str(e), param_hint="--engine") from e
         startup = time.perf_counter() - t0

@@ -58,7 +58,7 @@ def open_peer(
     quiet: bool = False,
 ) -> Peer:
     """Load the named peer with `config`'s model (its start-up is the caller's to time); vllm_args: the vLLM
-    peer's engine-argument overrides; quiet: the transformers peer loads without progress bars."""
+    peer's engine-argument overrides; quiet: the peer loads without progress bars."""
     if name == "transformers":
         from minisgl_cli.hf_peer import TransformersPeer
 
@@ -66,5 +66,5 @@ def open_peer(
     if name == "vllm":
         from minisgl_cli.vllm_peer import VllmPeer
 
-        return VllmPeer(config, vllm_args)
+        return VllmPeer(config, vllm_args, quiet)
     raise ValueError(f"unknown peer {name!r} (known: {', '.join(PEERS)})")

@@ -70,12 +70,13 @@ def write_config_dir(model_config, where: Path) -> Path:
 
 
 def engine_arguments(
-    config, overrides: dict[str, Any] | None = None
+    config, overrides: dict[str, Any] | None = None, quiet: bool = False
 ) -> tuple[dict[str, Any], tempfile.TemporaryDirectory[str] | None, str, Any]:
     """vLLM engine arguments for the run's model (shared by the offline `LLM` and the `AsyncLLM` peers), with the
     user's `--vllm-arg` overrides (keys vLLM's EngineArgs has, other than those this peer sets): the keyword
     arguments, the temporary model directory to clean up (dummy weights), the weights' description, and the
-    project's ModelConfig for the model."""
+    project's ModelConfig for the model. `quiet`: without vLLM's weight-loading and graph-capture bars (its own
+    switch, which reaches its engine-core process; TQDM_DISABLE would have to be set before tqdm is imported)."""
     import dataclasses
 
     from vllm.engine.arg_utils import EngineArgs
@@ -108,6 +109,8 @@ def engine_arguments(
     }
     if config.max_model_len:
         kw["max_model_len"] = config.max_model_len
+    if quiet:
+        kw["use_tqdm_on_load"] = False
     known = {f.name for f in dataclasses.fields(EngineArgs)}
     for key, value in (overrides or {}).items():
         if key in kw:
@@ -159,19 +162,19 @@ class _VllmBase:
     """What both vLLM peers set up alike: vLLM imported, the engine arguments for the run's model (`self._kw`), and
     what `description()` reports."""
 
-    def __init__(self, config: EngineConfig, overrides: dict[str, Any] | None = None) -> None:
+    def __init__(self, config: EngineConfig, overrides: dict[str, Any] | None = None, quiet: bool = False) -> None:
         self.vllm = import_vllm()
         self.version = self.vllm.__version__
         self.overrides = overrides or {}
-        self._kw, self._tmp, self.weights, self.model_config = engine_arguments(config, self.overrides)
+        self._kw, self._tmp, self.weights, self.model_config = engine_arguments(config, self.overrides, quiet)
         self.device, self.dtype = config.torch_device(), config.torch_dtype(config.torch_device())
 
 
 class VllmPeer(_VllmBase):
     """The `Peer` interface (minisgl_cli/peers.py) over vLLM's offline `LLM`."""
 
-    def __init__(self, config: EngineConfig, overrides: dict[str, Any] | None = None) -> None:
-        super().__init__(config, overrides)
+    def __init__(self, config: EngineConfig, overrides: dict[str, Any] | None = None, quiet: bool = False) -> None:
+        super().__init__(config, overrides, quiet)
         with refused_arguments(self._tmp):
             self.llm = self.vllm.LLM(**self._kw)
 
@@ -219,8 +222,8 @@ class VllmAsyncPeer(_VllmBase):
     it less the HTTP hop. Batch limits are the ones `vllm serve` gets (`UsageContext.OPENAI_API_SERVER`).
     Build it inside the running event loop: its engine client binds to that loop."""
 
-    def __init__(self, config: EngineConfig, overrides: dict[str, Any] | None = None) -> None:
-        super().__init__(config, overrides)
+    def __init__(self, config: EngineConfig, overrides: dict[str, Any] | None = None, quiet: bool = False) -> None:
+        super().__init__(config, overrides, quiet)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
