@@ -1031,7 +1031,7 @@ def test_gpu_busy_tells_an_idle_gpu_from_a_fed_one():
         ("fa,flashinfer", ["--cuda-graph-max-bs", "8"], None),
     ],
 )
-def test_graph_flags_are_refused_where_no_graph_is_captured(backend, flags, message):
+def test_graph_flags_are_refused_where_no_graph_is_captured(peaked_model, backend, flags, message):
     """The engine captures CUDA graphs over FlashInfer alone: decode graphs when it decodes, piecewise graphs when it
     runs both phases. Elsewhere --cuda-graph-max-bs / --piecewise-graph-tokens were accepted and ignored; now they
     are refused by name before the model loads. Where they are read, the run goes on (FA4 absent: its error, not
@@ -1040,7 +1040,8 @@ def test_graph_flags_are_refused_where_no_graph_is_captured(backend, flags, mess
 
     from minisgl_cli.app import app
 
-    args = ["bench-offline", "--model", "dummy:tiny-llama", "--device", "cuda", "--attention-backend", backend]
+    # SmolLM2's shapes: FlashInfer builds no kernel for tiny-llama's head_dim of 16
+    args = ["bench-offline", "--model", peaked_model, "--device", "cuda", "--attention-backend", backend]
     args += ["--num-seqs", "2", "--input-len", "4:8", "--output-len", "2:2", "--quiet", *flags]
     r = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
     out = " ".join(r.output.split())
