@@ -45,7 +45,8 @@
 #             in-process, one run per name in ${TRACE_RUNS:-minisgl vllm minisgl-run1024}: minisgl; vLLM's AsyncLLM
 #             (`--engine vllm`, under vllm-env.sh); minisgl admitting up to 1024 requests as vLLM's server does
 #             (minisgl-run1024); vLLM admitting 256 as minisgl does (vllm-seqs256)
-#   peer_check bench-offline --engine vllm on 32 prompts with --vllm-arg max_num_seqs=64, with and without --quiet
+#   peer_check bench-offline --engine vllm on 32 prompts with --vllm-arg max_num_seqs=64, with and without --quiet;
+#             bench-trace --engine vllm --quiet on 16 requests of traces/qwen_sample.jsonl
 # Each bench stage: vLLM first, in a child process under /root/vllm-site/vllm-env.sh (no FlashInfer of ours on its
 # path), then minisgl in the parent with /tmp/site. Out: $OUT/bench_offline_vllm_<model>_<commit>.json (minisgl at
 # the top level, vLLM under `peers`), its log, summary_vllm_<commit>.txt, and fi-cache.tgz (keep it in .whl/).
@@ -162,6 +163,11 @@ PY
         log "peer_check $q: rc=$? capture-bar lines: $(grep -c 'Capturing CUDA graphs' "$OUT/peer_check_${q}_$c.log")"
         grep -E "output tok/s|max_num_seqs|Error" "$OUT/peer_check_${q}_$c.log" | tail -n 4 | tee -a "$summary"
       done
+      # shellcheck disable=SC1090
+      (source "$vllm_env" && timeout 300 python -m minisgl_cli bench-trace traces/qwen_sample.jsonl --model \
+        dummy:Qwen3-0.6B --engine vllm --num-requests 16 --quiet --json "$OUT/peer_check_trace_$c.json") \
+        > "$OUT/peer_check_trace_$c.log" 2>&1
+      log "peer_check bench-trace --quiet: rc=$? capture-bar lines: $(grep -c 'Capturing CUDA graphs' "$OUT/peer_check_trace_$c.log")"
       ;;
     qwen) bench dummy:Qwen3-0.6B qwen3-0.6b ;;
     qwen-fp8) EXTRA="--kv-cache-dtype fp8" bench dummy:Qwen3-0.6B qwen3-0.6b-fp8kv ;;

@@ -605,8 +605,6 @@ def _run_child(name: str, ctx: typer.Context, workload, env_script: Path | None)
         # A process group of its own: a Ctrl-C at the terminal reaches this process alone, which stops the child
         # (and whatever it started, vLLM's engine core) once, and waits for it.
         env = {**os.environ, PEER_CHILD_ENV: "1"}
-        if name == "vllm" and ctx.params.get("quiet"):
-            env["TQDM_DISABLE"] = "1"  # vLLM's load and capture bars: plain tqdm, no switch of ours reaches them
         child = subprocess.Popen(cmd, env=env, process_group=0)
         try:
             rc = child.wait()

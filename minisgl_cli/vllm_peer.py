@@ -70,13 +70,12 @@ def write_config_dir(model_config, where: Path) -> Path:
 
 
 def engine_arguments(
-    config, overrides: dict[str, Any] | None = None, quiet: bool = False
+    config, overrides: dict[str, Any] | None = None
 ) -> tuple[dict[str, Any], tempfile.TemporaryDirectory[str] | None, str, Any]:
     """vLLM engine arguments for the run's model (shared by the offline `LLM` and the `AsyncLLM` peers), with the
     user's `--vllm-arg` overrides (keys vLLM's EngineArgs has, other than those this peer sets): the keyword
     arguments, the temporary model directory to clean up (dummy weights), the weights' description, and the
-    project's ModelConfig for the model. `quiet`: without vLLM's weight-loading and graph-capture bars (its own
-    switch, which reaches its engine-core process; TQDM_DISABLE would have to be set before tqdm is imported)."""
+    project's ModelConfig for the model."""
     import dataclasses
 
     from vllm.engine.arg_utils import EngineArgs
@@ -109,8 +108,6 @@ def engine_arguments(
     }
     if config.max_model_len:
         kw["max_model_len"] = config.max_model_len
-    if quiet:
-        kw["use_tqdm_on_load"] = False
     known = {f.name for f in dataclasses.fields(EngineArgs)}
     for key, value in (overrides or {}).items():
         if key in kw:
@@ -132,6 +129,38 @@ def refused_arguments(tmp: tempfile.TemporaryDirectory[str] | None) -> Iterator[
         if tmp is not None:
             tmp.cleanup()
         raise PeerUnavailable(f"vLLM refused its engine arguments: {type(e).__name__}: {e}") from e
+
+
+@contextmanager
+def no_tqdm_bars(quiet: bool) -> Iterator[None]:
+    """While a vLLM engine starts under --quiet: no tqdm bar, in this process or its engine core's. vLLM 0.26 draws
+    its graph-capture bars with plain tqdm (vllm/v1/worker/gpu/cudagraph_utils.py), which no switch of vLLM's reaches
+    (use_tqdm_on_load does not). TQDM_DISABLE is read when tqdm is imported, and this process imported it before
+    (the engine's GGUF reader): so tqdm's bars are disabled meanwhile, which a forked engine core inherits, and
+    TQDM_DISABLE is set for one that is spawned (a fresh tqdm import)."""
+    if not quiet:
+        yield
+        return
+    import os
+
+    import tqdm.std  # type: ignore[import-untyped]
+
+    cls = tqdm.std.tqdm
+    raw, init, env = cls.__dict__["__init__"], cls.__init__, os.environ.get("TQDM_DISABLE")
+
+    def disabled_init(self, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **{**kwargs, "disable": True})
+
+    cls.__init__ = disabled_init
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        cls.__init__ = raw
+        if env is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = env
 
 
 def settings_of(vllm_config) -> dict[str, Any]:
@@ -166,7 +195,8 @@ class _VllmBase:
         self.vllm = import_vllm()
         self.version = self.vllm.__version__
         self.overrides = overrides or {}
-        self._kw, self._tmp, self.weights, self.model_config = engine_arguments(config, self.overrides, quiet)
+        self._kw, self._tmp, self.weights, self.model_config = engine_arguments(config, self.overrides)
+        self.quiet = quiet
         self.device, self.dtype = config.torch_device(), config.torch_dtype(config.torch_device())
 
 
@@ -175,7 +205,7 @@ class VllmPeer(_VllmBase):
 
     def __init__(self, config: EngineConfig, overrides: dict[str, Any] | None = None, quiet: bool = False) -> None:
         super().__init__(config, overrides, quiet)
-        with refused_arguments(self._tmp):
+        with refused_arguments(self._tmp), no_tqdm_bars(self.quiet):
             self.llm = self.vllm.LLM(**self._kw)
 
     def generate(
@@ -228,7 +258,7 @@ class VllmAsyncPeer(_VllmBase):
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        with refused_arguments(self._tmp):
+        with refused_arguments(self._tmp), no_tqdm_bars(self.quiet):
             args = AsyncEngineArgs(**self._kw)
             self.engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER)
 

@@ -209,6 +209,48 @@ def test_vllm_model_dir_describes_the_preset(tmp_path, name):
     assert not (tmp_path / "generation_config.json").exists()  # no sampling defaults to leak into the workload
 
 
+def _draw_a_bar() -> None:
+    from tqdm import tqdm
+
+    for _ in tqdm(range(3), desc="Capturing CUDA graphs"):
+        pass
+
+
+@pytest.mark.parametrize("start", ["in-process", "fork", "fresh"])
+def test_no_tqdm_bars_reaches_a_forked_or_fresh_engine_core(capfd, start):
+    """vLLM draws its graph-capture bars with plain tqdm in its engine-core process, forked from this one (tqdm
+    already imported) or started afresh (spawn: a new import of tqdm). Under --quiet the vLLM peers start inside
+    no_tqdm_bars: a bar drawn in this process, a forked one or a fresh interpreter shows nothing; outside it, the bar
+    shows (the control), and tqdm is as before."""
+    import multiprocessing
+    import subprocess
+    import sys
+
+    from minisgl_cli.vllm_peer import no_tqdm_bars
+
+    def draw() -> None:
+        if start == "in-process":
+            _draw_a_bar()
+        elif start == "fork":
+            child = multiprocessing.get_context("fork").Process(target=_draw_a_bar)
+            child.start()
+            child.join()
+            assert child.exitcode == 0
+        else:
+            code = "from tqdm import tqdm\nfor _ in tqdm(range(3), desc='Capturing CUDA graphs'): pass"
+            subprocess.run([sys.executable, "-c", code], check=True)
+
+    import tqdm.std  # imported before the peer starts, as in bench-offline
+
+    init = vars(tqdm.std.tqdm)["__init__"]
+    for quiet in (True, False, True, False):
+        with no_tqdm_bars(quiet):
+            draw()
+        err = capfd.readouterr().err
+        assert ("Capturing CUDA graphs" in err) is not quiet, err
+    assert "TQDM_DISABLE" not in __import__("os").environ and vars(tqdm.std.tqdm)["__init__"] is init
+
+
 def test_a_failing_peer_child_stops_the_run(tmp_path):
     # The vLLM child starts as `bash -c 'source ENV && exec python -m minisgl_cli ...'`; an environment script that
     # fails (no bundle there) ends the run before minisgl starts.
