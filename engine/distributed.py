@@ -74,12 +74,14 @@ def broadcast_objects(obj: T) -> T:
 
 @contextmanager
 def ctrl_c_after_step() -> Iterator[None]:
-    """Rank 0's step under TP: a Ctrl-C (KeyboardInterrupt) that arrives during it is raised once it is done. Raised
-    inside, it cut the step short between two collectives, the followers waited in the next one and rank 0 in
-    another (`bench-offline --tp 2` stopped by Ctrl-C hung until torchrun killed both ranks 30 s later, with no
-    results). A second Ctrl-C during the same step is raised at once. Only where Python's own handler is in place, in
-    the main thread: `serve`'s engine loop has its own, which acts between steps already, and the followers ignore
-    SIGINT."""
+    """An engine step (rank 0's under TP): a Ctrl-C (KeyboardInterrupt) that arrives during it is raised once it is
+    done. Raised inside, it cut the step short: the requests it had scheduled were never processed, and those of
+    another caller (a second thread's generate()) then waited forever for that step's token; under TP, it stopped
+    rank 0 between two collectives, the followers waited in the next one and rank 0 in another (`bench-offline --tp
+    2` stopped by Ctrl-C hung until torchrun killed both ranks 30 s later, with no results). A second Ctrl-C during
+    the same step is raised at once. Only where Python's own handler is in place, in the main thread: `serve`'s engine
+    loop has its own, which acts between steps already, and the followers ignore SIGINT. Two handler swaps per step:
+    ~9 us of host time on a 2-core CPU machine."""
     if threading.current_thread() is not threading.main_thread() or (
         signal.getsignal(signal.SIGINT) is not signal.default_int_handler
     ):

@@ -220,9 +220,10 @@ class Engine:
     def step(self) -> list[Req]:
         """One scheduling step. Returns requests that received a token or finished this step."""
         if TP.size == 1:
-            return self._step()
+            with ctrl_c_after_step():  # a step cut short leaves its other requests scheduled, never processed
+                return self._step()
         try:
-            with ctrl_c_after_step():  # the ranks stay in lockstep: a step is never cut short on rank 0
+            with ctrl_c_after_step():  # and the ranks stay in lockstep
                 return self._step()
         except Exception as e:
             leave_failed_group(e)  # the group cannot go on: every rank ends, none hangs

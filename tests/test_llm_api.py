@@ -63,6 +63,59 @@ def test_a_failing_generate_withdraws_what_it_added():
     assert_idle(llm, 64)
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+@pytest.mark.parametrize("where", ["schedule", "run", "process"])
+def test_a_ctrl_c_inside_a_step_leaves_other_callers_and_the_pages_intact(where, overlap):
+    """A Ctrl-C (a real SIGINT) arriving inside a step: after scheduling, after the model ran, after the outputs were
+    processed. It is raised once the step is done, the interrupted generate() withdraws its request, and another
+    thread's requests in the same steps get the tokens a lone run gives, with the pages adding up after every step.
+    Raised inside the step, it left that step's other requests scheduled and never processed (their position advanced,
+    no token): the other thread then stepped forever."""
+    import signal
+    import threading
+
+    llm = make_llm(max_running_requests=8, num_pages=256, page_size=4, overlap=overlap)
+    e = llm.engine
+    params = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
+    theirs = [[3, 4, 8, 22, 19], [11, 12, 13]]
+    alone = [o.token_ids for o in llm.generate(theirs, params)]
+    target, name = {"schedule": (e.scheduler, "schedule"), "run": (e.runner, "run"), "process": (e, "_process")}[where]
+    part = getattr(target, name)
+    other_rids: set[str] = set()
+    hit: list[bool] = []
+
+    def then_ctrl_c(*args, **kwargs):
+        result = part(*args, **kwargs)
+        rids = e.reqs.keys()
+        if threading.current_thread() is threading.main_thread() and not hit and rids - other_rids:
+            assert rids & other_rids  # the other thread's requests are in this step too
+            hit.append(True)
+            signal.raise_signal(signal.SIGINT)
+        return result
+
+    got: list = []
+    other_in = threading.Event()
+
+    def other() -> None:
+        got.extend(o.token_ids for o in llm.generate(theirs, params, on_step=lambda outs: other_in.set()))
+
+    setattr(target, name, then_ctrl_c)
+    try:
+        t = threading.Thread(target=other, daemon=True)  # stuck for good without the fix
+        t.start()
+        assert other_in.wait(30)
+        other_rids.update(e.reqs)
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate([[1, 5, 9, 13, 2, 7]], SamplingParams(max_tokens=30, temperature=0))
+        t.join(60)
+    finally:
+        setattr(target, name, part)
+    assert not t.is_alive(), "the other thread's requests never finished"
+    assert hit and got == alone
+    assert not llm.engine.has_work()
+    e.check()
+
+
 def test_an_async_consumer_that_stops_early_aborts_its_request():
     """Leaving a stream early (break, or the consuming task cancelled) left its request running to max_tokens,
     holding its KV pages; vLLM's AsyncLLM aborts it. A thread's stream the same."""
