@@ -90,6 +90,10 @@ class Engine:
         self._counter = 0
         self._finished_now: list[Req] = []
         self._shutdown = False
+        # Why a step raised (TP=1; under TP the rank leaves the group instead). A step cut short leaves the requests
+        # it scheduled advanced with no token, so no later step can be trusted: every later step and request is
+        # refused with this reason, where other callers' requests would otherwise wait forever.
+        self.failed: str | None = None
         self.timing = dict(schedule=0.0, launch=0.0, process=0.0)
         self.step_records: list[StepRecord] | None = None  # set to [] to record every step
         self._alloc_counts = (0, 0)  # the allocator's device allocations and retries at the last record (CUDA)
@@ -132,6 +136,8 @@ class Engine:
     ) -> Req:
         if self._shutdown:
             raise RuntimeError("the engine has been shut down; it takes no more requests")
+        if self.failed is not None:
+            raise RuntimeError(f"the engine stopped: an earlier step failed ({self.failed}); it takes no more requests")
         params = self.validate(prompt_ids, params)
         rid = rid or self.new_rid()
         if rid in self.reqs:
@@ -219,9 +225,15 @@ class Engine:
     # ---- the loop -----------------------------------------------------------------------------------
     def step(self) -> list[Req]:
         """One scheduling step. Returns requests that received a token or finished this step."""
+        if self.failed is not None:
+            raise RuntimeError(f"the engine stopped: an earlier step failed ({self.failed})")
         if TP.size == 1:
             with ctrl_c_after_step():  # a step cut short leaves its other requests scheduled, never processed
-                return self._step()
+                try:
+                    return self._step()
+                except BaseException as e:  # a second Ctrl-C too: its requests are out of step with the batch
+                    self.failed = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                    raise
         try:
             with ctrl_c_after_step():  # and the ranks stay in lockstep
                 return self._step()

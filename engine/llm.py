@@ -196,8 +196,8 @@ class LLM:
         """Step until none of `rids` is in the engine (ended ones return their pages at the next step)."""
         while True:
             with self._lock:
-                if not (self.engine.has_work() and any(r in self.engine.reqs for r in rids)):
-                    return
+                if self.engine.failed or not (self.engine.has_work() and any(r in self.engine.reqs for r in rids)):
+                    return  # (a failed engine's pages no longer matter: it runs no more steps)
                 self.step()
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[RequestOutput]:

@@ -3,6 +3,8 @@ request is left running or holding KV pages behind it."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from engine.sampling_params import SamplingParams
@@ -114,6 +116,49 @@ def test_a_ctrl_c_inside_a_step_leaves_other_callers_and_the_pages_intact(where,
     assert hit and got == alone
     assert not llm.engine.has_work()
     e.check()
+
+
+def test_a_step_that_raises_stops_the_engine_for_every_caller():
+    """A step that raises (a kernel error, out of memory) stops partway, like a cut one: the requests it scheduled
+    are advanced with no token. The caller whose step it was got the error; another thread's generate() with
+    requests in that step stepped forever. Now the engine refuses every later step and request, naming the first
+    error: each caller gets an error, none waits."""
+    import threading
+
+    llm = make_llm(max_running_requests=8, num_pages=256, page_size=4)
+    e = llm.engine
+    params = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
+    run = e.runner.run
+    raised: list[bool] = []
+
+    def fails_once(*args, **kwargs):
+        if threading.current_thread() is threading.main_thread() and not raised and len(e.reqs) > 2:
+            raised.append(True)
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return run(*args, **kwargs)
+
+    errors: list[BaseException] = []
+    other_in = threading.Event()
+
+    def other() -> None:
+        try:
+            llm.generate([[3, 4, 8, 22, 19], [11, 12, 13]], params, on_step=lambda outs: other_in.set())
+        except RuntimeError as err:
+            errors.append(err)
+
+    e.runner.run = fails_once
+    t = threading.Thread(target=other, daemon=True)  # stuck for good without the fix
+    t.start()
+    assert other_in.wait(30)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        llm.generate([[1, 5, 9, 13, 2, 7]], SamplingParams(max_tokens=30, temperature=0))
+    t.join(60)
+    assert not t.is_alive(), "the other thread's requests never finished"
+    why = "the engine stopped: an earlier step failed (RuntimeError: CUDA error: an illegal memory access"
+    assert raised and len(errors) == 1 and why in str(errors[0])
+    for call in (lambda: llm.generate([[1, 2]], params), llm.step):
+        with pytest.raises(RuntimeError, match=re.escape(why)):
+            call()
 
 
 def test_an_async_consumer_that_stops_early_aborts_its_request():
