@@ -294,6 +294,16 @@ def test_a_chat_changed_or_deleted_by_another_chat_is_saved_as_a_new_one(tiny, d
     assert [s.id for s in ChatStore(db).sessions()] == [app.session.id, first.id]
 
 
+def test_a_database_path_that_is_a_directory_is_named_as_one(tmp_path):
+    """--db refuses a directory (typer), but the default path ($XDG_DATA_HOME/minisgl/chat.db) may be one: SQLite
+    said only "unable to open database file"."""
+    from minisgl_cli.tui.store import StoreError
+
+    (tmp_path / "chat.db").mkdir()
+    with pytest.raises(StoreError, match=re.escape(f"cannot open {tmp_path / 'chat.db'}: it is a directory")):
+        ChatStore(tmp_path / "chat.db")
+
+
 def test_corrupted_database_leaves_the_file_and_chats_unsaved(tmp_path):
     db = tmp_path / "chat.db"
     db.write_bytes(b"this is not a database" * 100)

@@ -79,6 +79,8 @@ class ChatStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        if path.is_dir():  # SQLite would say only "unable to open database file"
+            raise StoreError(f"cannot open {path}: it is a directory")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(path, timeout=self.LOCK_TIMEOUT, isolation_level=None)
