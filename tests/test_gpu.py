@@ -1051,3 +1051,19 @@ def test_graph_flags_are_refused_where_no_graph_is_captured(peaked_model, backen
         assert "piecewise graphs" not in out and "decode graphs" not in out, out
         if backend == "flashinfer":
             assert r.exit_code == 0, out
+
+
+def test_a_head_dim_flashinfer_has_no_kernel_for_is_refused_by_name():
+    """tiny-llama's head_dim of 16 under FlashInfer (`auto` on CUDA) failed in FlashInfer's JIT build, ninja's output
+    after it began compiling; now the engine's start names the head_dim and the backend that runs it, exit 2."""
+    from typer.testing import CliRunner
+
+    from minisgl_cli.app import app
+
+    args = ["bench-offline", "--model", "dummy:tiny-llama", "--device", "cuda", "--num-seqs", "2", "--quiet"]
+    r = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+    out = " ".join(r.output.split())
+    assert r.exit_code == 2, out
+    assert "FlashInfer has attention kernels for head_dim 64, 128, 256 only, and this model's is 16" in out, out
+    ok = CliRunner().invoke(app, [*args, "--attention-backend", "torch", "--input-len", "4:8", "--output-len", "2:2"])
+    assert ok.exit_code == 0, ok.output

@@ -52,6 +52,10 @@ class AttentionBackend(ABC):
 
 
 BACKENDS = ("torch", "flashinfer", "fa")
+# The head dims FlashInfer dispatches to (DISPATCH_HEAD_DIM, include/flashinfer/utils.cuh; vLLM checks the same list).
+# Another one failed minutes into the engine's start, in FlashInfer's JIT build (ninja's output; tiny-llama's 16 on an
+# H200, thirty-seventh session).
+FLASHINFER_HEAD_DIMS = (64, 128, 256)
 
 # What `auto` picks per phase on CUDA, where that package imports. Each entry must cite a measurement (GPU, date,
 # source) that shows it faster there; none has been measured for FlashAttention-4 yet (docs/gpu.md,
@@ -146,6 +150,11 @@ def _create_one(
             raise ValueError("the flashinfer attention backend needs a CUDA device")
         if "flashinfer" not in available_backends():
             raise ValueError("the flashinfer attention backend needs the flashinfer-python package (extra 'gpu')")
+        if head_dim not in FLASHINFER_HEAD_DIMS:
+            raise ValueError(
+                f"FlashInfer has attention kernels for head_dim {', '.join(map(str, FLASHINFER_HEAD_DIMS))} only, and "
+                f"this model's is {head_dim}: use --attention-backend torch"
+            )
         from kernels.attention.flashinfer_backend import FlashInferBackend
 
         return FlashInferBackend(pool, num_heads, num_kv_heads, head_dim, device, sliding_window)
