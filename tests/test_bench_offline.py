@@ -210,7 +210,7 @@ def test_vllm_model_dir_describes_the_preset(tmp_path, name):
 
 
 def _draw_a_bar() -> None:
-    from tqdm import tqdm
+    from tqdm import tqdm  # type: ignore[import-untyped]
 
     for _ in tqdm(range(3), desc="Capturing CUDA graphs"):
         pass
@@ -240,7 +240,7 @@ def test_no_tqdm_bars_reaches_a_forked_or_fresh_engine_core(capfd, start):
             code = "from tqdm import tqdm\nfor _ in tqdm(range(3), desc='Capturing CUDA graphs'): pass"
             subprocess.run([sys.executable, "-c", code], check=True)
 
-    import tqdm.std  # imported before the peer starts, as in bench-offline
+    import tqdm.std  # type: ignore[import-untyped]  # imported before the peer starts, as in bench-offline
 
     init = vars(tqdm.std.tqdm)["__init__"]
     for quiet in (True, False, True, False):
