@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import resource
 import time
+import traceback
 from typing import Any
 
 import torch
@@ -28,6 +29,18 @@ from kvcache.pool import KVPool
 
 class Engine:
     def __init__(self, config: EngineConfig, progress: Progress | None = None):
+        try:
+            self._start(config, progress)
+        except BaseException as e:
+            # The start's frames in the traceback hold the weights and the KV pool (85% of free GPU memory) for as
+            # long as the error lives: a REPL's last error, a test's pytest.raises. Another engine started in the same
+            # process found no memory for its KV cache. Its locals go now (the executing frames keep theirs: this one's
+            # only `self`, emptied here).
+            self.__dict__.clear()
+            traceback.clear_frames(e.__traceback__)
+            raise
+
+    def _start(self, config: EngineConfig, progress: Progress | None) -> None:
         self.config = config
         self.device = config.torch_device()
         self.dtype = config.torch_dtype(self.device)

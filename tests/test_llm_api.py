@@ -161,6 +161,28 @@ def test_a_step_that_raises_stops_the_engine_for_every_caller():
             call()
 
 
+def test_a_failed_start_holds_no_weights_or_kv_pool_while_its_error_lives():
+    """An engine start that fails after the model and the KV pool exist (here: an attention backend this device cannot
+    run, found once the pool is made) kept both through the frames of its traceback for as long as the error lived: a
+    REPL's last error, or this test's pytest.raises. On a GPU the pool is 85% of free memory, and the next engine
+    started in the process found no room for its KV cache (test_gpu.py, H200)."""
+    import gc
+    import warnings
+
+    from engine.models.llama import LlamaForCausalLM
+    from kvcache.pool import KVPool
+
+    def held() -> int:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # isinstance on every object wakes some lazy modules' warnings
+            return sum(isinstance(o, (KVPool, LlamaForCausalLM)) for o in gc.get_objects())
+
+    before = held()
+    with pytest.raises(ValueError, match="the flashinfer attention backend needs a CUDA device") as failed:
+        make_llm(attention_backend="flashinfer")
+    assert failed.value.__traceback__ is not None and held() == before
+
+
 def test_an_async_consumer_that_stops_early_aborts_its_request():
     """Leaving a stream early (break, or the consuming task cancelled) left its request running to max_tokens,
     holding its KV pages; vLLM's AsyncLLM aborts it. A thread's stream the same."""
