@@ -10,16 +10,14 @@ Which weights the peer gets:
 
 from __future__ import annotations
 
-import functools
 import inspect
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.config import EngineConfig
-from minisgl_cli.peers import OnDone, PeerRun
+from minisgl_cli.peers import OnDone, PeerRun, no_tqdm_bars
 
 if TYPE_CHECKING:
     from engine.model_config import ModelConfig
@@ -61,11 +59,11 @@ def load_hf_model(spec: str | None, device, dtype, quiet: bool = False):
     kind, where = weights.resolve(spec)
     if kind == "gguf":
         path = Path(where)
-        with _no_progress_bars(quiet):
+        with no_tqdm_bars(quiet):
             model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
         _apply_rope_freqs(model, weights.gguf_config(path))
     elif kind == "hf":
-        with _no_progress_bars(quiet):
+        with no_tqdm_bars(quiet):
             model = AutoModelForCausalLM.from_pretrained(str(where), dtype=dtype)
     else:
         from engine.loader import load_model
@@ -74,31 +72,6 @@ def load_hf_model(spec: str | None, device, dtype, quiet: bool = False):
         model = hf_twin(ours, device, dtype)
         del ours
     return model.to(device).eval()
-
-
-@contextmanager
-def _no_progress_bars(quiet: bool) -> Iterator[None]:
-    """While transformers loads a model under --quiet: no weight-loading bar (transformers' own switch) and no GGUF
-    conversion bar. That one is plain tqdm, which no switch of transformers reaches, and TQDM_DISABLE would have to be
-    set before tqdm is imported (the engine's GGUF reader imports it before any peer loads): so the converter's tqdm is
-    a disabled one meanwhile. The same path quiets a --compare child, which runs this with --quiet."""
-    if not quiet:
-        yield
-        return
-    from transformers import modeling_gguf_pytorch_utils as gguf_utils
-    from transformers.utils import logging as hf_logging
-
-    was_enabled, bar = hf_logging.is_progress_bar_enabled(), getattr(gguf_utils, "tqdm", None)
-    hf_logging.disable_progress_bar()
-    if bar is not None:  # a transformers that names it otherwise shows its bar, and loads all the same
-        gguf_utils.tqdm = functools.partial(bar, disable=True)
-    try:
-        yield
-    finally:
-        if bar is not None:
-            gguf_utils.tqdm = bar
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 def _apply_rope_freqs(model, cfg) -> None:

@@ -4,7 +4,9 @@ package does not import is a clear error (PeerUnavailable), not a traceback."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -68,3 +70,34 @@ def open_peer(
 
         return VllmPeer(config, vllm_args, quiet)
     raise ValueError(f"unknown peer {name!r} (known: {', '.join(PEERS)})")
+
+
+@contextmanager
+def no_tqdm_bars(quiet: bool) -> Iterator[None]:
+    """While a peer loads under --quiet: no tqdm bar, in this process or a process it starts. Both peers' packages
+    draw bars no switch of theirs reaches: vLLM 0.26's graph capture in its engine core (vllm/v1/worker/gpu/
+    cudagraph_utils.py; its use_tqdm_on_load does not), transformers' GGUF conversion (its weight bar has a switch,
+    and is tqdm too). TQDM_DISABLE is read when tqdm is imported, and this process imported it before (the engine's
+    GGUF reader): so tqdm's bars are disabled meanwhile, which a forked process (vLLM's engine core) inherits, and
+    TQDM_DISABLE is set for one that is spawned (a fresh tqdm import)."""
+    if not quiet:
+        yield
+        return
+    import tqdm.std  # type: ignore[import-untyped]
+
+    cls = tqdm.std.tqdm
+    raw, init, env = cls.__dict__["__init__"], cls.__init__, os.environ.get("TQDM_DISABLE")
+
+    def disabled_init(self, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **{**kwargs, "disable": True})
+
+    cls.__init__ = disabled_init
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        cls.__init__ = raw
+        if env is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = env

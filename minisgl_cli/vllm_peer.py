@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig
-from minisgl_cli.peers import OnDone, PeerRun, PeerUnavailable
+from minisgl_cli.peers import OnDone, PeerRun, PeerUnavailable, no_tqdm_bars
 
 # (section of vllm_config, attribute) reported with the figure; missing ones (other vLLM versions) are left out.
 SETTINGS = (
@@ -129,38 +129,6 @@ def refused_arguments(tmp: tempfile.TemporaryDirectory[str] | None) -> Iterator[
         if tmp is not None:
             tmp.cleanup()
         raise PeerUnavailable(f"vLLM refused its engine arguments: {type(e).__name__}: {e}") from e
-
-
-@contextmanager
-def no_tqdm_bars(quiet: bool) -> Iterator[None]:
-    """While a vLLM engine starts under --quiet: no tqdm bar, in this process or its engine core's. vLLM 0.26 draws
-    its graph-capture bars with plain tqdm (vllm/v1/worker/gpu/cudagraph_utils.py), which no switch of vLLM's reaches
-    (use_tqdm_on_load does not). TQDM_DISABLE is read when tqdm is imported, and this process imported it before
-    (the engine's GGUF reader): so tqdm's bars are disabled meanwhile, which a forked engine core inherits, and
-    TQDM_DISABLE is set for one that is spawned (a fresh tqdm import)."""
-    if not quiet:
-        yield
-        return
-    import os
-
-    import tqdm.std  # type: ignore[import-untyped]
-
-    cls = tqdm.std.tqdm
-    raw, init, env = cls.__dict__["__init__"], cls.__init__, os.environ.get("TQDM_DISABLE")
-
-    def disabled_init(self, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **{**kwargs, "disable": True})
-
-    cls.__init__ = disabled_init
-    os.environ["TQDM_DISABLE"] = "1"
-    try:
-        yield
-    finally:
-        cls.__init__ = raw
-        if env is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = env
 
 
 def settings_of(vllm_config) -> dict[str, Any]:

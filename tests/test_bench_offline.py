@@ -226,7 +226,7 @@ def test_no_tqdm_bars_reaches_a_forked_or_fresh_engine_core(capfd, start):
     import subprocess
     import sys
 
-    from minisgl_cli.vllm_peer import no_tqdm_bars
+    from minisgl_cli.peers import no_tqdm_bars
 
     def draw() -> None:
         if start == "in-process":
