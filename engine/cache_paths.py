@@ -8,8 +8,7 @@ from pathlib import Path
 
 
 def cache_root() -> Path:
-    """$MINISGL_CACHE_DIR, else $XDG_CACHE_HOME/minisgl, else ~/.cache/minisgl. A relative XDG_CACHE_HOME is
-    ignored, as the XDG Base Directory spec says (it would move the cache with the working directory)."""
+    """$MINISGL_CACHE_DIR, else $XDG_CACHE_HOME/minisgl (an absolute one: xdg_home), else ~/.cache/minisgl."""
     if d := os.environ.get("MINISGL_CACHE_DIR"):
         return Path(d)
     return xdg_home("XDG_CACHE_HOME", ".cache") / "minisgl"
