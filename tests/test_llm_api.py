@@ -10,14 +10,15 @@ import pytest
 from engine.sampling_params import SamplingParams
 from tests.conftest import make_llm
 
-# The step-failure tests below on a GPU too: the embedded SmolLM2 in bf16, with the CUDA graphs and FlashInfer
-# (with overlap, the next step is launched before the last one's outputs are processed).
+# The step-failure tests below on a GPU too: SmolLM2's shapes (a head_dim FlashInfer has kernels for) with dummy
+# weights in bf16, with the CUDA graphs and FlashInfer (with overlap, the next step is launched before the last one's
+# outputs are processed).
 ON_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def llm_on(device: str, **kw):
     if device == "cuda":
-        return make_llm(None, device="cuda", dtype="bfloat16", **kw)
+        return make_llm("dummy:SmolLM2-135M", device="cuda", dtype="bfloat16", **kw)
     return make_llm(**kw)
 
 
