@@ -4,6 +4,8 @@ request is left running or holding KV pages behind it."""
 from __future__ import annotations
 
 import re
+import threading
+import time
 
 import pytest
 
@@ -20,6 +22,23 @@ def llm_on(device: str, **kw):
     if device == "cuda":
         return make_llm("dummy:SmolLM2-135M", device="cuda", dtype="bfloat16", **kw)
     return make_llm(**kw)
+
+
+def waits_for_a_caller(engine, mine: set[str], started: threading.Event):
+    """An on_step for a thread's generate() that, after its first step, records its requests in `mine`, sets
+    `started`, and holds until another caller's request is in the engine: the engine then steps for both (on a GPU the
+    thread's 200 tokens were otherwise done before the other call came in)."""
+
+    def on_step(outs) -> None:
+        if started.is_set():
+            return
+        mine.update(engine.reqs)
+        started.set()
+        deadline = time.monotonic() + 30
+        while not engine.reqs.keys() - mine and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    return on_step
 
 
 def assert_idle(llm, pages: int) -> None:
@@ -87,7 +106,6 @@ def test_a_ctrl_c_inside_a_step_leaves_other_callers_and_the_pages_intact(where,
     step's other requests scheduled and never processed (their position advanced, no token): the other thread then
     stepped forever."""
     import signal
-    import threading
 
     llm = llm_on(device, max_running_requests=8, num_pages=256, page_size=4, overlap=overlap)
     e = llm.engine
@@ -112,14 +130,15 @@ def test_a_ctrl_c_inside_a_step_leaves_other_callers_and_the_pages_intact(where,
     other_in = threading.Event()
 
     def other() -> None:
-        got.extend(o.token_ids for o in llm.generate(theirs, params, on_step=lambda outs: other_in.set()))
+        got.extend(
+            o.token_ids for o in llm.generate(theirs, params, on_step=waits_for_a_caller(e, other_rids, other_in))
+        )
 
     setattr(target, name, then_ctrl_c)
     try:
         t = threading.Thread(target=other, daemon=True)  # stuck for good without the fix
         t.start()
         assert other_in.wait(30)
-        other_rids.update(e.reqs)
         with pytest.raises(KeyboardInterrupt):
             llm.generate([[1, 5, 9, 13, 2, 7]], SamplingParams(max_tokens=30, temperature=0))
         t.join(60)
@@ -138,7 +157,6 @@ def test_a_step_that_raises_stops_the_engine_for_every_caller(device):
     are advanced with no token. The caller whose step it was got the error; another thread's generate() with
     requests in that step stepped forever. Now the engine refuses every later step and request, naming the first
     error: each caller gets an error, none waits."""
-    import threading
 
     llm = llm_on(device, max_running_requests=8, num_pages=256, page_size=4)
     e = llm.engine
@@ -157,7 +175,7 @@ def test_a_step_that_raises_stops_the_engine_for_every_caller(device):
 
     def other() -> None:
         try:
-            llm.generate([[3, 4, 8, 22, 19], [11, 12, 13]], params, on_step=lambda outs: other_in.set())
+            llm.generate([[3, 4, 8, 22, 19], [11, 12, 13]], params, on_step=waits_for_a_caller(e, set(), other_in))
         except RuntimeError as err:
             errors.append(err)
 
@@ -202,7 +220,6 @@ def test_an_async_consumer_that_stops_early_aborts_its_request():
     """Leaving a stream early (break, or the consuming task cancelled) left its request running to max_tokens,
     holding its KV pages; vLLM's AsyncLLM aborts it. A thread's stream the same."""
     import asyncio
-    import threading
 
     from engine.async_llm import AsyncLLM
 
@@ -261,7 +278,6 @@ def test_an_async_consumer_that_stops_early_aborts_its_request():
 
 def _within(seconds: float, fn) -> object:
     """fn() on a daemon thread; fails (instead of hanging the suite) if it has not returned in time."""
-    import threading
 
     box: dict[str, object] = {}
 
@@ -285,7 +301,6 @@ def test_generate_from_two_threads_and_nested_in_a_stream():
     generate() at once, or a generate() inside a stream's loop, took each other's final outputs and then stepped an
     idle engine forever. Each call now gets its own requests' outputs, whoever steps; the tokens are those of a
     call alone."""
-    import threading
 
     llm = make_llm(num_pages=256, radix_cache=False)
     params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
