@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from engine.gc_heap import paused_collector
 from kernels.attention import AttnMeta
 
 if TYPE_CHECKING:
@@ -18,9 +19,12 @@ if TYPE_CHECKING:
 
 
 def timed_capture(capture: Callable[[], None]) -> float:
-    """Run a capture under inference mode; returns its seconds, until the GPU is done."""
+    """Run a capture under inference mode, with no cyclic collection; returns its seconds, until the GPU is done.
+    A collection inside a capture could free another engine's graphs (one dropped without shutdown(), in a
+    reference cycle), and destroying a graph is not permitted while a stream captures: the capture failed
+    (CUBLAS_STATUS_EXECUTION_FAILED, then "operation not permitted when stream is capturing"; H200)."""
     t0 = time.perf_counter()
-    with torch.inference_mode():
+    with torch.inference_mode(), paused_collector():
         capture()
     torch.cuda.synchronize()
     return time.perf_counter() - t0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import resource
 import time
 import traceback
@@ -123,6 +124,7 @@ class Engine:
         if self.config.kv_cache_gb is not None:
             budget = int(self.config.kv_cache_gb * 2**30)
         elif self.device.type == "cuda":
+            gc.collect()  # an engine dropped without shutdown() in a reference cycle still holds its KV pool until then
             torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info(self.device)
             reserve = 2 * 2**30 + self.config.max_batch_tokens * mc.vocab_size * 4  # activations, logits

@@ -373,6 +373,47 @@ def test_cuda_graphs_and_overlap_give_identical_tokens(peaked_model):
     assert all(n == 0 for n in differing.values()), differing
 
 
+def test_no_collection_runs_inside_a_graph_capture():
+    """A cyclic collection inside a capture can free another engine's graphs (one dropped without shutdown(), in a
+    reference cycle), which is not permitted while a stream captures: the capture failed with
+    CUBLAS_STATUS_EXECUTION_FAILED and "operation not permitted when stream is capturing" (the third engine of
+    test_llm_api's GPU cases, H200). Here young collections are due at every allocation, and none may start inside
+    the decode or piecewise captures."""
+    inside: list[int] = []
+
+    def watch(phase: str, info: dict) -> None:
+        if phase == "start" and torch.cuda.is_current_stream_capturing():
+            inside.append(info["generation"])
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(watch)
+    gc.set_threshold(1, 10**6, 10**6)
+    try:
+        llm = LLM(EngineConfig(model="dummy:SmolLM2-135M", dtype="bfloat16", kv_cache_gb=1, max_running_requests=16))
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(watch)
+    assert llm.engine.runner.graphs.enabled and llm.engine.runner.pieces is not None
+    assert inside == []
+    out = llm.generate([[1, 2, 3]] * 3, SamplingParams(max_tokens=8, ignore_eos=True))
+    assert [len(o.token_ids) for o in out] == [8, 8, 8]
+    llm.shutdown()
+
+
+def test_an_engine_dropped_without_close_leaves_its_memory_to_the_next():
+    """An LLM dropped without shutdown() and caught in a reference cycle held its KV pool (here half the GPU) until the
+    collector came: the next engine's memory budget found none left ("not enough memory for a KV cache")."""
+    cfg = EngineConfig(model="dummy:SmolLM2-135M", dtype="bfloat16", memory_fraction=0.5, max_running_requests=16)
+    old = LLM(cfg)
+    pages = old.metrics().kv_pages_total
+    old.cycle = old
+    del old
+    new = LLM(cfg)
+    assert new.metrics().kv_pages_total >= 0.95 * pages
+    assert len(new.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids) == 4
+    new.shutdown()
+
+
 def test_graph_decode_lists_more_pages_than_the_pool_holds(peaked_model):
     """48 requests on one cached 640-token prefix list its 40 pages each: 2,000+ page ids per replayed step from a
     300-page pool (a saturated trace replay crashed here when the graphs' page-id buffer was sized by the pool)."""
