@@ -400,7 +400,7 @@ def test_no_collection_runs_inside_a_graph_capture():
     llm.shutdown()
 
 
-def test_an_engine_dropped_without_close_leaves_its_memory_to_the_next():
+def test_an_engine_dropped_without_shutdown_leaves_its_memory_to_the_next():
     """An LLM dropped without shutdown() and caught in a reference cycle held its KV pool (here half the GPU) until the
     collector came: the next engine's memory budget found none left ("not enough memory for a KV cache")."""
     cfg = EngineConfig(model="dummy:SmolLM2-135M", dtype="bfloat16", memory_fraction=0.5, max_running_requests=16)
