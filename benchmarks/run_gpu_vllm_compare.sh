@@ -11,9 +11,11 @@
 # keeps /tmp/site and /root only while it stays warm: send the calls one right after the other.
 #
 # The run() calls (kind nvidia-h100-x1 or nvidia-h200; figures from the two are not comparable):
-#   0. carry [".whl/device-bundle.tgz", ".whl/use-bundle.sh"] (fi-cache.tgz no longer fits beside them; FlashInfer
-#      then JIT-builds its modules in the engine's start-up, ~1-2 min, reported apart)
-#      command: rm -rf /tmp/site; bash benchmarks/run_gpu_vllm_compare.sh bundle [tests]      (~15 s; tests ~6 min)
+#   0. carry [".whl/device-bundle.txz", ".whl/use-bundle.sh", ".whl/fi-cache.tgz"] (benchmarks/pack_bundle.sh makes
+#      the xz bundle, small enough for the JIT cache to travel beside it; with make-bundle.sh's .tgz the cache does
+#      not fit, and FlashInfer JIT-builds its modules: ~1-2 min of the engine's start-up, ~5 min of the tests)
+#      command: rm -rf /tmp/site; bash benchmarks/run_gpu_vllm_compare.sh bundle [tests]
+#      (~15 s; tests ~2 min with the cache, 8+ without; they leave the cache they built in $OUT/fi-cache.tgz)
 #   1. carry [".whl/vllm/p00"]
 #      command: bash benchmarks/run_gpu_vllm_compare.sh assemble                 (exit 0: "have 1/3 vllm parts")
 #   2. carry [".whl/vllm/p01"]
@@ -38,7 +40,8 @@
 #             EXTRA="--kv-cache-dtype fp8": vLLM gets the same KV dtype)
 #   qwen-fp8  the same with --kv-cache-dtype fp8 on both engines
 #   llama     bench-offline --model dummy:Llama-3.1-8B --runs ${RUNS:-3} --compare vllm
-#   tests     (after bundle) the single-GPU tests (tests/test_gpu.py, not tp2, not fa_) and sampler_rng.py
+#   tests     (after bundle) the single-GPU tests (tests/test_gpu.py and test_llm_api.py's GPU cases, not tp2, not
+#             fa_) and sampler_rng.py
 #   ab_budget (after bundle) offline_wall.py --ab-budget ${BUDGETS:-8192,16384}: bench-offline's run under each
 #             per-step token budget, interleaved, ${AB_RUNS:-6} runs each
 #   trace     issue #15's saturating replay (bench-trace traces/qwen_1000.jsonl --time-scale 0.2, dummy Qwen3-0.6B)
@@ -81,7 +84,8 @@ bench() {  # bench MODEL TAG
 for s in "${stages[@]}"; do
   case $s in
     bundle)
-      [ -f .whl/device-bundle.tgz ] || { log "bundle: carry .whl/device-bundle.tgz and .whl/use-bundle.sh"; exit 1; }
+      [ -f .whl/device-bundle.txz ] || [ -f .whl/device-bundle.tgz ] || {
+        log "bundle: carry .whl/device-bundle.txz (benchmarks/pack_bundle.sh) and .whl/use-bundle.sh"; exit 1; }
       source .whl/use-bundle.sh
       (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
       [ -f .whl/cache.tgz ] && python -m minisgl_cli cache import .whl/cache.tgz 2>&1 | tail -n 1
@@ -107,11 +111,12 @@ for s in "${stages[@]}"; do
       fi
       ;;
     tests)
-      PYTHONPATH=/tmp/site:$PWD timeout 480 python -m pytest -q -p no:cacheprovider tests/test_gpu.py \
-        -k "not tp2 and not fa_" > "$OUT/pytest_gpu_$c.txt" 2>&1
+      PYTHONPATH=/tmp/site:$PWD timeout 500 python -m pytest -q -p no:cacheprovider tests/test_gpu.py \
+        tests/test_llm_api.py -m gpu -k "not tp2 and not fa_" > "$OUT/pytest_gpu_$c.txt" 2>&1
       log "tests: rc=$?"; tail -n 3 "$OUT/pytest_gpu_$c.txt" | tee -a "$summary"
-      PYTHONPATH=/tmp/site:$PWD timeout 120 python benchmarks/sampler_rng.py > "$OUT/sampler_rng_$c.txt" 2>&1
+      PYTHONPATH=/tmp/site:$PWD timeout 60 python benchmarks/sampler_rng.py > "$OUT/sampler_rng_$c.txt" 2>&1
       log "sampler_rng: rc=$?"; tail -n 6 "$OUT/sampler_rng_$c.txt" | tee -a "$summary"
+      (tar czf "$OUT/fi-cache.tgz" -C ~ .cache/flashinfer 2>/dev/null || true)  # the modules the tests built
       ;;
     ab_budget)
       PYTHONPATH=/tmp/site:$PWD timeout 400 python benchmarks/offline_wall.py --ab-budget "${BUDGETS:-8192,16384}" \
