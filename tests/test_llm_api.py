@@ -26,16 +26,18 @@ def llm_on(device: str, **kw):
 
 def waits_for_a_caller(engine, mine: set[str], started: threading.Event):
     """An on_step for a thread's generate() that, after its first step, records its requests in `mine`, sets
-    `started`, and holds until another caller's request is in the engine: the engine then steps for both (on a GPU the
-    thread's 200 tokens were otherwise done before the other call came in)."""
+    `started`, and holds until another caller has added a request: the engine then steps for both (on a GPU the
+    thread's 200 tokens were otherwise done before the other call came in). It watches the engine's request counter,
+    not its requests: the other caller's may already be gone again (its step failed, it withdrew it)."""
 
     def on_step(outs) -> None:
         if started.is_set():
             return
         mine.update(engine.reqs)
+        added = engine._counter
         started.set()
         deadline = time.monotonic() + 30
-        while not engine.reqs.keys() - mine and time.monotonic() < deadline:
+        while engine._counter == added and time.monotonic() < deadline:
             time.sleep(0.001)
 
     return on_step
