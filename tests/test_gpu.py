@@ -1101,7 +1101,7 @@ def test_a_head_dim_flashinfer_has_no_kernel_for_is_refused_by_name():
 
     from minisgl_cli.app import app
 
-    # a small pool: the refused start's (85% of free memory) is still referenced by its traceback in this process
+    # a small pool, for a quick start (a refused start no longer holds its pool: test_llm_api, engine.Engine.__init__)
     args = ["bench-offline", "--model", "dummy:tiny-llama", "--device", "cuda", "--num-seqs", "2", "--quiet"]
     args += ["--kv-cache-gb", "1"]
     r = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
