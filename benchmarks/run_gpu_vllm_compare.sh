@@ -86,8 +86,7 @@ for s in "${stages[@]}"; do
     bundle)
       [ -f .whl/device-bundle.txz ] || [ -f .whl/device-bundle.tgz ] || {
         log "bundle: carry .whl/device-bundle.txz (benchmarks/pack_bundle.sh) and .whl/use-bundle.sh"; exit 1; }
-      source .whl/use-bundle.sh
-      (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+      source .whl/use-bundle.sh  # (pack_bundle.sh's also restores a carried fi-cache.tgz; else the ficache stage)
       [ -f .whl/cache.tgz ] && python -m minisgl_cli cache import .whl/cache.tgz 2>&1 | tail -n 1
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$summary"
       python -c "import torch, flashinfer as f; print('torch', torch.__version__, 'flashinfer', f.__version__)" \
