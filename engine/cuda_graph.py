@@ -13,7 +13,7 @@ from engine.gc_heap import paused_collector
 from kernels.attention import AttnMeta
 
 if TYPE_CHECKING:
-    from engine.runner import ModelRunner
+    from engine.runner import KVLayout, ModelRunner
     from engine.scheduler import Batch
     from kernels.attention.flashinfer_backend import FlashInferBackend
 
@@ -39,7 +39,10 @@ class DecodeGraphs:
     def __init__(self, runner: ModelRunner, max_bs: int, max_request_tokens: int):
         from kernels.attention.flashinfer_backend import FlashInferBackend
 
-        self.runner = runner
+        # The graphs keep what they replay (model, token table), not the runner: the runner holds them, and that
+        # cycle left a dropped engine (no shutdown()) with its KV pool and graphs until the collector came.
+        self.model = runner.model
+        self.next_tokens = runner.next_tokens
         # Only the decode backend is captured and replayed (under `fa,flashinfer` prefill runs on another one).
         decode = runner.backend.decode_backend()
         self.backend: FlashInferBackend | None = decode if isinstance(decode, FlashInferBackend) else None
@@ -52,6 +55,7 @@ class DecodeGraphs:
         dev = runner.device
         pool = runner.pool
         self.scratch_page = runner.scratch_page
+        self.page_size = pool.page_size
         # Page ids a replayed batch may list: requests that share a cached prefix each list its pages, so the
         # pool's size is no bound; one request spans at most max_request_tokens (a padded row, one page).
         self.max_pages = max_bs * max(1, -(-max_request_tokens // pool.page_size))
@@ -82,8 +86,8 @@ class DecodeGraphs:
                     self.graphs[key] = g
 
     def _forward(self, bs: int) -> torch.Tensor:
-        ids = self.runner.next_tokens[self.req_slots[:bs]]  # the gather runs inside the graph
-        hidden: torch.Tensor = self.runner.model(ids, self.pos[:bs], self.backend)
+        ids = self.next_tokens[self.req_slots[:bs]]  # the gather runs inside the graph
+        hidden: torch.Tensor = self.model(ids, self.pos[:bs], self.backend)
         return hidden
 
     def _plan(
@@ -117,9 +121,10 @@ class DecodeGraphs:
         assert self.backend is not None
         return not self.backend.fixed_split([s + 1 for s in batch.starts])
 
-    def run(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Replay the graph for this decode batch; returns its hidden states and the rows' request slots (device)."""
-        kv_lens, tables, out_slots = self.runner.kv_layout(batch)
+    def run(self, batch: Batch, layout: KVLayout) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay the graph for this decode batch, whose KV `layout` is the runner's; returns its hidden states and
+        the rows' request slots (device)."""
+        kv_lens, tables, out_slots = layout
         n = len(kv_lens)
         bs = next(s for s in self.sizes if s >= n)
         # Padded rows read slot 0's token and attend to, and write into, the scratch page that no request owns.
@@ -127,7 +132,7 @@ class DecodeGraphs:
         host[0, :n] = [r.slot for r in batch.reqs]
         host[1, :n] = batch.starts
         host[2, :n] = out_slots
-        host[2, n:bs] = self.scratch_page * self.runner.pool.page_size
+        host[2, n:bs] = self.scratch_page * self.page_size
         self.inputs.copy_(torch.from_numpy(host), non_blocking=True)  # pageable: staged at once, safe to drop
         pad = bs - n
         key = self._plan(bs, kv_lens + [1] * pad, tables + [[self.scratch_page]] * pad)

@@ -107,7 +107,7 @@ class MixedGraphs:
     def __init__(self, runner: ModelRunner, max_tokens: int):
         from kernels.attention.flashinfer_backend import FlashInferBackend
 
-        self.runner = runner
+        self.model, self.pool = runner.model, runner.pool  # not the runner, which holds this (cuda_graph.py)
         be = runner.backend
         self.backend: FlashInferBackend | None = be if isinstance(be, FlashInferBackend) else None
         self.enabled = self.backend is not None and max_tokens > 0 and runner.scratch_page >= 0
@@ -129,7 +129,7 @@ class MixedGraphs:
         self.capture_seconds = timed_capture(self._capture)
 
     def _capture(self) -> None:
-        model, pool = self.runner.model, self.runner.pool
+        model, pool = self.model, self.pool
         mempool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch ships Stream() untyped
         for n in reversed(self.sizes):

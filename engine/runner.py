@@ -15,6 +15,9 @@ from engine.scheduler import Batch
 from kernels.attention import AttnMeta, create_backend
 from kvcache.pool import KVPool
 
+# A batch's KV after its step, per row: length, page table; and each decode row's slot for its new token.
+KVLayout = tuple[list[int], list[list[int]], list[int]]
+
 
 @dataclass(slots=True)
 class PromptLogprobs:
@@ -137,7 +140,7 @@ class ModelRunner:
         pos = torch.arange(start, start + n)
         return torch.tensor(pages, dtype=torch.int64)[pos // ps] * ps + pos % ps
 
-    def kv_layout(self, batch: Batch) -> tuple[list[int], list[list[int]], list[int]]:
+    def kv_layout(self, batch: Batch) -> KVLayout:
         """Per row: KV length after this step and its page table; and each decode row's KV slot for its new token."""
         ps, nd = self.pool.page_size, batch.num_decode
         kv_lens = [s + n for s, n in zip(batch.starts, batch.q_lens)]
@@ -173,7 +176,7 @@ class ModelRunner:
         sample_rows = [i for i, s in enumerate(batch.sample) if s]
         slots = None  # the sampled requests' slots on the device, where a graph's inputs already hold them
         if self.graphs is not None and self.graphs.can_run(batch):
-            hidden, slots = self.graphs.run(batch)
+            hidden, slots = self.graphs.run(batch, self.kv_layout(batch))
             if len(sample_rows) != len(batch.reqs):
                 slots = None
         else:

@@ -154,6 +154,35 @@ def test_a_ctrl_c_inside_a_step_leaves_other_callers_and_the_pages_intact(where,
 
 
 @pytest.mark.parametrize("device", ON_DEVICES)
+def test_an_llm_dropped_without_shutdown_is_freed_at_once(device):
+    """Dropping the last reference to an LLM that ran (no shutdown()) frees its engine, KV pool and graphs at once,
+    with the cyclic collector off. On CUDA the graphs held the runner that holds them: the pool (here half the GPU)
+    stayed until a collection, and a collection inside another engine's capture destroyed those graphs there."""
+    import gc
+    import weakref
+
+    torch = pytest.importorskip("torch")
+    cuda = device == "cuda"
+    before = torch.cuda.memory_allocated() if cuda else 0
+    gc.collect()
+    gc.disable()
+    try:
+        llm = llm_on(device, memory_fraction=0.5) if cuda else llm_on(device)
+        out = llm.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=8, ignore_eos=True))
+        assert [len(o.token_ids) for o in out] == [8] * 4
+        if cuda:
+            assert llm.engine.runner.graphs is not None and llm.engine.runner.graphs.enabled
+            assert torch.cuda.memory_allocated() - before > 1 << 30
+        runner = weakref.ref(llm.engine.runner)
+        del llm, out
+        assert runner() is None
+        if cuda:
+            assert torch.cuda.memory_allocated() - before < 64 << 20
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("device", ON_DEVICES)
 def test_a_step_that_raises_stops_the_engine_for_every_caller(device):
     """A step that raises (a kernel error, out of memory) stops partway, like a cut one: the requests it scheduled
     are advanced with no token. The caller whose step it was got the error; another thread's generate() with
