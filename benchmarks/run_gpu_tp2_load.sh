@@ -3,7 +3,7 @@
 # -m gpu), the TP=2 tests, then `serve --tp 2` under issue #15's saturating replay (qwen_1000 at 5x pace, dummy
 # Qwen3-0.6B) and a check that Ctrl-C leaves no process behind. Figures land in $OUT.
 # Usage there: source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_tp2_load.sh
-# (benchmarks/pack_bundle.sh's use-bundle.sh also restores FlashInfer's JIT cache when .whl/fi-cache.tgz is carried)
+# (benchmarks/pack_bundle.sh's use-bundle.sh also restores FlashInfer's JIT cache when .whl/fi-cache.txz is carried)
 set -u
 c=${COMMIT:-unknown}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"

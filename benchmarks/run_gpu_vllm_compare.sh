@@ -11,16 +11,16 @@
 # keeps /tmp/site and /root only while it stays warm: send the calls one right after the other.
 #
 # The run() calls (kind nvidia-h100-x1 or nvidia-h200; figures from the two are not comparable):
-#   0. carry [".whl/device-bundle.txz", ".whl/use-bundle.sh", ".whl/fi-cache.tgz"] (benchmarks/pack_bundle.sh makes
+#   0. carry [".whl/device-bundle.txz", ".whl/use-bundle.sh", ".whl/fi-cache.txz"] (benchmarks/pack_bundle.sh makes
 #      the xz bundle, small enough for the JIT cache to travel beside it; with make-bundle.sh's .tgz the cache does
 #      not fit, and FlashInfer JIT-builds its modules: ~1-2 min of the engine's start-up, ~5 min of the tests)
 #      command: rm -rf /tmp/site; bash benchmarks/run_gpu_vllm_compare.sh bundle [tests]
-#      (~15 s; tests ~2 min with the cache, 8+ without; they leave the cache they built in $OUT/fi-cache.tgz)
+#      (~15 s; tests ~2 min with the cache, 8+ without; they leave the cache they built in $OUT/fi-cache.txz)
 #   1. carry [".whl/vllm/p00"]
 #      command: bash benchmarks/run_gpu_vllm_compare.sh assemble                 (exit 0: "have 1/3 vllm parts")
 #   2. carry [".whl/vllm/p01"]
 #      command: bash benchmarks/run_gpu_vllm_compare.sh assemble                 (exit 0: "have 2/3 vllm parts")
-#   3. carry [".whl/vllm/p02", ".whl/fi-cache.tgz"] (the last part is the smallest: the JIT cache fits beside it;
+#   3. carry [".whl/vllm/p02", ".whl/fi-cache.txz"] (the last part is the smallest: the JIT cache fits beside it;
 #      without it, drop `ficache`), timeout_s 600
 #      command: bash benchmarks/run_gpu_vllm_compare.sh assemble ficache qwen   (unpack ~10 s, then Qwen3-0.6B)
 #   4. no carry, timeout_s 600
@@ -32,7 +32,7 @@
 # Stages (several per call, in the order given):
 #   bundle    unpack the project's bundle (FlashInfer) into /tmp/site, restore FlashInfer's JIT cache (and import
 #             .whl/cache.tgz if carried)
-#   ficache   restore FlashInfer's JIT cache from a carried .whl/fi-cache.tgz (from an earlier run on a GPU of the same
+#   ficache   restore FlashInfer's JIT cache from a carried .whl/fi-cache.txz (from an earlier run on a GPU of the same
 #             architecture), so that the engine's start-up skips the JIT builds
 #   assemble  store the carried vLLM part(s) (.whl/vllm/pNN); once both are there, unpack to /root/vllm-site and
 #             check that vLLM imports under vllm-env.sh (else probe-vllm.py's report goes to $OUT)
@@ -52,7 +52,7 @@
 #             bench-trace --engine vllm --quiet on 16 requests of traces/qwen_sample.jsonl
 # Each bench stage: vLLM first, in a child process under /root/vllm-site/vllm-env.sh (no FlashInfer of ours on its
 # path), then minisgl in the parent with /tmp/site. Out: $OUT/bench_offline_vllm_<model>_<commit>.json (minisgl at
-# the top level, vLLM under `peers`), its log, summary_vllm_<commit>.txt, and fi-cache.tgz (keep it in .whl/).
+# the top level, vLLM under `peers`), its log, summary_vllm_<commit>.txt, and fi-cache.txz (keep it in .whl/).
 set -u
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && { sed -n '2,/^set -u/p' "$0" | sed '$d'; exit 2; }
@@ -78,7 +78,7 @@ bench() {  # bench MODEL TAG
   log "$2: rc=$r in $(($(date +%s) - t0)) s"
   [ $r -eq 0 ] || { rc=$r; tail -n 40 "$OUT/bench_offline_vllm_$2.log" | tee -a "$summary"; }
   grep -E "^ *[┃│]|settings|output throughput|Error|error" "$OUT/bench_offline_vllm_$2.log" | tail -n 24 | tee -a "$summary"
-  (tar czf "$OUT/fi-cache.tgz" -C ~ .cache/flashinfer 2>/dev/null || true)
+  (tar cJf "$OUT/fi-cache.txz" -C ~ .cache/flashinfer 2>/dev/null || true)
 }
 
 for s in "${stages[@]}"; do
@@ -86,15 +86,15 @@ for s in "${stages[@]}"; do
     bundle)
       [ -f .whl/device-bundle.txz ] || [ -f .whl/device-bundle.tgz ] || {
         log "bundle: carry .whl/device-bundle.txz (benchmarks/pack_bundle.sh) and .whl/use-bundle.sh"; exit 1; }
-      source .whl/use-bundle.sh  # (pack_bundle.sh's also restores a carried fi-cache.tgz; else the ficache stage)
+      source .whl/use-bundle.sh  # (pack_bundle.sh's also restores a carried fi-cache.txz; else the ficache stage)
       [ -f .whl/cache.tgz ] && python -m minisgl_cli cache import .whl/cache.tgz 2>&1 | tail -n 1
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$summary"
       python -c "import torch, flashinfer as f; print('torch', torch.__version__, 'flashinfer', f.__version__)" \
         2>&1 | tee -a "$summary"
       ;;
     ficache)
-      [ -f .whl/fi-cache.tgz ] || { log "ficache: carry .whl/fi-cache.tgz"; exit 1; }
-      tar xzf .whl/fi-cache.tgz -C ~ && log "ficache: $(find ~/.cache/flashinfer -name '*.so' | wc -l) modules restored"
+      [ -f .whl/fi-cache.txz ] || { log "ficache: carry .whl/fi-cache.txz"; exit 1; }
+      tar xJf .whl/fi-cache.txz -C ~ && log "ficache: $(find ~/.cache/flashinfer -name '*.so' | wc -l) modules restored"
       ;;
     assemble)
       parts=(.whl/vllm/p*/)
@@ -115,7 +115,7 @@ for s in "${stages[@]}"; do
       log "tests: rc=$?"; tail -n 3 "$OUT/pytest_gpu_$c.txt" | tee -a "$summary"
       PYTHONPATH=/tmp/site:$PWD timeout 60 python benchmarks/sampler_rng.py > "$OUT/sampler_rng_$c.txt" 2>&1
       log "sampler_rng: rc=$?"; tail -n 6 "$OUT/sampler_rng_$c.txt" | tee -a "$summary"
-      (tar czf "$OUT/fi-cache.tgz" -C ~ .cache/flashinfer 2>/dev/null || true)  # the modules the tests built
+      (tar cJf "$OUT/fi-cache.txz" -C ~ .cache/flashinfer 2>/dev/null || true)  # the modules the tests built
       ;;
     ab_budget)
       PYTHONPATH=/tmp/site:$PWD timeout 400 python benchmarks/offline_wall.py --ab-budget "${BUDGETS:-8192,16384}" \

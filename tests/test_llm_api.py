@@ -176,8 +176,8 @@ def test_an_llm_dropped_without_shutdown_is_freed_at_once(device):
         runner = weakref.ref(llm.engine.runner)
         del llm, out
         assert runner() is None
-        if cuda:
-            assert torch.cuda.memory_allocated() - before < 64 << 20
+        if cuda:  # what stays is torch's, per stream: cuBLAS workspaces (96 MiB on an H200)
+            assert torch.cuda.memory_allocated() - before < 256 << 20
     finally:
         gc.enable()
 
