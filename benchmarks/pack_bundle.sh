@@ -20,7 +20,7 @@ cat > .whl/use-bundle.sh <<'SH'
 # Source this at the start of a command on the GPU machine, from the project root, with .whl/ carried along:
 #   source .whl/use-bundle.sh
 # (written by benchmarks/pack_bundle.sh) Unpacks the bundle (.whl/device-bundle.txz, or make-bundle.sh's .tgz) into
-# /tmp/site once per machine, restores FlashInfer's JIT cache from .whl/fi-cache.txz (or an older .tgz) if carried,
+# /tmp/site once per machine, restores FlashInfer's JIT cache from a carried .whl/fi-cache.txz (benchmarks/fi_cache.sh),
 # and puts the bundle and the project on PYTHONPATH.
 if [ ! -f /tmp/site/.unpacked ]; then
   mkdir -p /tmp/site
@@ -31,13 +31,7 @@ if [ ! -f /tmp/site/.unpacked ]; then
     tar xzf .whl/device-bundle.tgz -C /tmp/site
   fi && touch /tmp/site/.unpacked
 fi
-if [ ! -f ~/.cache/flashinfer/.restored ]; then
-  if [ -f .whl/fi-cache.txz ]; then
-    tar xJf .whl/fi-cache.txz -C ~ && touch ~/.cache/flashinfer/.restored
-  elif [ -f .whl/fi-cache.tgz ]; then
-    tar xzf .whl/fi-cache.tgz -C ~ && touch ~/.cache/flashinfer/.restored
-  fi
-fi
+bash benchmarks/fi_cache.sh restore
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 SH

@@ -4,7 +4,7 @@
 #   minisgl bench-compare $OUT/serve_sweep_qwen3_0.6b.json --plot docs/img/bench_serve_sweep_gpu.png
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_bench_serve.sh
 set -u
-(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+bash benchmarks/fi_cache.sh restore
 python -m minisgl_cli bench-serve --client-check --json "$OUT/client_check.json" 2>&1 | tail -12
 (timeout 900 python -m minisgl_cli serve --model dummy:Qwen3-0.6B --port 8200 > "$OUT/serve_sweep.log" 2>&1 &)
 for i in $(seq 1 180); do curl -sf http://127.0.0.1:8200/health >/dev/null && break; sleep 1; done

@@ -5,7 +5,7 @@
 # (STAGES=none: only those).
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_cuda_decode.sh
 set -u
-(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+bash benchmarks/fi_cache.sh restore
 # kernels built here beforehand (the same nvcc 13.0): skips the build there
 mkdir -p ~/.cache/minisgl/cuda && cp .whl/cuda/*.so ~/.cache/minisgl/cuda/ 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
@@ -39,7 +39,7 @@ PY
         --out "$OUT/cuda_decode_kernels.json" 2>&1 | grep -v "^$" | tail -n 90 ;;
   esac
 done
-(cd ~ && tar czf "$OUT/fi-cache.tgz" .cache/flashinfer 2>/dev/null || true)
+bash benchmarks/fi_cache.sh save "$OUT"
 # Nsight Compute on one call of each kernel in NCU_KERNELS (name regex per kernel: cuda -> paged_decode, fi-* -> FlashInfer's)
 for k in ${NCU_KERNELS-}; do
   case $k in cuda*) rx=paged_decode ;; *) rx="Prefill|Decode" ;; esac

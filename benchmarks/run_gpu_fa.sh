@@ -8,17 +8,17 @@
 #   1. carry [".whl/fa/p00"]   command: bash benchmarks/run_gpu_fa.sh assemble .whl/fa/p00   # "have 1/2 fa parts", rc 3
 #   2. carry [".whl/fa/p01"]   command: bash benchmarks/run_gpu_fa.sh assemble .whl/fa/p01   # "unpacked into /root/fa-site"
 #      (one call per part, any order; a part failing its sha256 is refused: send it again)
-#   3. carry [".whl/device-bundle.tgz", ".whl/use-bundle.sh", ".whl/fi-cache.tgz", ".whl/fa-cache.tgz"], timeout 600:
+#   3. carry [".whl/device-bundle.tgz", ".whl/use-bundle.sh", ".whl/fi-cache.txz", ".whl/fa-cache.tgz"], timeout 600:
 #      source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_fa.sh tests
 #   4. same carry:  source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_fa.sh kernels
 #   5. same carry:  source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_fa.sh e2e
 #      (page size 16, the default; if `kernels` shows FA4 faster at page 128 (its TMA path), repeat with PAGE=128)
 #   6. same carry:  source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_fa.sh decode
 #      (decode attention per layer, FA4 against FlashInfer's tensor-core decode, CUDA graphs: decode_attention_kernels.py)
-#   (fi-cache.tgz / fa-cache.tgz: JIT caches an earlier run returned in $OUT, kept in .whl/; leave out if absent.
+#   (fi-cache.txz / fa-cache.tgz: JIT caches an earlier run returned in $OUT, kept in .whl/; leave out if absent.
 #   `kernels` before `e2e`, so FA4's Qwen3 kernels are compiled (and on disk) before the trace replay's TTFT counts.)
 # Each stage writes at most 5 files to $OUT: gpu.txt; its results (pytest_fa_<c>.txt | fa_prefill_<c>.json and .txt |
-# offline_p<PAGE>_<c>.json and trace_p<PAGE>_<c>.json); fi-cache.tgz; fa-cache.tgz (FA4's compiled kernels:
+# offline_p<PAGE>_<c>.json and trace_p<PAGE>_<c>.json); fi-cache.txz; fa-cache.tgz (FA4's compiled kernels:
 # FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=~/.cache/fa4 with FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1).
 set -u
 SITE=${FA_SITE:-/root/fa-site} PARTS=${FA_PARTS:-/root/fa-parts} NAME=fa-site.tar.xz
@@ -48,7 +48,7 @@ stage=${1:-}
 case $stage in tests|kernels|e2e|decode) ;; *) echo "usage: $0 assemble PARTDIR | tests | kernels | e2e | decode"; exit 2;; esac
 [ -d "$SITE/flash_attn" ] || { echo "$SITE missing: run the assemble calls first (the machine was replaced?)"; exit 1; }
 fa_env
-(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+bash benchmarks/fi_cache.sh restore
 (tar xzf .whl/fa-cache.tgz -C ~ 2>/dev/null || true)
 c=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 {
@@ -60,7 +60,7 @@ round(time.time() - t, 1), 's; cutlass-dsl', getattr(cutlass, '__version__', '?'
 cat "$OUT/gpu.txt"
 
 save_caches() {
-  tar czf "$OUT/fi-cache.tgz" -C ~ .cache/flashinfer 2>/dev/null
+  bash benchmarks/fi_cache.sh save "$OUT"
   tar czf "$OUT/fa-cache.tgz" -C ~ .cache/fa4 2>/dev/null
 }
 trap save_caches EXIT

@@ -10,7 +10,7 @@
 # STAGES="kernels offline" OFFLINE_MODES="p2 p4 p6" ROUNDS=1.
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_fp8_decode.sh   (STAGES="tests offline trace")
 set -u
-(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+bash benchmarks/fi_cache.sh restore
 for stage in ${STAGES:-tests offline trace}; do
   case $stage in
     kernels)

@@ -3,7 +3,7 @@
 # graphs, then benchmarks/long_context_decode.py at ROWS (default "256 64") rows.
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_long_context.sh
 set -u
-(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+bash benchmarks/fi_cache.sh restore
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 git log -1 --format=%h 2>/dev/null
 if [ "${TESTS:-1}" = 1 ]; then
@@ -14,4 +14,4 @@ fi
 for rows in ${ROWS:-256 64}; do
   timeout 300 python benchmarks/long_context_decode.py --rows "$rows" --rounds "${ROUNDS:-2}" --out "$OUT/long_context_$rows.json"
 done
-(cd ~ && tar czf "$OUT/fi-cache.tgz" .cache/flashinfer 2>/dev/null || true)
+bash benchmarks/fi_cache.sh save "$OUT"

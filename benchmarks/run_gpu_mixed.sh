@@ -3,7 +3,7 @@
 # qwen_1000 at 5x pace, dummy Qwen3-0.6B, in-process) and bench-offline, each with mixed batches on and off.
 # Usage there: source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_mixed.sh   (figures land in $OUT)
 set -u
-(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+bash benchmarks/fi_cache.sh restore
 c=${COMMIT:-unknown}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python -c "import torch, flashinfer; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__)" | tee -a "$OUT/gpu.txt"
@@ -22,7 +22,7 @@ for m in mixed nomixed; do
   timeout 120 python -m minisgl_cli bench-offline --model dummy:Qwen3-0.6B --runs 2 $flag \
     --json "$OUT/offline_${m}_$c.json" > "$OUT/offline_$m.log" 2>&1 || echo "offline $m failed: $?"
 done
-tar czf "$OUT/fi-cache.tgz" -C ~ .cache/flashinfer 2>/dev/null
+bash benchmarks/fi_cache.sh save "$OUT"
 python - "$OUT" <<'EOF'
 import glob, json, os, sys
 out = sys.argv[1]

@@ -6,7 +6,7 @@
 #   mode each: mixed (the parts), mixed-onepass (one paged fa2 pass, as before), nomixed (prefill first).
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_mixed_parts.sh   -> $OUT/mixed_parts.tgz
 set -u
-(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+bash benchmarks/fi_cache.sh restore
 d="$OUT/mixed_parts"; mkdir -p "$d"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$d/gpus.txt"
 CUDA_VISIBLE_DEVICES=0 timeout 300 python benchmarks/mixed_attention.py "$d/mixed_attention.json" > "$d/mixed_attention.txt" 2>&1

@@ -11,7 +11,7 @@
 # STEPLOG=1: each server writes its engine's step log (serve --step-log) when stopped, summarized by
 # benchmarks/step_log_summary.py (with SWEEP=0 TRACE=1: the replay's steps alone).
 set -u
-(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+bash benchmarks/fi_cache.sh restore
 mkdir -p "$OUT/mixed_sweep"
 for mode in ${MODES:-nomixed mixed mixed2048}; do
   case $mode in

@@ -12,7 +12,7 @@
 #   chat     benchmarks/run_gpu_chat_gguf.sh on the joined GGUF: the engine alone, `chat --no-tui` and the TUI in tmux
 #            (the bundle must hold Textual: docs/gpu.md, "Running it")
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_models.sh tests real
-# Everything lands in $OUT as models_<stages>_<commit>.tgz, summary_<commit>.txt and fi-cache.tgz (keep the last in
+# Everything lands in $OUT as models_<stages>_<commit>.tgz, summary_<commit>.txt and fi-cache.txz (keep the last in
 # .whl/ for the next run: it skips FlashInfer's JIT).
 set -u
 stages=("$@")
@@ -33,7 +33,7 @@ fi
 work=$(mktemp -d)
 summary=$OUT/summary_$c.txt
 log() { echo "$@" | tee -a "$summary"; }
-(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+bash benchmarks/fi_cache.sh restore
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$summary"
 python -c "import torch, triton, transformers, flashinfer as f; print('torch', torch.__version__, 'triton',
 triton.__version__, 'transformers', transformers.__version__, 'flashinfer', f.__version__)" | tee -a "$summary"
@@ -96,5 +96,5 @@ done
 
 cp "$summary" "$work/"
 tar czf "$OUT/models_$(IFS=-; echo "${stages[*]}")_$c.tgz" -C "$work" .
-[ -d ~/.cache/flashinfer ] && tar czf "$OUT/fi-cache.tgz" -C ~ .cache/flashinfer
+bash benchmarks/fi_cache.sh save "$OUT"
 rm -rf "$work"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Piecewise CUDA graphs for prefill and mixed steps (engine/piecewise_graph.py) on one GPU, against the eager forward.
-# There, with .whl carried (device-bundle.tgz, use-bundle.sh, fi-cache.tgz):
+# There, with .whl carried (device-bundle.tgz, use-bundle.sh, fi-cache.txz):
 #   source .whl/use-bundle.sh && MINISGL_COMMIT=<commit> bash benchmarks/run_gpu_piecewise.sh tests steps ...
 # Stages (in the order given):
 #   tests    the piecewise tests, then the rest of tests/test_gpu.py's single-GPU tests (not tp2, not fa_)
@@ -18,7 +18,7 @@ set -u
 c=${MINISGL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 summary=$OUT/summary_piecewise_$c.txt
 log() { echo "$@" | tee -a "$summary"; }
-(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+bash benchmarks/fi_cache.sh restore
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$summary"
 rc=0
 replay() {  # replay NAME FLAGS...: issue #15's trace in-process, into trace_NAME_<commit>.{json,log}
@@ -78,5 +78,5 @@ for s in "$@"; do
     *) log "unknown stage $s"; rc=2 ;;
   esac
 done
-(tar czf "$OUT/fi-cache.tgz" -C ~ .cache/flashinfer 2>/dev/null || true)
+bash benchmarks/fi_cache.sh save "$OUT"
 exit $rc

@@ -9,7 +9,7 @@
 # (Runs recorded before b32b171 had mixed batches on by default: there `serve` was mixed, `serve_nomixed` not.)
 # Usage there: source .whl/use-bundle.sh && COMMIT=<sha> STEPS="..." bash benchmarks/run_gpu_serve_vs_inproc.sh
 set -u
-(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+bash benchmarks/fi_cache.sh restore
 c=${COMMIT:-unknown}
 steps=" ${STEPS:-tests inproc serve serve_mixed light mixed old} "
 r="$OUT/r"; mkdir -p "$r"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Start-up with and without the compile caches (issue #17), dummy Qwen3-0.6B on one GPU, in one call:
-#   1. cold Triton: FlashInfer's JIT cache from .whl/fi-cache.tgz (a cold FlashInfer build is not timed here),
+#   1. cold Triton: FlashInfer's JIT cache from .whl/fi-cache.txz (a cold FlashInfer build is not timed here),
 #      Triton's cache empty: bench-offline's start-up (load, runner, graph capture with Triton's first compiles);
 #   2. `minisgl cache export`, then both caches wiped (a new machine), then `minisgl cache import`;
 #   (between 1 and 2 a warm start on the same machine, for reference)
@@ -8,7 +8,7 @@
 # With COLD_FI=1, FlashInfer's cache starts empty too, so step 1 includes its JIT build (a machine that never ran it).
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_startup_cache.sh   (JSON + log in $OUT)
 set -u
-if [ "${COLD_FI:-0}" = 1 ]; then rm -rf ~/.cache/flashinfer; else (tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true); fi
+if [ "${COLD_FI:-0}" = 1 ]; then rm -rf ~/.cache/flashinfer; else bash benchmarks/fi_cache.sh restore; fi
 rm -rf ~/.triton
 run() {
   local t0=$(date +%s.%N)

@@ -6,7 +6,7 @@
 #   source .whl/use-bundle.sh && bash benchmarks/run_gpu_token_stream_ab.sh
 # Results: $OUT/token_stream_ab.txt (+ step-log summary) and $OUT/token_stream_ab.tgz.
 set -u
-(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+bash benchmarks/fi_cache.sh restore
 d="$OUT/token_stream_ab"
 mkdir -p "$d"
 i=0

@@ -5,7 +5,7 @@
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_tp2_pieces.sh   Results: $OUT/tp2_pieces.tgz
 # (one archive: the device returns only a few files per call)
 set -u
-(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+bash benchmarks/fi_cache.sh restore
 d="$OUT/tp2_pieces"; mkdir -p "$d"
 timeout 300 python -m pytest -q tests/test_gpu.py -k tp2 -p no:cacheprovider 2>&1 | tail -3 | tee "$d/pytest_tp2.txt"
 python benchmarks/tp_check.py dump "$d/tp1.pt" > "$d/tp_check.log" 2>&1

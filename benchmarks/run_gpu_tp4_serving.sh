@@ -12,7 +12,7 @@
 # Results: $OUT/tp4_<stage>.tgz (JSON, step logs, logs) and $OUT/tp4_summary.txt. TP=2 for a rehearsal on 2xH200;
 # on a CPU: TP=2 MODEL=dummy:tiny-llama EXTRA="--device cpu" NUM=20 SCALES=0.01 OUT=/tmp/o bash <this>.
 set -u
-(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+bash benchmarks/fi_cache.sh restore
 TP=${TP:-4}
 d="$OUT/tp4"; mkdir -p "$d"
 MODEL=${MODEL:-dummy:Qwen3-32B}

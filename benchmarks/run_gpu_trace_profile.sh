@@ -5,7 +5,7 @@
 #   source .whl/use-bundle.sh && FLAGS="..." NAME=mixed bash benchmarks/run_gpu_trace_profile.sh
 # Results: $OUT/profile_$NAME.txt (py-spy summary per thread + the step summary) and $OUT/profile_$NAME.tgz.
 set -u
-(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+bash benchmarks/fi_cache.sh restore
 name=${NAME:-mixed}
 d="$OUT/profile_$name"
 mkdir -p "$d"
@@ -21,4 +21,4 @@ python benchmarks/step_log_summary.py "$d/steps.jsonl" | tee -a "$OUT/profile_$n
 python benchmarks/pyspy_summary.py "$d/pyspy.txt" --top 60 >> "$OUT/profile_$name.txt"
 gzip -f "$d"/steps.jsonl "$d/pyspy.txt"
 tar czf "$OUT/profile_$name.tgz" -C "$OUT" "profile_$name" && rm -rf "$d"
-if [ ! -f .whl/fi-cache.tgz ]; then tar czf "$OUT/fi-cache.tgz" -C ~ .cache/flashinfer 2>/dev/null; fi
+[ -f .whl/fi-cache.txz ] || bash benchmarks/fi_cache.sh save "$OUT"

@@ -15,7 +15,7 @@
 # TIME_SCALE (default 0.2) sets the pace, MODEL (default dummy:Qwen3-0.6B) the model, NUM the first NUM requests (all
 # by default); TAG names the results: $OUT/trace_steps$TAG.tgz (+ step_summary$TAG.txt).
 set -u
-(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+bash benchmarks/fi_cache.sh restore
 d="$OUT/trace_steps${TAG:-}"
 mkdir -p "$d"
 for mode in ${MODES:-nomixed mixed}; do

@@ -78,7 +78,7 @@ bench() {  # bench MODEL TAG
   log "$2: rc=$r in $(($(date +%s) - t0)) s"
   [ $r -eq 0 ] || { rc=$r; tail -n 40 "$OUT/bench_offline_vllm_$2.log" | tee -a "$summary"; }
   grep -E "^ *[┃│]|settings|output throughput|Error|error" "$OUT/bench_offline_vllm_$2.log" | tail -n 24 | tee -a "$summary"
-  (tar cJf "$OUT/fi-cache.txz" -C ~ .cache/flashinfer 2>/dev/null || true)
+  bash benchmarks/fi_cache.sh save "$OUT"
 }
 
 for s in "${stages[@]}"; do
@@ -94,7 +94,7 @@ for s in "${stages[@]}"; do
       ;;
     ficache)
       [ -f .whl/fi-cache.txz ] || { log "ficache: carry .whl/fi-cache.txz"; exit 1; }
-      tar xJf .whl/fi-cache.txz -C ~ && log "ficache: $(find ~/.cache/flashinfer -name '*.so' | wc -l) modules restored"
+      bash benchmarks/fi_cache.sh restore; log "ficache: $(find ~/.cache/flashinfer -name '*.so' | wc -l) modules"
       ;;
     assemble)
       parts=(.whl/vllm/p*/)
@@ -115,7 +115,7 @@ for s in "${stages[@]}"; do
       log "tests: rc=$?"; tail -n 3 "$OUT/pytest_gpu_$c.txt" | tee -a "$summary"
       PYTHONPATH=/tmp/site:$PWD timeout 60 python benchmarks/sampler_rng.py > "$OUT/sampler_rng_$c.txt" 2>&1
       log "sampler_rng: rc=$?"; tail -n 6 "$OUT/sampler_rng_$c.txt" | tee -a "$summary"
-      (tar cJf "$OUT/fi-cache.txz" -C ~ .cache/flashinfer 2>/dev/null || true)  # the modules the tests built
+      bash benchmarks/fi_cache.sh save "$OUT"  # the modules the tests built
       ;;
     ab_budget)
       PYTHONPATH=/tmp/site:$PWD timeout 400 python benchmarks/offline_wall.py --ab-budget "${BUDGETS:-8192,16384}" \

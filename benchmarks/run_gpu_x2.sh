@@ -3,7 +3,7 @@
 # trace replay.
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_x2.sh [serve-only]   (figures land in $OUT)
 set -u
-(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+bash benchmarks/fi_cache.sh restore
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout 400 python -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -4 | tee "$OUT/pytest_gpu_x2.txt"
 if [ "${1:-}" != serve-only ]; then
@@ -24,4 +24,4 @@ for tp in 2 1; do  # the same short trace replay against `serve --tp 2`, then `s
   for i in $(seq 1 60); do pgrep -f "minisgl_cli serve" >/dev/null || break; sleep 1; done  # GPU memory freed
   grep -v "POST /v1" "$OUT/serve_tp$tp.log" | tail -8
 done
-tar czf "$OUT/fi-cache.tgz" -C ~ .cache/flashinfer
+bash benchmarks/fi_cache.sh save "$OUT"

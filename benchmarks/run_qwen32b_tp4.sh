@@ -4,11 +4,11 @@
 # minisgl_cli.trace_gen), at two time scales. Usage there:
 #   source .whl/use-bundle.sh && bash benchmarks/run_qwen32b_tp4.sh     (JSON lands in $OUT)
 set -u
-(tar xzf .whl/fi-cache.tgz -C ~ 2>/dev/null || true)
+bash benchmarks/fi_cache.sh restore
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 for scale in ${SCALES:-1.0 0.5}; do  # SCALES="1.0" for one
   timeout 210 torchrun --nproc-per-node 4 --standalone -m minisgl_cli bench-trace traces/qwen_1000.jsonl \
     --model dummy:Qwen3-32B --tp 4 --num-requests 1000 --time-scale "$scale" --quiet \
     --json "$OUT/trace_qwen3-32b_tp4_scale${scale}.json" 2>&1 | grep -v "^W1" | tail -30
 done
-tar czf "$OUT/fi-cache.tgz" -C ~ .cache/flashinfer
+bash benchmarks/fi_cache.sh save "$OUT"
