@@ -50,7 +50,7 @@ class Engine:
         if self.device.type == "cuda" and TP.size > 1:
             self.device = torch.device("cuda", torch.cuda.current_device())
         torch.manual_seed(config.seed)
-        if self.device.type == "cuda" and not (config.num_pages or config.kv_cache_gb is not None):
+        if self.device.type == "cuda":
             # An engine dropped without shutdown() in a reference cycle holds its KV pool until a collection. Collected
             # only at the budget, after this engine's load, half of it stayed reserved by torch's allocator through
             # empty_cache() (32.7 GiB on an H200, twice in the GPU suite; why was not found): so before the load.
