@@ -2,16 +2,17 @@
 # Builds the FlashAttention-4 bundle for the offline GPU machine (Python 3.12, torch 2.11+cu130). Run here, from the
 # project root:   benchmarks/make_fa_bundle.sh
 # Downloads the pinned wheels (cp312, manylinux x86_64) into .whl/fa-wheels, unpacks them into one site dir, drops
-# what an x86-64 run never loads (aarch64/QNX stubs), packs it as tar.xz and splits it into parts under 40 MiB:
+# what an x86-64 run never loads (aarch64/QNX stubs), packs it as tar.xz and splits it into parts of 24 MiB:
 #     .whl/fa/SHA256SUMS     sha256 of the whole archive and of each part
 #     .whl/fa/pNN/           fa-site.tar.xz.partNN and a copy of SHA256SUMS
-# A GPU call carries at most 64 MiB, so carry one pNN dir per call; benchmarks/run_gpu_fa.sh assembles them
+# A GPU call carries at most 64 MiB with the tree (27 MB at the fortieth session: a 39 MiB part no longer fits beside
+# it), so carry one pNN dir per call; benchmarks/run_gpu_fa.sh assembles them
 # (its header has the call sequence). The apache-tvm-ffi that FA4 needs comes from the project bundle
 # (.whl/device-bundle.tgz, 0.1.15.post2); cuda-bindings, cuda-pathfinder, protobuf and einops go under _compat/ and
 # are put on the path there only where the machine lacks them (run_gpu_fa.sh env).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-WHL=.whl/fa-wheels BUILD=.whl/fa-build OUTDIR=.whl/fa NAME=fa-site.tar.xz PART_MIB=${PART_MIB:-39}
+WHL=.whl/fa-wheels BUILD=.whl/fa-build OUTDIR=.whl/fa NAME=fa-site.tar.xz PART_MIB=${PART_MIB:-24}
 PY=${PYTHON:-python3}
 PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
       --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64

@@ -5,10 +5,10 @@
 #
 # run() sequence, kind nvidia-h200, calls sent back to back (/root and the JIT caches in ~ live only while the
 # machine stays warm; a call that finds /root/fa-site missing means the machine was replaced: start again at 1):
-#   1. carry [".whl/fa/p00"]   command: bash benchmarks/run_gpu_fa.sh assemble .whl/fa/p00   # "have 1/2 fa parts", rc 3
-#   2. carry [".whl/fa/p01"]   command: bash benchmarks/run_gpu_fa.sh assemble .whl/fa/p01   # "unpacked into /root/fa-site"
+#   1. carry [".whl/fa/p00"]   command: bash benchmarks/run_gpu_fa.sh assemble .whl/fa/p00   # "have 1/3 fa parts", rc 3
+#   2. the same for p01, then p02                                                           # "unpacked into /root/fa-site"
 #      (one call per part, any order; a part failing its sha256 is refused: send it again)
-#   3. carry [".whl/device-bundle.tgz", ".whl/use-bundle.sh", ".whl/fi-cache.txz", ".whl/fa-cache.tgz"], timeout 600:
+#   3. carry [".whl/device-bundle.txz", ".whl/use-bundle.sh", ".whl/fi-cache.txz", ".whl/fa-cache.tgz"], timeout 600:
 #      source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_fa.sh tests
 #   4. same carry:  source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_fa.sh kernels
 #   5. same carry:  source .whl/use-bundle.sh && COMMIT=<sha> bash benchmarks/run_gpu_fa.sh e2e
