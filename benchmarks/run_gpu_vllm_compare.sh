@@ -65,10 +65,10 @@ rc=0
 
 bench() {  # bench MODEL TAG
   if [ ! -f /tmp/site/.unpacked ]; then
-    log "$2: no /tmp/site (the machine was replaced?): send calls 0, 1 and 2 again"; rc=1; return
+    log "$2: no /tmp/site (the machine was replaced?): send calls 0 to 3 again"; rc=1; return
   fi
   if [ ! -f "$vllm_env" ]; then
-    log "$2: no vLLM at /root/vllm-site: send calls 1 and 2 (the two parts) again"; rc=1; return
+    log "$2: no vLLM at /root/vllm-site: send calls 1 to 3 (the three parts) again"; rc=1; return
   fi
   local json=$OUT/bench_offline_vllm_${2}_$c.json t0=$(date +%s)
   PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 timeout 570 python -m minisgl_cli bench-offline --model "$1" \
