@@ -1,7 +1,9 @@
 /* Matrix products with GGUF block-quantized weights on a CPU: y[M, N] = x[M, K] W^T, fp32 activations, fp32
  * accumulation, the weights read as they are stored (4 or 8 bits plus a scale per 32) instead of dequantized fp32.
  * At one row (a decode step) the product streams the weights once, so reading 5 or 8.5 bits a weight instead of 32
- * is the whole gain (kernels/cpu_ops.py builds this file with the machine's compiler and explains the layout).
+ * is the gain; what then bounds the Q4_1 matrices is unpacking and converting the blocks (~10-13 GMAC/s a core,
+ * under the bytes' rate), hence the widest vectors the machine has. kernels/cpu_ops.py builds this file with the
+ * machine's compiler and explains the layout.
  *
  * Every row n of W is nb = K / 32 blocks. For block b of row n (i = n * nb + b):
  *   Q4_1: w[k] = d[i] * q + mn[i], q the low nibble of qs[16 i + k] for k < 16, the high nibble of qs[16 i + k - 16]
@@ -12,14 +14,50 @@
  * torch's thread count and pool. */
 #include <stdint.h>
 #include <stdlib.h>
-#ifdef __AVX2__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
+#define HAVE_VEC 1
 #endif
 
 #define QK 32
 #define MAX_ROWS 16 /* rows of x per pass over W; more rows make more passes */
 
-#ifdef __AVX2__
+/* A block's 32 weights as NW vectors of floats: with AVX-512 two of 16, half the conversions and products of AVX2's
+ * four of 8 (with the two accumulators below, the embedded model's matmuls at one row ~15% faster on a 2-core
+ * AVX-512 Xeon, 1 and 2 threads; docs/benchmarks.md). */
+#if defined(__AVX512F__)
+typedef __m512 vec;
+#define NW 2
+#define VW 16
+#define vzero() _mm512_setzero_ps()
+#define vload(p) _mm512_loadu_ps(p)
+#define vmul(a, b) _mm512_mul_ps(a, b)
+#define vfma(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define vset1(s) _mm512_set1_ps(s)
+#define hsum(v) _mm512_reduce_add_ps(v)
+
+static inline void unpack(int q4, const uint8_t *qs, int64_t i, vec w[NW]) {
+    if (q4) {
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(qs + 16 * i));
+        const __m128i mask = _mm_set1_epi8(0x0F);
+        w[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, mask)));
+        w[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), mask)));
+    } else {
+        const int8_t *q = (const int8_t *)qs + 32 * i;
+        w[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
+        w[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))));
+    }
+}
+#elif defined(__AVX2__)
+typedef __m256 vec;
+#define NW 4
+#define VW 8
+#define vzero() _mm256_setzero_ps()
+#define vload(p) _mm256_loadu_ps(p)
+#define vmul(a, b) _mm256_mul_ps(a, b)
+#define vfma(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define vset1(s) _mm256_set1_ps(s)
+
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -27,36 +65,30 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* The 32 weights of one block as 4 vectors of 8 floats (before scaling). */
-static inline void unpack_q4(const uint8_t *qs, __m256 out[4]) {
-    const __m128i raw = _mm_loadu_si128((const __m128i *)qs);
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(raw, mask);
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-    out[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-    out[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+static inline void unpack(int q4, const uint8_t *qs, int64_t i, vec w[NW]) {
+    if (q4) {
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(qs + 16 * i));
+        const __m128i mask = _mm_set1_epi8(0x0F);
+        const __m128i lo = _mm_and_si128(raw, mask);
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+        w[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+        w[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+        w[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+        w[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+    } else {
+        const int8_t *q = (const int8_t *)qs + 32 * i;
+        for (int j = 0; j < 4; j++)
+            w[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * j))));
+    }
 }
+#endif
 
-static inline void unpack_q8(const int8_t *qs, __m256 out[4]) {
-    for (int j = 0; j < 4; j++)
-        out[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * j))));
-}
-
-/* Block i of W (Q4_1 or Q8_0) as 4 vectors of 8 floats. */
-static inline void unpack(int q4, const uint8_t *qs, int64_t i, __m256 w[4]) {
-    if (q4)
-        unpack_q4(qs + 16 * i, w);
-    else
-        unpack_q8((const int8_t *)qs + 32 * i, w);
-}
-
-static inline __m256 dot_block(const __m256 w[4], const float *xb) {
-    __m256 t = _mm256_mul_ps(w[0], _mm256_loadu_ps(xb));
-    t = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), t);
-    t = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), t);
-    return _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), t);
+#ifdef HAVE_VEC
+/* sum_k w[k] x[k] over one block, as a vector of partial sums */
+static inline vec dot_block(const vec w[NW], const float *xb) {
+    vec t = vmul(w[0], vload(xb));
+    for (int j = 1; j < NW; j++) t = vfma(w[j], vload(xb + VW * j), t);
+    return t;
 }
 #endif
 
@@ -65,17 +97,34 @@ static inline __m256 dot_block(const __m256 w[4], const float *xb) {
 static float row1(int q4, const float *x, int64_t K, const uint8_t *qs, const float *d, const float *mn,
                   const float *xs, int64_t n) {
     const int64_t nb = K / QK;
-    float s = 0.0f;
-#ifdef __AVX2__
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
+#ifdef HAVE_VEC
+    /* Two blocks a turn into two accumulators, and Q4_1's minimum term beside them: at one row the loop is bound by
+     * the latency of its accumulating adds, not by their count. */
+    vec acc0 = vzero(), acc1 = vzero();
+    float sm0 = 0.0f, sm1 = 0.0f;
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
         const int64_t i = n * nb + b;
-        __m256 w[4];
+        vec w[NW], v[NW];
         unpack(q4, qs, i, w);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d[i]), dot_block(w, x + b * QK), acc);
+        unpack(q4, qs, i + 1, v);
+        acc0 = vfma(vset1(d[i]), dot_block(w, x + b * QK), acc0);
+        acc1 = vfma(vset1(d[i + 1]), dot_block(v, x + (b + 1) * QK), acc1);
+        if (q4) {
+            sm0 += mn[i] * xs[b];
+            sm1 += mn[i + 1] * xs[b + 1];
+        }
     }
-    s = hsum(acc);
+    if (b < nb) {
+        const int64_t i = n * nb + b;
+        vec w[NW];
+        unpack(q4, qs, i, w);
+        acc0 = vfma(vset1(d[i]), dot_block(w, x + b * QK), acc0);
+        if (q4) sm0 += mn[i] * xs[b];
+    }
+    return hsum(acc0) + hsum(acc1) + (sm0 + sm1);
 #else
+    float s = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         const int64_t i = n * nb + b;
         float t = 0.0f;
@@ -89,10 +138,10 @@ static float row1(int q4, const float *x, int64_t K, const uint8_t *qs, const fl
         }
         s += d[i] * t;
     }
-#endif
     if (q4)
         for (int64_t b = 0; b < nb; b++) s += mn[n * nb + b] * xs[b];
     return s;
+#endif
 }
 
 /* `rows` rows of x (at most MAX_ROWS) times row n of W, each block unpacked once for all of them; xs holds each
@@ -100,15 +149,15 @@ static float row1(int q4, const float *x, int64_t K, const uint8_t *qs, const fl
 static void block_rows(int q4, const float *x, int64_t rows, int64_t K, const uint8_t *qs, const float *d,
                        const float *mn, const float *xs, int64_t n, float *y, int64_t ldy) {
     const int64_t nb = K / QK;
-#ifdef __AVX2__
-    __m256 acc[MAX_ROWS];
-    for (int64_t m = 0; m < rows; m++) acc[m] = _mm256_setzero_ps();
+#ifdef HAVE_VEC
+    vec acc[MAX_ROWS];
+    for (int64_t m = 0; m < rows; m++) acc[m] = vzero();
     for (int64_t b = 0; b < nb; b++) {
         const int64_t i = n * nb + b;
-        __m256 w[4];
+        vec w[NW];
         unpack(q4, qs, i, w);
-        const __m256 scale = _mm256_set1_ps(d[i]);
-        for (int64_t m = 0; m < rows; m++) acc[m] = _mm256_fmadd_ps(scale, dot_block(w, x + m * K + b * QK), acc[m]);
+        const vec scale = vset1(d[i]);
+        for (int64_t m = 0; m < rows; m++) acc[m] = vfma(scale, dot_block(w, x + m * K + b * QK), acc[m]);
     }
     for (int64_t m = 0; m < rows; m++) {
         float s = hsum(acc[m]);
