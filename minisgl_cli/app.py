@@ -20,5 +20,8 @@ for module in (chat, bench_offline, bench_trace, bench_serve, bench_compare, ser
 def main() -> None:
     import sys
 
+    from minisgl_cli.ctrl_c import deliver_after_finalizers
+
+    deliver_after_finalizers()
     sys.argv = chat.resume_flag(sys.argv)
     app()

@@ -610,6 +610,43 @@ def test_ctrl_c_keeps_the_finished_runs_as_partial_results(tmp_path):
     assert res["benchmark"] == "bench-offline" and res["workload"]["digest"] == workload_digest(w)
 
 
+_FINALIZER_CTRL_C = """
+import os, signal, sys, time
+if sys.argv[1] == "hook":
+    from minisgl_cli.ctrl_c import deliver_after_finalizers
+    deliver_after_finalizers()
+
+class Freed:
+    def __del__(self):  # Ctrl-C arrives while Python runs this finalizer
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+
+Freed()
+for _ in range(200):
+    time.sleep(0.01)
+print("ran on")
+"""
+
+
+@pytest.mark.parametrize("hook", ["hook", "none"])
+def test_a_ctrl_c_inside_a_finalizer_still_stops_the_command(hook):
+    """A Ctrl-C that lands in a __del__ (a peer child stopped while it imports transformers) is printed as "Exception
+    ignored" with a traceback and lost: the process runs on. The CLI's entry points deliver it again instead; without
+    that (`none`, plain Python) the process runs on, which is what this test's other case shows."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run(
+        [sys.executable, "-c", _FINALIZER_CTRL_C, hook], capture_output=True, text=True, timeout=60, cwd=root
+    )
+    if hook == "none":
+        assert p.returncode == 0 and "ran on" in p.stdout and "Exception ignored" in p.stderr, (p.stdout, p.stderr)
+        return
+    assert p.returncode != 0 and "ran on" not in p.stdout, (p.stdout, p.stderr)
+    assert "KeyboardInterrupt" in p.stderr and "Exception ignored" not in p.stderr, p.stderr
+
+
 def test_ctrl_c_before_a_run_finished_writes_nothing_and_stops_the_peer(tmp_path):
     """SIGINT while the --compare peer child runs: the child (in a process group of its own, so the terminal's
     Ctrl-C reaches the parent alone) is stopped by the parent and waited for; no timed run of minisgl finished, so
