@@ -98,31 +98,20 @@ static float row1(int q4, const float *x, int64_t K, const uint8_t *qs, const fl
                   const float *xs, int64_t n) {
     const int64_t nb = K / QK;
 #ifdef HAVE_VEC
-    /* Two blocks a turn into two accumulators, and Q4_1's minimum term beside them: at one row the loop is bound by
-     * the latency of its accumulating adds, not by their count. */
-    vec acc0 = vzero(), acc1 = vzero();
-    float sm0 = 0.0f, sm1 = 0.0f;
-    int64_t b = 0;
-    for (; b + 1 < nb; b += 2) {
-        const int64_t i = n * nb + b;
-        vec w[NW], v[NW];
-        unpack(q4, qs, i, w);
-        unpack(q4, qs, i + 1, v);
-        acc0 = vfma(vset1(d[i]), dot_block(w, x + b * QK), acc0);
-        acc1 = vfma(vset1(d[i + 1]), dot_block(v, x + (b + 1) * QK), acc1);
-        if (q4) {
-            sm0 += mn[i] * xs[b];
-            sm1 += mn[i + 1] * xs[b + 1];
-        }
-    }
-    if (b < nb) {
+    /* Consecutive blocks alternate between two accumulators (and so does Q4_1's minimum term): at one row the loop
+     * is bound by the latency of its accumulating adds, not by their count. */
+    vec acc = vzero(), other = vzero();
+    float sm = 0.0f, sm_other = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
         const int64_t i = n * nb + b;
         vec w[NW];
         unpack(q4, qs, i, w);
-        acc0 = vfma(vset1(d[i]), dot_block(w, x + b * QK), acc0);
-        if (q4) sm0 += mn[i] * xs[b];
+        const vec next = vfma(vset1(d[i]), dot_block(w, x + b * QK), acc);
+        const float next_sm = q4 ? sm + mn[i] * xs[b] : sm;
+        acc = other, other = next;
+        sm = sm_other, sm_other = next_sm;
     }
-    return hsum(acc0) + hsum(acc1) + (sm0 + sm1);
+    return hsum(acc) + hsum(other) + (sm + sm_other);
 #else
     float s = 0.0f;
     for (int64_t b = 0; b < nb; b++) {

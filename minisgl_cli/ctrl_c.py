@@ -11,7 +11,6 @@ import _thread
 import os
 import signal
 import sys
-from typing import Any
 
 
 def deliver_after_finalizers() -> None:
@@ -22,7 +21,7 @@ def deliver_after_finalizers() -> None:
         return
     previous = sys.unraisablehook
 
-    def hook(unraisable: Any) -> None:
+    def hook(unraisable: sys.UnraisableHookArgs) -> None:
         if isinstance(unraisable.exc_value, KeyboardInterrupt):
             # From another thread, not waited for: signalled from this one, or while this one waits for a thread to
             # start, the interrupt would be raised at once, in this hook, and be lost the same way.
