@@ -9,6 +9,7 @@
  *   Q4_1: w[k] = d[i] * q + mn[i], q the low nibble of qs[16 i + k] for k < 16, the high nibble of qs[16 i + k - 16]
  *         for k >= 16 (ggml's order), so that sum_k w[k] x[k] = d[i] * sum_k q[k] x[k] + mn[i] * sum_k x[k];
  *   Q8_0: w[k] = d[i] * qs[32 i + k] (signed).
+ * One row of x takes the right-hand form (a scale per block); several rows take the left (each weight made once).
  * The scales arrive as fp32 (converted from the file's fp16 once, at load). Rows are split over the OpenMP threads
  * of the process: the library links libgomp.so.1, which resolves to the copy torch already loaded, so it shares
  * torch's thread count and pool. */
@@ -29,6 +30,7 @@
 typedef __m512 vec;
 #define NW 2
 #define VW 16
+#define WEIGHTS_ROWS 2 /* block_rows below: making a block's weights is one instruction more */
 #define vzero() _mm512_setzero_ps()
 #define vload(p) _mm512_loadu_ps(p)
 #define vmul(a, b) _mm512_mul_ps(a, b)
@@ -36,22 +38,42 @@ typedef __m512 vec;
 #define vset1(s) _mm512_set1_ps(s)
 #define hsum(v) _mm512_reduce_add_ps(v)
 
+/* Byte j of a Q4_1 block's 16 in lane j. vpermps reads only the low 4 bits of an index, so a table of the 16
+ * values a nibble stands for turns the low nibbles, then the nibbles shifted down, into floats: no mask and no
+ * conversion. Bitwise the same products; at one row the embedded model's matmuls 1.03-1.04x faster on a 2-core
+ * AVX-512 Xeon, where they mostly wait on memory, and 1.1-1.3x on matrices that fit its cache. The table is 0..15 for the quants themselves, d * (0..15) + m for the block's weights. */
+static inline void nibbles(const uint8_t *qs, int64_t i, __m512 table, vec w[NW]) {
+    const __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 16 * i)));
+    w[0] = _mm512_permutexvar_ps(raw, table);
+    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(raw, 4), table);
+}
+
+#define IOTA16 _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+
 static inline void unpack(int q4, const uint8_t *qs, int64_t i, vec w[NW]) {
     if (q4) {
-        const __m128i raw = _mm_loadu_si128((const __m128i *)(qs + 16 * i));
-        const __m128i mask = _mm_set1_epi8(0x0F);
-        w[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, mask)));
-        w[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), mask)));
+        nibbles(qs, i, IOTA16, w);
     } else {
         const int8_t *q = (const int8_t *)qs + 32 * i;
         w[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
         w[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))));
     }
 }
+
+static inline void block_weights(int q4, const uint8_t *qs, const float *d, const float *mn, int64_t i,
+                                 vec w[NW]) {
+    if (q4) {
+        nibbles(qs, i, _mm512_fmadd_ps(_mm512_set1_ps(d[i]), IOTA16, _mm512_set1_ps(mn[i])), w);
+    } else {
+        unpack(q4, qs, i, w);
+        for (int j = 0; j < NW; j++) w[j] = vmul(vset1(d[i]), w[j]);
+    }
+}
 #elif defined(__AVX2__)
 typedef __m256 vec;
 #define NW 4
 #define VW 8
+#define WEIGHTS_ROWS 5 /* four instructions more: slower than the scale at 2-4 rows, faster from 5 */
 #define vzero() _mm256_setzero_ps()
 #define vload(p) _mm256_loadu_ps(p)
 #define vmul(a, b) _mm256_mul_ps(a, b)
@@ -80,6 +102,12 @@ static inline void unpack(int q4, const uint8_t *qs, int64_t i, vec w[NW]) {
         for (int j = 0; j < 4; j++)
             w[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * j))));
     }
+}
+
+static inline void block_weights(int q4, const uint8_t *qs, const float *d, const float *mn, int64_t i,
+                                 vec w[NW]) {
+    unpack(q4, qs, i, w);
+    for (int j = 0; j < NW; j++) w[j] = q4 ? vfma(vset1(d[i]), w[j], vset1(mn[i])) : vmul(vset1(d[i]), w[j]);
 }
 #endif
 
@@ -133,14 +161,28 @@ static float row1(int q4, const float *x, int64_t K, const uint8_t *qs, const fl
 #endif
 }
 
-/* `rows` rows of x (at most MAX_ROWS) times row n of W, each block unpacked once for all of them; xs holds each
- * row's block sums (Q4_1's minimum term) or is NULL. */
+/* `rows` rows of x (at most MAX_ROWS) times row n of W; xs holds each row's block sums (Q4_1's minimum term) or is
+ * NULL. From WEIGHTS_ROWS rows on, each block's weights are made once, exactly as the file defines them (d * q + m:
+ * d came from fp16, so d * q is exact in fp32 and the sum rounds once, as in the dequantized matrix), and serve every
+ * row with one product each instead of a product, a sum and a scale per row: the embedded model's matmuls 1.4-1.6x
+ * faster at 4 and 16 rows with AVX-512, 1.1-1.2x at 8-16 rows with AVX2. Below it, making the weights costs more than it saves, so the block's scale multiplies each row's
+ * sum, as in `row1`. */
 static void block_rows(int q4, const float *x, int64_t rows, int64_t K, const uint8_t *qs, const float *d,
                        const float *mn, const float *xs, int64_t n, float *y, int64_t ldy) {
     const int64_t nb = K / QK;
 #ifdef HAVE_VEC
     vec acc[MAX_ROWS];
     for (int64_t m = 0; m < rows; m++) acc[m] = vzero();
+    if (rows >= WEIGHTS_ROWS) {
+        for (int64_t b = 0; b < nb; b++) {
+            vec w[NW];
+            block_weights(q4, qs, d, mn, n * nb + b, w);
+            for (int64_t m = 0; m < rows; m++)
+                for (int j = 0; j < NW; j++) acc[m] = vfma(w[j], vload(x + m * K + b * QK + VW * j), acc[m]);
+        }
+        for (int64_t m = 0; m < rows; m++) y[m * ldy + n] = hsum(acc[m]);
+        return;
+    }
     for (int64_t b = 0; b < nb; b++) {
         const int64_t i = n * nb + b;
         vec w[NW];
