@@ -33,6 +33,7 @@ typedef __m512 vec;
 #define WEIGHTS_ROWS 2 /* block_rows below: making a block's weights is one instruction more */
 #define vzero() _mm512_setzero_ps()
 #define vload(p) _mm512_loadu_ps(p)
+#define vstore(p, v) _mm512_storeu_ps(p, v)
 #define vmul(a, b) _mm512_mul_ps(a, b)
 #define vfma(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define vset1(s) _mm512_set1_ps(s)
@@ -76,6 +77,7 @@ typedef __m256 vec;
 #define WEIGHTS_ROWS 5 /* four instructions more: slower than the scale at 2-4 rows, faster from 5 */
 #define vzero() _mm256_setzero_ps()
 #define vload(p) _mm256_loadu_ps(p)
+#define vstore(p, v) _mm256_storeu_ps(p, v)
 #define vmul(a, b) _mm256_mul_ps(a, b)
 #define vfma(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define vset1(s) _mm256_set1_ps(s)
@@ -290,6 +292,38 @@ void silu_mul_f32(const float *x, int64_t T, int64_t I, float *out) {
     }
 }
 
+#ifdef HAVE_VEC
+/* One (sequence, head) whose d values are NV vectors, NV a constant at each call: the query and the output row stay in
+ * registers, each score is NV products and one horizontal sum, each value row NV multiply-adds (1.2-1.7x the plain
+ * loops below at SmolLM2's and Llama's shapes, 1 and 2 threads). */
+static inline void attend_head_vec(const int NV, const float *qv, const float *k_pool, const float *v_pool,
+                                   const int64_t *slots, int64_t n, int64_t row, int64_t off, float scale, float *s,
+                                   float *o) {
+    vec qr[8], acc[8];
+    for (int c = 0; c < NV; c++) qr[c] = vload(qv + c * VW), acc[c] = vzero();
+    float mx = -__builtin_inff();
+    for (int64_t j = 0; j < n; j++) {
+        const float *kv = k_pool + slots[j] * row + off;
+        vec a = vmul(qr[0], vload(kv));
+        for (int c = 1; c < NV; c++) a = vfma(qr[c], vload(kv + c * VW), a);
+        s[j] = hsum(a) * scale;
+        mx = s[j] > mx ? s[j] : mx;
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        s[j] = __builtin_expf(s[j] - mx);
+        sum += s[j];
+    }
+    for (int64_t j = 0; j < n; j++) {
+        const float *vv = v_pool + slots[j] * row + off;
+        const vec p = vset1(s[j]);
+        for (int c = 0; c < NV; c++) acc[c] = vfma(p, vload(vv + c * VW), acc[c]);
+    }
+    const vec inv = vset1(1.0f / sum);
+    for (int c = 0; c < NV; c++) vstore(o + c * VW, vmul(acc[c], inv));
+}
+#endif
+
 /* Decode attention over the paged KV pool, one new token per sequence (fp32). First the new tokens' K/V go to
  * their pool slots (slot s holds kvh * d values at pool + s * kvh * d), then each (sequence b, head h) attends
  * over the slots idx[b, 0 .. lens[b]) in order: scores q.k * scale, softmax, sum of p v. Query head h reads KV head
@@ -312,6 +346,16 @@ void decode_attention_f32(const float *q, int64_t ldq, const float *k_new, int64
         const float *qv = q + b * ldq + h * d;
         const int64_t *slots = idx + b * max_kv;
         float *s = scratch + bh * max_kv;
+        float *o = out + bh * d;
+#ifdef HAVE_VEC
+        if (d == 4 * VW || d == 8 * VW) { /* head dims 64 and 128 with AVX-512, 32 and 64 with AVX2 */
+            if (d == 4 * VW)
+                attend_head_vec(4, qv, k_pool, v_pool, slots, n, row, g * d, scale, s, o);
+            else
+                attend_head_vec(8, qv, k_pool, v_pool, slots, n, row, g * d, scale, s, o);
+            continue;
+        }
+#endif
         float mx = -__builtin_inff();
         for (int64_t j = 0; j < n; j++) {
             const float *kv = k_pool + slots[j] * row + g * d;
@@ -326,7 +370,6 @@ void decode_attention_f32(const float *q, int64_t ldq, const float *k_new, int64
             s[j] = __builtin_expf(s[j] - mx);
             sum += s[j];
         }
-        float *o = out + bh * d;
         for (int64_t e = 0; e < d; e++) o[e] = 0.0f;
         for (int64_t j = 0; j < n; j++) {
             const float *vv = v_pool + slots[j] * row + g * d;

@@ -144,9 +144,10 @@ def test_silu_and_mul():
 
 
 @pytest.mark.parametrize("batch", [1, 4])
-def test_decode_attention_stores_kv_and_attends_like_sdpa(batch):
+@pytest.mark.parametrize("d", [64, 128, 48])  # the kernel's vector paths (4 or 8 vectors a row) and its plain loops
+def test_decode_attention_stores_kv_and_attends_like_sdpa(batch, d):
     g = torch.Generator().manual_seed(batch)
-    pages, page, kvh, heads, d = 12, 4, 3, 9, 64
+    pages, page, kvh, heads = 12, 4, 3, 9
     k_pool, v_pool = torch.randn(pages, page, kvh, d, generator=g), torch.randn(pages, page, kvh, d, generator=g)
     lens = torch.tensor([5, 11, 1, 8][:batch])
     perm = torch.randperm(pages * page, generator=g)
