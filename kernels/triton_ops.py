@@ -4,6 +4,8 @@ The torch versions in engine/layers.py stay the reference and the CPU path."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -251,6 +253,16 @@ def _qk_rows(
         tl.store(c + HALF, _to_cache(y2, ct), mask=mask)
 
 
+@functools.cache
+def _launch_dependents(device: torch.device) -> bool:
+    """Programmatic dependent launch (Hopper on): the fused kernel lets the next kernel launch at its start. The next
+    is FlashInfer's attention, launched with PDL, which waits at its own start until this kernel's writes (q, and
+    K/V in the pool) are visible, so only its launch overlaps this kernel. Issue #17's offline run on one H200, three
+    interleaved pairs of --runs 3: 25,884-25,925 tok/s against 25,599-25,677 (+1.0%; benchmarks/results/session41/
+    h200_qkv_pdl/). A kernel after this one launched without PDL waits for it to finish, as before."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 @triton.jit
 def _qkv_kernel(
     q_ptr,
@@ -276,7 +288,10 @@ def _qkv_kernel(
     HALF: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_KV: tl.constexpr,
+    LAUNCH_DEPENDENTS: tl.constexpr,
 ):
+    if LAUNCH_DEPENDENTS:
+        tl.extra.cuda.gdc_launch_dependents()
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
@@ -371,4 +386,5 @@ def qk_norm_rope_store(
         HALF=D // 2,
         BLOCK_Q=triton.next_power_of_2(H),
         BLOCK_KV=triton.next_power_of_2(KVH),
+        LAUNCH_DEPENDENTS=_launch_dependents(q.device),
     )
