@@ -41,8 +41,9 @@ typedef __m512 vec;
 
 /* Byte j of a Q4_1 block's 16 in lane j. vpermps reads only the low 4 bits of an index, so a table of the 16
  * values a nibble stands for turns the low nibbles, then the nibbles shifted down, into floats: no mask and no
- * conversion. Bitwise the same products; at one row the embedded model's matmuls 1.03-1.04x faster on a 2-core
- * AVX-512 Xeon, where they mostly wait on memory, and 1.1-1.3x on matrices that fit its cache. The table is 0..15 for the quants themselves, d * (0..15) + m for the block's weights. */
+ * conversion. Bitwise the same products; at one row the embedded model's matmuls 1.04-1.07x faster on a 2-core
+ * AVX-512 Xeon, where they mostly wait on memory, 1.1-1.3x on matrices that fit its cache, and 1.11-1.12x on a
+ * 16-core Xeon's two cores. The table is 0..15 for the quants themselves, d * (0..15) + m for the block's weights. */
 static inline void nibbles(const uint8_t *qs, int64_t i, __m512 table, vec w[NW]) {
     const __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 16 * i)));
     w[0] = _mm512_permutexvar_ps(raw, table);
@@ -166,8 +167,10 @@ static float row1(int q4, const float *x, int64_t K, const uint8_t *qs, const fl
 /* `rows` rows of x (at most MAX_ROWS) times row n of W; xs holds each row's block sums (Q4_1's minimum term) or is
  * NULL. From WEIGHTS_ROWS rows on, each block's weights are made once, exactly as the file defines them (d * q + m:
  * d came from fp16, so d * q is exact in fp32 and the sum rounds once, as in the dequantized matrix), and serve every
- * row with one product each instead of a product, a sum and a scale per row: the embedded model's matmuls 1.4-1.6x
- * faster at 4 and 16 rows with AVX-512, 1.1-1.2x at 8-16 rows with AVX2. Below it, making the weights costs more than it saves, so the block's scale multiplies each row's
+ * row with one product each instead of a product, a sum and a scale per row: the embedded model's matmuls 1.4-1.65x
+ * faster at 4 and 16 rows with AVX-512 on a 2-core Xeon, 1.1-1.2x at 8-16 rows with AVX2. On a Xeon with two
+ * 512-bit FMA units (16 cores, two used), where the loads of x rather than the arithmetic bound it: 1.1-1.25x at 4
+ * rows, 0.98-1.03x at 16. Below it, making the weights costs more than it saves, so the block's scale multiplies each row's
  * sum, as in `row1`. */
 static void block_rows(int q4, const float *x, int64_t rows, int64_t K, const uint8_t *qs, const float *d,
                        const float *mn, const float *xs, int64_t n, float *y, int64_t ldy) {
