@@ -168,10 +168,10 @@ static float row1(int q4, const float *x, int64_t K, const uint8_t *qs, const fl
  * NULL. From WEIGHTS_ROWS rows on, each block's weights are made once, exactly as the file defines them (d * q + m:
  * d came from fp16, so d * q is exact in fp32 and the sum rounds once, as in the dequantized matrix), and serve every
  * row with one product each instead of a product, a sum and a scale per row: the embedded model's matmuls 1.4-1.65x
- * faster at 4 and 16 rows with AVX-512 on a 2-core Xeon, 1.1-1.2x at 8-16 rows with AVX2. On a Xeon with two
- * 512-bit FMA units (16 cores, two used), where the loads of x rather than the arithmetic bound it: 1.1-1.25x at 4
- * rows, 0.98-1.03x at 16. Below it, making the weights costs more than it saves, so the block's scale multiplies each row's
- * sum, as in `row1`. */
+ * faster at 4 and 16 rows with AVX-512 on a 2-core Xeon, 1.1-1.2x at 8-16 rows with AVX2; on a 16-core Xeon's two
+ * cores 1.1-1.25x at 4 rows and 0.98-1.03x at 16 (presumably bound there by reading x, not by the arithmetic).
+ * Below it, making the weights costs more than it saves, so the block's scale multiplies each row's sum, as in
+ * `row1`. */
 static void block_rows(int q4, const float *x, int64_t rows, int64_t K, const uint8_t *qs, const float *d,
                        const float *mn, const float *xs, int64_t n, float *y, int64_t ldy) {
     const int64_t nb = K / QK;
