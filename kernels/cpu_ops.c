@@ -308,9 +308,6 @@ void silu_mul_f32(const float *x, int64_t T, int64_t I, float *out) {
 }
 
 #ifdef HAVE_VEC
-/* One (sequence, head) whose d values are NV vectors, NV a constant at each call: the query and the output row stay in
- * registers, each score is NV products and one horizontal sum, each value row NV multiply-adds (1.2-1.7x the plain
- * loops below at SmolLM2's and Llama's shapes, 1 and 2 threads). */
 /* e^x for x <= 0 (a softmax's shifted scores), within 1 ulp of e^x from -87 to 0: x = n ln2 + r, |r| <= ln2 / 2,
  * e^r by Cephes' expf polynomial, times 2^n. Below -87 (e^x under fp32's smallest normal) it returns ~e^-87, which
  * next to the row's maximum, e^0 = 1, adds nothing. */
@@ -329,6 +326,9 @@ static inline vec vexp(vec x) {
     return vscale2(p, n);
 }
 
+/* One (sequence, head) whose d values are NV vectors, NV a constant at each call: the query and the output row stay in
+ * registers, each score is NV products and one horizontal sum, each value row NV multiply-adds (1.2-1.7x the plain
+ * loops below at SmolLM2's and Llama's shapes, 1 and 2 threads). */
 static inline void attend_head_vec(const int NV, const float *qv, const float *k_pool, const float *v_pool,
                                    const int64_t *slots, int64_t n, int64_t row, int64_t off, float scale, float *s,
                                    float *o) {
