@@ -41,6 +41,20 @@ def test_second_load_comes_from_the_cache_and_matches(smollm, tmp_path, monkeypa
         assert second.tokenizer.encode_chat(msgs) == smollm.tokenizer.encode_chat(msgs)
         ids = smollm.tokenizer.encode(p + " café 日本")
         assert second.tokenizer.decode(ids) == smollm.tokenizer.decode(ids)
+    # The cached directory names transformers' generic fast tokenizer, which the engine loads directly; AutoTokenizer,
+    # which reads the model's config first, gives the same object.
+    from transformers import AutoTokenizer
+
+    from engine.tokenizer import _generic_fast
+
+    assert _generic_fast(entry)  # the direct path is the one taken
+    auto, direct = AutoTokenizer.from_pretrained(str(entry)), second.tokenizer.hf
+    assert type(direct) is type(auto) and direct.backend_tokenizer.to_str() == auto.backend_tokenizer.to_str()
+    assert direct.special_tokens_map == auto.special_tokens_map and direct.chat_template == auto.chat_template
+    for p in PROMPTS:
+        msgs = [{"role": "user", "content": p}]
+        assert direct.apply_chat_template(msgs, tokenize=False) == auto.apply_chat_template(msgs, tokenize=False)
+        assert direct.encode(p) == auto.encode(p) and direct.decode(auto.encode(p)) == auto.decode(auto.encode(p))
 
 
 def test_key_follows_size_and_mtime(tmp_path, monkeypatch):
