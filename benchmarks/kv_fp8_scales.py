@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.weights import embedded_default_path  # noqa: E402
+from engine.model_source import embedded_default_path  # noqa: E402
 from tests.conftest import make_llm  # noqa: E402
 from tests.hf_reference import hf_greedy  # noqa: E402
 from tests.test_hf_equivalence import PROMPTS  # noqa: E402

@@ -104,7 +104,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--out", default="real_checkpoint.json")
     args = ap.parse_args()
-    from engine.weights import embedded_default_path
+    from engine.model_source import embedded_default_path
 
     gguf = Path(args.gguf) if args.gguf else embedded_default_path()
     prompts = PROMPTS[: args.prompts]

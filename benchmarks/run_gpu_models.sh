@@ -23,7 +23,7 @@ store=$HOME/minisgl-gguf
 gguf=$store/SmolLM2-135M-Instruct.Q4_1.gguf
 
 if [ "${stages[0]}" = split ]; then
-  src=$(python -c "from engine.weights import embedded_default_path as p; print(p())") || exit 1
+  src=$(python -c "from engine.model_source import embedded_default_path as p; print(p())") || exit 1
   rm -rf "$parts" && mkdir -p "$parts"
   split -b "${PART:-27M}" -d "$src" "$parts/part."
   (cd "$parts" && sha256sum "$src" | cut -d' ' -f1 > manifest && ls part.* >> manifest)

@@ -120,7 +120,7 @@ class EngineConfig:
             if device.type == "cuda":
                 return torch.bfloat16
             from engine.cpu import auto_dtype
-            from engine.weights import resolve
+            from engine.model_source import resolve
 
             try:
                 gguf = resolve(self.model)[0] == "gguf"

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine import weight_cache, weights
+from engine import model_source, weight_cache, weights
 from engine.cache_paths import cache_root
 from engine.distributed import TP
 from engine.model_config import PRESETS, ModelConfig
-from engine.tokenizer import TOKENIZER_FILES, ByteTokenizer, Tokenizer
+from engine.tokenizer import ByteTokenizer, Tokenizer, tokenizer_at
 
 if TYPE_CHECKING:
     from engine.models.llama import LlamaForCausalLM
@@ -47,30 +47,6 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(old)
 
 
-def load_tokenizer(spec: str | None, extra_eos: tuple[int, ...] = ()) -> Tokenizer:
-    """The tokenizer of a model spec (as --model): from the GGUF file (or its cached conversion), the HF directory,
-    or bytes for dummy models."""
-    kind, where = weights.resolve(spec)
-    if kind == "gguf" and (cached := weight_cache.lookup(Path(where))) is not None:
-        kind, where = "hf", cached
-    return _tokenizer(kind, Path(where), extra_eos)
-
-
-def _tokenizer(kind: str, path: Path, extra_eos: tuple[int, ...]) -> Tokenizer:
-    if kind == "gguf":
-        return Tokenizer.from_gguf(path, extra_eos)
-    if kind == "hf":
-        tok = Tokenizer.from_hf_dir(path, extra_eos)
-        if tok is None:  # a checkpoint saved without its tokenizer: say so, text through bytes is not the model's
-            print(
-                f"minisgl: {path} has no tokenizer ({', '.join(TOKENIZER_FILES)}): text is read and written as "
-                "UTF-8 bytes (token ids 0-255), not the model's vocabulary; token-id prompts are unaffected",
-                file=sys.stderr,
-            )
-        return tok or ByteTokenizer()
-    return ByteTokenizer()
-
-
 def load_model(
     spec: str | None,
     device: torch.device,
@@ -83,7 +59,7 @@ def load_model(
     from kernels import cpu_ops
 
     t0 = time.perf_counter()
-    kind, where = weights.resolve(spec)
+    kind, where = model_source.resolve(spec)
     source = f"{kind}:{where}"
     cached = weight_cache.lookup(Path(where)) if kind == "gguf" else None
     if cached is not None:
@@ -139,7 +115,7 @@ def load_model(
             uses_cpu_ops = True
         else:
             print(f"minisgl: no quantized CPU kernel ({why}); running the dequantized weights", file=sys.stderr)
-    tok = _tokenizer(kind, path, cfg.eos_token_ids) if with_tokenizer else ByteTokenizer()
+    tok = tokenizer_at(kind, path, cfg.eos_token_ids) if with_tokenizer else ByteTokenizer()
     if keep is not None:
         weight_cache.store(path, cfg, keep, tok.hf, quantized or {})
     return LoadedModel(cfg, model, tok, source, time.perf_counter() - t0, uses_cpu_ops)

@@ -13,13 +13,15 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engine.cache_paths import cache_root
 from engine.model_config import ModelConfig
-from kernels.cpu_ops import QuantMatrix
+
+if TYPE_CHECKING:  # imported where used: finding an entry (a front end's tokenizer) needs no torch
+    import torch
+
+    from kernels.cpu_ops import QuantMatrix
 
 # Bump when what is stored changes (3: gguf-blocks/; 4: entry.json). A GGUF's rope_freqs.weight, stored as
 # config.json's rope_scaling {"rope_type": "freq_factors", ...}, needed none: such files were refused until then
@@ -72,7 +74,7 @@ def _damage(d: Path) -> str | None:
                 return f"no {name}"
         json.loads((d / "config.json").read_text())
         for name in ("model.safetensors", QUANT_FILE):
-            with safe_open(str(d / name), "pt"):
+            with safe_open(str(d / name), "np"):  # its header only ("pt" would import torch)
                 pass
     except Exception as e:  # OSError, JSON, a safetensors header: all mean the same here
         return f"{type(e).__name__}: {e}"
@@ -127,6 +129,8 @@ def store(
 def load_quantized(entry_dir: Path) -> dict[str, QuantMatrix]:
     """The quantized blocks stored with a cache entry, by weight name."""
     from safetensors import safe_open
+
+    from kernels.cpu_ops import QuantMatrix
 
     with safe_open(str(entry_dir / QUANT_FILE), "pt") as f:
         kinds = f.metadata() or {}

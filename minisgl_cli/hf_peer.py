@@ -28,8 +28,9 @@ def model_config_for(spec: str | None) -> ModelConfig:
     """The ModelConfig of a --model value without loading its weights."""
     from engine import weights
     from engine.model_config import PRESETS
+    from engine.model_source import resolve
 
-    kind, where = weights.resolve(spec)
+    kind, where = resolve(spec)
     if kind == "dummy":
         return PRESETS[str(where)]
     if kind == "gguf":
@@ -39,10 +40,10 @@ def model_config_for(spec: str | None) -> ModelConfig:
 
 def tokenizer_for(spec: str | None) -> Tokenizer:
     """The engine's tokenizer for a --model value (dataset prompts must be the same ids for both engines)."""
-    from engine import weights
+    from engine.model_source import resolve
     from engine.tokenizer import ByteTokenizer, Tokenizer
 
-    kind, where = weights.resolve(spec)
+    kind, where = resolve(spec)
     if kind == "gguf":
         return Tokenizer.from_gguf(Path(where))
     if kind == "hf":
@@ -55,8 +56,9 @@ def load_hf_model(spec: str | None, device, dtype, quiet: bool = False):
     from transformers import AutoModelForCausalLM
 
     from engine import weights
+    from engine.model_source import resolve
 
-    kind, where = weights.resolve(spec)
+    kind, where = resolve(spec)
     if kind == "gguf":
         path = Path(where)
         with no_tqdm_bars(quiet):

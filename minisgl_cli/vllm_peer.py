@@ -80,13 +80,13 @@ def engine_arguments(
 
     from vllm.engine.arg_utils import EngineArgs
 
-    from engine import weights
+    from engine.model_source import resolve
     from minisgl_cli.hf_peer import model_config_for
 
     device = config.torch_device()
     if device.type != "cuda":
         raise PeerUnavailable(f"the vLLM peer runs on a CUDA GPU (got device {device})")
-    kind, where = weights.resolve(config.model)
+    kind, where = resolve(config.model)
     model_config = model_config_for(config.model)
     tmp: tempfile.TemporaryDirectory[str] | None = None
     if kind == "dummy":

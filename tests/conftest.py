@@ -106,7 +106,7 @@ def hf_smollm():
     import transformers
     from transformers import AutoModelForCausalLM
 
-    from engine.weights import embedded_default_path
+    from engine.model_source import embedded_default_path
 
     path = embedded_default_path()
     cache = Path(os.environ["MINISGL_CACHE_DIR"])  # a fresh one per suite unless the caller set it: key the copy

@@ -27,8 +27,8 @@ from typer.testing import CliRunner
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.model_config import PRESETS
+from engine.model_source import embedded_default_path
 from engine.sampling_params import SamplingParams
-from engine.weights import embedded_default_path
 from minisgl_cli.app import app
 from minisgl_cli.trace_reader import TraceError, read_trace
 from tests.conftest import make_llm, subprocess_env, torchrun_cmd

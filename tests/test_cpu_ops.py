@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from engine.cache_paths import cache_root
 from engine.layers import CPU_QUANT_MAX_ROWS, Loadable
 from engine.loader import load_model
-from engine.weights import embedded_default_path
+from engine.model_source import embedded_default_path
 from kernels import cpu_ops
 from kernels.cpu_ops import QuantMatrix
 

@@ -158,9 +158,9 @@ def test_a_bpe_tokenizer_with_clean_up_on_decodes_as_transformers_does_and_says_
 
     code = (
         "from transformers import AutoTokenizer\n"
-        "from engine import weights\n"
+        "from engine.model_source import embedded_default_path\n"
         "from engine.tokenizer import Tokenizer\n"
-        "p = weights.embedded_default_path()\n"
+        "p = embedded_default_path()\n"
         "hf = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name, clean_up_tokenization_spaces=True)\n"
         "assert hf.clean_up_tokenization_spaces\n"
         "tok = Tokenizer(hf)\n"

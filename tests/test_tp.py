@@ -39,7 +39,7 @@ def tp1(model: str, kv_cache_dtype: str = "auto") -> dict:
 
 @pytest.mark.parametrize("model,n", [("dummy:tiny-qwen3-moe", 2), (None, 3)], ids=["tiny-qwen3-moe-tp2", "smollm2-tp3"])
 def test_tensor_parallel_matches_single_process(model, n, tmp_path):
-    model_arg = model or str(__import__("engine.weights", fromlist=["x"]).embedded_default_path())
+    model_arg = model or str(__import__("engine.model_source", fromlist=["x"]).embedded_default_path())
     expected = tp1(model_arg)
     got = tp_run(model_arg, n, tmp_path)
     assert got["greedy"] == expected["greedy"]

@@ -10,7 +10,7 @@ import torch
 
 from engine import weight_cache
 from engine.loader import load_model
-from engine.weights import embedded_default_path
+from engine.model_source import embedded_default_path
 from tests.test_cpu_ops import quantized_modules
 from tests.test_hf_equivalence import PROMPTS
 
@@ -138,3 +138,26 @@ def test_a_damaged_entry_is_removed_and_the_gguf_read_again(how, tmp_path, monke
     assert "is damaged" in capfd.readouterr().err
     assert not entry.exists()
     assert loaded.cfg.num_layers == 1  # the GGUF's own config (the entry held tiny-llama's two layers)
+
+
+def test_front_ends_load_the_cached_tokenizer_without_torch(smollm):
+    """The chat's and the server's front-end processes need only the tokenizer: with the cache filled (the smollm
+    fixture's load), theirs comes without importing torch (~1.8 s of a 2-core machine's start) and encodes as the
+    engine's does."""
+    import subprocess
+    import sys
+
+    from tests.conftest import subprocess_env
+
+    text = "Hello, café 日本"
+    code = (
+        "import sys\n"
+        "import minisgl_cli.server.frontend, minisgl_cli.tui.frontend, minisgl_cli.tui.app, minisgl_cli.tui.plain\n"
+        "from engine.tokenizer import load_tokenizer\n"
+        f"print(load_tokenizer(None).encode({text!r}))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    ids, torch_modules = r.stdout.splitlines()
+    assert ids == str(smollm.tokenizer.encode(text)) and torch_modules == "[]"

@@ -71,7 +71,7 @@ async def serve_http(
 async def _main(spec: FrontendSpec) -> int:
     from rich.console import Console
 
-    from engine.loader import load_tokenizer
+    from engine.tokenizer import load_tokenizer
 
     assert spec.addrs is not None
     remote = RemoteLLM(load_tokenizer(spec.model), spec.addrs)

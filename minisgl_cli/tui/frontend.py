@@ -47,8 +47,8 @@ class ChatFrontSpec:
 
 def run(spec: ChatFrontSpec) -> int:
     """The chat once the engine is up; its exit status (run_chat's)."""
-    from engine.loader import load_tokenizer
     from engine.remote_llm import RemoteLLM
+    from engine.tokenizer import load_tokenizer
     from minisgl_cli.tui.local import LocalBackend
     from minisgl_cli.tui.session import ChatSession, fit_session
     from minisgl_cli.tui.store import ChatStore
