@@ -286,7 +286,8 @@ def _exit(code: int) -> NoReturn:
 def _build_workload(
     config: EngineConfig, num_seqs: int, input_len: str, output_len: str, seed: int, dataset: Path | None
 ):
-    from minisgl_cli.hf_peer import model_config_for, tokenizer_for
+    from engine.tokenizer import load_tokenizer
+    from minisgl_cli.hf_peer import model_config_for
     from minisgl_cli.workload import dataset_workload, parse_range, random_workload
 
     try:
@@ -308,7 +309,7 @@ def _build_workload(
     if dataset is None:
         return random_workload(num_seqs, in_range, out_range, seed, mc.vocab_size)
     try:
-        return dataset_workload(dataset, tokenizer_for(config.model).encode, num_seqs, out_range, seed, context)
+        return dataset_workload(dataset, load_tokenizer(config.model).encode, num_seqs, out_range, seed, context)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--dataset") from e
 

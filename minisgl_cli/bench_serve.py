@@ -227,7 +227,8 @@ def _needs_text(flags: dict[str, Any]) -> bool:
 
 
 def _target(config: EngineConfig, flags: dict[str, Any]) -> Target:
-    from minisgl_cli.hf_peer import model_config_for, tokenizer_for
+    from engine.tokenizer import load_tokenizer
+    from minisgl_cli.hf_peer import model_config_for
 
     needs_text = _needs_text(flags)
     if flags["url"] is None:
@@ -241,7 +242,7 @@ def _target(config: EngineConfig, flags: dict[str, Any]) -> Target:
     if vocab is None or context is None or needs_text:
         try:
             mc = model_config_for(config.model)
-            tokenizer = tokenizer_for(config.model) if needs_text else None
+            tokenizer = load_tokenizer(config.model) if needs_text else None
         except (ValueError, FileNotFoundError) as e:
             raise typer.BadParameter(
                 f"{e} (with --url, --model names the served model's config and tokenizer; or pass --vocab-size and "

@@ -21,7 +21,6 @@ from minisgl_cli.peers import OnDone, PeerRun, no_tqdm_bars
 
 if TYPE_CHECKING:
     from engine.model_config import ModelConfig
-    from engine.tokenizer import Tokenizer
 
 
 def model_config_for(spec: str | None) -> ModelConfig:
@@ -36,19 +35,6 @@ def model_config_for(spec: str | None) -> ModelConfig:
     if kind == "gguf":
         return weights.gguf_config(Path(where))
     return weights.hf_config(Path(where))
-
-
-def tokenizer_for(spec: str | None) -> Tokenizer:
-    """The engine's tokenizer for a --model value (dataset prompts must be the same ids for both engines)."""
-    from engine.model_source import resolve
-    from engine.tokenizer import ByteTokenizer, Tokenizer
-
-    kind, where = resolve(spec)
-    if kind == "gguf":
-        return Tokenizer.from_gguf(Path(where))
-    if kind == "hf":
-        return Tokenizer.from_hf_dir(Path(where)) or ByteTokenizer()
-    return ByteTokenizer()
 
 
 def load_hf_model(spec: str | None, device, dtype, quiet: bool = False):
