@@ -23,7 +23,6 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Batch, Scheduler
 from engine.step_log import StepRecord
 from engine.text import RequestLimits
-from kernels.attention.torch_backend import TorchBackend
 from kvcache.manager import CacheManager
 from kvcache.pool import KVPool
 
@@ -99,9 +98,8 @@ class Engine:
             scratch_page=num_pages,
             max_request_tokens=self.limits.max_request_tokens,
             piecewise_max_tokens=min(config.piecewise_graph_tokens, config.max_batch_tokens),
+            cpu_ops=self.loaded.cpu_ops,
         )
-        if self.loaded.cpu_ops and isinstance(self.runner.backend, TorchBackend):
-            self.runner.backend.cpu_ops = True
         self.startup_seconds = {"load": self.loaded.load_seconds, "runner": time.perf_counter() - t0}
         self.overlap = config.use_overlap(self.device)
         self.reqs: dict[str, Req] = {}

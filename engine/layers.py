@@ -175,6 +175,8 @@ class RowParallelLinear(Loadable):
 class VocabParallelEmbedding(Loadable):
     """Embedding rows split over ranks; each rank looks up its own range, the sum is all-reduced."""
 
+    cpu_ops = False  # use_cpu_ops(), on one process
+
     def __init__(self, vocab: int, dim: int):
         super().__init__()
         self.per_rank = math.ceil(vocab / TP.size)
@@ -193,6 +195,8 @@ class VocabParallelEmbedding(Loadable):
         return self.weight.detach()[: self.vocab]
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.cpu_ops:  # a C call, so that a recorded decode step (engine/cpu_graph.py) includes the lookup
+            return cpu_ops.embedding(ids, self.weight)
         if TP.size == 1:
             return F.embedding(ids, self.weight)
         local = ids - self.start
@@ -218,8 +222,9 @@ def cpu_weight_layout(model: nn.Module) -> None:
 
 
 def use_cpu_ops(model: nn.Module) -> None:
-    """Run the model's RMSNorms, rotary embedding and SiLU-and-mul through the C kernels (kernels/cpu_ops.py, fp32 on
-    a CPU, loaded by the caller): the modules that can declare a `cpu_ops` flag."""
+    """Run the model's embedding lookup, RMSNorms, rotary embedding and SiLU-and-mul through the C kernels
+    (kernels/cpu_ops.py, fp32 on a CPU, one process, loaded by the caller): the modules that can declare a `cpu_ops`
+    flag."""
     for mod in model.modules():
         if hasattr(type(mod), "cpu_ops"):
             setattr(mod, "cpu_ops", True)  # noqa: B010  # nn.Module types attribute writes as tensors or modules

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
+from engine import cpu_graph
 from engine.distributed import TP
+from engine.layers import CPU_QUANT_MAX_ROWS
 from engine.models.llama import LlamaForCausalLM
 from engine.request import Req
 from engine.sampler import Logprobs, Sampler
 from engine.scheduler import Batch
 from kernels.attention import AttnMeta, create_backend
+from kernels.attention.torch_backend import TorchBackend
 from kvcache.pool import KVPool
+
+if TYPE_CHECKING:
+    from engine.cpu_graph import CpuDecodeGraphs
+    from engine.cuda_graph import DecodeGraphs
 
 # A batch's KV after its step, per row: length, page table; and each decode row's slot for its new token.
 KVLayout = tuple[list[int], list[list[int]], list[int]]
@@ -62,6 +70,7 @@ class ModelRunner:
         scratch_page: int = -1,
         max_request_tokens: int | None = None,  # the most tokens one request spans; default: the whole pool
         piecewise_max_tokens: int = 0,  # prefill/mixed steps of up to this many tokens replay piecewise graphs
+        cpu_ops: bool = False,  # the model computes through kernels/cpu_ops.py (the loader switched it)
     ):
         cfg = model.cfg
         self.model, self.pool, self.device = model, pool, device
@@ -83,12 +92,17 @@ class ModelRunner:
         self.next_tokens = torch.zeros(max_slots, dtype=torch.int64, device=device)
         self.keep_logits = False  # tests read self.last_logits
         self.last_logits: torch.Tensor | None = None
-        self.graphs = None
+        self.graphs: DecodeGraphs | CpuDecodeGraphs | None = None
         if device.type == "cuda" and cuda_graph_max_bs > 0:
             from engine.cuda_graph import DecodeGraphs
 
             longest = max_request_tokens or pool.num_pages * pool.page_size
             self.graphs = DecodeGraphs(self, min(cuda_graph_max_bs, max_slots), longest)
+        if cpu_ops and isinstance(self.backend, TorchBackend):
+            # its decode attention through the C kernel too (not over an fp8 pool or a sliding window: it checks)
+            self.backend.cpu_ops = True
+            if cpu_graph.enabled() and not pool.quantized and cfg.sliding_window is None:
+                self.graphs = cpu_graph.CpuDecodeGraphs(self, min(CPU_QUANT_MAX_ROWS, max_slots))
         self.pieces = None
         if device.type == "cuda" and piecewise_max_tokens > 0:
             from engine.piecewise_graph import MixedGraphs

@@ -433,3 +433,62 @@ void decode_attention_f32(const float *q, int64_t ldq, const float *k_new, int64
         }
     }
 }
+
+/* out[t] = w[ids[t]]: rows of an embedding [V, H] whose element (v, j) sits at w + v * s0 + j * s1 (the engine may
+ * store a weight transposed, kernels' cpu_weight_layout). */
+void embedding_f32(const float *w, int64_t s0, int64_t s1, const int64_t *ids, int64_t T, int64_t H, float *out) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *row = w + ids[t] * s0;
+        float *o = out + t * H;
+        if (s1 == 1)
+            for (int64_t j = 0; j < H; j++) o[j] = row[j];
+        else
+            for (int64_t j = 0; j < H; j++) o[j] = row[j * s1];
+    }
+}
+
+/* ---- a recorded step, replayed in one call ------------------------------------------------------------------------
+ * kernels/cpu_ops.py records the calls one decode forward makes (a Tape) and replays them here: each call is
+ * TAPE_WIDTH int64s, its function's number (the order of TAPE_OPS there) and its arguments in order, pointers as
+ * addresses and floats as their 32 bits. A forward of a small model made ~300 calls from Python at ~10-30 us of
+ * interpreter, ctypes and allocation each, a third of a one-row step's time. */
+#define TAPE_WIDTH 20
+#define P(i) ((void *)(intptr_t)a[i])
+
+static float f32_bits(int64_t v) {
+    union {
+        uint32_t u;
+        float f;
+    } c = {(uint32_t)v};
+    return c.f;
+}
+
+void run_tape(const int64_t *calls, int64_t n) {
+    for (int64_t c = 0; c < n; c++) {
+        const int64_t *a = calls + c * TAPE_WIDTH + 1;
+        switch (calls[c * TAPE_WIDTH]) {
+        case 0:
+            q4_1_matmul(P(0), a[1], a[2], P(3), P(4), P(5), a[6], P(7));
+            break;
+        case 1:
+            q8_0_matmul(P(0), a[1], a[2], P(3), P(4), a[5], P(6));
+            break;
+        case 2:
+            rmsnorm_f32(P(0), P(1), P(2), f32_bits(a[3]), a[4], a[5], a[6], P(7));
+            break;
+        case 3:
+            rope_f32(P(0), a[1], a[2], a[3], a[4], P(5), P(6));
+            break;
+        case 4:
+            silu_mul_f32(P(0), a[1], a[2], P(3));
+            break;
+        case 5:
+            decode_attention_f32(P(0), a[1], P(2), a[3], P(4), a[5], P(6), P(7), P(8), P(9), a[10], P(11), a[12],
+                                 a[13], a[14], a[15], f32_bits(a[16]), P(17), P(18));
+            break;
+        case 6:
+            embedding_f32(P(0), a[1], a[2], P(3), a[4], a[5], P(6));
+            break;
+        }
+    }
+}

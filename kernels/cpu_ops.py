@@ -23,6 +23,9 @@ import os
 import platform
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -129,23 +132,82 @@ def load(cache_dir: Path) -> str | None:
     lib.rope_f32.argtypes = [p, i64, i64, i64, i64, p, p]
     lib.silu_mul_f32.argtypes = [p, i64, i64, p]
     lib.decode_attention_f32.argtypes = [p, i64, p, i64, p, i64, p, p, p, p, i64, p, i64, i64, i64, i64, f32, p, p]
-    for f in (
-        lib.q4_1_matmul,
-        lib.q8_0_matmul,
-        lib.rmsnorm_f32,
-        lib.rope_f32,
-        lib.silu_mul_f32,
-        lib.decode_attention_f32,
-    ):
-        f.restype = None
+    lib.embedding_f32.argtypes = [p, i64, i64, p, i64, i64, p]
+    lib.run_tape.argtypes = [p, i64]
+    for name in (*TAPE_OPS, "run_tape"):
+        getattr(lib, name).restype = None
     _lib = lib
     return None
 
 
+# The functions a Tape records, in the order of run_tape's cases (cpu_ops.c).
+TAPE_OPS = (
+    "q4_1_matmul",
+    "q8_0_matmul",
+    "rmsnorm_f32",
+    "rope_f32",
+    "silu_mul_f32",
+    "decode_attention_f32",
+    "embedding_f32",
+)
+TAPE_WIDTH = 20  # int64s per recorded call: the function's number, then its arguments
+
+
+@dataclass
+class Tape:
+    """The C calls of one forward, replayed by one call into the library (run_tape) with the same arguments: the same
+    buffers, which it keeps alive, so a replay reads the inputs that were written into them since. Replaying is only
+    the forward when every computation in it was one of these calls (engine/cpu_graph.py checks)."""
+
+    calls: list[list[int]] = field(default_factory=list)
+    keep: list[torch.Tensor] = field(default_factory=list)
+    _array: np.ndarray | None = None
+
+    def add(self, name: str, args: tuple[int | float, ...], tensors: tuple[torch.Tensor | None, ...]) -> None:
+        assert _lib is not None
+        kinds = getattr(_lib, name).argtypes
+        row = [TAPE_OPS.index(name)]
+        for a, kind in zip(args, kinds, strict=True):
+            row.append(int(np.float32(a).view(np.uint32)) if kind is ctypes.c_float else int(a))
+        self.calls.append(row + [0] * (TAPE_WIDTH - len(row)))
+        self.keep += [t for t in tensors if t is not None]
+        self._array = None
+
+    def replay(self) -> None:
+        assert _lib is not None
+        if self._array is None:
+            self._array = np.ascontiguousarray(self.calls, dtype=np.int64)
+        _lib.run_tape(self._array.ctypes.data, len(self.calls))
+
+
+class _Recording(threading.local):
+    tape: Tape | None = None  # per thread: another engine in the process may step on another thread meanwhile
+
+
+_recording = _Recording()
+
+
+@contextmanager
+def recording() -> Iterator[Tape]:
+    """Record the C calls this thread makes inside (they also run) into a Tape."""
+    assert _recording.tape is None, "one recording at a time"
+    _recording.tape = tape = Tape()
+    try:
+        yield tape
+    finally:
+        _recording.tape = None
+
+
+def _call(name: str, tensors: tuple[torch.Tensor | None, ...], *args: int | float) -> None:
+    """Run one C function; `tensors`: those whose addresses are among the arguments (a recording keeps them)."""
+    assert _lib is not None, "load() the kernel first"
+    getattr(_lib, name)(*args)
+    if (tape := _recording.tape) is not None:
+        tape.add(name, args, tensors)
+
+
 def matmul(x: torch.Tensor, w: QuantMatrix) -> torch.Tensor:
     """x [..., K] float32 @ w^T -> [..., N] float32."""
-    lib = _lib
-    assert lib is not None, "load() the kernel first"
     n, k = w.shape
     x2 = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, k).contiguous()
     if x2.dtype != torch.float32 or x2.shape[1] != k:
@@ -153,9 +215,9 @@ def matmul(x: torch.Tensor, w: QuantMatrix) -> torch.Tensor:
     y = torch.empty((x2.shape[0], n))
     qs, d, m = w._ptrs
     if m:
-        lib.q4_1_matmul(x2.data_ptr(), x2.shape[0], k, qs, d, m, n, y.data_ptr())
+        _call("q4_1_matmul", (x2, y, w.qs, w.d, w.m), x2.data_ptr(), x2.shape[0], k, qs, d, m, n, y.data_ptr())
     else:
-        lib.q8_0_matmul(x2.data_ptr(), x2.shape[0], k, qs, d, n, y.data_ptr())
+        _call("q8_0_matmul", (x2, y, w.qs, w.d), x2.data_ptr(), x2.shape[0], k, qs, d, n, y.data_ptr())
     return y if x2 is x else y.reshape(*x.shape[:-1], n)
 
 
@@ -170,7 +232,18 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
     if residual is not None:
         assert residual.is_contiguous() and residual.shape == x.shape and residual.dtype == torch.float32
         res = residual.data_ptr()
-    _lib.rmsnorm_f32(x.data_ptr(), res, weight.data_ptr(), eps, t, h, x.stride(0), out.data_ptr())
+    _call(
+        "rmsnorm_f32",
+        (x, residual, weight, out),
+        x.data_ptr(),
+        res,
+        weight.data_ptr(),
+        eps,
+        t,
+        h,
+        x.stride(0),
+        out.data_ptr(),
+    )
     return out
 
 
@@ -181,7 +254,7 @@ def rope_(x: torch.Tensor, cos_sin: torch.Tensor, pos: torch.Tensor) -> None:
     if x.stride(2) != 1 or x.stride(1) != d or x.dtype != torch.float32:
         raise ValueError(f"rope_ takes float32 [T, heads, D] with packed heads, got {x.dtype} strides {x.stride()}")
     pos64 = pos if pos.dtype == torch.int64 and pos.is_contiguous() else pos.to(torch.int64).contiguous()
-    _lib.rope_f32(x.data_ptr(), t, heads, d, x.stride(0), cos_sin.data_ptr(), pos64.data_ptr())
+    _call("rope_f32", (x, cos_sin, pos64), x.data_ptr(), t, heads, d, x.stride(0), cos_sin.data_ptr(), pos64.data_ptr())
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -190,7 +263,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     x = x.contiguous()
     t, two_i = x.shape
     out = torch.empty((t, two_i // 2))
-    _lib.silu_mul_f32(x.data_ptr(), t, two_i // 2, out.data_ptr())
+    _call("silu_mul_f32", (x, out), x.data_ptr(), t, two_i // 2, out.data_ptr())
     return out
 
 
@@ -204,10 +277,11 @@ def decode_attention(
     idx: torch.Tensor,
     lens: torch.Tensor,
     scale: float,
+    scratch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One decode token per sequence: store k/v [B, KVH, D] at out_slots of the pools ([pages, page, KVH, D], fp32),
-    then attend q [B, H, D] over slots idx [B, max_kv] (the first lens[b] of row b). Returns [B, H, D]."""
-    assert _lib is not None
+    then attend q [B, H, D] over slots idx [B, max_kv] (the first lens[b] of row b). Returns [B, H, D]. `scratch`:
+    room for B * H * max_kv scores (a new buffer if None)."""
     b, heads, d = q.shape
     kvh = k.shape[1]
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -219,12 +293,24 @@ def decode_attention(
     assert out_slots.dtype == idx.dtype == lens.dtype == torch.int64 and idx.shape[0] == b
     max_kv = idx.shape[1]
     out = torch.empty((b, heads, d))
-    scratch = torch.empty(b * heads * max_kv)
-    _lib.decode_attention_f32(
+    if scratch is None:
+        scratch = torch.empty(b * heads * max_kv)
+    assert scratch.is_contiguous() and scratch.numel() >= b * heads * max_kv
+    _call(
+        "decode_attention_f32", (q, k, v, out_slots, k_pool, v_pool, idx, lens, out, scratch),
         q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), out_slots.data_ptr(),
         k_pool.data_ptr(), v_pool.data_ptr(), idx.data_ptr(), max_kv, lens.data_ptr(), b, heads, kvh, d, scale,
         out.data_ptr(), scratch.data_ptr(),
     )  # fmt: skip
+    return out
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` [T] (int64, each below weight's row count) of weight [V, H] fp32, stored either way round."""
+    assert ids.dtype == torch.int64 and ids.dim() == 1 and ids.is_contiguous() and weight.dtype == torch.float32
+    out = torch.empty((ids.shape[0], weight.shape[1]))
+    s0, s1 = weight.stride()
+    _call("embedding_f32", (weight, ids, out), weight.data_ptr(), s0, s1, ids.data_ptr(), *out.shape, out.data_ptr())
     return out
 
 

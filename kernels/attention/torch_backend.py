@@ -16,6 +16,7 @@ class TorchBackend(AttentionBackend):
 
     def plan(self, meta: AttnMeta) -> None:
         self.meta, self.out_slots = meta, meta.out_slots
+        self.scratch: torch.Tensor | None = None  # the C kernel's scores: its own buffer per call
         ps, dev = self.pool.page_size, meta.out_slots.device
         slots = []
         for pages, kv_len in zip(meta.page_tables, meta.kv_lens):
@@ -40,6 +41,12 @@ class TorchBackend(AttentionBackend):
                 qpos = torch.arange(kv_len - q_len, kv_len)
                 self.masks.append(self._visible(qpos[:, None], torch.arange(kv_len)[None, :]).to(dev))
 
+    def bind_decode(self, meta: AttnMeta, idx_rows: torch.Tensor, lens: torch.Tensor, scratch: torch.Tensor) -> None:
+        """Plan a decode batch for the C kernel over buffers its caller keeps and fills (engine/cpu_graph.py's inputs):
+        idx_rows [B, capacity] each row's KV slots, the first lens[b] of row b used; scratch [B * heads * capacity]."""
+        self.meta, self.out_slots = meta, meta.out_slots
+        self.idx_rows, self.lens, self.scratch = idx_rows, lens, scratch
+
     def _visible(self, qpos: torch.Tensor, kpos: torch.Tensor) -> torch.Tensor:
         """Which key positions each query position attends to: causal, within the sliding window if any."""
         mask = kpos <= qpos
@@ -62,7 +69,7 @@ class TorchBackend(AttentionBackend):
             assert self.out_slots is not None
             pool_k, pool_v = self.pool.k[layer], self.pool.v[layer]
             return cpu_ops.decode_attention(
-                q, k, v, self.out_slots, pool_k, pool_v, self.idx_rows, self.lens, self.scale
+                q, k, v, self.out_slots, pool_k, pool_v, self.idx_rows, self.lens, self.scale, self.scratch
             )
         if k is not None and v is not None and not stored:
             assert self.out_slots is not None
