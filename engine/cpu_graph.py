@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from kernels import cpu_ops
@@ -24,34 +24,45 @@ if TYPE_CHECKING:
     from engine.scheduler import Batch
 
 ENV = "MINISGL_CPU_GRAPHS"  # 0: every decode step runs the forward from Python (for A/Bs)
-_ALLOCATIONS = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default}
+# Tensor data read into Python: a recorded forward would keep the branch it took
+_DATA_READS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__"}
 
 
 def enabled() -> bool:
     return os.environ.get(ENV, "1") != "0"
 
 
-class OnlyCCalls(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's class is untyped
+class OnlyCCalls(TorchFunctionMode):
     """Watches a recorded forward for torch computations, which a replay of its C calls would leave out: `foreign`
-    names the first one (None: the forward only allocated buffers and took views of them)."""
+    names the first (None: the forward only allocated buffers, took views of them and read their shapes and
+    addresses). A torch function mode, not a dispatch mode: the first dispatch mode imports torch._dynamo (1.9 s)."""
 
     def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         self.foreign: str | None = None
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if self.foreign is None and func not in _ALLOCATIONS and not _aliases(func, args, out):
-            self.foreign = str(func)
+        if self.foreign is None and not _computes_nothing(func, args, out):
+            self.foreign = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
         return out
 
 
-def _aliases(func: Any, args: Any, out: Any) -> bool:
-    """A view op whose every output shares its input's storage (reshape copies where strides do not allow a view)."""
-    if not func.is_view or not args or not isinstance(args[0], torch.Tensor):
+def _computes_nothing(func: Any, args: Any, out: Any) -> bool:
+    """An allocation, or a call whose tensors out (if any) are views of its first argument's storage (reshape copies
+    where strides do not allow a view), that neither writes in place nor reads data into Python."""
+    name = getattr(func, "__name__", "")
+    if name == "empty":
+        return True
+    if name in _DATA_READS or name.endswith("_") and not name.endswith("__") or name.startswith(("__i", "__set")):
+        return False
+    tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    if not tensors:
+        return True
+    if not args or not isinstance(args[0], torch.Tensor):
         return False
     base = args[0].untyped_storage().data_ptr()
-    return all(t.untyped_storage().data_ptr() == base for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+    return all(t.untyped_storage().data_ptr() == base for t in tensors)
 
 
 class CpuDecodeGraphs:

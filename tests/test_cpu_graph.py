@@ -42,24 +42,32 @@ def test_a_replayed_tape_reads_what_its_inputs_hold_now():
 
 
 def test_a_torch_computation_in_a_recording_is_named():
-    x = torch.randn(4, 6)
+    x, one = torch.randn(4, 6), torch.tensor([1])
     with OnlyCCalls() as guard:
         x.view(2, 12).split([5, 7], dim=-1)
         torch.empty(3)
-        x.reshape(24)
+        x.reshape(24).contiguous()
+        assert x.shape == (4, 6) and x.is_contiguous() and x.data_ptr()
     assert guard.foreign is None
-    with OnlyCCalls() as guard:
-        x.t().reshape(24)  # not a view of x's layout: a copy
-    assert guard.foreign is not None
-    with OnlyCCalls() as guard:
-        y = x.view(-1) + 1
-        y.mul_(2)
-    assert guard.foreign is not None and "add" in guard.foreign
+    computations = {
+        "reshape": lambda: x.t().reshape(24),  # not a view of x's layout: a copy
+        "add": lambda: x.view(-1) + 1,
+        "add_": lambda: x.view(-1).add_(1),  # in place: its result is a view of x, yet it computes
+        "item": lambda: x[0, 0].item(),  # a value read into Python: a replay would keep the branch taken
+        "embedding": lambda: torch.nn.functional.embedding(one, x),
+        "tensor": lambda: torch.tensor([1]),  # a constant made in the forward
+    }
+    for name, compute in computations.items():
+        with OnlyCCalls() as guard:
+            compute()
+        assert guard.foreign is not None and name in guard.foreign, (name, guard.foreign)
 
 
 def _generate(llm, prompts, params):
     llm.engine.clear_cache()  # each run prefills its whole prompt (a cached prefix would change the prefill's rows)
-    return [(o.token_ids, [(t.token, t.logprob, t.top) for t in o.logprobs or []]) for o in llm.generate(prompts, params)]
+    return [
+        (o.token_ids, [(t.token, t.logprob, t.top) for t in o.logprobs or []]) for o in llm.generate(prompts, params)
+    ]
 
 
 def test_replayed_steps_give_the_eager_tokens_and_logprobs(smollm):
