@@ -137,10 +137,16 @@ def test_rope_on_strided_heads_matches_the_eager_rotation():
         cpu_ops.rope_(q.transpose(0, 1), rope.cos_sin, pos)
 
 
-def test_silu_and_mul():
-    x = torch.randn(3, 2 * 1536, generator=torch.Generator().manual_seed(2)) * 4
+@pytest.mark.parametrize("width", [1536, 1539])  # the vector loop alone, and with the scalar tail
+def test_silu_and_mul(width):
+    assert cpu_ops.load(cache_root() / "kernels") is None
+    x = torch.randn(3, 2 * width, generator=torch.Generator().manual_seed(2)) * 4
+    x[0, :8] = torch.tensor([0.0, -0.0, 30.0, -30.0, 100.0, -100.0, 88.0, -90.0])  # sigmoid at 0, 1 and ~e^-100
     gate, up = x.chunk(2, dim=-1)
-    assert torch.allclose(cpu_ops.silu_and_mul(x), F.silu(gate) * up, rtol=1e-5, atol=1e-6)
+    exact = F.silu(gate.double()) * up.double()
+    out = cpu_ops.silu_and_mul(x)
+    assert torch.allclose(out.double(), exact, rtol=2e-6, atol=1e-30)
+    assert torch.allclose(out, F.silu(gate) * up, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("batch", [1, 4])
