@@ -83,14 +83,19 @@ class CpuDecodeGraphs:
         self.outputs: dict[int, torch.Tensor] = {}
         self.refused: dict[int, str] = {}  # batch size -> the torch op that kept its forward from being recorded
         self.recorded = self.replayed = 0  # steps
-        self._alloc(256)
+        self.rows = self.capacity = 0
+        self._fit(1, 256)
 
-    def _alloc(self, capacity: int) -> None:
-        """KV slot lists of `capacity` per row (the attention's idx rows and its scores); recorded tapes hold the old
-        buffers' addresses, so they go and record again."""
-        self.capacity = capacity
-        self.idx = torch.zeros(self.max_bs, capacity, dtype=torch.int64)
-        self.scratch = torch.empty(self.max_bs * self.backend.num_heads * capacity)
+    def _fit(self, rows: int, kv: int) -> None:
+        """Room in the attention's buffers (each row's KV slot list and its scores) for `rows` rows of `kv` slots:
+        grown as batches and contexts grow (the slot lists twice as long each time), so a one-stream chat holds one
+        row's. Recorded tapes hold the old buffers' addresses, so they go and record again."""
+        if rows <= self.rows and kv <= self.capacity:
+            return
+        self.rows = max(rows, self.rows)
+        self.capacity = max(2 * self.capacity, kv) if kv > self.capacity else self.capacity
+        self.idx = torch.zeros(self.rows, self.capacity, dtype=torch.int64)
+        self.scratch = torch.empty(self.rows * self.backend.num_heads * self.capacity)
         self.tapes.clear()
         self.outputs.clear()
 
@@ -106,8 +111,7 @@ class CpuDecodeGraphs:
         """This decode batch's hidden states (replayed, or computed while recording) and its rows' request slots."""
         kv_lens, tables, out_slots = layout
         n = len(kv_lens)
-        if max(kv_lens) > self.capacity:
-            self._alloc(max(2 * self.capacity, max(kv_lens)))
+        self._fit(n, max(kv_lens))
         slots = [r.slot for r in batch.reqs]
         host = self.inputs.numpy()
         host[0, :n] = self.next_tokens.numpy()[slots]

@@ -75,7 +75,8 @@ def test_replayed_steps_give_the_eager_tokens_and_logprobs(smollm):
     graphs = runner.graphs
     assert isinstance(graphs, CpuDecodeGraphs)
     graphs.release()
-    graphs._alloc(64)  # slot lists outgrown within the run
+    graphs.rows = graphs.capacity = 0
+    graphs._fit(1, 64)  # buffers outgrown within the run: 4 rows, then more than 64 KV slots
     prompts = [
         [{"role": "user", "content": p}]
         for p in ("Name three rivers.", "What is 2+2?", "Write a haiku about the sea.", "Hello")
@@ -84,7 +85,8 @@ def test_replayed_steps_give_the_eager_tokens_and_logprobs(smollm):
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, logprobs=3) for n in (40, 9, 25, 17)]
     replayed = _generate(smollm, prompts, params)
     # sizes 4, 3, 2, 1 recorded, and again those after the buffers grew; every other decode step replayed
-    assert graphs.recorded >= 5 and graphs.replayed > 30 and not graphs.refused and graphs.capacity > 64
+    assert graphs.recorded >= 5 and graphs.replayed > 30 and not graphs.refused
+    assert graphs.rows == 4 and graphs.capacity > 64 and graphs.idx.shape == (4, graphs.capacity)
     try:
         runner.graphs = None
         eager = _generate(smollm, prompts, params)
