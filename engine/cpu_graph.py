@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
@@ -118,17 +117,13 @@ class CpuDecodeGraphs:
         host[1, :n] = batch.starts
         host[2, :n] = slots
         host[3, :n] = out_slots
-        host[4, :n] = kv_lens
-        idx, ps = self.idx.numpy(), self.page_size
-        for b, (table, kv) in enumerate(zip(tables, kv_lens)):
-            idx[b, :kv] = (np.asarray(table, dtype=np.int64)[:, None] * ps + np.arange(ps)).ravel()[:kv]
+        meta = AttnMeta(True, [1] * n, kv_lens, tables, self.out_slots[:n])
+        self.backend.bind_decode(meta, self.idx[:n], self.lens[:n], self.scratch)  # fills the slot lists and lens
         tape = self.tapes.get(n)
         if tape is not None:
             tape.replay()
             self.replayed += 1
             return self.outputs[n], self.req_slots[:n]
-        meta = AttnMeta(True, [1] * n, kv_lens, tables, self.out_slots[:n])
-        self.backend.bind_decode(meta, self.idx[:n], self.lens[:n], self.scratch)
         with cpu_ops.recording() as tape, OnlyCCalls() as guard:
             hidden: torch.Tensor = self.model(self.ids[:n], self.pos[:n], self.backend)
         self.recorded += 1

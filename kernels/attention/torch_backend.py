@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -17,34 +18,35 @@ class TorchBackend(AttentionBackend):
     def plan(self, meta: AttnMeta) -> None:
         self.meta, self.out_slots = meta, meta.out_slots
         self.scratch: torch.Tensor | None = None  # the C kernel's scores: its own buffer per call
-        ps, dev = self.pool.page_size, meta.out_slots.device
-        slots = []
-        for pages, kv_len in zip(meta.page_tables, meta.kv_lens):
-            p = torch.tensor(pages, dtype=torch.int64)
-            slots.append((p[:, None] * ps + torch.arange(ps)).flatten()[:kv_len])
+        dev = meta.out_slots.device
         if meta.is_decode:
             # One padded gather for the whole batch: [B, max_kv] slots and a validity mask.
-            max_kv = max(meta.kv_lens)
-            idx = torch.zeros(len(slots), max_kv, dtype=torch.int64)
-            for i, s in enumerate(slots):
-                idx[i, : len(s)] = s
-            self.idx = idx.flatten().to(dev)
-            lens = torch.tensor(meta.kv_lens)
-            self.idx_rows, self.lens = idx, lens  # for the C kernel
+            b, max_kv = len(meta.kv_lens), max(meta.kv_lens)
+            self.bind_decode(meta, torch.zeros(b, max_kv, dtype=torch.int64), torch.empty(b, dtype=torch.int64))
+            self.idx = self.idx_rows.flatten().to(dev)
             self.mask: torch.Tensor | None = None  # every key visible (one stream): SDPA's faster maskless path
             if self.sliding_window is not None or min(meta.kv_lens) < max_kv:
-                self.mask = self._visible(lens[:, None] - 1, torch.arange(max_kv)[None, :]).to(dev)[:, None, None, :]
+                visible = self._visible(self.lens[:, None] - 1, torch.arange(max_kv)[None, :])
+                self.mask = visible.to(dev)[:, None, None, :]
         else:
-            self.slots = [s.to(dev) for s in slots]
+            ps = self.pool.page_size
+            self.slots = [torch.from_numpy(_kv_slots(p, n, ps)).to(dev) for p, n in zip(meta.page_tables, meta.kv_lens)]
             self.masks = []
             for q_len, kv_len in zip(meta.q_lens, meta.kv_lens):
                 qpos = torch.arange(kv_len - q_len, kv_len)
                 self.masks.append(self._visible(qpos[:, None], torch.arange(kv_len)[None, :]).to(dev))
 
-    def bind_decode(self, meta: AttnMeta, idx_rows: torch.Tensor, lens: torch.Tensor, scratch: torch.Tensor) -> None:
-        """Plan a decode batch for the C kernel over buffers its caller keeps and fills (engine/cpu_graph.py's inputs):
-        idx_rows [B, capacity] each row's KV slots, the first lens[b] of row b used; scratch [B * heads * capacity]."""
+    def bind_decode(
+        self, meta: AttnMeta, idx_rows: torch.Tensor, lens: torch.Tensor, scratch: torch.Tensor | None = None
+    ) -> None:
+        """Plan a decode batch for the C kernel over CPU buffers the caller holds (plan's own, or engine/cpu_graph.py's
+        fixed inputs): fills idx_rows [B, >= max KV length] with each row's KV slots and lens [B] with their counts.
+        scratch: room for the kernel's B * heads * idx_rows.shape[1] scores (None: a buffer per call)."""
         self.meta, self.out_slots = meta, meta.out_slots
+        rows, counts, ps = idx_rows.numpy(), lens.numpy(), self.pool.page_size
+        for b, (pages, kv_len) in enumerate(zip(meta.page_tables, meta.kv_lens)):
+            rows[b, :kv_len] = _kv_slots(pages, kv_len, ps)
+            counts[b] = kv_len
         self.idx_rows, self.lens, self.scratch = idx_rows, lens, scratch
 
     def _visible(self, qpos: torch.Tensor, kpos: torch.Tensor) -> torch.Tensor:
@@ -89,3 +91,8 @@ class TorchBackend(AttentionBackend):
             outs.append(o[0].transpose(0, 1))
             start += q_len
         return torch.cat(outs)
+
+
+def _kv_slots(pages: list[int], kv_len: int, page_size: int) -> np.ndarray:
+    """A request's first kv_len pool slots, from its page table."""
+    return (np.asarray(pages, dtype=np.int64)[:, None] * page_size + np.arange(page_size)).ravel()[:kv_len]
