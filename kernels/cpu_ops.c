@@ -376,8 +376,8 @@ static inline void attend_head_vec(const int NV, const float *qv, const float *k
 #endif
 
 /* out[t] = silu(x[t, :I]) * x[t, I:], silu(g) = g * sigmoid(g) with sigmoid(g) = 1 / (1 + e) for g >= 0 and e / (1 + e)
- * below, e = e^-|g| <= 1 (no overflow). At one row libm's expf one value at a time took 20 us of a ~1 us call's work
- * per layer; the vector exp (vexp, within 1 ulp) does the row VW at a time. */
+ * below, e = e^-|g| <= 1 (no overflow). At one row of SmolLM2's width libm's expf, one value at a time, made a call
+ * ~16 us; the vector exp (vexp, within 1 ulp) does the row VW at a time, ~2 us. */
 static inline float silu1(float g) {
     const float e = __builtin_expf(-__builtin_fabsf(g));
     return g * (g < 0.0f ? e : 1.0f) / (1.0f + e);
