@@ -68,7 +68,11 @@ def test_qwen_replay_in_process(tmp_path, radix):
     assert sum(s["decode_rows"] > 0 and s["prefill_rows"] > 0 for s in steps) == res["mixed_steps"] > 0
     assert all(a["t"] <= b["t"] for a, b in zip(steps, steps[1:]))
     assert all(s["context_tokens"] >= s["decode_rows"] + s["prefill_tokens"] for s in steps)
-    assert all(0 <= s["launch_cpu_ms"] <= s["launch_ms"] + 1 for s in steps)  # thread CPU time, within clock ticks
+    # The launch's thread CPU time: never above its wall time over the replay, the other threads' work not in it. Per
+    # step only up to the clocks' skew: on these VMs a thread's CPU clock ran up to 0.16 ms ahead of the monotonic one
+    # over a short interval when idle, and over 1 ms once under the suite's load.
+    assert all(s["launch_cpu_ms"] >= 0 for s in steps)
+    assert sum(s["launch_cpu_ms"] for s in steps) <= 1.02 * sum(s["launch_ms"] for s in steps) + 5
     # Whether the engine thread ever blocked depends on the machine: a slow one is busy through the whole replay and
     # may count none (seen once in CI). tests/test_engine.py checks the counting itself with a wait it makes sure of.
     assert all(s["voluntary_switches"] >= 0 and s["involuntary_switches"] >= 0 for s in steps)
