@@ -79,7 +79,8 @@ def start(term: Terminal, tmp_path: Path, command: str) -> None:
         "120",
         "-y",
         "40",
-        f"unset COLUMNS LINES; {command}; echo $? > {status}; sleep 600",
+        # written whole, then renamed: a reader polling for the file once found it created and still empty
+        f"unset COLUMNS LINES; {command}; echo $? > {status}.part; mv {status}.part {status}; sleep 600",
     )
 
 
