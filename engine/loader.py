@@ -66,7 +66,8 @@ def load_model(
         kind, where = "hf", cached
     path = Path(where)  # a file or directory unless kind is "dummy"
     keep: dict[str, torch.Tensor] | None = {} if kind == "gguf" and with_tokenizer and weight_cache.enabled() else None
-    # GGUF blocks for the CPU kernel (kernels/cpu_ops.py): it computes in fp32, on one process
+    # The C kernels (kernels/cpu_ops.py) compute in fp32, on one process: GGUF blocks for the linears, and for every
+    # model its norms, rope, SiLU, embedding lookup and decode attention
     use_blocks = device.type == "cpu" and dtype == torch.float32 and TP.size == 1
     uses_cpu_ops = False
     quantized: dict[str, QuantMatrix] | None = {} if kind == "gguf" and (use_blocks or keep is not None) else None
@@ -115,6 +116,10 @@ def load_model(
             uses_cpu_ops = True
         else:
             print(f"minisgl: no quantized CPU kernel ({why}); running the dequantized weights", file=sys.stderr)
+    elif use_blocks and cpu_ops.load(cache_root() / "kernels") is None:
+        # dense weights: the linears stay torch's, the small ops go to C (without a compiler they stay torch's too)
+        use_cpu_ops(model)
+        uses_cpu_ops = True
     tok = tokenizer_at(kind, path, cfg.eos_token_ids) if with_tokenizer else ByteTokenizer()
     if keep is not None:
         weight_cache.store(path, cfg, keep, tok.hf, quantized or {})

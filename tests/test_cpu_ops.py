@@ -96,15 +96,19 @@ def test_no_compiler_keeps_the_dense_weights(smollm, tmp_path, monkeypatch, caps
     assert why is not None and "C compiler" in why and "no-such-cc" in why
     loaded = load_model(None, torch.device("cpu"), torch.float32, with_tokenizer=False)
     assert quantized_modules(loaded.model) == {}
-    assert "no quantized CPU kernel" in capsys.readouterr().err
+    assert "no quantized CPU kernel" in capsys.readouterr().err and not loaded.cpu_ops
+    dense = load_model("dummy:tiny-llama", torch.device("cpu"), torch.float32, with_tokenizer=False)
+    assert not dense.cpu_ops and capsys.readouterr().err == ""  # a dense model loses little: torch's ops, quietly
     monkeypatch.setenv("MINISGL_CPU_OPS", "0")
     assert cpu_ops.load(tmp_path / "kernels") == "turned off by MINISGL_CPU_OPS=0"
 
 
 def test_bf16_and_other_models_keep_dense_weights(smollm):
-    assert quantized_modules(load_model(None, torch.device("cpu"), torch.bfloat16, with_tokenizer=False).model) == {}
+    bf16 = load_model(None, torch.device("cpu"), torch.bfloat16, with_tokenizer=False)
+    assert quantized_modules(bf16.model) == {} and not bf16.cpu_ops  # the C kernels compute in fp32 only
     tiny = load_model("dummy:tiny-llama", torch.device("cpu"), torch.float32, with_tokenizer=False)
-    assert quantized_modules(tiny.model) == {}
+    # dense fp32 weights: torch's linears, the C kernels for the rest (tests/test_hf_equivalence.py runs them)
+    assert quantized_modules(tiny.model) == {} and tiny.cpu_ops
 
 
 # ---- the small fused ops and decode attention, against the eager torch code they replace ------------------------

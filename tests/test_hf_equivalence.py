@@ -42,7 +42,11 @@ def test_tiny_random_matches_transformers(preset, tmp_path):
     hf = hf_model_from_config(PRESETS[preset])
     save_hf(hf, tmp_path / preset)
     llm = make_llm(str(tmp_path / preset), page_size=4, num_pages=256)  # small: the page check is O(pages)
-    llm.engine.runner.keep_logits = True
+    runner = llm.engine.runner
+    # dense fp32 on a CPU: norms, rope, SiLU, embedding and decode attention in C, the linears torch's, so no
+    # recorded decode steps (they need the whole forward in C)
+    assert llm.engine.loaded.cpu_ops and runner.backend.cpu_ops and runner.graphs is None
+    runner.keep_logits = True
     rng = random.Random(1)
     prompts = [[rng.randrange(512) for _ in range(rng.randint(5, 40))] for _ in range(6)]
     for prompt in prompts:
