@@ -1,0 +1,275 @@
+"""Do cuBLAS's GEMMs wait for the kernel before them when a CUDA graph lets them launch early, and what would that save
+in a decode step? (issue #17; GPU only)
+
+    source .whl/use-bundle.sh && python benchmarks/pdl_edges.py --out $OUT/pdl_edges.json
+
+cuBLAS launches its kernels itself, without programmatic dependent launch (PDL), so every GEMM of a decode step
+starts only once the kernel before it has ended and its writes are flushed. A captured graph's edges can be made
+programmatic after capture (the driver's `cuGraphAddDependencies_v2` with edge data), which lets the GEMM launch
+before its predecessor ends. That is safe only if the GEMM's kernel executes `griddepcontrol.wait` before it reads
+its input, which nothing documents for cuBLAS. So, first a probe:
+- a Triton kernel lets its dependents launch at its start, spins, then writes `a = x` (after `a` was zeroed);
+- the kernel after it reads `a`: a Triton kernel without the wait (a control: it must see zeros, or the edge had no
+  effect), a Triton kernel with the wait (must see x), and cuBLAS's `a @ W^T` (the question);
+- each through a programmatic edge from the spinning kernel, on both of the driver's ports for it.
+Then, only where cuBLAS waited in every replay, `pdl_layer.py`'s `base` decode step (Qwen3-0.6B's 28 layers, paged
+KV at offline lengths) with the edges into its GEMMs made programmatic, against the same graph as captured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+CU_GRAPH_NODE_TYPE_KERNEL = 0
+CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC = 1
+PORTS = {"programmatic": 1, "launch-order": 2}  # CU_GRAPH_KERNEL_NODE_PORT_*
+GEMM_NAMES = ("nvjet", "gemm", "gemv", "xmma", "cutlass")
+
+
+class EdgeData(ctypes.Structure):
+    _fields_ = [
+        ("from_port", ctypes.c_ubyte),
+        ("to_port", ctypes.c_ubyte),
+        ("type", ctypes.c_ubyte),
+        ("reserved", ctypes.c_ubyte * 5),
+    ]
+
+
+class KernelNodeParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2
+    _fields_ = [
+        ("func", ctypes.c_void_p),
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared_mem", ctypes.c_uint),
+        ("params", ctypes.c_void_p),
+        ("extra", ctypes.c_void_p),
+        ("kern", ctypes.c_void_p),
+        ("ctx", ctypes.c_void_p),
+    ]
+
+
+cuda = ctypes.CDLL("libcuda.so.1")
+
+
+def _ok(rc: int, what: str) -> None:
+    if rc != 0:
+        name = ctypes.c_char_p()
+        cuda.cuGetErrorName(rc, ctypes.byref(name))
+        raise RuntimeError(f"{what}: {name.value.decode() if name.value else rc}")
+
+
+def kernel_names(graph: int) -> dict[int, str]:
+    """{node: kernel name} of the graph's kernel nodes."""
+    n = ctypes.c_size_t()
+    _ok(cuda.cuGraphGetNodes(ctypes.c_void_p(graph), None, ctypes.byref(n)), "cuGraphGetNodes")
+    nodes = (ctypes.c_void_p * n.value)()
+    _ok(cuda.cuGraphGetNodes(ctypes.c_void_p(graph), nodes, ctypes.byref(n)), "cuGraphGetNodes")
+    names: dict[int, str] = {}
+    for node in nodes:
+        kind = ctypes.c_int()
+        _ok(cuda.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind)), "cuGraphNodeGetType")
+        if kind.value != CU_GRAPH_NODE_TYPE_KERNEL:
+            continue
+        p = KernelNodeParams()
+        _ok(cuda.cuGraphKernelNodeGetParams_v2(ctypes.c_void_p(node), ctypes.byref(p)), "cuGraphKernelNodeGetParams")
+        name = ctypes.c_char_p()
+        if p.func:
+            _ok(cuda.cuFuncGetName(ctypes.byref(name), ctypes.c_void_p(p.func)), "cuFuncGetName")
+        else:
+            _ok(cuda.cuKernelGetName(ctypes.byref(name), ctypes.c_void_p(p.kern)), "cuKernelGetName")
+        names[node or 0] = (name.value or b"?").decode()
+    return names
+
+
+def edges(graph: int) -> list[tuple[int, int, EdgeData]]:
+    n = ctypes.c_size_t()
+    g = ctypes.c_void_p(graph)
+    _ok(cuda.cuGraphGetEdges_v2(g, None, None, None, ctypes.byref(n)), "cuGraphGetEdges")
+    src, dst, data = (ctypes.c_void_p * n.value)(), (ctypes.c_void_p * n.value)(), (EdgeData * n.value)()
+    _ok(cuda.cuGraphGetEdges_v2(g, src, dst, data, ctypes.byref(n)), "cuGraphGetEdges")
+    return [(src[i] or 0, dst[i] or 0, data[i]) for i in range(n.value)]
+
+
+def make_programmatic(graph: int, into, port: int) -> list[tuple[str, str]]:
+    """Every plain edge between two kernel nodes whose (from name, to name) `into` accepts becomes programmatic
+    through `port`. Returns the pairs changed."""
+    names = kernel_names(graph)
+    changed = []
+    g = ctypes.c_void_p(graph)
+    for a, b, d in edges(graph):
+        if a not in names or b not in names or d.type != 0 or not into(names[a], names[b]):
+            continue
+        one = ctypes.c_void_p * 1
+        _ok(cuda.cuGraphRemoveDependencies_v2(g, one(a), one(b), (EdgeData * 1)(d), 1), "cuGraphRemoveDependencies")
+        new = EdgeData(from_port=port, to_port=0, type=CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC)
+        _ok(cuda.cuGraphAddDependencies_v2(g, one(a), one(b), (EdgeData * 1)(new), 1), "cuGraphAddDependencies")
+        changed.append((names[a], names[b]))
+    return changed
+
+
+def is_gemm(name: str) -> bool:
+    return any(k in name.lower() for k in GEMM_NAMES)
+
+
+@triton.jit
+def _spin_write(x_ptr, out_ptr, n, iters, BLOCK: tl.constexpr):
+    tl.extra.cuda.gdc_launch_dependents()  # the next kernel may launch now
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    acc = x * 0.0
+    for _ in range(iters):  # a serial chain the compiler cannot drop: ~4 cycles an iteration
+        acc = acc * 0.5 + 1e-30
+    tl.store(out_ptr + offs, (x + acc).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _read_twice(a_ptr, out_ptr, n, WAIT: tl.constexpr, BLOCK: tl.constexpr):
+    if WAIT:
+        tl.extra.cuda.gdc_wait()
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(a_ptr + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, a * 2, mask=mask)
+
+
+def probe(dev: torch.device, iters: int, replays: int) -> list[dict]:
+    rows, k = 64, 1024
+    x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(4096, k, device=dev, dtype=torch.bfloat16) * 0.03
+    a = torch.zeros_like(x)
+    block = 1024
+
+    def downstream(kind: str) -> torch.Tensor:
+        if kind == "cublas":
+            return F.linear(a, w)
+        out = torch.empty_like(a)
+        _read_twice[(triton.cdiv(a.numel(), block),)](a, out, a.numel(), kind == "triton-wait", block)
+        return out
+
+    want = {"cublas": F.linear(x, w), "triton-no-wait": x * 2, "triton-wait": x * 2}
+    results = []
+    for kind in want:
+        for port_name, port in PORTS.items():
+
+            def body(kind: str = kind) -> torch.Tensor:
+                a.zero_()
+                _spin_write[(triton.cdiv(x.numel(), block),)](x, a, x.numel(), iters, block)
+                return downstream(kind)
+
+            body()  # compile outside the graph
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph(keep_graph=True)
+            with torch.cuda.graph(graph):
+                y = body()
+            changed = make_programmatic(graph.raw_cuda_graph(), lambda s, d: "_spin_write" in s, port)
+            graph.instantiate()
+            exact = stale = other = 0
+            for _ in range(replays):
+                graph.replay()
+                torch.cuda.synchronize()
+                if torch.equal(y, want[kind]):
+                    exact += 1
+                elif not y.any():
+                    stale += 1  # read the zeros: started before the writes
+                else:
+                    other += 1
+            row = dict(downstream=kind, port=port_name, edges=changed, replays=replays, exact=exact, stale=stale,
+                       partly=other)  # fmt: skip
+            print(row, flush=True)
+            results.append(row)
+    return results
+
+
+def layer_step(batches: list[int], dev: torch.device, port: int, rounds: int) -> list[dict]:
+    """pdl_layer.py's `base` step, as captured and with the edges into its GEMMs made programmatic."""
+    from layer_chain import layer_weights  # this script's folder is on sys.path
+
+    weights = layer_weights(dev)
+    return [time_batch(batch, weights, dev, port, rounds) for batch in batches]
+
+
+def time_batch(batch: int, weights: list[dict], dev: torch.device, port: int, rounds: int) -> dict:
+    from layer_chain import EPS, HIDDEN, DecodeBatch, Q
+
+    from kernels import triton_ops
+
+    db = DecodeBatch.draw(batch, torch.Generator().manual_seed(batch), dev)
+    store, attn, kv = db.rope_store(dev), db.wrapper(dev), db.kv
+
+    def step(x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+        for i, w in enumerate(weights):
+            q = store(F.linear(triton_ops.rmsnorm(x, w["n1"], EPS, res), w["qkv"]), i)
+            o = attn.run(q, kv[i]).view(-1, Q)
+            gu = F.linear(triton_ops.rmsnorm(F.linear(o, w["o"]), w["n2"], EPS, res), w["gu"])
+            x = F.linear(triton_ops.silu_and_mul(gu), w["down"])
+        return x
+
+    x0 = torch.randn(batch, HIDDEN, device=dev, dtype=torch.bfloat16)
+    r0 = torch.randn(batch, HIDDEN, device=dev, dtype=torch.bfloat16)
+    graphs = {}
+    for mode in ("captured", "gemm-edges"):
+        xs, rs = x0.clone(), r0.clone()
+        step(xs.clone(), rs.clone())
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.graph(g):
+            y = step(xs, rs)
+        changed = make_programmatic(g.raw_cuda_graph(), lambda s, d: is_gemm(d), port) if mode != "captured" else []
+        g.instantiate()
+        graphs[mode] = (g, xs, rs, y, changed)
+    times: dict[str, list[float]] = {m: [] for m in graphs}
+    for _ in range(rounds):
+        for mode, (g, xs, rs, _y, _) in graphs.items():
+            xs.copy_(x0)
+            rs.copy_(r0)
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            g.replay()
+            e.record()
+            torch.cuda.synchronize()
+            times[mode].append(s.elapsed_time(e))
+    ms = {m: statistics.median(t[3:]) for m, t in times.items()}
+    ref, got = graphs["captured"][3].float(), graphs["gemm-edges"][3].float()
+    row = dict(batch=batch, ms=ms, us_saved_per_layer=(ms["captured"] - ms["gemm-edges"]) * 1e3 / len(weights),
+               equal_outputs=bool(torch.equal(ref, got)), edges_changed=len(graphs["gemm-edges"][4]),
+               edge_kinds=sorted({f"{a[:40]} -> {b[:40]}" for a, b in graphs["gemm-edges"][4]}))  # fmt: skip
+    print(row, flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iters", type=int, default=20000, help="spin iterations of the probe's first kernel")
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--batches", default="16,64,128,256")
+    ap.add_argument("--out", default="pdl_edges.json")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    res: dict = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
+    res["probe"] = probe(dev, args.iters, args.replays)
+    cublas = [r for r in res["probe"] if r["downstream"] == "cublas"]
+    control = [r for r in res["probe"] if r["downstream"] == "triton-no-wait"]
+    took_effect = any(r["stale"] for r in control)
+    waits = {r["port"]: took_effect and r["exact"] == r["replays"] for r in cublas}
+    res["cublas_waits"] = waits
+    print(f"the edges took effect (the control read zeros): {took_effect}; cuBLAS read its input whole: {waits}")
+    res["layer"] = {}
+    for port_name, ok in waits.items():
+        if ok:
+            res["layer"][port_name] = layer_step([int(b) for b in args.batches.split(",")], dev, PORTS[port_name], 11)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
