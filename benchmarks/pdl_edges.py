@@ -189,41 +189,78 @@ def probe(dev: torch.device, iters: int, replays: int) -> list[dict]:
     return results
 
 
-def layer_step(batches: list[int], dev: torch.device, port: int, rounds: int) -> list[dict]:
-    """pdl_layer.py's `base` step, as captured and with the edges into its GEMMs made programmatic."""
+def layer_step(batches: list[int], dev: torch.device, rounds: int, into_gemms: int | None) -> list[dict]:
+    """pdl_layer.py's `base` step in modes (MODES), interleaved."""
     from layer_chain import layer_weights  # this script's folder is on sys.path
 
     weights = layer_weights(dev)
-    return [time_batch(batch, weights, dev, port, rounds) for batch in batches]
+    return [time_batch(batch, weights, dev, rounds, into_gemms) for batch in batches]
 
 
-def time_batch(batch: int, weights: list[dict], dev: torch.device, port: int, rounds: int) -> dict:
-    from layer_chain import EPS, HIDDEN, DecodeBatch, Q
+# mode: (RMSNorm and SiLU compiled with griddepcontrol.wait, which edges become programmatic, through which port)
+MODES = {
+    "captured": (False, None, 0),
+    "waiting-plain": (True, None, 0),
+    "waiting-programmatic": (True, "out-of-gemms", PORTS["programmatic"]),
+    "waiting-launch-order": (True, "out-of-gemms", PORTS["launch-order"]),
+}
+WAITING = ("_rmsnorm_pdl_kernel", "_silu_pdl_kernel")
+
+
+def time_batch(batch: int, weights: list[dict], dev: torch.device, rounds: int, into_gemms: int | None) -> dict:
+    """The GEMMs never signal their dependents, so a kernel after one launches once it has ended. A kernel that waits
+    (`griddepcontrol.wait`) may launch earlier: through the programmatic port once the GEMM has ended but before its
+    writes are flushed (what a PDL launch attribute gives; the forty-second session measured that a tie), through the
+    launch-order port once all of the GEMM's blocks have begun (the kernel then sits resident at its wait). With
+    `into_gemms` (a port; only where the probe found cuBLAS waiting) also the edges into the GEMMs."""
+    from layer_chain import EPS, HIDDEN, DecodeBatch, Q, _rmsnorm_pdl_kernel, _silu_pdl_kernel
 
     from kernels import triton_ops
 
     db = DecodeBatch.draw(batch, torch.Generator().manual_seed(batch), dev)
     store, attn, kv = db.rope_store(dev), db.wrapper(dev), db.kv
 
-    def step(x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+    def norm(x: torch.Tensor, w: torch.Tensor, res: torch.Tensor, waits: bool) -> torch.Tensor:
+        if not waits:
+            return triton_ops.rmsnorm(x, w, EPS, res)
+        out = torch.empty_like(x)
+        _rmsnorm_pdl_kernel[(x.shape[0],)](x, res, w, out, HIDDEN, EPS, True, triton.next_power_of_2(HIDDEN))
+        return out
+
+    def silu(gu: torch.Tensor, waits: bool) -> torch.Tensor:
+        if not waits:
+            return triton_ops.silu_and_mul(gu)
+        n = gu.shape[1] // 2
+        out = torch.empty((gu.shape[0], n), dtype=gu.dtype, device=gu.device)
+        _silu_pdl_kernel[(gu.shape[0], triton.cdiv(n, 1024))](gu, out, n, True, 1024)
+        return out
+
+    def step(x: torch.Tensor, res: torch.Tensor, waits: bool) -> torch.Tensor:
         for i, w in enumerate(weights):
-            q = store(F.linear(triton_ops.rmsnorm(x, w["n1"], EPS, res), w["qkv"]), i)
+            q = store(F.linear(norm(x, w["n1"], res, waits), w["qkv"]), i)
             o = attn.run(q, kv[i]).view(-1, Q)
-            gu = F.linear(triton_ops.rmsnorm(F.linear(o, w["o"]), w["n2"], EPS, res), w["gu"])
-            x = F.linear(triton_ops.silu_and_mul(gu), w["down"])
+            gu = F.linear(norm(F.linear(o, w["o"]), w["n2"], res, waits), w["gu"])
+            x = F.linear(silu(gu, waits), w["down"])
         return x
 
+    modes = dict(MODES)
+    if into_gemms is not None:
+        modes["into-gemms"] = (False, "into-gemms", into_gemms)
+    rules = {
+        "out-of-gemms": lambda a, b: is_gemm(a) and any(k in b for k in WAITING),
+        "into-gemms": lambda a, b: is_gemm(b),
+    }
     x0 = torch.randn(batch, HIDDEN, device=dev, dtype=torch.bfloat16)
     r0 = torch.randn(batch, HIDDEN, device=dev, dtype=torch.bfloat16)
     graphs = {}
-    for mode in ("captured", "gemm-edges"):
+    for mode, (waits, rule, port) in modes.items():
         xs, rs = x0.clone(), r0.clone()
-        step(xs.clone(), rs.clone())
+        step(xs.clone(), rs.clone(), waits)
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph(keep_graph=True)
         with torch.cuda.graph(g):
-            y = step(xs, rs)
-        changed = make_programmatic(g.raw_cuda_graph(), lambda s, d: is_gemm(d), port) if mode != "captured" else []
+            y = step(xs, rs, waits)
+        changed = make_programmatic(g.raw_cuda_graph(), rules[rule], port) if rule else []
         g.instantiate()
         graphs[mode] = (g, xs, rs, y, changed)
     times: dict[str, list[float]] = {m: [] for m in graphs}
@@ -238,11 +275,23 @@ def time_batch(batch: int, weights: list[dict], dev: torch.device, port: int, ro
             torch.cuda.synchronize()
             times[mode].append(s.elapsed_time(e))
     ms = {m: statistics.median(t[3:]) for m, t in times.items()}
-    ref, got = graphs["captured"][3].float(), graphs["gemm-edges"][3].float()
-    row = dict(batch=batch, ms=ms, us_saved_per_layer=(ms["captured"] - ms["gemm-edges"]) * 1e3 / len(weights),
-               equal_outputs=bool(torch.equal(ref, got)), edges_changed=len(graphs["gemm-edges"][4]),
-               edge_kinds=sorted({f"{a[:40]} -> {b[:40]}" for a, b in graphs["gemm-edges"][4]}))  # fmt: skip
-    print(row, flush=True)
+    ref = {False: graphs["captured"][3], True: graphs["waiting-plain"][3]}
+    saved = {m: (ms["captured"] - v) * 1e3 / len(weights) for m, v in ms.items()}
+    row = dict(
+        batch=batch,
+        ms=ms,
+        us_saved_per_layer=saved,
+        # each mode against the mode with the same kernels and no edges changed: bit for bit
+        equal_outputs={m: bool(torch.equal(g[3], ref[modes[m][0]])) for m, g in graphs.items()},
+        edges_changed={m: len(g[4]) for m, g in graphs.items()},
+        edge_kinds={m: sorted({f"{a[:32]} -> {b[:32]}" for a, b in g[4]}) for m, g in graphs.items()},
+    )
+    print(
+        f"batch {batch:4}: "
+        + "  ".join(f"{m} {v:.3f} ms ({saved[m]:+.2f} us/layer)" for m, v in ms.items())
+        + f"  equal {row['equal_outputs']}  edges {row['edges_changed']}",
+        flush=True,
+    )
     return row
 
 
@@ -251,6 +300,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20000, help="spin iterations of the probe's first kernel")
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--batches", default="16,64,128,256")
+    ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--out", default="pdl_edges.json")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -263,10 +313,8 @@ def main() -> None:
     waits = {r["port"]: took_effect and r["exact"] == r["replays"] for r in cublas}
     res["cublas_waits"] = waits
     print(f"the edges took effect (the control read zeros): {took_effect}; cuBLAS read its input whole: {waits}")
-    res["layer"] = {}
-    for port_name, ok in waits.items():
-        if ok:
-            res["layer"][port_name] = layer_step([int(b) for b in args.batches.split(",")], dev, PORTS[port_name], 11)
+    into = next((PORTS[p] for p, ok in waits.items() if ok), None)
+    res["layer"] = layer_step([int(b) for b in args.batches.split(",")], dev, args.rounds, into)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
 
