@@ -12,8 +12,10 @@ its input, which nothing documents for cuBLAS. So, first a probe:
 - the kernel after it reads `a`: a Triton kernel without the wait (a control: it must see zeros, or the edge had no
   effect), a Triton kernel with the wait (must see x), and cuBLAS's `a @ W^T` (the question);
 - each through a programmatic edge from the spinning kernel, on both of the driver's ports for it.
-Then, only where cuBLAS waited in every replay, `pdl_layer.py`'s `base` decode step (Qwen3-0.6B's 28 layers, paged
-KV at offline lengths) with the edges into its GEMMs made programmatic, against the same graph as captured.
+Then `pdl_layer.py`'s `base` decode step (Qwen3-0.6B's 28 layers, paged KV at offline lengths) in modes (MODES):
+the edges out of its GEMMs into RMSNorm and SiLU kernels that wait made programmatic, on either port, against the
+graph as captured (`time_batch` says what each port allows); and, only where cuBLAS waited in every replay, the
+edges into its GEMMs.
 """
 
 from __future__ import annotations
