@@ -14,19 +14,26 @@ from engine.distributed import TP
 from kernels import cpu_ops
 from kernels.cpu_ops import QuantMatrix
 
-# At most this many rows (tokens) go through the quantized CPU kernel (kernels/cpu_ops.py); longer prefills use
-# the dense fp32 weights. Measured on the project's AVX2 machine, one pass over SmolLM2's matrices: 16 rows
-# 90 ms against 170 dense (docs/benchmarks.md).
+# At most this many rows (tokens) go through the CPU kernels' matmuls (kernels/cpu_ops.py); longer prefills use
+# torch's on the dense fp32 weights. Measured on the project's AVX2 machine, one pass over SmolLM2's matrices: 16 rows
+# 90 ms from the blocks against 170 dense (docs/benchmarks.md).
 CPU_QUANT_MAX_ROWS = 16
 
 
 def _linear(
-    x: torch.Tensor, weight: torch.Tensor, quant: QuantMatrix | None, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    quant: QuantMatrix | None,
+    bias: torch.Tensor | None = None,
+    cpu: bool = False,
 ) -> torch.Tensor:
-    """x W^T (+ b), from the quantized blocks when a CPU kernel holds them and the batch is small."""
+    """x W^T (+ b), for a small batch through the CPU kernels (`cpu`: a module use_cpu_ops() switched): from the
+    quantized blocks where the kernel holds them, else from the dense weight if it has the CPU layout."""
     if quant is not None and x.shape[0] <= CPU_QUANT_MAX_ROWS:
         y = cpu_ops.matmul(x, quant)
         return y if bias is None else y + bias
+    if cpu and x.dim() == 2 and x.shape[0] <= CPU_QUANT_MAX_ROWS and cpu_ops.dense_transposed(weight):
+        return cpu_ops.dense_matmul(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
@@ -103,6 +110,8 @@ class Loadable(nn.Module):
 class ColumnParallelLinear(Loadable):
     """y = x W^T (+ b) with W's output rows split over ranks. `sizes` packs several logical outputs (q|k|v)."""
 
+    cpu_ops = False  # use_cpu_ops(), on one process
+
     def __init__(self, in_features: int, sizes: list[int], bias: bool = False):
         super().__init__()
         for s in sizes:
@@ -134,7 +143,7 @@ class ColumnParallelLinear(Loadable):
         return target.detach()[start : start + self.sizes[index]]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _linear(x, self.weight, self.quant, self.bias)
+        return _linear(x, self.weight, self.quant, self.bias, self.cpu_ops)
 
 
 class ReplicatedLinear(Loadable):
@@ -150,6 +159,8 @@ class ReplicatedLinear(Loadable):
 
 class RowParallelLinear(Loadable):
     """y = x W^T with W's input columns split over ranks; partial sums are all-reduced."""
+
+    cpu_ops = False  # use_cpu_ops(), on one process
 
     if TYPE_CHECKING:  # nn.Module types every call as returning Any
 
@@ -169,7 +180,7 @@ class RowParallelLinear(Loadable):
         return self.weight.copy_(full.narrow(1, TP.rank * self.in_per_rank, self.in_per_rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return TP.all_reduce(_linear(x, self.weight, self.quant))
+        return TP.all_reduce(_linear(x, self.weight, self.quant, cpu=self.cpu_ops))
 
 
 class VocabParallelEmbedding(Loadable):
@@ -206,7 +217,7 @@ class VocabParallelEmbedding(Loadable):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """LM head over this rank's vocab rows, gathered into the full vocabulary."""
-        full = TP.all_gather_last_dim(_linear(h, self.weight, self.quant))
+        full = TP.all_gather_last_dim(_linear(h, self.weight, self.quant, cpu=self.cpu_ops))
         return full[..., : self.vocab]
 
 

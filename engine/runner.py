@@ -101,9 +101,7 @@ class ModelRunner:
         if cpu_ops and isinstance(self.backend, TorchBackend):
             # its decode attention through the C kernel too (not over an fp8 pool or a sliding window: it checks)
             self.backend.cpu_ops = True
-            # recorded steps need the whole forward in C: the linears too (GGUF blocks), not torch's dense matmuls
-            quantized = any(getattr(m, "quant", None) is not None for m in model.modules())
-            if quantized and cpu_graph.enabled() and not pool.quantized and cfg.sliding_window is None:
+            if cpu_graph.enabled() and not pool.quantized and cfg.sliding_window is None:
                 self.graphs = cpu_graph.CpuDecodeGraphs(self, min(CPU_QUANT_MAX_ROWS, max_slots))
         self.pieces = None
         if device.type == "cuda" and piecewise_max_tokens > 0:

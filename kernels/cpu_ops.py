@@ -128,11 +128,12 @@ def load(cache_dir: Path) -> str | None:
     lib.q4_1_matmul.argtypes = [p, i64, i64, p, p, p, i64, p]
     lib.q8_0_matmul.argtypes = [p, i64, i64, p, p, i64, p]
     f32 = ctypes.c_float
-    lib.rmsnorm_f32.argtypes = [p, p, p, f32, i64, i64, i64, p]
+    lib.rmsnorm_f32.argtypes = [p, p, p, f32, i64, i64, i64, i64, p]
     lib.rope_f32.argtypes = [p, i64, i64, i64, i64, p, p]
     lib.silu_mul_f32.argtypes = [p, i64, i64, p]
     lib.decode_attention_f32.argtypes = [p, i64, p, i64, p, i64, p, p, p, p, i64, p, i64, i64, i64, i64, f32, p, p]
     lib.embedding_f32.argtypes = [p, i64, i64, p, i64, i64, p]
+    lib.dense_matmul_f32.argtypes = [p, i64, i64, i64, p, i64, p, p]
     lib.run_tape.argtypes = [p, i64]
     for name in (*TAPE_OPS, "run_tape"):
         getattr(lib, name).restype = None
@@ -149,6 +150,7 @@ TAPE_OPS = (
     "silu_mul_f32",
     "decode_attention_f32",
     "embedding_f32",
+    "dense_matmul_f32",
 )
 TAPE_WIDTH = 20  # int64s per recorded call: the function's number, then its arguments
 
@@ -222,12 +224,15 @@ def matmul(x: torch.Tensor, w: QuantMatrix) -> torch.Tensor:
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """RMSNorm of x [T, H] fp32 (of x + residual, with residual updated in place to that sum, when given)."""
+    """RMSNorm of x [T, H] fp32 (of x + residual, with residual updated in place to that sum, when given), or of
+    each head of x [T, G, H] (heads side by side in each row, rows at any stride: q or k split off a qkv output).
+    Returns [T * G, H], contiguous."""
     assert _lib is not None
-    if x.dim() != 2 or x.stride(1) != 1:
+    heads = x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2] and residual is None
+    if not heads and (x.dim() != 2 or x.stride(1) != 1):
         x = x.reshape(-1, x.shape[-1]).contiguous()
-    t, h = x.shape
-    out = torch.empty((t, h))
+    t, g, h = x.shape if heads else (x.shape[0], 1, x.shape[1])
+    out = torch.empty((t * g, h))
     res = 0
     if residual is not None:
         assert residual.is_contiguous() and residual.shape == x.shape and residual.dtype == torch.float32
@@ -240,6 +245,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
         weight.data_ptr(),
         eps,
         t,
+        g,
         h,
         x.stride(0),
         out.data_ptr(),
@@ -303,6 +309,26 @@ def decode_attention(
         out.data_ptr(), scratch.data_ptr(),
     )  # fmt: skip
     return out
+
+
+def dense_transposed(weight: torch.Tensor) -> bool:
+    """Whether dense_matmul takes this [N, K] weight: fp32, stored transposed ([K, N] rows, engine/layers.py's CPU
+    layout)."""
+    return weight.dtype == torch.float32 and weight.dim() == 2 and weight.stride() == (1, weight.shape[0])
+
+
+def dense_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] float32 @ weight^T (+ bias) -> [M, N] float32, for a weight dense_transposed() takes."""
+    n, k = weight.shape
+    assert dense_transposed(weight) and x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] == k
+    assert bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (n,))
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    y = torch.empty((x.shape[0], n))
+    b = 0 if bias is None else bias.data_ptr()
+    _call("dense_matmul_f32", (x, weight, bias, y), x.data_ptr(), x.shape[0], k, x.stride(0), weight.data_ptr(), n, b,
+          y.data_ptr())  # fmt: skip
+    return y
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -96,6 +96,27 @@ def test_replayed_steps_give_the_eager_tokens_and_logprobs(smollm):
     smollm.engine.check()
 
 
+def test_a_dense_model_replays_its_eager_steps():
+    """Dense fp32 weights (no GGUF blocks): the linears through the C dense matmul, the step recorded and replayed, the
+    same tokens and log-probabilities as the Python path bit for bit."""
+    from tests.conftest import make_llm
+
+    llm = make_llm("dummy:tiny-qwen3", max_running_requests=4)
+    try:
+        runner = llm.engine.runner
+        assert isinstance(runner.graphs, CpuDecodeGraphs)
+        assert all(getattr(m, "quant", None) is None for m in runner.model.modules())
+        prompts = [[3, 14, 15, 92, 65], [35, 89], [79, 32, 38, 46, 26, 43], [38]]
+        params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, logprobs=2) for n in (24, 5, 14, 9)]
+        replayed = _generate(llm, prompts, params)
+        graphs = runner.graphs
+        assert graphs.replayed > 10 and not graphs.refused, vars(graphs)
+        runner.graphs = None
+        assert _generate(llm, prompts, params) == replayed
+    finally:
+        llm.shutdown()
+
+
 def test_sampled_replays_match_eager_ones(smollm):
     runner = smollm.engine.runner
     graphs = runner.graphs

@@ -122,6 +122,12 @@ def test_rmsnorm_with_and_without_residual():
         out = cpu_ops.rmsnorm(x, w, 1e-5, r)
         assert torch.equal(r, x + res)  # the residual stream, updated in place
         assert torch.allclose(out, F.rms_norm(x + res, (576,), w, 1e-5), rtol=1e-5, atol=1e-6)
+        # per-head norms (Qwen3's q and k) over a [T, heads, D] view of a wider qkv row, in place of a copy
+        qkv = torch.randn(t, 7 * 64, generator=g)
+        q = qkv[:, : 4 * 64].view(t, 4, 64)
+        out = cpu_ops.rmsnorm(q, w[:64], 1e-5)
+        assert out.shape == (t * 4, 64)
+        assert torch.allclose(out.view(t, 4, 64), F.rms_norm(q, (64,), w[:64], 1e-5), rtol=1e-5, atol=1e-6)
 
 
 def test_rope_on_strided_heads_matches_the_eager_rotation():
@@ -151,6 +157,23 @@ def test_silu_and_mul(width):
     out = cpu_ops.silu_and_mul(x)
     assert torch.allclose(out.double(), exact, rtol=2e-6, atol=1e-30)
     assert torch.allclose(out, F.silu(gate) * up, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n,k", [(960, 576), (49152, 64), (100, 37), (7, 3)])  # whole panels, a tail, tail only
+def test_dense_matmul_matches_float64_for_every_row_count(n, k):
+    g = torch.Generator().manual_seed(n)
+    weight = torch.randn(k, n, generator=g).t()  # engine/layers.py's CPU layout: [N, K] stored as [K, N] rows
+    assert cpu_ops.dense_transposed(weight) and not cpu_ops.dense_transposed(weight.contiguous())
+    bias = torch.randn(n, generator=g)
+    wide = torch.randn(16, k + 5, generator=g)
+    for m in range(1, 17):  # every tile height of the kernel and their remainders
+        x = wide[:m, :k]  # rows with a stride wider than k
+        for b in (bias, None):
+            exact = x.double() @ weight.double().t() + (0 if b is None else b.double())
+            out = cpu_ops.dense_matmul(x, weight, b)
+            assert torch.allclose(out.double(), exact, rtol=1e-5, atol=1e-4 * k**0.5), (m, b is None)
+            # each row's sum does not depend on the rows beside it: a request's tokens do not depend on its batch
+            assert torch.equal(cpu_ops.dense_matmul(x[-1:], weight, b)[0], out[-1])
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -191,8 +214,8 @@ def test_cpu_ops_give_the_eager_tokens(smollm):
     assert engine.loaded.cpu_ops and backend.cpu_ops
     switched = [m for m in model.modules() if getattr(m, "cpu_ops", False)]
     quant = quantized_modules(model)
-    # norms, final norm, rope, MLPs, embedding (tied to the LM head)
-    assert len(switched) == 2 * model.cfg.num_layers + 1 + 1 + model.cfg.num_layers + 1
+    # norms, final norm, rope, MLPs, embedding (tied to the LM head), linear layers (qkv, o, gate_up, down)
+    assert len(switched) == 2 * model.cfg.num_layers + 1 + 1 + model.cfg.num_layers + 1 + 4 * model.cfg.num_layers
     sp = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     prompts = [[{"role": "user", "content": p}] for p in PROMPTS[:4]]
     fast = [o.token_ids for o in smollm.generate(prompts, sp)]

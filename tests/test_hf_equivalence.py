@@ -43,9 +43,9 @@ def test_tiny_random_matches_transformers(preset, tmp_path):
     save_hf(hf, tmp_path / preset)
     llm = make_llm(str(tmp_path / preset), page_size=4, num_pages=256)  # small: the page check is O(pages)
     runner = llm.engine.runner
-    # dense fp32 on a CPU: norms, rope, SiLU, embedding and decode attention in C, the linears torch's, so no
-    # recorded decode steps (they need the whole forward in C)
-    assert llm.engine.loaded.cpu_ops and runner.backend.cpu_ops and runner.graphs is None
+    # dense fp32 on a CPU: the whole decode forward through the C kernels (the linears up to 16 rows), replayed from
+    # the recorded calls after each batch size's first step (engine/cpu_graph.py)
+    assert llm.engine.loaded.cpu_ops and runner.backend.cpu_ops and runner.graphs is not None
     runner.keep_logits = True
     rng = random.Random(1)
     prompts = [[rng.randrange(512) for _ in range(rng.randint(5, 40))] for _ in range(6)]
@@ -59,7 +59,7 @@ def test_tiny_random_matches_transformers(preset, tmp_path):
         llm.step()
     _, ref_logits = hf_greedy(hf, prompts[0], 1)
     torch.testing.assert_close(llm.engine.runner.last_logits[0], ref_logits, rtol=1e-4, atol=1e-4)
-    assert rid
+    assert rid and runner.graphs.replayed > 0 and not runner.graphs.refused, vars(runner.graphs)
 
 
 def test_llama3_rope_scaling_matches_transformers(tmp_path):
