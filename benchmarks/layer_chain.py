@@ -350,19 +350,29 @@ class DecodeBatch:
 
 
 def interleaved_step_ms(
-    step, modes: Sequence[str], x0: torch.Tensor, r0: torch.Tensor, rounds: int, skip: int
+    step,
+    modes: Sequence[str],
+    x0: torch.Tensor,
+    r0: torch.Tensor,
+    rounds: int,
+    skip: int,
+    edit: Callable[[str, int], None] | None = None,
 ) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """Each mode's `step(mode, x, residual) -> out` captured in a CUDA graph, then the graphs replayed in turn for
     `rounds` rounds (so a clock or neighbour drift hits every mode alike) from the same inputs. Returns each mode's
-    median ms per replay after the first `skip` rounds, and its output (fp32)."""
+    median ms per replay after the first `skip` rounds, and its output (fp32). `edit(mode, cudaGraph_t)` may change
+    each captured graph before it is instantiated (pdl_edges.py)."""
     graphs = {}
     for mode in modes:
         xs, rs = x0.clone(), r0.clone()
         step(mode, xs.clone(), rs.clone())  # compile outside the graph
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
+        graph = torch.cuda.CUDAGraph(keep_graph=edit is not None)
         with torch.cuda.graph(graph):
             y = step(mode, xs, rs)
+        if edit is not None:
+            edit(mode, graph.raw_cuda_graph())
+            graph.instantiate()
         graphs[mode] = (graph, xs, rs, y)
     times: dict[str, list[float]] = {m: [] for m in modes}
     for _ in range(rounds):

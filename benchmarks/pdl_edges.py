@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
@@ -215,7 +214,7 @@ def time_batch(batch: int, weights: list[dict], dev: torch.device, rounds: int, 
     writes are flushed (what a PDL launch attribute gives; the forty-second session measured that a tie), through the
     launch-order port once all of the GEMM's blocks have begun (the kernel then sits resident at its wait). With
     `into_gemms` (a port; only where the probe found cuBLAS waiting) also the edges into the GEMMs."""
-    from layer_chain import EPS, HIDDEN, DecodeBatch, Q, _rmsnorm_pdl_kernel, _silu_pdl_kernel
+    from layer_chain import EPS, HIDDEN, DecodeBatch, Q, _rmsnorm_pdl_kernel, _silu_pdl_kernel, interleaved_step_ms
 
     from kernels import triton_ops
 
@@ -254,39 +253,25 @@ def time_batch(batch: int, weights: list[dict], dev: torch.device, rounds: int, 
     }
     x0 = torch.randn(batch, HIDDEN, device=dev, dtype=torch.bfloat16)
     r0 = torch.randn(batch, HIDDEN, device=dev, dtype=torch.bfloat16)
-    graphs = {}
-    for mode, (waits, rule, port) in modes.items():
-        xs, rs = x0.clone(), r0.clone()
-        step(xs.clone(), rs.clone(), waits)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph(keep_graph=True)
-        with torch.cuda.graph(g):
-            y = step(xs, rs, waits)
-        changed = make_programmatic(g.raw_cuda_graph(), rules[rule], port) if rule else []
-        g.instantiate()
-        graphs[mode] = (g, xs, rs, y, changed)
-    times: dict[str, list[float]] = {m: [] for m in graphs}
-    for _ in range(rounds):
-        for mode, (g, xs, rs, _y, _) in graphs.items():
-            xs.copy_(x0)
-            rs.copy_(r0)
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            g.replay()
-            e.record()
-            torch.cuda.synchronize()
-            times[mode].append(s.elapsed_time(e))
-    ms = {m: statistics.median(t[3:]) for m, t in times.items()}
-    ref = {False: graphs["captured"][3], True: graphs["waiting-plain"][3]}
+    changed: dict[str, list[tuple[str, str]]] = {}
+
+    def edit(mode: str, graph: int) -> None:
+        _, rule, port = modes[mode]
+        changed[mode] = make_programmatic(graph, rules[rule], port) if rule else []
+
+    ms, outs = interleaved_step_ms(
+        lambda mode, x, res: step(x, res, modes[mode][0]), list(modes), x0, r0, rounds, skip=3, edit=edit
+    )
     saved = {m: (ms["captured"] - v) * 1e3 / len(weights) for m, v in ms.items()}
+    ref = {False: outs["captured"], True: outs["waiting-plain"]}
     row = dict(
         batch=batch,
         ms=ms,
         us_saved_per_layer=saved,
         # each mode against the mode with the same kernels and no edges changed: bit for bit
-        equal_outputs={m: bool(torch.equal(g[3], ref[modes[m][0]])) for m, g in graphs.items()},
-        edges_changed={m: len(g[4]) for m, g in graphs.items()},
-        edge_kinds={m: sorted({f"{a[:32]} -> {b[:32]}" for a, b in g[4]}) for m, g in graphs.items()},
+        equal_outputs={m: bool(torch.equal(y, ref[modes[m][0]])) for m, y in outs.items()},
+        edges_changed={m: len(c) for m, c in changed.items()},
+        edge_kinds={m: sorted({f"{a[:32]} -> {b[:32]}" for a, b in c}) for m, c in changed.items()},
     )
     print(
         f"batch {batch:4}: "
