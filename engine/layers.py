@@ -17,7 +17,7 @@ from kernels.cpu_ops import QuantMatrix
 # At most this many rows (tokens) go through the CPU kernels' matmuls (kernels/cpu_ops.py); longer prefills use
 # torch's on the dense fp32 weights. Measured on the project's AVX2 machine, one pass over SmolLM2's matrices: 16 rows
 # 90 ms from the blocks against 170 dense (docs/benchmarks.md).
-CPU_QUANT_MAX_ROWS = 16
+CPU_MATMUL_MAX_ROWS = 16
 
 
 def _linear(
@@ -29,10 +29,10 @@ def _linear(
 ) -> torch.Tensor:
     """x W^T (+ b), for a small batch through the CPU kernels (`cpu`: a module use_cpu_ops() switched): from the
     quantized blocks where the kernel holds them, else from the dense weight if it has the CPU layout."""
-    if quant is not None and x.shape[0] <= CPU_QUANT_MAX_ROWS:
+    if quant is not None and x.shape[0] <= CPU_MATMUL_MAX_ROWS:
         y = cpu_ops.matmul(x, quant)
         return y if bias is None else y + bias
-    if cpu and x.dim() == 2 and x.shape[0] <= CPU_QUANT_MAX_ROWS and cpu_ops.dense_transposed(weight):
+    if cpu and x.dim() == 2 and x.shape[0] <= CPU_MATMUL_MAX_ROWS and cpu_ops.dense_transposed(weight):
         return cpu_ops.dense_matmul(x, weight, bias)
     return F.linear(x, weight, bias)
 

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from engine import cpu_graph
 from engine.distributed import TP
-from engine.layers import CPU_QUANT_MAX_ROWS
+from engine.layers import CPU_MATMUL_MAX_ROWS
 from engine.models.llama import LlamaForCausalLM
 from engine.request import Req
 from engine.sampler import Logprobs, Sampler
@@ -102,7 +102,7 @@ class ModelRunner:
             # its decode attention through the C kernel too (not over an fp8 pool or a sliding window: it checks)
             self.backend.cpu_ops = True
             if cpu_graph.enabled() and not pool.quantized and cfg.sliding_window is None:
-                self.graphs = cpu_graph.CpuDecodeGraphs(self, min(CPU_QUANT_MAX_ROWS, max_slots))
+                self.graphs = cpu_graph.CpuDecodeGraphs(self, min(CPU_MATMUL_MAX_ROWS, max_slots))
         self.pieces = None
         if device.type == "cuda" and piecewise_max_tokens > 0:
             from engine.piecewise_graph import MixedGraphs

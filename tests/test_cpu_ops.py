@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.cache_paths import cache_root
-from engine.layers import CPU_QUANT_MAX_ROWS, Loadable
+from engine.layers import CPU_MATMUL_MAX_ROWS, Loadable
 from engine.loader import load_model
 from engine.model_source import embedded_default_path
 from kernels import cpu_ops
@@ -36,7 +36,7 @@ def test_blocks_are_the_files_weights(gguf_tensors):
         assert torch.equal(q.dequantize(), ref), name  # bit for bit what gguf's reader makes of the file
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5, CPU_QUANT_MAX_ROWS, CPU_QUANT_MAX_ROWS + 3])
+@pytest.mark.parametrize("rows", [1, 2, 5, CPU_MATMUL_MAX_ROWS, CPU_MATMUL_MAX_ROWS + 3])
 def test_matmul_matches_float64(gguf_tensors, rows):
     g = torch.Generator().manual_seed(rows)
     for name, (q, ref) in gguf_tensors.items():
