@@ -66,11 +66,11 @@ def load_model(
         kind, where = "hf", cached
     path = Path(where)  # a file or directory unless kind is "dummy"
     keep: dict[str, torch.Tensor] | None = {} if kind == "gguf" and with_tokenizer and weight_cache.enabled() else None
-    # The C kernels (kernels/cpu_ops.py) compute in fp32, on one process: GGUF blocks for the linears, and for every
-    # model its norms, rope, SiLU, embedding lookup and decode attention
-    use_blocks = device.type == "cpu" and dtype == torch.float32 and TP.size == 1
+    # The C kernels (kernels/cpu_ops.py) compute in fp32, on one process: every op of a decode step, the linears from
+    # a GGUF's blocks or from dense weights
+    c_kernels = device.type == "cpu" and dtype == torch.float32 and TP.size == 1
     uses_cpu_ops = False
-    quantized: dict[str, QuantMatrix] | None = {} if kind == "gguf" and (use_blocks or keep is not None) else None
+    quantized: dict[str, QuantMatrix] | None = {} if kind == "gguf" and (c_kernels or keep is not None) else None
     reader = None
     if kind == "dummy":
         cfg = PRESETS[str(where)]
@@ -107,17 +107,17 @@ def load_model(
     model.eval()
     if device.type == "cpu":
         cpu_weight_layout(model)
-    if use_blocks and cached is not None:
+    if c_kernels and cached is not None:
         quantized = weight_cache.load_quantized(cached)
-    if use_blocks and quantized:
+    if c_kernels and quantized:
         if (why := cpu_ops.load(cache_root() / "kernels")) is None:
             model.load_quantized(quantized)
             use_cpu_ops(model)
             uses_cpu_ops = True
         else:
             print(f"minisgl: no quantized CPU kernel ({why}); running the dequantized weights", file=sys.stderr)
-    elif use_blocks and cpu_ops.load(cache_root() / "kernels") is None:
-        # dense weights: the linears stay torch's, the small ops go to C (without a compiler they stay torch's too)
+    elif c_kernels and cpu_ops.load(cache_root() / "kernels") is None:
+        # dense weights (without a compiler every op stays torch's, as it always was for them: nothing to say)
         use_cpu_ops(model)
         uses_cpu_ops = True
     tok = tokenizer_at(kind, path, cfg.eos_token_ids) if with_tokenizer else ByteTokenizer()
