@@ -13,6 +13,7 @@
  * The scales arrive as fp32 (converted from the file's fp16 once, at load). Rows are split over the OpenMP threads
  * of the process: the library links libgomp.so.1, which resolves to the copy torch already loaded, so it shares
  * torch's thread count and pool. */
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -281,15 +282,10 @@ void q8_0_matmul(const float *x, int64_t M, int64_t K, const int8_t *qs, const f
  * the same bytes. Here each thread owns a range of DW-column panels and walks K in blocks of DK rows: for each panel
  * a tile of DR rows by DW columns sits in registers through the block's DK rows of wt (DK sequential streams, which
  * the prefetchers follow; walking a panel down all of K instead, 64 bytes a row, read ~14 GB/s where a plain sum
- * reads ~28), then goes back to y, which holds the sums between blocks. Columns past the last whole panel take a
- * scalar loop. */
-#include <omp.h>
-#ifndef DK
+ * reads ~28), then goes back to y, which holds the sums between blocks; DG panels at a time, so that their sums stay
+ * in L1 (8 and 4 panels, or 8 and 32 rows, measured slower). Columns past the last whole panel take a scalar loop. */
 #define DK 16
-#endif
-#ifndef DG
 #define DG 16
-#endif
 #ifdef HAVE_VEC
 #define DW (2 * VW)
 #define DR 6
@@ -326,30 +322,33 @@ void dense_matmul_f32(const float *x, int64_t M, int64_t K, int64_t ldx, const f
     {
         const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
         const int64_t lo = panels * tid / nth, hi = panels * (tid + 1) / nth;
-        for (int64_t g = lo; g < hi; g += DG)
-        for (int64_t k0 = 0; k0 < K; k0 += DK) {
-            const int64_t kb = K - k0 < DK ? K - k0 : DK;
-            for (int64_t p = g; p < (g + DG < hi ? g + DG : hi); p++)
-                for (int64_t m0 = 0; m0 < M; m0 += DR) {
-                    const float *xm = x + m0 * ldx + k0, *w = wt + k0 * N;
-                    float *ym = y + m0 * N;
+        for (int64_t g = lo; g < hi; g += DG) {
+            const int64_t g_hi = g + DG < hi ? g + DG : hi;
+            for (int64_t k0 = 0; k0 < K; k0 += DK) {
+                const int64_t kb = K - k0 < DK ? K - k0 : DK;
+                const float *w = wt + k0 * N;
+                for (int64_t p = g; p < g_hi; p++)
+                    for (int64_t m0 = 0; m0 < M; m0 += DR) {
+                        const float *xm = x + m0 * ldx + k0;
+                        float *ym = y + m0 * N;
 #ifdef HAVE_VEC
-                    switch (M - m0 < DR ? M - m0 : DR) { /* constant row counts: the loops unroll into registers */
-                    case 1: dense_tile(1, xm, ldx, kb, w, N, k0 == 0, bias, p * DW, ym); break;
-                    case 2: dense_tile(2, xm, ldx, kb, w, N, k0 == 0, bias, p * DW, ym); break;
-                    case 3: dense_tile(3, xm, ldx, kb, w, N, k0 == 0, bias, p * DW, ym); break;
-                    case 4: dense_tile(4, xm, ldx, kb, w, N, k0 == 0, bias, p * DW, ym); break;
-                    case 5: dense_tile(5, xm, ldx, kb, w, N, k0 == 0, bias, p * DW, ym); break;
-                    default: dense_tile(DR, xm, ldx, kb, w, N, k0 == 0, bias, p * DW, ym); break;
-                    }
+                        switch (M - m0 < DR ? M - m0 : DR) { /* constant row counts: the loops unroll into registers */
+                        case 1: dense_tile(1, xm, ldx, kb, w, N, k0 == 0, bias, p * DW, ym); break;
+                        case 2: dense_tile(2, xm, ldx, kb, w, N, k0 == 0, bias, p * DW, ym); break;
+                        case 3: dense_tile(3, xm, ldx, kb, w, N, k0 == 0, bias, p * DW, ym); break;
+                        case 4: dense_tile(4, xm, ldx, kb, w, N, k0 == 0, bias, p * DW, ym); break;
+                        case 5: dense_tile(5, xm, ldx, kb, w, N, k0 == 0, bias, p * DW, ym); break;
+                        default: dense_tile(DR, xm, ldx, kb, w, N, k0 == 0, bias, p * DW, ym); break;
+                        }
 #else
-                    for (int64_t j = p * DW; j < p * DW + DW; j++) {
-                        float s = k0 == 0 ? (bias ? bias[j] : 0.0f) : ym[j];
-                        for (int64_t k = 0; k < kb; k++) s += xm[k] * w[k * N + j];
-                        ym[j] = s;
-                    }
+                        for (int64_t j = p * DW; j < p * DW + DW; j++) {
+                            float s = k0 == 0 ? (bias ? bias[j] : 0.0f) : ym[j];
+                            for (int64_t k = 0; k < kb; k++) s += xm[k] * w[k * N + j];
+                            ym[j] = s;
+                        }
 #endif
-                }
+                    }
+            }
         }
     }
     for (int64_t m = 0; m < M; m++)
