@@ -55,6 +55,7 @@ def register(app: typer.Typer) -> None:
                 "size by this (e.g. 1/64 to fit a long trace into a small "
                 "model; prefix sharing is kept)",
                 min=1e-6,
+                max=1e6,
             ),
         ] = 1.0,
         max_input_len: Annotated[int | None, typer.Option(help="clamp prompts to this many tokens", min=1)] = None,
@@ -204,6 +205,13 @@ def register(app: typer.Typer) -> None:
             done = result["completed"] + result["failed"]
             note = " (those in flight are not counted)"
             console.print(interrupted_note(done, result["planned_requests"], "requests", note))
+        if result["failed"]:
+            first = result["errors"][0]
+            console.print(
+                f"[yellow]warning:[/yellow] {result['failed']:,} of {result['completed'] + result['failed']:,} "
+                f"requests failed (the figures count the completed ones); the first, trace line {first['line']}: "
+                f"{first['error']}"
+            )
         if json_path is not None:
             write_json(json_path, result)
             console.print(f"results written to {json_path}")
@@ -214,6 +222,9 @@ def register(app: typer.Typer) -> None:
             console.print(f"plot written to {plot}")
         if result["partial"]:
             raise typer.Exit(INTERRUPTED_EXIT)  # once the partial results are out
+        if result["failed"] and not result["completed"]:
+            console.print("error: every request failed")
+            raise typer.Exit(1)
 
 
 def plan(window, vocab: int, context: int, flags: dict[str, Any]) -> Plan:
@@ -222,7 +233,8 @@ def plan(window, vocab: int, context: int, flags: dict[str, Any]) -> Plan:
     from minisgl_cli.trace_reader import PromptSynth, Trace
 
     f = flags["length_scale"]
-    bs = max(1, round(window.block_size * f))
+    # No prompt outgrows the context, so neither need a block: a longer one would only be drawn, never used.
+    bs = min(max(1, round(window.block_size * f)), context)
     reqs, clamped, scaled_in, scaled_out = [], 0, 0, 0
     for r in window.requests:
         inp, out = max(1, round(r.input_length * f)), max(1, round(r.output_length * f))

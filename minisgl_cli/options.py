@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import fields
@@ -178,6 +179,7 @@ def with_engine_flags(**defaults: Any) -> Callable[[F], F]:
 
         @functools.wraps(command)
         def run(**kwargs: Any) -> Any:
+            refuse_non_finite(kwargs["ctx"], kwargs)
             return command(**kwargs)
 
         params = own + engine
@@ -186,6 +188,17 @@ def with_engine_flags(**defaults: Any) -> Callable[[F], F]:
         return typing.cast(F, run)
 
     return decorate
+
+
+def refuse_non_finite(ctx: typer.Context, values: Mapping[str, Any]) -> None:
+    """A float flag's range (min=...) lets inf through: a scale, rate or size of inf waits forever or overflows far
+    from the flag, after the model has loaded. Exit 2, naming the flag."""
+    for p in ctx.command.params:
+        v = values.get(p.name or "")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise typer.BadParameter(
+                f"must be a finite number (got {v})", param_hint=" / ".join(f"'{o}'" for o in p.opts)
+            )
 
 
 def engine_config(seed: int = 0, **flags: Any) -> EngineConfig:

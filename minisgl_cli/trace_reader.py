@@ -67,6 +67,11 @@ class Trace:
         return hit / total if total else 0.0
 
 
+# Lengths and timestamps are scaled as floats (--length-scale, --time-scale, milliseconds): JSON integers past this
+# would lose digits there, or overflow a float.
+MAX_TRACE_INT = 2**53
+
+
 def _int(rec: dict, key: str, minimum: int) -> int:
     v = rec.get(key)
     if v is None:
@@ -74,8 +79,17 @@ def _int(rec: dict, key: str, minimum: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise TraceError(f"{key!r} must be an integer (got {v!r})")
     if v < minimum:
-        raise TraceError(f"{key!r} must be >= {minimum} (got {v})")
+        raise TraceError(f"{key!r} must be >= {minimum} (got {_short(v)})")
+    if v > MAX_TRACE_INT:
+        raise TraceError(f"{key!r} must be <= 2**53 (got {_short(v)})")
     return v
+
+
+def _short(v: object) -> str:
+    """A value for an error line, an integer of hundreds of digits by its length."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**30:
+        return f"an integer of {len(str(abs(v)))} digits"
+    return repr(v)
 
 
 def detect_format(rec: dict) -> str:
@@ -88,8 +102,11 @@ def parse_record(rec: object, fmt: str, index: int, line: int) -> TraceRequest:
     ts = rec.get("timestamp")
     if ts is None:
         raise TraceError("missing field 'timestamp'")
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
-        raise TraceError(f"'timestamp' must be a finite number >= 0 (got {ts!r})")
+    finite = isinstance(ts, int) and not isinstance(ts, bool) or isinstance(ts, float) and math.isfinite(ts)
+    if not finite or ts < 0:
+        raise TraceError(f"'timestamp' must be a finite number >= 0 (got {_short(ts)})")
+    if ts > MAX_TRACE_INT:
+        raise TraceError(f"'timestamp' must be <= 2**53 (got {_short(ts)})")
     hashes = rec.get("hash_ids")
     if hashes is None:
         raise TraceError("missing field 'hash_ids'")
@@ -141,6 +158,8 @@ def read_trace(
                 rec = json.loads(text)
             except json.JSONDecodeError as e:
                 raise TraceError(f"invalid JSON: {e.msg} at column {e.colno}") from None
+            except ValueError as e:  # e.g. an integer of more digits than Python converts (its int_max_str_digits)
+                raise TraceError(f"invalid JSON: {e}") from None
             if fmt == "auto" and isinstance(rec, dict):
                 fmt = detect_format(rec)
             r = parse_record(rec, "mooncake" if fmt == "auto" else fmt, len(reqs), lineno)

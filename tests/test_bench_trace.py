@@ -125,12 +125,78 @@ def test_lengths_clamped_to_the_context(tmp_path):
     assert "a context of 256 tokens" in flat(r.output)
 
 
-def test_failed_requests_are_counted_not_fatal(tmp_path):
-    # Token ids up to 100k do not fit tiny-llama's 512-token vocabulary: every request is refused, clearly.
-    res = replay(tmp_path, QWEN, *TINY, "--time-scale", "0", "--num-requests", "5", "--vocab-size", "100000")
+def test_a_block_never_outgrows_the_context(tmp_path):
+    """--length-scale up to its 1e6: the blocks (512 tokens x 1e6) were drawn whole for the prompts, numpy's
+    'Maximum allowed dimension exceeded' at 1e300 (now past the flag's range). No prompt outgrows the context, so
+    neither does a block: the same prompts, drawn at the context's length."""
+    args = ["--time-scale", "0", "--num-requests", "2", "--length-scale", "1e6", "--max-model-len", "256"]
+    res = replay(tmp_path, TRACES / "mooncake_sample.jsonl", *TINY, *args)
+    assert (res["completed"], res["block_size"], res["trace_block_size"], res["clamped_requests"]) == (2, 256, 512, 2)
+    assert res["total_input_tokens"] + res["total_output_tokens"] == 2 * 256
+    r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *TINY, "--length-scale", "1e300"])
+    assert r.exit_code == 2 and "--length-scale" in flat(r.output), r.output
+
+
+def test_a_replay_in_which_every_request_failed_is_an_error(tmp_path):
+    # Token ids up to 100k do not fit tiny-llama's 512-token vocabulary: every request is refused, clearly; the
+    # results are still written, and the run exits 1 where it used to end as if it had measured something.
+    out = tmp_path / "trace.json"
+    args = [*TINY, "--time-scale", "0", "--num-requests", "5", "--vocab-size", "100000", "--json", str(out)]
+    r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *args])
+    assert r.exit_code == 1, r.output
+    text = flat(r.output)
+    assert "5 of 5 requests failed" in text and "outside the vocabulary" in text and "every request failed" in text
+    res = json.loads(out.read_text())
     assert (res["completed"], res["failed"], res["total_output_tokens"]) == (0, 5, 0)
     assert all("outside the vocabulary" in e["error"] for e in res["errors"])
     assert res["mean_ttft_ms"] is None
+
+
+def test_url_failures_are_counted_and_named(tmp_path):
+    """Against a server that fails from its third request on: the replay finishes (exit 0), counts the failed
+    requests apart from the completed ones, and says so with the first error."""
+    from minisgl_cli.mock_server import MockConfig, mock_server_process
+    from tests.conftest import free_port
+
+    out = tmp_path / "trace.json"
+    with mock_server_process(MockConfig(fail_from=3), free_port()) as url:
+        args = ["--url", url, "--vocab-size", "512", "--max-model-len", "4096", "--no-client-check", "--quiet"]
+        cmd = ["bench-trace", str(QWEN), *args, "--num-requests", "6", "--time-scale", "0", "--json", str(out)]
+        r = CliRunner().invoke(app, cmd)
+    assert r.exit_code == 0, r.output
+    res = json.loads(out.read_text())
+    assert (res["completed"], res["failed"]) == (2, 4) and len(res["errors"]) == 4
+    assert "4 of 6 requests failed (the figures count the completed ones); the first, trace line " in flat(r.output)
+    assert res["errors"][0]["error"] in flat(r.output)
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (
+            '{"timestamp": %s, "input_length": 5, "output_length": 3, "hash_ids": [1]}' % ("1" * 400),
+            "'timestamp' must be <= 2**53 (got an integer of 400 digits)",
+        ),
+        (
+            '{"timestamp": %s, "input_length": 5, "output_length": 3, "hash_ids": [1]}' % ("1" * 5000),
+            "invalid JSON: Exceeds the limit",
+        ),
+        (
+            '{"timestamp": 1, "input_length": %s, "output_length": 3, "hash_ids": [1]}' % ("9" * 40),
+            "'input_length' must be <= 2**53 (got an integer of 40 digits)",
+        ),
+    ],
+)
+def test_numbers_no_float_holds_are_bad_lines(tmp_path, line, message):
+    """They overflowed a float (an OverflowError's traceback), or Python's int conversion refused them (a ValueError
+    past the JSON error handling): now a bad line like any other, named or skipped."""
+    good = '{"timestamp": 2, "input_length": 5, "output_length": 3, "hash_ids": [1]}'
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(f"{line}\n{good}\n")
+    r = CliRunner().invoke(app, ["bench-trace", str(bad), *TINY])
+    assert r.exit_code == 2 and f"bad.jsonl:1: {message}" in flat(r.output), r.output
+    res = replay(tmp_path, bad, *TINY, "--time-scale", "0", "--skip-bad-lines")
+    assert (res["completed"], res["skipped_lines"]) == (1, 1)
 
 
 def test_bad_line_stops_with_its_number_or_is_skipped(tmp_path):
@@ -151,6 +217,9 @@ def test_bad_options(tmp_path):
     assert r.exit_code == 2 and "past them" in flat(r.output)
     r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *TINY, "--format", "sharegpt"])
     assert r.exit_code == 2 and "unknown trace format" in flat(r.output)
+    # inf passed click's range: the replay waited forever for its second request
+    r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *TINY, "--time-scale", "inf"])
+    assert r.exit_code == 2 and "'--time-scale': must be a finite number (got inf)" in flat(r.output), r.output
     url = ["--url", "http://x", "--model", "dummy:tiny-llama", "--quiet"]  # TINY's --device is refused with --url
     r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *url, "--step-log", "s.jsonl"])
     assert r.exit_code == 2 and "does not go with --url" in flat(r.output)
