@@ -197,6 +197,32 @@ def test_seeded_sampling_with_penalties_matches_engine(smol):
     assert other != ref.text  # the seed really reaches the sampler
 
 
+def test_a_long_prompt_is_tokenized_off_the_event_loop(smol):
+    """A 1.2 MB prompt takes the real tokenizer about a second, and a 12 MB one ten: tokenized on the front end's
+    event loop, it held /health and every open stream for that long, then got its 400 for exceeding the context.
+    /health must keep answering while such a prompt is tokenized."""
+    server, _ = smol
+    done = threading.Event()
+    reply: list[httpx.Response] = []
+
+    def big() -> None:
+        body = {"model": "smollm", "prompt": "hello world " * 100_000, "max_tokens": 1}
+        reply.append(httpx.post(f"{server.url}/v1/completions", json=body, timeout=120))
+        done.set()
+
+    thread = threading.Thread(target=big)
+    thread.start()
+    answered = 0
+    with httpx.Client(timeout=120) as http:
+        while not done.is_set():
+            assert http.get(f"{server.url}/health").status_code == 200
+            answered += not done.is_set()
+            time.sleep(0.01)
+    thread.join()
+    assert reply[0].status_code == 400 and "exceeds the model's context length" in reply[0].text, reply[0].text
+    assert answered >= 10, answered  # on the loop: one or two, before the prompt arrived and after its refusal
+
+
 # ---- the tiny model: protocol, errors, admission, metrics ---------------------------------------------------------
 
 
