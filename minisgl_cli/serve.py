@@ -180,8 +180,8 @@ def run_beside_front_end(
     `front_name` in what the loop says; it may connect before the loop binds), until SIGTERM or Ctrl-C, the loop
     crashes or the child exits; then end the child with SIGTERM if it is still there. An `interactive` front end
     (the chat) is a person's: it takes Ctrl-C itself (to stop an answer), and after a crash it stays, showing the
-    error, until the person leaves it; its terminal closing (SIGHUP) ends the loop as SIGTERM does, so that the
-    IPC directory is removed."""
+    error, until the person leaves it. A terminal closing (SIGHUP) ends the loop as SIGTERM does, so that the IPC
+    directory is removed (the default action killed `serve` on the spot and left it in /tmp)."""
     from engine.engine_loop import EngineLoop
 
     loop = EngineLoop(engine, addrs, info)
@@ -195,7 +195,7 @@ def run_beside_front_end(
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN if interactive else stop)
-    if interactive and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup's choice stands
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup's choice stands
         signal.signal(signal.SIGHUP, stop)
 
     def front_end_exited() -> str | None:

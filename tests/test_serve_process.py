@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -86,9 +87,12 @@ def test_killed_front_end_ends_the_engine_process_naming_it():
         assert "the HTTP front end exited (killed by SIGKILL)" in out, out[-2000:]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_or_sigterm_leaves_no_process_behind(sig):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_ctrl_c_sigterm_or_sighup_leaves_no_process_or_file_behind(sig):
+    """SIGHUP (the terminal or ssh session closing) killed the engine process outright: the front end noticed and
+    left, but the IPC directory stayed in /tmp."""
     with serve() as (proc, front, url):
+        (ipc,) = {m.group(1) for m in re.finditer(r"ipc://([^\"]+)/commands", " ".join(front.cmdline()))}
         chunks = streaming(url)
         proc.send_signal(sig)
         with pytest.raises(openai.APIError):  # the open stream ends with an error, not a hang
@@ -96,6 +100,7 @@ def test_ctrl_c_or_sigterm_leaves_no_process_behind(sig):
                 pass
         assert proc.wait(timeout=10) == 0
         assert gone_within(front, 1)
+        assert not os.path.exists(ipc), ipc
 
 
 def test_step_log_is_written_when_the_server_stops(tmp_path):
