@@ -5,6 +5,8 @@ run (engine, GPU, commit, flags)."""
 from __future__ import annotations
 
 import json
+import math
+import reprlib
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -100,9 +102,60 @@ def _defaults(kind: str) -> tuple[dict[str, Any], set[str]]:
     return {p.name: p.default for p in params}, {p.name for p in params if p.param_type_name == "argument"}
 
 
+# What the tables and the plot read from a result (or a sweep's load point), so each is checked once, here: a text
+# field that is not a string is no rich cell, a figure that is not a finite number no point on the plot.
+TEXT_FIELDS = ("benchmark", "label", "engine", "backend", "mode", "model_id", "model", "gpu", "url", "device")
+FIGURES = (
+    "request_throughput",
+    *(f"{stat}_{m}_ms" for stat in ("median", "p99") for m in ("ttft", "tpot", "itl", "e2el", "e2e_latency")),
+)
+
+
+def _refuse(path: Path, problem: str) -> typer.BadParameter:
+    return typer.BadParameter(f"{path}: {problem}", param_hint="FILES")
+
+
+def _is_finite(v: Any) -> bool:
+    try:
+        return _is_number(v) and math.isfinite(v)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _check_fields(path: Path, d: dict[str, Any]) -> None:
+    """Refuse, naming the field, a result whose fields are not of the types bench-compare reads them as."""
+    for key in TEXT_FIELDS:
+        if d.get(key) is not None and not isinstance(d[key], str):
+            raise _refuse(path, f"'{key}' must be a string (got {reprlib.repr(d[key])})")
+    for key in ("environment", "flags", "workload"):
+        if d.get(key) is not None and not isinstance(d[key], dict):
+            raise _refuse(path, f"'{key}' must be an object (got {reprlib.repr(d[key])})")
+    env = d.get("environment") or {}
+    if env.get("commit") is not None and not isinstance(env["commit"], str):
+        raise _refuse(path, f"'environment.commit' must be a string (got {reprlib.repr(env['commit'])})")
+    for key, value in (("environment.dirty", env.get("dirty")), ("partial", d.get("partial"))):
+        if value is not None and not isinstance(value, bool):
+            raise _refuse(path, f"'{key}' must be true or false (got {reprlib.repr(value)})")
+    sweep = d.get("sweep")
+    if sweep is not None and (not isinstance(sweep, list) or not sweep or not all(isinstance(r, dict) for r in sweep)):
+        raise _refuse(path, "'sweep' must be a non-empty list of load points")
+    for i, row in enumerate(sweep or [d]):
+        where, at = (f"sweep[{i}]", f"sweep[{i}].") if sweep else ("the result", "")
+        if not _is_number(row.get("output_throughput")):
+            got = reprlib.repr(row.get("output_throughput"))
+            raise _refuse(path, f"{where} has no numeric output_throughput (got {got})")
+        for key in ("output_throughput", *FIGURES):  # NaN and Infinity parse as JSON, and print as nan / inf
+            if row.get(key) is not None and not _is_finite(row[key]):
+                raise _refuse(path, f"'{at}{key}' must be a finite number (got {reprlib.repr(row[key])})")
+        if row.get("load") is not None and not isinstance(row["load"], str) and not _is_number(row["load"]):
+            raise _refuse(path, f"'{at}load' must be a string or a number (got {reprlib.repr(row['load'])})")
+
+
 def load_run(path: Path) -> dict[str, Any]:
     try:
         d = json.loads(path.read_text())
+    except RecursionError as e:  # json's C parser gives up on deep nesting this way, not with a ValueError
+        raise typer.BadParameter(f"cannot read {path}: JSON nested too deeply", param_hint="FILES") from e
     except (OSError, ValueError) as e:
         raise typer.BadParameter(f"cannot read {path}: {e}", param_hint="FILES") from e
     if not isinstance(d, dict) or "output_throughput" not in d and not d.get("sweep"):
@@ -111,18 +164,10 @@ def load_run(path: Path) -> dict[str, Any]:
             f"{path} is not a bench-serve, bench-trace or bench-offline result{other} (no output_throughput or sweep)",
             param_hint="FILES",
         )
+    _check_fields(path, d)
     kind = _kind(d)
     sweep = d.get("sweep")
-    if sweep is not None and (not isinstance(sweep, list) or not sweep or not all(isinstance(r, dict) for r in sweep)):
-        raise typer.BadParameter(f"{path}: 'sweep' must be a non-empty list of load points", param_hint="FILES")
     rows = [_figures(r) for r in sweep] if sweep else [_figures(d)]
-    for i, row in enumerate(rows):
-        if not _is_number(row.get("output_throughput")):
-            where = f"sweep[{i}]" if sweep else "the result"
-            raise typer.BadParameter(
-                f"{path}: {where} has no numeric output_throughput (got {row.get('output_throughput')!r})",
-                param_hint="FILES",
-            )
     env = d.get("environment") or {}
     flags = d.get("flags") or {}
     defaults, arguments = _defaults(kind)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from minisgl_cli.app import app
@@ -138,6 +139,9 @@ def test_malformed_results_are_refused_by_name(tmp_path):
         "sweep_str.json": ({"sweep": "abc"}, "'sweep' must be a non-empty list of load points"),
         "sweep_row.json": ({"sweep": [{"load": "rate 1"}]}, "sweep[0] has no numeric output_throughput"),
         "client.json": ({"benchmark": "client-check", "tok_per_s": 5.0}, "(a client-check result)"),
+        "list.json": ([1, 2], "list.json is not a bench-serve, bench-trace or bench-offline result"),
+        "sweep_empty.json": ({"sweep": []}, "sweep_empty.json is not a bench-serve, bench-trace or bench-offline"),
+        "bool.json": ({"output_throughput": True}, "the result has no numeric output_throughput (got True)"),
     }
     for name, (content, message) in cases.items():
         path = tmp_path / name
@@ -159,3 +163,74 @@ def test_a_vllm_result_and_runs_of_different_kinds(tmp_path):
     assert "different models" not in out
     out = run("bench-compare", str(serve), str(off))
     assert "different benchmarks (bench-serve, bench-offline)" in out and "different models" in out
+
+
+DROP = object()  # a field taken out of the result
+# A bench-trace result's fields bench-compare reads (trimmed), each of the right type: accepted.
+RESULT = {
+    "benchmark": "bench-trace",
+    "label": "base run",
+    "engine": "minisgl",
+    "model": "dummy:tiny-llama",
+    "device": "cpu",
+    "gpu": None,
+    "partial": False,
+    "output_throughput": 913.96,
+    "request_throughput": 26.11,
+    "median_ttft_ms": 51.98,
+    "p99_ttft_ms": 60.5,
+    "flags": {"trace": "t.jsonl", "num_requests": 4},
+    "environment": {"commit": "2b19e0e", "dirty": True},
+}
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        # label, engine, flags, environment, commit and workload were tracebacks (exit 1: rich's NotRenderableError,
+        # AttributeError, TypeError); the others were shown as they came
+        ({"label": 123}, "'label' must be a string (got 123)"),
+        ({"engine": ["x"]}, "'engine' must be a string (got ['x'])"),
+        ({"model": {"a": 1}}, "'model' must be a string (got {'a': 1})"),
+        ({"benchmark": 5}, "'benchmark' must be a string (got 5)"),
+        ({"flags": ["a"]}, "'flags' must be an object (got ['a'])"),
+        ({"flags": "abc"}, "'flags' must be an object (got 'abc')"),
+        ({"environment": ["a"]}, "'environment' must be an object (got ['a'])"),
+        ({"environment": {"commit": 5}}, "'environment.commit' must be a string (got 5)"),
+        ({"environment": {"dirty": "yes"}}, "'environment.dirty' must be true or false (got 'yes')"),
+        ({"partial": 1}, "'partial' must be true or false (got 1)"),
+        ({"benchmark": DROP, "workload": 5}, "'workload' must be an object (got 5)"),
+        # NaN and Infinity parse, and were shown as nan / inf
+        ({"output_throughput": float("nan")}, "'output_throughput' must be a finite number (got nan)"),
+        ({"output_throughput": float("inf")}, "'output_throughput' must be a finite number (got inf)"),
+        ({"output_throughput": 10**400}, "'output_throughput' must be a finite number (got 1000000"),
+        ({"median_ttft_ms": "x"}, "'median_ttft_ms' must be a finite number (got 'x')"),
+        ({"request_throughput": [1]}, "'request_throughput' must be a finite number (got [1])"),
+        (
+            {"sweep": [{"output_throughput": 1.0}, {"output_throughput": 2.0, "p99_itl_ms": float("-inf")}]},
+            "'sweep[1].p99_itl_ms' must be a finite number (got -inf)",
+        ),
+        (
+            {"sweep": [{"output_throughput": 1.0, "load": {"rate": 1}}]},
+            "'sweep[0].load' must be a string or a number (got {'rate': 1})",
+        ),
+    ],
+)
+def test_fields_of_the_wrong_type_are_refused_by_name(tmp_path, change, message):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(RESULT))
+    out = run("bench-compare", str(good))
+    assert "base run" in out and "2b19e0e (dirty)" in out and "913.96" in out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({k: v for k, v in {**RESULT, **change}.items() if v is not DROP}))
+    r = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["bench-compare", str(good), str(bad)])
+    assert r.exit_code == 2, r.output + repr(r.exception)
+    assert f"{bad}: {message}" in flat(r.output)
+
+
+def test_json_nested_too_deeply_is_refused(tmp_path):
+    """json's parser ends deep nesting in a RecursionError, which was not caught (a traceback, exit 1)."""
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000)
+    r = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["bench-compare", str(deep)])
+    assert r.exit_code == 2 and f"cannot read {deep}: JSON nested too deeply" in flat(r.output), r.output
