@@ -9,7 +9,10 @@ import contextlib
 import errno
 import io
 import json
+import math
 import os
+import re
+import reprlib
 import tarfile
 import time
 import zlib
@@ -135,7 +138,7 @@ def import_(src: Path) -> tuple[dict[str, int], dict]:
             raise CacheArchiveError(f"{src}: truncated or corrupt archive ({e or type(e).__name__})") from e
         _write_all(src, tar, plan)
     counts: dict[str, int] = {}
-    for m, _ in plan:
+    for m, _, _ in plan:
         name = PurePosixPath(m.name).parts[0]
         counts[name] = counts.get(name, 0) + 1
     return counts, manifest
@@ -145,6 +148,8 @@ def _manifest(src: Path, tar: tarfile.TarFile, members: list[tarfile.TarInfo]) -
     m = next((m for m in members if m.name == MANIFEST), None)
     if m is None:
         raise CacheArchiveError(f"{src}: not a cache archive made by `minisgl cache export` (no {MANIFEST})")
+    if sum(x.name == MANIFEST for x in members) > 1:  # which one would count? (tar's extract takes the last)
+        raise CacheArchiveError(f"{src}: it holds {MANIFEST} twice (not made by `minisgl cache export`)")
     data = tar.extractfile(m) if m.isfile() else None
     try:
         manifest = json.loads(data.read()) if data is not None else None
@@ -152,13 +157,41 @@ def _manifest(src: Path, tar: tarfile.TarFile, members: list[tarfile.TarInfo]) -
         manifest = None
     if not isinstance(manifest, dict):
         raise CacheArchiveError(f"{src}: its {MANIFEST} is not a JSON object (not made by `minisgl cache export`)")
+    # The one field the import reads (to note versions that differ): checked here, before any file is written.
+    versions = manifest.get("versions", {})
+    if not isinstance(versions, dict) or not all(v is None or isinstance(v, str) for v in versions.values()):
+        raise CacheArchiveError(
+            f"{src}: its {MANIFEST} has 'versions' {reprlib.repr(versions)}, not an object of package versions"
+            " (not made by `minisgl cache export`)"
+        )
     return manifest
+
+
+# os.utime takes a time's seconds as a 64-bit time_t: beyond it, an OverflowError.
+TIME_T_RANGE = range(-(2**63), 2**63)
+
+
+def _mtime_ns(src: Path, m: tarfile.TarInfo) -> int:
+    """The member's modification time in ns: the exported one (its PAX header), else the tar header's seconds
+    (a float: a PAX `mtime` of 1e999 or nan reads as such)."""
+    raw = m.pax_headers.get(MTIME_NS)
+    if raw is None:
+        ns = int(m.mtime * 1e9) if math.isfinite(m.mtime) else None
+    elif re.fullmatch(r"-?[0-9]+", raw):  # not int()'s own syntax, which allows spaces and `_`
+        ns = int(raw) if len(raw) <= 30 else None  # longer is past any time_t (and int() refuses 4,300 digits)
+    else:
+        raise CacheArchiveError(f"{src}: member {m.name!r} has a {MTIME_NS} of {reprlib.repr(raw)}, not an integer")
+    if ns is None or ns // 10**9 not in TIME_T_RANGE:
+        shown = f"{MTIME_NS} {reprlib.repr(raw)}" if raw is not None else f"mtime {m.mtime}"
+        raise CacheArchiveError(f"{src}: member {m.name!r} has a modification time out of range ({shown})")
+    return ns
 
 
 def _check_members(
     src: Path, members: list[tarfile.TarInfo], where: dict[str, Path]
-) -> list[tuple[tarfile.TarInfo, Path]]:
+) -> list[tuple[tarfile.TarInfo, Path, int]]:
     plan = []
+    seen: set[Path] = set()
     for m in members:
         if m.name == MANIFEST or m.isdir():
             continue
@@ -177,22 +210,26 @@ def _check_members(
                 f"{src}: refusing member {m.name!r}: {link} is a symbolic link, and the import writes only inside the"
                 " cache (remove the link, or point the cache's variable at its target)"
             )
-        plan.append((m, target))
-    files = {target for _, target in plan}
-    for m, target in plan:
-        if any(d in files for d in target.parents):
+        # Written twice, the second copy's staging would replace the first's, and the import end half done. (A tar
+        # may append a newer copy of a file; an export never does.) `a/./b` is `a/b`: the target is compared.
+        if target in seen:
+            raise CacheArchiveError(f"{src}: refusing member {m.name!r}: the archive holds that file twice")
+        seen.add(target)
+        plan.append((m, target, _mtime_ns(src, m)))
+    for m, target, _ in plan:
+        if any(d in seen for d in target.parents):
             raise CacheArchiveError(f"{src}: refusing member {m.name!r} (a folder of it is a file in the archive)")
     return plan
 
 
-def _write_all(src: Path, tar: tarfile.TarFile, plan: list[tuple[tarfile.TarInfo, Path]]) -> None:
+def _write_all(src: Path, tar: tarfile.TarFile, plan: list[tuple[tarfile.TarInfo, Path, int]]) -> None:
     """Every file to a temporary name beside its target, then all of them into place; on a failure the temporary
     files and the directories made for them are removed, so the caches are left as they were."""
     staged: list[tuple[Path, Path]] = []
     made: list[Path] = []
     moved = 0
     try:
-        for m, target in plan:
+        for m, target, ns in plan:
             missing = [d for d in (target.parent, *target.parent.parents) if not d.exists()]
             target.parent.mkdir(parents=True, exist_ok=True)
             made += reversed(missing)
@@ -209,7 +246,6 @@ def _write_all(src: Path, tar: tarfile.TarFile, plan: list[tuple[tarfile.TarInfo
             # The exported times, not now, to the nanosecond: FlashInfer's ninja rebuilds a module whose outputs look
             # older than its sources or newer than its deps log (the imported start took 29 s, then 26 s, against
             # 6.9 s; docs/gpu.md).
-            ns = int(m.pax_headers.get(MTIME_NS) or int(m.mtime * 1e9))
             os.utime(tmp, ns=(ns, ns))
         for tmp, target in staged:
             tmp.replace(target)  # a reader never sees half a kernel

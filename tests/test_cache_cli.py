@@ -91,12 +91,21 @@ def test_export_then_import_restores_every_cache(caches, tmp_path):
     assert mtimes(caches) == times
 
 
-def _archive(path: Path, members: dict[str, bytes], manifest: bool | bytes = True) -> Path:
+def _archive(
+    path: Path,
+    members: dict[str, bytes] | list[tuple[str, bytes]],
+    manifest: bool | bytes = True,
+    pax: dict[str, dict[str, str]] | None = None,
+) -> Path:
+    """A gzipped (PAX) tar of these members, in order (a list may name one twice), plus a manifest; `pax` gives a
+    member its PAX header fields."""
     mf = b"{}" if manifest is True else manifest
+    items = list(members.items() if isinstance(members, dict) else members)
     with tarfile.open(path, "w:gz") as tar:
-        for name, data in {**members, **({"minisgl-cache.json": mf} if mf else {})}.items():
+        for name, data in items + ([("minisgl-cache.json", mf)] if mf else []):
             info = tarfile.TarInfo(name)
             info.size = len(data)
+            info.pax_headers = (pax or {}).get(name, {})
             tar.addfile(info, io.BytesIO(data))
     return path
 
@@ -108,6 +117,12 @@ def _archive(path: Path, members: dict[str, bytes], manifest: bool | bytes = Tru
         ({"triton/x": b"1", "/etc/evil": b"2"}, True, "refusing member '/etc/evil'"),
         ({"triton/x": b"1", "vllm/x": b"2"}, True, "belongs to no cache this machine has"),
         ({"triton/x": b"1"}, False, "no minisgl-cache.json"),
+        # the manifest's versions are read only after the import, where the files were already written (then a
+        # traceback, exit 1): now checked first
+        ({"triton/x": b"1"}, b'{"versions": [1]}', "has 'versions' [1], not an object of package versions"),
+        ({"triton/x": b"1"}, b'{"versions": "abc"}', "has 'versions' 'abc', not an object of package versions"),
+        ({"triton/x": b"1"}, b'{"versions": null}', "has 'versions' None, not an object of package versions"),
+        ({"triton/x": b"1"}, b'{"versions": {"torch": 2}}', "has 'versions' {'torch': 2}, not an object of package"),
     ],
 )
 def test_bad_archives_are_refused_before_anything_is_written(caches, tmp_path, members, manifest, why):
@@ -115,6 +130,51 @@ def test_bad_archives_are_refused_before_anything_is_written(caches, tmp_path, m
     r = CliRunner().invoke(app, ["cache", "import", str(archive)])
     assert r.exit_code == 2 and why in flat(r.output), r.output
     assert read_back(caches) == {} and not (tmp_path.parent / "evil").exists()
+
+
+@pytest.mark.parametrize(
+    "pax, why",
+    [
+        ({"MINISGL.mtime_ns": "abc"}, "has a MINISGL.mtime_ns of 'abc', not an integer"),  # was a ValueError
+        ({"MINISGL.mtime_ns": "1_000"}, "has a MINISGL.mtime_ns of '1_000', not an integer"),  # int() takes it
+        ({"MINISGL.mtime_ns": "9" * 40}, "has a modification time out of range (MINISGL.mtime_ns '99999"),  # Overflow
+        ({"MINISGL.mtime_ns": str(2**63 * 10**9)}, "has a modification time out of range"),  # one past time_t
+        ({"MINISGL.mtime_ns": "9" * 5000}, "has a modification time out of range"),  # past int()'s 4,300 digits
+        ({"mtime": "1e999"}, "has a modification time out of range (mtime inf)"),  # tar's own field, as a float
+        ({"mtime": "nan"}, "has a modification time out of range (mtime nan)"),
+    ],
+)
+def test_a_bad_modification_time_is_refused_before_anything_is_written(caches, tmp_path, pax, why):
+    """The file's time is set after it is written: a time os.utime cannot take ended the import in a traceback."""
+    archive = _archive(tmp_path / "t.tar.gz", {"triton/a": b"1", "triton/b": b"2"}, pax={"triton/b": pax})
+    r = CliRunner().invoke(app, ["cache", "import", str(archive)], env={"COLUMNS": "300"})
+    assert r.exit_code == 2, r.output + repr(r.exception)
+    assert f"member 'triton/b' {why}" in flat(r.output)
+    assert read_back(caches) == {}
+    ok = _archive(tmp_path / "ok.tar.gz", {"triton/b": b"2"}, pax={"triton/b": {"MINISGL.mtime_ns": "-1500000000"}})
+    assert CliRunner().invoke(app, ["cache", "import", str(ok)]).exit_code == 0  # before 1970 is a time
+    assert (caches["triton"] / "b").stat().st_mtime_ns == -1_500_000_000
+
+
+@pytest.mark.parametrize(
+    "members, why",
+    [
+        ([("minisgl/x", b"1"), ("minisgl/x", b"2")], "refusing member 'minisgl/x': the archive holds that file twice"),
+        (
+            [("minisgl/./x", b"1"), ("minisgl/x", b"2")],
+            "refusing member 'minisgl/x': the archive holds that file twice",
+        ),
+        ([("minisgl/x", b"1"), ("minisgl-cache.json", b"{}")], "it holds minisgl-cache.json twice"),
+    ],
+)
+def test_a_member_twice_is_refused_before_anything_is_written(caches, tmp_path, members, why):
+    """The second copy's staging replaced the first's: 'only 1 of 2 files were imported' (exit 2), with the file in
+    the cache all the same."""
+    archive = _archive(tmp_path / "d.tar.gz", [("triton/a", b"0"), *members])
+    r = CliRunner().invoke(app, ["cache", "import", str(archive)], env={"COLUMNS": "300"})
+    assert r.exit_code == 2, r.output + repr(r.exception)
+    assert why in flat(r.output)
+    assert read_back(caches) == {}
 
 
 def test_not_an_archive(caches, tmp_path):
