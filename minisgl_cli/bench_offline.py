@@ -253,6 +253,11 @@ def register(app: typer.Typer) -> None:
         for r in results:
             r.pop("_steps", None)
         console.print(_table(results, workload))
+        if workload.num_seqs < num_seqs:
+            console.print(
+                f"[yellow]note:[/yellow] {workload.source} holds {workload.num_seqs:,} non-empty prompts: "
+                f"{workload.num_seqs:,} requests ran, not --num-seqs {num_seqs:,}"
+            )
         for r in results:
             if r.get("settings"):
                 console.print(f"{r['engine']} settings: " + ", ".join(f"{k} {v}" for k, v in r["settings"].items()))

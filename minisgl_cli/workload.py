@@ -97,6 +97,12 @@ def read_dataset_prompts(path: Path, limit: int) -> list[str]:
         why = str(e) if root is e else f"{e}: {type(root).__name__}: {root}"
         hint = " (expected JSON lines, or a JSON list, of objects)" if kind == "json" else ""
         raise ValueError(f"cannot read dataset {path}: {why}{hint}") from e
+    def as_text(value: object, what: str) -> str:
+        # str() of a number or a list made prompts of "5" or "[1, 2]" (a JSON list of numbers is read as a column)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"dataset {path}: {what} must be text, got {type(value).__name__} {str(value)[:40]!r}")
+        return value or ""
+
     if "conversations" in ds.column_names:
 
         def first_turn(conv) -> str:
@@ -110,7 +116,7 @@ def read_dataset_prompts(path: Path, limit: int) -> list[str]:
                     raise ValueError(f"dataset {path}: a 'conversations' turn must be an object, got {turn!r:.40}")
                 role = turn.get("from", turn.get("role"))
                 if role in ("human", "user"):
-                    return str(turn.get("value", turn.get("content")) or "")
+                    return as_text(turn.get("value", turn.get("content")), "a user turn's 'value' or 'content'")
             return ""
 
         def get(row: dict) -> str:
@@ -124,7 +130,7 @@ def read_dataset_prompts(path: Path, limit: int) -> list[str]:
             )
 
         def get(row: dict) -> str:
-            return str(row[col] or "")
+            return as_text(row[col], repr(col))
 
     prompts: list[str] = []
     for row in ds:

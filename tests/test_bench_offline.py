@@ -362,6 +362,11 @@ def test_dataset_prompts_sharegpt_jsonl_and_parquet(tmp_path):
     # The dummy models' tokenizer is byte-level: "question 0" is 10 tokens.
     assert res["completed"] == 3 and res["total_input_tokens"] == 3 * len("question 0")
     assert res["workload"]["source"].endswith("sharegpt.jsonl")
+    # asked for more than it holds: the run says so under its table (a title's count was all it showed)
+    args = ["--dataset", str(tmp_path / "sharegpt.jsonl"), "--num-seqs", "8", "--output-len", "4:8"]
+    r = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["bench-offline", *TINY, *args])
+    assert r.exit_code == 0, r.output
+    assert "holds 5 non-empty prompts: 5 requests ran, not --num-seqs 8" in flat(r.output)
 
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -494,6 +499,10 @@ def test_one_file_for_two_outputs_is_refused(tmp_path):
         ("broken.jsonl", '{"prompt": "hi"', "Unexpected character found"),  # the parser's words, not only datasets'
         ("conv.jsonl", '{"conversations": "hello"}', "'conversations' must be a list of turns"),
         ("turns.jsonl", '{"conversations": [["human", "hi"]]}', "a 'conversations' turn must be an object"),
+        # str() of anything made it a prompt: a JSON list of numbers is read as a 'text' column of them
+        ("numbers.json", "[1, 2, 3]", "'text' must be text, got int '1'"),
+        ("prompt.jsonl", '{"prompt": 5}', "'prompt' must be text, got int '5'"),
+        ("value.jsonl", '{"conversations": [{"from": "human", "value": [1]}]}', "a user turn's 'value' or 'content'"),
     ],
 )
 def test_malformed_datasets_are_clear_errors(tmp_path, name, text, message):
