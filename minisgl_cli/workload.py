@@ -97,6 +97,7 @@ def read_dataset_prompts(path: Path, limit: int) -> list[str]:
         why = str(e) if root is e else f"{e}: {type(root).__name__}: {root}"
         hint = " (expected JSON lines, or a JSON list, of objects)" if kind == "json" else ""
         raise ValueError(f"cannot read dataset {path}: {why}{hint}") from e
+
     def as_text(value: object, what: str) -> str:
         # str() of a number or a list made prompts of "5" or "[1, 2]" (a JSON list of numbers is read as a column)
         if value is not None and not isinstance(value, str):
