@@ -11,6 +11,8 @@ import random
 from dataclasses import dataclass
 
 ARRIVALS = ("poisson", "constant")
+# the largest gamma shape: its gaps are already constant to 3% (CV 1/sqrt(shape)); at 1e308 the gamma draw broke
+MAX_BURSTINESS = 1000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,12 +45,16 @@ def parse_rates(text: str) -> list[float]:
     out = []
     for part in text.split(","):
         part = part.strip().lower()
+        if part in ("inf", "infinity"):
+            out.append(math.inf)
+            continue
         try:
-            r = math.inf if part in ("inf", "infinity") else float(part)
+            r = float(part)
         except ValueError:
             raise ValueError(f"--rate takes numbers or inf separated by commas (got {part!r})") from None
-        if not r > 0 or math.isnan(r):
-            raise ValueError(f"--rate must be > 0 requests/s, or inf for no pacing (got {part!r})")
+        # a number past float's range reads as inf (no pacing) and one so small that 1/rate is inf waits forever
+        if not r > 0 or not math.isfinite(r) or not math.isfinite(1 / r):
+            raise ValueError(f"--rate must be a finite number > 0 requests/s, or inf for no pacing (got {part!r})")
         out.append(r)
     return out
 
@@ -67,14 +73,26 @@ def parse_concurrency(text: str) -> list[int]:
     return out
 
 
+def check_gaps(rate: float, burstiness: float) -> None:
+    """Refuse a rate and gamma shape whose gaps a float cannot draw: random.gammavariate needs a finite shape and a
+    finite scale 1/(rate * burstiness) > 0 (at --rate 1e306 --burstiness 1000 the product is inf, the scale 0)."""
+    if not 0 < burstiness <= MAX_BURSTINESS:
+        raise ValueError(f"--burstiness must be > 0 and at most {MAX_BURSTINESS:g} (got {burstiness:g})")
+    if math.isinf(rate):
+        return
+    inv_scale = rate * burstiness
+    if not (rate > 0 and math.isfinite(1 / rate) and 0 < inv_scale < math.inf and math.isfinite(1 / inv_scale)):
+        why = "the gaps' gamma scale 1/(rate * burstiness) is no finite number > 0"
+        raise ValueError(f"--rate {rate:g} with --burstiness {burstiness:g}: {why}")
+
+
 def arrival_times(
     n: int, rate: float, burstiness: float = 1.0, kind: str = "poisson", seed: int = 0, duration: float | None = None
 ) -> list[float]:
     """Send offsets in seconds (the first at 0) of at most n requests, and only those before `duration`."""
     if kind not in ARRIVALS:
         raise ValueError(f"--arrival must be one of {', '.join(ARRIVALS)} (got {kind!r})")
-    if burstiness <= 0:
-        raise ValueError(f"--burstiness must be > 0 (got {burstiness})")
+    check_gaps(rate, burstiness)
     if math.isinf(rate):
         return [0.0] * n
     rng = random.Random(seed)

@@ -16,6 +16,7 @@ import typer
 
 from engine.config import EngineConfig
 from minisgl_cli import options as o
+from minisgl_cli.arrivals import MAX_BURSTINESS
 
 
 @dataclass(slots=True)
@@ -74,7 +75,12 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option(help="most requests in flight, or a list to sweep: 1,8,64")
         ] = None,
         burstiness: Annotated[
-            float, typer.Option(help="gamma shape of the arrival gaps (1: Poisson, <1 burstier)", min=1e-3)
+            float,
+            typer.Option(
+                help="gamma shape of the arrival gaps (1: Poisson, <1 burstier, >1 more regular)",
+                min=1e-3,
+                max=MAX_BURSTINESS,
+            ),
         ] = 1.0,
         arrival: Annotated[str, typer.Option(help="poisson (gamma gaps, see --burstiness) | constant")] = "poisson",
         slo: Annotated[
@@ -191,7 +197,7 @@ def _print_client_check(console, json_path: Path | None) -> None:
 
 
 def _parse_load(flags: dict[str, Any]):
-    from minisgl_cli.arrivals import ARRIVALS, Load, parse_concurrency, parse_rates
+    from minisgl_cli.arrivals import ARRIVALS, Load, check_gaps, parse_concurrency, parse_rates
     from minisgl_cli.run_figures import load_sort_key, parse_slo
 
     try:
@@ -199,6 +205,8 @@ def _parse_load(flags: dict[str, Any]):
         concs: list[int | None] = (
             list(parse_concurrency(flags["max_concurrency"])) if flags["max_concurrency"] else [None]
         )
+        for r in rates:  # here, not once the model has loaded and the arrivals are drawn
+            check_gaps(r, flags["burstiness"])
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
     if flags["arrival"] not in ARRIVALS:
@@ -360,10 +368,10 @@ def _run_sweep(
                             items, send, load.max_concurrency, load.closed_loop, flags["duration"], live=live
                         )
                 except asyncio.CancelledError:
-                    results, stopped = list(live.done), "interrupted"
+                    results, stopped = sorted(live.done, key=lambda r: r.index), "interrupted"
                 t0 = live.started
                 duration = time.perf_counter() - t0
-                row = _row(load, results, duration, t0, slo, flags, check)
+                row = _row(load, results, duration, t0, slo, flags, check, cut=stopped is not None)
                 row["cache_hit_rate"] = _hit_rate(before, await _hits(client, target), target)
                 rows.append(row)
                 singles[:] = results
@@ -385,6 +393,12 @@ def _run_sweep(
         asyncio.run(run_all())
     except KeyboardInterrupt:
         stopped = stopped or "interrupted"
+    if not rows and stopped == "interrupted":  # during the warm-up: as bench-offline and bench-trace, status 130
+        from minisgl_cli.report import INTERRUPTED_EXIT
+
+        written = f"; nothing written to {flags['json_path']}" if flags["json_path"] is not None else ""
+        console.print(f"[yellow]interrupted[/yellow] before a load point finished: no results{written}")
+        raise typer.Exit(INTERRUPTED_EXIT)
     if not rows:
         console.print(f"[red]error:[/red] no load point finished ({stopped or 'nothing ran'})")
         raise typer.Exit(1)
@@ -431,7 +445,8 @@ def _hit_rate(before, after, target: Target) -> float | None:
     return (after["hits"] - before["hits"]) / d if d else None
 
 
-def _row(load, results, duration: float, t0: float, slo, flags: dict[str, Any], check) -> dict[str, Any]:
+def _row(load, results, duration: float, t0: float, slo, flags: dict[str, Any], check, cut: bool) -> dict[str, Any]:
+    """One load's figures; `cut`: Ctrl-C stopped it, so its figures cover only the requests finished by then."""
     from minisgl_cli.run_figures import client_usage, per_request, summarize
 
     row: dict[str, Any] = {
@@ -444,7 +459,7 @@ def _row(load, results, duration: float, t0: float, slo, flags: dict[str, Any], 
     row.update(summarize(results, duration, "e2el", slo))
     if flags["url"] is not None:
         row.update(client_usage(row, results, check.tok_per_s if check else None))
-    row["partial"] = row["failed"] > 0
+    row["partial"] = cut or row["failed"] > 0
     row["requests"] = per_request(results, t0, flags["save_detailed"])
     return row
 
@@ -485,8 +500,8 @@ def _result(target: Target, rows, results, slo, flags, check, served, stopped) -
         "environment": environment(),
         "flags": command_flags(flags),
     }
-    if len(rows) == 1:  # a single run: vLLM's top-level fields and per-request arrays
-        out.update({k: v for k, v in rows[0].items() if k not in ("requests", "load")})
+    if len(rows) == 1:  # a single run: vLLM's top-level fields and per-request arrays (`partial`: the run's, above)
+        out.update({k: v for k, v in rows[0].items() if k not in ("requests", "load", "partial")})
         out.update(rows[0]["requests"])
     out["_results"] = results  # for the timeline plot; not written
     return out

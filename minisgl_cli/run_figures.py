@@ -25,9 +25,14 @@ def parse_slo(text: str) -> dict[str, float]:
                 f"--slo takes {'/'.join(SLO_METRICS)}=<number>ms|s separated by commas, e.g. ttft=200ms,tpot=40ms "
                 f"(got {part!r})"
             )
-        value = float(m.group(2)) / (1000 if m.group(3) != "s" else 1)
-        if value <= 0:
-            raise ValueError(f"--slo {m.group(1)} must be > 0 (got {part!r})")
+        try:
+            value = float(m.group(2)) / (1000 if m.group(3) != "s" else 1)
+        except ValueError:  # '1.2.3' matches the pattern
+            raise ValueError(f"--slo {m.group(1)} takes a number (got {part!r})") from None
+        if not 0 < value < math.inf:  # 1e999 reads as inf, which the JSON cannot hold
+            raise ValueError(f"--slo {m.group(1)} must be a finite number > 0 (got {part!r})")
+        if m.group(1) in out:  # the last one silently won
+            raise ValueError(f"--slo names {m.group(1)} twice (got {text!r})")
         out[m.group(1)] = value
     if not out:
         raise ValueError("--slo names no target")
@@ -78,8 +83,11 @@ def summarize(
 
 
 def per_request(results: list[RequestResult], t0: float, detailed: bool = False) -> dict[str, list]:
-    """vLLM's per-request arrays (seconds), plus each request's scheduled send time from the run's start."""
+    """vLLM's per-request arrays (seconds), plus each request's scheduled send time from the run's start. Every
+    request sent is in them, failed ones with what they got before failing; `success` says which succeeded, and only
+    those count in `summarize`'s totals and latencies (sum(output_lens where success) == total_output_tokens)."""
     out: dict[str, list] = {
+        "success": [r.ok for r in results],
         "input_lens": [r.input_len for r in results],
         "output_lens": [r.output_tokens for r in results],
         "send_times": [round(r.scheduled - t0, 6) for r in results],

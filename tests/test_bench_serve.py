@@ -177,6 +177,7 @@ def test_server_errors_mid_run_give_partial_results(tmp_path, mock):
     res, out = bench(tmp_path, "--url", mock, *URL_FLAGS, "--num-requests", "20", "--max-concurrency", "1")
     assert (res["completed"], res["failed"], res["partial"]) == (8, 12, True)
     assert "HTTP 500" in res["errors"][0]["error"] and "mock failure" in res["errors"][0]["error"]
+    assert res["success"] == [True] * 8 + [False] * 12  # the per-request arrays say which requests count
     assert "partial results" in flat(out)
 
 
@@ -185,6 +186,17 @@ def test_streams_cut_short_are_failures(tmp_path, mock):
     res, out = bench(tmp_path, "--url", mock, *URL_FLAGS, "--num-requests", "6", "--max-concurrency", "1,2")
     assert [(r["completed"], r["failed"]) for r in res["sweep"]] == [(2, 4), (0, 6)]  # the sweep stops there
     assert "closed" in res["sweep"][0]["errors"][0]["error"]
+    # a cut stream got tokens before failing: the per-request arrays hold them, flagged, and the totals do not
+    for row in res["sweep"]:
+        req = row["requests"]
+        ok = req["success"]
+        assert len(ok) == row["num_prompts"] == row["completed"] + row["failed"] and sum(ok) == row["completed"]
+        assert [i for i, x in enumerate(ok) if not x] == [e["index"] for e in row["errors"]]
+        assert sum(n for n, x in zip(req["output_lens"], ok) if x) == row["total_output_tokens"]
+        assert sum(n for n, x in zip(req["input_lens"], ok) if x) == row["total_input_tokens"]
+        # the mock cuts a stream once it has sent 2 tokens or more (a late wake-up sends its backlog in one write)
+        assert all(n >= 2 for n, x in zip(req["output_lens"], ok) if not x)
+        assert all(t is not None for t, x in zip(req["ttfts"], ok) if x)
     assert res["partial"] and "every request of concurrency 2 failed" in flat(out)
 
 
@@ -225,6 +237,61 @@ def test_url_run_reports_its_share_of_the_client(tmp_path, mock):
     assert "client absorbed" in flat(out)
 
 
+def _interrupted(tmp_path: Path, url: str, *args: str) -> tuple[int, str, str, dict | None]:
+    """bench-serve --url as from a terminal, sent Ctrl-C (to its process group) a second after it first connects to
+    the mock: exit status, stdout, stderr and the JSON (None: none written)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    out, port = tmp_path / "serve.json", int(url.rsplit(":", 1)[1])
+    cmd = [sys.executable, "-m", "minisgl_cli", "bench-serve", "--url", url, *URL_FLAGS, *args, "--json", str(out)]
+    p = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores SIGINT
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    t0 = time.monotonic()
+    while not any(c.raddr and c.raddr.port == port for c in psutil.Process(p.pid).net_connections("tcp")):
+        assert p.poll() is None and time.monotonic() - t0 < 120, p.communicate()
+        time.sleep(0.05)
+    time.sleep(1.0)
+    os.killpg(p.pid, signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=60)
+    return p.returncode, flat(stdout), stderr, json.loads(out.read_text()) if out.exists() else None
+
+
+@pytest.mark.parametrize("mock", [MockConfig(ttft=0.01, tpot=0.01)], indirect=True)
+def test_ctrl_c_mid_load_marks_the_load_and_the_run_partial(tmp_path, mock):
+    """A single load cut by Ctrl-C (~0.1 s a request, one at a time, 100 of them): was written as `partial: false`,
+    its row's flag (failures only) overwriting the run's, and no note printed."""
+    rc, out, err, res = _interrupted(
+        tmp_path, mock, "--num-requests", "100", "--output-len", "10:10", "--max-concurrency", "1"
+    )
+    assert rc == 130 and "Traceback" not in err, out + err
+    assert res is not None and res["partial"] is True and res["stopped"] == "interrupted"
+    assert res["sweep"][0]["partial"] is True
+    assert 0 < res["completed"] == len(res["success"]) < 100 and res["failed"] == 0
+    assert "partial results: interrupted" in out
+
+
+@pytest.mark.parametrize("mock", [MockConfig(ttft=0.01, tpot=0.01)], indirect=True)
+def test_ctrl_c_in_the_warm_up_exits_130(tmp_path, mock):
+    """Ctrl-C in the warm-up (2 requests of ~10 s): was 'error: no load point finished' and exit 1."""
+    rc, out, err, res = _interrupted(
+        tmp_path, mock, "--warmup", "2", "--num-requests", "2", "--output-len", "1000:1000"
+    )
+    assert rc == 130 and "Traceback" not in err, out + err
+    assert "interrupted before a load point finished: no results; nothing written to" in out and res is None
+
+
 # ---- bad input ------------------------------------------------------------------------------------------------------
 def test_bad_input_is_named(tmp_path):
     def fails(*args: str) -> str:
@@ -233,10 +300,22 @@ def test_bad_input_is_named(tmp_path):
         assert "Traceback" not in r.output
         return flat(r.output)
 
-    assert "--rate must be > 0" in fails("--rate", "0", "--url", "http://127.0.0.1:1")
+    assert "--rate must be a finite number > 0" in fails("--rate", "0", "--url", "http://127.0.0.1:1")
     assert "--rate takes numbers" in fails("--rate", "fast", "--url", "http://127.0.0.1:1")
     assert "--max-concurrency must be >= 1" in fails("--max-concurrency", "4,0", "--url", "http://127.0.0.1:1")
     assert "--slo takes" in fails("--slo", "latency=3", "--url", "http://127.0.0.1:1")
+    assert "--slo names ttft twice" in fails("--slo", "ttft=10ms,ttft=1s", "--url", "http://127.0.0.1:1")
+    # a gap the gamma draw cannot make was a traceback once the model had loaded (inf itself: options' own check)
+    tiny = ["--model", "dummy:tiny-llama", "--device", "cpu", "--num-requests", "2", "--rate", "10"]
+    assert "'--burstiness': Input should be less than or equal to 1000" in fails(*tiny, "--burstiness", "1e308")
+    assert "--rate 1e+306 with --burstiness 1000: the gaps' gamma scale" in fails(
+        *tiny, "--rate", "1e306", "--burstiness", "1000"
+    )
+    # past float's range: was read as inf (no pacing); so small its mean gap is inf: waited forever
+    for rate in ("1e309", "1e-320"):
+        assert f"--rate must be a finite number > 0 requests/s, or inf for no pacing (got '{rate}')" in fails(
+            "--rate", rate, "--url", "http://127.0.0.1:1"
+        )
     assert "cannot reach" in fails("--url", f"http://127.0.0.1:{free_port()}", *URL_FLAGS)
     data = tmp_path / "d.json"
     data.write_text(json.dumps([{"body": "hello", "lang": "en"}]))
