@@ -242,6 +242,8 @@ def test_models_health_and_token_id_prompts(tiny):
     assert (e.value.body["param"], e.value.body["code"]) == ("model", "model_not_found")
     assert "model 'gpt-4' does not exist; this server serves 'tiny-llama'" in e.value.body["message"]
     assert httpx.get(f"{tiny.url}/health").status_code == 200
+    r = httpx.post(f"{tiny.url}/v1/completions", content=b'{"prompt": "hi"}', headers={"content-type": "text/plain"})
+    assert r.status_code == 400 and "request body must be a JSON object, sent as application/json" in r.text, r.text
     ids = [72, 101, 108, 108, 111, 300, 7, 511]
     ref = make_llm(**TINY).generate([ids], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
     out = client.completions.create(
@@ -340,12 +342,15 @@ BAD = [
     _case(C, "[1, 2]", None),
     _case(C, "", None),
     _case(CH, "not json at all", None, code="json_invalid"),
+    # where json.loads gives up before its own errors FastAPI said "There was an error parsing the body", no code
+    _case(C, b'{"prompt": "\xff\xfe"}', None, code="json_invalid"),
+    _case(C, "[" * 5000 + "]" * 5000, None, code="json_invalid"),
 ]
 
 
 @pytest.mark.parametrize("path,body,status,param,code", BAD)
 def test_bad_requests_get_openai_shaped_errors(tiny, path, body, status, param, code):
-    raw = body if isinstance(body, str) else json.dumps(body)
+    raw = body if isinstance(body, (str, bytes)) else json.dumps(body)
     r = httpx.post(tiny.url + path, content=raw, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
     err = r.json()["error"]
@@ -486,6 +491,8 @@ def test_chat_n_choices_without_max_tokens_share_the_context_default():
         capacity = server.client.limits.kv_capacity
         assert capacity == 384 and server.client.max_request_tokens == 384
         client = server.openai()
+        # what a request can hold, not the model's 2,048-token context: a client sizing prompts by it is not refused
+        assert client.models.retrieve(server.model).model_extra["max_model_len"] == 384
         out = client.chat.completions.create(model=server.model, messages=MSG, n=3, temperature=0)
         prompt = out.usage.prompt_tokens
         assert 3 * (capacity - prompt) > capacity  # what the old check reserved: over the cache

@@ -37,7 +37,9 @@ def create_app(remote: RemoteLLM, model_name: str | None = None, max_queued_requ
         "object": "model",
         "created": created,
         "owned_by": "minisgl",
-        "max_model_len": client.max_model_len,
+        # what one request can hold: the context, or the KV pool where that is smaller (--num-pages 40: 640 tokens,
+        # and a client sizing its prompts by the context got 400s)
+        "max_model_len": client.max_request_tokens,
     }
 
     @app.get("/v1/models")

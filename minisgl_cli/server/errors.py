@@ -51,8 +51,9 @@ def validation_error(exc: RequestValidationError) -> APIError:
         )
     full = list(err.get("loc", ()))
     loc = full[1:] if full[:1] == ["body"] else []
-    if not loc:
-        return APIError(400, f"request body: {err.get('msg')}", code=err.get("type"))
+    if not loc:  # the body itself: a JSON list, or text sent as text/plain (FastAPI reads JSON types only as JSON)
+        why = "must be a JSON object, sent as application/json" if err.get("type") == "model_attributes_type" else None
+        return APIError(400, f"request body {why or ': ' + str(err.get('msg'))}", code=err.get("type"))
     tag = next((i for i, p in enumerate(loc) if _is_union_tag(p)), None)
     where = ".".join(str(p) for p in (loc if tag is None else loc[:tag]))
     code = err.get("type")
@@ -76,6 +77,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+        cause = exc.__cause__
+        if exc.status_code == 400 and isinstance(cause, (UnicodeDecodeError, RecursionError)):
+            # FastAPI's "There was an error parsing the body", where json.loads gave up before its own JSON errors
+            why = "not UTF-8" if isinstance(cause, UnicodeDecodeError) else "nested too deeply"
+            return APIError(400, f"malformed JSON body: {why}", code="json_invalid").response()
         return APIError(exc.status_code, str(exc.detail)).response()
 
     @app.exception_handler(Exception)
