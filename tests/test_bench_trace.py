@@ -193,7 +193,7 @@ def test_numbers_no_float_holds_are_bad_lines(tmp_path, line, message):
     good = '{"timestamp": 2, "input_length": 5, "output_length": 3, "hash_ids": [1]}'
     bad = tmp_path / "bad.jsonl"
     bad.write_text(f"{line}\n{good}\n")
-    r = CliRunner().invoke(app, ["bench-trace", str(bad), *TINY])
+    r = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["bench-trace", str(bad), *TINY])  # a long path: no wrapping
     assert r.exit_code == 2 and f"bad.jsonl:1: {message}" in flat(r.output), r.output
     res = replay(tmp_path, bad, *TINY, "--time-scale", "0", "--skip-bad-lines")
     assert (res["completed"], res["skipped_lines"]) == (1, 1)
