@@ -137,8 +137,9 @@ class SamplingParams:
 
 
 def _token_id(key: int | str) -> int:
-    """A logit_bias key as an int ("42" -> 42); anything else is left as it is, for the check to refuse."""
-    if isinstance(key, str) and key.strip().isdigit():
+    """A logit_bias key as an int ("42" -> 42); anything else is left as it is, for the check to refuse (" 5" and
+    Arabic-Indic digits, which int() reads, too: a token id is written in ASCII digits)."""
+    if isinstance(key, str) and key.isascii() and key.isdigit():
         return int(key)
     return key  # type: ignore[return-value]  # not an id: __post_init__'s check names logit_bias
 

@@ -303,6 +303,8 @@ BAD = [
     _case(C, {"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
     _case(C, {"prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias"),
     _case(C, {"prompt": "hi", "logit_bias": {"5": "1"}}, "logit_bias"),
+    _case(C, {"prompt": "hi", "logit_bias": {" 5": 1}}, "logit_bias"),
+    _case(C, {"prompt": "hi", "logit_bias": {"\u0665": 1}}, "logit_bias"),  # an Arabic-Indic five
     _case(C, {"prompt": "hi", "stop_token_ids": [512]}, "stop_token_ids"),
     _case(C, {"prompt": "hi", "min_tokens": 20, "max_tokens": 10}, "min_tokens"),
     _case(
