@@ -225,7 +225,7 @@ def tiny():
         (C, '{"prompt": "hi", "top_p": Infinity}', "top_p", "finite_number", "top_p: Input should be a finite number"),
         (C, {"prompt": "hi", "repetition_penalty": 1e-300}, "repetition_penalty", None, "repetition_penalty must be"),
         (C, {"prompt": "hi", "ignore_eos": "yes"}, "ignore_eos", "bool_type", "ignore_eos: Input should be a valid"),
-        (C, "null", None, "model_attributes_type", "request body: Input should be a valid dictionary"),
+        (C, "null", None, "model_attributes_type", "request body must be a JSON object, sent as application/json"),
         (CH, {"messages": MSG, "max_tokens": -5}, "max_tokens", None, "max_tokens must be an integer >= 1 (got -5)"),
         (
             CH,
