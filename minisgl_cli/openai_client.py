@@ -234,7 +234,7 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]
         raise ConnectionError("the server closed the connection without answering") from e
     lines = raw.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not (parts[1].isascii() and parts[1].isdigit()):
         raise ConnectionError(f"not an HTTP response: {lines[0][:100]!r}")
     headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:] if x)}
     if parts[0] == "HTTP/1.0" and "keep-alive" not in headers.get("connection", "").lower():

@@ -192,6 +192,9 @@ def test_copy_answer_and_code_blocks(tiny):
         await send(pilot, "/copy nope")
         await pilot.pause()
         assert "has 2 code block(s), not 3" in notices(app)[-2] and "/copy takes" in errors(app)[-1]
+        await send(pilot, "/copy code ²")  # a digit to str.isdigit that int() refuses: it ended the chat
+        await pilot.pause()
+        assert "/copy takes nothing, code, or code <n> with n >= 1 (got 'code ²')" in errors(app)[-1]
         assert "copied code block 1 of 2 (9 characters)" in notices(app)
         # A stopped answer's unclosed block counts, as Markdown shows it.
         app.session.history[1].content = "Here:\n```python\ndef f():\n    return"

@@ -80,9 +80,11 @@ def run_command(line: str, session: ChatSession, thinking_switch: bool | None = 
         return CommandResult("export", args=(fmt, path.strip()))
     if name == "/copy":
         what, _, n = arg.partition(" ")
-        if what not in ("", "code") or (n and not n.strip().isdigit()) or (n and int(n) < 1):
+        n = n.strip()
+        # ASCII digits only: "²" and "①" are digits to str.isdigit, and int() refused them (a traceback)
+        if what not in ("", "code") or (n and not (n.isascii() and n.isdigit() and int(n) >= 1)):
             raise CommandError(f"/copy takes nothing, code, or code <n> with n >= 1 (got {arg!r})")
-        return CommandResult("copy", args=(what, n.strip()))
+        return CommandResult("copy", args=(what, n))
     if name in ("/regen", "/edit", "/sessions"):
         return CommandResult(name[1:])  # type: ignore[arg-type]  # one of the three action names, checked above
     if name == "/stats":
