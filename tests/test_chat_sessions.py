@@ -260,6 +260,37 @@ def test_locked_database_notifies_and_catches_up(tiny, db, monkeypatch):
     assert len(session.history) == 4
 
 
+def test_a_resumed_chat_is_the_last_one(tiny, db):
+    """--resume ID, left without a message, did not make that chat the last: the next bare --resume opened the newest
+    written one instead (docs: "the one last written or opened"; ctrl+o's opening did). TUI and plain mode."""
+    import io
+
+    from minisgl_cli.tui.plain import run_plain
+    from tests.chat_pilot import LocalEngine
+
+    store = ChatStore(db)
+    for text in ("older", "newer"):
+        s = ChatSession(max_tokens=3)
+        s.add(ChatMessage("user", text))
+        store.save(s, [text])
+    assert store.last_id() == 2
+    resumed, inputs = store.load(1)
+
+    async def leave(app: ChatApp, pilot) -> None:
+        await pilot.pause()
+
+    run_app(tiny, leave, store, session=resumed, inputs=inputs)
+    assert ChatStore(db).last_id() == 1
+    resumed, inputs = store.load(2)
+    engine = LocalEngine(tiny)
+    try:
+        run_plain(engine.backend(), resumed, store, inputs, io.StringIO(""), io.StringIO(), io.StringIO())
+    finally:
+        engine.shutdown()
+    assert ChatStore(db).last_id() == 2
+    assert [m.content for m in store.load(2)[0].history] == ["newer"]  # opened, not changed
+
+
 def test_a_chat_changed_or_deleted_by_another_chat_is_saved_as_a_new_one(tiny, db):
     # The same chat open in two terminals (--resume twice): each save wrote the whole chat over the other's, so the
     # first terminal's new messages vanished without a word. A chat deleted by the other one (ctrl+o, d d) failed

@@ -123,6 +123,8 @@ class ChatApp(App):
         box.focus()
         await self.note([(WELCOME, [])])
         await self.show_history()
+        if self.session.id is not None:
+            self.save()  # a resumed chat is now the last one, as one opened with ctrl+o: the next --resume comes back
         if self._notice:
             self.say(self._notice, severity="warning", timeout=10)
         self.set_interval(1 / self.METRICS_HZ, self.refresh_metrics)

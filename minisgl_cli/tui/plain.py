@@ -51,6 +51,7 @@ def run_plain(
     print(f"minisgl chat · {backend.title}   (/help for commands, Ctrl-D to quit)", file=stderr)
     if session.id is not None:
         print(f"resumed chat {session.id}: {session.title} ({len(session.history)} messages)", file=stderr)
+        _save(store, session, list(inputs or []), stderr)  # now the last chat, as in the TUI
     loop = LoopThread()
     loop.run(backend.ready())
     inputs = list(inputs or [])
