@@ -390,6 +390,37 @@ def test_engine_serves_on_after_bad_requests(tiny):
     tiny.on_engine(lambda engine: engine.check())
 
 
+def test_usage_counts_the_prompt_tokens_read_from_the_cache(tiny):
+    """usage.prompt_tokens_details.cached_tokens: the chat's --url panel read cache hits there and showed 0 for
+    every turn. Whole 16-token pages of a prompt seen before are hits; a prompt's n choices count it once."""
+    client = tiny.openai()
+    prompt = "cached usage " * 4  # 52 bytes: three whole pages
+    first = client.completions.create(model=tiny.model, prompt=prompt, max_tokens=2)
+    assert first.usage.prompt_tokens == 52 and first.usage.prompt_tokens_details.cached_tokens == 0
+    again = client.completions.create(model=tiny.model, prompt=prompt, max_tokens=2, n=2)
+    assert again.usage.prompt_tokens == 52 and again.usage.prompt_tokens_details.cached_tokens == 48
+    stream = client.chat.completions.create(
+        model=tiny.model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=2,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    last = chunks[-1].usage
+    assert last.prompt_tokens_details.cached_tokens % 16 == 0 and last.prompt_tokens_details.cached_tokens < 64
+    repeat = list(
+        client.chat.completions.create(
+            model=tiny.model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=2,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )[-1].usage
+    assert repeat.prompt_tokens_details.cached_tokens == repeat.prompt_tokens // 16 * 16 > 0
+
+
 def test_metrics_parse_and_move(tiny):
     before = _families(tiny)
     lab = (("model_name", "tiny-llama"),)

@@ -235,7 +235,13 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Pro
         if ch.index >= 0
     ]
     completion_tokens = sum(0 if ch.discard else len(out.token_ids) for ch, out in zip(choices, finals))
-    return JSONResponse(shape.reply.body(bodies, usage(prompt_tokens, completion_tokens)))
+    return JSONResponse(shape.reply.body(bodies, usage(prompt_tokens, completion_tokens, _cached(choices))))
+
+
+def _cached(choices: list[_Choice]) -> int:
+    """The prompt tokens read from the prefix cache, each prompt's once (by its first choice's prefill; the others
+    read the whole prompt from the cache, as `prompt_tokens` counts each prompt once)."""
+    return sum(min(ch.job.cache_hit_tokens, len(ch.prompt.ids)) for ch in choices if ch.job is ch.prompt.first)
 
 
 async def _final(job: Job, chat: bool) -> RequestOutput:
@@ -357,7 +363,7 @@ async def _sse(shape: _Shape, choices: list[_Choice], prompt_tokens: int) -> Asy
             if events:
                 yield "".join(events)
         if reply.include_usage:
-            yield _event(reply.usage_chunk(usage(prompt_tokens, sum(ch.tokens for ch in choices))))
+            yield _event(reply.usage_chunk(usage(prompt_tokens, sum(ch.tokens for ch in choices), _cached(choices))))
     except (ValueError, EngineDeadError) as e:
         yield _event(_refusal(e, reply.chat).body())
     yield "data: [DONE]\n\n"

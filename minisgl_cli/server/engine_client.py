@@ -45,6 +45,7 @@ class Job:
     started: asyncio.Event = field(default_factory=asyncio.Event)  # its first output arrived, or it ended
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # its last output or its error arrived
     prompt_logprobs: Sequence[TokenLogprob] | None = None  # from its first output
+    cache_hit_tokens: int = 0  # prompt tokens its prefill read from the prefix cache (from its outputs)
 
     def abort(self) -> None:
         self.cancelled = True
@@ -172,6 +173,7 @@ class EngineClient:
                 if not job.started.is_set():
                     job.prompt_logprobs = item.prompt_logprobs
                     job.started.set()
+                job.cache_hit_tokens = item.cache_hit_tokens
                 if item.finished:
                     self.metrics.observe(item)
                 job.inbox.put_nowait(item)

@@ -268,12 +268,17 @@ class ChatCompletionRequest(GenerationRequest):
         return out
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage object; `cached_tokens`, the prompt tokens read from the prefix cache, goes in its
+    prompt_tokens_details (the chat's --url panel and other clients read cache hits there)."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,5 +331,5 @@ class Reply:
             return out
         return {**out, "usage": usage(*so_far) if self.continuous_usage else None}
 
-    def usage_chunk(self, use: dict[str, int]) -> dict[str, Any]:
+    def usage_chunk(self, use: dict[str, Any]) -> dict[str, Any]:
         return {**self._envelope("chat.completion.chunk" if self.chat else "text_completion", []), "usage": use}
