@@ -229,10 +229,11 @@ def test_sigterm_mid_answer_restores_the_terminal_and_saves_the_answer(terminal,
 
 def test_closing_the_terminal_mid_answer_saves_it_and_cleans_up(terminal, tmp_path, ipc_dir):
     """SIGHUP to both processes: the chat saves the answer as stopped, the engine's process removes its IPC
-    directory (it died on the spot and left it)."""
+    directory (it died on the spot and left it). Both are gone within seconds: restoring a terminal that is gone
+    could hang the chat's process until the engine's killed it 10 s later (2 of 4 tries); it now leaves after 2 s."""
     marker = f"terminal-{uuid.uuid4().hex[:8]}"
     db = answering(terminal, tmp_path, marker, ipc_dir)
     terminal.tmux("kill-session", "-t", "chat")
-    assert gone(marker)
+    assert gone(marker, timeout=7)
     assert list(ipc_dir.iterdir()) == []
     assert saved_answer(db).finish_reason == "abort"
