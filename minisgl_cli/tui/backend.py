@@ -28,7 +28,7 @@ def too_long(
     else:
         shorter = ""
     if any(m["role"] == "assistant" for m in messages):
-        what, fix = "conversation too long", "/reset starts a new chat"
+        what, fix = "conversation too long", "/reset starts a new chat (unless this message alone is too long)"
     else:
         what, fix = "message too long", "a shorter message (or a shorter /system prompt) fits"
     return f"{what}: {reason}; " + (f"{shorter}, or {fix}" if shorter else fix)
