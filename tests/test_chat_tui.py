@@ -157,6 +157,9 @@ def test_stop_aborts_and_frees_pages(tiny):
 
 def test_reset_and_new_conversation_clear_history(tiny):
     async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "   ")  # blanks alone: nothing is sent, and the box is emptied (they stayed in it)
+        await pilot.pause()
+        assert app.query_one(PromptBox).value == "" and app.session.history == []
         await send(pilot, "hi")
         await wait_for(pilot, lambda: not app.generating, what="answer")
         assert len(app.session.history) == 2 and app.query(UserMessage)
@@ -171,6 +174,8 @@ def test_reset_and_new_conversation_clear_history(tiny):
         await pilot.press("ctrl+n")
         await pilot.pause()
         assert not app.generating and app.session.history == [] and not app.query(AssistantMessage)
+        panel = app.query_one(MetricsPanel)  # the old chat's last turn and TBTs are not shown for the new one
+        assert app.turn.output_tokens == 0 and panel.turn.output_tokens == 0 and not panel.tbt_ms
         await wait_for(pilot, lambda: load(app).running == 0 and load(app).kv_pages_in_use == 0, what="pages back")
         await send(pilot, "/max-tokens 4")
         await send(pilot, "fresh start")

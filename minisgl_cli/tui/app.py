@@ -201,6 +201,7 @@ class ChatApp(App):
     async def on_prompt_box_submitted(self, event: PromptBox.Submitted) -> None:
         line = event.value.strip()
         if not line:
+            event.box.value = ""  # blanks alone send nothing, and are not left in the box
             return
         box = event.box
         if is_command(line) and "\n" not in line:
@@ -401,6 +402,8 @@ class ChatApp(App):
         box.set_history([])
         box.value = ""
         await self.query_one("#conversation").remove_children()
+        self.turn = TurnStats()
+        self.query_one(MetricsPanel).clear_turns()
         self.title = "minisgl chat"
         self.say("new conversation" + (f" (system: {self.session.system})" if self.session.system else ""))
 

@@ -192,6 +192,12 @@ class MetricsPanel(VerticalScroll):
     def new_turn(self) -> None:
         self._turn_itls = 0
 
+    def clear_turns(self) -> None:
+        """A new chat: no last turn, and an empty TBT window (the old chat's numbers stayed)."""
+        self.tbt_ms.clear()
+        self._turn_itls = 0
+        self.show_turn(TurnStats())
+
     def show_turn(self, turn: TurnStats) -> None:
         self.turn = turn
         self.tbt_ms.extend(g * 1e3 for g in turn.itls[self._turn_itls :])
