@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from rich.cells import set_cell_size
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -73,7 +74,8 @@ class SessionsScreen(ModalScreen[int | None]):
             [
                 Option(  # Text: a title is shown as typed, never read as markup
                     Text(
-                        f"{'▶ ' if i.id == self.current else '  '}{i.title[:48]:<48} "
+                        # cut and padded by terminal cells: an emoji takes two, and str's widths shifted the columns
+                        f"{'▶ ' if i.id == self.current else '  '}{set_cell_size(i.title, 48)} "
                         f"{i.messages:>3} msgs  {_when(i.updated)}"
                     ),
                     id=str(i.id),
