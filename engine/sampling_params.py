@@ -62,8 +62,11 @@ class SamplingParams:
         # Types first: a string compared below raised a bare TypeError, and ignore_eos="false" was truthy (EOS ignored)
         numbers = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
         for name in numbers:
-            if not _real(getattr(self, name)):
-                raise ValueError(f"{name} must be a number (got {getattr(self, name)!r})")
+            if not _finite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number (got {_short(getattr(self, name))})")
+            # as floats: an int past 2**63 (temperature=2**64) went into the sampler's int64 tensor and failed the step,
+            # which ends the engine for every request
+            setattr(self, name, float(getattr(self, name)))
         for name in ("max_tokens", "top_k", "min_tokens"):
             if not _integer(getattr(self, name)):
                 raise ValueError(f"{name} must be an integer (got {getattr(self, name)!r})")
@@ -87,7 +90,7 @@ class SamplingParams:
             (-2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]"),
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]"),
             (
-                self.seed is None or (isinstance(self.seed, int) and -(2**63) <= self.seed < 2**64),
+                self.seed is None or (_integer(self.seed) and -(2**63) <= self.seed < 2**64),
                 "seed",
                 "must be a 64-bit integer",
             ),  # torch.Generator.manual_seed range; beyond it the sampler would raise
@@ -110,7 +113,7 @@ class SamplingParams:
             (
                 isinstance(self.logit_bias, dict)
                 and all(
-                    isinstance(k, int) and k >= 0 and _finite(v) and abs(v) <= MAX_LOGIT_BIAS
+                    _integer(k) and k >= 0 and _finite(v) and abs(v) <= MAX_LOGIT_BIAS  # a bool key failed the step
                     for k, v in self.logit_bias.items()
                 ),
                 "logit_bias",
@@ -161,7 +164,15 @@ def _integer(v: object) -> bool:
 
 
 def _finite(v: object) -> bool:
-    return _real(v) and math.isfinite(v)
+    try:
+        return _real(v) and math.isfinite(v)
+    except OverflowError:  # an int beyond any float
+        return False
+
+
+def _short(v: object) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
 def _logprob_count(k: object) -> bool:

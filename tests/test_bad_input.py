@@ -1024,9 +1024,14 @@ def test_the_cli_defaults_are_the_engines_and_help_imports_no_torch():
 @pytest.mark.parametrize(
     "kw, message",
     [
-        ({"temperature": "0.5"}, "temperature must be a number (got '0.5')"),
-        ({"top_p": None}, "top_p must be a number (got None)"),
-        ({"repetition_penalty": True}, "repetition_penalty must be a number (got True)"),
+        ({"temperature": "0.5"}, "temperature must be a finite number (got '0.5')"),
+        ({"top_p": None}, "top_p must be a finite number (got None)"),
+        ({"repetition_penalty": True}, "repetition_penalty must be a finite number (got True)"),
+        # inf passed (and with a masked token every draw became token 0); an int past any float was a traceback
+        ({"temperature": float("inf")}, "temperature must be a finite number (got inf)"),
+        ({"temperature": 10**400}, "temperature must be a finite number (got 10000000000000000000...(401 characters))"),
+        ({"logit_bias": {True: 1.0}}, "logit_bias must map token ids"),  # a bool key failed the engine's step
+        ({"seed": True}, "seed must be a 64-bit integer (got True)"),
         ({"max_tokens": True}, "max_tokens must be an integer (got True)"),
         ({"min_tokens": 1.0}, "min_tokens must be an integer (got 1.0)"),
         ({"ignore_eos": "false"}, "ignore_eos must be true or false (got 'false')"),  # truthy: EOS was ignored
@@ -1040,6 +1045,23 @@ def test_sampling_params_of_the_wrong_type_are_refused_by_name(kw, message):
     with pytest.raises(ValueError) as e:
         SamplingParams(**kw)
     assert message in str(e.value)
+
+
+def test_huge_integer_sampling_values_run_as_floats():
+    """temperature=2**63 and repetition_penalty=2**64 passed the checks as ints, went into the sampler's int64
+    tensors and failed the step, which ends the engine for every request; they are floats now, and sample."""
+    llm = make_llm("dummy:tiny-llama", num_pages=64)
+    try:
+        for params in (
+            SamplingParams(temperature=2**63, max_tokens=3, seed=1),
+            SamplingParams(temperature=0, repetition_penalty=2**64, max_tokens=3),
+        ):
+            assert isinstance(params.temperature, float) and isinstance(params.repetition_penalty, float)
+            out = llm.generate([[1, 2, 3, 1, 2, 3]], params)[0]
+            assert len(out.token_ids) == 3 and out.finish_reason == "length"
+        assert llm.engine.failed is None
+    finally:
+        llm.shutdown()
 
 
 def test_messages_need_a_chat_template(smollm):
