@@ -132,6 +132,7 @@ class AsyncLLM(StepLoop):
             with self._lock:
                 self._closed = True
             why = self.error or "engine shut down"
+            open_rids = list(self._streams) if self.error is None else []
             for stream in self._streams.values():
                 stream.put(EngineDeadError(why))
             self._streams.clear()
@@ -144,3 +145,9 @@ class AsyncLLM(StepLoop):
                     item[4].put(EngineDeadError(why))
                 elif item[0] == "call":
                     item[2].put((False, EngineDeadError(why)))
+            # Shut down, not crashed: the open streams' requests end in the LLM too. They held their pages, and the
+            # LLM's next step (a generate() after this shutdown) ran them on.
+            if open_rids:
+                for rid in open_rids:
+                    self.llm.abort(rid)
+                self.llm.step()

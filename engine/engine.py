@@ -138,7 +138,11 @@ class Engine:
 
     # ---- requests ---------------------------------------------------------------------------------
     def new_rid(self) -> str:
+        """A request id no running request has: a caller's own rid may be one of the form this makes ("req-1"), and
+        the generated one collided with it ("already in use")."""
         self._counter += 1
+        while f"req-{self._counter}" in self.reqs:
+            self._counter += 1
         return f"req-{self._counter}"
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> SamplingParams:
@@ -203,15 +207,19 @@ class Engine:
         self._finished_now.append(req)
 
     def shutdown(self) -> None:
-        """Rank 0: release the follower ranks (they leave their step loop) and leave the group."""
+        """Every request still here ends (aborted, its pages returned: at TP=1 they stayed, and a later step() ran
+        them on); rank 0 also releases the follower ranks (they leave their step loop) and leaves the group."""
         if self._shutdown:
             return
-        if TP.size > 1 and TP.rank == 0:
-            for rid in list(self.reqs):
-                self.abort(rid)
-            self._commands.append(("shutdown",))
-            self.step()
-        self._shutdown = True
+        try:
+            if TP.rank == 0 and (TP.size > 1 or (self.failed is None and self.reqs)):
+                for rid in list(self.reqs):
+                    self.abort(rid)
+                if TP.size > 1:
+                    self._commands.append(("shutdown",))
+                self.step()
+        finally:
+            self._shutdown = True
         if TP.size > 1:
             self._leave_group()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
@@ -28,7 +29,8 @@ SNAPSHOT_VIEWS = True
 
 class LLM:
     def __init__(self, config: EngineConfig | None = None, progress: Progress | None = None, **overrides: Any):
-        self.config = config or EngineConfig(**overrides)
+        # beside a config, the keywords change it (they were dropped without a word: num_pages=8 ran with the config's)
+        self.config = EngineConfig(**overrides) if config is None else dataclasses.replace(config, **overrides)
         self.engine = Engine(self.config, progress)
         self.tokenizer = self.engine.loaded.tokenizer
         self._text: dict[str, TextState] = {}
@@ -217,8 +219,10 @@ class LLM:
             self._drain([rid])  # also when a stop string ended it
 
     def shutdown(self) -> None:
-        """Ends the engine (and, under TP, its follower ranks); later requests are refused."""
-        self.engine.shutdown()
+        """Ends the engine (and, under TP, its follower ranks): requests still running end as aborted, later ones
+        are refused."""
+        with self._lock:  # not inside another thread's step
+            self.engine.shutdown()
 
     def __enter__(self) -> LLM:
         return self

@@ -58,6 +58,8 @@ class RequestLimits:
         (LLM, AsyncLLM, RemoteLLM) runs the request with that copy: with the caller's object, a field it edited after
         submitting (a temperature set to -1, max_tokens shortened, a stop token appended) reached the running request
         unchecked."""
+        if not isinstance(params, SamplingParams):  # e.g. a string in a list of params: an AttributeError before
+            raise ValueError(f"sampling params must be a SamplingParams (got {type(params).__name__} {params!r:.40})")
         params = params.own_copy()
         params.validate()  # again: a field assigned after construction was never checked
         if not prompt_ids:

@@ -381,6 +381,57 @@ def test_an_llm_shut_down_refuses_requests_and_closes_as_a_context_manager():
     llm.shutdown()  # a second shutdown is a no-op
 
 
+def test_shutdown_ends_the_requests_still_running():
+    """LLM.shutdown() and AsyncLLM.shutdown() left the requests in flight in the engine, holding their pages, and
+    a later step (a generate() after the AsyncLLM's shutdown) ran them on to max_tokens. They end as aborted now."""
+    import asyncio
+
+    from engine.async_llm import AsyncLLM, EngineDeadError
+
+    params = SamplingParams(max_tokens=1000, ignore_eos=True)
+    llm = make_llm(num_pages=64, radix_cache=False)
+    llm.add_request([1, 2, 3], params)
+    llm.step()
+    assert llm.metrics().kv_pages_free < 64
+    llm.shutdown()
+    assert llm.engine.reqs == {} and llm.metrics().kv_pages_free == 64 and llm.step() == []
+
+    llm = make_llm(num_pages=64, radix_cache=False)
+    a = AsyncLLM(llm)
+
+    async def main() -> None:
+        stream = a.submit([1, 2, 3], params, loop=asyncio.get_running_loop())
+        with pytest.raises(EngineDeadError):
+            async for _ in stream:
+                await asyncio.to_thread(a.shutdown)  # from the first output on
+
+    asyncio.run(main())
+    assert_idle(llm, 64)  # the LLM goes on without the AsyncLLM's request
+    out = llm.generate([[4, 5]], SamplingParams(max_tokens=2, ignore_eos=True))[0]
+    assert len(out.token_ids) == 2 and llm.engine.stats["finished"] == 2
+    llm.shutdown()
+
+
+def test_api_slips_are_clear_errors_or_applied():
+    """Keywords beside a config were dropped (num_pages=8 ran with the config's 64); a string in a list of params
+    was an AttributeError; a generated request id could be one a caller had taken ('already in use')."""
+    from engine.config import EngineConfig
+    from engine.llm import LLM
+
+    llm = LLM(EngineConfig(model="dummy:tiny-llama", device="cpu", num_pages=64), num_pages=8, max_model_len=100)
+    try:
+        assert (llm.config.num_pages, llm.engine.max_model_len, llm.metrics().kv_pages_free) == (8, 100, 8)
+        with pytest.raises(ValueError, match="sampling params must be a SamplingParams .got str"):
+            llm.generate([[1, 2], [3, 4]], [SamplingParams(max_tokens=1), "greedy"])  # type: ignore[list-item]
+        assert_idle(llm, 8)
+        taken = f"req-{llm.engine._counter + 1}"
+        llm.add_request([1, 2], SamplingParams(max_tokens=2), rid=taken)
+        outs = llm.generate([[3, 4]], SamplingParams(max_tokens=2))
+        assert outs[0].rid != taken and len(outs[0].token_ids) == 2
+    finally:
+        llm.shutdown()
+
+
 def _edit_after_submission(params: SamplingParams, field: str, reference: list[int]) -> None:
     """What a caller might do to its params object while the request it submitted runs (reusing it for the next
     batch, say); none of it may reach that request."""
