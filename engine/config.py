@@ -5,7 +5,7 @@ stays free of it."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -20,6 +20,22 @@ def _backend_ok(name: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+# A field's annotation (a string here: `from __future__ import annotations`) -> the types its values may have.
+_KINDS: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
+def _check_types(config: EngineConfig) -> None:
+    """The Python API has no CLI parser in front: page_size=1.5 failed later with an unclear TypeError, and
+    overlap="yes" or check_invariants="no" were taken as true."""
+    for f in fields(config):
+        value, kinds = getattr(config, f.name), [k.strip() for k in str(f.type).split("|")]
+        if value is None and "None" in kinds:
+            continue
+        allowed = tuple(t for k in kinds if k != "None" for t in _KINDS.get(k, (object,)))
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise ValueError(f"{f.name} must be {' or '.join(kinds)} (got {value!r})")
 
 
 PIECEWISE_GRAPH_TOKENS = 4096
@@ -65,7 +81,10 @@ class EngineConfig:
     check_invariants: bool = False  # assert page accounting after every step (tests)
 
     def __post_init__(self) -> None:
+        _check_types(self)
         checks = [
+            (self.model is None or self.model != "", "model", "must name a model (None: the embedded default)"),
+            (-(2**63) <= self.seed < 2**64, "seed", "must be a 64-bit integer"),
             (
                 re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None,
                 "device",

@@ -1024,6 +1024,27 @@ def test_the_cli_defaults_are_the_engines_and_help_imports_no_torch():
 @pytest.mark.parametrize(
     "kw, message",
     [
+        ({"page_size": 1.5}, "page_size must be int (got 1.5)"),  # failed at the pool's size with a bare TypeError
+        ({"num_pages": "16"}, "num_pages must be int or None (got '16')"),
+        ({"overlap": "yes"}, "overlap must be bool or None (got 'yes')"),  # truthy: taken as true
+        ({"check_invariants": "no"}, "check_invariants must be bool (got 'no')"),
+        ({"tp": True}, "tp must be int (got True)"),
+        ({"seed": 2**70}, "seed must be a 64-bit integer"),  # overflowed at the start
+        ({"model": ""}, "model must name a model (None: the embedded default)"),  # loaded the embedded one
+    ],
+)
+def test_engine_config_values_of_the_wrong_type_are_refused_by_name(kw, message):
+    """EngineConfig through the Python API, where no CLI parser stands in front of it."""
+    from engine.config import EngineConfig
+
+    with pytest.raises(ValueError) as e:
+        EngineConfig(**kw)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
         ({"temperature": "0.5"}, "temperature must be a finite number (got '0.5')"),
         ({"top_p": None}, "top_p must be a finite number (got None)"),
         ({"repetition_penalty": True}, "repetition_penalty must be a finite number (got True)"),
