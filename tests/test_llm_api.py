@@ -422,7 +422,7 @@ def test_api_slips_are_clear_errors_or_applied():
     try:
         assert (llm.config.num_pages, llm.engine.max_model_len, llm.metrics().kv_pages_free) == (8, 100, 8)
         with pytest.raises(ValueError, match="sampling params must be a SamplingParams .got str"):
-            llm.generate([[1, 2], [3, 4]], [SamplingParams(max_tokens=1), "greedy"])  # type: ignore[list-item]
+            llm.generate([[1, 2], [3, 4]], [SamplingParams(max_tokens=1), "greedy"])
         assert_idle(llm, 8)
         taken = f"req-{llm.engine._counter + 1}"
         llm.add_request([1, 2], SamplingParams(max_tokens=2), rid=taken)
