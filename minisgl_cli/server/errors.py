@@ -52,8 +52,11 @@ def validation_error(exc: RequestValidationError) -> APIError:
     full = list(err.get("loc", ()))
     loc = full[1:] if full[:1] == ["body"] else []
     if not loc:  # the body itself: a JSON list, or text sent as text/plain (FastAPI reads JSON types only as JSON)
-        why = "must be a JSON object, sent as application/json" if err.get("type") == "model_attributes_type" else None
-        return APIError(400, f"request body {why or ': ' + str(err.get('msg'))}", code=err.get("type"))
+        if err.get("type") == "model_attributes_type":
+            message = "request body must be a JSON object, sent as application/json"
+        else:
+            message = f"request body: {err.get('msg')}"
+        return APIError(400, message, code=err.get("type"))
     tag = next((i for i, p in enumerate(loc) if _is_union_tag(p)), None)
     where = ".".join(str(p) for p in (loc if tag is None else loc[:tag]))
     code = err.get("type")
