@@ -226,6 +226,7 @@ def tiny():
         (C, {"prompt": "hi", "repetition_penalty": 1e-300}, "repetition_penalty", None, "repetition_penalty must be"),
         (C, {"prompt": "hi", "ignore_eos": "yes"}, "ignore_eos", "bool_type", "ignore_eos: Input should be a valid"),
         (C, "null", None, "model_attributes_type", "request body must be a JSON object, sent as application/json"),
+        (C, "", None, "missing", "request body: Field required"),  # not "request body : ..."
         (CH, {"messages": MSG, "max_tokens": -5}, "max_tokens", None, "max_tokens must be an integer >= 1 (got -5)"),
         (
             CH,
