@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -148,6 +149,10 @@ class AsyncLLM(StepLoop):
             # Shut down, not crashed: the open streams' requests end in the LLM too. They held their pages, and the
             # LLM's next step (a generate() after this shutdown) ran them on.
             if open_rids:
-                for rid in open_rids:
-                    self.llm.abort(rid)
-                self.llm.step()
+                try:
+                    for rid in open_rids:
+                        self.llm.abort(rid)
+                    self.llm.step()
+                except Exception as e:  # the thread ends either way: say why instead of dying with a traceback
+                    self.error = f"engine failed ending its requests at shutdown: {type(e).__name__}: {e}"
+                    traceback.print_exc()

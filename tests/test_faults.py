@@ -17,6 +17,7 @@ import concurrent.futures
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -300,6 +301,22 @@ def test_engine_loop_crash_and_shutdown_never_leave_a_stream_hanging():
         with pytest.raises(EngineDeadError):
             a.call(lambda llm: llm.metrics(), timeout=10)
         a.shutdown()
+
+
+def test_a_step_that_fails_while_shutting_down_ends_the_thread_with_its_reason(monkeypatch):
+    """AsyncLLM.shutdown() ends the requests still open with one last step; a failure there killed the engine thread
+    with an unhandled exception. It is the loop's error now."""
+    died: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    a = AsyncLLM(make_llm(max_running_requests=1, num_pages=256))
+    running = iter(a.submit("running", SamplingParams(max_tokens=1500, ignore_eos=True)))
+    next(running)
+    step = a.llm.step
+    a.llm.step = lambda: step() if not a._stop.is_set() else fail_after(0, step)()
+    a.shutdown()
+    assert _drain(running) == "engine shut down"
+    assert not a._thread.is_alive() and died == []
+    assert a.error == f"engine failed ending its requests at shutdown: RuntimeError: {FAULT}"
 
 
 def test_step_loop_keeps_the_heap_frozen_and_thaws_it_when_it_ends():
