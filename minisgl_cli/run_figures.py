@@ -85,8 +85,11 @@ def summarize(
 def per_request(results: list[RequestResult], t0: float, detailed: bool = False) -> dict[str, list]:
     """vLLM's per-request arrays (seconds), plus each request's scheduled send time from the run's start. Every
     request sent is in them, failed ones with what they got before failing; `success` says which succeeded, and only
-    those count in `summarize`'s totals and latencies (sum(output_lens where success) == total_output_tokens)."""
+    those count in `summarize`'s totals and latencies (sum(output_lens where success) == total_output_tokens).
+    `indices` are the requests' places in the workload, which `errors` names: a run cut short holds only the requests
+    that ended, so an array's position is not the request's index there."""
     out: dict[str, list] = {
+        "indices": [r.index for r in results],
         "success": [r.ok for r in results],
         "input_lens": [r.input_len for r in results],
         "output_lens": [r.output_tokens for r in results],

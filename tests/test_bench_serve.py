@@ -279,6 +279,7 @@ def test_ctrl_c_mid_load_marks_the_load_and_the_run_partial(tmp_path, mock):
     assert res is not None and res["partial"] is True and res["stopped"] == "interrupted"
     assert res["sweep"][0]["partial"] is True
     assert 0 < res["completed"] == len(res["success"]) < 100 and res["failed"] == 0
+    assert res["indices"] == list(range(res["completed"]))  # one at a time: the first ones, in order
     assert "partial results: interrupted" in out
 
 
