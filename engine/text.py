@@ -191,15 +191,16 @@ class TextState:
         if self.detok is None:
             return
         for i, t in enumerate(new_ids, start=first):
-            start = max(len(self.text) - self.hold, 0)
+            old = len(self.text)
             self.text += self.detok.add(t)
-            if i < self.min_tokens:
+            if i <= self.min_tokens:  # as vLLM: a stop string counts from token min_tokens + 1 (EOS's first chance)
                 continue
-            for s in self.stop:
-                i = self.text.find(s, start)
-                if i >= 0:
-                    self.text, self.finish_reason = self.text[:i], "stop"
-                    return
+            # a match must end in this token's text (one that ended earlier, inside min_tokens, does not count);
+            # of several, the earliest, whatever the list order, so the text never holds a stop string
+            hits = [j for s in self.stop if (j := self.text.find(s, max(old - len(s) + 1, 0))) >= 0]
+            if hits:
+                self.text, self.finish_reason = self.text[: min(hits)], "stop"
+                return
 
     def advance(self, new_ids: list[int], reason: str | None, error: str | None) -> tuple[str, str | None, str | None]:
         """Feed the new ids; returns (delta text, finish reason, error). `reason` is the engine's (None while the

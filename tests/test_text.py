@@ -104,6 +104,13 @@ def test_stop_strings_and_stop_tokens_wait_for_min_tokens(smollm):
 
     assert run(stop=[","]) == (" one", "stop")
     assert run(stop=[","], min_tokens=3) == (" one, two", "stop")  # the comma at token 2 came too early
+    # the first min_tokens tokens never stop, the stop string in token min_tokens + 1 does (vLLM: once the output
+    # is longer than min_tokens, EOS's first chance too); token 2's comma stopped it at min_tokens=2
+    assert run(stop=[","], min_tokens=2) == (" one, two", "stop")
+    assert run(stop=[" one"], min_tokens=1) == (" one, two, three, four", None)  # it ended in token 1 only
+    # of two stop strings matched by one token, the earlier in the text, whatever the list order: the text never
+    # holds a stop string (it was cut at "wo", the first listed, leaving " one, t")
+    assert run(stop=["wo", " t"]) == (" one,", "stop")
     # the engine ends a request at a stop token id; that token's text is left out
     state = TextState.create(tok, [1], SamplingParams(stop_token_ids=[ids[2]]))
     assert state.advance(ids[:3], "stop", None)[0] == " one,"
