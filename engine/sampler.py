@@ -117,36 +117,61 @@ class Sampler:
         """logits: [B, V] (one row per request). Returns [B] int64 token ids on the device."""
         params = [r.params for r in reqs]
         ops = fused_ops() if logits.is_cuda else None
-        fused = ops is not None and not any(p.top_k > 1 or p.top_p < 1 or p.min_p > 0 for p in params)
-        if not fused or any(p.has_penalties for p in params):
+        # float32 wherever a row changes the logits (vLLM does all of it in float32): a bf16 sum lost a logit_bias
+        # of 0.1 at logit 40, and only when no top-k/top-p/min-p row in the step had made the copy float32
+        if ops is None or any(p.has_penalties or p.logit_bias for p in params):
             logits = logits.float()
-        logits = self._penalize(logits, reqs)
-        if any(p.logit_bias or p.min_tokens for p in params):
+        if any(p.logit_bias or p.min_tokens for p in params):  # before the penalties, as vLLM (and HF) apply them
             logits = self._bias(logits, reqs)
-        if fused and ops is not None:
-            tokens = ops.sample_gumbel(
-                logits,
-                _dev([0.0 if p.greedy else p.temperature for p in params], self.device),
-                _dev([self._row_seed(r) for r in reqs], self.device, torch.int64),
-            )
-        elif all(p.greedy for p in params):
-            tokens = logits.argmax(-1)
+        logits = self._penalize(logits, reqs)
+        if ops is None:
+            tokens = self._torch_sample(logits, reqs)
         else:
-            greedy = _dev([p.greedy for p in params], self.device)
-            temps = _dev([p.temperature if not p.greedy else 1.0 for p in params], self.device)
-            probs = torch.softmax(logits / temps[:, None], dim=-1)
-            if any(p.top_k > 1 or p.top_p < 1 or p.min_p > 0 for p in params):
-                probs = self._filter(probs, params)
-            # Exp(1) noise as -log(U): on a CPU 4x faster than exponential_ (5.4 vs 20.5 ms for 16 x 49152).
-            noise = torch.empty_like(probs).uniform_()
-            for i, r in enumerate(reqs):  # seeded requests draw from their own generator: batch-independent
-                if r.params.seed is not None and not r.params.greedy:
-                    noise[i].uniform_(generator=self._generator(r))
-            noise.log_().neg_()  # U in [0, 1): noise in (0, inf], and p / inf = 0 never wins
-            # argmax(p / Exp(1)) is a draw from p (the exponential race); no renormalisation needed.
-            tokens = torch.where(greedy, logits.argmax(-1), (probs / noise).argmax(-1))
+            # Per row, not per batch: a row without top-k/top-p/min-p always takes the fused kernel, whose noise is a
+            # pure function of (seed, position), whatever else shares the step (a top_p neighbour sent the whole
+            # batch to the torch path, and a seeded request drew other tokens than alone).
+            filtered = [p.top_k > 1 or p.top_p < 1 or p.min_p > 0 for p in params]
+            if not any(filtered):
+                tokens = self._fused(ops, logits, reqs)
+            else:
+                tokens = torch.empty(len(reqs), dtype=torch.int64, device=logits.device)
+                rows_t = [i for i, f in enumerate(filtered) if f]
+                rows_f = [i for i, f in enumerate(filtered) if not f]
+                idx_t = _dev(rows_t, self.device)
+                tokens[idx_t] = self._torch_sample(logits[idx_t].float(), [reqs[i] for i in rows_t])
+                if rows_f:
+                    idx_f = _dev(rows_f, self.device)
+                    tokens[idx_f] = self._fused(ops, logits[idx_f].contiguous(), [reqs[i] for i in rows_f])
         self._record(tokens, reqs)
         return tokens
+
+    def _fused(self, ops: Any, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
+        """The fused Gumbel kernel (GPU): its noise is a function of (seed, position) alone."""
+        tokens: torch.Tensor = ops.sample_gumbel(
+            logits,
+            _dev([0.0 if r.params.greedy else r.params.temperature for r in reqs], self.device),
+            _dev([self._row_seed(r) for r in reqs], self.device, torch.int64),
+        )
+        return tokens
+
+    def _torch_sample(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
+        """float32 logits of rows the fused kernel does not take (top-k/top-p/min-p), or of every row on a CPU."""
+        params = [r.params for r in reqs]
+        if all(p.greedy for p in params):
+            return logits.argmax(-1)
+        greedy = _dev([p.greedy for p in params], self.device)
+        temps = _dev([p.temperature if not p.greedy else 1.0 for p in params], self.device)
+        probs = torch.softmax(logits / temps[:, None], dim=-1)
+        if any(p.top_k > 1 or p.top_p < 1 or p.min_p > 0 for p in params):
+            probs = self._filter(probs, params)
+        # Exp(1) noise as -log(U): on a CPU 4x faster than exponential_ (5.4 vs 20.5 ms for 16 x 49152).
+        noise = torch.empty_like(probs).uniform_()
+        for i, r in enumerate(reqs):  # seeded requests draw from their own generator: batch-independent
+            if r.params.seed is not None and not r.params.greedy:
+                noise[i].uniform_(generator=self._generator(r))
+        noise.log_().neg_()  # U in [0, 1): noise in (0, inf], and p / inf = 0 never wins
+        # argmax(p / Exp(1)) is a draw from p (the exponential race); no renormalisation needed.
+        return torch.where(greedy, logits.argmax(-1), (probs / noise).argmax(-1))
 
     def _bias(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
         """logit_bias, and min_tokens: the tokens that would end a request (EOS, stop_token_ids) are masked while
@@ -192,9 +217,13 @@ class Sampler:
         min_p = _dev([p.min_p for p in params], self.device)
         sorted_p, order = probs.sort(dim=-1, descending=True)
         rank = torch.arange(probs.shape[-1], device=self.device)[None, :]
+        # min-p and top-k first (they commute), then top-p over what they left, renormalised: vLLM's order
+        # (temperature -> min_p -> top_k -> top_p on the top-k renormalised distribution) and HF's top_k -> top_p.
         drop = rank >= top_k[:, None]
-        drop |= (sorted_p.cumsum(-1) - sorted_p) > top_p[:, None]  # keep the smallest set reaching top_p
         drop |= sorted_p < (min_p[:, None] * sorted_p[:, :1])
+        kept = sorted_p.masked_fill(drop, 0.0)
+        mass = kept.sum(-1, keepdim=True)
+        drop |= (kept.cumsum(-1) - kept) > top_p[:, None] * mass  # keep the smallest set reaching top_p of it
         drop[:, 0] = False
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         return torch.zeros_like(probs).scatter_(-1, order, sorted_p)

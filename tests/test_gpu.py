@@ -687,6 +687,23 @@ def test_seeded_sampling_same_with_graphs_and_overlap():
     assert a == b
 
 
+def test_seeded_sampling_does_not_depend_on_a_filtered_neighbour():
+    """A top-k/top-p/min-p row used to send the whole step to the torch sampler, where seeded rows draw from a
+    generator instead of the fused kernel's (seed, position) noise: a seeded request's tokens changed when another
+    request in its step filtered. The sampler now chooses per row; a logit_bias neighbour (float32 logits) too."""
+    prompts = _prompts(4, seed=4)
+    seeded = SamplingParams(max_tokens=24, temperature=0.8, seed=7, ignore_eos=True)
+    llm = _llm(cuda_graph_max_bs=16)
+    alone = [o.token_ids for o in llm.generate(prompts, seeded)]
+    for neighbour in (
+        SamplingParams(max_tokens=24, temperature=0.8, top_p=0.9, ignore_eos=True),
+        SamplingParams(max_tokens=24, temperature=0.8, top_k=5, min_p=0.05, ignore_eos=True),
+        SamplingParams(max_tokens=24, temperature=0.8, logit_bias={5: 0.1}, ignore_eos=True),
+    ):
+        outs = llm.generate(prompts + prompts, [seeded] * 4 + [neighbour] * 4)
+        assert [o.token_ids for o in outs[:4]] == alone, neighbour
+
+
 def test_bf16_logits_close_to_transformers():
     from transformers import AutoConfig, AutoModelForCausalLM
 
