@@ -690,18 +690,26 @@ def test_seeded_sampling_same_with_graphs_and_overlap():
 def test_seeded_sampling_does_not_depend_on_a_filtered_neighbour():
     """A top-k/top-p/min-p row used to send the whole step to the torch sampler, where seeded rows draw from a
     generator instead of the fused kernel's (seed, position) noise: a seeded request's tokens changed when another
-    request in its step filtered. The sampler now chooses per row; a logit_bias neighbour (float32 logits) too."""
-    prompts = _prompts(4, seed=4)
-    seeded = SamplingParams(max_tokens=24, temperature=0.8, seed=7, ignore_eos=True)
-    llm = _llm(cuda_graph_max_bs=16)
-    alone = [o.token_ids for o in llm.generate(prompts, seeded)]
+    request in its step filtered. The sampler now chooses per row; a logit_bias neighbour (float32 logits) too.
+    The sampler alone, on the same bf16 logits: through the engine a larger batch computes other logits (other GEMM
+    kernels), and dummy weights' near-ties then flip a token whatever the sampler does."""
+    from engine.request import Req
+    from engine.sampler import Sampler
+
+    vocab, n = 32000, 16
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    logits = torch.randn(2 * n, vocab, device="cuda", generator=gen).to(torch.bfloat16) * 3
+    seeded = [Req(f"s{i}", [0], SamplingParams(temperature=0.8, seed=i)) for i in range(n)]
+    sampler = Sampler(vocab, 2 * n, torch.device("cuda"))
+    alone = sampler.sample(logits[:n].clone(), seeded).tolist()
     for neighbour in (
-        SamplingParams(max_tokens=24, temperature=0.8, top_p=0.9, ignore_eos=True),
-        SamplingParams(max_tokens=24, temperature=0.8, top_k=5, min_p=0.05, ignore_eos=True),
-        SamplingParams(max_tokens=24, temperature=0.8, logit_bias={5: 0.1}, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_p=0.9),
+        SamplingParams(temperature=0.8, top_k=5, min_p=0.05),
+        SamplingParams(temperature=0.8, logit_bias={5: 0.1}),
     ):
-        outs = llm.generate(prompts + prompts, [seeded] * 4 + [neighbour] * 4)
-        assert [o.token_ids for o in outs[:4]] == alone, neighbour
+        others = [Req(f"o{i}", [0], neighbour) for i in range(n)]
+        beside = sampler.sample(logits.clone(), seeded + others).tolist()
+        assert beside[:n] == alone, neighbour
 
 
 def test_bf16_logits_close_to_transformers():
