@@ -76,7 +76,11 @@ class RequestLimits:
         asked = f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total}"
         if total > self.max_model_len:
             over = f"{asked} exceeds the model's context length {self.max_model_len}"
-            raise ContextOverflow(over, len(prompt_ids), params.max_tokens, self.max_model_len)
+            if total > self.kv_capacity and self.kv_capacity < self.max_model_len:
+                # name the limit that binds too: /v1/models reports it, and the next try would meet it
+                over += f" and the KV cache capacity of {self.kv_capacity} tokens"
+            limit = min(self.max_model_len, self.kv_capacity)
+            raise ContextOverflow(over, len(prompt_ids), params.max_tokens, limit)
         if total > self.kv_capacity:
             over = f"{asked} exceeds the KV cache capacity of {self.kv_capacity} tokens"
             raise ContextOverflow(over, len(prompt_ids), params.max_tokens, self.kv_capacity)

@@ -28,6 +28,7 @@ import pytest
 from engine.async_llm import AsyncLLM, EngineDeadError
 from engine.llm import LLM, RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.text import ContextOverflow
 from tests.conftest import make_llm, subprocess_env
 from tests.server_harness import LiveServer, live_server
 from tests.test_engine import assert_all_pages_back, prompts_with_shared_prefix, tiny_dir  # noqa: F401
@@ -93,8 +94,12 @@ def test_more_work_than_the_pool_completes_and_the_impossible_is_refused(tiny_di
         r"capacity of 192 tokens",
     ):
         llm.add_request(list(range(10)), SamplingParams(max_tokens=183))
-    with pytest.raises(ValueError, match=r"= 2049 exceeds the model's context length 2048"):
+    # over both limits: the message named the context alone, and the next try met the pool's (as /v1/models says)
+    with pytest.raises(
+        ContextOverflow, match=r"= 2049 exceeds the model's context length 2048 and the KV cache capacity of 192 tokens"
+    ) as e:
         llm.add_request(list(range(10)), SamplingParams(max_tokens=2039))
+    assert e.value.limit == 192  # what the chat's advice uses
     assert llm.metrics().kv_pages_in_use == in_use  # a refusal takes nothing
     final = run_to_end(llm)
     assert waited > 0 and llm.metrics().preemptions > 0
