@@ -198,7 +198,13 @@ def run_beside_front_end(
     if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup's choice stands
         signal.signal(signal.SIGHUP, stop)
 
+    # Under torchrun the ranks run in sessions of their own: a launcher killed outright (SIGKILL, the OOM killer)
+    # left them serving for good. Rank 0 leaves once its launcher is gone, and its shutdown broadcast ends the rest.
+    launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+
     def front_end_exited() -> str | None:
+        if launcher is not None and os.getppid() != launcher:
+            return f"the torchrun launcher (pid {launcher}) exited"
         code = front.poll()
         return None if code is None else f"{front_name} exited ({_exit_status(code)})"
 

@@ -29,7 +29,8 @@ def serve(*extra: str) -> Iterator[tuple[subprocess.Popen, psutil.Process, str]]
     """The command, its front-end child and the URL; everything is killed on the way out whatever happened."""
     port = free_port()
     cmd = [sys.executable, "-m", "minisgl_cli", "serve", *SERVE, "--port", str(port), *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # a session of its own: a test can signal the server's process group as a closing terminal does
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     started: list[psutil.Process] = []
     try:
@@ -65,8 +66,15 @@ def gone_within(p: psutil.Process, seconds: float) -> bool:
     return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
 
 
+def ipc_dir(front: psutil.Process) -> str:
+    (ipc,) = {m.group(1) for m in re.finditer(r"ipc://([^\"]+)/commands", " ".join(front.cmdline()))}
+    return ipc
+
+
 def test_killed_engine_ends_open_streams_and_the_front_end():
+    """...and its IPC directory, which the engine it killed could not remove, goes with the front end."""
     with serve() as (proc, front, url):
+        ipc = ipc_dir(front)
         chunks = streaming(url)
         proc.send_signal(signal.SIGKILL)
         t0 = time.monotonic()
@@ -77,6 +85,7 @@ def test_killed_engine_ends_open_streams_and_the_front_end():
         assert status == 503 and time.monotonic() - t0 < 5
         assert proc.wait(timeout=10) == -signal.SIGKILL  # the command exits non-zero
         assert gone_within(front, 10), "the front end outlived its engine"
+        assert not os.path.exists(ipc), ipc
 
 
 def test_killed_front_end_ends_the_engine_process_naming_it():
@@ -92,7 +101,7 @@ def test_ctrl_c_sigterm_or_sighup_leaves_no_process_or_file_behind(sig):
     """SIGHUP (the terminal or ssh session closing) killed the engine process outright: the front end noticed and
     left, but the IPC directory stayed in /tmp."""
     with serve() as (proc, front, url):
-        (ipc,) = {m.group(1) for m in re.finditer(r"ipc://([^\"]+)/commands", " ".join(front.cmdline()))}
+        ipc = ipc_dir(front)
         chunks = streaming(url)
         proc.send_signal(sig)
         with pytest.raises(openai.APIError):  # the open stream ends with an error, not a hang
@@ -100,6 +109,21 @@ def test_ctrl_c_sigterm_or_sighup_leaves_no_process_or_file_behind(sig):
                 pass
         assert proc.wait(timeout=10) == 0
         assert gone_within(front, 1)
+        assert not os.path.exists(ipc), ipc
+
+
+def test_sighup_to_the_process_group_ends_open_streams_with_the_reason():
+    """A closing terminal sends SIGHUP to the whole process group: its default action killed the front end at once,
+    so the open streams' connections dropped without the error event the engine's shutdown sends."""
+    with serve() as (proc, front, url):
+        ipc = ipc_dir(front)
+        chunks = streaming(url)
+        os.killpg(proc.pid, signal.SIGHUP)
+        with pytest.raises(openai.APIError, match="engine shut down"):
+            for _ in chunks:
+                pass
+        assert proc.wait(timeout=10) == 0
+        assert gone_within(front, 5)
         assert not os.path.exists(ipc), ipc
 
 

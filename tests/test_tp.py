@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from engine.config import EngineConfig
@@ -159,6 +161,50 @@ def check_group_ends(how: str, model: str, device: str) -> str:
     if how == "killed":  # torchrun names the rank that died
         assert "rank      : 1" in out and "SIGKILL" in out, out[-3000:]
     return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds torchrun's workers through /proc (Linux)")
+@pytest.mark.parametrize("how", ["SIGTERM", "launcher killed"])
+def test_sigterm_or_a_killed_launcher_ends_the_tp_server_cleanly(how):
+    """`serve --tp 2` stopped by SIGTERM to torchrun (`kill`, docker stop), which forwards it to every rank: rank 1
+    died of it at once, so rank 0 said "tensor-parallel group failed", its clients got "the engine process exited"
+    and the IPC directory stayed in /tmp. And torchrun killed outright (SIGKILL, the OOM killer): both ranks and the
+    front end served on, for good. Now the open stream ends with the reason and nothing is left."""
+    proc, url = _serve_tp2(60, "dummy:tiny-llama", "cpu")
+    try:
+        wait_healthy(proc, url, timeout=180)
+        ranks = _ranks(proc.pid)
+        (front,) = [c for c in psutil.Process(ranks[0]).children() if "frontend" in " ".join(c.cmdline())]
+        (ipc,) = {m.group(1) for m in re.finditer(r"ipc://([^\"]+)/commands", " ".join(front.cmdline()))}
+        group = [psutil.Process(pid) for pid in ranks.values()] + [front]
+        body = {"model": "dummy:tiny-llama", "prompt": "hi", "max_tokens": 1500, "stream": True, "ignore_eos": True}
+        events: list[str] = []
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            while len(events) < 3:  # the answer is under way
+                events += [line for line in [next(lines)] if line.startswith("data:")]
+            os.kill(proc.pid, signal.SIGTERM if how == "SIGTERM" else signal.SIGKILL)
+            events += [line for line in lines if line.startswith("data:")]
+        out = proc.communicate(timeout=60)[0]
+        assert all(_gone_within(p, 20) for p in group), [p.pid for p in group if p.is_running()]
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        for pid in ranks.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    why = "engine shut down" if how == "SIGTERM" else f"the torchrun launcher (pid {proc.pid}) exited"
+    assert any(why in e for e in events[3:]), events[-3:]
+    assert "tensor-parallel group failed" not in (out or ""), (out or "")[-3000:]
+    assert not os.path.exists(ipc), ipc
+
+
+def _gone_within(p: psutil.Process, seconds: float) -> bool:
+    with contextlib.suppress(psutil.TimeoutExpired, psutil.NoSuchProcess):
+        p.wait(timeout=seconds)
+    return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
 
 
 def test_chat_at_tp2_answers_from_rank_0_and_ends_the_group():

@@ -90,10 +90,14 @@ async def _main(spec: FrontendSpec) -> int:
         f"[bold]minisgl serve[/bold]: model [cyan]{app.state.client.model_name}[/cyan] on {info.device} "
         f"({info.dtype}, {info.attention} attention, tp={info.tp}) at http://{_url_host(host)}:{port}/v1"
     )
+    code = 1
     try:
-        return await serve_http(remote, server, sockets, engine_pid=spec.engine_pid)
+        code = await serve_http(remote, server, sockets, engine_pid=spec.engine_pid)
+        return code
     finally:
         remote.close()
+        if code == ENGINE_GONE_EXIT:  # the engine died without its own cleanup (SIGKILL, OOM, os._exit of a
+            spec.addrs.remove()  # failed TP group): its IPC directory would stay in /tmp for good
 
 
 def _url_host(host: str) -> str:
@@ -101,8 +105,12 @@ def _url_host(host: str) -> str:
 
 
 def main() -> None:
-    # Ctrl-C reaches the whole process group; the engine process acts on it and ends this one with SIGTERM.
+    # Ctrl-C reaches the whole process group, and so does SIGHUP (the terminal closing; torchrun forwards the
+    # signals it gets to each rank's process group); the engine process acts on them and ends this one with SIGTERM
+    # once open requests have been told. (SIGHUP's default action ended this process at once: every open client
+    # saw its connection dropped instead of the error event / 503.)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     spec = FrontendSpec.from_json(sys.argv[1])
     try:  # uvloop where installed, as uvicorn itself would pick: the front end's hot path is the event loop
         import uvloop
