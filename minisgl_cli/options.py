@@ -34,7 +34,7 @@ Dtype = Annotated[
     ),
 ]
 PageSize = Annotated[int, typer.Option(help="tokens per KV page", min=1)]
-NumPages = Annotated[int | None, typer.Option(help="KV pool size in pages (instead of --kv-cache-gb)", min=1)]
+NumPages = Annotated[int | None, typer.Option(help="KV pool size in pages (instead of --kv-cache-gb)", min=2)]
 KvCacheGb = Annotated[
     float | None,
     typer.Option(help="KV pool budget in GiB (default: 1 on CPU, --memory-fraction of GPU memory)", min=0.001),
@@ -209,7 +209,10 @@ def engine_config(seed: int = 0, **flags: Any) -> EngineConfig:
     try:
         return EngineConfig(**values, radix_cache=not no_radix_cache, overlap=False if no_overlap else None, seed=seed)
     except ValueError as e:
-        raise typer.BadParameter(str(e)) from e
+        # EngineConfig names the field ("num_pages must be >= 2"): name the flag the user typed instead
+        field = str(e).split(" ", 1)[0]
+        flag = "--" + field.replace("_", "-") if field in values or field in ("radix_cache", "overlap") else None
+        raise typer.BadParameter(str(e), param_hint=flag) from e
 
 
 def given(ctx: typer.Context, *names: str) -> list[str]:

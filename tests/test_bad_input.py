@@ -56,13 +56,15 @@ def invoke(*args: str) -> tuple[int, str]:
         (["--page-size", "0"], "Invalid value for '--page-size'"),
         (["--page-size", "-16"], "Invalid value for '--page-size'"),
         (["--num-pages", "-1"], "Invalid value for '--num-pages'"),
-        (["--num-pages", "1"], "num_pages must be >= 2 (got 1)"),
+        (["--num-pages", "1"], "Invalid value for '--num-pages'"),  # --help said x>=1
         (["--kv-cache-gb", "0"], "Invalid value for '--kv-cache-gb'"),
         (["--memory-fraction", "1.5"], "Invalid value for '--memory-fraction'"),
         (["--max-running-requests", "0"], "Invalid value for '--max-running-requests'"),
         (["--max-batch-tokens", "-5"], "Invalid value for '--max-batch-tokens'"),
         (["--mixed-prefill-tokens", "0"], "Invalid value for '--mixed-prefill-tokens'"),
         (["--max-model-len", "1"], "Invalid value for '--max-model-len'"),
+        # was capped to the model's 2048 without a word
+        (["--max-model-len", "100000"], "max_model_len 100000 exceeds the model's context length"),
         (["--cuda-graph-max-bs", "-1"], "Invalid value for '--cuda-graph-max-bs'"),
         (["--piecewise-graph-tokens", "-1"], "Invalid value for '--piecewise-graph-tokens'"),
         (
@@ -71,7 +73,7 @@ def invoke(*args: str) -> tuple[int, str]:
             "(e.g. fa,flashinfer) (got 'magic')",
         ),
         (["--attention-backend", "fa,torch,x"], "attention_backend must be one of auto, torch, flashinfer, fa"),
-        (["--dtype", "float64"], "dtype must be one of auto, float32, bfloat16, float16 (got 'float64')"),
+        (["--dtype", "float64"], "Invalid value for --dtype: dtype must be one of auto, float32, bfloat16, float16"),
         (["--kv-cache-dtype", "int4"], "kv_cache_dtype must be auto, fp8 or fp8_e4m3 (got 'int4')"),
         (["--device", "tpu"], "device must be auto, cpu, cuda or cuda:N (got 'tpu')"),
         (["--tp", "0"], "Invalid value for '--tp'"),

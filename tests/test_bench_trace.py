@@ -216,7 +216,10 @@ def test_bad_options(tmp_path):
     r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *TINY, "--start", "1000"])
     assert r.exit_code == 2 and "past them" in flat(r.output)
     r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *TINY, "--format", "sharegpt"])
-    assert r.exit_code == 2 and "unknown trace format" in flat(r.output)
+    # the flag's fault, named as such (it read "Invalid value for TRACE: unknown trace format")
+    assert r.exit_code == 2 and "Invalid value for --format: choose auto, qwen, mooncake (got 'sharegpt')" in flat(
+        r.output
+    )
     # inf passed click's range: the replay waited forever for its second request
     r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *TINY, "--time-scale", "inf"])
     assert r.exit_code == 2 and "'--time-scale': must be a finite number (got inf)" in flat(r.output), r.output

@@ -90,6 +90,7 @@ def test_an_fp8_kv_cache_shows_in_the_header_and_holds_four_times_the_fp32_pages
         (["--max-tokens", "4096"], "context of 2048"),
         (["--num-pages", "8", "--max-tokens", "200"], "context of 128 tokens"),  # the KV pool: 8 pages of 16
         (["--model", "dummy:no-such-model"], "no-such-model"),
+        (["--resume", "abc"], "Invalid value for --resume: a chat id is a number (got 'abc')"),  # named no flag
     ],
 )
 def test_bad_flags_exit_with_a_clear_message(flags, message):
