@@ -42,8 +42,8 @@ KvCacheGb = Annotated[
 KvCacheDtype = Annotated[
     str,
     typer.Option(
-        help="KV cache storage: auto (the model's dtype) | fp8 (e4m3, scale 1: half the bytes per token, so twice the "
-        "tokens and half the KV a decode step reads; attention results change slightly)",
+        help="KV cache storage: auto (the model's dtype) | fp8 (or fp8_e4m3; scale 1: half the bytes per token, so "
+        "twice the tokens and half the KV a decode step reads; attention results change slightly)",
     ),
 ]
 MemoryFraction = Annotated[
