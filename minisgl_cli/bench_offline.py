@@ -64,8 +64,8 @@ def register(app: typer.Typer) -> None:
     def bench_offline(
         ctx: typer.Context,
         num_seqs: Annotated[int, typer.Option(help="number of requests", min=1)] = 256,
-        input_len: Annotated[str, typer.Option(help="prompt length range A:B (uniform, inclusive)")] = "100:1024",
-        output_len: Annotated[str, typer.Option(help="output length range A:B (uniform, inclusive)")] = "100:1024",
+        input_len: Annotated[str, typer.Option(help="prompt length range A:B (uniform), or N")] = "100:1024",
+        output_len: Annotated[str, typer.Option(help="output length range A:B (uniform), or N")] = "100:1024",
         seed: Annotated[int, typer.Option(help="seed of the workload draw and of the engines")] = 0,
         temperature: Annotated[float, typer.Option(help="sampling temperature (0: greedy)", min=0.0)] = 0.6,
         dataset: Annotated[

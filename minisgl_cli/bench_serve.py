@@ -56,9 +56,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
         warmup: Annotated[int, typer.Option(help="untimed requests sent before the first load point", min=0)] = 0,
         input_len: Annotated[
-            str, typer.Option(help="prompt length range A:B in tokens (uniform, inclusive)")
+            str, typer.Option(help="prompt length range A:B in tokens (uniform, inclusive), or N")
         ] = "128:128",
-        output_len: Annotated[str, typer.Option(help="output length range A:B in tokens (ignore_eos)")] = "128:128",
+        output_len: Annotated[str, typer.Option(help="output length range A:B (ignore_eos), or N")] = "128:128",
         prompt_format: Annotated[
             str, typer.Option(help="ids (token ids) | text (decoded by --model's tokenizer; chat always sends text)")
         ] = "ids",
