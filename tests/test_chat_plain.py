@@ -44,7 +44,7 @@ def test_piped_chat_with_slash_commands():
         "12",
         "--system",
         "be brief",
-        stdin="hello\n/temp nope\n/max-tokens 0\n/max-tokens 8\n/bogus\n/stats\nsecond turn\n",
+        stdin="hello\n/temp nope\n/max-tokens 0\n/max-tokens 8\n/bogus\n/stats\n/help\nsecond turn\n",
     )
     assert p.returncode == 0, p.stderr
     assert "tiny-llama · cpu · float32" in p.stderr
@@ -58,6 +58,9 @@ def test_piped_chat_with_slash_commands():
     assert "error: /temp: 'nope' is not a number" in p.stderr
     assert "error: max_tokens must be >= 1" in p.stderr and "max tokens = 8" in p.stderr
     assert "error: unknown command '/bogus'" in p.stderr
+    # /help marks what only the TUI does (it listed /regen etc. as if they worked here)
+    assert re.search(r"/regen +answer the last message again \(TUI only\)", p.stderr), p.stderr
+    assert re.search(r"/export md\|json \[path\] +write the conversation to a file\n", p.stderr), p.stderr
     assert re.search(r"KV pages\s+0 in use, \d+ cached", p.stderr) and re.search(r"cache hit\s+0 / \d+", p.stderr)
     assert p.stdout.count("\n") >= 2 and "Traceback" not in p.stderr
 

@@ -177,13 +177,15 @@ def _command(
         load: Load | None = loop.run(backend.load())
         rows = turn_rows(turn) + (load_rows(load) if load else [])
     elif result.action == "help":
-        rows = HELP + [("Ctrl-C", "stop the answer"), ("Ctrl-D", "quit")]
+        tui_only = {"/regen", "/edit", "/copy", "/sessions"}
+        rows = [(k, f"{v} (TUI only)" if k.split()[0] in tui_only else v) for k, v in HELP]
+        rows += [("Ctrl-C", "stop the answer"), ("Ctrl-D", "quit")]
     elif result.action == "export":
         try:
             rows = [("", f"exported to {export(session, *result.args)}")]
         except (OSError, ValueError) as e:
             rows = [("", f"error: cannot export: {e}")]
-    elif result.action in ("regen", "edit", "copy", "sessions"):
+    elif result.action in ("regen", "edit", "copy", "sessions"):  # the "(TUI only)" of /help
         rows = [("", f"error: {line.split()[0]} is for the TUI (run without --no-tui)")]
     else:
         rows = [("", result.message)]
