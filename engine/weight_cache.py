@@ -3,8 +3,8 @@ in the user's cache, so the second start skips the GGUF reader, the dequantizati
 conversion (docs/benchmarks.md has the times). Beside them, gguf-blocks/ keeps the file's quantized blocks that
 the CPU kernel reads (kernels/cpu_ops.py), the block type of each in the safetensors metadata; a folder of its
 own, so that a reader of the directory's *.safetensors (ours, transformers) sees only the model. Keyed by the file's
-name, size and mtime; an unwritable cache costs a warning, never a failure. MINISGL_WEIGHT_CACHE=0 turns it off;
-MINISGL_CACHE_DIR moves it."""
+name, size and a hash of its header and of blocks sampled over it (`fingerprint`); an unwritable cache costs a
+warning, never a failure. MINISGL_WEIGHT_CACHE=0 turns it off; MINISGL_CACHE_DIR moves it."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ if TYPE_CHECKING:  # imported where used: finding an entry (a front end's tokeni
 
     from kernels.cpu_ops import QuantMatrix
 
-# Bump when what is stored changes (3: gguf-blocks/; 4: entry.json). A GGUF's rope_freqs.weight, stored as
-# config.json's rope_scaling {"rope_type": "freq_factors", ...}, needed none: such files were refused until then
-# (no older entry is of one), and every other file's entry is written as before.
-FORMAT = 4
+# Bump when what is stored changes (3: gguf-blocks/; 4: entry.json; 5: keyed by content, not mtime). A GGUF's
+# rope_freqs.weight, stored as config.json's rope_scaling {"rope_type": "freq_factors", ...}, needed none: such files
+# were refused until then (no older entry is of one), and every other file's entry is written as before.
+FORMAT = 5
 QUANT_FILE = "gguf-blocks/blocks.safetensors"
 MANIFEST = "entry.json"  # written last: every other file of the entry with its size
 
@@ -35,10 +35,41 @@ def enabled() -> bool:
     return os.environ.get("MINISGL_WEIGHT_CACHE", "1") != "0"
 
 
+_SAMPLES, _SAMPLE_BYTES, _HEAD_BYTES = 64, 1 << 16, 1 << 20
+
+
+def fingerprint(gguf: Path) -> str:
+    """The file's size and a hash of what it holds: its first MiB (the header: names, shapes, metadata) and 64
+    blocks of 64 KiB spread over its tensors (~5 MiB read, a few ms). Not its mtime: two different files of one
+    name, size and mtime (`cp -p`, `tar x`, `rsync -a`) shared an entry, and the same file installed again
+    (another machine, another venv: what `minisgl cache import` is for) never found its own."""
+    import hashlib
+
+    size = gguf.stat().st_size
+    h = hashlib.blake2b(digest_size=12)
+    with gguf.open("rb") as f:
+        h.update(f.read(_HEAD_BYTES))
+        for i in range(_SAMPLES):
+            f.seek(size * i // _SAMPLES)
+            h.update(f.read(_SAMPLE_BYTES))
+    return f"{size}-{h.hexdigest()}"
+
+
 def entry(gguf: Path) -> Path:
     """The cache directory for this file; its last part is the file's stem, which becomes the model's name."""
-    st = gguf.stat()
-    return cache_root() / f"gguf-v{FORMAT}" / f"{st.st_size}-{st.st_mtime_ns}" / gguf.stem
+    return cache_root() / f"gguf-v{FORMAT}" / fingerprint(gguf) / gguf.stem
+
+
+def _remove_stale(final: Path) -> None:
+    """Staging folders of stores that were killed (SIGKILL, SIGTERM: no `finally` ran), hundreds of MB each that
+    nothing read or removed: those of processes that no longer exist."""
+    for old in final.parent.glob(f".{final.name}.*.tmp"):
+        try:
+            os.kill(int(old.name.rsplit(".", 2)[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(old, ignore_errors=True)
+        except (ValueError, OSError):  # not our name, or a live process of another user
+            pass
 
 
 def lookup(gguf: Path) -> Path | None:
@@ -96,6 +127,8 @@ def store(
     tmp: Path | None = None
     try:
         final = entry(gguf)
+        if final.parent.is_dir():
+            _remove_stale(final)
         tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         tmp.mkdir(parents=True, exist_ok=True)
         (tmp / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=1))

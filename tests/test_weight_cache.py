@@ -57,13 +57,17 @@ def test_second_load_comes_from_the_cache_and_matches(smollm, tmp_path, monkeypa
         assert direct.encode(p) == auto.encode(p) and direct.decode(auto.encode(p)) == auto.decode(auto.encode(p))
 
 
-def test_key_follows_size_and_mtime(tmp_path, monkeypatch):
+def test_key_follows_content_not_mtime(tmp_path, monkeypatch):
     monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "c"))
-    f = tmp_path / "m.gguf"
-    f.write_bytes(b"x" * 10)
+    f, g = tmp_path / "a" / "m.gguf", tmp_path / "b" / "m.gguf"
+    for p, byte in ((f, b"x"), (g, b"y")):
+        p.parent.mkdir()
+        p.write_bytes(byte * 3_000_000)
+        os.utime(p, ns=(1, 1))  # one name, size and mtime (cp -p, tar x): different files, different entries
+    assert weight_cache.entry(f) != weight_cache.entry(g) and weight_cache.entry(f).name == "m"
     a = weight_cache.entry(f)
-    os.utime(f, ns=(1, 1))
-    assert weight_cache.entry(f) != a and weight_cache.entry(f).name == "m"
+    os.utime(f, ns=(2, 2))  # the same file installed again (another machine, another venv): its own entry
+    assert weight_cache.entry(f) == a
 
 
 def test_unwritable_cache_warns_and_carries_on(smollm, tmp_path, monkeypatch, capsys):
