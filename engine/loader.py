@@ -96,7 +96,12 @@ def load_model(
             stream = weights.gguf_weights(path, cfg, reader, tick, quantized)
             if keep is not None:  # the dequantized weights, for the cache
                 stream = ((name, keep.setdefault(name, w)) for name, w in stream)
-            model.load_weights(stream)
+            try:
+                model.load_weights(stream)
+            except ValueError as e:  # a missing or wrongly shaped tensor did not name the file
+                if str(path) in str(e):
+                    raise
+                raise ValueError(f"{path}: {e}") from e
         else:
             try:
                 model.load_weights(weights.hf_weights(path))

@@ -165,6 +165,12 @@ class ModelConfig:
             d = json.loads(path.read_text())
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON: {e}") from e
+        except UnicodeDecodeError as e:  # a ValueError that named no file
+            raise ValueError(f"{path} is not UTF-8 text: {e}") from e
+        except RecursionError as e:  # JSON nested thousands deep
+            raise ValueError(f"{path} is not valid JSON: nested too deeply") from e
+        except OSError as e:  # no permission, a disk error: was a PermissionError traceback
+            raise ValueError(f"cannot read {path}: {e.strerror or e}") from e
         if not isinstance(d, dict):
             raise ValueError(f"{path} holds a JSON {type(d).__name__}, not an object")
         try:

@@ -35,14 +35,19 @@ def resolve(spec: str | None) -> tuple[str, str | Path]:
             raise ValueError(f"unknown dummy model {name!r}; choose from {', '.join(PRESETS)}")
         return "dummy", name
     path = Path(spec).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(
-            f"model path {spec!r} does not exist (give a HF directory, a .gguf file, or dummy:<name>)"
-        )
-    if path.is_file():
-        if path.suffix != ".gguf":
-            raise ValueError(f"model file {spec!r} is not a .gguf file")
-        return "gguf", path
-    if not (path / "config.json").is_file():
-        raise ValueError(f"model directory {spec!r} has no config.json")
+    try:  # a folder that cannot be searched raises PermissionError here (was a traceback)
+        if not path.exists():
+            raise FileNotFoundError(
+                f"model path {spec!r} does not exist (give a HF directory, a .gguf file, or dummy:<name>)"
+            )
+        if path.is_file():
+            if path.suffix.lower() != ".gguf":
+                raise ValueError(f"model file {spec!r} is not a .gguf file")
+            return "gguf", path
+        if not path.is_dir():
+            raise ValueError(f"model path {spec!r} is neither a file nor a directory (a device, a FIFO, a socket)")
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model directory {spec!r} has no config.json")
+    except PermissionError as e:
+        raise ValueError(f"cannot read model path {spec!r}: {e.strerror} ({e.filename})") from e
     return "hf", path

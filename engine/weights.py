@@ -137,12 +137,15 @@ def gguf_config(path: Path, reader: GGUFReader | None = None) -> ModelConfig:
         if v is None:
             raise ValueError(f"{path}: GGUF metadata lacks {p + key!r}")
         try:
+            if isinstance(v, list):  # a per-layer array (llama.cpp allows one): int() raised a bare TypeError
+                raise ValueError("a per-layer array")
             return int(v)
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path}: GGUF metadata {p + key!r} is not an integer ({v!r})") from e
 
     heads = need("attention.head_count")
     hidden = need("embedding_length")
+    kv_heads = need("attention.head_count_kv") if _field(r, p + "attention.head_count_kv") is not None else heads
     if heads < 1:
         raise ValueError(f"{path}: GGUF metadata {p}attention.head_count must be >= 1 (got {heads})")
     names = {t.name for t in r.tensors}
@@ -175,7 +178,7 @@ def gguf_config(path: Path, reader: GGUFReader | None = None) -> ModelConfig:
             intermediate_size=intermediate,
             num_layers=layers,
             num_heads=heads,
-            num_kv_heads=int(_field(r, p + "attention.head_count_kv", heads)),
+            num_kv_heads=kv_heads,
             head_dim=head_dim,
             rope_theta=float(_field(r, p + "rope.freq_base", 10000.0)),
             rope_scaling=None if factors is None else {"rope_type": "freq_factors", "factors": factors},

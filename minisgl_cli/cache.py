@@ -84,6 +84,12 @@ def export(dest: Path) -> tuple[dict[str, int], list[str]]:
         root = loc.path.absolute().resolve()
         if where == root or root in where.parents:  # it would pack itself (its .partial) and be imported as a cache
             raise CacheArchiveError(f"{dest} is inside the {loc.name} cache ({loc.path}): write it elsewhere")
+    if dest.is_symlink():  # the archive goes where the link points (replacing the link made a file beside it)
+        dest = Path(os.path.realpath(dest))
+    if dest.exists() and not dest.is_file():
+        # The .partial file renamed over it would replace the FIFO or device itself (as root, /dev/full became a
+        # 97 MiB regular file; a FIFO's reader waited forever)
+        raise CacheArchiveError(f"{dest} is not a regular file (a FIFO, a device, a socket): give a file path")
     dest.parent.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
     notes: list[str] = []
@@ -91,6 +97,8 @@ def export(dest: Path) -> tuple[dict[str, int], list[str]]:
     try:
         _export_to(tmp, counts, notes)
         tmp.replace(dest)
+    except OSError as e:  # the folder not writable (the file itself was), a full disk: was a traceback
+        raise CacheArchiveError(f"cannot write {e.filename or tmp} ({e.strerror or e}); no archive was written") from e
     finally:
         tmp.unlink(missing_ok=True)
     return counts, notes

@@ -343,7 +343,7 @@ def load_llm(config: EngineConfig, quiet: bool = False):
 
         try:
             llm = LLM(config, progress=progress)
-        except (ValueError, FileNotFoundError) as e:
+        except (ValueError, OSError) as e:  # OSError: an unreadable file (PermissionError), a disk error
             console.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from e
     from engine.distributed import TP

@@ -563,6 +563,12 @@ def broken_model(kind: str, good: Path, tmp: Path) -> tuple[Path, str, str]:
     if kind == "config.json not JSON":
         cfg.write_text("{oops")
         return d, str(cfg), "is not valid JSON"
+    if kind == "config.json not UTF-8":  # named no file
+        cfg.write_bytes(b'{"x": "\xe9"}')
+        return d, str(cfg), "is not UTF-8 text"
+    if kind == "config.json nested too deep":  # a RecursionError traceback
+        cfg.write_text("[" * 100_000 + "]" * 100_000)
+        return d, str(cfg), "is not valid JSON: nested too deeply"
     if kind == "config.json a list":
         cfg.write_text("[1, 2]")
         return d, str(cfg), "holds a JSON list, not an object"
@@ -818,6 +824,8 @@ def broken_gguf(kind: str, tmp: Path) -> tuple[Path, str, str]:
 HF_CASES = [
     "missing config.json",
     "config.json not JSON",
+    "config.json not UTF-8",
+    "config.json nested too deep",
     "config.json a list",
     "config.json lacks a field",
     "zero heads",

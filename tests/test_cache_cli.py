@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import stat
 import tarfile
 from pathlib import Path
 
@@ -334,6 +335,22 @@ def test_export_of_files_removed_or_unreadable_meanwhile(caches, tmp_path, monke
     assert r.exit_code == 2, r.output + repr(r.exception)
     assert f"cannot read {secret} (Permission denied); no archive was written" in flat(r.output)
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == []
+
+
+def test_export_to_a_fifo_or_through_a_symlink(caches, tmp_path):
+    """The archive's .partial file was renamed over whatever ARCHIVE was: a FIFO (its reader then waited forever), a
+    device (as root, /dev/full became a regular file) or a symlink (its target never written)."""
+    fill(caches)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    r = CliRunner().invoke(app, ["cache", "export", str(fifo)], env={"COLUMNS": "300"})
+    assert r.exit_code == 2, r.output + repr(r.exception)
+    assert f"{fifo} is not a regular file" in flat(r.output) and stat.S_ISFIFO(fifo.stat().st_mode)
+    target, link = tmp_path / "real.tar.gz", tmp_path / "link.tar.gz"
+    link.symlink_to(target)
+    r = CliRunner().invoke(app, ["cache", "export", str(link)], env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    assert link.is_symlink() and tarfile.is_tarfile(target)
 
 
 def test_export_into_a_cache_folder_is_refused(caches, tmp_path):
