@@ -116,6 +116,8 @@ class Scheduler:
         candidates = list(self.prefilling)
         context = sum(r.num_tokens for r in self.live) if self.max_running_tokens else 0
         while admit and self.waiting and len(self.live) < self.max_running:
+            if sum(r.num_tokens - r.device_len for r in candidates) >= budget:
+                break  # the chunks already fill this step: admit (and give pages to) no request it cannot feed
             req = self.waiting[0]
             if self.max_running_tokens and self.live and context + req.num_tokens > self.max_running_tokens:
                 break  # every decode step reads the whole context of every running request: keep steps short
@@ -128,8 +130,6 @@ class Scheduler:
                 req.cache_hit_tokens = req.cached_len
             self.prefilling.append(req)
             candidates.append(req)
-            if sum(r.num_tokens - r.device_len for r in candidates) >= budget:
-                break
         for req in candidates:
             if budget <= 0:
                 break

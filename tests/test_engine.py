@@ -86,8 +86,9 @@ def test_same_tokens_across_settings(tiny_dir):
 def test_mixed_batches_preempt_and_recompute_under_a_tiny_pool(tiny_dir, overlap):
     """Found by the fuzzed suite: a decode row preempted for lack of pages was re-admitted in the same step's prefill
     part while its last token was still in flight (overlap), so its pages were one short when the token landed."""
-    prompts = [[0, 0], [0, 0]]
-    cfgs = dict(page_size=1, num_pages=4, max_batch_tokens=1, radix_cache=False, max_running_requests=2)
+    prompts = [[0], [0, 0]]  # (its first form, [[0, 0], [0, 0]] at a 1-token budget, no longer preempts: the second
+    # prompt is admitted only once a step has room for it; this one gives wrong tokens without the guard)
+    cfgs = dict(page_size=1, num_pages=3, max_batch_tokens=2, radix_cache=False, max_running_requests=2)
     llm = make_llm(tiny_dir, mixed_batch=True, overlap=overlap, **cfgs)
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (2, 1)]
     outs = llm.generate(prompts, params)
@@ -226,6 +227,26 @@ def test_shared_prefix_within_one_batch_hits_after_first_finishes(tiny_dir):
     outs = llm.generate([p[0], p[2]], GREEDY)
     assert outs[0].cache_hit_tokens == 0
     assert outs[1].cache_hit_tokens == 40  # the shared 40-token system prefix, page aligned
+    assert_all_pages_back(llm)
+
+
+def test_a_request_the_step_cannot_feed_waits_and_then_reuses_the_whole_shared_prefix(tiny_dir):
+    """Two prompts sharing a 96-token prefix arrive together, the step budget 16 tokens. The second was admitted
+    (its prefix looked up, pages and a slot taken) one step into the first's chunked prefill, while the step had no
+    budget for it: it matched the 16 tokens computed so far and recomputed the rest. It now waits until a step has
+    room, and reuses every whole page the first computed; the outputs are those of each prompt alone."""
+    shared = [1 + i % 50 for i in range(96)]
+    prompts = [shared + [400, 401, 402], shared + [410, 411, 412]]
+    want = [make_llm(tiny_dir, page_size=4).generate([p], GREEDY)[0].token_ids for p in prompts]
+    llm = make_llm(tiny_dir, page_size=4, max_batch_tokens=16)
+    rids = [llm.add_request(p, GREEDY) for p in prompts]
+    llm.step()
+    assert llm.metrics().running == 1  # the second waits: this step's 16 tokens went to the first
+    outs: dict = {}
+    while llm.has_work():
+        outs.update((o.rid, o) for o in llm.step() if o.finished)
+    assert [outs[r].token_ids for r in rids] == want
+    assert (outs[rids[0]].cache_hit_tokens, outs[rids[1]].cache_hit_tokens) == (0, 96)
     assert_all_pages_back(llm)
 
 
