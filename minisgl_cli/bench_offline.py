@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -421,7 +422,8 @@ def _run_minisgl(
         except KeyboardInterrupt:
             if not timed:
                 raise
-        duration, outs, steps, gpu_busy = sorted(timed, key=lambda t: t[0])[(len(timed) - 1) // 2]  # lower middle
+        _, outs, steps, gpu_busy = sorted(timed, key=lambda t: t[0])[(len(timed) - 1) // 2]  # lower middle's steps
+        duration = statistics.median(t[0] for t in timed)  # the median: with an even count, the middle two's mean
         ok = [out for out in outs if out.finish_reason in ("length", "stop")]
         result = _summary("minisgl", len(ok), workload.input_tokens, sum(len(out.token_ids) for out in ok), duration)
         result.update(
@@ -515,8 +517,9 @@ def _run_peer(
         except KeyboardInterrupt:  # as in _run_minisgl: the finished runs are the result, if there are any
             if not timed:
                 raise
-        run, gpu_busy = sorted(timed, key=lambda t: t[0].duration)[(len(timed) - 1) // 2]  # the median (lower middle)
-        result = _summary(name, len(run.output_lens), workload.input_tokens, sum(run.output_lens), run.duration)
+        run, gpu_busy = sorted(timed, key=lambda t: t[0].duration)[(len(timed) - 1) // 2]  # lower middle's counts
+        duration = statistics.median(t[0].duration for t in timed)  # as minisgl's: the middle two's mean if even
+        result = _summary(name, len(run.output_lens), workload.input_tokens, sum(run.output_lens), duration)
         result.update(
             failed=run.failed,
             **peer.describe(),
