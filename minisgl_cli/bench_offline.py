@@ -422,7 +422,8 @@ def _run_minisgl(
         except KeyboardInterrupt:
             if not timed:
                 raise
-        _, outs, steps, gpu_busy = sorted(timed, key=lambda t: t[0])[(len(timed) - 1) // 2]  # lower middle's steps
+        middle = sorted(timed, key=lambda t: t[0])[(len(timed) - 1) // 2]  # the lower middle run's outputs and steps
+        outs, steps, gpu_busy = middle[1], middle[2], middle[3]
         duration = statistics.median(t[0] for t in timed)  # the median: with an even count, the middle two's mean
         ok = [out for out in outs if out.finish_reason in ("length", "stop")]
         result = _summary("minisgl", len(ok), workload.input_tokens, sum(len(out.token_ids) for out in ok), duration)
