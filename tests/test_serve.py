@@ -451,6 +451,29 @@ def test_metrics_parse_and_move(tiny):
         assert counts[-1] == after[(f"minisgl:{h}_count", lab)] and after[(f"minisgl:{h}_sum", lab)] > 0
 
 
+def test_latency_histograms_fill_while_a_stream_runs(tiny):
+    """TTFT, inter-token and end-to-end latencies were all recorded when a request finished: a long stream was
+    missing from the histograms (and alerts on them) until its end. TTFT now counts with the first token and each
+    gap with its token, as vLLM records them; the end-to-end latency still at the finish."""
+    lab = (("model_name", "tiny-llama"),)
+    before = _families(tiny)
+    stream = tiny.openai().completions.create(
+        model=tiny.model, prompt="hi", max_tokens=1500, stream=True, extra_body={"ignore_eos": True}
+    )
+    chunks = iter(stream)
+    for _ in range(20):
+        next(chunks)
+    during = _families(tiny)
+    stream.close()
+
+    def delta(name: str) -> float:
+        return during[(f"minisgl:{name}", lab)] - before.get((f"minisgl:{name}", lab), 0)
+
+    assert delta("time_to_first_token_seconds_count") == 1
+    assert delta("inter_token_latency_seconds_count") >= 19
+    assert delta("e2e_request_latency_seconds_count") == 0
+
+
 def test_metrics_answer_promptly_during_a_long_engine_step(tiny):
     """The engine answers a metrics request between steps. During a long one (here the engine's thread is held for
     4 s, as a big CPU prefill would), /metrics answers within a second with the last snapshot and says how old it

@@ -46,6 +46,7 @@ class Job:
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # its last output or its error arrived
     prompt_logprobs: Sequence[TokenLogprob] | None = None  # from its first output
     cache_hit_tokens: int = 0  # prompt tokens its prefill read from the prefix cache (from its outputs)
+    times_seen: int = 0  # its token times already in the latency histograms
 
     def abort(self) -> None:
         self.cancelled = True
@@ -174,8 +175,7 @@ class EngineClient:
                     job.prompt_logprobs = item.prompt_logprobs
                     job.started.set()
                 job.cache_hit_tokens = item.cache_hit_tokens
-                if item.finished:
-                    self.metrics.observe(item)
+                job.times_seen = self.metrics.observe(item, job.times_seen)
                 job.inbox.put_nowait(item)
             elif item is END:
                 self._end(job, finished=True)

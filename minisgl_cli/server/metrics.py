@@ -87,14 +87,20 @@ class ServerMetrics:
     finished: Counter = field(default_factory=Counter)  # finish_reason -> requests
     rejected: int = 0  # 429s from admission control
 
-    def observe(self, out: RequestOutput) -> None:
-        """Record a finished request's latencies."""
-        if out.ttft is not None:
+    def observe(self, out: RequestOutput, seen: int) -> int:
+        """Record a request's latencies as its outputs arrive, as vLLM does: TTFT with its first token, each
+        inter-token gap with the token that ends it, the end-to-end latency when it finishes (they were all recorded
+        at the finish, so a long stream was missing from the histograms until it ended). `seen`: how many of its
+        token times an earlier call recorded; returns the count for the next."""
+        times = out.token_times
+        if seen == 0 and out.ttft is not None:
             self.ttft.observe(out.ttft)
-        for gap in out.itls:
-            self.itl.observe(gap)
-        self.e2e.observe((out.token_times[-1] if out.token_times else time.perf_counter()) - out.arrival)
-        self.finished[out.finish_reason or "unknown"] += 1
+        for i in range(max(seen, 1), len(times)):
+            self.itl.observe(times[i] - times[i - 1])
+        if out.finished:
+            self.e2e.observe((times[-1] if times else time.perf_counter()) - out.arrival)
+            self.finished[out.finish_reason or "unknown"] += 1
+        return len(times)
 
     def render(self, engine: EngineMetrics | None, in_flight: int, engine_age: float = 0.0) -> str:
         """engine: the engine's last snapshot (None: the engine is gone), taken engine_age seconds ago."""
