@@ -317,7 +317,7 @@ def _run_local(config: EngineConfig, window, flags: dict[str, Any], quiet: bool)
         write_step_log(state["records"], flags["step_log"])
     d_prompt = after.prompt_tokens - before.prompt_tokens
     hit_rate = (after.cache_hit_tokens - before.cache_hit_tokens) / d_prompt if d_prompt else None
-    out = summarize(results, duration, p, hit_rate, interrupted)
+    out = summarize(results, duration, p, hit_rate, live.started, interrupted)
     out.update(
         mode="in-process",
         **llm.describe(),
@@ -368,12 +368,12 @@ def _run_vllm(config: EngineConfig, window, flags: dict[str, Any], quiet: bool) 
                 duration = time.perf_counter() - live.started
         finally:
             peer.close()
-        return info, pool, startup, p, results, duration, busy.share, interrupted
+        return info, pool, startup, p, results, duration, busy.share, interrupted, live.started
 
-    info, pool, startup, p, results, duration, gpu_busy, interrupted = asyncio.run(main())
+    info, pool, startup, p, results, duration, gpu_busy, interrupted, t0 = asyncio.run(main())
     prompt = sum(r.input_len for r in results if r.ok)
     hits = sum(r.cache_hit_tokens or 0 for r in results if r.ok)
-    out = summarize(results, duration, p, hits / prompt if prompt else None, interrupted)
+    out = summarize(results, duration, p, hits / prompt if prompt else None, t0, interrupted)
     out.update(mode="in-process", **info, engine="vllm", kv_pool_tokens=pool, startup_seconds=startup)
     out["gpu"] = _gpu_name(config.torch_device())
     out["gpu_busy"] = gpu_busy
@@ -436,22 +436,26 @@ def _run_url(config: EngineConfig, window, flags: dict[str, Any], quiet: bool) -
                 )
                 duration = time.perf_counter() - live.started
             after = await scrape_metrics(client)
-            return name, engine, results, duration, cache_hit_rate(before, after), interrupted
+            return name, engine, results, duration, cache_hit_rate(before, after), interrupted, live.started
 
-    name, engine, results, duration, hit_rate, interrupted = asyncio.run(main())
-    out = summarize(results, duration, p, hit_rate, interrupted)
+    name, engine, results, duration, hit_rate, interrupted, t0 = asyncio.run(main())
+    out = summarize(results, duration, p, hit_rate, t0, interrupted)
     out.update(mode="url", url=flags["url"], model=name, engine=engine)
     out.update(client_usage(out, results, check.tok_per_s if check else None), client_check=check and check.as_dict())
     return out, results
 
 
 def summarize(
-    results, duration: float, p: Plan, cache_hit_rate: float | None, interrupted: bool = False
+    results, duration: float, p: Plan, cache_hit_rate: float | None, t0: float, interrupted: bool = False
 ) -> dict[str, Any]:
+    """The figures, and bench-serve's per-request arrays (`requests`: send times from the replay's start `t0`,
+    TTFTs, TPOTs, lengths, which succeeded), so that every statistic can be recomputed from the JSON."""
     from minisgl_cli.report import interrupted_fields
+    from minisgl_cli.run_figures import per_request
     from minisgl_cli.run_figures import summarize as figures
 
     out = figures(results, duration, e2e_name="e2e_latency")
+    out["requests"] = per_request(results, t0)
     out.update(
         planned_requests=len(p.items),
         **interrupted_fields(interrupted),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,15 @@ def test_qwen_replay_in_process(tmp_path, radix):
     assert res["request_throughput"] == pytest.approx(n / res["duration"])
     assert res["output_throughput"] == pytest.approx(res["total_output_tokens"] / res["duration"])
     check_latencies(res)
+    # the per-request arrays (bench-serve's) recompute the figures: the JSON had none of them
+    req = res["requests"]
+    assert (
+        req["indices"] == list(range(n))
+        and all(req["success"])
+        and sum(req["output_lens"]) == res["total_output_tokens"]
+    )
+    assert statistics.median(req["ttfts"]) * 1000 == pytest.approx(res["median_ttft_ms"], abs=1e-2)
+    assert req["send_times"] == sorted(req["send_times"]) and req["send_times"][-1] <= res["duration"]
     assert res["trace_cache_hit_upper_bound"] == pytest.approx(trace.reuse_upper_bound())
     if radix:  # follow-up turns reuse their parents' blocks; whole pages only, so at most the trace's bound
         assert 0.2 < res["cache_hit_rate"] <= res["trace_cache_hit_upper_bound"]
