@@ -356,6 +356,8 @@ class ChatApp(App):
             self.save()
 
     def show_turn(self, turn: TurnReader, reply: AssistantMessage) -> None:
+        if self._reading is None or self._reading[1] is not turn:  # the chat moved on (ctrl+n): a late timer's call
+            return
         stats = turn.stats if turn.finished else turn.meter.stats
         self.turn = dataclasses.replace(stats, itls=list(stats.itls))  # what the panel shows, as it shows it
         self.query_one(MetricsPanel).show_turn(self.turn)
@@ -401,10 +403,10 @@ class ChatApp(App):
         box = self.query_one(PromptBox)
         box.set_history([])
         box.value = ""
-        await self.query_one("#conversation").remove_children()
-        self.turn = TurnStats()
+        self.turn = TurnStats()  # before the await below: the new chat's state is whole before anything else runs
         self.query_one(MetricsPanel).clear_turns()
         self.title = "minisgl chat"
+        await self.query_one("#conversation").remove_children()
         self.say("new conversation" + (f" (system: {self.session.system})" if self.session.system else ""))
 
     async def action_regenerate(self) -> None:
