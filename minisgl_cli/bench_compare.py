@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
             from minisgl_cli.plots import require_matplotlib
 
             require_matplotlib()
-        runs = [load_run(f) for f in files]
+        runs = [run for f in files for run in load_runs(f)]
         console = Console()
         console.print(_runs_table(runs))
         console.print(_figures_table(runs))
@@ -149,6 +149,35 @@ def _check_fields(path: Path, d: dict[str, Any]) -> None:
                 raise _refuse(path, f"'{at}{key}' must be a finite number (got {reprlib.repr(row[key])})")
         if row.get("load") is not None and not isinstance(row["load"], str) and not _is_number(row["load"]):
             raise _refuse(path, f"'{at}load' must be a string or a number (got {reprlib.repr(row['load'])})")
+
+
+def load_runs(path: Path) -> list[dict[str, Any]]:
+    """A result's run, and with a `bench-offline --compare` result each peer's beside it (same workload, same
+    machine): their rows were dropped, leaving the minisgl row alone."""
+    run = load_run(path)
+    d = json.loads(path.read_text())
+    peers = d.get("peers") if d.get("benchmark") == "bench-offline" else None
+    if not isinstance(peers, list):
+        return [run]
+    out = [run]
+    for i, peer in enumerate(peers):
+        if not isinstance(peer, dict) or not _is_number(peer.get("output_throughput")):
+            raise _refuse(path, f"peers[{i}] has no numeric output_throughput")
+        if not _is_finite(peer["output_throughput"]):
+            raise _refuse(path, f"'peers[{i}].output_throughput' must be a finite number")
+        engine = peer.get("engine") if isinstance(peer.get("engine"), str) else f"peer {i + 1}"
+        env = peer.get("environment")
+        commit = env.get("commit") if isinstance(env, dict) and isinstance(env.get("commit"), str) else None
+        out.append(
+            run
+            | {
+                "name": f"{path.stem} ({engine})",
+                "engine": engine,
+                "commit": commit or run["commit"],
+                "rows": [_figures(peer)],
+            }
+        )
+    return out
 
 
 def load_run(path: Path) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from minisgl_cli.app import app
-from minisgl_cli.bench_compare import load_run
+from minisgl_cli.bench_compare import load_run, load_runs
 from minisgl_cli.mock_server import MockConfig, mock_server_process
 from tests.conftest import free_port
 from tests.test_bench_offline import flat
@@ -24,6 +24,21 @@ def run(*args: str) -> str:
     r = CliRunner(env={"COLUMNS": "300"}).invoke(app, list(args))  # wide: no cell folded mid-word
     assert r.exit_code == 0, r.output + repr(r.exception)
     return flat(r.output)
+
+
+def test_a_bench_offline_compare_result_shows_its_peers_rows():
+    """`bench-offline --compare vllm` writes the peers' figures beside minisgl's (here a stored H200 run of
+    Llama-3.1-8B): bench-compare showed the minisgl row alone, and dropped the peer measured in the same run."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks/results/bench_offline_vllm_llama-3.1-8b_h200.json"
+    d = json.loads(path.read_text())
+    runs = load_runs(path)
+    assert [r["engine"] for r in runs] == ["minisgl", "vllm"]
+    assert [r["rows"][0]["output_throughput"] for r in runs] == [
+        d["output_throughput"],
+        d["peers"][0]["output_throughput"],
+    ]
+    out = run("bench-compare", str(path))
+    assert "minisgl" in out and "vllm" in out and "#2" in out
 
 
 def test_compare_offline_trace_and_serve_runs(tmp_path):
