@@ -130,7 +130,7 @@ class Sampler:
             # Per row, not per batch: a row without top-k/top-p/min-p always takes the fused kernel, whose noise is a
             # pure function of (seed, position), whatever else shares the step (a top_p neighbour sent the whole
             # batch to the torch path, and a seeded request drew other tokens than alone).
-            filtered = [p.top_k > 1 or p.top_p < 1 or p.min_p > 0 for p in params]
+            filtered = [p.has_filters for p in params]
             if not any(filtered):
                 tokens = self._fused(ops, logits, reqs)
             else:
@@ -141,7 +141,7 @@ class Sampler:
                 tokens[idx_t] = self._torch_sample(logits[idx_t].float(), [reqs[i] for i in rows_t])
                 if rows_f:
                     idx_f = _dev(rows_f, self.device)
-                    tokens[idx_f] = self._fused(ops, logits[idx_f].contiguous(), [reqs[i] for i in rows_f])
+                    tokens[idx_f] = self._fused(ops, logits[idx_f], [reqs[i] for i in rows_f])
         self._record(tokens, reqs)
         return tokens
 
@@ -162,7 +162,7 @@ class Sampler:
         greedy = _dev([p.greedy for p in params], self.device)
         temps = _dev([p.temperature if not p.greedy else 1.0 for p in params], self.device)
         probs = torch.softmax(logits / temps[:, None], dim=-1)
-        if any(p.top_k > 1 or p.top_p < 1 or p.min_p > 0 for p in params):
+        if any(p.has_filters for p in params):
             probs = self._filter(probs, params)
         # Exp(1) noise as -log(U): on a CPU 4x faster than exponential_ (5.4 vs 20.5 ms for 16 x 49152).
         noise = torch.empty_like(probs).uniform_()

@@ -138,6 +138,11 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0 or self.frequency_penalty != 0
 
+    @property
+    def has_filters(self) -> bool:
+        """top-k / top-p / min-p: the torch sampler's rows (the fused GPU kernel samples the whole distribution)."""
+        return self.top_k > 1 or self.top_p < 1 or self.min_p > 0
+
 
 def _token_id(key: int | str) -> int:
     """A logit_bias key as an int ("42" -> 42); anything else is left as it is, for the check to refuse (" 5" and
