@@ -5,6 +5,7 @@ that needs only the tokenizer does not import them."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +36,28 @@ class LoadedModel:
     source: str
     load_seconds: float
     cpu_ops: bool = False  # layers run through kernels/cpu_ops (GGUF blocks, fused small ops, decode attention)
+
+
+def device_memory(device: torch.device) -> int:
+    """Bytes of memory the device has in all (the machine's RAM for the CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_fits(cfg: ModelConfig, source: str, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse a config whose model cannot fit the device at all, before building it: otherwise the allocator fails
+    inside some layer with a byte count that names neither the file nor the field (an intermediate_size of 1e11)."""
+    params = cfg.param_count()
+    rope_table = cfg.max_position_embeddings * cfg.head_dim * 4  # fp32 cos | sin per position
+    need, have = (params * dtype.itemsize + rope_table) // TP.size, device_memory(device)
+    if need > have:
+        raise ValueError(
+            f"{source}: its config describes {params:,} parameters ({params * dtype.itemsize / 2**30:,.1f} GiB in "
+            f"{str(dtype).removeprefix('torch.')}) and a rope table of {cfg.max_position_embeddings:,} positions "
+            f"({rope_table / 2**30:,.1f} GiB): more than the {have / 2**30:,.1f} GiB of this {device.type} device "
+            "(check hidden_size, intermediate_size, vocab_size, num_hidden_layers and max_position_embeddings)"
+        )
 
 
 @contextlib.contextmanager
@@ -79,6 +102,7 @@ def load_model(
         cfg = weights.gguf_config(path, reader)
     else:
         cfg = weights.hf_config(path)
+    check_fits(cfg, str(where) if kind != "dummy" else source, device, dtype)
     with torch.device(device), _default_dtype(dtype):
         model = create_model(cfg)
     with torch.no_grad():

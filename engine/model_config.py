@@ -95,6 +95,21 @@ class ModelConfig:
             self.num_experts > 0 and layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
         )
 
+    def attention_params(self) -> int:
+        """One layer's parameters outside its MLP: q, k, v, o (their biases, the q/k norms) and the two RMSNorms."""
+        h, hd = self.hidden_size, self.head_dim
+        qkvo = h * hd * (2 * self.num_heads + 2 * self.num_kv_heads)
+        bias = hd * (self.num_heads + 2 * self.num_kv_heads) if self.qkv_bias else 0
+        return qkvo + bias + 2 * h + (2 * hd if self.qk_norm else 0)
+
+    def param_count(self) -> int:
+        """Every parameter the model holds: each layer's experts all, the LM head when not tied to the embedding."""
+        h = self.hidden_size
+        sparse = self.num_experts * (h + 3 * h * self.moe_intermediate_size)
+        mlp = sum(sparse if self.is_moe_layer(i) else 3 * h * self.intermediate_size for i in range(self.num_layers))
+        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * self.attention_params() + mlp + h + embed
+
     def kv_bytes_per_token(self, dtype_bytes: int, tp_size: int = 1) -> int:
         return 2 * self.num_layers * (self.num_kv_heads // tp_size) * self.head_dim * dtype_bytes
 

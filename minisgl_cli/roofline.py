@@ -48,15 +48,11 @@ def expert_params(cfg) -> int:
 def weight_bytes_per_step(cfg, dtype_bytes: int, experts_per_layer: float | None = None) -> int:
     """Weights read by one forward pass: every matrix once, the LM head in full, the embedding only by rows; in a
     MoE layer the router and `experts_per_layer` experts (default: num_experts_per_tok, the fewest a step can use)."""
-    h, hd = cfg.hidden_size, cfg.head_dim
-    attn = h * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + (
-        hd * (cfg.num_heads + 2 * cfg.num_kv_heads) if cfg.qkv_bias else 0
-    )
-    norms = 2 * h + (2 * hd if cfg.qk_norm else 0)
+    h = cfg.hidden_size
     k = cfg.num_experts_per_tok if experts_per_layer is None else experts_per_layer
     sparse = cfg.num_experts * h + k * expert_params(cfg)
     mlp = sum(sparse if cfg.is_moe_layer(i) else 3 * h * cfg.intermediate_size for i in range(cfg.num_layers))
-    params = cfg.num_layers * (attn + norms) + mlp + h + cfg.vocab_size * h
+    params = cfg.num_layers * cfg.attention_params() + mlp + h + cfg.vocab_size * h
     return round(params * dtype_bytes)
 
 

@@ -596,6 +596,11 @@ def broken_model(kind: str, good: Path, tmp: Path) -> tuple[Path, str, str]:
     if kind == "empty safetensors":
         _truncate(st_file, 0)
         return d, str(st_file), "cannot read"
+    if kind == "intermediate_size beyond memory":  # an allocator's byte count, naming no file, before the check
+        says = "38,400,000,090,432 parameters (143,051.1 GiB in float32)"
+        return _edit_config(d, intermediate_size=10**11), str(d), says
+    if kind == "max_position_embeddings beyond memory":  # the rope table's
+        return _edit_config(d, max_position_embeddings=10**10), str(d), "rope table of 10,000,000,000 positions"
     if kind == "weights for fewer layers":
         return _edit_config(d, num_hidden_layers=3), str(d), "checkpoint is missing 9 weights"
     if kind == "weights smaller than the config":
@@ -836,6 +841,8 @@ HF_CASES = [
     "truncated safetensors",
     "safetensors cut inside its header",
     "empty safetensors",
+    "intermediate_size beyond memory",
+    "max_position_embeddings beyond memory",
     "weights for fewer layers",
     "weights smaller than the config",
     "weights larger than the config",
@@ -909,6 +916,7 @@ def test_broken_model_files_are_named_in_the_error(kind, good_dir, tmp_path):
         "eos id outside the vocabulary",
         "GGUF eos outside the vocabulary",
         "a NaN weight",
+        "intermediate_size beyond memory",
     ],
 )
 def test_broken_model_files_exit_2_from_the_cli(kind, good_dir, tmp_path):
