@@ -23,36 +23,57 @@ if TYPE_CHECKING:  # imported where used: finding an entry (a front end's tokeni
 
     from kernels.cpu_ops import QuantMatrix
 
-# Bump when what is stored changes (3: gguf-blocks/; 4: entry.json; 5: keyed by content, not mtime). A GGUF's
-# rope_freqs.weight, stored as config.json's rope_scaling {"rope_type": "freq_factors", ...}, needed none: such files
-# were refused until then (no older entry is of one), and every other file's entry is written as before.
-FORMAT = 5
+# Bump when what is stored changes (3: gguf-blocks/; 4: entry.json; 5: keyed by content, not mtime; 6: by all of
+# it, not by samples). A GGUF's rope_freqs.weight, stored as config.json's rope_scaling {"rope_type":
+# "freq_factors", ...}, needed none: such files were refused until then (no older entry is of one), and every other
+# file's entry is written as before.
+FORMAT = 6
 QUANT_FILE = "gguf-blocks/blocks.safetensors"
 MANIFEST = "entry.json"  # written last: every other file of the entry with its size
+HASHES = "hashes"  # beside the entries: a file's content hash by what its inode says of it (see fingerprint)
 
 
 def enabled() -> bool:
     return os.environ.get("MINISGL_WEIGHT_CACHE", "1") != "0"
 
 
-_SAMPLES, _SAMPLE_BYTES, _HEAD_BYTES = 64, 1 << 16, 1 << 20
-
-
 def fingerprint(gguf: Path) -> str:
-    """The file's size and a hash of what it holds: its first MiB (the header: names, shapes, metadata) and 64
-    blocks of 64 KiB spread over its tensors (~5 MiB read, a few ms). Not its mtime: two different files of one
-    name, size and mtime (`cp -p`, `tar x`, `rsync -a`) shared an entry, and the same file installed again
-    (another machine, another venv: what `minisgl cache import` is for) never found its own."""
+    """The file's size and a hash of all it holds. Not its mtime: two different files of one name, size and mtime
+    (`cp -p`, `tar x`, `rsync -a`) shared an entry, and the same file installed again (another machine, another venv:
+    what `minisgl cache import` is for) never found its own. Not a sample of it either: a file edited in place past
+    the samples (a chat template in a GGUF's header beyond its first MiB) kept its stale entry.
+
+    Hashing all of it reads the file (0.15 s for the embedded 98 MB model here, seconds for a large GGUF), so the hash
+    is remembered under the file's device, inode, size, mtime and ctime: a write to the file, even one that puts its
+    mtime back, moves its ctime, which no user can set; a copy or a new install is another inode, hashed once."""
     import hashlib
 
-    size = gguf.stat().st_size
-    h = hashlib.blake2b(digest_size=12)
+    st = gguf.stat()
+    memo = (
+        cache_root()
+        / f"gguf-v{FORMAT}"
+        / HASHES
+        / f"{st.st_dev}-{st.st_ino}-{st.st_size}-{st.st_mtime_ns}-{st.st_ctime_ns}"
+    )
+    try:
+        known = memo.read_text()
+        if known.startswith(f"{st.st_size}-") and len(known) == len(str(st.st_size)) + 33:
+            return known
+    except (OSError, UnicodeDecodeError):
+        pass
+    h = hashlib.blake2b(digest_size=16)
     with gguf.open("rb") as f:
-        h.update(f.read(_HEAD_BYTES))
-        for i in range(_SAMPLES):
-            f.seek(size * i // _SAMPLES)
-            h.update(f.read(_SAMPLE_BYTES))
-    return f"{size}-{h.hexdigest()}"
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    key = f"{st.st_size}-{h.hexdigest()}"
+    try:  # written whole or not at all: a reader never takes half a key
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
+        tmp.write_text(key)
+        tmp.replace(memo)
+    except OSError:  # an unwritable cache: hashed again next time
+        pass
+    return key
 
 
 def entry(gguf: Path) -> Path:

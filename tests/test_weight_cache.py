@@ -68,6 +68,25 @@ def test_key_follows_content_not_mtime(tmp_path, monkeypatch):
     a = weight_cache.entry(f)
     os.utime(f, ns=(2, 2))  # the same file installed again (another machine, another venv): its own entry
     assert weight_cache.entry(f) == a
+    h = tmp_path / "c" / f"gguf-v{weight_cache.FORMAT}" / weight_cache.HASHES
+    assert [p.read_text() for p in h.iterdir()].count(a.parent.name) == 2  # remembered for both stats of f
+
+
+def test_key_covers_every_byte_and_an_edit_in_place(tmp_path, monkeypatch):
+    """A file edited in place, one byte past its first MiB between any two 64 KiB samples of the old key, its mtime
+    put back (`touch -r`, a tool that keeps it): another entry, not the stale one, and not the hash remembered for
+    the file as it was."""
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "c"))
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"x" * 8_000_000)
+    os.utime(f, ns=(1, 1))
+    before = weight_cache.entry(f)
+    assert weight_cache.entry(f) == before  # from the memo
+    with f.open("r+b") as w:
+        w.seek(1_200_000)  # between the old samples at 1,125,000 + 64 KiB and 1,250,000
+        w.write(b"y")
+    os.utime(f, ns=(1, 1))
+    assert weight_cache.entry(f) != before
 
 
 def test_unwritable_cache_warns_and_carries_on(smollm, tmp_path, monkeypatch, capsys):
