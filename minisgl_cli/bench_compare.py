@@ -154,8 +154,8 @@ def _check_fields(path: Path, d: dict[str, Any]) -> None:
 def load_runs(path: Path) -> list[dict[str, Any]]:
     """A result's run, and with a `bench-offline --compare` result each peer's beside it (same workload, same
     machine): their rows were dropped, leaving the minisgl row alone."""
-    run = load_run(path)
-    d = json.loads(path.read_text())
+    d = _read(path)
+    run = _run(path, d)
     peers = d.get("peers") if d.get("benchmark") == "bench-offline" else None
     if not isinstance(peers, list):
         return [run]
@@ -181,12 +181,19 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
 
 
 def load_run(path: Path) -> dict[str, Any]:
+    return _run(path, _read(path))
+
+
+def _read(path: Path) -> Any:
     try:
-        d = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except RecursionError as e:  # json's C parser gives up on deep nesting this way, not with a ValueError
         raise typer.BadParameter(f"cannot read {path}: JSON nested too deeply", param_hint="FILES") from e
     except (OSError, ValueError) as e:
         raise typer.BadParameter(f"cannot read {path}: {e}", param_hint="FILES") from e
+
+
+def _run(path: Path, d: Any) -> dict[str, Any]:
     if not isinstance(d, dict) or "output_throughput" not in d and not d.get("sweep"):
         other = f" (a {d['benchmark']} result)" if isinstance(d, dict) and "benchmark" in d else ""
         raise typer.BadParameter(

@@ -148,7 +148,12 @@ class ServerMetrics:
                 "Prompt tokens served from the prefix cache.",
                 engine.cache_hit_tokens,
             )
-            scalar("counter", "minisgl:prompt_tokens_total", "Prompt tokens processed.", engine.prompt_tokens)
+            scalar(
+                "counter",
+                "minisgl:prompt_tokens_total",
+                "Prompt tokens of the requests admitted to run (a request aborted mid-prefill included).",
+                engine.prompt_tokens,
+            )
             scalar("counter", "minisgl:generation_tokens_total", "Tokens generated.", engine.generation_tokens)
             scalar(
                 "counter",
