@@ -86,6 +86,19 @@ class Tokenizer:
         """Each token's own text, special tokens included (what log-probability listings show)."""
         return list(self.hf.batch_decode([[i] for i in ids], skip_special_tokens=False))
 
+    def token_bytes(self, ids: list[int], texts: list[str] | None = None) -> list[bytes]:
+        """Each token's own bytes (OpenAI's logprobs `bytes`: the tokens' bytes joined are the text's UTF-8). A token
+        holding part of a UTF-8 character decodes alone to U+FFFD, whose bytes are not its own: its bytes come
+        from its vocabulary piece (byte-level BPE's byte alphabet, or SentencePiece's <0xNN> byte fallback)."""
+        texts = self.token_texts(ids) if texts is None else texts
+        out = []
+        for i, text in zip(ids, texts):
+            raw = None
+            if "\ufffd" in text:
+                raw = _piece_bytes(self.hf.convert_ids_to_tokens(i))
+            out.append(raw if raw is not None else text.encode())
+        return out
+
     @property
     def thinking_switch(self) -> bool:
         """The chat template reads `enable_thinking` (Qwen3 and others): chat_prompt(..., enable_thinking=...)."""
@@ -188,6 +201,9 @@ class ByteTokenizer(Tokenizer):
     def token_texts(self, ids: list[int]) -> list[str]:
         return [self.decode([i]) for i in ids]
 
+    def token_bytes(self, ids: list[int], texts: list[str] | None = None) -> list[bytes]:
+        return [bytes([i]) if 0 <= i < 256 else f"<{i}>".encode() for i in ids]
+
     def decode(self, ids: list[int]) -> str:
         parts, run = [], bytearray()
         for i in ids:
@@ -222,6 +238,36 @@ class IncrementalDetokenizer:
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
             return full[len(prefix) :]
         return ""
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet, inverted: the printable character standing for each byte -> the byte."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    cs, n = list(bs), 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+_BYTE_ALPHABET = _byte_alphabet()
+
+
+def _piece_bytes(piece: object) -> bytes | None:
+    """A vocabulary piece's bytes: SentencePiece's byte fallback "<0xE6>", or a byte-level BPE piece ("ĠðŁĺ");
+    None when it is neither."""
+    if not isinstance(piece, str) or not piece:
+        return None
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        try:
+            return bytes([int(piece[3:5], 16)])
+        except ValueError:
+            return None
+    if all(ch in _BYTE_ALPHABET for ch in piece):
+        return bytes(_BYTE_ALPHABET[ch] for ch in piece)
+    return None
 
 
 def _bpe(hf: Any) -> bool:

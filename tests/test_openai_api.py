@@ -137,6 +137,32 @@ def test_echo_with_max_tokens_0_scores_the_prompts(server, hf_smollm):
     assert max(abs(a - b) for a, b in zip(again[1:-1], out.choices[0].logprobs.token_logprobs[1:])) < TOL
 
 
+def test_tokens_holding_part_of_a_character_keep_their_bytes_and_logprobs(server, hf_smollm):
+    """A byte-level BPE token holding part of a UTF-8 character reads as U+FFFD alone. Chat's `bytes` are still the
+    token's own (joined, the text's UTF-8), and completions' top_logprobs, keyed by token text where several such
+    tokens share " \ufffd", still give the chosen token its own log-probability."""
+    client, tok = server.openai(), server.llm.tokenizer
+    globe = tok.encode(" \U0001f30d")  # three tokens, each part of the one character
+    assert tok.token_texts(globe)[0] == " \ufffd" and b"".join(tok.token_bytes(globe)) == " \U0001f30d".encode()
+    kw = dict(model="smollm", messages=CHAT, max_tokens=1, temperature=0, logprobs=True, top_logprobs=2)
+    e = client.chat.completions.create(**kw, logit_bias={str(globe[0]): 100}).choices[0].logprobs.content[0]
+    assert (e.token, bytes(e.bytes)) == (" \ufffd", b" \xf0\x9f")  # the first two of the globe's four bytes
+    prompt = tok.encode("Earth from space: \U0001f30d\U0001f310 and \u65e5\u672c")
+    lp = client.completions.create(model="smollm", prompt=prompt, max_tokens=0, echo=True, logprobs=5).choices[0]
+    lp = lp.logprobs
+    ref = hf_logprobs(hf_smollm, prompt)
+    assert sum(t.endswith("\ufffd") for t in lp.tokens) >= 6
+    for j in range(1, len(prompt)):
+        assert lp.top_logprobs[j][lp.tokens[j]] == lp.token_logprobs[j]  # the chosen token's, not a namesake's
+        assert abs(lp.token_logprobs[j] - ref[j - 1, prompt[j]].item()) < TOL
+        for text, value in lp.top_logprobs[j].items():  # each text the best of the tokens that read so
+            if text != lp.tokens[j]:
+                best = max(
+                    ref[j - 1, t].item() for t in ref[j - 1].topk(5).indices.tolist() if tok.token_texts([t])[0] == text
+                )
+                assert abs(value - best) < TOL
+
+
 # ---- n, best_of, lists of prompts --------------------------------------------------------------------------------
 
 

@@ -7,7 +7,7 @@ import torch
 
 from engine.sampling_params import SamplingParams
 from engine.text import Prefix, TextState
-from engine.tokenizer import IncrementalDetokenizer
+from engine.tokenizer import ByteTokenizer, IncrementalDetokenizer
 
 
 def test_incremental_detokenizer_never_emits_broken_utf8(smollm):
@@ -19,6 +19,21 @@ def test_incremental_detokenizer_never_emits_broken_utf8(smollm):
     assert all("\ufffd" not in p for p in pieces)
     assert "".join(pieces) == tok.decode(ids) == text
     assert sum(1 for p in pieces if p == "") > 0  # multi-byte characters did straddle tokens
+
+
+PARTIAL = ["Hi \U0001f30d\U0001f310 \u65e5\u672c\u8a9e \u00e9 \u00f1", "\ufffd itself, \u0085 and \u2028"]
+
+
+@pytest.mark.parametrize("text", PARTIAL)
+def test_token_bytes_join_into_the_texts_utf8(smollm, text):
+    """OpenAI's logprobs `bytes`: each token's own, so joined they give the text back, also for tokens that hold part
+    of a character (each decodes alone to U+FFFD, whose three bytes are not the token's)."""
+    tok = smollm.tokenizer
+    ids = tok.encode(text)
+    assert any(t.endswith("\ufffd") for t in tok.token_texts(ids))  # the case at hand: partial tokens
+    assert b"".join(tok.token_bytes(ids)) == text.encode()
+    byte_tok = ByteTokenizer()
+    assert b"".join(byte_tok.token_bytes(byte_tok.encode(text))) == text.encode()
 
 
 def test_streamed_deltas_add_up_to_the_final_text(smollm):

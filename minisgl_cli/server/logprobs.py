@@ -26,10 +26,13 @@ def _texts(tokenizer: Tokenizer | None, ids: Sequence[int], records: Sequence[To
 
 def chat_logprobs(tokenizer: Tokenizer | None, records: Sequence[TokenLogprob]) -> dict[str, Any]:
     texts = _texts(tokenizer, [r.token for r in records], list(records))
+    # each token's own bytes: a token holding part of a UTF-8 character shows as U+FFFD, but its bytes are its
+    # own, so that the tokens' bytes joined are the content's UTF-8 (what OpenAI's `bytes` is for)
+    ids, strings = list(texts), list(texts.values())
+    raw = dict(zip(ids, tokenizer.token_bytes(ids, strings) if tokenizer else [s.encode() for s in strings]))
 
     def entry(token: int, lp: float) -> dict[str, Any]:
-        s = texts[token]
-        return {"token": s, "logprob": _lp(lp), "bytes": list(s.encode())}
+        return {"token": texts[token], "logprob": _lp(lp), "bytes": list(raw[token])}
 
     return {
         "content": [{**entry(r.token, r.logprob), "top_logprobs": [entry(t, lp) for t, lp in r.top]} for r in records]
@@ -57,8 +60,13 @@ def completion_logprobs(
             top_logprobs.append(None)
             continue
         token_logprobs.append(_lp(r.logprob))
-        top = {texts[a]: _lp(lp) for a, lp in r.top}
-        top.setdefault(s, _lp(r.logprob))  # the chosen token is always listed (OpenAI lists up to logprobs + 1)
+        # distinct tokens may share a text (every partial UTF-8 token decodes alone to U+FFFD): keep each text's most
+        # likely entry, and the chosen token's text its own log-probability, as token_logprobs gives it (OpenAI lists
+        # up to logprobs + 1, the chosen token always)
+        top: dict[str, float] = {}
+        for a, lp in r.top:
+            top.setdefault(texts[a], _lp(lp))
+        top[s] = _lp(r.logprob)
         top_logprobs.append(top)
     body = {
         "tokens": tokens,
