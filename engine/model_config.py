@@ -122,7 +122,19 @@ class ModelConfig:
             raise ValueError(f"unsupported architecture {archs[0]!r} (supported: {', '.join(HF_MODEL_TYPES)})")
         arch = archs[0]
         _refuse_unsupported(d, arch)
-        window = d.get("sliding_window")
+        # transformers' MistralConfig turns the window on (4096) when config.json names none
+        window = d.get("sliding_window", 4096) if arch == "MistralForCausalLM" else d.get("sliding_window")
+        layer_types = d.get("layer_types")
+        if arch == "MistralForCausalLM" and isinstance(layer_types, list):
+            # transformers loads a Mistral config with layer_types as Ministral: the window only on the layers
+            # marked sliding_attention
+            kinds = set(layer_types)
+            if kinds == {"full_attention"}:
+                window = None
+            elif kinds != {"sliding_attention"}:
+                raise ValueError(
+                    f"layer_types {sorted(kinds, key=str)} (a window on some layers only) are not supported for {arch}"
+                )
         if arch in _QWEN:
             # Qwen configs carry a sliding_window that applies only with use_sliding_window, and then only to the
             # layers from max_window_layers on: per-layer windows, which this engine does not implement.
@@ -142,12 +154,13 @@ class ModelConfig:
         bos = d.get("bos_token_id")
         if bos is not None and not (_is_int(bos) and bos >= 0):
             raise ValueError(f"bos_token_id must be a token id (got {bos!r})")
-        rope_scaling = d.get("rope_scaling")
+        # transformers 5's order: rope_scaling (the old name), when given, is the rope parameters, else
+        # rope_parameters; the rope_theta they hold wins over a top-level one
+        rope_scaling = d.get("rope_scaling") or d.get("rope_parameters")
+        untyped = "default" if not d.get("rope_scaling") else None  # rope_parameters naming no type: default
         rope_theta = d.get("rope_theta")
-        if rope_theta is None and isinstance(d.get("rope_parameters"), dict):  # transformers 5 layout
-            rope_theta = d["rope_parameters"].get("rope_theta")
-            if d["rope_parameters"].get("rope_type", "default") != "default":
-                rope_scaling = d["rope_parameters"]
+        if isinstance(rope_scaling, dict) and rope_scaling.get("rope_theta") is not None:
+            rope_theta = rope_scaling["rope_theta"]
         if rope_scaling is not None and not isinstance(rope_scaling, dict):
             raise ValueError(f"rope_scaling must be an object (got {rope_scaling!r})")
         return ModelConfig(
@@ -162,7 +175,7 @@ class ModelConfig:
             rope_theta=10000.0 if rope_theta is None else float(rope_theta),
             # {"rope_type": "default"} is no scaling; a dict naming no type is refused (ModelConfig checks it)
             rope_scaling=rope_scaling
-            if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) != "default"
+            if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type", untyped)) != "default"
             else None,
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=_bool(d, "tie_word_embeddings"),
@@ -170,7 +183,7 @@ class ModelConfig:
             eos_token_ids=tuple(int(t) for t in eos_list),
             bos_token_id=None if bos is None else int(bos),
             name=name,
-            sliding_window=None if window is None else _int(d, "sliding_window"),
+            sliding_window=None if window is None else _int({"sliding_window": window}, "sliding_window"),
             **(_moe_fields(d) if arch == "Qwen3MoeForCausalLM" else {}),
         )
 

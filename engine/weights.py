@@ -153,6 +153,12 @@ def gguf_config(path: Path, reader: GGUFReader | None = None) -> ModelConfig:
     scaling = _field(r, p + "rope.scaling.type")
     if scaling not in (None, "none"):
         raise ValueError(f"{path}: GGUF rope scaling {scaling!r} is not supported")
+    # llama.cpp applies a scaling factor without a type as linear scaling (its default type); older converters wrote
+    # it as rope.scale_linear
+    for key in ("rope.scaling.factor", "rope.scale_linear"):
+        factor = _field(r, p + key)
+        if scaling is None and factor not in (None, 0, 0.0, 1, 1.0):
+            raise ValueError(f"{path}: GGUF {p + key} = {factor!r} (linear rope scaling) is not supported")
     vocab = _field(r, p + "vocab_size") or len(_field(r, "tokenizer.ggml.tokens", []))
     if not vocab:
         raise ValueError(f"{path}: GGUF metadata gives no vocabulary size ({p}vocab_size or tokenizer.ggml.tokens)")

@@ -5,6 +5,7 @@ loader (so config.json parsing is checked too, not only the layers)."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -141,6 +142,57 @@ def test_unsupported_sliding_window_layouts_are_refused():
         ModelConfig.from_hf_dict(base | {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 1})
     with pytest.raises(ValueError, match="attention_bias=true is not supported for MistralForCausalLM"):
         ModelConfig.from_hf_dict(base | {"architectures": ["MistralForCausalLM"], "attention_bias": True})
+
+
+def _edited(hf_dirs, name: str, tmp_path, **changes) -> str:
+    """A copy of the saved `name` directory with config.json's fields changed (None: removed)."""
+    import json
+    import shutil
+
+    d = tmp_path / f"{name}-edited"
+    shutil.copytree(hf_dirs(name)[0], d)
+    cfg = json.loads((d / "config.json").read_text())
+    for k, v in changes.items():
+        cfg.pop(k, None) if v is None else cfg.__setitem__(k, v)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d)
+
+
+@pytest.mark.parametrize(
+    "name, changes",
+    [
+        # transformers takes rope_parameters' theta before a top-level one (one config, two values)
+        ("qwen2", dict(rope_theta=1e6, rope_parameters={"rope_type": "default", "rope_theta": 50.0})),
+        # transformers loads a Mistral config with layer_types as Ministral: a window only where a layer says so
+        ("mistral", dict(layer_types=["full_attention", "full_attention"])),
+        ("mistral", dict(layer_types=["sliding_attention", "sliding_attention"])),
+    ],
+    ids=["rope_theta in two places", "mistral layer_types full", "mistral layer_types sliding"],
+)
+def test_config_fields_read_as_transformers_reads_them(name, changes, hf_dirs, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    path = _edited(hf_dirs, name, tmp_path, **changes)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    llm = make_llm(path, page_size=4, num_pages=128)
+    prompts = _prompts(2, seed=4, lo=20, hi=30)  # longer than the window (8)
+    for prompt, out in zip(prompts, llm.generate(prompts, GREEDY)):
+        assert out.token_ids == hf_greedy(hf, prompt, GREEDY.max_tokens)[0]
+
+
+def test_config_fields_transformers_reads_otherwise_are_read_so_or_refused(hf_dirs, tmp_path):
+    from transformers import AutoConfig
+
+    # a Mistral config.json without sliding_window: transformers' MistralConfig default, a 4096-token window
+    path = _edited(hf_dirs, "mistral", tmp_path, sliding_window=None)
+    assert ModelConfig.from_json_file(Path(path) / "config.json").sliding_window == 4096
+    assert AutoConfig.from_pretrained(path).sliding_window == 4096
+    mixed = ["sliding_attention", "full_attention"]
+    with pytest.raises(ValueError, match=r"layer_types \['full_attention', 'sliding_attention'\] .* not supported"):
+        make_llm(_edited(hf_dirs, "mistral", tmp_path / "m", layer_types=mixed), num_pages=16)
+    linear = {"rope_type": "linear", "rope_theta": 1e6, "factor": 4.0}  # beside a top-level rope_theta
+    with pytest.raises(ValueError, match="unsupported rope scaling type 'linear'"):
+        make_llm(_edited(hf_dirs, "qwen2", tmp_path / "q", rope_theta=1e6, rope_parameters=linear), num_pages=16)
 
 
 def test_transformers_twin_of_a_dummy_moe_model_computes_the_same_logits():

@@ -609,6 +609,9 @@ def broken_model(kind: str, good: Path, tmp: Path) -> tuple[Path, str, str]:
             str(d),
             "weight 'layers.0.mlp.down_proj.weight' has shape (64, 128), but the config makes it (64, 256)",
         )
+    if kind == "tied LM head stored apart":  # transformers unties it and uses it; it was skipped for the embedding
+        says = "tie_word_embeddings=true, but the checkpoint holds an lm_head.weight that differs from the embedding"
+        return _edit_config(d, tie_word_embeddings=True), str(d), says
     if kind == "weights larger than the config":  # used to load quietly, cut down to the config's size
         return (
             _edit_config(d, vocab_size=300),
@@ -644,7 +647,13 @@ def broken_model(kind: str, good: Path, tmp: Path) -> tuple[Path, str, str]:
     if kind == "negative rms_norm_eps":
         return _edit_config(d, rms_norm_eps=-1), str(cfg), "rms_norm_eps must be a positive number"
     if kind == "rope_theta 0":
-        return _edit_config(d, rope_theta=0), str(cfg), "rope_theta must be a positive number (got 0.0)"
+        # both places: transformers (and the loader) take rope_parameters' theta before a top-level one
+        params = {"rope_type": "default", "rope_theta": 0}
+        return (
+            _edit_config(d, rope_theta=0, rope_parameters=params),
+            str(cfg),
+            "rope_theta must be a positive number (got 0.0)",
+        )
     if kind == "max_position_embeddings 0":
         return _edit_config(d, max_position_embeddings=0), str(cfg), "max_position_embeddings must be >= 1"
     if kind == "eos ids as strings":
@@ -695,6 +704,7 @@ def broken_model(kind: str, good: Path, tmp: Path) -> tuple[Path, str, str]:
 
 
 UP = "model.layers.0.mlp.up_proj.weight"
+EMBED = "model.embed_tokens.weight"
 
 
 def _edit_weights(f: Path, edit) -> None:
@@ -717,6 +727,19 @@ def _shard(d: Path) -> None:
         save_file({k: sd[k] for k in keys}, d / f)
     weight_map = {k: f for f, keys in halves.items() for k in keys}
     (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def test_a_tied_lm_head_stored_as_a_copy_of_the_embedding_loads(good_dir, tmp_path):
+    """Checkpoints that tie the head and store it anyway (an equal copy) load as the tied model they are."""
+    d = _copy(good_dir, tmp_path, "tied")
+    _edit_weights(d / "model.safetensors", lambda sd: sd.__setitem__("lm_head.weight", sd[EMBED].clone()))
+    _edit_config(d, tie_word_embeddings=True)
+    kept = _copy(d, tmp_path, "tied-kept")
+    _edit_weights(kept / "model.safetensors", lambda sd: sd.pop("lm_head.weight"))
+    params = SamplingParams(max_tokens=6, temperature=0)
+    copied = LLM(EngineConfig(model=str(d), device="cpu", num_pages=16)).generate([[1, 2, 3]], params)
+    tied = LLM(EngineConfig(model=str(kept), device="cpu", num_pages=16)).generate([[1, 2, 3]], params)
+    assert list(copied[0].token_ids) == list(tied[0].token_ids)
 
 
 def test_a_sharded_checkpoint_reads_only_the_files_of_its_index(good_dir, tmp_path):
@@ -755,7 +778,8 @@ def _tiny_gguf(f: Path, drop=(), kv: dict | None = None, tensors: dict | None = 
             w.add_uint32(f"llama.{key}", value)
     for key, value in (kv or {}).items():  # tokenizer.* keys as they are
         key = key if key.startswith("tokenizer.") else f"llama.{key}"
-        (w.add_string if isinstance(value, str) else w.add_uint32)(key, value)
+        add = w.add_string if isinstance(value, str) else w.add_float32 if isinstance(value, float) else w.add_uint32
+        add(key, value)
     shapes = {"token_embd.weight": (512, 64), "output_norm.weight": (64,), "blk.0.attn_q.weight": (64, 64)}
     shapes |= {"blk.0.attn_k.weight": (32, 64), "blk.0.attn_v.weight": (32, 64), "blk.0.attn_output.weight": (64, 64)}
     shapes |= {"blk.0.ffn_gate.weight": (128, 64), "blk.0.ffn_up.weight": (128, 64), "blk.0.ffn_down.weight": (64, 128)}
@@ -780,6 +804,9 @@ def broken_gguf(kind: str, tmp: Path) -> tuple[Path, str, str]:
     elif kind == "GGUF lacking head_count":
         _tiny_gguf(f, drop=("head_count",))
         return f, str(f), "GGUF metadata lacks 'llama.attention.head_count'"
+    elif kind == "GGUF with linear rope scale":  # llama.cpp scales linearly by a factor naming no type
+        _tiny_gguf(f, kv={"rope.scale_linear": 4.0})
+        return f, str(f), "GGUF llama.rope.scale_linear = 4.0 (linear rope scaling) is not supported"
     elif kind == "GGUF with yarn rope":
         _tiny_gguf(f, kv={"rope.scaling.type": "yarn"})
         return f, str(f), "GGUF rope scaling 'yarn' is not supported"
@@ -846,6 +873,7 @@ HF_CASES = [
     "weights for fewer layers",
     "weights smaller than the config",
     "weights larger than the config",
+    "tied LM head stored apart",
     "quantized checkpoint",
     "gelu activation",
     "mlp_bias",
@@ -879,6 +907,7 @@ GGUF_CASES = [
     "truncated",
     "GGUF lacking head_count",
     "GGUF with yarn rope",
+    "GGUF with linear rope scale",
     "GGUF rope_freqs of the wrong length",
     "GGUF rope_freqs not finite",
     "GGUF rope_freqs with a zero",

@@ -203,9 +203,15 @@ class LlamaForCausalLM(nn.Module):
         modules = self.loadable()
         shards = {p: set(m.shards()) for p, m in modules.items()}
         loaded: set[tuple[str, str, int]] = set()
+        emb = self.embed_tokens
+        tied_rows = min(emb.per_rank, emb.vocab - emb.start)
+        tied_head: torch.Tensor | None = None  # this rank's rows of an lm_head.weight beside tie_word_embeddings=true
         for checkpoint_name, w in weights:
             name = checkpoint_name.removeprefix("model.")
             if name == "lm_head.weight" and self.cfg.tie_word_embeddings:
+                # read now (the file may be closed by the end); compared with the embedding once that is loaded
+                same_shape = tuple(w.shape) == (emb.vocab, emb.weight.shape[1])
+                tied_head = w.narrow(0, emb.start, tied_rows) if same_shape else torch.empty(0)
                 continue
             if name.endswith("rotary_emb.inv_freq"):
                 continue
@@ -225,6 +231,15 @@ class LlamaForCausalLM(nn.Module):
         missing = sorted(_hf_name(*k) for k in expected - loaded)
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} weights, e.g. {missing[:3]}")
+        if tied_head is not None:
+            # transformers ties only when the two are equal: a different lm_head.weight is the model's LM head
+            head = tied_head.to(emb.weight.device, emb.weight.dtype)
+            if head.shape != emb.weight[:tied_rows].shape or not torch.equal(head, emb.weight[:tied_rows]):
+                raise ValueError(
+                    "config.json says tie_word_embeddings=true, but the checkpoint holds an lm_head.weight that "
+                    "differs from the embedding (transformers uses it as a separate LM head): set "
+                    "tie_word_embeddings to false in config.json"
+                )
 
     def load_quantized(self, quantized: dict[str, QuantMatrix]) -> None:
         """Give linear layers (and the LM head) their GGUF blocks beside the dense weights, for the CPU kernel
