@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 from rich.cells import cell_len
+from textual.containers import Vertical
 from textual.widgets import Input, OptionList
 
 from minisgl_cli.chat import resume_flag
@@ -203,6 +204,47 @@ def test_copy_answer_and_code_blocks(tiny):
         assert app.clipboard == "def f():\n    return"
 
     run_app(tiny, scenario, session=session)
+
+
+def test_reset_mid_answer_keeps_the_partial_answer_in_its_chat(tiny, db):
+    """/reset is ctrl+n: the answer in flight is stopped and kept in its own chat. /reset once emptied the session
+    first, so the partial answer was saved alone, as a new "untitled" chat that could not be sent again."""
+    store = ChatStore(db)
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "/max-tokens 1500")
+        await send(pilot, "a long one")
+        await wait_for(pilot, lambda: app.turn.output_tokens >= 2, what="tokens")
+        await send(pilot, "/reset")
+        await wait_for(pilot, lambda: not app.generating, what="the stop")
+        await pilot.pause()
+        assert app.session.history == [] and not app.query(AssistantMessage)
+
+    run_app(tiny, scenario, store, max_tokens=4)
+    infos = store.sessions()
+    assert [i.title for i in infos] == ["a long one"]
+    saved, _ = store.load(infos[0].id)
+    assert [m.role for m in saved.history] == ["user", "assistant"]
+    assert known(saved.history[1].stats).finish_reason == "abort"
+
+
+def test_the_sessions_list_fits_a_small_terminal(tiny, db):
+    """At 80 x 20 the list's box (90 x 24) once ran off the screen, and `r`'s rename field with it: typed blind."""
+    store = ChatStore(db)
+    s = ChatSession(max_tokens=4, model="tiny-llama")
+    s.add(ChatMessage("user", "a saved chat"))
+    store.save(s, [])
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await pilot.resize_terminal(80, 20)
+        screen = await open_sessions(app, pilot)
+        await pilot.press("r")
+        await pilot.pause()
+        field = screen.query_one("#rename", Input)
+        assert field.display and app.screen.region.contains_region(field.region), field.region
+        assert app.screen.region.contains_region(screen.query_one(Vertical).region)
+
+    run_app(tiny, scenario, store, max_tokens=4)
 
 
 def test_sessions_list_opens_renames_and_deletes(tiny, db):

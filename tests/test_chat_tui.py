@@ -9,6 +9,7 @@ import re
 import time
 
 import pytest
+from textual import events
 from textual.content import Content
 from textual.widgets import Sparkline
 from textual.widgets._markdown import MarkdownParagraph
@@ -404,6 +405,56 @@ def test_single_newlines_in_an_answer_are_line_breaks():
         assert paragraphs(app) == ["Roses are red,\nviolets are blue.", "Second verse\nends."]
 
     run_pilot(ChatApp(Poem(thinking_switch=None), ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario)
+
+
+def test_text_that_looks_like_html_is_shown_as_written():
+    """A model's `std::vector<int>`, `<<Title>>` or `<div>` is text: markdown-it's html option made them HTML tokens,
+    which Textual drops (the screen showed `std::vector v;` and `<>`)."""
+    tokens = ["In C++: std::vector<int> v;", " <<The History>>", "\n\n", '<div class="x">hello</div> and <b>bold</b>.']
+
+    class Html(ScriptedBackend):
+        def start(self, messages, params, thinking):
+            return ScriptedAnswer(tokens, 0.001, None)
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "some code, please")
+        await idle(app, pilot)
+        await pilot.pause()
+        shown = [p._content.plain for p in app.query_one(AssistantMessage).answer.query(MarkdownParagraph)]
+        assert shown == ["In C++: std::vector<int> v; <<The History>>", '<div class="x">hello</div> and <b>bold</b>.']
+
+    run_pilot(ChatApp(Html(thinking_switch=None), ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario)
+
+
+def test_lines_typed_in_one_burst_are_each_their_own():
+    """Enter submits what the box holds at that moment; keys after it belong to the next line. The box was emptied
+    only when the app handled the message, after the burst's later keys were in it: `/temp 0.3` then `/temp 0.4`
+    became "'0.3/temp 0.4' is not a number", and a line typed right after a refused one was lost."""
+
+    class Slow(ScriptedBackend):
+        def start(self, messages, params, thinking):
+            return ScriptedAnswer(["word "] * 200, 0.05, None)
+
+    async def burst(app: ChatApp, pilot, *keys: str) -> None:
+        """Keys as a terminal delivers a burst: all queued before any is handled (the pilot's press waits for
+        each key's handling, messages included, so it cannot show this)."""
+        for key in keys:
+            char = {"enter": "\r", "space": " "}.get(key, key)
+            app.post_message(events.Key(key, char))
+        await pilot.pause()
+        await pilot.pause()
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await pilot.click("#prompt")
+        await burst(app, pilot, *"/temp", "space", *"0.3", "enter", *"/temp", "space", *"0.4", "enter")
+        assert app.session.temperature == 0.4 and not errors(app), errors(app)
+        await send(pilot, "a long one")
+        await wait_for(pilot, lambda: app.generating, what="the answer")
+        await burst(app, pilot, *"too", "space", *"early", "enter", "space", *"and", "space", *"more")
+        assert app.generating and "still answering" in notices(app)[-1]
+        assert app.query_one(PromptBox).value == "too early and more"
+
+    run_pilot(ChatApp(Slow(thinking_switch=None), ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario)
 
 
 def test_a_long_step_keeps_the_last_load_shown(tiny, monkeypatch):

@@ -201,23 +201,25 @@ class ChatApp(App):
     async def on_prompt_box_submitted(self, event: PromptBox.Submitted) -> None:
         line = event.value.strip()
         if not line:
-            event.box.value = ""  # blanks alone send nothing, and are not left in the box
-            return
+            return  # blanks alone send nothing (the box emptied itself on enter)
         box = event.box
         if is_command(line) and "\n" not in line:
             box.remember(line)
-            box.value = ""
             await self.command(line)
         elif self.generating:
             self.say("still answering: press Esc to stop it first", severity="warning")
+            box.value = event.value + box.value  # kept, ahead of anything typed since
+        elif await self.send(line):
+            box.remember(line)
         else:
-            box.value = ""  # now: what is typed while the turn starts belongs to the next message
-            if await self.send(line):
-                box.remember(line)
-            elif not box.value:
-                box.value = event.value
+            box.value = event.value + box.value
 
     async def command(self, line: str) -> None:
+        if line.split(maxsplit=1)[0] == "/reset":
+            # as ctrl+n: an answer in flight is kept in its own chat first (run_command would reset the session
+            # before, and the partial answer would be saved alone, as a new "untitled" chat)
+            await self.action_new_conversation()
+            return
         try:
             result = run_command(line, self.session, self.backend.thinking_switch)
         except CommandError as e:

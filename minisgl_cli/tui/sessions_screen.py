@@ -34,7 +34,10 @@ class SessionsScreen(ModalScreen[int | None]):
 
     DEFAULT_CSS = """
     SessionsScreen { align: center middle; }
-    SessionsScreen > Vertical { width: 90; height: 24; border: thick $primary; background: $surface; padding: 0 1; }
+    SessionsScreen > Vertical {
+        width: 90; max-width: 100%; height: 24; max-height: 100%;
+        border: thick $primary; background: $surface; padding: 0 1;
+    }
     SessionsScreen OptionList { height: 1fr; }
     SessionsScreen #rename { display: none; }
     SessionsScreen #rename.-open { display: block; }

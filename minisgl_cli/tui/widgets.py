@@ -52,7 +52,7 @@ def model_markdown() -> MarkdownIt:
     """Textual's parser, with a single newline a line break (Markdown makes it a space: a poem ran together into
     one paragraph), as chat UIs show a model's text. markdown-it's `breaks` option is for its HTML renderer only;
     Textual reads the tokens, so the soft breaks become hard ones."""
-    md = MarkdownIt("gfm-like")
+    md = MarkdownIt("gfm-like", {"html": False})  # a model's "<int>" or "<div>" is text to show, not HTML to drop
     md.core.ruler.push("hard_breaks", _hard_breaks)
     return md
 
@@ -311,7 +311,11 @@ class PromptBox(TextArea):
         await super()._on_key(event)
 
     def action_send(self) -> None:
-        self.post_message(self.Submitted(self, self.text))
+        text = self.text
+        # emptied now, in order with the keys: what is typed after enter (a burst, a fast typist) is the next
+        # message, not appended to this one; the app puts a refused message back
+        self.text = ""
+        self.post_message(self.Submitted(self, text))
 
     def action_newline(self) -> None:
         self.insert("\n")
