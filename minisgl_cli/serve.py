@@ -8,6 +8,7 @@ import dataclasses
 import enum
 import errno
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -56,6 +57,13 @@ ServedName = Annotated[
     typer.Option(help="the model name clients send as `model` (default: --model, or the embedded model's name)"),
 ]
 Level = Annotated[LogLevel, typer.Option(help="uvicorn log level")]
+Origins = Annotated[
+    str | None,
+    typer.Option(
+        help="comma-separated web origins (https://ui.example:3000) whose pages may call the API from a browser, or * "
+        "for any: CORS headers and preflight answers for them (default: none)"
+    ),
+]
 StepLog = Annotated[
     Path | None,
     typer.Option(
@@ -78,6 +86,7 @@ def register(app: typer.Typer) -> None:
         served_model_name: ServedName = None,
         log_level: Level = LogLevel.info,
         step_log: StepLog = None,
+        allowed_origins: Origins = None,
         **engine_flags: Any,
     ) -> None:
         """Serve the model over an OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions,
@@ -85,6 +94,7 @@ def register(app: typer.Typer) -> None:
         from minisgl_cli.report import check_outputs
 
         check_outputs(step_log=step_log)  # written when the server stops: a bad path fails now, not after the run
+        origins = parse_origins(allowed_origins)
         config = engine_config(seed=seed, **engine_flags)
         refuse_unread_engine_flags(ctx, config)
         # rank 0 serves HTTP: its address is taken before the model loads, so a port in use or a bad --host ends
@@ -93,10 +103,23 @@ def register(app: typer.Typer) -> None:
         try:
             llm = load_llm(config)  # under torchrun, ranks > 0 stay in there, following rank 0's steps
             name = served_model_name or engine_flags["model"]
-            run_server(llm, host, port, name, max_queued_requests, log_level.value, step_log, listener)
+            run_server(llm, host, port, name, max_queued_requests, log_level.value, step_log, listener, origins)
         finally:
             if listener is not None:
                 listener.close()
+
+
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s]+")
+
+
+def parse_origins(value: str | None) -> tuple[str, ...]:
+    """--allowed-origins: origins as a browser sends them (scheme://host[:port], no path), or *."""
+    origins = tuple(o.strip() for o in (value or "").split(",") if o.strip())
+    for o in origins:
+        if o != "*" and not _ORIGIN.fullmatch(o):
+            why = f"{o!r} is not an origin (scheme://host[:port], no path, e.g. http://localhost:3000) or *"
+            raise typer.BadParameter(why, param_hint="--allowed-origins")
+    return origins
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -130,13 +153,16 @@ def run_server(
     log_level: str = "info",
     step_log: Path | None = None,
     listener: socket.socket | None = None,
+    allowed_origins: tuple[str, ...] = (),
 ) -> None:
     """Serve `llm` until Ctrl-C / SIGTERM. Exits non-zero if the engine loop crashes or the front end dies.
     listener: host:port already bound (bind_listener); None: the front end binds it."""
     from engine.engine_loop import engine_info
 
     fd = None if listener is None else listener.fileno()
-    spec = FrontendSpec(llm.config.model, None, host, port, model_name, max_queued_requests, log_level, os.getpid(), fd)
+    spec = FrontendSpec(
+        llm.config.model, None, host, port, model_name, max_queued_requests, log_level, os.getpid(), fd, allowed_origins
+    )
     why = serve_engine(llm.engine, engine_info(llm), spec, step_log)
     if why:
         Console(stderr=True, soft_wrap=True).print(f"[red]minisgl serve:[/red] {why}; exiting")

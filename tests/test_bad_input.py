@@ -84,6 +84,10 @@ def invoke(*args: str) -> tuple[int, str]:
         (["--max-queued-requests", "-1"], "Invalid value for '--max-queued-requests'"),
         (["--seed", "x"], "Invalid value for '--seed'"),
         (["--log-level", "loud"], "Invalid value for '--log-level'"),
+        (
+            ["--allowed-origins", "http://ok.example,ui.example/app"],
+            "Invalid value for --allowed-origins: 'ui.example/app' is not an origin (scheme://host[:port], no path",
+        ),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )

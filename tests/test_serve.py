@@ -255,6 +255,31 @@ def test_models_health_and_token_id_prompts(tiny):
     assert one.choices[0].text == ref.text
 
 
+PREFLIGHT = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type"}
+
+
+def test_browser_pages_only_from_the_allowed_origins(tiny):
+    """CORS as vLLM's --allowed-origins: a web UI on another origin is answered only when allowed. Without the flag a
+    preflight is refused (405, with the Allow header HTTP requires: the error handler once dropped it) and no
+    response carries CORS headers, so a page elsewhere cannot drive a local server."""
+    chat = f"{tiny.url}/v1/chat/completions"
+    refused = httpx.options(chat, headers={"Origin": "http://ui.example:3000", **PREFLIGHT})
+    assert refused.status_code == 405 and refused.headers["allow"] == "POST", refused.headers
+    models = httpx.get(f"{tiny.url}/v1/models", headers={"Origin": "http://x.y"})
+    assert models.status_code == 200 and "access-control-allow-origin" not in models.headers
+    assert httpx.head(f"{tiny.url}/health").status_code == 200
+    with live_server(make_llm(**TINY), allowed_origins=("http://ui.example:3000",)) as server:
+        chat = f"{server.url}/v1/chat/completions"
+        ok = httpx.options(chat, headers={"Origin": "http://ui.example:3000", **PREFLIGHT})
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://ui.example:3000"
+        assert "POST" in ok.headers["access-control-allow-methods"]
+        other = httpx.options(chat, headers={"Origin": "http://evil.example", **PREFLIGHT})
+        assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+        body = {"model": server.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        r = httpx.post(chat, json=body, headers={"Origin": "http://ui.example:3000"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://ui.example:3000"
+
+
 def _case(path, body, param, status=400, code=None):
     return pytest.param(path, body, status, param, code, id=f"{path.rsplit('/', 1)[1]}-{str(body)[:60]}")
 

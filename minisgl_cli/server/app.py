@@ -14,9 +14,16 @@ from minisgl_cli.server.engine_client import EngineClient
 from minisgl_cli.server.errors import APIError, install_error_handlers
 
 
-def create_app(remote: RemoteLLM, model_name: str | None = None, max_queued_requests: int | None = None) -> FastAPI:
+def create_app(
+    remote: RemoteLLM,
+    model_name: str | None = None,
+    max_queued_requests: int | None = None,
+    allowed_origins: tuple[str, ...] = (),
+) -> FastAPI:
     """model_name: what clients pass as `model` (default: the engine's model name).
-    max_queued_requests: beyond --max-running-requests + this many requests in flight, answer 429."""
+    max_queued_requests: beyond --max-running-requests + this many requests in flight, answer 429.
+    allowed_origins: web pages (origins, or "*" for any) whose scripts may call the API: CORS headers and preflight
+    answers for them (vLLM's --allowed-origins); none by default, so a page elsewhere cannot drive a local server."""
     assert remote.info is not None, "start() the RemoteLLM first"
     name = model_name or remote.info.model
     client = EngineClient(remote, name, max_queued_requests)
@@ -25,8 +32,14 @@ def create_app(remote: RemoteLLM, model_name: str | None = None, max_queued_requ
     app.state.client = client
     install_error_handlers(app)
     app.include_router(router)
+    if allowed_origins:
+        from fastapi.middleware.cors import CORSMiddleware
 
-    @app.get("/health")
+        app.add_middleware(
+            CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"], allow_headers=["*"]
+        )
+
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> JSONResponse:
         if remote.alive:
             return JSONResponse({"status": "ok"})

@@ -85,7 +85,9 @@ def install_error_handlers(app: FastAPI) -> None:
             # FastAPI's "There was an error parsing the body", where json.loads gave up before its own JSON errors
             why = "not UTF-8" if isinstance(cause, UnicodeDecodeError) else "nested too deeply"
             return APIError(400, f"malformed JSON body: {why}", code="json_invalid").response()
-        return APIError(exc.status_code, str(exc.detail)).response()
+        response = APIError(exc.status_code, str(exc.detail)).response()
+        response.headers.update(exc.headers or {})  # a 405's Allow, which HTTP requires
+        return response
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:

@@ -76,7 +76,7 @@ async def _main(spec: FrontendSpec) -> int:
     assert spec.addrs is not None
     remote = RemoteLLM(load_tokenizer(spec.model), spec.addrs)
     info = await remote.start()
-    app = create_app(remote, spec.model_name, spec.max_queued_requests)
+    app = create_app(remote, spec.model_name, spec.max_queued_requests, spec.allowed_origins)
     server = HTTPServer(
         uvicorn.Config(
             app, host=spec.host, port=spec.port, log_level=spec.log_level, lifespan="off", timeout_graceful_shutdown=2

@@ -26,6 +26,7 @@ class FrontendSpec:
     # the listening socket, bound by the command before it loaded the model and passed to the front end (pass_fds);
     # None: the front end binds host:port itself
     fd: int | None = None
+    allowed_origins: tuple[str, ...] = ()  # --allowed-origins: browser origins answered with CORS headers
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -33,4 +34,5 @@ class FrontendSpec:
     @staticmethod
     def from_json(text: str) -> FrontendSpec:
         d = json.loads(text)
-        return FrontendSpec(**{**d, "addrs": Addresses(**d["addrs"]) if d["addrs"] else None})
+        addrs = Addresses(**d["addrs"]) if d["addrs"] else None
+        return FrontendSpec(**{**d, "addrs": addrs, "allowed_origins": tuple(d["allowed_origins"])})
