@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -193,6 +194,21 @@ class LoopEnd:
         return self.error or self.stopped_by
 
 
+STEP_NOTICE_S = 1.5  # the engine still in a step this long after the chat ended says why the terminal waits
+
+
+def _say_when_the_step_outlasts(front: subprocess.Popen, done: threading.Event) -> None:
+    """Once the chat has exited: the loop ends only after its current step, which after a long prompt's prefill on a
+    CPU took 13-16 s with nothing on the terminal."""
+    front.wait()
+    if not done.wait(STEP_NOTICE_S):
+        print(
+            "minisgl chat: the engine is ending its current step (a long prompt's prefill can take a while)...",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def run_beside_front_end(
     engine: Engine,
     info: EngineInfo,
@@ -234,6 +250,9 @@ def run_beside_front_end(
         code = front.poll()
         return None if code is None else f"{front_name} exited ({_exit_status(code)})"
 
+    done = threading.Event()
+    if interactive:  # a person waits at the terminal the chat gave back: a step outlasting it is not a hang
+        threading.Thread(target=_say_when_the_step_outlasts, args=(front, done), daemon=True).start()
     try:
         loop.run(watch=front_end_exited)
         if loop.error and interactive:
@@ -249,6 +268,7 @@ def run_beside_front_end(
             except subprocess.TimeoutExpired:
                 front.kill()
                 front.wait()
+        done.set()
         loop.close()
         addrs.remove()
         if step_log is not None:

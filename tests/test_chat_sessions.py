@@ -20,9 +20,10 @@ from minisgl_cli.tui.sessions_screen import SessionsScreen
 from minisgl_cli.tui.store import ChatStore, default_db_path
 from minisgl_cli.tui.turn import TurnStats
 from minisgl_cli.tui.widgets import AssistantMessage, PromptBox, UserMessage
-from tests.chat_pilot import errors, idle, known, notices, run_app, send, wait_for
+from tests.chat_pilot import errors, idle, known, notices, run_app, run_pilot, send, wait_for
 from tests.conftest import make_llm
 from tests.test_chat_plain import MINISGL, TINY
+from tests.test_chat_thinking import ScriptedAnswer, ScriptedBackend
 
 
 @pytest.fixture(scope="module")
@@ -206,13 +207,16 @@ def test_copy_answer_and_code_blocks(tiny):
     run_app(tiny, scenario, session=session)
 
 
-def test_reset_mid_answer_keeps_the_partial_answer_in_its_chat(tiny, db):
+def test_reset_mid_answer_keeps_the_partial_answer_in_its_chat(db):
     """/reset is ctrl+n: the answer in flight is stopped and kept in its own chat. /reset once emptied the session
     first, so the partial answer was saved alone, as a new "untitled" chat that could not be sent again."""
     store = ChatStore(db)
 
+    class Slow(ScriptedBackend):  # an answer still running when /reset comes, however busy the machine
+        def start(self, messages, params, thinking):
+            return ScriptedAnswer(["word "] * 400, 0.02, None)
+
     async def scenario(app: ChatApp, pilot) -> None:
-        await send(pilot, "/max-tokens 1500")
         await send(pilot, "a long one")
         await wait_for(pilot, lambda: app.turn.output_tokens >= 2, what="tokens")
         await send(pilot, "/reset")
@@ -220,7 +224,7 @@ def test_reset_mid_answer_keeps_the_partial_answer_in_its_chat(tiny, db):
         await pilot.pause()
         assert app.session.history == [] and not app.query(AssistantMessage)
 
-    run_app(tiny, scenario, store, max_tokens=4)
+    run_pilot(ChatApp(Slow(thinking_switch=None), ChatSession(max_tokens=512, max_tokens_limit=4096), store), scenario)
     infos = store.sessions()
     assert [i.title for i in infos] == ["a long one"]
     saved, _ = store.load(infos[0].id)

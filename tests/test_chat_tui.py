@@ -19,7 +19,7 @@ from engine.remote_llm import RemoteLLM
 from engine.streams import END as _END
 from engine.streams import RequestStream
 from minisgl_cli.report import latency_stats
-from minisgl_cli.tui.app import ChatApp
+from minisgl_cli.tui.app import STOP_NOTICE_S, ChatApp
 from minisgl_cli.tui.local import LocalAnswer, LocalBackend
 from minisgl_cli.tui.session import ChatMessage, ChatSession
 from minisgl_cli.tui.turn import TurnReader, TurnStats
@@ -149,6 +149,9 @@ def test_stop_aborts_and_frees_pages(tiny):
         assert app.turn.finish_reason == "abort" and app.turn.output_tokens < 2000
         assert app.query_one(AssistantMessage).has_class("-stopped")
         assert len(app.session.history) == 2  # the partial answer stays in the conversation
+        await asyncio.sleep(STOP_NOTICE_S + 0.2)
+        await pilot.pause()
+        assert not [n for n in notices(app) if n.startswith("stopping:")]  # it stopped at once: nothing to say
         await wait_for(pilot, lambda: load(app).running == 0 and load(app).kv_pages_in_use == 0, what="pages back")
         m = engine(app).call(lambda llm: checked(llm).metrics())
         assert m.kv_pages_in_use == 0 and m.kv_pages_free + m.kv_pages_cached == m.kv_pages_total
@@ -433,7 +436,7 @@ def test_lines_typed_in_one_burst_are_each_their_own():
 
     class Slow(ScriptedBackend):
         def start(self, messages, params, thinking):
-            return ScriptedAnswer(["word "] * 200, 0.05, None)
+            return ScriptedAnswer(["word "] * 40, 0.05, None)
 
     async def burst(app: ChatApp, pilot, *keys: str) -> None:
         """Keys as a terminal delivers a burst: all queued before any is handled (the pilot's press waits for
@@ -453,6 +456,27 @@ def test_lines_typed_in_one_burst_are_each_their_own():
         await burst(app, pilot, *"too", "space", *"early", "enter", "space", *"and", "space", *"more")
         assert app.generating and "still answering" in notices(app)[-1]
         assert app.query_one(PromptBox).value == "too early and more"
+        await wait_for(pilot, lambda: not app.generating, what="the answer's end")
+
+    run_pilot(ChatApp(Slow(thinking_switch=None), ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario)
+
+
+def test_esc_says_stopping_while_the_engine_ends_its_step():
+    """A stop takes effect between engine steps, after a long prefill tens of seconds on a CPU: the app once showed
+    nothing meanwhile. An answer still running a second after esc is said to be stopping; one that ends at once
+    is not."""
+
+    class Slow(ScriptedBackend):
+        def start(self, messages, params, thinking):  # its stop() does nothing: the answer runs on for ~2 s
+            return ScriptedAnswer(["word "] * 40, 0.05, None)
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "a long one")
+        await wait_for(pilot, lambda: app.generating, what="the answer")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: any(n.startswith("stopping:") for n in notices(app)), what="the notice")
+        assert app.generating
+        await wait_for(pilot, lambda: not app.generating, what="the answer's end")
 
     run_pilot(ChatApp(Slow(thinking_switch=None), ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario)
 

@@ -41,6 +41,9 @@ WELCOME = (
     "ctrl+r answers again, ctrl+g edits your last message, ctrl+o lists saved chats, f1 or /help lists everything."
 )
 
+STOP_NOTICE_S = 1.0  # an answer still running this long after esc is said to be stopping
+STOPPING = "stopping: the engine ends its current step first (a long prompt's prefill can take a while)"
+
 
 def _short(title: str, width: int = 32) -> str:
     return title if len(title) <= width else title[: width - 1] + "…"
@@ -390,9 +393,17 @@ class ChatApp(App):
     # ---- actions ------------------------------------------------------------------------------------------
     def action_stop(self) -> None:
         if self.answer is not None:
-            self.answer.stop()
+            answer = self.answer
+            answer.stop()
+            # the engine takes a stop between steps: after a long prompt's prefill (tens of seconds on a CPU), which
+            # showed nothing meanwhile, as if Esc had not been heard
+            self.set_timer(STOP_NOTICE_S, lambda: self._still_stopping(answer))
         elif self.editing is not None:
             self.cancel_edit()
+
+    def _still_stopping(self, answer: Answer) -> None:
+        if self.answer is answer:
+            self.say(STOPPING, timeout=30)
 
     async def action_new_conversation(self) -> None:
         if self.answer is not None:  # end the answer in flight: kept in its own chat, not in the new one

@@ -63,6 +63,8 @@ def run_plain(
                 stderr.flush()
             line = stdin.readline()
             if not line:
+                if interactive:  # Ctrl-D at the prompt: the shell's prompt on a line of its own
+                    stderr.write("\n")
                 break
             line = line.strip()
             if not line:

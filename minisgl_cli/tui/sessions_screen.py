@@ -79,7 +79,7 @@ class SessionsScreen(ModalScreen[int | None]):
                     Text(
                         # cut and padded by terminal cells: an emoji takes two, and str's widths shifted the columns
                         f"{'▶ ' if i.id == self.current else '  '}{set_cell_size(i.title, 48)} "
-                        f"{i.messages:>3} msgs  {_when(i.updated)}"
+                        f"{i.messages:>3} {'msg ' if i.messages == 1 else 'msgs'}  {_when(i.updated)}"
                     ),
                     id=str(i.id),
                 )
