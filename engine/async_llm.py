@@ -29,6 +29,9 @@ class AsyncLLM(StepLoop):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._closed = False  # set under _lock when the loop ends: nothing is queued after that
+        # rids of submitted requests whose stream has not ended: a generated rid must avoid those still queued in
+        # the inbox too (a caller's own "req-N" not yet in the engine got the same generated id, which was refused)
+        self._open: set[str] = set()
         self._thread = threading.Thread(target=self._run, name="minisgl-engine", daemon=True)
         self._thread.start()
 
@@ -56,7 +59,11 @@ class AsyncLLM(StepLoop):
         params = self.llm.engine.validate(ids, params)  # the request's own copy: later edits of the caller's miss it
         with self._lock:
             self._check_open()
-            rid = rid or self.llm.engine.new_rid()
+            if rid is None:
+                rid = self.llm.engine.new_rid()
+                while rid in self._open:
+                    rid = self.llm.engine.new_rid()
+            self._open.add(rid)
             stream = RequestStream(rid, ids, loop, final_only, on_abandon=lambda: self.abort(rid))
             self._inbox.put(("add", rid, ids, params, stream))
         return stream
@@ -99,6 +106,7 @@ class AsyncLLM(StepLoop):
             if out.finished:
                 stream.put(END)
                 del self._streams[out.rid]
+                self._open.discard(out.rid)
 
     def _receive(self, block: bool) -> None:
         try:
@@ -114,6 +122,8 @@ class AsyncLLM(StepLoop):
                     self._streams[rid] = stream
                 except Exception as e:
                     stream.put(ValueError(str(e)))
+                    if rid not in self._streams:
+                        self._open.discard(rid)
             elif kind == "abort" and item[1] in self._streams:
                 self.llm.abort(item[1])
             elif kind == "call":

@@ -175,7 +175,12 @@ class Engine:
         return req
 
     def abort(self, rid: str, reason: str = "abort", error: str | None = None) -> None:
-        """Ends a request at the next step (on every rank), returning its pages."""
+        """Ends a request at the next step (on every rank), returning its pages. A request that has already finished
+        (or was never added) is left alone now: the command is resolved by rid when it is applied, and a request added
+        meanwhile under the same rid (the caller's own ids) was ended in its place, while a second copy of it ran on
+        unseen."""
+        if rid not in self.reqs:
+            return
         self._commands.append(("finish", rid, reason, error))
 
     def clear_cache(self) -> None:

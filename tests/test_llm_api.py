@@ -432,6 +432,40 @@ def test_api_slips_are_clear_errors_or_applied():
         llm.shutdown()
 
 
+def test_a_callers_rid_reused_after_its_request_finished_runs_as_a_new_request():
+    """abort() of a finished request is a no-op, also for a request added later under the same rid (a caller's own
+    ids): the stale abort was resolved by rid when applied, so it ended the new request at once (finish "abort", no
+    tokens) while a second copy of it ran on unseen, holding a slot and pages until max_tokens."""
+    from engine.async_llm import AsyncLLM
+
+    llm = make_llm(num_pages=64)
+    greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    alone = make_llm(num_pages=64).generate([[9, 10, 11]], greedy)[0]
+    try:
+        llm.add_request([5, 6, 7], greedy, rid="x")
+        while llm.has_work():
+            llm.step()
+        llm.abort("x")
+        llm.add_request([9, 10, 11], greedy, rid="x")
+        outs = []
+        while llm.has_work():
+            outs += [o for o in llm.step() if o.finished]
+        assert [(o.rid, o.finish_reason, list(o.token_ids)) for o in outs] == [("x", "length", alone.token_ids)]
+        assert llm.engine.stats["finished"] == 2
+        assert_idle(llm, 64)
+    finally:
+        llm.shutdown()
+    # AsyncLLM: a generated rid avoided the engine's requests, not a caller's still queued for the engine thread
+    a = AsyncLLM(make_llm(num_pages=64))
+    try:
+        mine = a.submit([5, 6, 7, 9], greedy, rid=f"req-{a.llm.engine._counter + 1}")
+        generated = a.submit([5, 6, 7, 10], greedy)
+        assert generated.rid != mine.rid
+        assert [list(s)[-1].finish_reason for s in (mine, generated)] == ["length", "length"]
+    finally:
+        a.shutdown()
+
+
 def _edit_after_submission(params: SamplingParams, field: str, reference: list[int]) -> None:
     """What a caller might do to its params object while the request it submitted runs (reusing it for the next
     batch, say); none of it may reach that request."""
