@@ -397,7 +397,6 @@ def _run_minisgl(
         llm.generate(warm.prompts, params_for(warm.output_lens))
         warmup = time.perf_counter() - t0
 
-        before = after = llm.metrics()
         timed = []
         try:
             for i in range(repeats):
@@ -406,6 +405,7 @@ def _run_minisgl(
                 with _progress(quiet) as bar:
                     task = bar.add_task(label, total=workload.output_tokens)
                     steps: list[tuple[float, int, int]] = []  # (time, requests, tokens) of every step, for --plot
+                    before = llm.metrics()
                     t0 = time.perf_counter()
 
                     # Counts per step, no outputs for running requests (the GPU waits on the host at small batches).
@@ -416,14 +416,19 @@ def _run_minisgl(
 
                     with GpuBusy(llm.engine.device) as busy:
                         outs = llm.generate(workload.prompts, params, on_progress=on_progress)
-                    timed.append((time.perf_counter() - t0, outs, steps, busy.share))
-                after = llm.metrics()  # the counters up to the last finished run (not a run cut short)
+                    duration = time.perf_counter() - t0
+                    after = llm.metrics()  # this run's own counters (the others' are not added in)
+                    counters = {
+                        "preemptions": after.preemptions - before.preemptions,
+                        "cache_hit_tokens": after.cache_hit_tokens - before.cache_hit_tokens,
+                    }
+                    timed.append((duration, outs, steps, busy.share, counters))
                 _run_done(label, timed[-1][0], sum(len(out.token_ids) for out in outs), repeats, quiet)
         except KeyboardInterrupt:
             if not timed:
                 raise
         middle = sorted(timed, key=lambda t: t[0])[(len(timed) - 1) // 2]  # the lower middle run's outputs and steps
-        outs, steps, gpu_busy = middle[1], middle[2], middle[3]
+        outs, steps, gpu_busy, counters = middle[1], middle[2], middle[3], middle[4]
         duration = statistics.median(t[0] for t in timed)  # the median: with an even count, the middle two's mean
         ok = [out for out in outs if out.finish_reason in ("length", "stop")]
         result = _summary("minisgl", len(ok), workload.input_tokens, sum(len(out.token_ids) for out in ok), duration)
@@ -432,12 +437,11 @@ def _run_minisgl(
             **llm.describe(),
             startup_seconds=startup,
             warmup_seconds=warmup,
-            preemptions=after.preemptions - before.preemptions,
-            cache_hit_tokens=after.cache_hit_tokens - before.cache_hit_tokens,
+            **counters,  # the middle run's, as its duration and outputs
             gpu_busy=gpu_busy,
             runs=[
-                {"duration": d, "output_throughput": sum(len(o.token_ids) for o in os) / d, "gpu_busy": busy}
-                for d, os, _, busy in timed
+                {"duration": d, "output_throughput": sum(len(o.token_ids) for o in os) / d, "gpu_busy": busy, **c}
+                for d, os, _, busy, c in timed
             ],
             completed_runs=len(timed),
             planned_runs=repeats,

@@ -156,6 +156,18 @@ def test_repeated_runs_start_cold_and_report_the_median(tmp_path):
     assert res["duration"] == pytest.approx(sum(durations) / 2) and durations[0] < res["duration"] < durations[1]
 
 
+def test_the_cache_and_preemption_counters_are_the_median_runs(tmp_path):
+    """Every top-level figure describes the median run: cache_hit_tokens and preemptions once added up all runs
+    (3 runs of 4 equal prompts: 3x one run's hits, more hit tokens than prompt tokens)."""
+    prompt = {"prompt": "The quick brown fox jumps over the lazy dog. " * 8}
+    (tmp_path / "same.jsonl").write_text((json.dumps(prompt) + "\n") * 4)
+    args = ["--dataset", str(tmp_path / "same.jsonl"), "--num-seqs", "4", "--output-len", "4:4"]
+    res = bench(tmp_path, *TINY, *args, "--max-batch-tokens", "400", "--runs", "3")
+    hits = [r["cache_hit_tokens"] for r in res["runs"]]
+    assert len(set(hits)) == 1 and 0 < hits[0] < res["total_input_tokens"]  # each run cold, its later prompts hit
+    assert res["cache_hit_tokens"] == hits[0] and "preemptions" in res["runs"][0]
+
+
 def test_compare_runs_transformers_on_the_same_workload(tmp_path):
     """Bare --compare (transformers, as before the list): the peer runs as a child `bench-offline --engine
     transformers --json ...` given this run's flags, and its JSON is merged after a check of the workload's digest."""
