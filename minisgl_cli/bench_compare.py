@@ -221,7 +221,11 @@ def _run(path: Path, d: Any) -> dict[str, Any]:
         "file": str(path),
         "kind": kind,
         "engine": engine,
-        "model": d.get("model_id") or d.get("model"),
+        # the --model given, where the run records it: in-process runs name the model by its config ("tiny-llama"),
+        # --url runs by the server's name for it ("dummy:tiny-llama"), and the two were called different models
+        "model": (flags.get("model") if isinstance(flags.get("model"), str) else None)
+        or d.get("model_id")
+        or d.get("model"),
         "gpu": d.get("gpu") or where,
         "commit": (env.get("commit") or "") + (" (dirty)" if env.get("dirty") else "") or None,
         "flags": " ".join(shown),

@@ -456,11 +456,19 @@ def summarize(
 
     out = figures(results, duration, e2e_name="e2e_latency")
     out["requests"] = per_request(results, t0)
+    # The hit rate counts the prompts the engine admitted: with some requests refused (ids outside the vocabulary, a
+    # server's 4xx) it exceeded a bound taken over all of them. The bound is taken over those that completed then;
+    # the planned window's is kept apart.
+    bound = p.upper_bound
+    done = {r.index for r in results if r.ok}
+    if len(done) < len(p.trace.requests):
+        bound = replace(p.trace, requests=[r for r in p.trace.requests if r.index in done]).reuse_upper_bound()
     out.update(
         planned_requests=len(p.items),
         **interrupted_fields(interrupted),
         cache_hit_rate=cache_hit_rate,
-        trace_cache_hit_upper_bound=p.upper_bound,
+        trace_cache_hit_upper_bound=bound,
+        trace_cache_hit_upper_bound_planned=p.upper_bound,
         block_size=p.trace.block_size,
         clamped_requests=p.clamped,
         context_tokens=p.context,

@@ -123,6 +123,20 @@ def test_compare_offline_trace_and_serve_runs(tmp_path):
     assert "--trace" not in out and "--vllm-args" not in out
 
 
+def test_a_url_run_and_an_in_process_run_of_one_model_are_one_model(tmp_path):
+    """An in-process run records the model by its config's name ("tiny-llama"), a --url run by the name it asked the
+    server for ("dummy:tiny-llama"): bench-compare called them different models. Both record the --model given."""
+    here, there = tmp_path / "here.json", tmp_path / "there.json"
+    few = ["--num-requests", "3", "--output-len", "4:4", "--input-len", "8:8", "--quiet"]
+    run("bench-serve", *TINY, *few, "--json", str(here))
+    with mock_server_process(MockConfig(ttft=0.01, tpot=0.002), free_port()) as url:
+        url_args = ["--url", url, "--model", "dummy:tiny-llama"]  # its vocabulary and context read from --model
+        run("bench-serve", *url_args, "--no-client-check", *few, "--json", str(there))
+    assert json.loads(here.read_text())["model_id"] != json.loads(there.read_text())["model_id"]
+    out = run("bench-compare", str(here), str(there))
+    assert "different models" not in out and "dummy:tiny-llama" in out
+
+
 def test_compare_single_runs_and_bad_files(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     for path, tput in ((a, 100.0), (b, 250.0)):  # two single runs of the same shape from another engine

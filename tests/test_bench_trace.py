@@ -162,6 +162,16 @@ def test_a_replay_in_which_every_request_failed_is_an_error(tmp_path):
     assert res["mean_ttft_ms"] is None
 
 
+def test_the_hit_rates_bound_is_over_the_requests_that_completed(tmp_path):
+    """The engine's hit rate counts admitted prompts alone: with 4 of 12 requests refused (ids past the vocabulary)
+    it read 72.0% against a "trace upper bound" of 68.0% taken over all 12. The bound is now over the 8 completed."""
+    args = ["--time-scale", "0.1", "--num-requests", "12", "--max-input-len", "50", "--vocab-size", "520"]
+    res = replay(tmp_path, QWEN, *TINY, *args)
+    assert 0 < res["failed"] < 12
+    assert res["cache_hit_rate"] <= res["trace_cache_hit_upper_bound"]
+    assert res["trace_cache_hit_upper_bound"] != res["trace_cache_hit_upper_bound_planned"]
+
+
 def test_url_failures_are_counted_and_named(tmp_path):
     """Against a server that fails from its third request on: the replay finishes (exit 0), counts the failed
     requests apart from the completed ones, and says so with the first error."""
