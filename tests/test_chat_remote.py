@@ -1,19 +1,24 @@
 """`minisgl chat --url`: the TUI (pilot) and the plain mode against a real `minisgl serve` on loopback: streamed
 answers with client-side TTFT/TBT, the KV panel from the server's /metrics, stop, a 4xx, and a server killed
-mid-answer. Also the /metrics parser on vLLM's and SGLang's names."""
+mid-answer; against the mock server (minisgl_cli/mock_server.py), TBT stamped as chunks arrive however busy the UI
+loop is. Also the /metrics parser on vLLM's and SGLang's names."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
 import signal
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from minisgl_cli.mock_server import MockConfig, mock_server_process
 from minisgl_cli.tui.app import ChatApp
 from minisgl_cli.tui.prom import load_from_metrics
 from minisgl_cli.tui.remote import RemoteError
@@ -134,6 +139,44 @@ def test_server_killed_mid_answer(tmp_path):
     assert [m.role for m in saved.history] == ["user", "assistant", "user", "assistant", "user"]
     partial = saved.history[3]
     assert partial.stats.finish_reason == "error" and partial.stats.output_tokens >= 10 and partial.content
+
+
+def test_url_tbt_is_stamped_on_arrival_however_busy_the_ui():
+    """TBT is the gap between chunks as they reach the client, not as the UI loop gets round to them: a server
+    sending a token every 20 ms to a chat whose UI loop is held 100 ms at a time. Read on the UI's loop, the chunks
+    that waited through a hold were stamped together (TBT p50 / p90 0.0 / 110 ms); now 20 / 21-27 ms. Esc still ends
+    the answer at once, and no thread is left behind."""
+    gap = 0.02
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "/max-tokens 1000")
+        await send(pilot, "go on")
+        await wait_for(pilot, lambda: app.turn.output_tokens >= 5, what="tokens streaming in")
+        pressed = time.perf_counter()
+        await pilot.press("escape")  # read off the UI loop, the stream is still stopped at once
+        await idle(app, pilot, "the stopped answer")
+        assert app.turn.finish_reason == "abort" and time.perf_counter() - pressed < 1.0
+        await send(pilot, "/max-tokens 40")
+        loop, holding = asyncio.get_running_loop(), True
+
+        def hold() -> None:  # the UI loop busy in Python 100 ms at a time, as a long Markdown redraw holds it
+            end = time.perf_counter() + 0.1
+            while time.perf_counter() < end:
+                pass
+            if holding:
+                loop.call_later(0.005, hold)
+
+        hold()
+        await send(pilot, "count slowly")
+        await idle(app, pilot)
+        holding = False
+        t = app.turn
+        assert t.finish_reason == "length" and t.output_tokens == 40 and len(t.itls) == 39
+        assert 0.5 * gap < t.tbt_p50 < 1.5 * gap and t.tbt_p90 < 3 * gap, t.itls  # margin for a busy machine
+
+    with mock_server_process(MockConfig(tpot=gap), free_port()) as url:
+        run_pilot(remote_app(url), scenario)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("minisgl-chat")]  # the reading thread too
 
 
 def test_plain_mode_over_url(server):
