@@ -4,6 +4,9 @@ dummy weights, then compare.
     python benchmarks/tp_check.py dump tp1.pt
     torchrun --nproc-per-node 2 benchmarks/tp_check.py dump tp2.pt
     python benchmarks/tp_check.py compare tp1.pt tp2.pt
+
+MINISGL_TP_MODEL picks the model (default dummy:Qwen3-0.6B), MINISGL_TP_KV_DTYPE the KV cache's dtype (fp8: the
+Triton fp8 decode over each rank's share of the KV heads).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 import torch
 
 MODEL = os.environ.get("MINISGL_TP_MODEL", "dummy:Qwen3-0.6B")
+KV_DTYPE = os.environ.get("MINISGL_TP_KV_DTYPE", "auto")
 
 
 def dump(path: str) -> None:
@@ -25,7 +29,7 @@ def dump(path: str) -> None:
     from engine.tp_follower import run_tp_follower
 
     tp = int(os.environ.get("WORLD_SIZE", "1"))
-    llm = LLM(EngineConfig(model=MODEL, tp=tp, kv_cache_gb=8, cuda_graph_max_bs=0))
+    llm = LLM(EngineConfig(model=MODEL, tp=tp, kv_cache_gb=8, cuda_graph_max_bs=0, kv_cache_dtype=KV_DTYPE))
     if TP.rank != 0:
         run_tp_follower(llm)
         return
@@ -54,6 +58,7 @@ def compare(a_path: str, b_path: str) -> None:
         json.dumps(
             {
                 "model": MODEL,
+                "kv_cache_dtype": KV_DTYPE,
                 "prefill_rel_err_max": max(prefill),
                 "all_steps_rel_err_max": max(rows),
                 "greedy_tokens_equal": a["tokens"] == b["tokens"],
