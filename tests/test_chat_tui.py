@@ -255,7 +255,7 @@ def test_slash_commands_and_bad_values(tiny):
         await send(pilot, "/stats")
         await pilot.pause()
         help_note, stats_note = [rendered(n.content) for n in app.query(NoteMessage)[-2:]]
-        assert "/max-tokens" in help_note and "New chat" in help_note and "esc" in help_note
+        assert "/max-tokens" in help_note and "answer the last message again" in help_note and "esc" in help_note
         assert "/copy [code [n]]" in help_note and "/export md|json [path]" in help_note  # brackets, not markup
         m = load(app)
         assert f"KV pages  0 in use, {m.kv_pages_cached} cached, {m.kv_pages_free} free of 512" in stats_note

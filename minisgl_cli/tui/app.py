@@ -41,6 +41,17 @@ WELCOME = (
     "ctrl+r answers again, ctrl+g edits your last message, ctrl+o lists saved chats, f1 or /help lists everything."
 )
 
+KEY_HELP = {
+    "stop": "stop the answer (or cancel an edit)",
+    "new_conversation": "new chat",
+    "regenerate": "answer the last message again",
+    "edit_last": "edit your last message and send it again",
+    "copy_answer": "copy the last answer",
+    "sessions": "saved chats: open (enter), rename (r), delete (d d)",
+    "multiline": "multi-line mode: enter adds lines, ctrl+s sends",
+    "help": "this help",
+    "quit": "quit",
+}
 STOP_NOTICE_S = 1.0  # an answer still running this long after esc is said to be stopping
 STOPPING = "stopping: the engine ends its current step first (a long prompt's prefill can take a while)"
 
@@ -535,10 +546,16 @@ class ChatApp(App):
             self.title = _short(event.title)
 
     async def action_help(self) -> None:
-        keys = [(self.get_key_display(b), b.description) for b in self.BINDINGS if isinstance(b, Binding)]
+        # what each key does, where the footer has room for a word only ("Again", "Chats")
         keys = [
-            ("enter", "Send"),
+            (self.get_key_display(b), KEY_HELP.get(b.action, b.description))
+            for b in self.BINDINGS
+            if isinstance(b, Binding)
+        ]
+        keys = [
+            ("enter", "send"),
             ("ctrl+j (shift+enter)", "new line (f2: enter adds lines, ctrl+s sends)"),
             ("up / down", "input history"),
+            ("tab, then pageup / pagedown", "scroll the conversation (shift+tab back to the input)"),
         ] + keys
         await self.note([("Keys", keys), ("Commands", HELP)])
