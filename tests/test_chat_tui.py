@@ -481,6 +481,22 @@ def test_esc_says_stopping_while_the_engine_ends_its_step():
     run_pilot(ChatApp(Slow(thinking_switch=None), ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario)
 
 
+def test_an_empty_answer_is_said_so():
+    """An answer of EOS alone (a long prompt can end so) left an empty bubble and no word."""
+
+    class Mute(ScriptedBackend):
+        def start(self, messages, params, thinking):
+            return ScriptedAnswer([""], 0.001, None)
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "anything?")
+        await idle(app, pilot)
+        await pilot.pause()
+        assert "the model ended its answer without a word" in notices(app)[-1]
+
+    run_pilot(ChatApp(Mute(thinking_switch=None), ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario)
+
+
 def test_a_long_step_keeps_the_last_load_shown(tiny, monkeypatch):
     """A metrics read that times out (the engine in a step longer than METRICS_TIMEOUT, e.g. a long prompt's prefill
     on a CPU) keeps the last figures shown, marked stale; the sections once went away as if the engine were gone."""

@@ -357,6 +357,8 @@ class ChatApp(App):
             self.say("stopped")
         elif reason == "length":
             self.say(f"answer cut at {self.session.max_tokens} tokens (/max-tokens to change)")
+        elif not turn.content.strip() and not turn.reasoning.strip():  # an empty bubble alone said nothing
+            self.say("the model ended its answer without a word (ctrl+r tries again)", severity="warning")
         self.refresh_metrics()
 
     def keep_answer(self, answer: Answer, cut: bool = False) -> None:
