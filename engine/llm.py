@@ -248,10 +248,10 @@ class LLM:
 def _one_prompt(prompts: object) -> bool:
     """A single prompt where generate() takes a list of them: a string (iterated, each character became a prompt of
     its own), or a non-empty list of token ids or of chat messages (no list of prompts holds ints or dicts)."""
-    if isinstance(prompts, str):
+    if isinstance(prompts, (str, dict)):  # a dict is one prompt ({"prompt": ...}) or refused by encode_prompt
         return True
     if not isinstance(prompts, list) or not prompts:
         return False
     return all(isinstance(t, int) and not isinstance(t, bool) for t in prompts) or all(
-        isinstance(m, dict) for m in prompts
+        isinstance(m, dict) and "prompt" not in m and "prompt_token_ids" not in m for m in prompts
     )

@@ -150,6 +150,11 @@ def load_model(
         use_cpu_ops(model)
         uses_cpu_ops = True
     tok = tokenizer_at(kind, path, cfg.eos_token_ids) if with_tokenizer else ByteTokenizer()
+    if outside := sorted(t for t in tok.eos_ids if t >= cfg.vocab_size):  # config.json's were checked already
+        raise ValueError(
+            f"{where}: eos id {outside[0]} (of generation_config.json or the tokenizer) is outside the vocabulary "
+            f"(vocab_size {cfg.vocab_size}: ids 0 to {cfg.vocab_size - 1})"
+        )
     if keep is not None:
         weight_cache.store(path, cfg, keep, tok.hf, quantized or {})
     return LoadedModel(cfg, model, tok, source, time.perf_counter() - t0, uses_cpu_ops)

@@ -36,6 +36,8 @@ class SamplingParams:
     detokenize: bool = True
 
     def __post_init__(self) -> None:
+        if self.seed == -1 and isinstance(self.seed, int) and not isinstance(self.seed, bool):
+            self.seed = None  # as vLLM (and its OpenAI server): -1 asks for no seed, a fresh draw each time
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if isinstance(self.stop, tuple):

@@ -53,7 +53,9 @@ class RequestStream:
             # The consumer's loop has ended (an engine shutting down after its caller): nobody is left to read it.
 
     def __iter__(self) -> Iterator[RequestOutput]:
-        assert isinstance(self._q, queue.Queue), "created for asyncio: use `async for`"
+        if not isinstance(self._q, queue.Queue):  # not an assert: the request would run on unread (and -O drops it)
+            self._abandoned()
+            raise TypeError("this stream was created for asyncio (submit(..., loop=...)): use `async for`")
         ended = False
         try:
             while (item := self._q.get()) is not END:
@@ -67,7 +69,9 @@ class RequestStream:
                 self._abandoned()
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        assert isinstance(self._q, asyncio.Queue), "created for threads: use `for`"
+        if not isinstance(self._q, asyncio.Queue):
+            self._abandoned()
+            raise TypeError("this stream was created for threads (submit() without loop=): use `for`")
         assert self._sink is None, "its outputs go to the sink"
         ended = False
         try:

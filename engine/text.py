@@ -7,18 +7,32 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import IncrementalDetokenizer, Message, Tokenizer
 
-Prompt = str | list[int] | list[Message]
+# vLLM's prompt dicts too: {"prompt": text} (TextPrompt) or {"prompt_token_ids": ids} (TokensPrompt)
+Prompt = str | list[int] | list[Message] | dict[str, Any]
 T = TypeVar("T")
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: Prompt) -> list[int]:
     """Token ids of a text, a token list or a chat conversation; ValueError for an empty or malformed one."""
+    if isinstance(prompt, dict):
+        # vLLM's TextPrompt / TokensPrompt: {"prompt": text} or {"prompt_token_ids": ids}; any other dict is refused
+        # (a dict iterated as a list of prompts ran its keys: {"prompt": "Hi"} generated for the text "prompt")
+        if set(prompt) == {"prompt"} and isinstance(prompt["prompt"], str):
+            return encode_prompt(tokenizer, prompt["prompt"])
+        if set(prompt) == {"prompt_token_ids"} and isinstance(prompt["prompt_token_ids"], list):
+            ids = prompt["prompt_token_ids"]
+            if all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                return encode_prompt(tokenizer, ids)
+        raise ValueError(
+            'a prompt dict must be {"prompt": text} or {"prompt_token_ids": [ids]} (a chat message goes in a list: '
+            f"a conversation); got {prompt!r:.80}"
+        )
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError("prompt is empty")

@@ -153,6 +153,9 @@ def tokenizer_at(kind: str, path: Path, extra_eos: tuple[int, ...]) -> Tokenizer
     if kind == "gguf":
         return Tokenizer.from_gguf(path, extra_eos)
     if kind == "hf":
+        # generation_config.json's eos_token_id stops generation too, as transformers' generate() and vLLM read it
+        # (Qwen2.5/Qwen3 instruct models: config.json names <|im_end|> alone, generation_config.json adds <|endoftext|>)
+        extra_eos = tuple(dict.fromkeys((*extra_eos, *_generation_eos(path))))
         tok = Tokenizer.from_hf_dir(path, extra_eos)
         if tok is None:  # a checkpoint saved without its tokenizer: say so, text through bytes is not the model's
             print(
@@ -160,8 +163,20 @@ def tokenizer_at(kind: str, path: Path, extra_eos: tuple[int, ...]) -> Tokenizer
                 "UTF-8 bytes (token ids 0-255), not the model's vocabulary; token-id prompts are unaffected",
                 file=sys.stderr,
             )
-        return tok or ByteTokenizer()
+        return tok or ByteTokenizer(frozenset(extra_eos))  # the model's EOS ids still end its answers
     return ByteTokenizer()
+
+
+def _generation_eos(path: Path) -> tuple[int, ...]:
+    """The eos_token_id of an HF directory's generation_config.json (an id or a list of them); () if none."""
+    import json
+
+    try:
+        eos = json.loads((path / "generation_config.json").read_text()).get("eos_token_id")
+    except (OSError, ValueError, AttributeError):
+        return ()
+    ids = eos if isinstance(eos, list) else [eos]
+    return tuple(t for t in ids if isinstance(t, int) and not isinstance(t, bool) and t >= 0)
 
 
 def _generic_fast(path: Path) -> bool:
@@ -185,9 +200,9 @@ class ByteTokenizer(Tokenizer):
 
     PLAIN_CHAT = True
 
-    def __init__(self) -> None:
+    def __init__(self, eos_ids: frozenset[int] = frozenset()) -> None:
         self.hf = None
-        self.eos_ids = frozenset()
+        self.eos_ids = eos_ids
         self.has_chat_template = False
 
     @property

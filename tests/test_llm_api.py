@@ -80,6 +80,80 @@ def test_generate_takes_one_prompt_as_a_batch_of_one(smollm, prompt):
     assert one[0].prompt_token_ids == smollm.encode(prompt)
 
 
+def test_vllms_prompt_dicts_are_their_prompts(smollm):
+    """vLLM's TextPrompt / TokensPrompt: a dict was iterated as a list of prompts, so {"prompt": "Hi"} generated for
+    the text "prompt" (and a lone chat message ran "role" and "content")."""
+    params = SamplingParams(max_tokens=4, temperature=0)
+    text = "The capital of France is"
+    ids = smollm.encode(text)
+    ref = smollm.generate(text, params)[0].token_ids
+    assert smollm.generate({"prompt": text}, params)[0].token_ids == ref
+    assert smollm.generate({"prompt_token_ids": ids}, params)[0].token_ids == ref
+    batch = smollm.generate([{"prompt": text}, {"prompt_token_ids": ids}, text], params)
+    assert [o.token_ids for o in batch] == [ref] * 3
+    for bad in ({"role": "user", "content": "hi"}, {"prompt": text, "extra": 1}, {"prompt_token_ids": "1 2"}):
+        with pytest.raises(ValueError, match='a prompt dict must be {"prompt": text} or {"prompt_token_ids"'):
+            smollm.generate(bad, params)
+
+
+def test_generation_configs_eos_ids_stop_as_in_transformers(tmp_path):
+    """generation_config.json's eos_token_id (Qwen2.5/Qwen3 instruct: <|endoftext|> beside config.json's <|im_end|>)
+    was never read: an emitted one ran on to max_tokens. transformers' generate() and vLLM stop there."""
+    import json
+
+    from engine.model_config import PRESETS
+    from tests.hf_reference import hf_model_from_config, save_hf
+
+    d = save_hf(hf_model_from_config(PRESETS["tiny-llama"], seed=7), tmp_path / "m")
+    greedy = SamplingParams(max_tokens=12, temperature=0)
+    ref = make_llm(str(d), num_pages=64).generate([[1, 2, 3]], greedy)[0]
+    assert ref.finish_reason == "length"
+    stop_at = ref.token_ids[4]
+    first = ref.token_ids.index(stop_at)
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [stop_at]}))
+    out = make_llm(str(d), num_pages=64).generate([[1, 2, 3]], greedy)[0]
+    assert (out.finish_reason, out.token_ids) == ("stop", ref.token_ids[: first + 1])
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": 600}))  # vocab_size 512
+    with pytest.raises(ValueError, match="eos id 600 .of generation_config.json or the tokenizer. is outside"):
+        make_llm(str(d), num_pages=64)
+
+
+def test_seed_minus_one_is_no_seed_as_in_vllm():
+    """vLLM reads seed=-1 as no seed (a fresh draw each time); here it was a fixed seed, the same tokens every time."""
+    assert SamplingParams(seed=-1).seed is None
+    llm = make_llm(num_pages=64)
+    draws = {
+        tuple(llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=1.0, seed=-1))[0].token_ids)
+        for _ in range(3)
+    }
+    assert len(draws) > 1
+
+
+def test_a_stream_read_the_wrong_way_is_refused_and_aborted():
+    """A thread stream read with `async for` (or an asyncio one with `for`) failed an assert before the code that
+    aborts an abandoned stream: the request ran on unread to max_tokens, holding its slot and pages."""
+    import asyncio
+
+    from engine.async_llm import AsyncLLM
+
+    a = AsyncLLM(make_llm(num_pages=128))
+    try:
+        stream = a.submit([1, 2, 3], SamplingParams(max_tokens=1500, temperature=0, ignore_eos=True))
+
+        async def read() -> None:
+            async for _ in stream:
+                pass
+
+        with pytest.raises(TypeError, match="created for threads .submit.. without loop=.: use `for`"):
+            asyncio.run(read())
+        deadline = time.monotonic() + 10
+        while (m := a.call(lambda llm: llm.metrics())).running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert m.running == 0 and m.generation_tokens < 1500
+    finally:
+        a.shutdown()
+
+
 def test_a_failing_generate_withdraws_what_it_added():
     """A callback raising (or KeyboardInterrupt) in the middle of generate() left its requests running: they held
     their pages after the call and ran on, unseen, inside later calls."""
