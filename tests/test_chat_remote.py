@@ -69,6 +69,9 @@ def test_url_streams_an_answer_and_fills_the_panel(tmp_path):
         await pilot.press("escape")  # closes the stream: the server aborts the request
         await idle(app, pilot)
         assert app.turn.finish_reason == "abort" and app.query_one(AssistantMessage).has_class("-stopped")
+        # a stopped stream brings no usage: its prompt size is not known (it read "0 prompt", "0 / 0")
+        assert re.search(r"tokens\s+- in / \d+ out", panel_text(app, "turn")), panel_text(app, "turn")
+        assert re.search(r"cache hit\s+-", panel_text(app, "turn")), panel_text(app, "turn")
         await wait_for(
             pilot,
             lambda: load(app).running == 0 and load(app).kv_pages_in_use == 0,

@@ -70,8 +70,9 @@ def turn_rows(turn: TurnStats) -> list[tuple[str, str]]:
         ("TTFT", ms(turn.ttft)),
         ("TBT p50 / p90", f"{ms(turn.tbt_p50)} / {ms(turn.tbt_p90)}"),
         ("decode", f"{turn.decode_tps:.1f} tok/s"),
-        ("tokens", f"{turn.prompt_tokens} prompt, {turn.output_tokens} out{thinking}"),
-        ("cache hit", f"{turn.cache_hit_tokens} / {turn.prompt_tokens} prompt tokens"),
+        # no prompt has 0 tokens: 0 is not known yet (a server's usage comes with its last chunk, none if stopped)
+        ("tokens", f"{turn.prompt_tokens or '-'} prompt, {turn.output_tokens} out{thinking}"),
+        ("cache hit", f"{turn.cache_hit_tokens} / {turn.prompt_tokens} prompt tokens" if turn.prompt_tokens else "-"),
     ]
 
 

@@ -205,12 +205,13 @@ class MetricsPanel(VerticalScroll):
         rows = [
             ("TTFT", ms(turn.ttft)),
             ("decode", f"{turn.decode_tps:.1f} tok/s"),
-            ("tokens", f"{turn.prompt_tokens} in / {turn.output_tokens} out"),
+            # no prompt has 0 tokens: 0 is not known yet (a server's usage comes with its last chunk, none if stopped)
+            ("tokens", f"{turn.prompt_tokens or '-'} in / {turn.output_tokens} out"),
         ]
         if turn.reasoning_tokens:
             rows.append(("thinking", f"{turn.reasoning_tokens} tokens"))
         hit = turn.cache_hit_tokens / max(turn.prompt_tokens, 1)
-        rows.append(("cache hit", f"{turn.cache_hit_tokens} tokens ({hit:.0%})"))
+        rows.append(("cache hit", f"{turn.cache_hit_tokens} tokens ({hit:.0%})" if turn.prompt_tokens else "-"))
         self.query_one("#turn", Static).update(_rows(rows))
         window = list(self.tbt_ms)
         self.query_one("#tbt", Static).update(
