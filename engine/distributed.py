@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import NoReturn, TypeVar, cast
+from typing import Any, NoReturn, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -41,6 +41,7 @@ class TPContext:
 
 
 TP = TPContext()
+_GROUPS_JOINED = 0  # process groups this process has joined (init_tp)
 
 
 def init_tp(size: int, device: str) -> TPContext:
@@ -59,11 +60,51 @@ def init_tp(size: int, device: str) -> TPContext:
         timeout = timedelta(seconds=float(os.environ.get("MINISGL_DIST_TIMEOUT", "600")))
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend, timeout=timeout)
+        global _GROUPS_JOINED
+        if _GROUPS_JOINED == 0:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            # A later engine in this process (the previous one's shutdown destroyed its group). torch names the
+            # default group's rendezvous keys by a count that destroy_process_group resets, so a second
+            # init_process_group on torchrun's store read the first group's stale addresses: a gloo connect
+            # timeout or "Connection refused", or a hang for MINISGL_DIST_TIMEOUT. A prefix of its own avoids them.
+            store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+            store = dist.PrefixStore(f"minisgl-{_GROUPS_JOINED}", store)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        _GROUPS_JOINED += 1
         TP.cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else dist.group.WORLD
     TP.rank = dist.get_rank() if size > 1 else 0
     TP.size = size
     return TP
+
+
+# Settings each rank may hold its own value of: the KV pool's size is the smallest any rank can hold (an all-reduce
+# MIN at the start), and rank 0 samples every token (its seed is the one that counts).
+PER_RANK_SETTINGS = frozenset({"num_pages", "kv_cache_gb", "memory_fraction", "seed", "check_invariants"})
+
+
+def check_same_settings(config: Any) -> None:
+    """Every rank must run rank 0's engine settings: each builds its own batches from them, so a rank with another
+    --page-size, --no-radix-cache or --max-running-requests fell out of lockstep at its first differing decision (a
+    gloo "Connection reset by peer" mid-serving), and one with another --model of the same shapes served a mix of two
+    models without a word. Raised on every rank, naming the settings that differ."""
+    import dataclasses
+
+    mine = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}  # an EngineConfig
+    every: list[dict[str, Any] | None] = [None] * TP.size
+    dist.all_gather_object(every, mine, group=TP.cpu_group)
+    bad = [
+        f"rank {r}: {k}={theirs[k]!r} (rank 0: {every[0][k]!r})"
+        for r, theirs in enumerate(every[1:], 1)
+        if theirs is not None and every[0] is not None
+        for k in theirs
+        if k not in PER_RANK_SETTINGS and theirs[k] != every[0][k]
+    ]
+    if bad:
+        raise ValueError(
+            "the tensor-parallel ranks were started with different engine settings (every rank needs the same "
+            "flags): " + "; ".join(bad)
+        )
 
 
 def broadcast_objects(obj: T) -> T:

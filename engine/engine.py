@@ -12,7 +12,14 @@ import torch
 import torch.distributed as dist
 
 from engine.config import EngineConfig
-from engine.distributed import TP, broadcast_objects, ctrl_c_after_step, init_tp, leave_failed_group
+from engine.distributed import (
+    TP,
+    broadcast_objects,
+    check_same_settings,
+    ctrl_c_after_step,
+    init_tp,
+    leave_failed_group,
+)
 from engine.gc_heap import collect_if_idle, frozen_heap
 from engine.loader import Progress, load_model
 from engine.metrics import EngineMetrics
@@ -46,6 +53,8 @@ class Engine:
         self.dtype = config.torch_dtype(self.device)
         self.kv_dtype = config.torch_kv_dtype(self.dtype)
         init_tp(config.tp, self.device.type)
+        if TP.size > 1:
+            check_same_settings(config)
         if self.device.type == "cuda" and TP.size > 1:
             self.device = torch.device("cuda", torch.cuda.current_device())
         torch.manual_seed(config.seed)
@@ -161,6 +170,11 @@ class Engine:
         rid: str | None = None,
         eos_ids: frozenset[int] | None = None,
     ) -> Req:
+        if TP.rank != 0:  # its commands would never be broadcast: rank 0's requests ran with this rank's prompt ids
+            raise RuntimeError(
+                f"rank {TP.rank} of a tensor-parallel group takes no requests: submit them on rank 0 only; ranks > 0 "
+                "follow its steps (engine.tp_follower.run_tp_follower(llm))"
+            )
         if self._shutdown:
             raise RuntimeError("the engine has been shut down; it takes no more requests")
         if self.failed is not None:

@@ -19,6 +19,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.llm import LLM
+from engine.sampling_params import SamplingParams
 from tests.conftest import free_port, subprocess_env, torchrun_cmd, wait_healthy
 from tests.tp_cases import ENGINE, PARAMS, prompts
 
@@ -64,6 +65,29 @@ def test_tensor_parallel_with_an_fp8_kv_cache_matches_single_process(tmp_path):
     got = tp_run("dummy:tiny-qwen3-moe", 2, tmp_path, "fp8")
     assert got["greedy"] == expected["greedy"] and got["seeded"] == expected["seeded"]
     assert expected["greedy"] != tp1("dummy:tiny-qwen3-moe")["greedy"]  # the fp8 cache was in use
+
+
+def test_the_python_api_at_tp2_refuses_what_would_mix_ranks_and_starts_twice(tmp_path):
+    """tests/tp_api.py under torchrun: a rank > 0's add_request is refused (its prompt ran on rank 0's request of the
+    same rid); a second LLM after the first's shutdown joins a group of its own and computes the same tokens (it
+    failed to connect, or hung, on the first group's stale addresses); ranks with different --page-size are refused
+    on both ranks, naming it (they fell out of lockstep at the first prefix hit)."""
+    env = subprocess_env(OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT="60")
+    cmd = torchrun_cmd(2, str(ROOT / "tests" / "tp_api.py"), str(tmp_path / "api"))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rank0, rank1 = (json.loads((tmp_path / f"api.rank{r}.json").read_text()) for r in (0, 1))
+    assert "rank 1 of a tensor-parallel group takes no requests: submit them on rank 0 only" in rank1["refused"]
+    assert rank0["second"] == rank0["first"] == tp1_greedy()
+    for seen in (rank0, rank1):
+        assert "ranks were started with different engine settings" in seen["different"]
+        assert "rank 1: page_size=8 (rank 0: 4)" in seen["different"]
+
+
+def tp1_greedy() -> list[list[int]]:
+    llm = LLM(EngineConfig(model="dummy:tiny-llama", device="cpu", page_size=4, num_pages=256))
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    return [list(o.token_ids) for o in llm.generate([[1, 2, 3], [4, 5, 6, 7]], params)]
 
 
 def test_tp_size_must_match_world_and_divide_heads():
