@@ -460,8 +460,7 @@ def test_lines_typed_in_one_burst_are_each_their_own():
 
 def test_esc_says_stopping_while_the_engine_ends_its_step():
     """A stop takes effect between engine steps, after a long prefill tens of seconds on a CPU: the app once showed
-    nothing meanwhile. An answer still running a second after esc is said to be stopping; one that ends at once
-    is not."""
+    nothing meanwhile. An answer still running a second after esc is said to be stopping."""
 
     class Slow(ScriptedBackend):
         def start(self, messages, params, thinking):  # its stop() does nothing: the answer runs on for ~2 s
