@@ -50,6 +50,8 @@ def init_tp(size: int, device: str) -> TPContext:
     from datetime import timedelta
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if size == 1 and world > 1:  # --tp left out under torchrun: "--tp 1 needs exactly 1 processes" named no fix
+        raise ValueError(f"this run has {world} processes (torchrun, WORLD_SIZE={world}): add --tp {world}")
     if size != world:
         raise ValueError(
             f"--tp {size} needs exactly {size} processes (torchrun --nproc-per-node {size}); "

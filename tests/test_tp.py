@@ -90,9 +90,12 @@ def tp1_greedy() -> list[list[int]]:
     return [list(o.token_ids) for o in llm.generate([[1, 2, 3], [4, 5, 6, 7]], params)]
 
 
-def test_tp_size_must_match_world_and_divide_heads():
+def test_tp_size_must_match_world_and_divide_heads(monkeypatch):
     with pytest.raises(ValueError, match="torchrun --nproc-per-node 2"):
         LLM(EngineConfig(model="dummy:tiny-llama", device="cpu", tp=2))
+    monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun's 2 processes, --tp left out: it said "--tp 1 needs exactly 1"
+    with pytest.raises(ValueError, match=r"this run has 2 processes \(torchrun, WORLD_SIZE=2\): add --tp 2"):
+        LLM(EngineConfig(model="dummy:tiny-llama", device="cpu"))
 
 
 # ---- a rank that dies or stops answering ends the whole group ------------------------------------------------------
