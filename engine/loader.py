@@ -102,7 +102,12 @@ def load_model(
         cfg = weights.gguf_config(path, reader)
     else:
         cfg = weights.hf_config(path)
-    check_fits(cfg, str(where) if kind != "dummy" else source, device, dtype)
+    named = str(where) if kind != "dummy" else source
+    try:
+        cfg.check_splits(TP.size)
+    except ValueError as e:
+        raise ValueError(f"{named}: {e}") from None
+    check_fits(cfg, named, device, dtype)
     with torch.device(device), _default_dtype(dtype):
         model = create_model(cfg)
     with torch.no_grad():

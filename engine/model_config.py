@@ -95,6 +95,21 @@ class ModelConfig:
             self.num_experts > 0 and layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
         )
 
+    def check_splits(self, tp: int) -> None:
+        """Refuse a tensor-parallel size that does not divide what each rank holds a share of, naming the config
+        fields (the layers' own checks said only "output size 1536", not which field or why)."""
+        sizes = {"num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads}
+        if not all(self.is_moe_layer(i) for i in range(self.num_layers)):
+            sizes["intermediate_size"] = self.intermediate_size
+        if self.num_experts:
+            sizes["moe_intermediate_size"] = self.moe_intermediate_size
+        bad = [f"{field} {n}" for field, n in sizes.items() if n % tp]
+        if bad:
+            raise ValueError(
+                f"{' and '.join(bad)} {'does' if len(bad) == 1 else 'do'} not divide by the tensor-parallel size {tp} "
+                "(--tp): each rank holds an equal share"
+            )
+
     def attention_params(self) -> int:
         """One layer's parameters outside its MLP: q, k, v, o (their biases, the q/k norms) and the two RMSNorms."""
         h, hd = self.hidden_size, self.head_dim

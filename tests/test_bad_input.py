@@ -8,9 +8,11 @@ in tests/test_engine.py, bench-offline and chat flags in tests/test_bench_offlin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -151,14 +153,37 @@ def test_tp_that_does_not_divide_the_heads_under_torchrun():
     # SmolLM2-135M has 9 query heads and 3 KV heads: neither divides by 2.
     cmd = torchrun_cmd(2, "-m", "minisgl_cli", *SERVE[:1], "--model", "dummy:SmolLM2-135M", "--device", "cpu")
     cmd += ["--tp", "2"]
-    env = subprocess_env(OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT="60")
+    env = subprocess_env(OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT="60", COLUMNS="300")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     out = p.stdout + p.stderr
     assert p.returncode != 0
     # The first rank to fail leaves through the clean CLI exit (2); torchrun may then stop the other one.
-    assert "error: 9 heads / 3 KV heads do not divide by tensor-parallel size 2" in out, out[-3000:]
+    says = "error: dummy:SmolLM2-135M: num_attention_heads 9 and num_key_value_heads 3 do not divide by the "
+    assert says + "tensor-parallel size 2 (--tp)" in out, out[-3000:]
     assert "exitcode  : 2" in out, out[-3000:]
     assert not any(f'File "{ROOT / pkg}' in out for pkg in ("engine", "kvcache", "minisgl_cli")), out[-3000:]
+
+
+@pytest.mark.parametrize(
+    "preset, changes, tp, says",
+    [
+        ("SmolLM2-135M", {}, 3, None),  # 9 and 3 heads, 1536 wide: each divides by 3
+        ("Qwen3-0.6B", {"intermediate_size": 3002}, 16, "num_key_value_heads 8 and intermediate_size 3002 do not"),
+        ("Qwen3-0.6B", {"intermediate_size": 3002}, 8, "intermediate_size 3002 does not divide by the tensor-parallel"),
+        ("tiny-qwen3-moe", {"moe_intermediate_size": 31}, 2, "moe_intermediate_size 31 does not divide"),
+        ("tiny-qwen3-moe", {"intermediate_size": 31, "mlp_only_layers": ()}, 2, None),  # no dense layer holds it
+        ("tiny-qwen3-moe", {"intermediate_size": 31}, 2, "intermediate_size 31 does not divide"),
+    ],
+)
+def test_a_tp_size_that_does_not_divide_a_field_is_refused_by_its_name(preset, changes, tp, says):
+    """Under torchrun a dense MLP's width not dividing by --tp said only "output size 3000 does not divide": no
+    field, no file (the torchrun test above checks the whole path for the heads)."""
+    cfg = dataclasses.replace(PRESETS[preset], **changes)
+    if says is None:
+        cfg.check_splits(tp)
+    else:
+        with pytest.raises(ValueError, match=re.escape(says)):
+            cfg.check_splits(tp)
 
 
 # ---- HTTP bodies (beyond tests/test_serve.py's BAD) ---------------------------------------------------------------

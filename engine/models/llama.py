@@ -34,10 +34,6 @@ FUSED_QKV = True
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()
-        if cfg.num_heads % TP.size or cfg.num_kv_heads % TP.size:
-            raise ValueError(
-                f"{cfg.num_heads} heads / {cfg.num_kv_heads} KV heads do not divide by tensor-parallel size {TP.size}"
-            )
         self.layer_id = layer_id
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads // TP.size, cfg.num_kv_heads // TP.size, cfg.head_dim
         d = cfg.head_dim

@@ -62,8 +62,6 @@ class Experts(Loadable):
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int):
         super().__init__()
-        if intermediate % TP.size:
-            raise ValueError(f"MoE intermediate size {intermediate} does not divide by tensor-parallel size {TP.size}")
         self.num_experts, self.hidden, self.inter = num_experts, hidden, intermediate // TP.size
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * self.inter, hidden), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden, self.inter), requires_grad=False)
