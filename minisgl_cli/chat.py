@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -25,6 +25,9 @@ from minisgl_cli.options import (
     refuse_unread_engine_flags,
     with_engine_flags,
 )
+
+if TYPE_CHECKING:
+    from minisgl_cli.serve import LoopEnd
 
 System = Annotated[str | None, typer.Option("--system", "-s", help="system prompt")]
 Temperature = Annotated[
@@ -235,13 +238,19 @@ class _ChatProcess:
         with os.fdopen(self.info_pipe, "w") as pipe:
             pipe.write(json.dumps(info.to_wire()) + "\n")
         end = run_beside_front_end(llm.engine, info, self.addrs, self.proc, "the chat", interactive=True)
-        if end.error:
-            print(f"minisgl chat: {end.error}", file=sys.stderr)
-            return 1
-        if end.signum is not None:
-            return 128 + end.signum
-        code = end.front_code or 0
-        return 128 - code if code < 0 else code
+        return chat_exit_code(end)
+
+
+def chat_exit_code(end: LoopEnd) -> int:
+    """The chat's own code (128 + the signal that ended it, as a shell reports it), 1 if the engine crashed or the
+    loop ended the chat for another reason (its torchrun launcher gone: the chat ended silently with 0), 128 + the
+    signal that ended this process (SIGTERM, SIGHUP)."""
+    if end.signum is not None and end.error is None:
+        return 128 + end.signum
+    if end.front_code is None or end.error:
+        print(f"minisgl chat: {end.error or end.stopped_by or 'the engine loop ended'}", file=sys.stderr)
+        return 1
+    return 128 - end.front_code if end.front_code < 0 else end.front_code
 
 
 def _session_id(value: str) -> int:

@@ -6,6 +6,7 @@ import io
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from minisgl_cli.app import app
+from minisgl_cli.chat import chat_exit_code
+from minisgl_cli.serve import LoopEnd
 from minisgl_cli.tui.plain import run_plain
 from minisgl_cli.tui.session import ChatSession
 from tests.chat_pilot import LocalEngine
@@ -151,3 +154,20 @@ def test_run_plain_keeps_history_and_resets():
         assert m.kv_pages_in_use == 0 and m.finished_requests == 4
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize(
+    "end, code, says",
+    [
+        (LoopEnd(None, "the chat exited (exit code 0)", 0), 0, None),
+        (LoopEnd(None, "the chat exited (killed by SIGKILL)", -9), 137, None),
+        (LoopEnd(None, None, None, signal.SIGTERM), 143, None),
+        (LoopEnd("step failed: boom", None, None), 1, "minisgl chat: step failed: boom"),
+        # under torchrun, the launcher SIGKILLed: rank 0 ended the chat itself and exited 0 without a word
+        (LoopEnd(None, "the torchrun launcher (pid 7) exited", None), 1, "the torchrun launcher (pid 7) exited"),
+    ],
+)
+def test_the_chats_exit_code_says_why_the_loop_ended_it(end, code, says, capsys):
+    assert chat_exit_code(end) == code
+    err = capsys.readouterr().err
+    assert (says in err) if says else err == "", err
