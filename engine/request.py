@@ -13,6 +13,18 @@ from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 from kvcache.radix import Node
 
+_M64 = 2**64 - 1
+
+
+def seed_key(seed: int) -> int:
+    """A request seed (any int in [-2^63, 2^64)) hashed to 64 bits (splitmix64's finaliser). The sampler's noise
+    keeps 32 bits of it: taken from the seed itself, seeds 2^32 apart (a CPU generator's) or 2^31 - 1 apart (the
+    fused kernel's old key) drew the very same tokens; hashed, two seeds collide only by chance."""
+    x = (seed + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
 
 class Status(enum.Enum):
     WAITING = "waiting"
@@ -39,7 +51,7 @@ class Req:
     slot: int = -1  # row in the runner's per-request device tables
     num_preemptions: int = 0
     rng: torch.Generator | None = None  # per-request generator when params.seed is set (CPU sampling)
-    noise_seed: int = field(default_factory=lambda: random.getrandbits(31))  # GPU sampling of unseeded requests
+    noise_key: int = -1  # 64 bits keying the request's noise: a hash of params.seed, else random (__post_init__)
     cache_hit_tokens: int = 0  # prompt tokens served from the radix cache at first admission
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token, if params.logprobs is set
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt tokens 1.. (params.prompt_logprobs)
@@ -47,6 +59,10 @@ class Req:
     arrival: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        seed = self.params.seed
+        self.noise_key = random.getrandbits(64) if seed is None else seed_key(seed)
 
     @property
     def all_ids(self) -> list[int]:

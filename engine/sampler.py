@@ -202,13 +202,12 @@ class Sampler:
     def _row_seed(req: Req) -> int:
         """Noise seed for the token at position device_len: fixed by (request seed, position), so overlap
         scheduling, CUDA graphs, batching and preemption cannot change a seeded request's samples."""
-        base = req.params.seed if req.params.seed is not None else req.noise_seed
-        return (base * 1_000_003 + req.device_len) % (2**31 - 1)
+        return (req.noise_key + req.device_len * 0x9E3779B97F4A7C15) & 0xFFFFFFFF  # the kernel keys on 32 bits
 
     def _generator(self, req: Req) -> torch.Generator:
         if req.rng is None:
             req.rng = torch.Generator(device=self.device)
-            req.rng.manual_seed(int(req.params.seed))  # type: ignore[arg-type]  # called for seeded requests only
+            req.rng.manual_seed(req.noise_key)  # called for seeded requests only
         return req.rng
 
     def _filter(self, probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -354,6 +354,27 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(tiny_dir):
     assert other_seed != together[0]
 
 
+def test_seeds_a_power_of_two_apart_draw_their_own_tokens(tiny_dir):
+    """A CPU generator keeps 32 bits of its seed, and the fused GPU kernel's key was the seed mod 2^31 - 1: seeds
+    2^32 (CPU) or 2^31 - 1 (GPU) apart drew the very same tokens. Both now key on a 64-bit hash of the seed."""
+    from engine.request import Req
+    from engine.sampler import Sampler
+
+    llm = make_llm(tiny_dir)
+    prompt = prompts_with_shared_prefix(1)[0]
+
+    def draw(seed: int) -> list[int]:
+        params = SamplingParams(max_tokens=16, temperature=1.0, seed=seed, ignore_eos=True)
+        return llm.generate([prompt], params)[0].token_ids
+
+    base = draw(1)
+    assert draw(1) == base
+    assert draw(1 + 2**32) != base and draw(1 - 2**32) != base
+    # the GPU kernel's per-position keys (32 bits), at the same position
+    keys = {Sampler._row_seed(Req("r", [0], SamplingParams(temperature=1.0, seed=s))) for s in (1, 2**31, 1 + 2**32)}
+    assert len(keys) == 3
+
+
 def test_top_k_1_and_tiny_top_p_are_greedy(tiny_dir):
     prompts = prompts_with_shared_prefix(4)
     greedy, _ = run(tiny_dir, prompts)

@@ -687,6 +687,14 @@ def test_seeded_sampling_same_with_graphs_and_overlap():
     assert a == b
 
 
+def test_seeds_2_31_minus_1_apart_draw_their_own_tokens():
+    """The fused kernel's key was the seed mod 2^31 - 1: seeds 1 and 2^31 sampled the same tokens."""
+    llm, prompts = _llm(), _prompts(1, seed=2)
+    params = [SamplingParams(max_tokens=16, temperature=1.0, seed=s, ignore_eos=True) for s in (1, 1, 2**31)]
+    draws = [llm.generate(prompts, p)[0].token_ids for p in params]
+    assert draws[0] == draws[1] != draws[2]
+
+
 def test_seeded_sampling_does_not_depend_on_a_filtered_neighbour():
     """A top-k/top-p/min-p row used to send the whole step to the torch sampler, where seeded rows draw from a
     generator instead of the fused kernel's (seed, position) noise: a seeded request's tokens changed when another
