@@ -12,9 +12,9 @@ from engine.sampling_params import SamplingParams
 ENGINE: dict[str, Any] = dict(device="cpu", check_invariants=True, page_size=4, num_pages=512)
 
 PARAMS: dict[str, SamplingParams | list[SamplingParams]] = {
-    "greedy": SamplingParams(max_tokens=16, temperature=0, ignore_eos=True),
+    "greedy": SamplingParams(max_tokens=8, temperature=0, ignore_eos=True),
     "seeded": [
-        SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, seed=100 + i, ignore_eos=True) for i in range(6)
+        SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=100 + i, ignore_eos=True) for i in range(6)
     ],
 }
 
