@@ -60,10 +60,16 @@ def streaming(url: str, max_tokens: int = 400):
 
 
 def gone_within(p: psutil.Process, seconds: float) -> bool:
-    with contextlib.suppress(psutil.TimeoutExpired):
-        p.wait(timeout=seconds)
+    """Exited (a zombie counts: its parent, the engine process, may be stopped or busy, and not reap it)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.05)
+                continue
         return True
-    return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
 
 
 def ipc_dir(front: psutil.Process) -> str:
@@ -125,6 +131,25 @@ def test_sighup_to_the_process_group_ends_open_streams_with_the_reason():
         assert proc.wait(timeout=10) == 0
         assert gone_within(front, 5)
         assert not os.path.exists(ipc), ipc
+
+
+def test_sigterm_to_the_front_end_of_a_stuck_engine_ends_open_streams_with_the_reason():
+    """torchrun stops a failed group by SIGTERM to each rank's process group: with rank 0 stopped (SIGSTOP, a hang),
+    the front end's uvicorn cut the open streams after 2 s without an error event, and the IPC directory stayed."""
+    with serve() as (proc, front, url):
+        ipc = ipc_dir(front)
+        chunks = streaming(url)
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            front.send_signal(signal.SIGTERM)
+            with pytest.raises(openai.APIError, match=r"stopped \(SIGTERM\) and the engine did not answer"):
+                for _ in chunks:
+                    pass
+            assert gone_within(front, 10), "the front end did not leave"
+            assert not os.path.exists(ipc), ipc
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        assert proc.wait(timeout=30) == 1  # the engine, continued, finds its front end gone
 
 
 def test_step_log_is_written_when_the_server_stops(tmp_path):

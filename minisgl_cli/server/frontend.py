@@ -21,6 +21,7 @@ from minisgl_cli.server.app import create_app
 from minisgl_cli.server.frontend_spec import ENGINE_GONE_EXIT, ORPHAN_GRACE_S, FrontendSpec
 
 IDLE_CHECK_S = 0.5
+TERM_GRACE_S = 5.0  # after a SIGTERM, how long open requests wait for the engine to end them
 
 
 class HTTPServer(uvicorn.Server):
@@ -32,10 +33,15 @@ class HTTPServer(uvicorn.Server):
 
 
 async def serve_http(
-    remote: RemoteLLM, server: HTTPServer, sockets: list[socket.socket] | None = None, engine_pid: int | None = None
+    remote: RemoteLLM,
+    server: HTTPServer,
+    sockets: list[socket.socket] | None = None,
+    engine_pid: int | None = None,
+    on_sigterm: bool = False,
 ) -> int:
     """Run the HTTP server until told to exit; returns the exit code. With engine_pid, watch that the engine
-    process (our parent) lives: once it is gone, fail every open request and exit with ENGINE_GONE_EXIT."""
+    process (our parent) lives: once it is gone, fail every open request and exit with ENGINE_GONE_EXIT. With
+    on_sigterm (the main thread's loop), SIGTERM ends it."""
     code = 0
 
     async def watch() -> None:
@@ -53,6 +59,28 @@ async def serve_http(
             await asyncio.sleep(IDLE_CHECK_S)
             collect_if_idle(bool(remote.pending))
 
+    async def end_on_sigterm() -> None:
+        """The engine ends this process with SIGTERM once it has told open requests why it stops. A SIGTERM from
+        elsewhere (torchrun's, to rank 0's whole process group) comes while requests are open: the engine's word is
+        awaited a while, and if it does not come (rank 0 stopped or stuck), the requests end with an error here.
+        uvicorn otherwise cut their streams after its 2 s without one, and the IPC directory stayed in /tmp."""
+        nonlocal code
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TERM_GRACE_S
+        while remote.pending and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if remote.pending:
+            why = f"the HTTP front end was stopped (SIGTERM) and the engine did not answer within {TERM_GRACE_S:.0f} s"
+            remote.fail_all(why)
+            print(f"minisgl serve: {why}; open requests ended with an error", file=sys.stderr, flush=True)
+            code = ENGINE_GONE_EXIT
+        server.should_exit = True
+
+    ending: list[asyncio.Task[None]] = []
+    if on_sigterm:
+        asyncio.get_running_loop().add_signal_handler(
+            signal.SIGTERM, lambda: ending or ending.append(asyncio.create_task(end_on_sigterm()))
+        )
     watcher = asyncio.create_task(watch()) if engine_pid is not None else None
     # The front end's full collections go as the engine loop's (engine/gc_heap.py): its start-up heap (imports,
     # tokenizer, app) is frozen, and full passes wait until no request is open. Under issue #15's replay an automatic
@@ -82,7 +110,6 @@ async def _main(spec: FrontendSpec) -> int:
             app, host=spec.host, port=spec.port, log_level=spec.log_level, lifespan="off", timeout_graceful_shutdown=2
         )
     )
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: setattr(server, "should_exit", True))
     # the socket the command bound before loading the model (its port is the real one when --port was 0)
     sockets = None if spec.fd is None else [socket.socket(fileno=spec.fd)]
     host, port = (spec.host, spec.port) if sockets is None else sockets[0].getsockname()[:2]
@@ -92,12 +119,12 @@ async def _main(spec: FrontendSpec) -> int:
     )
     code = 1
     try:
-        code = await serve_http(remote, server, sockets, engine_pid=spec.engine_pid)
+        code = await serve_http(remote, server, sockets, engine_pid=spec.engine_pid, on_sigterm=True)
         return code
     finally:
         remote.close()
-        if code == ENGINE_GONE_EXIT:  # the engine died without its own cleanup (SIGKILL, OOM, os._exit of a
-            spec.addrs.remove()  # failed TP group): its IPC directory would stay in /tmp for good
+        if code == ENGINE_GONE_EXIT:  # the engine died without its own cleanup (SIGKILL, OOM, os._exit of a failed
+            spec.addrs.remove()  # TP group) or does not answer: its IPC directory would stay in /tmp for good
 
 
 def _url_host(host: str) -> str:
