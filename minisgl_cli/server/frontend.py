@@ -77,10 +77,13 @@ async def serve_http(
         server.should_exit = True
 
     ending: list[asyncio.Task[None]] = []
+
+    def sigterm() -> None:
+        if not ending:  # a second SIGTERM changes nothing
+            ending.append(asyncio.create_task(end_on_sigterm()))
+
     if on_sigterm:
-        asyncio.get_running_loop().add_signal_handler(
-            signal.SIGTERM, lambda: ending or ending.append(asyncio.create_task(end_on_sigterm()))
-        )
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, sigterm)
     watcher = asyncio.create_task(watch()) if engine_pid is not None else None
     # The front end's full collections go as the engine loop's (engine/gc_heap.py): its start-up heap (imports,
     # tokenizer, app) is frozen, and full passes wait until no request is open. Under issue #15's replay an automatic
