@@ -18,7 +18,7 @@ import torch
 from engine import model_source, weight_cache, weights
 from engine.cache_paths import cache_root
 from engine.distributed import TP
-from engine.model_config import PRESETS, ModelConfig
+from engine.model_config import ModelConfig
 from engine.tokenizer import ByteTokenizer, Tokenizer, tokenizer_at
 
 if TYPE_CHECKING:
@@ -94,14 +94,8 @@ def load_model(
     c_kernels = device.type == "cpu" and dtype == torch.float32 and TP.size == 1
     uses_cpu_ops = False
     quantized: dict[str, QuantMatrix] | None = {} if kind == "gguf" and (c_kernels or keep is not None) else None
-    reader = None
-    if kind == "dummy":
-        cfg = PRESETS[str(where)]
-    elif kind == "gguf":
-        reader = weights.open_gguf(path)
-        cfg = weights.gguf_config(path, reader)
-    else:
-        cfg = weights.hf_config(path)
+    reader = weights.open_gguf(path) if kind == "gguf" else None
+    cfg = weights.model_config(kind, where, reader)
     named = str(where) if kind != "dummy" else source
     try:
         cfg.check_splits(TP.size)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,6 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     name: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
     sliding_window: int | None = None  # attend to the last `sliding_window` positions (the query's own included)
     # Mixture of experts (num_experts > 0): a softmax router picks num_experts_per_tok experts per token, each a
     # SiLU-gated MLP of moe_intermediate_size; norm_topk_prob rescales the picked weights to sum to 1. Layer i is
@@ -117,13 +116,19 @@ class ModelConfig:
         bias = hd * (self.num_heads + 2 * self.num_kv_heads) if self.qkv_bias else 0
         return qkvo + bias + 2 * h + (2 * hd if self.qk_norm else 0)
 
+    def mlp_params(self, experts: float | None = None) -> float:
+        """Every layer's MLP parameters; a sparse layer's router and `experts` of its experts (default: all of them:
+        roofline.py counts the few a decode step must read)."""
+        h = self.hidden_size
+        e = self.num_experts if experts is None else experts
+        sparse = self.num_experts * h + e * (3 * h * self.moe_intermediate_size)
+        return sum(sparse if self.is_moe_layer(i) else 3 * h * self.intermediate_size for i in range(self.num_layers))
+
     def param_count(self) -> int:
         """Every parameter the model holds: each layer's experts all, the LM head when not tied to the embedding."""
         h = self.hidden_size
-        sparse = self.num_experts * (h + 3 * h * self.moe_intermediate_size)
-        mlp = sum(sparse if self.is_moe_layer(i) else 3 * h * self.intermediate_size for i in range(self.num_layers))
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * self.attention_params() + mlp + h + embed
+        return int(self.num_layers * self.attention_params() + self.mlp_params() + h + embed)
 
     def kv_bytes_per_token(self, dtype_bytes: int, tp_size: int = 1) -> int:
         return 2 * self.num_layers * (self.num_kv_heads // tp_size) * self.head_dim * dtype_bytes
@@ -263,9 +268,6 @@ class ModelConfig:
             d["bos_token_id"] = self.bos_token_id
         return d
 
-    def describe(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def check_token_ids(
     vocab_size: int,
@@ -363,13 +365,17 @@ def _moe_fields(d: dict[str, Any]) -> dict[str, Any]:
     experts = d.get("num_experts", d.get("num_local_experts"))  # transformers 5 saves the latter
     if experts is None:
         raise KeyError("num_experts")
+    layers = d.get("mlp_only_layers") or []
+    if not isinstance(layers, list):
+        raise ValueError(f"mlp_only_layers must be a list of layer indices (got {layers!r})")
+    # the same checks as every other field (_int, _bool): int() cut 2.9 to 2 and bool("false") was True
     return dict(
-        num_experts=int(experts),
-        num_experts_per_tok=int(d["num_experts_per_tok"]),
-        moe_intermediate_size=int(d["moe_intermediate_size"]),
-        norm_topk_prob=bool(d.get("norm_topk_prob", False)),
-        decoder_sparse_step=int(d.get("decoder_sparse_step", 1)),
-        mlp_only_layers=tuple(int(i) for i in d.get("mlp_only_layers") or ()),
+        num_experts=_int({"num_experts": experts}, "num_experts"),
+        num_experts_per_tok=_int(d, "num_experts_per_tok"),
+        moe_intermediate_size=_int(d, "moe_intermediate_size"),
+        norm_topk_prob=_bool(d, "norm_topk_prob"),
+        decoder_sparse_step=_int(d, "decoder_sparse_step") if "decoder_sparse_step" in d else 1,
+        mlp_only_layers=tuple(_int({"mlp_only_layers": i}, "mlp_only_layers") for i in layers),
     )
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.model_config import ModelConfig, check_token_ids
+from engine.model_config import PRESETS, ModelConfig, check_token_ids
 from kernels.cpu_ops import BLOCK_BYTES, QuantMatrix
 
 if TYPE_CHECKING:
@@ -90,6 +90,15 @@ def hf_weights(path: Path) -> Iterator[tuple[str, _SafetensorSlice]]:
 
 def hf_config(path: Path) -> ModelConfig:
     return ModelConfig.from_json_file(path / "config.json")
+
+
+def model_config(kind: str, where: str | Path, reader: GGUFReader | None = None) -> ModelConfig:
+    """The config of a resolved --model value (engine/model_source.py's kind and path), without its weights."""
+    if kind == "dummy":
+        return PRESETS[str(where)]
+    if kind == "gguf":
+        return gguf_config(Path(where), reader)
+    return hf_config(Path(where))
 
 
 # ---- GGUF ------------------------------------------------------------------------------------------

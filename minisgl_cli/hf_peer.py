@@ -26,15 +26,9 @@ if TYPE_CHECKING:
 def model_config_for(spec: str | None) -> ModelConfig:
     """The ModelConfig of a --model value without loading its weights."""
     from engine import weights
-    from engine.model_config import PRESETS
     from engine.model_source import resolve
 
-    kind, where = resolve(spec)
-    if kind == "dummy":
-        return PRESETS[str(where)]
-    if kind == "gguf":
-        return weights.gguf_config(Path(where))
-    return weights.hf_config(Path(where))
+    return weights.model_config(*resolve(spec))
 
 
 def load_hf_model(spec: str | None, device, dtype, quiet: bool = False):

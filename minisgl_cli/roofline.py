@@ -16,6 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.model_config import ModelConfig
 
 # Measured device-to-device copy bandwidth (torch copies of GiBs on each GPU: docs/gpu.md), bytes/s; matched
 # against torch.cuda.get_device_name().
@@ -41,18 +45,12 @@ def bandwidth_for(device_name: str) -> float | None:
     return next((bw for key, bw in GPU_BANDWIDTH.items() if key in device_name), None)
 
 
-def expert_params(cfg) -> int:
-    return 3 * cfg.hidden_size * cfg.moe_intermediate_size
-
-
-def weight_bytes_per_step(cfg, dtype_bytes: int, experts_per_layer: float | None = None) -> int:
+def weight_bytes_per_step(cfg: ModelConfig, dtype_bytes: int, experts_per_layer: float | None = None) -> int:
     """Weights read by one forward pass: every matrix once, the LM head in full, the embedding only by rows; in a
     MoE layer the router and `experts_per_layer` experts (default: num_experts_per_tok, the fewest a step can use)."""
     h = cfg.hidden_size
     k = cfg.num_experts_per_tok if experts_per_layer is None else experts_per_layer
-    sparse = cfg.num_experts * h + k * expert_params(cfg)
-    mlp = sum(sparse if cfg.is_moe_layer(i) else 3 * h * cfg.intermediate_size for i in range(cfg.num_layers))
-    params = cfg.num_layers * cfg.attention_params() + mlp + h + cfg.vocab_size * h
+    params = cfg.num_layers * cfg.attention_params() + cfg.mlp_params(k) + h + cfg.vocab_size * h
     return round(params * dtype_bytes)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.model_config import ModelConfig
+from engine.model_config import PRESETS, ModelConfig
 from engine.models.moe import SparseMoE, moe_reference, route
 from engine.sampling_params import SamplingParams
 from tests.conftest import make_llm
@@ -193,6 +193,26 @@ def test_config_fields_transformers_reads_otherwise_are_read_so_or_refused(hf_di
     linear = {"rope_type": "linear", "rope_theta": 1e6, "factor": 4.0}  # beside a top-level rope_theta
     with pytest.raises(ValueError, match="unsupported rope scaling type 'linear'"):
         make_llm(_edited(hf_dirs, "qwen2", tmp_path / "q", rope_theta=1e6, rope_parameters=linear), num_pages=16)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("norm_topk_prob", "false"),  # bool("false") was True: the routing weights renormalised
+        ("num_experts_per_tok", 2.9),  # int() cut it to 2
+        ("moe_intermediate_size", "32"),
+        ("decoder_sparse_step", 1.5),
+        ("mlp_only_layers", 1),
+        ("mlp_only_layers", [0.5]),
+    ],
+)
+def test_moe_fields_of_the_wrong_type_are_refused_by_name(field, value):
+    """Every other config field was already checked (an integer, true or false); the MoE ones went through int()."""
+    d = PRESETS["tiny-qwen3-moe"].to_hf_dict()
+    assert ModelConfig.from_hf_dict(dict(d), "tiny-qwen3-moe") == PRESETS["tiny-qwen3-moe"]
+    d[field] = value
+    with pytest.raises(ValueError, match=f"{field} must be"):
+        ModelConfig.from_hf_dict(d)
 
 
 def test_transformers_twin_of_a_dummy_moe_model_computes_the_same_logits():
