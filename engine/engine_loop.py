@@ -141,5 +141,3 @@ class EngineLoop(StepLoop):
             self._send(["metrics", msg[1], asdict(self.engine.metrics())])
         elif kind == "hello":
             self._send(["hello", self.info.to_wire()])
-        elif kind == "shutdown":
-            self._stop = True

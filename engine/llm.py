@@ -247,7 +247,8 @@ class LLM:
 
 def _one_prompt(prompts: object) -> bool:
     """A single prompt where generate() takes a list of them: a string (iterated, each character became a prompt of
-    its own), or a non-empty list of token ids or of chat messages (no list of prompts holds ints or dicts)."""
+    its own), or a non-empty list of token ids or of chat messages (a list of prompts holds no ints, and its dicts
+    are vLLM's prompt dicts, {"prompt": ...} or {"prompt_token_ids": ...}, where a chat message has neither key)."""
     if isinstance(prompts, (str, dict)):  # a dict is one prompt ({"prompt": ...}) or refused by encode_prompt
         return True
     if not isinstance(prompts, list) or not prompts:

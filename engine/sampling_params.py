@@ -36,7 +36,7 @@ class SamplingParams:
     detokenize: bool = True
 
     def __post_init__(self) -> None:
-        if self.seed == -1 and isinstance(self.seed, int) and not isinstance(self.seed, bool):
+        if self.seed == -1 and _integer(self.seed):
             self.seed = None  # as vLLM (and its OpenAI server): -1 asks for no seed, a fresh draw each time
         if isinstance(self.stop, str):
             self.stop = [self.stop]
@@ -80,11 +80,7 @@ class SamplingParams:
         checks = [
             (self.max_tokens >= 1, "max_tokens", "must be an integer >= 1"),
             (self.temperature >= 0, "temperature", "must be >= 0"),
-            (
-                isinstance(self.top_k, int) and -1 <= self.top_k < 2**63,
-                "top_k",
-                "must be -1 (off) or a positive 64-bit integer",
-            ),
+            (-1 <= self.top_k < 2**63, "top_k", "must be -1 (off) or a positive 64-bit integer"),
             (0 < self.top_p <= 1, "top_p", "must be in (0, 1]"),
             (0 <= self.min_p <= 1, "min_p", "must be in [0, 1]"),
             # far below 1e-6, dividing fp32 logits by it overflows to inf and every draw turns into NaN noise
@@ -107,11 +103,7 @@ class SamplingParams:
                 "stop_token_ids",
                 "must be non-negative integers",
             ),
-            (
-                isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= max(self.max_tokens, 0),
-                "min_tokens",
-                "must be an integer in [0, max_tokens]",
-            ),
+            (0 <= self.min_tokens <= max(self.max_tokens, 0), "min_tokens", "must be an integer in [0, max_tokens]"),
             (
                 isinstance(self.logit_bias, dict)
                 and all(
@@ -123,7 +115,6 @@ class SamplingParams:
             ),
             (_logprob_count(self.logprobs), "logprobs", f"must be an integer in [0, {MAX_LOGPROBS}]"),
             (_logprob_count(self.prompt_logprobs), "prompt_logprobs", f"must be an integer in [0, {MAX_LOGPROBS}]"),
-            (isinstance(self.detokenize, bool), "detokenize", "must be true or false"),
             (self.detokenize or not self.stop, "stop", "strings need detokenize=True: they are matched in the text"),
         ]
         for ok, name, why in checks:
@@ -166,7 +157,7 @@ def _real(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _integer(v: object) -> bool:
+def _integer(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -183,4 +174,4 @@ def _short(v: object) -> str:
 
 
 def _logprob_count(k: object) -> bool:
-    return k is None or (isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= MAX_LOGPROBS)
+    return k is None or (_integer(k) and 0 <= k <= MAX_LOGPROBS)

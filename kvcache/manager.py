@@ -140,6 +140,7 @@ class CacheManager:
         )
         assert not any(self.allocator.is_free(p) for p in used), "a page both free and in use"
         assert len(evictable) == self.num_evictable, "evictable page counter out of sync"
+        assert self.radix is None or len(locked) == self.radix.locked_pages, "locked page counter out of sync"
         assert self.num_free + self.num_evictable + self.num_in_use == self.num_pages
         tree_pages = set(locked)
         for r in live:

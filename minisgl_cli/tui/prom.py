@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from minisgl_cli.prometheus import cache_counters, counter, parse_prometheus
 from minisgl_cli.tui.stats import Load
 
 
 def _int(v: float | None) -> int | None:
     return None if v is None else round(v)
+
+
+def _vllm_style_counts(m: dict[str, float], prefix: str) -> dict[str, Any]:
+    """The request and token counters minisgl exports under vLLM's names (its own prefix)."""
+    hits, queries = cache_counters(m) or (None, None)
+    return dict(
+        running=_int(m.get(f"{prefix}:num_requests_running")),
+        waiting=_int(m.get(f"{prefix}:num_requests_waiting")),
+        finished_requests=_int(counter(m, f"{prefix}:request_success")),
+        preemptions=_int(counter(m, f"{prefix}:num_preemptions")),
+        prompt_tokens=_int(counter(m, f"{prefix}:prompt_tokens")),
+        cache_hit_tokens=_int(hits),
+        generation_tokens=_int(counter(m, f"{prefix}:generation_tokens")),
+        cache_hit_rate=hits / queries if hits is not None and queries else None,
+    )
 
 
 def load_from_metrics(text: str) -> Load | None:
@@ -21,38 +38,10 @@ def load_from_metrics(text: str) -> Load | None:
             # usage = in_use / total and total = in_use + cached + free
             in_use = round(usage * (cached + free) / (1 - usage))
             total = in_use + round(cached) + round(free)
-        hits, queries = cache_counters(m) or (None, None)
-        return Load(
-            "minisgl",
-            usage,
-            in_use,
-            _int(cached),
-            _int(free),
-            total,
-            running=_int(m.get("minisgl:num_requests_running")),
-            waiting=_int(m.get("minisgl:num_requests_waiting")),
-            finished_requests=_int(counter(m, "minisgl:request_success")),
-            preemptions=_int(counter(m, "minisgl:num_preemptions")),
-            prompt_tokens=_int(counter(m, "minisgl:prompt_tokens")),
-            cache_hit_tokens=_int(hits),
-            generation_tokens=_int(counter(m, "minisgl:generation_tokens")),
-            cache_hit_rate=hits / queries if hits is not None and queries else None,
-        )
+        return Load("minisgl", usage, in_use, _int(cached), _int(free), total, **_vllm_style_counts(m, "minisgl"))
     if "vllm:num_requests_running" in m:
         usage = m.get("vllm:kv_cache_usage_perc", m.get("vllm:gpu_cache_usage_perc"))
-        hits, queries = cache_counters(m) or (None, None)
-        return Load(
-            "vllm",
-            usage,
-            running=_int(m.get("vllm:num_requests_running")),
-            waiting=_int(m.get("vllm:num_requests_waiting")),
-            finished_requests=_int(counter(m, "vllm:request_success")),
-            preemptions=_int(counter(m, "vllm:num_preemptions")),
-            prompt_tokens=_int(counter(m, "vllm:prompt_tokens")),
-            cache_hit_tokens=_int(hits),
-            generation_tokens=_int(counter(m, "vllm:generation_tokens")),
-            cache_hit_rate=hits / queries if hits is not None and queries else None,
-        )
+        return Load("vllm", usage, **_vllm_style_counts(m, "vllm"))
     if "sglang:num_running_reqs" in m:
         used, capacity = m.get("sglang:num_used_tokens"), m.get("sglang:max_total_num_tokens")
         return Load(
