@@ -5,7 +5,9 @@
 #            as a person gives it (SIGINT to torchrun, which forwards it to every rank): no process may stay
 #   sigterm  `serve --tp 2` stopped by SIGTERM to torchrun with a stream open (the forty-sixth session: followers leave
 #            the signal to rank 0): the stream's last events, the IPC directory, the processes
-# Usage there: COMMIT=<sha> bash benchmarks/run_gpu_tp2.sh [tests] [load] [sigterm]
+#   stuck0   (not in the default) rank 0 of `serve --tp 2` stopped (SIGSTOP) with a stream open, the collectives' timeout
+#            at 10 s: rank 1 gives up, torchrun stops the group, and the front end must end the stream with an error
+# Usage there: COMMIT=<sha> bash benchmarks/run_gpu_tp2.sh [tests] [load] [sigterm] [stuck0]
 # (.whl/use-bundle.sh, sourced here, also restores FlashInfer's JIT cache when .whl/fi-cache.txz is carried)
 set -u
 source .whl/use-bundle.sh > /dev/null 2>&1
@@ -58,7 +60,27 @@ for stage in $stages; do
       echo "'tensor-parallel group failed' lines: $(grep -c "tensor-parallel group failed" "$OUT/serve_tp2_sigterm.log")"
       grep -v "POST /v1" "$OUT/serve_tp2_sigterm.log" | tail -n 5
       ;;
-    *) echo "unknown stage $stage (tests, load, sigterm)"; exit 2 ;;
+    stuck0)
+      export MINISGL_DIST_TIMEOUT=10
+      start_serve serve_tp2_stuck0
+      unset MINISGL_DIST_TIMEOUT
+      (curl -sN http://127.0.0.1:8200/v1/completions -H 'content-type: application/json' \
+        -d '{"model":"dummy:Qwen3-0.6B","prompt":"hi","max_tokens":30000,"stream":true,"ignore_eos":true}' \
+        > "$OUT/stream_stuck0.txt" 2>&1 &)
+      sleep 2
+      ipc=$(ls -d /tmp/minisgl-* 2>/dev/null | head -1); echo "ipc dir: $ipc"
+      for p in $(pgrep -f "minisgl_cli serve"); do
+        tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "LOCAL_RANK=0" && rank0=$p
+      done
+      echo "rank 0 (pid ${rank0:-none}) stopped (SIGSTOP)"; kill -STOP "$rank0"
+      for i in $(seq 1 60); do grep -q '^data: \[DONE\]' "$OUT/stream_stuck0.txt" && break; sleep 1; done
+      echo "stream ended after ${i} s: $(grep -c '^data:' "$OUT/stream_stuck0.txt") events"
+      grep '^data:' "$OUT/stream_stuck0.txt" | tail -2 | cut -c1-300
+      wait_gone "rank 0 stuck"
+      [ -n "$ipc" ] && { [ -e "$ipc" ] && echo "IPC DIR LEFT" || echo "ipc dir removed"; }
+      grep -v "POST /v1" "$OUT/serve_tp2_stuck0.log" | grep -v "^W1\|^  \|^Traceback\|^torch.distributed" | tail -n 8
+      ;;
+    *) echo "unknown stage $stage (tests, load, sigterm, stuck0)"; exit 2 ;;
   esac
 done
 nvidia-smi --query-gpu=memory.used --format=csv,noheader
