@@ -71,6 +71,9 @@ def register(app: typer.Typer) -> None:
         served_model: Annotated[
             str | None, typer.Option(help="model name sent with --url (default: the first of /v1/models)")
         ] = None,
+        api_key: Annotated[
+            str | None, typer.Option(envvar="OPENAI_API_KEY", help="bearer token for --url", show_default=False)
+        ] = None,
         vocab_size: Annotated[
             int | None, typer.Option(help="prompt token ids stay below this (default: the --model's vocabulary)", min=2)
         ] = None,
@@ -90,7 +93,7 @@ def register(app: typer.Typer) -> None:
             Path | None,
             typer.Option(
                 help="in-process: write one JSON line per engine step (time, decode rows, prefill rows and tokens, "
-                "KV tokens read) to this file"
+                "KV tokens read, the engine's CPU times) to this file"
             ),
         ] = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="no progress view")] = False,
@@ -120,6 +123,7 @@ def register(app: typer.Typer) -> None:
         (ignore_eos); lengths that do not fit the model's context are clamped and counted."""
         flags = dict(locals())
         flags.update(flags.pop("engine_flags"))
+        flags.pop("api_key")  # a secret: never in the JSON's flags
         del flags["ctx"]
         from rich.console import Console
 
@@ -145,7 +149,7 @@ def register(app: typer.Typer) -> None:
         if flags["vllm_args"] and engine != "vllm":
             raise typer.BadParameter("is for --engine vllm", param_hint="--vllm-arg")
         reads_model = vocab_size is None or config.max_model_len is None  # _run_url's vocabulary and context
-        o.refuse_by_url(ctx, url, reads_model, ("served_model", "request_timeout", "no_client_check"))
+        o.refuse_by_url(ctx, url, reads_model, ("api_key", "served_model", "request_timeout", "no_client_check"))
         if engine == "vllm":
             why = "for minisgl's engine, which --engine vllm does not run (vLLM's own settings: --vllm-arg KEY=VALUE)"
             o.refuse_engine_flags(ctx, why, PEER_ENGINE_FLAGS["vllm"])
@@ -178,7 +182,7 @@ def register(app: typer.Typer) -> None:
         elif url is None:
             result, results = _run_local(config, window, flags, quiet)
         else:
-            result, results = _run_url(config, window, flags, quiet)
+            result, results = _run_url(config, window, flags, quiet, api_key)
         result.update(
             benchmark="bench-trace",
             trace=str(trace),
@@ -386,7 +390,9 @@ def _gpu_name(device) -> str | None:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
-def _run_url(config: EngineConfig, window, flags: dict[str, Any], quiet: bool) -> tuple[dict[str, Any], list]:
+def _run_url(
+    config: EngineConfig, window, flags: dict[str, Any], quiet: bool, api_key: str | None = None
+) -> tuple[dict[str, Any], list]:
     import asyncio
 
     from minisgl_cli.client_check import client_check_or_none
@@ -418,7 +424,7 @@ def _run_url(config: EngineConfig, window, flags: dict[str, Any], quiet: bool) -
 
     async def main():
         try:
-            client = OpenAIClient(flags["url"], timeout=flags["request_timeout"])
+            client = OpenAIClient(flags["url"], timeout=flags["request_timeout"], api_key=api_key)
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--url") from e
         async with client:

@@ -36,7 +36,10 @@ class Event:
 class HTTPStatusError(Exception):
     def __init__(self, status: int, body: bytes):
         self.status, self.body = status, body
-        super().__init__(f"HTTP {status}: {body.decode(errors='replace')[:300]}")
+        if status in (401, 403):  # every command with a --url reads a key from --api-key or OPENAI_API_KEY
+            super().__init__(f"HTTP {status}: {self.message} (pass the server's key: --api-key, or OPENAI_API_KEY)")
+        else:
+            super().__init__(f"HTTP {status}: {body.decode(errors='replace')[:300]}")
 
     @property
     def code(self) -> str | None:

@@ -29,7 +29,7 @@ from minisgl_cli.options import (
     refuse_unread_engine_flags,
     with_engine_flags,
 )
-from minisgl_cli.server.frontend_spec import ORPHAN_GRACE_S, FrontendSpec
+from minisgl_cli.server.frontend_spec import API_KEY_ENV, ORPHAN_GRACE_S, FrontendSpec
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -65,6 +65,15 @@ Origins = Annotated[
         "for any: CORS headers and preflight answers for them (default: none)"
     ),
 ]
+ApiKey = Annotated[
+    str | None,
+    typer.Option(
+        envvar=API_KEY_ENV,
+        show_default=False,
+        help="every /v1 request must send 'Authorization: Bearer <this key>' (401 otherwise; /health and /metrics "
+        "stay open); also read from MINISGL_API_KEY, which keeps it out of the process list",
+    ),
+]
 StepLog = Annotated[
     Path | None,
     typer.Option(
@@ -88,6 +97,7 @@ def register(app: typer.Typer) -> None:
         log_level: Level = LogLevel.info,
         step_log: StepLog = None,
         allowed_origins: Origins = None,
+        api_key: ApiKey = None,
         **engine_flags: Any,
     ) -> None:
         """Serve the model over an OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions,
@@ -96,6 +106,8 @@ def register(app: typer.Typer) -> None:
 
         check_outputs(step_log=step_log)  # written when the server stops: a bad path fails now, not after the run
         origins = parse_origins(allowed_origins)
+        if api_key is not None and not api_key.strip():
+            raise typer.BadParameter("is empty: a client could never send it", param_hint="--api-key")
         config = engine_config(seed=seed, **engine_flags)
         refuse_unread_engine_flags(ctx, config)
         # rank 0 serves HTTP: its address is taken before the model loads, so a port in use or a bad --host ends
@@ -104,7 +116,9 @@ def register(app: typer.Typer) -> None:
         try:
             llm = load_llm(config)  # under torchrun, ranks > 0 stay in there, following rank 0's steps
             name = served_model_name or engine_flags["model"]
-            run_server(llm, host, port, name, max_queued_requests, log_level.value, step_log, listener, origins)
+            run_server(
+                llm, host, port, name, max_queued_requests, log_level.value, step_log, listener, origins, api_key
+            )
         finally:
             if listener is not None:
                 listener.close()
@@ -155,6 +169,7 @@ def run_server(
     step_log: Path | None = None,
     listener: socket.socket | None = None,
     allowed_origins: tuple[str, ...] = (),
+    api_key: str | None = None,
 ) -> None:
     """Serve `llm` until Ctrl-C / SIGTERM. Exits non-zero if the engine loop crashes or the front end dies.
     listener: host:port already bound (bind_listener); None: the front end binds it."""
@@ -164,21 +179,26 @@ def run_server(
     spec = FrontendSpec(
         llm.config.model, None, host, port, model_name, max_queued_requests, log_level, os.getpid(), fd, allowed_origins
     )
-    why = serve_engine(llm.engine, engine_info(llm), spec, step_log)
+    why = serve_engine(llm.engine, engine_info(llm), spec, step_log, api_key)
     if why:
         Console(stderr=True, soft_wrap=True).print(f"[red]minisgl serve:[/red] {why}; exiting")
         raise typer.Exit(1)
 
 
-def serve_engine(engine: Engine, info: EngineInfo, spec: FrontendSpec, step_log: Path | None = None) -> str | None:
+def serve_engine(
+    engine: Engine, info: EngineInfo, spec: FrontendSpec, step_log: Path | None = None, api_key: str | None = None
+) -> str | None:
     """This process runs the engine loop; the HTTP front end runs in a child process (minisgl_cli.server.frontend)
-    until Ctrl-C / SIGTERM here. Returns why it ended, if not by a signal: the loop crashed or the front end died."""
+    until Ctrl-C / SIGTERM here. Returns why it ended, if not by a signal: the loop crashed or the front end died.
+    The API key reaches the front end in its environment (API_KEY_ENV), not in its command line for all to see."""
     from engine.ipc import Addresses
 
     addrs = Addresses.temporary()
     spec = dataclasses.replace(spec, addrs=addrs, engine_pid=os.getpid())
     fds = () if spec.fd is None else (spec.fd,)  # the listening socket, bound here
-    front = subprocess.Popen([sys.executable, "-m", "minisgl_cli.server.frontend", spec.to_json()], pass_fds=fds)
+    env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV} | ({API_KEY_ENV: api_key} if api_key else {})
+    argv = [sys.executable, "-m", "minisgl_cli.server.frontend", spec.to_json()]
+    front = subprocess.Popen(argv, pass_fds=fds, env=env)
     return run_beside_front_end(engine, info, addrs, front, "the HTTP front end", step_log).why
 
 

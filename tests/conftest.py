@@ -166,16 +166,24 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 120.0) -> No
 
 @contextlib.contextmanager
 def serve_subprocess(
-    log_dir: Path, *args: str, model: str = "dummy:tiny-llama"
+    log_dir: Path, *args: str, model: str = "dummy:tiny-llama", env: dict[str, str] | None = None
 ) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A real `minisgl serve` of a CPU model (the tiny one unless told; plus `args`) in its own process group: the
-    engine process and its HTTP front end. Yields (url, process); on the way out everything it started is ended."""
+    """A real `minisgl serve` of a CPU model (the tiny one unless told; plus `args`, and `env` added to this
+    environment) in its own process group: the engine process and its HTTP front end. Yields (url, process); on the
+    way out everything it started is ended."""
     port = free_port()
     log_path = log_dir / f"serve-{port}.log"
     cmd = [sys.executable, "-m", "minisgl_cli", "serve", "--model", model, "--device", "cpu"]
     cmd += ["--port", str(port), "--log-level", "warning", *args]
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
         try:
             try:
                 wait_healthy(proc, f"http://127.0.0.1:{port}")

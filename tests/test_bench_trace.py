@@ -300,13 +300,23 @@ def test_vllm_engine_missing_is_a_clear_error():
 def test_url_mode_against_minisgl_serve(tmp_path):
     if "serve" not in typer.main.get_command(app).commands:
         pytest.skip("`minisgl serve` is not registered yet")
-    with serve_subprocess(tmp_path, "--served-model-name", "tiny") as (url, _):
+    # behind an API key (serve --api-key, read from the environment as it keeps keys out of the process list)
+    with serve_subprocess(tmp_path, "--served-model-name", "tiny", env={"MINISGL_API_KEY": "sekret"}) as (url, _):
+        r = CliRunner().invoke(
+            app,
+            ["bench-trace", str(QWEN), "--url", url, "--num-requests", "2"],
+            env={"COLUMNS": "400", "OPENAI_API_KEY": None},
+        )
+        assert r.exit_code == 2 and "HTTP 401: missing API key" in r.output, r.output
+        assert "(pass the server's key: --api-key, or OPENAI_API_KEY)" in r.output, r.output
         trace = read_trace(QWEN).window(0, 24)
         res = replay(
             tmp_path,
             QWEN,
             "--url",
             url,
+            "--api-key",
+            "sekret",
             "--model",
             "dummy:tiny-llama",
             "--num-requests",

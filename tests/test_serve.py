@@ -280,6 +280,26 @@ def test_browser_pages_only_from_the_allowed_origins(tiny):
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://ui.example:3000"
 
 
+def test_an_api_key_guards_the_v1_routes_as_vllms_does():
+    """serve --api-key (vLLM's): every /v1 request needs `Authorization: Bearer <key>`, the official client's
+    api_key; /health and /metrics stay open, and a browser's preflight (no credentials) is CORS's to answer."""
+    llm = make_llm(**TINY)
+    with live_server(llm, api_key="sekret", allowed_origins=("http://ui.example:3000",)) as server:
+        url = f"{server.url}/v1"
+        good = openai.OpenAI(base_url=url, api_key="sekret", max_retries=0)
+        assert good.completions.create(model=server.model, prompt="hi", max_tokens=2).usage.completion_tokens == 2
+        with pytest.raises(openai.AuthenticationError, match="wrong API key") as e:
+            openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).models.list()
+        assert e.value.status_code == 401 and e.value.code == "invalid_api_key"
+        r = httpx.post(f"{url}/chat/completions", json={"messages": MSG})  # refused before the body is read
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert "missing API key" in r.json()["error"]["message"]
+        assert httpx.get(f"{server.url}/health").status_code == 200
+        assert httpx.get(f"{server.url}/metrics").status_code == 200
+        ok = httpx.options(f"{url}/chat/completions", headers={"Origin": "http://ui.example:3000", **PREFLIGHT})
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://ui.example:3000"
+
+
 def _case(path, body, param, status=400, code=None):
     return pytest.param(path, body, status, param, code, id=f"{path.rsplit('/', 1)[1]}-{str(body)[:60]}")
 

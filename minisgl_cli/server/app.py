@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import hmac
 import time
+from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from engine.remote_llm import RemoteLLM
 from minisgl_cli.server.completions import router
@@ -19,11 +21,14 @@ def create_app(
     model_name: str | None = None,
     max_queued_requests: int | None = None,
     allowed_origins: tuple[str, ...] = (),
+    api_key: str | None = None,
 ) -> FastAPI:
     """model_name: what clients pass as `model` (default: the engine's model name).
     max_queued_requests: beyond --max-running-requests + this many requests in flight, answer 429.
     allowed_origins: web pages (origins, or "*" for any) whose scripts may call the API: CORS headers and preflight
-    answers for them (vLLM's --allowed-origins); none by default, so a page elsewhere cannot drive a local server."""
+    answers for them (vLLM's --allowed-origins); none by default, so a page elsewhere cannot drive a local server.
+    api_key: every /v1 request must carry `Authorization: Bearer <api_key>` (vLLM's --api-key); /health and
+    /metrics stay open, as vLLM's do."""
     assert remote.info is not None, "start() the RemoteLLM first"
     name = model_name or remote.info.model
     client = EngineClient(remote, name, max_queued_requests)
@@ -32,6 +37,20 @@ def create_app(
     app.state.client = client
     install_error_handlers(app)
     app.include_router(router)
+    if api_key is not None:
+        want = f"Bearer {api_key}".encode()
+
+        @app.middleware("http")
+        async def check_key(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+            # a browser's preflight (OPTIONS) carries no credentials: the CORS layer, added after, answers it first
+            if request.url.path.startswith("/v1") and request.method != "OPTIONS":
+                got = request.headers.get("authorization", "").encode()
+                if not hmac.compare_digest(got, want):
+                    why = "missing" if not got else "wrong"
+                    message = f"{why} API key: this server needs the header 'Authorization: Bearer <its --api-key>'"
+                    return APIError(401, message, code="invalid_api_key", type="authentication_error").response()
+            return await call_next(request)
+
     if allowed_origins:
         from fastapi.middleware.cors import CORSMiddleware
 

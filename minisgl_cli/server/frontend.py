@@ -18,7 +18,7 @@ import uvicorn
 from engine.gc_heap import collect_if_idle, frozen_heap
 from engine.remote_llm import RemoteLLM
 from minisgl_cli.server.app import create_app
-from minisgl_cli.server.frontend_spec import ENGINE_GONE_EXIT, ORPHAN_GRACE_S, FrontendSpec
+from minisgl_cli.server.frontend_spec import API_KEY_ENV, ENGINE_GONE_EXIT, ORPHAN_GRACE_S, FrontendSpec
 
 IDLE_CHECK_S = 0.5
 TERM_GRACE_S = 5.0  # after a SIGTERM, how long open requests wait for the engine to end them
@@ -107,7 +107,8 @@ async def _main(spec: FrontendSpec) -> int:
     assert spec.addrs is not None
     remote = RemoteLLM(load_tokenizer(spec.model), spec.addrs)
     info = await remote.start()
-    app = create_app(remote, spec.model_name, spec.max_queued_requests, spec.allowed_origins)
+    api_key = os.environ.pop(API_KEY_ENV, None)
+    app = create_app(remote, spec.model_name, spec.max_queued_requests, spec.allowed_origins, api_key)
     server = HTTPServer(
         uvicorn.Config(
             app, host=spec.host, port=spec.port, log_level=spec.log_level, lifespan="off", timeout_graceful_shutdown=2

@@ -11,6 +11,7 @@ from engine.ipc import Addresses
 
 ORPHAN_GRACE_S = 2.0  # /health answers 503 this long after the engine is gone, then the front end exits
 ENGINE_GONE_EXIT = 3
+API_KEY_ENV = "MINISGL_API_KEY"  # serve --api-key's variable, and how the key reaches the front end
 
 
 @dataclass(frozen=True, slots=True)
