@@ -3,6 +3,7 @@
 # test tools and the embedded default model, then runs the given command inside that environment.
 #   ./run.sh minisgl chat          ./run.sh pytest          ./run.sh minisgl bench-offline --num-seqs 16
 set -euo pipefail
+caller=$PWD  # the command runs where it was typed: its relative paths (--json out.json, a trace) are the caller's
 cd "$(dirname "$0")"
 venv=.venv
 stamp="$venv/.installed-$(cat pyproject.toml run.sh | sha1sum | cut -c1-12)"
@@ -28,4 +29,5 @@ if [ ! -f "$stamp" ]; then
   rm -f "$venv"/.installed-* && touch "$stamp"
 fi
 export PATH="$PWD/$venv/bin:$PATH"
+cd "$caller"
 exec "$@"

@@ -2,8 +2,8 @@
 transformers, start-up to the chat prompt (cold and cached), and bf16 answers beside fp32. Prints numbers and
 writes them to --json; it asserts nothing (docs/benchmarks.md keeps the record).
 
-    PYTHONPATH=. python benchmarks/cpu_chat.py --json benchmarks/results/cpu_chat.json
-    PYTHONPATH=. python benchmarks/cpu_chat.py --model dummy:SmolLM2-135M --skip startup,batch,answers
+    ./run.sh python benchmarks/cpu_chat.py --json benchmarks/results/cpu_chat.json
+    ./run.sh python benchmarks/cpu_chat.py --model dummy:SmolLM2-135M --skip startup,batch,answers
 
 Single stream: one greedy chat answer of --tokens tokens (EOS ignored) after a warm-up, minisgl and HF interleaved
 --repeats times; medians. HF runs `generate` on the same weights (its own GGUF reader for the embedded model).

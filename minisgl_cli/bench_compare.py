@@ -17,6 +17,7 @@ FLAG_SKIP = {
     "json_path",
     "csv_path",
     "plot",
+    "step_log",
     "quiet",
     "save_detailed",
     "client_check",

@@ -86,13 +86,13 @@ def register(app: typer.Typer) -> None:
         slo: Annotated[
             str | None, typer.Option(help="goodput targets, e.g. ttft=200ms,tpot=40ms,e2e=5s (every one must be met)")
         ] = None,
-        seed: Annotated[int, typer.Option(help="seed of the workload and the arrivals")] = 0,
-        temperature: Annotated[float, typer.Option(help="sampling temperature", min=0.0)] = 0.0,
+        seed: Annotated[int, typer.Option(help="seed of the workload, the arrivals and the in-process engine")] = 0,
+        temperature: Annotated[float, typer.Option(help="sampling temperature (0: greedy)", min=0.0)] = 0.0,
         vocab_size: Annotated[
             int | None,
             typer.Option(help="prompt ids stay below this (default: --model's vocabulary)", min=2),
         ] = None,
-        request_timeout: Annotated[float, typer.Option(help="seconds per request with --url", min=0.1)] = 600.0,
+        request_timeout: Annotated[float, typer.Option(help="seconds per request with --url", min=1.0)] = 600.0,
         client_check: Annotated[
             bool, typer.Option("--client-check", help="only measure the client's absorption rate and print it")
         ] = False,
