@@ -12,7 +12,25 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # -h as vLLM's and SGLang's commands take it
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"minisgl {version('minisgl')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    _: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print the version and exit"),
+) -> None:
+    pass
+
+
 for module in (chat, bench_offline, bench_trace, bench_serve, bench_compare, serve, cache):
     module.register(app)
 

@@ -28,7 +28,7 @@ FLAG_SKIP = {
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("bench-compare")
+    @app.command("bench-compare", short_help="Compare saved runs side by side: throughput and latencies per run.")
     def bench_compare(
         files: Annotated[list[Path], typer.Argument(help="JSON results of bench-serve, bench-trace or bench-offline")],
         plot: Annotated[Path | None, typer.Option("--plot", help="draw every run to this PNG (matplotlib)")] = None,

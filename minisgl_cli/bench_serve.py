@@ -32,7 +32,9 @@ class Target:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("bench-serve")
+    @app.command(
+        "bench-serve", short_help="Load-test a server or the engine at rates or concurrencies; a sweep finds the knee."
+    )
     @o.with_engine_flags()
     def bench_serve(
         ctx: typer.Context,

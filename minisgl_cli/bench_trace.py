@@ -30,7 +30,10 @@ class Plan:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("bench-trace")
+    @app.command(
+        "bench-trace",
+        short_help="Replay a request trace in real time: TTFT, TBT, TPOT, E2E, throughput, prefix-cache hits.",
+    )
     @o.with_engine_flags()
     def bench_trace(
         ctx: typer.Context,

@@ -85,7 +85,7 @@ StepLog = Annotated[
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(short_help="Serve the model over an OpenAI-compatible HTTP API.")
     @with_engine_flags()
     def serve(
         ctx: typer.Context,

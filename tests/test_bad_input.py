@@ -1024,6 +1024,17 @@ def test_a_model_file_that_is_not_gguf(tmp_path):
         LLM(EngineConfig(model=str(tmp_path / "model.bin"), device="cpu"))
 
 
+def test_h_is_help_and_version_prints_the_packages():
+    """As vLLM's and SGLang's commands: `-h` ("No such option: -h" here) and `--version` (none)."""
+    from importlib.metadata import version
+
+    for args in (["-h"], ["serve", "-h"], ["bench-trace", "-h"]):
+        r = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+        assert r.exit_code == 0 and "Usage: " in r.output, r.output
+    r = CliRunner().invoke(app, ["--version"])
+    assert (r.exit_code, r.output) == (0, f"minisgl {version('minisgl')}\n")
+
+
 @pytest.mark.parametrize("command", ["chat", "serve", "bench-offline", "bench-trace", "bench-serve"])
 def test_every_engine_command_takes_every_engine_flag(command):
     """One list of engine flags (minisgl_cli/options.py ENGINE_FLAGS) for every command that builds an engine."""
