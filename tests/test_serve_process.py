@@ -225,3 +225,26 @@ def test_port_0_serves_on_the_port_the_banner_names():
                 p.kill()
         proc.kill()
         proc.wait()
+
+
+def test_a_long_tmpdir_still_gives_the_engine_its_sockets(tmp_path, monkeypatch):
+    """A Unix socket's address holds 107 bytes: under a long TMPDIR (an HPC or CI scratch folder) `serve` and `chat`
+    loaded the model, then failed to bind ("File name too long") and left their folder behind."""
+    import tempfile
+
+    import zmq
+
+    from engine.ipc import Addresses
+
+    long = tmp_path / ("t" * 100)
+    long.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    addrs = Addresses.temporary()
+    ctx = zmq.Context()
+    try:
+        for address in (addrs.commands, addrs.outputs):
+            ctx.socket(zmq.PULL).bind(address)
+    finally:
+        ctx.destroy(linger=0)  # its sockets too (term() waits for every socket to be closed)
+        addrs.remove()
+    assert not list(long.iterdir())
