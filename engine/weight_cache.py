@@ -103,6 +103,9 @@ def lookup(gguf: Path) -> Path | None:
     if not d.exists():
         return None
     if (why := _damage(d)) is None:
+        # a store killed while another process completed this entry left its staging folder (hundreds of MB), which
+        # only a later store swept: with the entry in place no store comes
+        _remove_stale(d)
         return d
     # A damaged entry (a file cut short or removed since, a disk error) would fail every start, or load without its
     # tokenizer: it is removed and the GGUF read again (which stores a fresh one).
@@ -143,6 +146,7 @@ def store(
     """Write the entry (to a temporary directory renamed into place, so a reader never sees half of one)."""
     if not enabled():
         return None
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     tmp: Path | None = None
@@ -168,7 +172,7 @@ def store(
             if lookup(gguf) is None:
                 raise
         return final
-    except OSError as e:
+    except (OSError, SafetensorError) as e:  # safetensors reports a full disk (ENOSPC, EDQUOT) as its own error
         print(
             f"minisgl: cannot cache the dequantized weights under {cache_root()} ({e}); next start dequantizes again"
             " (set MINISGL_CACHE_DIR to a writable directory, or MINISGL_WEIGHT_CACHE=0)",

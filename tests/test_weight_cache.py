@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import torch
 from engine import weight_cache
 from engine.loader import load_model
 from engine.model_source import embedded_default_path
+from tests.conftest import subprocess_env
 from tests.test_cpu_ops import quantized_modules
 from tests.test_hf_equivalence import PROMPTS
 
@@ -115,6 +118,48 @@ def test_an_entry_without_quantized_blocks_reads_back(tmp_path, monkeypatch):
     entry = weight_cache.store(f, PRESETS["tiny-llama"], {"w": torch.zeros(2)}, None, {})
     assert entry is not None and weight_cache.lookup(f) == entry
     assert weight_cache.load_quantized(entry) == {}
+
+
+def test_a_killed_stores_staging_folder_goes_once_the_entry_is_there(tmp_path, monkeypatch):
+    """A store killed (the OOM killer) while another process completed the entry left its staging folder, hundreds
+    of MB, for good: only a later store swept such folders, and with the entry in place no store comes."""
+    from engine.model_config import PRESETS
+
+    monkeypatch.setenv("MINISGL_WEIGHT_CACHE", "1")
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "c"))
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"x" * 10)
+    entry = weight_cache.store(f, PRESETS["tiny-llama"], {"w": torch.zeros(2)}, None, {})
+    assert entry is not None
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    staging = entry.parent / f".{entry.name}.{dead.pid}.tmp"
+    staging.mkdir()
+    (staging / "model.safetensors").write_bytes(b"\0" * 1000)
+    assert weight_cache.lookup(f) == entry and not staging.exists()
+
+
+def test_a_full_disk_under_the_cache_warns_and_carries_on(tmp_path):
+    """safetensors reports a write that the disk refuses (ENOSPC; here EFBIG, a file-size limit, as real an I/O
+    error) as its own SafetensorError, not an OSError: the first start on a nearly full disk ended in a traceback
+    instead of the warning an unwritable cache costs."""
+    script = f"""
+import resource, signal, sys, torch
+from pathlib import Path
+from engine import weight_cache
+from engine.model_config import PRESETS
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing
+f = Path({str(tmp_path / "m.gguf")!r}); f.write_bytes(b"x" * 10)
+weight_cache.entry(f)  # its content hash remembered before the limit
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+entry = weight_cache.store(f, PRESETS["tiny-llama"], {{"w": torch.zeros(1 << 20)}}, None, {{}})
+print("entry", entry)
+"""
+    env = subprocess_env(MINISGL_WEIGHT_CACHE="1", MINISGL_CACHE_DIR=str(tmp_path / "c"))
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0 and "entry None" in p.stdout, p.stderr[-3000:]
+    assert "cannot cache the dequantized weights" in p.stderr and "File too large" in p.stderr, p.stderr
+    assert not list((tmp_path / "c").rglob("*.tmp")), list((tmp_path / "c").rglob("*"))
 
 
 def _damage(entry, how: str) -> None:
