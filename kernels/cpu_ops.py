@@ -120,7 +120,16 @@ def load(cache_dir: Path) -> str | None:
     if os.environ.get("MINISGL_CPU_OPS", "1") == "0":
         return "turned off by MINISGL_CPU_OPS=0"
     try:
-        lib = ctypes.CDLL(str(_build(cache_dir)))
+        try:
+            lib = ctypes.CDLL(str(_build(cache_dir)))
+        except OSError:
+            # The cache not writable (read-only, a file in its place, a full disk, HOME unwritable): build for this
+            # process in a temporary folder, removed once loaded, rather than lose the kernels (a missing compiler
+            # fails here again, and is reported)
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="minisgl-kernels-") as d:
+                lib = ctypes.CDLL(str(_build(Path(d))))
     except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
         detail = getattr(e, "stderr", None) or e
         return f"cannot build {SOURCE.name} with the C compiler: {str(detail).strip()[:300]}"
