@@ -144,6 +144,10 @@ def bind_listener(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses a TIME_WAIT port
         sock.bind((host, port))
+        # Listen now: a socket only bound holds nothing against another SO_REUSEADDR bind, so a second `serve` on
+        # the port, started while this one loads, got past this check, loaded its model, and then its front end
+        # served nothing (uvloop reports the failed listen() to its exception handler, not to uvicorn).
+        sock.listen(2048)  # uvicorn's default backlog
     except OSError as e:
         sock.close()
         _cannot_listen(host, port, e)

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+import typer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -119,6 +120,21 @@ def test_a_port_in_use_or_a_bad_host_exit_2_before_the_model_loads(tmp_path):
         assert code == 2 and f"error: cannot listen on --host {host} --port 8000: {why}" in out, out
     code, out = invoke(*SERVE[:1], "--model", str(broken), "--device", "cpu", "--port", port)  # free again
     assert code == 2 and "is not a .gguf file" in out, out
+
+
+def test_a_second_serve_on_a_port_another_serve_still_loads_for_exits_2():
+    """serve binds its port before the model loads; it only bound it, with SO_REUSEADDR, so a second serve on the
+    same port started meanwhile bound it too, loaded its model, and its front end served nothing (the failed
+    listen() went to uvloop's exception handler). A listening socket holds the port."""
+    from minisgl_cli.serve import bind_listener
+
+    first = bind_listener("127.0.0.1", 0)
+    try:
+        with pytest.raises(typer.Exit) as e:
+            bind_listener("127.0.0.1", first.getsockname()[1]).close()
+        assert e.value.exit_code == 2
+    finally:
+        first.close()
 
 
 def test_an_unwritable_step_log_exits_2_before_the_model_loads(tmp_path):

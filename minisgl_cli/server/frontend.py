@@ -116,6 +116,12 @@ async def _main(spec: FrontendSpec) -> int:
     )
     # the socket the command bound before loading the model (its port is the real one when --port was 0)
     sockets = None if spec.fd is None else [socket.socket(fileno=spec.fd)]
+    if sockets is not None:
+        try:  # idempotent when the command listened already; a failure here would be swallowed by uvloop
+            sockets[0].listen(2048)
+        except OSError as e:
+            print(f"minisgl serve: cannot listen on {spec.host}:{spec.port}: {e.strerror or e}", file=sys.stderr)
+            return 2
     host, port = (spec.host, spec.port) if sockets is None else sockets[0].getsockname()[:2]
     Console(stderr=True, soft_wrap=True).print(
         f"[bold]minisgl serve[/bold]: model [cyan]{app.state.client.model_name}[/cyan] on {info.device} "
