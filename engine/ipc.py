@@ -48,10 +48,41 @@ class Addresses:
             if len(f"{where}/commands") > getattr(zmq, "IPC_PATH_MAX_LEN", 107):  # a symlinked /tmp cannot be this
                 os.rmdir(where)
                 raise OSError(f"no directory for the engine's Unix sockets: {tempfile.gettempdir()} is too long a path")
+        _sweep_dead(os.path.dirname(where))
         return Addresses(f"ipc://{where}/commands", f"ipc://{where}/outputs")
 
     def remove(self) -> None:
         shutil.rmtree(os.path.dirname(self.commands.removeprefix("ipc://")), ignore_errors=True)
+
+
+STALE_AFTER_S = 120.0  # a folder this old whose engine socket refuses connections belongs to no live engine
+
+
+def _sweep_dead(parent: str) -> None:
+    """Remove this user's socket folders that no engine serves any more: an engine killed outright (SIGKILL to the
+    process group, docker kill, the OOM killer) leaves its folder, and hundreds piled up in /tmp. A folder is dead
+    when its commands socket is gone or refuses a connection; a young one may belong to an engine still starting."""
+    import errno
+    import socket
+    import time
+
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith("minisgl-")]
+    except OSError:
+        return
+    for name in names:
+        d = os.path.join(parent, name)
+        try:
+            st = os.lstat(d)
+            if st.st_uid != os.getuid() or time.time() - st.st_mtime < STALE_AFTER_S:
+                continue
+            if not set(os.listdir(d)) <= {"commands", "outputs"}:  # not one of ours
+                continue
+            with socket.socket(socket.AF_UNIX) as probe:
+                probe.connect(os.path.join(d, "commands"))  # a live engine's zmq accepts (and drops the stranger)
+        except OSError as e:
+            if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
+                shutil.rmtree(d, ignore_errors=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -248,3 +248,32 @@ def test_a_long_tmpdir_still_gives_the_engine_its_sockets(tmp_path, monkeypatch)
         ctx.destroy(linger=0)  # its sockets too (term() waits for every socket to be closed)
         addrs.remove()
     assert not list(long.iterdir())
+
+
+def test_socket_folders_of_dead_engines_are_swept(tmp_path, monkeypatch):
+    """An engine killed outright leaves its socket folder: hundreds piled up in /tmp. A new one removes this user's
+    folders whose socket refuses connections, once they are old enough not to be an engine still starting; a live
+    engine's, and anything else named so, stay."""
+    import socket as so
+    import tempfile
+
+    from engine.ipc import Addresses
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead, live, young, other = (tmp_path / f"minisgl-{n}" for n in ("dead", "live", "young", "other"))
+    for d in (dead, live, young, other):
+        d.mkdir()
+    with so.socket(so.AF_UNIX) as s:  # bound, then closed: the file stays and refuses connections
+        s.bind(str(dead / "commands"))
+    (other / "notes.txt").write_text("not an engine's")
+    listening = so.socket(so.AF_UNIX)
+    listening.bind(str(live / "commands"))
+    listening.listen()
+    for d in (dead, live, other):
+        os.utime(d, (time.time() - 600, time.time() - 600))
+    try:
+        new = Addresses.temporary()
+        assert (dead.exists(), live.exists(), young.exists(), other.exists()) == (False, True, True, True)
+        new.remove()
+    finally:
+        listening.close()
