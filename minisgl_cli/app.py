@@ -18,9 +18,16 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import version
+        from importlib.metadata import PackageNotFoundError, version
 
-        typer.echo(f"minisgl {version('minisgl')}")
+        try:
+            typer.echo(f"minisgl {version('minisgl')}")
+        except PackageNotFoundError:  # run from a checkout on PYTHONPATH, not installed (the GPU machine)
+            import tomllib
+            from pathlib import Path
+
+            project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]
+            typer.echo(f"minisgl {project['version']} (not installed: {Path(__file__).parent.parent})")
         raise typer.Exit()
 
 

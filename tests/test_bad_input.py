@@ -1051,6 +1051,19 @@ def test_h_is_help_and_version_prints_the_packages():
     assert (r.exit_code, r.output) == (0, f"minisgl {version('minisgl')}\n")
 
 
+def test_version_of_a_checkout_that_is_not_installed(monkeypatch):
+    """The GPU machine runs the checkout from PYTHONPATH, with no package metadata: --version raised
+    PackageNotFoundError. (The metadata lookup is made to fail as it does there: this machine has it installed.)"""
+    import importlib.metadata
+
+    def not_installed(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    r = CliRunner().invoke(app, ["--version"])
+    assert r.exit_code == 0 and re.fullmatch(r"minisgl \d+\.\d+\.\d+ \(not installed: .+\)\n", r.output), r.output
+
+
 @pytest.mark.parametrize("command", ["chat", "serve", "bench-offline", "bench-trace", "bench-serve"])
 def test_every_engine_command_takes_every_engine_flag(command):
     """One list of engine flags (minisgl_cli/options.py ENGINE_FLAGS) for every command that builds an engine."""
