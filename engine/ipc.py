@@ -61,7 +61,7 @@ STALE_AFTER_S = 120.0  # a folder this old whose engine socket refuses connectio
 def _sweep_dead(parent: str) -> None:
     """Remove this user's socket folders that no engine serves any more: an engine killed outright (SIGKILL to the
     process group, docker kill, the OOM killer) leaves its folder, and hundreds piled up in /tmp. A folder is dead
-    when its commands socket is gone or refuses a connection; a young one may belong to an engine still starting."""
+    when its commands socket refuses a connection; a young one may belong to an engine still starting."""
     import errno
     import socket
     import time
@@ -81,7 +81,9 @@ def _sweep_dead(parent: str) -> None:
             with socket.socket(socket.AF_UNIX) as probe:
                 probe.connect(os.path.join(d, "commands"))  # a live engine's zmq accepts (and drops the stranger)
         except OSError as e:
-            if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            # refused: bound once, its engine gone. A folder without its socket may be an engine still loading
+            # its model (it binds after the load: minutes on a GPU), and stays.
+            if e.errno == errno.ECONNREFUSED:
                 shutil.rmtree(d, ignore_errors=True)
 
 

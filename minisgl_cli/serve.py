@@ -144,10 +144,10 @@ def bind_listener(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses a TIME_WAIT port
         sock.bind((host, port))
-        # Listen now: a socket only bound holds nothing against another SO_REUSEADDR bind, so a second `serve` on
-        # the port, started while this one loads, got past this check, loaded its model, and then its front end
-        # served nothing (uvloop reports the failed listen() to its exception handler, not to uvicorn).
-        sock.listen(2048)  # uvicorn's default backlog
+        # Hold the port without listening: with SO_REUSEADDR cleared, a second `serve`'s bind fails (EADDRINUSE),
+        # and a client connecting during the load is refused at once, as vLLM's, instead of waiting in the backlog
+        # for the whole load. The front end sets SO_REUSEADDR again and listens once the engine is up.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
     except OSError as e:
         sock.close()
         _cannot_listen(host, port, e)
@@ -179,7 +179,7 @@ def run_server(
     listener: host:port already bound (bind_listener); None: the front end binds it."""
     from engine.engine_loop import engine_info
 
-    fd = None if listener is None else listener.fileno()
+    fd = None if listener is None else listener.detach()  # serve_engine hands it to the front end, and closes it here
     spec = FrontendSpec(
         llm.config.model, None, host, port, model_name, max_queued_requests, log_level, os.getpid(), fd, allowed_origins
     )
@@ -202,7 +202,13 @@ def serve_engine(
     fds = () if spec.fd is None else (spec.fd,)  # the listening socket, bound here
     env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV} | ({API_KEY_ENV: api_key} if api_key else {})
     argv = [sys.executable, "-m", "minisgl_cli.server.frontend", spec.to_json()]
-    front = subprocess.Popen(argv, pass_fds=fds, env=env)
+    try:
+        front = subprocess.Popen(argv, pass_fds=fds, env=env)
+    finally:
+        if spec.fd is not None:
+            # the front end's copy is the only one: once it closes it (told to stop), clients are refused at once
+            # instead of waiting in a backlog that nobody accepts from
+            os.close(spec.fd)
     return run_beside_front_end(engine, info, addrs, front, "the HTTP front end", step_log).why
 
 

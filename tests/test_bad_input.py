@@ -125,7 +125,7 @@ def test_a_port_in_use_or_a_bad_host_exit_2_before_the_model_loads(tmp_path):
 def test_a_second_serve_on_a_port_another_serve_still_loads_for_exits_2():
     """serve binds its port before the model loads; it only bound it, with SO_REUSEADDR, so a second serve on the
     same port started meanwhile bound it too, loaded its model, and its front end served nothing (the failed
-    listen() went to uvloop's exception handler). A listening socket holds the port."""
+    listen() went to uvloop's exception handler). The port is held without SO_REUSEADDR until the front end listens."""
     from minisgl_cli.serve import bind_listener
 
     first = bind_listener("127.0.0.1", 0)
@@ -133,6 +133,9 @@ def test_a_second_serve_on_a_port_another_serve_still_loads_for_exits_2():
         with pytest.raises(typer.Exit) as e:
             bind_listener("127.0.0.1", first.getsockname()[1]).close()
         assert e.value.exit_code == 2
+        # and a client meanwhile is refused at once, as vLLM's, not left waiting in a backlog for the whole load
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(first.getsockname()[:2], timeout=5).close()
     finally:
         first.close()
 

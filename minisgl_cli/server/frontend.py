@@ -65,12 +65,19 @@ async def serve_http(
         awaited a while, and if it does not come (rank 0 stopped or stuck), the requests end with an error here.
         uvicorn otherwise cut their streams after its 2 s without one, and the IPC directory stayed in /tmp."""
         nonlocal code
+        # Stop taking new work at once, as uvicorn's own shutdown does: close the listening sockets (a load balancer
+        # fails over, a client is refused instead of being accepted and cut 5 s later), end idle keep-alive
+        # connections and let busy ones close after their response.
+        for listening in getattr(server, "servers", []):
+            listening.close()
+        for connection in list(getattr(server.server_state, "connections", ())):
+            connection.shutdown()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + TERM_GRACE_S
         while remote.pending and loop.time() < deadline:
             await asyncio.sleep(0.05)
         if remote.pending:
-            why = f"the HTTP front end was stopped (SIGTERM) and the engine did not answer within {TERM_GRACE_S:.0f} s"
+            why = f"the HTTP front end was stopped (SIGTERM) and the requests did not end within {TERM_GRACE_S:.0f} s"
             remote.fail_all(why)
             print(f"minisgl serve: {why}; open requests ended with an error", file=sys.stderr, flush=True)
             code = ENGINE_GONE_EXIT
@@ -117,7 +124,8 @@ async def _main(spec: FrontendSpec) -> int:
     # the socket the command bound before loading the model (its port is the real one when --port was 0)
     sockets = None if spec.fd is None else [socket.socket(fileno=spec.fd)]
     if sockets is not None:
-        try:  # idempotent when the command listened already; a failure here would be swallowed by uvloop
+        try:  # the command only bound it (a client during the load is refused); uvloop would swallow a failure
+            sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sockets[0].listen(2048)
         except OSError as e:
             print(f"minisgl serve: cannot listen on {spec.host}:{spec.port}: {e.strerror or e}", file=sys.stderr)
