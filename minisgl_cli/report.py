@@ -125,7 +125,16 @@ def command_line() -> str | None:
 
     if Path(sys.argv[0]).name not in ("minisgl", "__main__.py"):
         return None
-    return shlex.join(["minisgl", *sys.argv[1:]])
+    args, secret = [], False
+    for a in sys.argv[1:]:  # --api-key's value is a secret: never in a results file that may be shared
+        if secret:
+            a, secret = "<redacted>", False
+        elif a == "--api-key":
+            secret = True
+        elif a.startswith("--api-key="):
+            a = "--api-key=<redacted>"
+        args.append(a)
+    return shlex.join(["minisgl", *args])
 
 
 def output_problem(path: Path) -> str | None:

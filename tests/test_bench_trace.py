@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -383,3 +384,14 @@ def test_ctrl_c_keeps_the_finished_requests_as_partial_results(tmp_path):
     env = res["environment"]
     assert env["command"].startswith("minisgl bench-trace ") and "--json" in env["command"]
     assert isinstance(env["dirty"], bool) and env["platform"] and env["cpu_count"] >= 1
+
+
+def test_the_command_line_in_a_results_file_hides_the_api_key(monkeypatch):
+    """environment()'s `command` is the argv as typed: with `--api-key K` it wrote the key into every results file
+    of bench-serve and bench-trace, files made to be shared."""
+    from minisgl_cli.report import command_line
+
+    argv = ["/usr/bin/minisgl", "bench-trace", "t.jsonl", "--api-key", "K1", "--url", "http://h", "--api-key=K2"]
+    monkeypatch.setattr(sys, "argv", argv)
+    line = command_line()
+    assert line is not None and "K1" not in line and "K2" not in line and "--url http://h" in line, line
