@@ -199,7 +199,7 @@ def drive(llm: LLM, arrivals: list[Arrival], too_big: Arrival | None, reference:
 
 
 @settings(
-    max_examples=5000 if SLOW else 600,
+    max_examples=5000 if SLOW else 400,
     deadline=None,
     derandomize=not SLOW,
     database=None,
