@@ -22,6 +22,14 @@ start_serve() {  # $1: the log's name under $OUT
   echo "serve --tp 2 healthy after ${i} s"
 }
 
+open_stream() {  # $1: the file under $OUT the long answer streams into; sets $ipc, the engine's socket folder
+  (curl -sN http://127.0.0.1:8200/v1/completions -H 'content-type: application/json' \
+    -d '{"model":"dummy:Qwen3-0.6B","prompt":"hi","max_tokens":30000,"stream":true,"ignore_eos":true}' \
+    > "$OUT/$1" 2>&1 &)
+  sleep 2
+  ipc=$(ls -d /tmp/minisgl-* 2>/dev/null | head -1); echo "ipc dir: $ipc"
+}
+
 wait_gone() {  # $1: what stopped it
   for i in $(seq 1 60); do pgrep -f "minisgl_cli" >/dev/null || break; sleep 1; done
   pgrep -fa "minisgl_cli" && echo "LEFT BEHIND" || echo "$1: no process left after ${i} s"
@@ -48,11 +56,7 @@ for stage in $stages; do
       ;;
     sigterm)
       start_serve serve_tp2_sigterm
-      (curl -sN http://127.0.0.1:8200/v1/completions -H 'content-type: application/json' \
-        -d '{"model":"dummy:Qwen3-0.6B","prompt":"hi","max_tokens":30000,"stream":true,"ignore_eos":true}' \
-        > "$OUT/stream.txt" 2>&1 &)
-      sleep 2
-      ipc=$(ls -d /tmp/minisgl-* 2>/dev/null | head -1); echo "ipc dir: $ipc"
+      open_stream stream.txt
       pkill -TERM -f "torchrun.*minisgl_cli serve"
       wait_gone "SIGTERM"
       echo "stream events: $(grep -c '^data:' "$OUT/stream.txt")"; grep '^data:' "$OUT/stream.txt" | tail -2 | cut -c1-300
@@ -64,11 +68,7 @@ for stage in $stages; do
       export MINISGL_DIST_TIMEOUT=10
       start_serve serve_tp2_stuck0
       unset MINISGL_DIST_TIMEOUT
-      (curl -sN http://127.0.0.1:8200/v1/completions -H 'content-type: application/json' \
-        -d '{"model":"dummy:Qwen3-0.6B","prompt":"hi","max_tokens":30000,"stream":true,"ignore_eos":true}' \
-        > "$OUT/stream_stuck0.txt" 2>&1 &)
-      sleep 2
-      ipc=$(ls -d /tmp/minisgl-* 2>/dev/null | head -1); echo "ipc dir: $ipc"
+      open_stream stream_stuck0.txt
       for p in $(pgrep -f "minisgl_cli serve"); do
         tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "LOCAL_RANK=0" && rank0=$p
       done
