@@ -12,10 +12,9 @@ from typing import Any
 import zmq
 
 from engine.engine import Engine
-from engine.ipc import Addresses, EngineInfo, connect, pack, unpack
+from engine.ipc import Addresses, EngineInfo, connect, pack, params_from_wire, unpack
 from engine.llm import LLM
 from engine.request import Req
-from engine.sampling_params import SamplingParams
 from engine.step_loop import StepLoop
 
 
@@ -59,7 +58,7 @@ class EngineLoop(StepLoop):
         self._watch, self._next_watch = watch, time.monotonic() + self.WATCH_EVERY
         self._run_steps()
         # Whatever ended the loop, the front end fails its open requests with this and answers 503 from now on.
-        self._send(["dead", self.error or self.stopped_by or "engine shut down"])
+        self._send(["dead", self.error or self.stopped_by or "engine shut down", self.error is None])
 
     def _busy(self) -> bool:
         return self.engine.has_work()
@@ -128,7 +127,7 @@ class EngineLoop(StepLoop):
         if kind == "add":
             _, rid, ids, params = msg
             try:
-                self.engine.add_request(ids, SamplingParams(**params), rid)
+                self.engine.add_request(ids, params_from_wire(params), rid)
             except (ValueError, TypeError) as e:
                 self._send(["refused", rid, str(e)])
                 return

@@ -7,8 +7,8 @@ Front end -> engine:            Engine -> front end:
                                               logprobs, prompt_logprobs: only for requests that asked)], ...]]
   ["abort", rid, reason]          ["refused", rid, message]       (the engine's own check refused an add)
   ["metrics", seq]                ["metrics", seq, metrics]        (EngineMetrics as a dict)
-                                  ["dead", why]                    (the loop ended: EngineLoop.stop(), its watch,
-                                                                    or a crash; nothing more follows)
+                                  ["dead", why, stopped]           (the loop ended: EngineLoop.stop(), its watch
+                                                                    (stopped: true), or a crash; nothing more follows)
 
 token_times are the engine's time.perf_counter() when each new token was made. Both ends run on one host (the pipes
 are Unix sockets), where that clock is one monotonic clock for every process, so the front end takes them as they are:
@@ -110,6 +110,14 @@ class EngineInfo:
 
 def params_to_wire(p: SamplingParams) -> dict[str, Any]:
     return {f.name: getattr(p, f.name) for f in fields(p)}
+
+
+def params_from_wire(d: dict[str, Any]) -> SamplingParams:
+    """SamplingParams(**d), validated, with the seed taken literally: a user's -1 was read as "no seed" where it was
+    given, so a -1 here is a choice's own seed (n > 1 from seed -2 gives choice 1 seed -1, as vLLM's children)."""
+    p = SamplingParams(**d)
+    p.seed = d.get("seed")
+    return p
 
 
 def pack(msg: list[Any]) -> bytes:

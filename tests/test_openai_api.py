@@ -190,6 +190,15 @@ def test_n_choices_are_seeded_reproducible_and_share_the_prefilled_prompt(server
     assert single.choices[0].text == texts[2]
 
 
+def test_a_choice_whose_seed_is_minus_1_is_seeded(server):
+    """seed -2 with n 2 gives choice 1 the seed -1, which is a seed there (vLLM's children keep it), not the user's
+    "no seed": it was re-read as none on the way to the engine, and that choice drew afresh each time."""
+    client = server.openai()
+    kw = dict(model="smollm", prompt="Once upon a time", max_tokens=12, temperature=1.0, seed=-2, n=2)
+    runs = [[c.text for c in client.completions.create(**kw).choices] for _ in range(3)]
+    assert runs[0] == runs[1] == runs[2]
+
+
 def test_best_of_returns_the_sample_of_highest_mean_logprob(server):
     client = server.openai()
     kw = dict(model="smollm", prompt="My favourite animal is", max_tokens=6, temperature=1.0)

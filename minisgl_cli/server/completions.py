@@ -183,10 +183,11 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Pro
         )
         for j in range(samples):
             try:
-                seed = params.seed + j if params.seed is not None else None  # seeded choices: each its own, fixed
                 choice = dataclasses.replace(
-                    params, seed=seed, logprobs=rank_logprobs, prompt_logprobs=k if echo and j == 0 else None
+                    params, logprobs=rank_logprobs, prompt_logprobs=k if echo and j == 0 else None
                 )
+                # seeded choices: each its own, fixed; assigned, not passed, so a choice's -1 stays a seed (as vLLM's)
+                choice.seed = params.seed + j if params.seed is not None else None
             except ValueError as e:
                 raise APIError(400, str(e), param=str(e).split(" ")[0]) from e
             specs.append(JobSpec(ids, choice, None if j == 0 else len(specs) - j))
