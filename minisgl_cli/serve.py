@@ -256,7 +256,12 @@ def run_beside_front_end(
     directory is removed (the default action killed `serve` on the spot and left it in /tmp)."""
     from engine.engine_loop import EngineLoop
 
-    loop = EngineLoop(engine, addrs, info)
+    try:
+        loop = EngineLoop(engine, addrs, info)
+    except BaseException:  # its sockets did not bind: neither the front end nor the IPC directory may outlive it
+        _end_child(front)
+        addrs.remove()
+        raise
     if step_log is not None:
         engine.step_records = []
     caught: list[int] = []
@@ -291,13 +296,7 @@ def run_beside_front_end(
             time.sleep(ORPHAN_GRACE_S)
     finally:
         code = front.poll()
-        if code is None:
-            front.terminate()
-            try:
-                front.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                front.kill()
-                front.wait()
+        _end_child(front)
         done.set()
         loop.close()
         addrs.remove()
@@ -306,6 +305,17 @@ def run_beside_front_end(
 
             write_step_log(engine.step_records or [], step_log)
     return LoopEnd(loop.error, loop.stopped_by, code, caught[0] if caught else None)
+
+
+def _end_child(proc: subprocess.Popen) -> None:
+    """SIGTERM, 10 s to exit, then SIGKILL; reaped either way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _exit_status(code: int) -> str:

@@ -282,3 +282,24 @@ def test_socket_folders_of_dead_engines_are_swept(tmp_path, monkeypatch):
         new.remove()
     finally:
         listening.close()
+
+
+def test_an_engine_loop_that_cannot_bind_ends_its_front_end(tmp_path):
+    """The IPC folder gone before the engine binds (a /tmp cleaner while the model loaded): the loop's constructor
+    raised before run_beside_front_end's cleanup, leaving the started front end running."""
+    from engine.engine_loop import engine_info
+    from engine.ipc import Addresses
+    from minisgl_cli.serve import run_beside_front_end
+    from tests.conftest import make_llm
+
+    llm = make_llm()
+    gone = tmp_path / "minisgl-gone"
+    addrs = Addresses(f"ipc://{gone}/commands", f"ipc://{gone}/outputs")
+    front = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with pytest.raises(Exception, match="No such file or directory"):
+            run_beside_front_end(llm.engine, engine_info(llm), addrs, front, "the front end")
+        assert front.poll() is not None
+    finally:
+        front.kill()
+        front.wait()
