@@ -89,6 +89,9 @@ def register(app: typer.Typer) -> None:
             ),
         ] = False,
         json_path: Annotated[Path | None, typer.Option("--json", help="write the results to this JSON file")] = None,
+        save_detailed: Annotated[
+            bool, typer.Option("--save-detailed", help="also store every request's inter-token gaps in the JSON")
+        ] = False,
         plot: Annotated[
             Path | None, typer.Option("--plot", help="draw per-request TTFT and TBT over time to this PNG (matplotlib)")
         ] = None,
@@ -141,6 +144,8 @@ def register(app: typer.Typer) -> None:
         from minisgl_cli.trace_reader import FORMATS, TraceError, read_trace
 
         check_outputs(json=json_path, plot=plot, step_log=step_log)
+        if json_path is None:
+            o.refuse_given(ctx, "is written to the --json file, and there is no --json", "save_detailed")
         console = Console()
         config = o.engine_config(**flags)
         engine = engine.lower()
@@ -324,7 +329,7 @@ def _run_local(config: EngineConfig, window, flags: dict[str, Any], quiet: bool)
         write_step_log(state["records"], flags["step_log"])
     d_prompt = after.prompt_tokens - before.prompt_tokens
     hit_rate = (after.cache_hit_tokens - before.cache_hit_tokens) / d_prompt if d_prompt else None
-    out = summarize(results, duration, p, hit_rate, live.started, interrupted)
+    out = summarize(results, duration, p, hit_rate, live.started, interrupted, flags["save_detailed"])
     out.update(
         mode="in-process",
         **llm.describe(),
@@ -380,7 +385,7 @@ def _run_vllm(config: EngineConfig, window, flags: dict[str, Any], quiet: bool) 
     info, pool, startup, p, results, duration, gpu_busy, interrupted, t0 = asyncio.run(main())
     prompt = sum(r.input_len for r in results if r.ok)
     hits = sum(r.cache_hit_tokens or 0 for r in results if r.ok)
-    out = summarize(results, duration, p, hits / prompt if prompt else None, t0, interrupted)
+    out = summarize(results, duration, p, hits / prompt if prompt else None, t0, interrupted, flags["save_detailed"])
     out.update(mode="in-process", **info, engine="vllm", kv_pool_tokens=pool, startup_seconds=startup)
     out["gpu"] = _gpu_name(config.torch_device())
     out["gpu_busy"] = gpu_busy
@@ -448,23 +453,30 @@ def _run_url(
             return name, engine, results, duration, cache_hit_rate(before, after), interrupted, live.started
 
     name, engine, results, duration, hit_rate, interrupted, t0 = asyncio.run(main())
-    out = summarize(results, duration, p, hit_rate, t0, interrupted)
+    out = summarize(results, duration, p, hit_rate, t0, interrupted, flags["save_detailed"])
     out.update(mode="url", url=flags["url"], model=name, engine=engine)
     out.update(client_usage(out, results, check.tok_per_s if check else None), client_check=check and check.as_dict())
     return out, results
 
 
 def summarize(
-    results, duration: float, p: Plan, cache_hit_rate: float | None, t0: float, interrupted: bool = False
+    results,
+    duration: float,
+    p: Plan,
+    cache_hit_rate: float | None,
+    t0: float,
+    interrupted: bool = False,
+    detailed: bool = False,
 ) -> dict[str, Any]:
     """The figures, and bench-serve's per-request arrays (`requests`: send times from the replay's start `t0`,
-    TTFTs, TPOTs, lengths, which succeeded), so that every statistic can be recomputed from the JSON."""
+    TTFTs, TPOTs, lengths, which succeeded; with `detailed`, every inter-token gap), so that every statistic can be
+    recomputed from the JSON."""
     from minisgl_cli.report import interrupted_fields
     from minisgl_cli.run_figures import per_request
     from minisgl_cli.run_figures import summarize as figures
 
     out = figures(results, duration, e2e_name="e2e_latency")
-    out["requests"] = per_request(results, t0)
+    out["requests"] = per_request(results, t0, detailed)
     # The hit rate counts the prompts the engine admitted: with some requests refused (ids outside the vocabulary, a
     # server's 4xx) it exceeded a bound taken over all of them. The bound is taken over those that completed then;
     # the planned window's is kept apart.

@@ -45,7 +45,11 @@ def test_qwen_replay_in_process(tmp_path, radix):
     trace = read_trace(QWEN)
     log = tmp_path / "steps.jsonl"
     res = replay(
-        tmp_path, QWEN, *TINY, "--time-scale", "0.1", "--step-log", str(log), *([] if radix else ["--no-radix-cache"])
+        tmp_path,
+        QWEN,
+        *TINY,
+        *("--time-scale", "0.1", "--step-log", str(log), "--save-detailed"),
+        *([] if radix else ["--no-radix-cache"]),
     )
     n = len(trace.requests)
     assert (res["completed"], res["failed"], res["mode"], res["format"]) == (n, 0, "in-process", "qwen")
@@ -65,6 +69,9 @@ def test_qwen_replay_in_process(tmp_path, radix):
     )
     assert statistics.median(req["ttfts"]) * 1000 == pytest.approx(res["median_ttft_ms"], abs=1e-2)
     assert req["send_times"] == sorted(req["send_times"]) and req["send_times"][-1] <= res["duration"]
+    # --save-detailed: every gap between a request's tokens (the JSON had only the summary figures)
+    assert [len(g) for g in req["itls"]] == [k - 1 for k in req["output_lens"]]
+    assert max(max(g) for g in req["itls"] if g) * 1000 == pytest.approx(res["max_itl_ms"], abs=1e-2)
     assert res["trace_cache_hit_upper_bound"] == pytest.approx(trace.reuse_upper_bound())
     if radix:  # follow-up turns reuse their parents' blocks; whole pages only, so at most the trace's bound
         assert 0.2 < res["cache_hit_rate"] <= res["trace_cache_hit_upper_bound"]
@@ -274,6 +281,7 @@ def test_bad_options(tmp_path):
             ["--url", "http://x", "--vocab-size", "512", "--max-model-len", "256"],
             "--model: is read for the served model's vocabulary and context, and --vocab-size and --max-model-len",
         ),
+        (["--save-detailed"], "--save-detailed: is written to the --json file, and there is no --json"),
         (["--url", "http://x", "--token-stream"], "--token-stream: sets how the in-process minisgl engine hands out"),
         (["--engine", "vllm", "--no-token-stream"], "--no-token-stream: sets how the in-process minisgl engine"),
         (
