@@ -115,15 +115,16 @@ class RemoteLLM:
         finally:
             self._metrics.pop(seq, None)
 
-    def fail_all(self, why: str) -> None:
-        """The engine is gone: every open stream and metrics call ends with EngineDeadError(why)."""
+    def fail_all(self, why: str, stopped: bool = False) -> None:
+        """The engine is gone (`stopped`: shut down, not crashed): every open stream and metrics call ends with
+        EngineDeadError(why, stopped)."""
         self.error = self.error or why
         for p in self.pending.values():
-            p.stream.put(EngineDeadError(why))
+            p.stream.put(EngineDeadError(why, stopped))
         self.pending.clear()
         for fut in self._metrics.values():
             if not fut.done():
-                fut.set_exception(EngineDeadError(why))
+                fut.set_exception(EngineDeadError(why, stopped))
         if self._receiver is not None and self._receiver is not asyncio.current_task():
             self._receiver.cancel()
 
@@ -158,7 +159,7 @@ class RemoteLLM:
                 if p is not None:
                     p.stream.put(ValueError(msg[2]))
             elif kind == "dead":
-                self.fail_all(msg[1])
+                self.fail_all(msg[1], msg[2])
                 return
 
     def _on_tokens(

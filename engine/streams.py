@@ -13,7 +13,12 @@ END = object()
 
 
 class EngineDeadError(RuntimeError):
-    pass
+    """The engine is gone. `stopped`: it was shut down (a signal, its front end or launcher leaving), not crashed; an
+    answer it cut was stopped, not failed."""
+
+    def __init__(self, why: str = "", stopped: bool = False):
+        super().__init__(why)
+        self.stopped = stopped
 
 
 class RequestStream:

@@ -226,7 +226,7 @@ def test_sigterm_mid_answer_restores_the_terminal_and_saves_the_answer(terminal,
     modes = "#{alternate_on} #{mouse_any_flag} #{mouse_button_flag} #{mouse_standard_flag} #{mouse_sgr_flag}"
     assert terminal.tmux("display", "-p", "-t", "chat", modes).split() == ["0"] * 5
     assert gone(marker) and list(ipc_dir.iterdir()) == []
-    saved_answer(db)
+    assert saved_answer(db).finish_reason == "abort"  # the engine was shut down, not crashed: it saved "error"
 
 
 def test_closing_the_terminal_mid_answer_saves_it_and_cleans_up(terminal, tmp_path, ipc_dir):

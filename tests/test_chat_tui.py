@@ -16,6 +16,7 @@ from textual.widgets._markdown import MarkdownParagraph
 from textual.widgets._toast import Toast
 
 from engine.remote_llm import RemoteLLM
+from engine.sampling_params import SamplingParams
 from engine.streams import END as _END
 from engine.streams import RequestStream
 from minisgl_cli.report import latency_stats
@@ -553,3 +554,41 @@ def test_ttft_counts_from_before_the_request_is_submitted(tiny, monkeypatch):
     finally:
         eng.shutdown()
     assert stats.output_tokens == 2 and known(stats.ttft) > 0
+
+
+@pytest.mark.parametrize("end", ["shut down", "crash"])
+def test_an_engine_shut_down_mid_answer_stops_it_and_a_crash_fails_it(tiny, end):
+    """A closing terminal's SIGHUP reaches both processes: when the engine's loop ended first, its last word failed
+    the answer ("error", saved as failed) where the chat's own exit saves it as stopped. A shutdown now stops the
+    answer; a crash still fails it, naming why."""
+    eng = LocalEngine(tiny)
+
+    def boom() -> None:
+        raise RuntimeError("the step broke")
+
+    async def turn() -> list:
+        backend = eng.backend()
+        await backend.ready()
+        params = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+        answer = backend.start([{"role": "user", "content": "hi"}], params, None)
+        pieces = []
+        async for piece in answer:
+            pieces.append(piece)
+            if len(pieces) == 2:
+                if end == "crash":
+                    eng.call(lambda llm: setattr(llm.engine, "step", boom))
+                else:
+                    eng.loop.stop()
+        await backend.aclose()
+        return pieces
+
+    try:
+        pieces = asyncio.run(turn())
+    finally:
+        eng.shutdown()
+    last = pieces[-1]
+    assert last.finished and sum(len(p.token_times) for p in pieces) < 400
+    if end == "crash":
+        assert last.finish_reason == "error" and "the step broke" in last.error
+    else:
+        assert last.finish_reason == "abort" and last.error == "engine shut down"

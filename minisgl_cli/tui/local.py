@@ -51,7 +51,10 @@ class LocalAnswer:
                     len(out.token_ids),
                 )
         except EngineDeadError as e:
-            yield Piece(finished=True, finish_reason="error", error=str(e) or self.remote.error or "engine stopped")
+            # shut down (a closing terminal's SIGHUP reached the engine's process before the chat's): stopped, as the
+            # chat's own exit would save it; a crash: failed
+            reason = "abort" if e.stopped else "error"
+            yield Piece(finished=True, finish_reason=reason, error=str(e) or self.remote.error or "engine stopped")
 
     def stop(self) -> None:
         self.remote.abort(self.stream.rid)
