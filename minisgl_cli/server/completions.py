@@ -188,6 +188,7 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Pro
                 )
                 # seeded choices: each its own, fixed; assigned, not passed, so a choice's -1 stays a seed (as vLLM's)
                 choice.seed = params.seed + j if params.seed is not None else None
+                choice.validate()  # seed 2^64 - 1 with n 2: choice 1's seed is past the range
             except ValueError as e:
                 raise APIError(400, str(e), param=str(e).split(" ")[0]) from e
             specs.append(JobSpec(ids, choice, None if j == 0 else len(specs) - j))
