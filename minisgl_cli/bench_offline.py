@@ -127,84 +127,11 @@ def register(app: typer.Typer) -> None:
         del flags["ctx"]
         from rich.console import Console
 
-        from minisgl_cli.report import (
-            INTERRUPTED_EXIT,
-            check_outputs,
-            command_flags,
-            environment,
-            interrupted_fields,
-            interrupted_note,
-            write_json,
-        )
+        from minisgl_cli.report import INTERRUPTED_EXIT, check_outputs
 
         check_outputs(json=json_path, plot=plot)
         console = Console()
-        engine = engine.lower()
-        if engine not in ENGINES:
-            raise typer.BadParameter(f"must be one of {', '.join(ENGINES)} (got {engine!r})", param_hint="--engine")
-        if peer_api not in ("auto", "generate_batch", "generate"):
-            raise typer.BadParameter("must be auto, generate_batch or generate", param_hint="--peer-api")
-        try:
-            peers = [] if compare is None else parse_peers(compare)
-        except ValueError as e:
-            raise typer.BadParameter(str(e), param_hint="--compare") from e
-        if peers and engine != "minisgl":
-            raise typer.BadParameter(
-                "--compare runs minisgl beside the peers it names: name them all there (e.g. --compare "
-                "transformers,vllm)",
-                param_hint="--engine",
-            )
-        engines = ["minisgl", *peers] if peers else [engine]
-        unread = [_unread(e) for e in engines]
-        o.refuse_each(ctx, {name: why for name, why in unread[0].items() if all(name in u for u in unread[1:])})
-        if "vllm" not in peers:  # MINISGL_VLLM_ENV set for every shell is no error: only the flag given here is
-            why = (
-                "is sourced before the vLLM peer's own process (--compare vllm); --engine vllm runs vLLM in this "
-                "one: source the script before the command"
-                if engine == "vllm"
-                else "is sourced before the vLLM peer's process: give --compare vllm"
-            )
-            o.refuse_given(ctx, why, "vllm_env")
-        if dataset is not None:
-            o.refuse_given(ctx, "draws random prompts' lengths, and --dataset prompts have their own", "input_len")
-        if "transformers" in engines and o.given(ctx, "peer_batch_size"):
-            from minisgl_cli.hf_peer import batches_continuously
-
-            if batches_continuously(peer_api):
-                raise typer.BadParameter(
-                    "sizes the padded `generate` batches, and the transformers peer batches continuously here "
-                    "(generate_batch): give --peer-api generate",
-                    param_hint="--peer-batch-size",
-                )
-        if peers and engine_flags["tp"] > 1:
-            raise typer.BadParameter(
-                "--compare runs with --tp 1 (each torchrun rank would start the peers): run `--engine vllm --tp N` "
-                "apart and set the JSON files side by side with bench-compare",
-                param_hint="--compare",
-            )
-        kv_cache_dtype = engine_flags["kv_cache_dtype"]
-        if kv_cache_dtype != "auto" and "transformers" in [engine, *peers]:  # checked again where the peer loads
-            hint = "--engine" if engine == "transformers" else "--compare"
-            raise typer.BadParameter(f"the transformers peer has no {kv_cache_dtype} KV cache", param_hint=hint)
-        overrides = o.vllm_args(vllm_arg)
-        if "vllm" in peers and vllm_env is not None and not vllm_env.is_file():
-            raise typer.BadParameter(f"{vllm_env} is not a file", param_hint="--vllm-env")
-        if "vllm" in peers and vllm_env is None:
-            import importlib.util
-
-            from minisgl_cli.vllm_peer import missing
-
-            # The child would have this environment: fail now rather than after it imports torch. vLLM itself is
-            # never imported in this process.
-            if importlib.util.find_spec("vllm") is None:
-                raise typer.BadParameter(missing("no module named 'vllm'"), param_hint="--compare")
-        if plot is not None:
-            from minisgl_cli.plots import require_matplotlib
-
-            require_matplotlib()
-        config = o.engine_config(**flags)
-        if "minisgl" in engines:
-            o.refuse_unread_engine_flags(ctx, config)
+        engine, peers, config, overrides = _checked(ctx, flags)
         main_engine = "minisgl" if peers else engine
         try:
             workload = _build_workload(config, num_seqs, input_len, output_len, seed, dataset)
@@ -225,58 +152,147 @@ def register(app: typer.Typer) -> None:
                 f"[yellow]interrupted[/yellow] before a timed run of {main_engine} finished: no results{written}"
             )
             _exit(INTERRUPTED_EXIT)
-        results = [main, *peer_results]
-        result: dict[str, Any] = dict(main)
+        result = _result(main, peer_results, workload, flags)
         interrupted = main["completed_runs"] < main["planned_runs"]
-        result.update(interrupted_fields(interrupted))
-        if peer_results:
-            speedups = {
-                p["engine"]: main["output_throughput"] / max(p["output_throughput"], 1e-9) for p in peer_results
-            }
-            # `peer` and `speedup` (the first peer) as before the list, for the files and scripts that read them
-            result.update(peers=peer_results, speedups=speedups, peer=peer_results[0], speedup=speedups[peers[0]])
-        result["workload"] = {
-            "source": workload.source,
-            "num_seqs": workload.num_seqs,
-            "input_len": input_len,
-            "output_len": output_len,
-            "seed": seed,
-            "temperature": temperature,
-            "ignore_eos": True,
-            "folded_ids": workload.folded_ids,
-            "truncated_prompts": workload.truncated,
-            "digest": workload_digest(workload),
-        }
-        result["environment"] = environment()
-        result["benchmark"] = "bench-offline"
-        result["flags"] = command_flags(flags)
-        steps = result.pop("_steps", None)
-        for r in results:
-            r.pop("_steps", None)
-        console.print(_table(results, workload))
-        if workload.num_seqs < num_seqs:
-            console.print(
-                f"[yellow]note:[/yellow] {workload.source} holds {workload.num_seqs:,} non-empty prompts: "
-                f"{workload.num_seqs:,} requests ran, not --num-seqs {num_seqs:,}"
-            )
-        for r in results:
-            if r.get("settings"):
-                console.print(f"{r['engine']} settings: " + ", ".join(f"{k} {v}" for k, v in r["settings"].items()))
-        for name, x in result.get("speedups", {}).items():
-            console.print(f"[bold]minisgl / {name} output throughput: {x:.2f}x[/bold]")
-        if interrupted:
-            note = " (the run in progress is not counted; the figures are the median of those that finished)"
-            console.print(interrupted_note(main["completed_runs"], main["planned_runs"], "timed runs", note))
-        if json_path is not None:
-            write_json(json_path, result)
-            console.print(f"results written to {json_path}")
-        if plot is not None and steps is not None:
-            from minisgl_cli.plots import plot_steps
-
-            title = f"bench-offline: {result['model']} on {result['device']}, {workload.num_seqs} requests"
-            plot_steps(steps, plot, title)
-            console.print(f"plot written to {plot}")
+        _report(console, result, [main, *peer_results], workload, flags)
         _exit(INTERRUPTED_EXIT if interrupted else 0)
+
+
+def _checked(ctx: typer.Context, flags: dict[str, Any]) -> tuple[str, list[str], EngineConfig, dict[str, Any]]:
+    """Every refusal of the command line before anything loads: the engine (lower-cased), the --compare peers, the
+    engine config and the --vllm-arg overrides."""
+    engine, compare, peer_api = flags["engine"].lower(), flags["compare"], flags["peer_api"]
+    vllm_env, dataset, plot = flags["vllm_env"], flags["dataset"], flags["plot"]
+    if engine not in ENGINES:
+        raise typer.BadParameter(f"must be one of {', '.join(ENGINES)} (got {engine!r})", param_hint="--engine")
+    if peer_api not in ("auto", "generate_batch", "generate"):
+        raise typer.BadParameter("must be auto, generate_batch or generate", param_hint="--peer-api")
+    try:
+        peers = [] if compare is None else parse_peers(compare)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--compare") from e
+    if peers and engine != "minisgl":
+        raise typer.BadParameter(
+            "--compare runs minisgl beside the peers it names: name them all there (e.g. --compare transformers,vllm)",
+            param_hint="--engine",
+        )
+    engines = ["minisgl", *peers] if peers else [engine]
+    unread = [_unread(e) for e in engines]
+    o.refuse_each(ctx, {name: why for name, why in unread[0].items() if all(name in u for u in unread[1:])})
+    if "vllm" not in peers:  # MINISGL_VLLM_ENV set for every shell is no error: only the flag given here is
+        why = (
+            "is sourced before the vLLM peer's own process (--compare vllm); --engine vllm runs vLLM in this "
+            "one: source the script before the command"
+            if engine == "vllm"
+            else "is sourced before the vLLM peer's process: give --compare vllm"
+        )
+        o.refuse_given(ctx, why, "vllm_env")
+    if dataset is not None:
+        o.refuse_given(ctx, "draws random prompts' lengths, and --dataset prompts have their own", "input_len")
+    if "transformers" in engines and o.given(ctx, "peer_batch_size"):
+        from minisgl_cli.hf_peer import batches_continuously
+
+        if batches_continuously(peer_api):
+            raise typer.BadParameter(
+                "sizes the padded `generate` batches, and the transformers peer batches continuously here "
+                "(generate_batch): give --peer-api generate",
+                param_hint="--peer-batch-size",
+            )
+    if peers and flags["tp"] > 1:
+        raise typer.BadParameter(
+            "--compare runs with --tp 1 (each torchrun rank would start the peers): run `--engine vllm --tp N` "
+            "apart and set the JSON files side by side with bench-compare",
+            param_hint="--compare",
+        )
+    kv_cache_dtype = flags["kv_cache_dtype"]
+    if kv_cache_dtype != "auto" and "transformers" in [engine, *peers]:  # checked again where the peer loads
+        hint = "--engine" if engine == "transformers" else "--compare"
+        raise typer.BadParameter(f"the transformers peer has no {kv_cache_dtype} KV cache", param_hint=hint)
+    overrides = o.vllm_args(flags["vllm_arg"])
+    if "vllm" in peers and vllm_env is not None and not vllm_env.is_file():
+        raise typer.BadParameter(f"{vllm_env} is not a file", param_hint="--vllm-env")
+    if "vllm" in peers and vllm_env is None:
+        import importlib.util
+
+        from minisgl_cli.vllm_peer import missing
+
+        # The child would have this environment: fail now rather than after it imports torch. vLLM itself is
+        # never imported in this process.
+        if importlib.util.find_spec("vllm") is None:
+            raise typer.BadParameter(missing("no module named 'vllm'"), param_hint="--compare")
+    if plot is not None:
+        from minisgl_cli.plots import require_matplotlib
+
+        require_matplotlib()
+    config = o.engine_config(**flags)
+    if "minisgl" in engines:
+        o.refuse_unread_engine_flags(ctx, config)
+    return engine, peers, config, overrides
+
+
+def _result(
+    main: dict[str, Any], peer_results: list[dict[str, Any]], workload, flags: dict[str, Any]
+) -> dict[str, Any]:
+    """The JSON: the main engine's figures, each peer's and minisgl's speed-up over it, the workload, the
+    environment and the flags."""
+    from minisgl_cli.report import command_flags, environment, interrupted_fields
+
+    result: dict[str, Any] = dict(main)
+    result.update(interrupted_fields(main["completed_runs"] < main["planned_runs"]))
+    if peer_results:
+        speedups = {p["engine"]: main["output_throughput"] / max(p["output_throughput"], 1e-9) for p in peer_results}
+        # `peer` and `speedup` (the first peer) as before the list, for the files and scripts that read them
+        first = peer_results[0]["engine"]
+        result.update(peers=peer_results, speedups=speedups, peer=peer_results[0], speedup=speedups[first])
+    result["workload"] = {
+        "source": workload.source,
+        "num_seqs": workload.num_seqs,
+        "input_len": flags["input_len"],
+        "output_len": flags["output_len"],
+        "seed": flags["seed"],
+        "temperature": flags["temperature"],
+        "ignore_eos": True,
+        "folded_ids": workload.folded_ids,
+        "truncated_prompts": workload.truncated,
+        "digest": workload_digest(workload),
+    }
+    result["environment"] = environment()
+    result["benchmark"] = "bench-offline"
+    result["flags"] = command_flags(flags)
+    return result
+
+
+def _report(console, result: dict[str, Any], results: list[dict[str, Any]], workload, flags: dict[str, Any]) -> None:
+    """The table, notes and speed-ups on the terminal; the JSON and the plot where asked for."""
+    from minisgl_cli.report import interrupted_note, write_json
+
+    main = results[0]
+    steps = result.pop("_steps", None)
+    for r in results:
+        r.pop("_steps", None)
+    console.print(_table(results, workload))
+    if workload.num_seqs < flags["num_seqs"]:
+        console.print(
+            f"[yellow]note:[/yellow] {workload.source} holds {workload.num_seqs:,} non-empty prompts: "
+            f"{workload.num_seqs:,} requests ran, not --num-seqs {flags['num_seqs']:,}"
+        )
+    for r in results:
+        if r.get("settings"):
+            console.print(f"{r['engine']} settings: " + ", ".join(f"{k} {v}" for k, v in r["settings"].items()))
+    for name, x in result.get("speedups", {}).items():
+        console.print(f"[bold]minisgl / {name} output throughput: {x:.2f}x[/bold]")
+    if main["completed_runs"] < main["planned_runs"]:
+        note = " (the run in progress is not counted; the figures are the median of those that finished)"
+        console.print(interrupted_note(main["completed_runs"], main["planned_runs"], "timed runs", note))
+    if flags["json_path"] is not None:
+        write_json(flags["json_path"], result)
+        console.print(f"results written to {flags['json_path']}")
+    if flags["plot"] is not None and steps is not None:
+        from minisgl_cli.plots import plot_steps
+
+        title = f"bench-offline: {result['model']} on {result['device']}, {workload.num_seqs} requests"
+        plot_steps(steps, flags["plot"], title)
+        console.print(f"plot written to {flags['plot']}")
 
 
 def _exit(code: int) -> NoReturn:
