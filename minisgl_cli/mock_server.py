@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from minisgl_cli.child_process import stop_process
+
 
 @dataclass(slots=True)
 class MockConfig:
@@ -171,12 +173,7 @@ def mock_server_process(cfg: MockConfig, port: int) -> Iterator[str]:
             raise RuntimeError(f"the mock server did not start: {line}{rest}".strip())
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def main(argv: list[str] | None = None) -> None:

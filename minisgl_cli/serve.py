@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 
+from minisgl_cli.child_process import stop_process
 from minisgl_cli.options import (
     Seed,
     engine_config,
@@ -259,7 +260,7 @@ def run_beside_front_end(
     try:
         loop = EngineLoop(engine, addrs, info)
     except BaseException:  # its sockets did not bind: neither the front end nor the IPC directory may outlive it
-        _end_child(front)
+        stop_process(front)
         addrs.remove()
         raise
     if step_log is not None:
@@ -296,7 +297,7 @@ def run_beside_front_end(
             time.sleep(ORPHAN_GRACE_S)
     finally:
         code = front.poll()
-        _end_child(front)
+        stop_process(front)
         done.set()
         loop.close()
         addrs.remove()
@@ -305,17 +306,6 @@ def run_beside_front_end(
 
             write_step_log(engine.step_records or [], step_log)
     return LoopEnd(loop.error, loop.stopped_by, code, caught[0] if caught else None)
-
-
-def _end_child(proc: subprocess.Popen) -> None:
-    """SIGTERM, 10 s to exit, then SIGKILL; reaped either way."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _exit_status(code: int) -> str:
