@@ -308,7 +308,8 @@ def test_bad_input_is_named(tmp_path):
     assert "--slo names ttft twice" in fails("--slo", "ttft=10ms,ttft=1s", "--url", "http://127.0.0.1:1")
     # a gap the gamma draw cannot make was a traceback once the model had loaded (inf itself: options' own check)
     tiny = ["--model", "dummy:tiny-llama", "--device", "cpu", "--num-requests", "2", "--rate", "10"]
-    assert "'--burstiness': Input should be less than or equal to 1000" in fails(*tiny, "--burstiness", "1e308")
+    out = fails(*tiny, "--burstiness", "1e308")  # click's range check: its wording moves between versions
+    assert "'--burstiness'" in out and "1000" in out
     assert "--rate 1e+306 with --burstiness 1000: the gaps' gamma scale" in fails(
         *tiny, "--rate", "1e306", "--burstiness", "1000"
     )

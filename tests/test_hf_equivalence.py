@@ -133,8 +133,10 @@ def _write_llama_gguf(hf, path: Path, rope_freqs: list[float] | None) -> Path:
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_vocab_size(c.vocab_size)
     w.add_tokenizer_model("gpt2")
-    w.add_token_list(list(bytes_to_unicode().values()) + ["ab"] + [f"<t{i}>" for i in range(c.vocab_size - 257)])
-    w.add_token_merges(["a b"])  # (transformers wants merges; the prompts are token ids)
+    w.add_token_list(list(bytes_to_unicode().values()) + ["ab", "ba"] + [f"<t{i}>" for i in range(c.vocab_size - 258)])
+    # (transformers wants merges; the prompts are token ids.) Two: transformers 5.17 reads a GGUF array of one as its
+    # element, and built the tokenizer from the string's characters ("expected tuple of length 2").
+    w.add_token_merges(["a b", "b a"])
     gguf_names = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
     layer_names = {
         "self_attn.q_proj": "attn_q",
