@@ -37,6 +37,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 PY
 fi
-CUDA_VISIBLE_DEVICES= timeout ${SUITE_S:-520} python -m pytest -q -n ${WORKERS:-12} "${plugin[@]}" -rfE \
-  > "$OUT/cpu_suite_$c.txt" 2>&1
+# As on CI's 2 cores and 2 workers: few workers, each process's threads bounded (12 workers, each test's servers
+# free to take all 16 cores, failed ~30 timing-bound tests). SIGINT at the end of the time: pytest then still
+# prints what failed; --timeout ends a hung test with its traceback.
+export OMP_NUM_THREADS=${THREADS:-2}
+CUDA_VISIBLE_DEVICES= timeout -s INT -k 30 ${SUITE_S:-520} python -m pytest -q -n ${WORKERS:-6} "${plugin[@]}" -rfE \
+  --timeout ${TEST_TIMEOUT:-150} > "$OUT/cpu_suite_$c.txt" 2>&1
 echo "cpu suite: rc=$?"; tail -n 25 "$OUT/cpu_suite_$c.txt"
