@@ -42,5 +42,5 @@ fi
 # prints what failed; --timeout ends a hung test with its traceback.
 export OMP_NUM_THREADS=${THREADS:-2}
 CUDA_VISIBLE_DEVICES= timeout -s INT -k 30 ${SUITE_S:-520} python -m pytest -q -n ${WORKERS:-6} "${plugin[@]}" -rfE \
-  --timeout ${TEST_TIMEOUT:-150} > "$OUT/cpu_suite_$c.txt" 2>&1
+  --timeout ${TEST_TIMEOUT:-150} ${FILES:-} > "$OUT/cpu_suite_$c.txt" 2>&1
 echo "cpu suite: rc=$?"; tail -n 25 "$OUT/cpu_suite_$c.txt"
