@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from minisgl_cli.app import app
 from minisgl_cli.trace_reader import read_trace
-from tests.conftest import serve_subprocess
+from tests.conftest import serve_subprocess, subprocess_env
 from tests.test_bench_offline import flat
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
@@ -362,7 +362,6 @@ def test_url_outputs_of_textless_tokens_are_timed_not_failed(tmp_path):
 
 def test_ctrl_c_keeps_the_finished_requests_as_partial_results(tmp_path):
     """SIGINT mid-replay: the requests finished so far are reported and written (partial), no traceback, exit 130."""
-    import os
     import signal
     import subprocess
     import sys
@@ -370,7 +369,7 @@ def test_ctrl_c_keeps_the_finished_requests_as_partial_results(tmp_path):
 
     out = tmp_path / "t.json"
     cmd = [sys.executable, "-m", "minisgl_cli", "bench-trace", str(TRACES / "qwen_1000.jsonl"), *TINY]
-    env = {**os.environ, "PYTHONPATH": str(TRACES.parent)}
+    env = subprocess_env()  # the checkout first on PYTHONPATH, beside what it held (the GPU machine's bundle)
     p = subprocess.Popen(
         [*cmd, "--json", str(out)],
         env=env,

@@ -391,7 +391,9 @@ BAD = [
     _case(CH, "not json at all", None, code="json_invalid"),
     # where json.loads gives up before its own errors FastAPI said "There was an error parsing the body", no code
     _case(C, b'{"prompt": "\xff\xfe"}', None, code="json_invalid"),
-    _case(C, "[" * 5000 + "]" * 5000, None, code="json_invalid"),
+    # too deep for pydantic-core's parser on CI (json_invalid); a later one parses it and names the array instead
+    # (model_attributes_type, "must be a JSON object", the GPU machine's Python 3.12 stack): a 400 either way
+    _case(C, "[" * 5000 + "]" * 5000, None),
 ]
 
 
