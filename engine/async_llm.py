@@ -142,10 +142,10 @@ class AsyncLLM(StepLoop):
         finally:  # crashed or shut down: every open stream and everything still queued fails now
             with self._lock:
                 self._closed = True
-            why = self.error or "engine shut down"
-            open_rids = list(self._streams) if self.error is None else []
+            why, stopped = self.error or "engine shut down", self.error is None
+            open_rids = list(self._streams) if stopped else []
             for stream in self._streams.values():
-                stream.put(EngineDeadError(why))
+                stream.put(EngineDeadError(why, stopped))
             self._streams.clear()
             while True:
                 try:
@@ -153,9 +153,9 @@ class AsyncLLM(StepLoop):
                 except queue.Empty:
                     break
                 if item[0] == "add":
-                    item[4].put(EngineDeadError(why))
+                    item[4].put(EngineDeadError(why, stopped))
                 elif item[0] == "call":
-                    item[2].put((False, EngineDeadError(why)))
+                    item[2].put((False, EngineDeadError(why, stopped)))
             # Shut down, not crashed: the open streams' requests end in the LLM too. They held their pages, and the
             # LLM's next step (a generate() after this shutdown) ran them on.
             if open_rids:

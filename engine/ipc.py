@@ -7,8 +7,9 @@ Front end -> engine:            Engine -> front end:
                                               logprobs, prompt_logprobs: only for requests that asked)], ...]]
   ["abort", rid, reason]          ["refused", rid, message]       (the engine's own check refused an add)
   ["metrics", seq]                ["metrics", seq, metrics]        (EngineMetrics as a dict)
-                                  ["dead", why, stopped]           (the loop ended: EngineLoop.stop(), its watch
-                                                                    (stopped: true), or a crash; nothing more follows)
+                                  ["dead", why, stopped]           (the loop ended: EngineLoop.stop() or its watch
+                                                                    (stopped: true), or a crash (false); nothing
+                                                                    more follows)
 
 token_times are the engine's time.perf_counter() when each new token was made. Both ends run on one host (the pipes
 are Unix sockets), where that clock is one monotonic clock for every process, so the front end takes them as they are:

@@ -557,11 +557,13 @@ def test_ttft_counts_from_before_the_request_is_submitted(tiny, monkeypatch):
 
 
 @pytest.mark.parametrize("end", ["shut down", "crash"])
-def test_an_engine_shut_down_mid_answer_stops_it_and_a_crash_fails_it(tiny, end):
+def test_an_engine_shut_down_mid_answer_stops_it_and_a_crash_fails_it(end):
     """A closing terminal's SIGHUP reaches both processes: when the engine's loop ended first, its last word failed
     the answer ("error", saved as failed) where the chat's own exit saves it as stopped. A shutdown now stops the
     answer; a crash still fails it, naming why."""
-    eng = LocalEngine(tiny)
+    # an engine of its own, not the module's `tiny`: the crash leaves its step replaced, and either end leaves the
+    # answer's request in the engine, for the tests after this one to run into
+    eng = LocalEngine(make_llm("dummy:tiny-llama", num_pages=512))
 
     def boom() -> None:
         raise RuntimeError("the step broke")

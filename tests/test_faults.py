@@ -281,7 +281,7 @@ def _drain(stream) -> str:
         for _ in stream:
             pass
     except EngineDeadError as e:
-        return str(e)
+        return f"{e} (stopped: {e.stopped})"
     return "ended normally"
 
 
@@ -293,10 +293,10 @@ def test_engine_loop_crash_and_shutdown_never_leave_a_stream_hanging():
         waiting = a.submit("waiting", SamplingParams(max_tokens=5))
         if stop == "crash":
             a.llm.step = fail_after(0, a.llm.step)
-            want = f"engine loop crashed: RuntimeError: {FAULT}"
+            want = f"engine loop crashed: RuntimeError: {FAULT} (stopped: False)"
         else:
             a.shutdown()
-            want = "engine shut down"
+            want = "engine shut down (stopped: True)"  # a shutdown, not a failure: the chat saves it as stopped
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             ended = [pool.submit(_drain, s) for s in (running, waiting)]
             assert [f.result(timeout=10) for f in ended] == [want, want], stop
@@ -319,7 +319,7 @@ def test_a_step_that_fails_while_shutting_down_ends_the_thread_with_its_reason(m
     step = a.llm.step
     a.llm.step = lambda: step() if not a._stop.is_set() else fail_after(0, step)()
     a.shutdown()
-    assert _drain(running) == "engine shut down"
+    assert _drain(running) == "engine shut down (stopped: True)"
     assert not a._thread.is_alive() and died == []
     assert a.error == f"engine failed ending its requests at shutdown: RuntimeError: {FAULT}"
 

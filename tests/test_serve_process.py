@@ -285,21 +285,24 @@ def test_socket_folders_of_dead_engines_are_swept(tmp_path, monkeypatch):
 
 
 def test_an_engine_loop_that_cannot_bind_ends_its_front_end(tmp_path):
-    """The IPC folder gone before the engine binds (a /tmp cleaner while the model loaded): the loop's constructor
-    raised before run_beside_front_end's cleanup, leaving the started front end running."""
+    """The engine's sockets cannot bind (their folder's path too long, or the folder gone: a /tmp cleaner while the
+    model loaded): the loop's constructor raised before run_beside_front_end's cleanup, leaving the started front end
+    running and the folder in place."""
     from engine.engine_loop import engine_info
     from engine.ipc import Addresses
     from minisgl_cli.serve import run_beside_front_end
     from tests.conftest import make_llm
 
     llm = make_llm()
-    gone = tmp_path / "minisgl-gone"
-    addrs = Addresses(f"ipc://{gone}/commands", f"ipc://{gone}/outputs")
+    # a folder whose socket paths are too long to bind (a Unix socket's address holds 107 bytes)
+    where = tmp_path / ("minisgl-" + "x" * 120)
+    where.mkdir()
+    addrs = Addresses(f"ipc://{where}/commands", f"ipc://{where}/outputs")
     front = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        with pytest.raises(Exception, match="No such file or directory"):
+        with pytest.raises(Exception, match="longer than 107 characters"):
             run_beside_front_end(llm.engine, engine_info(llm), addrs, front, "the front end")
-        assert front.poll() is not None
+        assert front.poll() is not None and not where.exists()
     finally:
         front.kill()
         front.wait()
