@@ -171,3 +171,43 @@ def test_the_chats_exit_code_says_why_the_loop_ended_it(end, code, says, capsys)
     assert chat_exit_code(end) == code
     err = capsys.readouterr().err
     assert (says in err) if says else err == "", err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_mid_answer_saves_the_partial_answer_as_stopped(tmp_path, sig):
+    """`kill <minisgl chat>` (SIGTERM, which it passes to its chat) or the terminal closing (SIGHUP to the process
+    group) mid-answer: the plain chat died at once by the signal's default action, the partial answer unsaved and no
+    newline after it, where the TUI leaves as ctrl+q does. It now stops the answer, saves it as stopped and exits
+    128 + the signal."""
+    from minisgl_cli.tui.store import ChatStore
+
+    db = tmp_path / "chat.db"
+    flags = ["--model", "dummy:SmolLM2-135M", "--device", "cpu", "--db", str(db), "--max-tokens", "1900"]
+    p = subprocess.Popen(
+        [MINISGL, "chat", "--no-tui", *flags],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a group of its own, as a terminal's session: SIGHUP goes to the whole group
+    )
+    try:
+        assert p.stdin is not None and p.stdout is not None
+        p.stdin.write("hello there\n")
+        p.stdin.flush()
+        assert len(p.stdout.read(40)) == 40  # the answer is under way
+        if sig == signal.SIGHUP:
+            os.killpg(p.pid, sig)
+        else:
+            os.kill(p.pid, sig)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 128 + sig, err
+    assert "Traceback" not in err, err
+    session, _ = ChatStore(db).load(1)
+    assert [m.role for m in session.history] == ["user", "assistant"], err
+    stats = session.history[1].stats
+    assert stats is not None and stats.finish_reason == "abort" and 1 <= stats.output_tokens < 1900

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import signal
 import sys
 import threading
 import time
@@ -56,8 +58,9 @@ def run_plain(
     loop.run(backend.ready())
     inputs = list(inputs or [])
     turn = TurnStats()
+    ended_by = _end_on_signals()
     try:
-        while True:
+        while not ended_by:
             if interactive:  # on stderr: `chat --no-tui > answers.txt` keeps the answers alone
                 stderr.write("\n> ")
                 stderr.flush()
@@ -85,6 +88,8 @@ def run_plain(
                 if isinstance(e, BackendError):
                     raise SystemExit(1) from e
                 continue
+            if ended_by:  # the answer was stopped and saved; the terminal may be gone (SIGHUP)
+                break
             m = loop.run(backend.load())
             kv = ""
             if m is not None and m.kv_pages_in_use is not None:
@@ -94,9 +99,33 @@ def run_plain(
                 f"{turn.output_tokens} tokens · cache hit {turn.cache_hit_tokens}/{turn.prompt_tokens}{kv}]",
                 file=stderr,
             )
+    except KeyboardInterrupt:
+        if not ended_by:  # Ctrl-C at the prompt: the caller's
+            raise
     finally:
         loop.run(backend.aclose())
         loop.close()
+    if ended_by:
+        raise SystemExit(128 + ended_by[0])
+
+
+def _end_on_signals() -> list[int]:
+    """SIGTERM (`kill`, or `minisgl chat` ending its chat) and SIGHUP (the terminal closing) end the chat as Ctrl-D
+    does, a running answer stopped and saved first, as the TUI leaves (their default action killed the process
+    mid-answer, the answer unsaved). Returns the list that the signal, once caught, is put in; off the main thread
+    (tests) signals cannot be caught and the list stays empty."""
+    ended_by: list[int] = []
+
+    def end(signum: int, _frame: object) -> None:
+        if not ended_by:
+            ended_by.append(signum)
+            raise KeyboardInterrupt  # wakes the main thread where it waits: at the prompt, or for the answer
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, end)
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup's choice stands
+            signal.signal(signal.SIGHUP, end)
+    return ended_by
 
 
 def _save(store: ChatStore | None, session: ChatSession, inputs: list[str], err: TextIO) -> None:
@@ -156,8 +185,9 @@ def _answer(
         except KeyboardInterrupt:
             if started:
                 loop.loop.call_soon_threadsafe(started[0].stop)
-    stdout.write("\n")
-    stdout.flush()
+    with contextlib.suppress(OSError):  # a terminal gone (SIGHUP): the answer is saved all the same
+        stdout.write("\n")
+        stdout.flush()
     stats = turn.stats
     if turn.content or turn.reasoning or stats.output_tokens:
         session.add(ChatMessage("assistant", turn.content, turn.reasoning.strip(), stats, time.time()))
