@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
         console.print(_runs_table(runs))
         console.print(_figures_table(runs))
         for what, key in (("benchmarks", "kind"), ("models", "model")):
-            values = list(dict.fromkeys(str(r[key]) for r in runs))
+            values = list(dict.fromkeys(str(r[key] or "?") for r in runs))
             if len(values) > 1:
                 console.print(
                     f"[yellow]note:[/yellow] these runs are of different {what} ({', '.join(values)}): their figures "
@@ -88,8 +88,20 @@ def _figures(d: dict[str, Any]) -> dict[str, Any]:
     for stat in ("mean", "median", "p90", "p99", "max"):
         if f"{stat}_e2e_latency_ms" in d and f"{stat}_e2el_ms" not in d:
             row[f"{stat}_e2el_ms"] = d[f"{stat}_e2e_latency_ms"]
-    row.setdefault("load", d.get("load") or "-")
+    row.setdefault("load", d.get("load") or _save_result_load(d) or "-")
     return row
+
+
+def _save_result_load(d: dict[str, Any]) -> str | None:
+    """The load a vLLM/SGLang `--save-result` file was run at (it has no `load`): its request rate ("inf" or a
+    number) and concurrency cap, so that two such runs at different loads are told apart."""
+    parts = []
+    rate, cap = d.get("request_rate"), d.get("max_concurrency")
+    if _is_number(rate) or isinstance(rate, str) and rate:
+        parts.append(f"rate {rate:g}" if _is_number(rate) else f"rate {rate}")
+    if _is_number(cap):
+        parts.append(f"concurrency {cap}")
+    return ", ".join(parts) or None
 
 
 def _defaults(kind: str) -> tuple[dict[str, Any], set[str]]:
@@ -157,7 +169,9 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
     machine): their rows were dropped, leaving the minisgl row alone."""
     d = _read(path)
     run = _run(path, d)
-    peers = d.get("peers") if d.get("benchmark") == "bench-offline" else None
+    peers = d.get("peers") if run["kind"] == "bench-offline" else None
+    if peers is None and run["kind"] == "bench-offline" and isinstance(d.get("peer"), dict):
+        peers = [d["peer"]]  # files written before the list of peers (and the `benchmark` field) name one `peer`
     if not isinstance(peers, list):
         return [run]
     out = [run]
@@ -244,7 +258,14 @@ def _runs_table(runs: list[dict[str, Any]]):
     for i, r in enumerate(runs, 1):
         kind = r["kind"] + (" (partial)" if r["partial"] else "")
         t.add_row(
-            str(i), r["name"], kind, r["engine"] or "?", str(r["model"]), str(r["gpu"]), str(r["commit"]), r["flags"]
+            str(i),
+            r["name"],
+            kind,
+            r["engine"] or "?",
+            str(r["model"] or "?"),
+            str(r["gpu"]),
+            r["commit"] or "?",
+            r["flags"],
         )
     return t
 
@@ -255,6 +276,17 @@ def _figures_table(runs: list[dict[str, Any]]):
     def pair(row: dict[str, Any], key: str) -> str:
         return f"{fmt(row.get(f'median_{key}_ms'))} / {fmt(row.get(f'p99_{key}_ms'))}"
 
+    def done(row: dict[str, Any]) -> str:
+        """completed / failed requests: the figures count the completed ones only, so failures must show."""
+        ok, failed, sent = row.get("completed"), row.get("failed"), row.get("num_prompts")
+        if not _is_number(failed) and _is_number(ok) and _is_number(sent):  # vLLM/SGLang files: num_prompts
+            failed = sent - ok
+        if not _is_number(ok):
+            return "?"
+        return (
+            f"{fmt(ok)} / [red]{fmt(failed)}[/red]" if _is_number(failed) and failed else f"{fmt(ok)} / {fmt(failed)}"
+        )
+
     lines = []
     for i, r in enumerate(runs, 1):
         for row in r["rows"]:
@@ -262,6 +294,7 @@ def _figures_table(runs: list[dict[str, Any]]):
             lines.append(
                 (
                     f"#{i} {load}",
+                    done(row),
                     row.get("request_throughput"),
                     row.get("output_throughput"),
                     pair(row, "ttft"),
@@ -270,5 +303,11 @@ def _figures_table(runs: list[dict[str, Any]]):
                     pair(row, "e2el"),
                 )
             )
-    cols = ["run / load", "req/s", "out tok/s", *(f"{m} p50/p99 ms" for m in ("TTFT", "TPOT", "TBT", "E2E"))]
+    cols = [
+        "run / load",
+        "done / failed",
+        "req/s",
+        "out tok/s",
+        *(f"{m} p50/p99 ms" for m in ("TTFT", "TPOT", "TBT", "E2E")),
+    ]
     return kv_table("figures", lines, cols)

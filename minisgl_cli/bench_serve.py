@@ -174,6 +174,9 @@ def register(app: typer.Typer) -> None:
             from minisgl_cli.report import INTERRUPTED_EXIT
 
             raise typer.Exit(INTERRUPTED_EXIT)  # once the partial results are out
+        if any(row["failed"] and not row["completed"] for row in result["sweep"]):  # as bench-trace
+            console.print("[red]error:[/red] every request of a load failed")
+            raise typer.Exit(1)
 
 
 def _print_client_check(console, json_path: Path | None) -> None:

@@ -64,7 +64,9 @@ def plot_timeline(results: Sequence[Any], path: Path, title: str) -> None:
     a2.scatter(xs[::step], ys[::step], s=2, alpha=0.4, color="tab:orange")
     a2.set_ylabel("TBT (ms, per token or chunk)")
     a2.set_xlabel("time since the run's start (s)")
-    a2.set_yscale("symlog", linthresh=0.1)  # gaps of 0 (tokens read together) stay on the axis
+    positive = [y for y in ys if y > 0]
+    if positive and max(positive) / min(positive) > 20:  # gaps of 0 (tokens read together) stay on the axis
+        a2.set_yscale("symlog", linthresh=0.1)  # within one decade symlog has no tick to label: stay linear there
     for a in (a1, a2):
         a.grid(alpha=0.3)
     _save(fig, path)
@@ -180,7 +182,8 @@ def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
                 for ax, (key, _, pct) in zip(axes, panels):
                     v = row.get(f"median_{key}_ms" if pct else key)
                     if v is not None:
-                        ax.axhline(v, linestyle=":", color=f"C{len(sweeps) + k}", label=f"{run['name']} (p50)")
+                        what = f"{run['name']} (p50)" if pct else run["name"]  # throughput is no percentile
+                        ax.axhline(v, linestyle=":", color=f"C{len(sweeps) + k}", label=what)
         else:
             names = [r["name"] for r in singles]
             xs = list(range(len(singles)))

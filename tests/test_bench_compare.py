@@ -41,6 +41,42 @@ def test_a_bench_offline_compare_result_shows_its_peers_rows():
     assert "minisgl" in out and "vllm" in out and "#2" in out
 
 
+def test_an_older_bench_offline_file_with_one_peer_shows_its_row():
+    """Files written before the list of peers (and the `benchmark` field) name one `peer`: its row was dropped
+    without a word (the H200 run docs/benchmarks.md cites for the 28x over transformers)."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks/results/bench_offline_qwen3-0.6b_64seqs_h200.json"
+    d = json.loads(path.read_text())
+    assert "peers" not in d and "benchmark" not in d  # the older layout
+    runs = load_runs(path)
+    assert [r["engine"] for r in runs] == ["minisgl", "transformers"]
+    assert runs[1]["rows"][0]["output_throughput"] == d["peer"]["output_throughput"]
+
+
+def test_vllm_files_show_their_load_and_failed_requests(tmp_path):
+    """`vllm bench serve --save-result` files: two runs at other loads looked alike (no load shown), their failed
+    requests (num_prompts - completed) appeared nowhere, and unknown fields printed as "None"."""
+    files = []
+    for name, rate, cap, done in (("a", "inf", None, 100), ("b", 4, 16, 90)):
+        f = tmp_path / f"{name}.json"
+        f.write_text(
+            json.dumps(
+                {
+                    "backend": "vllm",
+                    "request_rate": rate,
+                    "max_concurrency": cap,
+                    "num_prompts": 100,
+                    "completed": done,
+                    "output_throughput": 900.0,
+                }
+            )
+        )
+        files.append(str(f))
+    out = run("bench-compare", *files)
+    assert "#1 rate inf" in out and "#2 rate 4, concurrency 16" in out
+    assert "100 / 0" in out and "90 / 10" in out
+    assert "None" not in out
+
+
 def test_compare_offline_trace_and_serve_runs(tmp_path):
     off, trace, sweep = tmp_path / "off.json", tmp_path / "trace.json", tmp_path / "sweep.json"
     run(

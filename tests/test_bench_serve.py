@@ -183,7 +183,8 @@ def test_server_errors_mid_run_give_partial_results(tmp_path, mock):
 
 @pytest.mark.parametrize("mock", [MockConfig(tpot=0.001, cut_from=3)], indirect=True)
 def test_streams_cut_short_are_failures(tmp_path, mock):
-    res, out = bench(tmp_path, "--url", mock, *URL_FLAGS, "--num-requests", "6", "--max-concurrency", "1,2")
+    # the second load fails whole: written, then exit 1 (as bench-trace with no request completed)
+    res, out = bench(tmp_path, "--url", mock, *URL_FLAGS, "--num-requests", "6", "--max-concurrency", "1,2", code=1)
     assert [(r["completed"], r["failed"]) for r in res["sweep"]] == [(2, 4), (0, 6)]  # the sweep stops there
     assert "closed" in res["sweep"][0]["errors"][0]["error"]
     # a cut stream got tokens before failing: the per-request arrays hold them, flagged, and the totals do not
