@@ -280,7 +280,7 @@ def _figures_table(runs: list[dict[str, Any]]):
         """completed / failed requests: the figures count the completed ones only, so failures must show."""
         ok, failed, sent = row.get("completed"), row.get("failed"), row.get("num_prompts")
         if not _is_number(failed) and _is_number(ok) and _is_number(sent):  # vLLM/SGLang files: num_prompts
-            failed = sent - ok
+            failed = row["num_prompts"] - row["completed"]
         if not _is_number(ok):
             return "?"
         return (
