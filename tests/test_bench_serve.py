@@ -448,7 +448,9 @@ def test_against_minisgl_serve(tmp_path):
         assert rows[0]["duration"] > 1.5
         res, _ = bench(tmp_path, *common, "--endpoint", "chat", "--num-requests", "4", "--output-len", "5:5")
         assert (res["completed"], res["total_output_tokens"], res["backend"]) == (4, 20, "openai-chat")
-        # without --model the prompts are drawn from the embedded model's vocabulary, which the server refuses
-        res, out = bench(tmp_path, "--url", url, "--quiet", "--no-client-check", "--num-requests", "2", "--rate", "inf")
+        # without --model the prompts are drawn from the embedded model's vocabulary, which the server refuses: every
+        # request fails, the JSON is written and the command exits 1
+        args = ("--url", url, "--quiet", "--no-client-check", "--num-requests", "2", "--rate", "inf")
+        res, out = bench(tmp_path, *args, code=1)
         assert res["failed"] == 2 and "outside the vocabulary" in flat(out)
         assert "prompts drew ids below 49152: give the served model as --model, or --vocab-size" in flat(out)
