@@ -42,11 +42,12 @@ class Addresses:
         """A fresh directory for the two sockets, under $TMPDIR; where that path would not fit a Unix socket's
         address (107 bytes: a long HPC or CI scratch TMPDIR), under /tmp, so that the bind does not fail after the
         model has loaded."""
+        limit = getattr(zmq, "IPC_PATH_MAX_LEN", 107)
         where = tempfile.mkdtemp(prefix="minisgl-")
-        if len(f"{where}/commands") > getattr(zmq, "IPC_PATH_MAX_LEN", 107):
+        if len(f"{where}/commands") > limit:
             os.rmdir(where)
             where = tempfile.mkdtemp(prefix="minisgl-", dir="/tmp")  # OSError if /tmp is unusable: before the load
-            if len(f"{where}/commands") > getattr(zmq, "IPC_PATH_MAX_LEN", 107):  # a symlinked /tmp cannot be this
+            if len(f"{where}/commands") > limit:  # a symlinked /tmp cannot be this
                 os.rmdir(where)
                 raise OSError(f"no directory for the engine's Unix sockets: {tempfile.gettempdir()} is too long a path")
         _sweep_dead(os.path.dirname(where))

@@ -4,7 +4,6 @@ prompts (completions take a list) times n choices each."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -183,11 +182,9 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Pro
         )
         for j in range(samples):
             try:
-                choice = dataclasses.replace(
-                    params, logprobs=rank_logprobs, prompt_logprobs=k if echo and j == 0 else None
-                )
-                # seeded choices: each its own, fixed; assigned, not passed, so a choice's -1 stays a seed (as vLLM's)
-                choice.seed = params.seed + j if params.seed is not None else None
+                choice = params.own_copy()  # a copy whose -1 seed stays a seed (as vLLM's children); validated below
+                choice.logprobs, choice.prompt_logprobs = rank_logprobs, k if echo and j == 0 else None
+                choice.seed = params.seed + j if params.seed is not None else None  # seeded choices: each its own
                 choice.validate()  # seed 2^64 - 1 with n 2: choice 1's seed is past the range
             except ValueError as e:
                 raise APIError(400, str(e), param=str(e).split(" ")[0]) from e

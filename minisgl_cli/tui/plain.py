@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TextIO
 
 from minisgl_cli.tui.backend import Answer, BackendError, ChatBackend
@@ -58,7 +58,7 @@ def run_plain(
     loop.run(backend.ready())
     inputs = list(inputs or [])
     turn = TurnStats()
-    ended_by = _end_on_signals()
+    ended_by, restore_signals = _end_on_signals()
     try:
         while not ended_by:
             if interactive:  # on stderr: `chat --no-tui > answers.txt` keeps the answers alone
@@ -103,17 +103,18 @@ def run_plain(
         if not ended_by:  # Ctrl-C at the prompt: the caller's
             raise
     finally:
+        restore_signals()
         loop.run(backend.aclose())
         loop.close()
     if ended_by:
         raise SystemExit(128 + ended_by[0])
 
 
-def _end_on_signals() -> list[int]:
+def _end_on_signals() -> tuple[list[int], Callable[[], None]]:
     """SIGTERM (`kill`, or `minisgl chat` ending its chat) and SIGHUP (the terminal closing) end the chat as Ctrl-D
     does, a running answer stopped and saved first, as the TUI leaves (their default action killed the process
-    mid-answer, the answer unsaved). Returns the list that the signal, once caught, is put in; off the main thread
-    (tests) signals cannot be caught and the list stays empty."""
+    mid-answer, the answer unsaved). Returns the list that the signal, once caught, is put in (off the main thread,
+    where signals cannot be caught, it stays empty), and what puts the previous handlers back."""
     ended_by: list[int] = []
 
     def end(signum: int, _frame: object) -> None:
@@ -121,11 +122,18 @@ def _end_on_signals() -> list[int]:
             ended_by.append(signum)
             raise KeyboardInterrupt  # wakes the main thread where it waits: at the prompt, or for the answer
 
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, end)
-        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup's choice stands
+        if before[signal.SIGHUP] is not signal.SIG_IGN:  # nohup's choice stands
             signal.signal(signal.SIGHUP, end)
-    return ended_by
+
+    def restore() -> None:
+        if threading.current_thread() is threading.main_thread():
+            for s, handler in before.items():
+                signal.signal(s, handler)
+
+    return ended_by, restore
 
 
 def _save(store: ChatStore | None, session: ChatSession, inputs: list[str], err: TextIO) -> None:
