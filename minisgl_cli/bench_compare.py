@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 import reprlib
+from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -124,7 +126,26 @@ FIGURES = (
 )
 
 
-def _refuse(path: Path, problem: str) -> typer.BadParameter:
+@dataclass(frozen=True, slots=True)
+class _Line:
+    """One run of a JSON Lines file: SGLang's bench_serving (and `vllm bench serve --append-result`) append a line
+    per run to one file. Named and refused as "FILE line N"."""
+
+    path: Path
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.path} line {self.line}"
+
+    @property
+    def stem(self) -> str:
+        return f"{self.path.stem}:{self.line}"
+
+
+Source = Path | _Line
+
+
+def _refuse(path: Source, problem: str) -> typer.BadParameter:
     return typer.BadParameter(f"{path}: {problem}", param_hint="FILES")
 
 
@@ -135,7 +156,7 @@ def _is_finite(v: Any) -> bool:
         return False
 
 
-def _check_fields(path: Path, d: dict[str, Any]) -> None:
+def _check_fields(path: Source, d: dict[str, Any]) -> None:
     """Refuse, naming the field, a result whose fields are not of the types bench-compare reads them as."""
     for key in TEXT_FIELDS:
         if d.get(key) is not None and not isinstance(d[key], str):
@@ -165,10 +186,16 @@ def _check_fields(path: Path, d: dict[str, Any]) -> None:
 
 
 def load_runs(path: Path) -> list[dict[str, Any]]:
-    """A result's run, and with a `bench-offline --compare` result each peer's beside it (same workload, same
-    machine): their rows were dropped, leaving the minisgl row alone."""
-    d = _read(path)
-    run = _run(path, d)
+    """Each run of a result file (one, or a JSON Lines file's one per line), and with a `bench-offline --compare`
+    result each peer's beside it (same workload, same machine)."""
+    return [run for src, d in _read(path) for run in _runs(src, d)]
+
+
+def _runs(src: Source, d: Any) -> list[dict[str, Any]]:
+    from minisgl_cli.bench_offline import unread_flags
+    from minisgl_cli.peers import PEERS
+
+    run = _run(src, d)
     peers = d.get("peers") if run["kind"] == "bench-offline" else None
     if peers is None and run["kind"] == "bench-offline" and isinstance(d.get("peer"), dict):
         peers = [d["peer"]]  # files written before the list of peers (and the `benchmark` field) name one `peer`
@@ -177,18 +204,21 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
     out = [run]
     for i, peer in enumerate(peers):
         if not isinstance(peer, dict) or not _is_number(peer.get("output_throughput")):
-            raise _refuse(path, f"peers[{i}] has no numeric output_throughput")
+            raise _refuse(src, f"peers[{i}] has no numeric output_throughput")
         if not _is_finite(peer["output_throughput"]):
-            raise _refuse(path, f"'peers[{i}].output_throughput' must be a finite number")
+            raise _refuse(src, f"'peers[{i}].output_throughput' must be a finite number")
         engine = peer.get("engine") if isinstance(peer.get("engine"), str) else f"peer {i + 1}"
+        # its child got the workload's flags and its own, not minisgl's engine flags nor the parent's --compare
+        unread = {"compare", "vllm_env", *(unread_flags(engine) if engine in PEERS else ())}
         env = peer.get("environment")
         commit = env.get("commit") if isinstance(env, dict) and isinstance(env.get("commit"), str) else None
         out.append(
             run
             | {
-                "name": f"{path.stem} ({engine})",
+                "name": f"{src.stem} ({engine})",
                 "engine": engine,
                 "commit": commit or run["commit"],
+                "flags": _shown_flags(d.get("flags") or {}, run["kind"], unread),
                 "rows": [_figures(peer)],
             }
         )
@@ -196,19 +226,33 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
 
 
 def load_run(path: Path) -> dict[str, Any]:
-    return _run(path, _read(path))
+    return _run(*_read(path)[0])
 
 
-def _read(path: Path) -> Any:
+def _cannot_read(src: Source, e: Exception) -> typer.BadParameter:
+    why = "JSON nested too deeply" if isinstance(e, RecursionError) else str(e)
+    return typer.BadParameter(f"cannot read {src}: {why}", param_hint="FILES")
+
+
+def _read(path: Path) -> list[tuple[Source, Any]]:
+    """The file's JSON document, or each line's of a JSON Lines file."""
     try:
-        return json.loads(path.read_text())
-    except RecursionError as e:  # json's C parser gives up on deep nesting this way, not with a ValueError
-        raise typer.BadParameter(f"cannot read {path}: JSON nested too deeply", param_hint="FILES") from e
-    except (OSError, ValueError) as e:
-        raise typer.BadParameter(f"cannot read {path}: {e}", param_hint="FILES") from e
+        text = path.read_text()
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8
+        raise _cannot_read(path, e) from e
+    try:
+        return [(path, json.loads(text))]
+    except (ValueError, RecursionError) as e:  # json's C parser gives up on deep nesting with a RecursionError
+        lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+        if not (isinstance(e, json.JSONDecodeError) and e.msg == "Extra data" and len(lines) > 1):
+            raise _cannot_read(path, e) from e
+        try:
+            return [(_Line(path, n), json.loads(line)) for n, line in lines]
+        except (ValueError, RecursionError):  # not JSON Lines either: say what is wrong with it as one document
+            raise _cannot_read(path, e) from e
 
 
-def _run(path: Path, d: Any) -> dict[str, Any]:
+def _run(path: Source, d: Any) -> dict[str, Any]:
     if not isinstance(d, dict) or "output_throughput" not in d and not d.get("sweep"):
         other = f" (a {d['benchmark']} result)" if isinstance(d, dict) and "benchmark" in d else ""
         raise typer.BadParameter(
@@ -221,12 +265,6 @@ def _run(path: Path, d: Any) -> dict[str, Any]:
     rows = [_figures(r) for r in sweep] if sweep else [_figures(d)]
     env = d.get("environment") or {}
     flags = d.get("flags") or {}
-    defaults, arguments = _defaults(kind)
-    shown = [
-        str(v) if k in arguments else f"--{k.replace('_', '-')} {v}"
-        for k, v in flags.items()
-        if k not in FLAG_SKIP and v != defaults.get(k)
-    ]
     engine = d.get("engine") or ("minisgl" if d.get("mode") == "in-process" else None)
     if kind == OTHER_SERVE:
         engine = engine or d.get("backend")
@@ -243,10 +281,25 @@ def _run(path: Path, d: Any) -> dict[str, Any]:
         or d.get("model"),
         "gpu": d.get("gpu") or where,
         "commit": (env.get("commit") or "") + (" (dirty)" if env.get("dirty") else "") or None,
-        "flags": " ".join(shown),
+        "flags": _shown_flags(flags, kind),
         "partial": bool(d.get("partial")),
         "rows": rows,
     }
+
+
+def _shown_flags(flags: dict[str, Any], kind: str, unread: Collection[str] = ()) -> str:
+    """The flags a run was given (those that differ from the command's defaults), without the output switches and
+    `unread` (a bench-offline peer's row: minisgl's engine flags, which its child was not given)."""
+    defaults, arguments = _defaults(kind)
+    return " ".join(
+        str(v) if k in arguments else f"--{k.replace('_', '-')} {v}"
+        for k, v in flags.items()
+        # an older file's False for a switch that is now an option with no value by default (--compare) was no flag
+        if k not in FLAG_SKIP
+        and k not in unread
+        and v != defaults.get(k)
+        and not (v is False and defaults.get(k) is None)
+    )
 
 
 def _runs_table(runs: list[dict[str, Any]]):

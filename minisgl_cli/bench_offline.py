@@ -177,7 +177,7 @@ def _checked(ctx: typer.Context, flags: dict[str, Any]) -> tuple[str, list[str],
             param_hint="--engine",
         )
     engines = ["minisgl", *peers] if peers else [engine]
-    unread = [_unread(e) for e in engines]
+    unread = [unread_flags(e) for e in engines]
     o.refuse_each(ctx, {name: why for name, why in unread[0].items() if all(name in u for u in unread[1:])})
     if "vllm" not in peers:  # MINISGL_VLLM_ENV set for every shell is no error: only the flag given here is
         why = (
@@ -570,7 +570,7 @@ def workload_digest(workload) -> str:
     return hashlib.sha256(json.dumps([workload.prompts, workload.output_lens]).encode()).hexdigest()[:16]
 
 
-def _unread(engine: str) -> dict[str, str]:
+def unread_flags(engine: str) -> dict[str, str]:
     """The parameters that a run of `engine` alone does not read, each with what its refusal says; a peer child is
     given none of them."""
     for_transformers = "is for the transformers peer: give --engine transformers or --compare transformers"
@@ -594,7 +594,7 @@ def _given_flags(ctx: typer.Context, name: str) -> list[str]:
     defaults and environment), without those only the parent acts on and those the peer does not read."""
     from typer.core import TyperOption
 
-    skip = {"compare", "engine", "json_path", "plot", "vllm_env", *_unread(name)}
+    skip = {"compare", "engine", "json_path", "plot", "vllm_env", *unread_flags(name)}
     args: list[str] = []
     for p in ctx.command.params:
         if p.name in skip or not isinstance(p, TyperOption):

@@ -376,7 +376,7 @@ def _run_sweep(
                     results, stopped = sorted(live.done, key=lambda r: r.index), "interrupted"
                 t0 = live.started
                 duration = time.perf_counter() - t0
-                row = _row(load, results, duration, t0, slo, flags, check, cut=stopped is not None)
+                row = _row(load, results, len(items), duration, t0, slo, flags, check, cut=stopped is not None)
                 row["cache_hit_rate"] = _hit_rate(before, await _hits(client, target), target)
                 rows.append(row)
                 singles[:] = results
@@ -412,7 +412,9 @@ def _run_sweep(
     else:  # a grid of rates x concurrencies: its loads are no one line along which a knee means anything
         for row in rows:
             row["knee"], row["knee_reason"] = False, None
-    return _result(target, rows, singles, slo, flags, check, served, stopped)
+    out = _result(target, rows, singles, slo, flags, check, served, stopped)
+    out["planned_loads"] = len(plans)
+    return out
 
 
 async def _connect(target: Target, flags: dict[str, Any], api_key: str | None, served: dict[str, Any]):
@@ -450,7 +452,9 @@ def _hit_rate(before, after, target: Target) -> float | None:
     return (after["hits"] - before["hits"]) / d if d else None
 
 
-def _row(load, results, duration: float, t0: float, slo, flags: dict[str, Any], check, cut: bool) -> dict[str, Any]:
+def _row(
+    load, results, planned: int, duration: float, t0: float, slo, flags: dict[str, Any], check, cut: bool
+) -> dict[str, Any]:
     """One load's figures; `cut`: Ctrl-C stopped it, so its figures cover only the requests finished by then."""
     from minisgl_cli.run_figures import client_usage, per_request, summarize
 
@@ -460,6 +464,7 @@ def _row(load, results, duration: float, t0: float, slo, flags: dict[str, Any], 
         "max_concurrency": load.max_concurrency,
         "burstiness": flags["burstiness"],
         "num_prompts": len(results),
+        "planned_requests": planned,
     }
     row.update(summarize(results, duration, "e2el", slo))
     if flags["url"] is not None:
@@ -534,7 +539,13 @@ def _report(console, result: dict[str, Any], flags: dict[str, Any]) -> None:
             f"client absorbed {check['tok_per_s']:,.0f} tok/s max (mock SSE server, {check['streams']} streams); "
             f"this run used {peak:.1%} of it in its busiest second{note}"
         )
-    if result["partial"]:
+    if result["stopped"] == "interrupted":
+        from minisgl_cli.report import interrupted_note
+
+        cut, rows = result["sweep"][-1], len(result["sweep"])
+        where = f" in load {cut['load']} ({rows} of {result['planned_loads']} loads; those in flight are not counted)"
+        console.print(interrupted_note(cut["completed"] + cut["failed"], cut["planned_requests"], "requests", where))
+    elif result["partial"]:
         first = next((e for r in result["sweep"] for e in r["errors"]), None)
         why = result["stopped"] or (f"first error: {first['error']}" if first else "")
         console.print(f"[yellow]partial results:[/yellow] {why}")

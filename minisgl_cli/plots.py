@@ -145,6 +145,16 @@ def plot_steps(steps: Sequence[tuple[float, int, int]], path: Path, title: str) 
     _save(fig, path)
 
 
+def _bars(ax, xs: Sequence[float], values: Sequence[float | None], width: float, label: str | None = None) -> None:
+    """Bars of the known values; an unknown one (a figure the run's file does not have) is written "n/a" where its
+    bar would stand, not drawn as a zero."""
+    known = [(x, v) for x, v in zip(xs, values) if v is not None]
+    ax.bar([x for x, _ in known], [v for _, v in known], width, label=label if known else None)
+    for x, v in zip(xs, values):
+        if v is None:
+            ax.text(x, 0, "n/a", ha="center", va="bottom", fontsize=8, color="gray")
+
+
 def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
     """Several runs: sweeps as lines against their load points, single runs as bars (output tok/s, TTFT, TPOT and
     TBT p50/p99)."""
@@ -189,20 +199,12 @@ def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
             xs = list(range(len(singles)))
             for ax, (key, unit, pct) in zip(axes, panels):
                 if pct:
-                    ax.bar(
-                        [x - 0.2 for x in xs],
-                        [r["rows"][0].get(f"median_{key}_ms") or 0 for r in singles],
-                        0.4,
-                        label="p50",
+                    _bars(
+                        ax, [x - 0.2 for x in xs], [r["rows"][0].get(f"median_{key}_ms") for r in singles], 0.4, "p50"
                     )
-                    ax.bar(
-                        [x + 0.2 for x in xs],
-                        [r["rows"][0].get(f"p99_{key}_ms") or 0 for r in singles],
-                        0.4,
-                        label="p99",
-                    )
+                    _bars(ax, [x + 0.2 for x in xs], [r["rows"][0].get(f"p99_{key}_ms") for r in singles], 0.4, "p99")
                 else:
-                    ax.bar(xs, [r["rows"][0].get(key) or 0 for r in singles], 0.6)
+                    _bars(ax, xs, [r["rows"][0].get(key) for r in singles], 0.6)
                 ax.set_ylabel(unit)
                 ax.set_xticks(xs, names, rotation=15, fontsize=8)
     axes[0].set_title("bench-compare")

@@ -39,6 +39,18 @@ def test_a_bench_offline_compare_result_shows_its_peers_rows():
     ]
     out = run("bench-compare", str(path))
     assert "minisgl" in out and "vllm" in out and "#2" in out
+    # the peer's row shows the flags its child was given: it repeated minisgl's --compare, --vllm-env and engine flags
+    assert "--max-batch-tokens 8192" in runs[0]["flags"] and "--compare vllm" in runs[0]["flags"]
+    assert runs[1]["flags"] == "--runs 3 --model dummy:Llama-3.1-8B"
+
+
+def test_an_older_files_unset_switch_is_no_flag():
+    """`--compare` was a switch (false when not given) before it took a list of peers: bench-compare showed the
+    stored Qwen3-30B-A3B run as given `--compare False`."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks/results/bench_offline_qwen3-30b-a3b_h200_c664dbc.json"
+    assert json.loads(path.read_text())["flags"]["compare"] is False
+    (only,) = load_runs(path)
+    assert "--compare" not in only["flags"] and only["flags"].startswith("--runs 2 --model dummy:Qwen3-30B-A3B")
 
 
 def test_an_older_bench_offline_file_with_one_peer_shows_its_row():
@@ -75,6 +87,31 @@ def test_vllm_files_show_their_load_and_failed_requests(tmp_path):
     assert "#1 rate inf" in out and "#2 rate 4, concurrency 16" in out
     assert "100 / 0" in out and "90 / 10" in out
     assert "None" not in out
+
+
+def test_json_lines_of_runs_show_a_row_each(tmp_path):
+    """SGLang's bench_serving (and `vllm bench serve --append-result`) append one JSON line per run to one file: it
+    was refused as "Extra data: line 2" where it holds two runs. A file that is neither is still refused by name."""
+    runs = tmp_path / "sglang.jsonl"
+    lines = [
+        {"backend": "sglang", "request_rate": rate, "max_concurrency": 64, "output_throughput": tput}
+        for rate, tput in ((2, 700.0), (8, 1500.0))
+    ]
+    runs.write_text(json.dumps(lines[0]) + "\n\n" + json.dumps(lines[1]) + "\n")
+    assert [(r["name"], r["rows"][0]["output_throughput"]) for r in load_runs(runs)] == [
+        ("sglang:1 (sglang)", 700.0),
+        ("sglang:3 (sglang)", 1500.0),
+    ]
+    out = run("bench-compare", str(runs))
+    assert "rate 2, concurrency 64" in out and "rate 8, concurrency 64" in out and "1,500" in out
+    # a bad run is named by its line
+    runs.write_text(json.dumps(lines[0]) + "\n" + json.dumps({"backend": "sglang"}) + "\n")
+    r = CliRunner().invoke(app, ["bench-compare", str(runs)])
+    assert r.exit_code == 2 and f"{runs} line 2 is not a bench-serve" in flat(r.output), r.output
+    # trailing text after one (pretty-printed) document is no JSON Lines: the error is the document's
+    runs.write_text(json.dumps(lines[0], indent=2) + "\nfast\n")
+    r = CliRunner().invoke(app, ["bench-compare", str(runs)])
+    assert r.exit_code == 2 and "cannot read" in flat(r.output) and "Extra data: line 7" in flat(r.output), r.output
 
 
 def test_compare_offline_trace_and_serve_runs(tmp_path):
@@ -195,6 +232,25 @@ def test_compare_single_runs_and_bad_files(tmp_path):
     assert r.exit_code == 2 and "is not a bench-serve, bench-trace or bench-offline result" in flat(r.output)
     r = CliRunner().invoke(app, ["bench-compare", str(tmp_path / "missing.json")])
     assert r.exit_code == 2 and "cannot read" in flat(r.output)
+
+
+def test_a_figure_a_run_lacks_is_no_zero_bar(tmp_path, monkeypatch):
+    """Single runs as bars: a figure one file does not have (here the other engine's TPOT) was drawn as a bar of 0,
+    which reads as a measured zero; it is now no bar and an "n/a" where the bar would stand."""
+    from minisgl_cli import plots
+
+    figs: list = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig))
+    rows = ({"output_throughput": 100.0, "median_tpot_ms": 5.0, "p99_tpot_ms": 9.0}, {"output_throughput": 250.0})
+    plots.plot_compare([{"name": f"r{i}", "rows": [row]} for i, row in enumerate(rows)], tmp_path / "bars.png")
+    tput, _, tpot, _ = figs[0].axes
+    assert [(round(b.get_x() + b.get_width() / 2), b.get_height()) for b in tput.patches] == [(0, 100.0), (1, 250.0)]
+    assert [(round(b.get_x() + b.get_width() / 2, 6), b.get_height()) for b in tpot.patches] == [
+        (-0.2, 5.0),
+        (0.2, 9.0),
+    ]
+    assert sorted((round(t.get_position()[0], 6), t.get_text()) for t in tpot.texts) == [(0.8, "n/a"), (1.2, "n/a")]
+    assert not tput.texts
 
 
 def test_malformed_results_are_refused_by_name(tmp_path):

@@ -281,7 +281,10 @@ def test_ctrl_c_mid_load_marks_the_load_and_the_run_partial(tmp_path, mock):
     assert res["sweep"][0]["partial"] is True
     assert 0 < res["completed"] == len(res["success"]) < 100 and res["failed"] == 0
     assert res["indices"] == list(range(res["completed"]))  # one at a time: the first ones, in order
-    assert "partial results: interrupted" in out
+    assert res["planned_requests"] == 100 and res["planned_loads"] == 1
+    # as bench-trace's: how many of the planned requests finished (was only "partial results: interrupted")
+    done = f"partial results: interrupted after {res['completed']} of 100 requests finished"
+    assert f"{done} in load {res['sweep'][0]['load']} (1 of 1 loads; those in flight are not counted)" in out, out
 
 
 @pytest.mark.parametrize("mock", [MockConfig(ttft=0.01, tpot=0.01)], indirect=True)
