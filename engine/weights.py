@@ -7,15 +7,13 @@ import json
 import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from engine.gguf_file import GGUFFile, read_gguf
 from engine.model_config import PRESETS, ModelConfig, check_token_ids
 from kernels.cpu_ops import BLOCK_BYTES, QuantMatrix
-
-if TYPE_CHECKING:
-    from gguf import GGUFReader
 
 # ---- Hugging Face directory -------------------------------------------------------------------------
 # Weight dtypes read as they are (cast to the model's dtype). Integer, bool and fp8 tensors are quantized or not
@@ -92,7 +90,7 @@ def hf_config(path: Path) -> ModelConfig:
     return ModelConfig.from_json_file(path / "config.json")
 
 
-def model_config(kind: str, where: str | Path, reader: GGUFReader | None = None) -> ModelConfig:
+def model_config(kind: str, where: str | Path, reader: GGUFFile | None = None) -> ModelConfig:
     """The config of a resolved --model value (engine/model_source.py's kind and path), without its weights."""
     if kind == "dummy":
         return PRESETS[str(where)]
@@ -118,23 +116,18 @@ _GGUF_NAMES = {
 _GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
-def open_gguf(path: Path) -> GGUFReader:
-    import gguf
-
+def open_gguf(path: Path) -> GGUFFile:
     try:
-        return gguf.GGUFReader(str(path))
-    except (ValueError, struct.error, IndexError, OSError) as e:
+        return read_gguf(path)
+    except (ValueError, struct.error, OSError, KeyError, IndexError) as e:
         raise ValueError(f"{path} is not a readable GGUF file: {e}") from e
 
 
-def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
+def _field(reader: GGUFFile, key: str, default: Any = None) -> Any:
+    return reader.fields.get(key, default)
 
 
-def gguf_config(path: Path, reader: GGUFReader | None = None) -> ModelConfig:
+def gguf_config(path: Path, reader: GGUFFile | None = None) -> ModelConfig:
     r = reader or open_gguf(path)
     arch = _field(r, "general.architecture")
     if arch not in _GGUF_ARCH:
@@ -208,7 +201,7 @@ def gguf_config(path: Path, reader: GGUFReader | None = None) -> ModelConfig:
         raise ValueError(f"{path}: {e}") from e
 
 
-def _rope_freq_factors(path: Path, reader: GGUFReader) -> list[float] | None:
+def _rope_freq_factors(path: Path, reader: GGUFFile) -> list[float] | None:
     """The llama3 rope of Llama 3.1 and later as llama.cpp stores it: rope_freqs.weight, what each of the
     head_dim / 2 frequencies is divided by (ModelConfig checks their number and values). None: the file has none."""
     import gguf
@@ -229,7 +222,7 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 def gguf_weights(
     path: Path,
     cfg: ModelConfig,
-    reader: GGUFReader | None = None,
+    reader: GGUFFile | None = None,
     progress: Callable[[], None] | None = None,
     quantized: dict[str, QuantMatrix] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -273,7 +266,7 @@ def gguf_weights(
         yield name, w
 
 
-def gguf_tensor_count(path: Path, reader: GGUFReader | None = None) -> int:
+def gguf_tensor_count(path: Path, reader: GGUFFile | None = None) -> int:
     """How many weights gguf_weights yields (its progress ticks)."""
     return sum(t.name != "rope_freqs.weight" for t in (reader or open_gguf(path)).tensors)
 
