@@ -229,20 +229,25 @@ def url_sender(client, model: str, temperature: float, chat: bool = False) -> Se
         try:
             async with asyncio.timeout(client.timeout), aclosing(client.stream(path, body)) as events:
                 async for ev in events:
-                    if ev.text:
+                    # a thinking model's reasoning_content is output too (vLLM's bench serve times every chunk)
+                    if ev.text or ev.reasoning:
                         times.append(ev.time)
                         live.tokens += 1
-                    if ev.finish_reason and finished is None:
-                        finished = ev.time
+                    elif ev.finish_reason and finished is None:
+                        finished = ev.time  # a finish chunk without text, timed below when it came last
                     if ev.usage:
                         usage = ev.usage
         except Exception as e:
             res.error = failure(e, client.timeout)
         res.output_tokens = int(usage["completion_tokens"]) if usage else len(times)
-        if not times and finished is not None and res.error is None and (usage is None or res.output_tokens > 0):
+        late = finished if finished is not None and (not times or usage is not None and finished > times[-1]) else None
+        if late is not None and res.error is None and (usage is None or res.output_tokens > 0):
             # Tokens whose text is empty (a special token, bytes that complete no character yet) send no event of
-            # their own: an output made only of them shows up first in its finish chunk, which then times it.
-            times.append(finished)
+            # their own: they show up in the finish chunk, which then times them. An output made only of them has
+            # no other event; one that ends with them ended there, not at its last text (E2E and TPOT stopped
+            # short of its last tokens; vLLM's bench serve ends a request's latency at its last chunk, the finish
+            # chunk included). Without usage the count is the events', so only the first case adds one.
+            times.append(late)
             live.tokens += 1
             res.output_tokens = max(res.output_tokens, 1)
         if usage and usage.get("prompt_tokens"):

@@ -457,3 +457,59 @@ def test_against_minisgl_serve(tmp_path):
         res, out = bench(tmp_path, *args, code=1)
         assert res["failed"] == 2 and "outside the vocabulary" in flat(out)
         assert "prompts drew ids below 49152: give the served model as --model, or --vocab-size" in flat(out)
+
+
+# ---- the URL sender's timing, event by event (no network) ----------------------------------------------------------
+class _ScriptedClient:
+    """Streams the given events as OpenAIClient.stream would."""
+
+    timeout = 5.0
+
+    def __init__(self, events):
+        self.events = events
+
+    async def stream(self, path, body):
+        for ev in self.events:
+            yield ev
+
+
+def _timed(events, output_len: int):
+    import asyncio
+
+    from minisgl_cli.replay import LiveCounters, ReplayItem, RequestResult, url_sender
+
+    res = RequestResult(0, 0, 2, output_len, scheduled=0.0)
+    send = url_sender(_ScriptedClient(events), "m", 0.0, chat=True)
+    asyncio.run(send(ReplayItem(0, 0, 0.0, "hi", output_len), res, LiveCounters()))
+    return res
+
+
+def test_a_stream_whose_last_tokens_have_no_text_ends_at_its_finish_chunk():
+    """minisgl serve sends no event for a token whose text is empty (bytes that complete no character yet) and puts
+    it in the finish chunk, one decode step after the last text: E2E ended at the last text and TPOT divided 2 gaps
+    by 3 (vLLM's bench serve ends the latency at the last chunk)."""
+    from minisgl_cli.openai_client import Event
+
+    usage = {"prompt_tokens": 2, "completion_tokens": 4}
+    events = [Event(1.0, "a"), Event(1.1, "b"), Event(1.2, "c"), Event(1.3, "", None, "length"), Event(1.3, "", usage)]
+    res = _timed(events, 4)
+    assert res.ok and res.output_tokens == 4
+    assert res.ttft == pytest.approx(1.0) and res.e2e == pytest.approx(1.3) and res.tpot == pytest.approx(0.1)
+    # a finish chunk that arrives with the last text (one read) adds no gap
+    events = [Event(1.0, "a"), Event(1.1, "b"), Event(1.2, "c"), Event(1.2, "", None, "length"), Event(1.2, "", usage)]
+    res = _timed(events, 4)
+    assert res.e2e == pytest.approx(1.2) and len(res.itls) == 2
+
+
+def test_reasoning_content_is_output_for_ttft():
+    """A server with a reasoning parser streams a thinking model's first tokens as `reasoning_content`: the first
+    token came at 1.0 s, not at the first answer text (vLLM's bench serve counts reasoning_content as output)."""
+    from minisgl_cli.openai_client import Event
+
+    usage = {"prompt_tokens": 2, "completion_tokens": 4}
+    events = [Event(1.0, "", reasoning="think"), Event(1.1, "", reasoning="ing"), Event(1.2, "x"), Event(1.3, "y")]
+    res = _timed([*events, Event(1.3, "", None, "length"), Event(1.3, "", usage)], 4)
+    assert res.ttft == pytest.approx(1.0) and res.e2e == pytest.approx(1.3) and len(res.itls) == 3
+    # an answer cut off while it still thinks (max_tokens reached) completed, timed from its first thought
+    res = _timed([events[0], events[1], Event(1.2, "", None, "length"), Event(1.2, "", usage)], 4)
+    assert res.ok and res.ttft == pytest.approx(1.0)
