@@ -254,6 +254,7 @@ def _result(
         "ignore_eos": True,
         "folded_ids": workload.folded_ids,
         "truncated_prompts": workload.truncated,
+        "repeated_prompts": workload.repeated,
         "digest": workload_digest(workload),
     }
     result["environment"] = environment()
@@ -271,10 +272,11 @@ def _report(console, result: dict[str, Any], results: list[dict[str, Any]], work
     for r in results:
         r.pop("_steps", None)
     console.print(_table(results, workload))
-    if workload.num_seqs < flags["num_seqs"]:
+    if workload.repeated:
         console.print(
-            f"[yellow]note:[/yellow] {workload.source} holds {workload.num_seqs:,} non-empty prompts: "
-            f"{workload.num_seqs:,} requests ran, not --num-seqs {flags['num_seqs']:,}"
+            f"[yellow]note:[/yellow] {workload.source} holds {workload.num_seqs - workload.repeated:,} non-empty "
+            f"prompts: {workload.repeated:,} of the {workload.num_seqs:,} requests were given one again (as vLLM's "
+            "benchmarks oversample), and a prefix cache keeps what an earlier request of the same prompt computed"
         )
     for r in results:
         if r.get("settings"):

@@ -266,7 +266,8 @@ def _target(config: EngineConfig, flags: dict[str, Any]) -> Target:
     return Target(vocab, context, tokenizer, str(config.model), url=flags["url"])
 
 
-def _workload(target: Target, flags: dict[str, Any], n: int, seed: int):
+def _workload(target: Target, flags: dict[str, Any], n: int, seed: int, skip: int):
+    """`n` requests; a dataset's prompts from its `skip`-th on."""
     from minisgl_cli.replay import ReplayItem
     from minisgl_cli.workload import parse_range, serve_workload
 
@@ -290,6 +291,7 @@ def _workload(target: Target, flags: dict[str, Any], n: int, seed: int):
             groups,
             flags["prefix_len"] if groups else 0,
             target.context,
+            skip,
         )
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--dataset") from e
@@ -304,7 +306,7 @@ def _workload(target: Target, flags: dict[str, Any], n: int, seed: int):
         ReplayItem(i, 0, 0.0, p, out, len(ids))
         for i, (p, out, ids) in enumerate(zip(prompts, w.output_lens, w.prompts))
     ]
-    return items, w.source
+    return items, w
 
 
 def _sizes(load, flags: dict[str, Any]) -> int:
@@ -320,19 +322,27 @@ def _sizes(load, flags: dict[str, Any]) -> int:
 
 def _plans(target: Target, loads, flags: dict[str, Any], served: dict[str, Any]):
     """Every load's requests with their arrival times, and the warm-up's: all drawn before anything is sent, so bad
-    input fails first. Each load gets prompts of its own (seed + i), so no load reuses another's in a prefix cache."""
+    input fails first. Each load gets prompts of its own (random ones of seed + i; a dataset's next prompts), so no
+    load reuses another's in a prefix cache (unless a dataset runs out: its prompts are then given again)."""
     from minisgl_cli.arrivals import arrival_times
 
-    plans = []
+    plans, drawn, truncated, repeated = [], 0, 0, 0
     for i, load in enumerate(loads):
-        items, served["source"] = _workload(target, flags, _sizes(load, flags), flags["seed"] + i)
+        n = _sizes(load, flags)
+        items, w = _workload(target, flags, n, flags["seed"] + i, drawn)
+        drawn, truncated, repeated = drawn + n, truncated + w.truncated, repeated + w.repeated
+        served["source"] = w.source
         times = arrival_times(
             len(items), load.rate, flags["burstiness"], flags["arrival"], flags["seed"] + i, flags["duration"]
         )
         for item, t in zip(items, times):
             item.arrival = t
         plans.append((load, items[: len(times)]))
-    warm = _workload(target, flags, flags["warmup"], flags["seed"] + 10_000)[0] if flags["warmup"] else []
+    warm = []
+    if flags["warmup"]:  # the dataset's prompts after the loads' (again the first ones when it runs out)
+        warm, w = _workload(target, flags, flags["warmup"], flags["seed"] + 10_000, drawn)
+        repeated += w.repeated
+    served["truncated_prompts"], served["repeated_prompts"] = truncated, repeated
     return plans, warm
 
 
@@ -492,7 +502,7 @@ def _result(target: Target, rows, results, slo, flags, check, served, stopped) -
         "gpu": _gpu(llm),
         "workload": {
             "source": served.get("source"),
-            "input_len": flags["input_len"],
+            "input_len": None if flags["dataset"] else flags["input_len"],  # a dataset's prompts have their own
             "output_len": flags["output_len"],
             "prompt_format": "text" if flags["endpoint"] == "chat" else flags["prompt_format"],
             "prefix_groups": flags["prefix_groups"],
@@ -501,6 +511,8 @@ def _result(target: Target, rows, results, slo, flags, check, served, stopped) -
             "seed": flags["seed"],
             "warmup": flags["warmup"],
             "duration_limit": flags["duration"],
+            "truncated_prompts": served.get("truncated_prompts", 0),  # a dataset's, cut to fit the context
+            "repeated_prompts": served.get("repeated_prompts", 0),  # requests given a dataset's prompt again
         },
         "slo": {k: v * 1000 for k, v in slo.items()} if slo else None,
         "client_check": check.as_dict() if check else None,
@@ -538,6 +550,12 @@ def _report(console, result: dict[str, Any], flags: dict[str, Any]) -> None:
         console.print(
             f"client absorbed {check['tok_per_s']:,.0f} tok/s max (mock SSE server, {check['streams']} streams); "
             f"this run used {peak:.1%} of it in its busiest second{note}"
+        )
+    if repeated := result["workload"]["repeated_prompts"]:
+        console.print(
+            f"[yellow]note:[/yellow] {result['workload']['source']} holds fewer prompts than the run sent: "
+            f"{repeated:,} requests were given one of its prompts again (as vLLM's benchmarks oversample), which a "
+            "prefix cache may still hold"
         )
     if result["stopped"] == "interrupted":
         from minisgl_cli.report import interrupted_note

@@ -19,6 +19,9 @@ class Workload:
     source: str  # "random" or the dataset path
     folded_ids: int = 0  # prompt ids >= vocab that were folded into the vocabulary (tiny models)
     truncated: int = 0  # dataset prompts cut to fit the context
+    repeated: int = 0  # requests given a dataset prompt again: the file holds fewer prompts than requests asked for
+    # a dataset's prompts as text, in request order; None where a prompt was cut to fit (only its ids were kept)
+    texts: list[str | None] | None = None
     meta: dict = field(default_factory=dict)
 
     @property
@@ -153,20 +156,29 @@ def dataset_workload(
     output_len: tuple[int, int],
     seed: int,
     max_model_len: int,
+    skip: int = 0,
 ) -> Workload:
     """Real prompts (tokenized with the model's tokenizer) with output lengths drawn from `output_len`;
-    a prompt too long for the context keeps its first tokens."""
-    texts = read_dataset_prompts(path, num_seqs)
+    a prompt too long for the context keeps its first tokens. The requests take the file's prompts from the
+    `skip`-th on (a bench-serve sweep gives each load prompts of its own); past the file's last prompt they start
+    again from its first, as vLLM's benchmarks oversample (`repeated` counts those requests)."""
+    read = read_dataset_prompts(path, skip + num_seqs)
     rng = random.Random(seed)
-    output_lens = [rng.randint(*output_len) for _ in texts]
-    prompts, truncated = [], 0
-    for text, out in zip(texts, output_lens):
-        ids = encode(text)
+    output_lens = [rng.randint(*output_len) for _ in range(num_seqs)]
+    encoded: dict[int, list[int]] = {}
+    prompts: list[list[int]] = []
+    texts: list[str | None] = []
+    for j, out in enumerate(output_lens):
+        k = (skip + j) % len(read)
+        if k not in encoded:
+            encoded[k] = encode(read[k])
         room = max(max_model_len - out, 1)
-        if len(ids) > room:
-            ids, truncated = ids[:room], truncated + 1
-        prompts.append(ids)
-    return Workload(prompts, output_lens, str(path), truncated=truncated)
+        cut = len(encoded[k]) > room
+        prompts.append(encoded[k][:room])
+        texts.append(None if cut else read[k])
+    truncated = sum(t is None for t in texts)
+    repeated = max(0, min(num_seqs, skip + num_seqs - len(read)))
+    return Workload(prompts, output_lens, str(path), truncated=truncated, repeated=repeated, texts=texts)
 
 
 @dataclass(slots=True)
@@ -178,6 +190,8 @@ class ServeWorkload:
     output_lens: list[int]
     texts: list[str] | None
     source: str
+    truncated: int = 0  # as Workload's: a dataset's prompts cut to fit the context
+    repeated: int = 0  # requests given a dataset's prompt again
 
 
 def serve_workload(
@@ -192,16 +206,21 @@ def serve_workload(
     prefix_groups: int = 0,
     prefix_len: int = 0,
     max_model_len: int | None = None,
+    skip: int = 0,
 ) -> ServeWorkload:
-    """Random prompts (nano-vllm's draw, ids folded into small vocabularies) or a dataset's; with prefix groups,
-    request i starts with group i % G's shared random prefix of `prefix_len` tokens. Text prompts are the dataset's
-    own, or random ids decoded by the tokenizer."""
+    """Random prompts (nano-vllm's draw, ids folded into small vocabularies) or a dataset's (from its `skip`-th
+    prompt on); with prefix groups, request i starts with group i % G's shared random prefix of `prefix_len`
+    tokens. Text prompts are the dataset's own (a prompt cut to fit, its kept tokens' text), or random ids decoded
+    by the tokenizer."""
+    truncated = repeated = 0
     if dataset is not None:
         assert tokenizer is not None
-        base = dataset_workload(dataset, tokenizer.encode, n, output_len, seed, max_model_len or 1 << 30)
+        base = dataset_workload(dataset, tokenizer.encode, n, output_len, seed, max_model_len or 1 << 30, skip)
         prompts, output_lens = base.prompts, base.output_lens
-        texts = read_dataset_prompts(dataset, n) if text else None
-        source = str(dataset)
+        texts = None
+        if text and base.texts is not None:  # a prompt cut to fit the context goes out as its kept tokens' text
+            texts = [t if t is not None else tokenizer.decode(p) for t, p in zip(base.texts, prompts)]
+        source, truncated, repeated = str(dataset), base.truncated, base.repeated
     else:
         base = random_workload(n, input_len, output_len, seed, vocab_size)
         prompts, output_lens, texts, source = base.prompts, base.output_lens, None, "random"
@@ -220,4 +239,4 @@ def serve_workload(
         source += f" + {prefix_groups} prefix groups of {prefix_len} tokens"
     if texts is not None:
         prompts = [tokenizer.encode(t) for t in texts]  # what the server will count
-    return ServeWorkload(prompts, output_lens, texts, source)
+    return ServeWorkload(prompts, output_lens, texts, source, truncated, repeated)

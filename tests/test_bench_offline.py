@@ -381,11 +381,15 @@ def test_dataset_prompts_sharegpt_jsonl_and_parquet(tmp_path):
     # The dummy models' tokenizer is byte-level: "question 0" is 10 tokens.
     assert res["completed"] == 3 and res["total_input_tokens"] == 3 * len("question 0")
     assert res["workload"]["source"].endswith("sharegpt.jsonl")
-    # asked for more than it holds: the run says so under its table (a title's count was all it showed)
+    # asked for more than it holds: its prompts are given again (as vLLM oversamples), and the run says so
     args = ["--dataset", str(tmp_path / "sharegpt.jsonl"), "--num-seqs", "8", "--output-len", "4:8"]
-    r = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["bench-offline", *TINY, *args])
+    r = CliRunner(env={"COLUMNS": "300"}).invoke(
+        app, ["bench-offline", *TINY, *args, "--json", str(tmp_path / "o.json")]
+    )
     assert r.exit_code == 0, r.output
-    assert "holds 5 non-empty prompts: 5 requests ran, not --num-seqs 8" in flat(r.output)
+    assert "holds 5 non-empty prompts: 3 of the 8 requests were given one again" in flat(r.output)
+    res = json.loads((tmp_path / "o.json").read_text())
+    assert res["completed"] == 8 and res["workload"]["repeated_prompts"] == 3
 
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -393,8 +397,9 @@ def test_dataset_prompts_sharegpt_jsonl_and_parquet(tmp_path):
     texts = ["héllo wörld", "x" * 300]
     pq.write_table(pa.table({"id": [1, 2], "text": texts}), tmp_path / "p.parquet")
     res = bench(
-        tmp_path, *TINY, "--dataset", str(tmp_path / "p.parquet"), "--output-len", "4:4", "--max-model-len", "100"
-    )
+        tmp_path, *TINY, "--dataset", str(tmp_path / "p.parquet"), "--num-seqs", "2", "--output-len", "4:4",
+        "--max-model-len", "100",
+    )  # fmt: skip
     assert res["completed"] == 2 and res["workload"]["truncated_prompts"] == 1
     assert res["total_input_tokens"] == len(texts[0].encode()) + 96  # 100 - 4 output tokens
     assert res["total_output_tokens"] == 8

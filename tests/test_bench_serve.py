@@ -419,6 +419,38 @@ def test_in_process_dataset_run(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_sweep_over_a_dataset_gives_each_load_its_own_prompts(tmp_path):
+    """Every load read the file's first prompts, so a sweep's later loads re-sent the first's (prefix-cache hits);
+    and a file of fewer prompts than requests ran fewer requests without a word (vLLM oversamples). Now each load
+    (then the warm-up) takes the next prompts, starting again from the first when the file runs out, and says so."""
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "x" * n}) + "\n" for n in (1, 2, 3, 4, 5)))  # bytes: lengths 1-5
+    res, out = bench(
+        tmp_path, *IN_PROCESS[:4], "--dataset", str(data), "--num-requests", "2", "--output-len", "2:2",
+        "--max-concurrency", "1,2", "--warmup", "2", "--quiet",
+    )  # fmt: skip
+    lens = [sorted(zip(row["requests"]["indices"], row["requests"]["input_lens"])) for row in res["sweep"]]
+    assert lens == [[(0, 1), (1, 2)], [(0, 3), (1, 4)]]
+    assert res["workload"]["repeated_prompts"] == 1  # the warm-up's second request: prompt 5, then prompt 1 again
+    assert res["workload"]["input_len"] is None  # was the unused --input-len default
+    assert "requests were given one of its prompts again" in flat(out)
+    res, out = bench(tmp_path, *IN_PROCESS[:4], "--dataset", str(data), "--num-requests", "7", "--output-len", "2:2")
+    assert res["completed"] == 7 and res["workload"]["repeated_prompts"] == 2
+    assert sorted(zip(res["indices"], res["input_lens"]))[5:] == [(5, 1), (6, 2)]
+
+
+def test_a_dataset_prompt_cut_to_the_context_goes_out_as_text(tmp_path):
+    """--prompt-format text sent a dataset's prompts whole, undoing their cut to the context: the run was refused
+    as "the longest request (... tokens) exceeds the context length" while --prompt-format ids ran it."""
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "y" * 300}) + "\n" + json.dumps({"prompt": "short"}) + "\n")
+    args = [*IN_PROCESS[:4], "--dataset", str(data), "--num-requests", "2", "--output-len", "4:4", "--max-model-len"]
+    for fmt in ("ids", "text"):
+        res, _ = bench(tmp_path, *args, "100", "--prompt-format", fmt)
+        assert res["completed"] == 2 and res["workload"]["truncated_prompts"] == 1, fmt
+        assert sorted(res["input_lens"]) == [5, 96], fmt  # 100 - 4 output tokens
+
+
 def test_against_minisgl_serve(tmp_path):
     with serve_subprocess(tmp_path, "--served-model-name", "tiny") as (url, _):
         common = ["--url", url, "--model", "dummy:tiny-llama", "--quiet", "--no-client-check"]
