@@ -512,7 +512,11 @@ def _timed(events, output_len: int):
 
     res = RequestResult(0, 0, 2, output_len, scheduled=0.0)
     send = url_sender(_ScriptedClient(events), "m", 0.0, chat=True)
-    asyncio.run(send(ReplayItem(0, 0, 0.0, "hi", output_len), res, LiveCounters()))
+
+    async def run() -> None:
+        await send(ReplayItem(0, 0, 0.0, "hi", output_len), res, LiveCounters())
+
+    asyncio.run(run())
     return res
 
 
