@@ -70,6 +70,13 @@ _REFUSED: dict[str, tuple[Any, ...]] = {
     "allowed_token_ids": (None,),
     "bad_words": (None, []),
     "logits_processors": (None,),
+    # vLLM's: token ids in the answer (RL rollouts read them), log-probabilities of named tokens, an early stop on
+    # repeated n-grams, a cap on thinking tokens, a watermark; accepted and ignored they changed the answer silently
+    "return_token_ids": (None, False),
+    "logprob_token_ids": (None,),
+    "repetition_detection": (None,),
+    "thinking_token_budget": (None, -1),
+    "watermarking": (None, False),
 }
 
 
@@ -204,7 +211,9 @@ class ChatMessage(_Body):
             return self.content or ""
         if any(p.type != "text" or p.text is None for p in self.content):
             raise APIError(400, "messages: only text content parts are supported", param="messages")
-        return "".join(p.text or "" for p in self.content)  # None was rejected above
+        # a line per part: vLLM's join for templates that take a string (most text models'), so parts make the same
+        # prompt there and here ("".join ran "What is 2+2?" and "Answer in French." together)
+        return "\n".join(p.text or "" for p in self.content)  # None was rejected above
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -226,6 +235,7 @@ class ChatCompletionRequest(GenerationRequest):
         "chat_template": (None,),
         "chat_template_kwargs": (None, {}),
         "documents": (None,),
+        "return_prompt_text": (None, False),  # vLLM's: the templated prompt in the answer
         "best_of": (None, 1),  # completions only
     }
 
