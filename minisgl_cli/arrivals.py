@@ -89,7 +89,9 @@ def check_gaps(rate: float, burstiness: float) -> None:
 def arrival_times(
     n: int, rate: float, burstiness: float = 1.0, kind: str = "poisson", seed: int = 0, duration: float | None = None
 ) -> list[float]:
-    """Send offsets in seconds (the first at 0) of at most n requests, and only those before `duration`."""
+    """Send offsets in seconds (the first at 0) of at most n requests, and only those before `duration`. Gamma gaps
+    are scaled so that the n requests span (n - 1) / rate, as vLLM's bench serve scales its delays to n / rate: the
+    run sends at the rate asked for, not at a draw's (20 requests at --rate 8 went out at 6.6/s)."""
     if kind not in ARRIVALS:
         raise ValueError(f"--arrival must be one of {', '.join(ARRIVALS)} (got {kind!r})")
     check_gaps(rate, burstiness)
@@ -99,8 +101,9 @@ def arrival_times(
     theta = 1.0 / (rate * burstiness)
     times, t = [], 0.0
     for _ in range(n):
-        if duration is not None and t >= duration:
-            break
         times.append(t)
         t += 1.0 / rate if kind == "constant" else rng.gammavariate(burstiness, theta)
-    return times
+    if kind != "constant" and n > 1 and times[-1] > 0:
+        scale = (n - 1) / rate / times[-1]
+        times = [x * scale for x in times]
+    return times if duration is None else [x for x in times if x < duration]

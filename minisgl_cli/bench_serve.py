@@ -370,10 +370,10 @@ def _run_sweep(
             engine = AsyncLLM(target.llm)
             send = local_sender(engine, flags["temperature"], chat)
         try:
-            if warm:
-                live = LiveCounters()
+            if warm:  # through the first load's concurrency cap, as vLLM's warm-up goes through its own
+                live, cap = LiveCounters(), plans[0][0].max_concurrency
                 with LiveView("warm-up", len(warm), live, flags["quiet"]):
-                    await drive(warm, send, live=live)
+                    await drive(warm, send, cap, live=live)
             for i, (load, items) in enumerate(plans):
                 live = LiveCounters()
                 before = await _hits(client, target)

@@ -65,6 +65,7 @@ def summarize(
         "output_throughput": output_tokens / duration,
         "total_token_throughput": (input_tokens + output_tokens) / duration,
     }
+    out["request_goodput"] = None  # without targets, as vLLM writes it
     if slo is not None:
         good = sum(meets(r, slo) for r in results)
         out.update(request_goodput=good / duration, goodput_fraction=good / len(results) if results else None)

@@ -63,6 +63,10 @@ def test_poisson_arrivals_have_exponential_gaps():
     assert arrival_times(5, 4.0, kind="constant") == pytest.approx([0, 0.25, 0.5, 0.75, 1.0])
     assert len(arrival_times(1000, 10.0, seed=2, duration=3.0)) == pytest.approx(30, abs=12)
     assert arrival_times(3, math.inf) == [0.0, 0.0, 0.0]
+    # a short run sends at the rate asked for, as vLLM scales its delays (20 at rate 8 went out at 6.6/s)
+    for seed in range(5):
+        short = arrival_times(20, rate=8.0, seed=seed)
+        assert short[0] == 0 and short[-1] == pytest.approx(19 / 8)
 
 
 # ---- the client's parser -------------------------------------------------------------------------------------------
@@ -437,6 +441,22 @@ def test_a_sweep_over_a_dataset_gives_each_load_its_own_prompts(tmp_path):
     res, out = bench(tmp_path, *IN_PROCESS[:4], "--dataset", str(data), "--num-requests", "7", "--output-len", "2:2")
     assert res["completed"] == 7 and res["workload"]["repeated_prompts"] == 2
     assert sorted(zip(res["indices"], res["input_lens"]))[5:] == [(5, 1), (6, 2)]
+
+
+def test_the_warm_up_goes_through_the_concurrency_cap(tmp_path, monkeypatch):
+    """--warmup N sent all N at once whatever --max-concurrency said; vLLM's warm-up goes through its cap."""
+    from minisgl_cli import replay
+
+    caps: list = []
+    real = replay.drive
+
+    async def drive(items, send, max_concurrency=None, *args, **kwargs):
+        caps.append((len(items), max_concurrency))
+        return await real(items, send, max_concurrency, *args, **kwargs)
+
+    monkeypatch.setattr(replay, "drive", drive)
+    res, _ = bench(tmp_path, *IN_PROCESS, "--warmup", "3", "--max-concurrency", "2,4", "--quiet")
+    assert caps == [(3, 2), (2, 2), (2, 4)] and [r["completed"] for r in res["sweep"]] == [2, 2]
 
 
 def test_a_dataset_prompt_cut_to_the_context_goes_out_as_text(tmp_path):
