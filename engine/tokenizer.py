@@ -167,16 +167,51 @@ def tokenizer_at(kind: str, path: Path, extra_eos: tuple[int, ...]) -> Tokenizer
     return ByteTokenizer()
 
 
-def _generation_eos(path: Path) -> tuple[int, ...]:
-    """The eos_token_id of an HF directory's generation_config.json (an id or a list of them); () if none."""
+def _generation_config(path: Path) -> dict[str, Any]:
+    """An HF directory's generation_config.json; {} if it has none (or none that reads as an object)."""
     import json
 
     try:
-        eos = json.loads((path / "generation_config.json").read_text()).get("eos_token_id")
-    except (OSError, ValueError, AttributeError):
-        return ()
+        config = json.loads((path / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _generation_eos(path: Path) -> tuple[int, ...]:
+    """The eos_token_id of an HF directory's generation_config.json (an id or a list of them); () if none."""
+    eos = _generation_config(path).get("eos_token_id")
     ids = eos if isinstance(eos, list) else [eos]
     return tuple(t for t in ids if isinstance(t, int) and not isinstance(t, bool) and t >= 0)
+
+
+# The sampling fields of a model's generation_config.json that vLLM's server takes as its defaults (its
+# --generation-config auto): a request that leaves one out gets the model author's value.
+GENERATION_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def sampling_defaults(spec: str | None) -> dict[str, Any]:
+    """The sampling defaults in the generation_config.json of a model spec (as --model; a GGUF or dummy model has
+    none): {field: value}. ValueError naming the file and field for a value a request could not give either."""
+    from engine.model_source import resolve
+    from engine.sampling_params import SamplingParams
+
+    kind, where = resolve(spec)
+    if kind != "hf":
+        return {}
+    path = Path(where) / "generation_config.json"
+    config = _generation_config(Path(where))
+    out = {k: config[k] for k in GENERATION_SAMPLING if config.get(k) is not None}
+    for k, v in out.items():
+        try:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"{k} must be a number (got {v!r})")
+            params = SamplingParams()
+            setattr(params, k, v)
+            params.validate()
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from e
+    return out
 
 
 def _generic_fast(path: Path) -> bool:

@@ -46,6 +46,19 @@ class LogLevel(enum.StrEnum):
     debug = "debug"
 
 
+class GenerationConfig(enum.StrEnum):
+    auto = "auto"
+    none = "none"
+
+
+GenConfig = Annotated[
+    GenerationConfig,
+    typer.Option(
+        help="auto: a request that leaves out temperature, top_p, top_k, min_p or repetition_penalty gets the value "
+        "in the model's generation_config.json, as vLLM's server does by default; none: the API's own defaults "
+        "(temperature 1, no top-p/k; vLLM's --generation-config vllm)"
+    ),
+]
 Host = Annotated[str, typer.Option(help="address to listen on (0.0.0.0: all interfaces)")]
 Port = Annotated[int, typer.Option(help="TCP port (0: any free port)", min=0, max=65535)]
 MaxQueued = Annotated[
@@ -99,6 +112,7 @@ def register(app: typer.Typer) -> None:
         step_log: StepLog = None,
         allowed_origins: Origins = None,
         api_key: ApiKey = None,
+        generation_config: GenConfig = GenerationConfig.auto,
         **engine_flags: Any,
     ) -> None:
         """Serve the model over an OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions,
@@ -111,6 +125,14 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("is empty: a client could never send it", param_hint="--api-key")
         config = engine_config(seed=seed, **engine_flags)
         refuse_unread_engine_flags(ctx, config)
+        defaults: dict[str, Any] = {}
+        if generation_config == GenerationConfig.auto:
+            from engine.tokenizer import sampling_defaults
+
+            try:
+                defaults = sampling_defaults(config.model)
+            except (ValueError, FileNotFoundError) as e:
+                raise typer.BadParameter(str(e), param_hint="--model") from e
         # rank 0 serves HTTP: its address is taken before the model loads, so a port in use or a bad --host ends
         # the command at once (exit 2), not after minutes of loading
         listener = bind_listener(host, port) if launcher_rank() == 0 else None
@@ -118,8 +140,9 @@ def register(app: typer.Typer) -> None:
             llm = load_llm(config)  # under torchrun, ranks > 0 stay in there, following rank 0's steps
             name = served_model_name or engine_flags["model"]
             run_server(
-                llm, host, port, name, max_queued_requests, log_level.value, step_log, listener, origins, api_key
-            )
+                llm, host, port, name, max_queued_requests, log_level.value, step_log, listener, origins, api_key,
+                defaults,
+            )  # fmt: skip
         finally:
             if listener is not None:
                 listener.close()
@@ -175,15 +198,18 @@ def run_server(
     listener: socket.socket | None = None,
     allowed_origins: tuple[str, ...] = (),
     api_key: str | None = None,
+    sampling_defaults: dict[str, Any] | None = None,
 ) -> None:
     """Serve `llm` until Ctrl-C / SIGTERM. Exits non-zero if the engine loop crashes or the front end dies.
-    listener: host:port already bound (bind_listener); None: the front end binds it."""
+    listener: host:port already bound (bind_listener); None: the front end binds it. sampling_defaults: what a
+    request that leaves a sampling field out gets (the model's generation_config.json)."""
     from engine.engine_loop import engine_info
 
     fd = None if listener is None else listener.detach()  # serve_engine hands it to the front end, and closes it here
     spec = FrontendSpec(
-        llm.config.model, None, host, port, model_name, max_queued_requests, log_level, os.getpid(), fd, allowed_origins
-    )
+        llm.config.model, None, host, port, model_name, max_queued_requests, log_level, os.getpid(), fd,
+        allowed_origins, sampling_defaults or {},
+    )  # fmt: skip
     why = serve_engine(llm.engine, engine_info(llm), spec, step_log, api_key)
     if why:
         Console(stderr=True, soft_wrap=True).print(f"[red]minisgl serve:[/red] {why}; exiting")

@@ -736,6 +736,42 @@ def test_cli_serve_command():
     assert proc.returncode == 0, proc.stdout.read()
 
 
+def test_the_models_generation_config_gives_the_sampling_defaults(tmp_path):
+    """vLLM's server takes a model's generation_config.json sampling fields as the defaults of a request that leaves
+    them out (--generation-config auto); here a request without temperature always sampled at temperature 1."""
+    from engine.model_config import PRESETS
+    from tests.conftest import serve_subprocess
+    from tests.hf_reference import hf_model_from_config, save_hf
+
+    model = save_hf(hf_model_from_config(PRESETS["tiny-llama"], seed=7), tmp_path / "m")
+    gen = model / "generation_config.json"
+    saved = json.loads(gen.read_text()) if gen.exists() else {}
+    gen.write_text(json.dumps({**saved, "temperature": 0.0, "top_k": 5}))
+
+    def texts(url: str, **asked) -> list[str]:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        prompts = [[5, 6, 7, 8], [9, 10, 11]]
+        out = client.completions.create(model=str(model), prompt=prompts, max_tokens=12, seed=3, **asked)
+        return [c.text for c in sorted(out.choices, key=lambda c: c.index)]
+
+    with serve_subprocess(tmp_path, "--num-pages", "64", model=str(model)) as (url, proc):
+        default, greedy, hot = texts(url), texts(url, temperature=0), texts(url, temperature=1.0)
+    log = "\n".join(p.read_text() for p in tmp_path.glob("serve-*.log"))
+    assert "sampling defaults from the model's generation_config.json: temperature 0.0, top_k 5" in log, log
+    assert default == greedy != hot  # the file's temperature 0; a request's own value still wins
+    with serve_subprocess(tmp_path, "--num-pages", "64", "--generation-config", "none", model=str(model)) as (url, _):
+        assert texts(url) == texts(url, temperature=1.0) != greedy  # the API's own default: temperature 1
+    gen.write_text(json.dumps({"temperature": "hot"}))
+    r = subprocess.run(
+        [sys.executable, "-m", "minisgl_cli", "serve", "--model", str(model), "--device", "cpu", "--port", "0"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "300"},
+        timeout=120,
+    )
+    assert r.returncode == 2 and f"{gen}: temperature must be a number (got 'hot')" in r.stderr, r.stderr
+
+
 def test_cli_serve_rejects_bad_flags():
     env = {**os.environ, "COLUMNS": "200"}
     r = subprocess.run(

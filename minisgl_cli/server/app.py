@@ -6,6 +6,7 @@ from __future__ import annotations
 import hmac
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -22,16 +23,18 @@ def create_app(
     max_queued_requests: int | None = None,
     allowed_origins: tuple[str, ...] = (),
     api_key: str | None = None,
+    sampling_defaults: dict[str, Any] | None = None,
 ) -> FastAPI:
     """model_name: what clients pass as `model` (default: the engine's model name).
     max_queued_requests: beyond --max-running-requests + this many requests in flight, answer 429.
     allowed_origins: web pages (origins, or "*" for any) whose scripts may call the API: CORS headers and preflight
     answers for them (vLLM's --allowed-origins); none by default, so a page elsewhere cannot drive a local server.
     api_key: every /v1 request must carry `Authorization: Bearer <api_key>` (vLLM's --api-key); /health and
-    /metrics stay open, as vLLM's do."""
+    /metrics stay open, as vLLM's do.
+    sampling_defaults: what a request that leaves a sampling field out gets (the model's generation_config.json)."""
     assert remote.info is not None, "start() the RemoteLLM first"
     name = model_name or remote.info.model
-    client = EngineClient(remote, name, max_queued_requests)
+    client = EngineClient(remote, name, max_queued_requests, sampling_defaults)
     created = int(time.time())
     app = FastAPI(title="minisgl", summary="OpenAI-compatible server over the minisgl engine")
     app.state.client = client

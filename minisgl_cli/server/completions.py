@@ -64,9 +64,11 @@ def _refusal(e: Exception, chat: bool) -> APIError:
     )
 
 
-def _sampling_params(body: GenerationRequest, max_tokens: int, max_name: str) -> SamplingParams:
+def _sampling_params(
+    body: GenerationRequest, max_tokens: int, max_name: str, defaults: dict[str, Any]
+) -> SamplingParams:
     try:
-        return SamplingParams(max_tokens=max_tokens, **body.sampling_kwargs())
+        return SamplingParams(max_tokens=max_tokens, **{**defaults, **body.sampling_kwargs()})
     except ValueError as e:  # SamplingParams names the field first: "top_p must be in (0, 1] (got 2.0)"
         name, _, rest = str(e).partition(" ")
         if name == "max_tokens":
@@ -170,7 +172,9 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Pro
     for p, ids in zip(prompts, encoded):
         room = max(client.max_request_tokens - len(ids), 1)  # chat's default: what the context leaves, as OpenAI
         default = room if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
-        params = _sampling_params(body, default if max_tokens is None else max_tokens, max_name)
+        params = _sampling_params(
+            body, default if max_tokens is None else max_tokens, max_name, client.sampling_defaults
+        )
         # chat's default is a ceiling the choices share as they grow, not room each must have at once
         asked = None if chat and max_tokens is None else params.max_tokens
         try:

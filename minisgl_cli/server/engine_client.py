@@ -91,10 +91,17 @@ class JobSpec:
 
 
 class EngineClient:
-    def __init__(self, remote: RemoteLLM, model_name: str, max_queued_requests: int | None = None):
+    def __init__(
+        self,
+        remote: RemoteLLM,
+        model_name: str,
+        max_queued_requests: int | None = None,
+        sampling_defaults: dict[str, Any] | None = None,
+    ):
         assert remote.info is not None, "start() the RemoteLLM first"
         self.remote = remote
         self.model_name = model_name
+        self.sampling_defaults = dict(sampling_defaults or {})  # for the fields a request leaves out
         self.max_running = remote.info.max_running_requests
         self.max_queued = max_queued_requests
         self.max_model_len = remote.info.limits.max_model_len

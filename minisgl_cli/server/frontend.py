@@ -115,7 +115,9 @@ async def _main(spec: FrontendSpec) -> int:
     remote = RemoteLLM(load_tokenizer(spec.model), spec.addrs)
     info = await remote.start()
     api_key = os.environ.pop(API_KEY_ENV, None)
-    app = create_app(remote, spec.model_name, spec.max_queued_requests, spec.allowed_origins, api_key)
+    app = create_app(
+        remote, spec.model_name, spec.max_queued_requests, spec.allowed_origins, api_key, spec.sampling_defaults
+    )
     server = HTTPServer(
         uvicorn.Config(
             app, host=spec.host, port=spec.port, log_level=spec.log_level, lifespan="off", timeout_graceful_shutdown=2
@@ -135,6 +137,11 @@ async def _main(spec: FrontendSpec) -> int:
         f"[bold]minisgl serve[/bold]: model [cyan]{app.state.client.model_name}[/cyan] on {info.device} "
         f"({info.dtype}, {info.attention} attention, tp={info.tp}) at http://{_url_host(host)}:{port}/v1"
     )
+    if spec.sampling_defaults:
+        given = ", ".join(f"{k} {v}" for k, v in spec.sampling_defaults.items())
+        Console(stderr=True, soft_wrap=True).print(
+            f"sampling defaults from the model's generation_config.json: {given} (--generation-config none: the API's)"
+        )
     code = 1
     try:
         code = await serve_http(remote, server, sockets, engine_pid=spec.engine_pid, on_sigterm=True)

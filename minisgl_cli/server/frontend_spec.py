@@ -5,7 +5,8 @@ the CLI under another engine's environment."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from engine.ipc import Addresses
 
@@ -28,6 +29,8 @@ class FrontendSpec:
     # None: the front end binds host:port itself
     fd: int | None = None
     allowed_origins: tuple[str, ...] = ()  # --allowed-origins: browser origins answered with CORS headers
+    # what a request that leaves a sampling field out gets: the model's generation_config.json (--generation-config)
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
