@@ -125,18 +125,18 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("is empty: a client could never send it", param_hint="--api-key")
         config = engine_config(seed=seed, **engine_flags)
         refuse_unread_engine_flags(ctx, config)
-        defaults: dict[str, Any] = {}
-        if generation_config == GenerationConfig.auto:
-            from engine.tokenizer import sampling_defaults
-
-            try:
-                defaults = sampling_defaults(config.model)
-            except (ValueError, FileNotFoundError) as e:
-                raise typer.BadParameter(str(e), param_hint="--model") from e
         # rank 0 serves HTTP: its address is taken before the model loads, so a port in use or a bad --host ends
         # the command at once (exit 2), not after minutes of loading
         listener = bind_listener(host, port) if launcher_rank() == 0 else None
         try:
+            defaults: dict[str, Any] = {}
+            if generation_config == GenerationConfig.auto:  # a bad file ends the command before the model loads
+                from engine.tokenizer import sampling_defaults
+
+                try:
+                    defaults = sampling_defaults(config.model)
+                except (ValueError, FileNotFoundError) as e:
+                    raise typer.BadParameter(str(e), param_hint="--model") from e
             llm = load_llm(config)  # under torchrun, ranks > 0 stay in there, following rank 0's steps
             name = served_model_name or engine_flags["model"]
             run_server(

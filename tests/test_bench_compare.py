@@ -106,7 +106,7 @@ def test_json_lines_of_runs_show_a_row_each(tmp_path):
     assert "rate 2, concurrency 64" in out and "rate 8, concurrency 64" in out and "1,500" in out
     # a bad run is named by its line
     runs.write_text(json.dumps(lines[0]) + "\n" + json.dumps({"backend": "sglang"}) + "\n")
-    r = CliRunner().invoke(app, ["bench-compare", str(runs)])
+    r = CliRunner(env={"COLUMNS": "500"}).invoke(app, ["bench-compare", str(runs)])
     assert r.exit_code == 2 and f"{runs} line 2 is not a bench-serve" in flat(r.output), r.output
     # trailing text after one (pretty-printed) document is no JSON Lines: the error is the document's
     runs.write_text(json.dumps(lines[0], indent=2) + "\nfast\n")
