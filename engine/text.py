@@ -169,6 +169,8 @@ class RequestOutput:
     token_times: Sequence[float] = field(default_factory=list)
     logprobs: Sequence[TokenLogprob] | None = None  # one per token of token_ids (SamplingParams.logprobs)
     prompt_logprobs: Sequence[TokenLogprob] | None = None  # prompt tokens after the first (prompt_logprobs)
+    # finished by "stop": the stop string or stop token id that matched; None for EOS (as vLLM's stop_reason)
+    stop_reason: str | int | None = None
 
     @property
     def ttft(self) -> float | None:
@@ -194,6 +196,7 @@ class TextState:
     emitted: int = 0  # characters already handed out
     n_ids: int = 0  # output ids already fed
     finish_reason: str | None = None  # "stop" once a stop string matched
+    stop_reason: str | int | None = None  # the stop string or stop_token_ids id that ended it (vLLM's stop_reason)
     hold: int = field(init=False)  # characters held back while they could still be the start of a stop string
 
     def __post_init__(self) -> None:
@@ -215,9 +218,10 @@ class TextState:
                 continue
             # a match must end in this token's text (one that ended earlier, inside min_tokens, does not count);
             # of several, the earliest, whatever the list order, so the text never holds a stop string
-            hits = [j for s in self.stop if (j := self.text.find(s, max(old - len(s) + 1, 0))) >= 0]
+            hits = [(j, s) for s in self.stop if (j := self.text.find(s, max(old - len(s) + 1, 0))) >= 0]
             if hits:
-                self.text, self.finish_reason = self.text[: min(hits)], "stop"
+                at, self.stop_reason = min(hits, key=lambda hit: hit[0])
+                self.text, self.finish_reason = self.text[:at], "stop"
                 return
 
     def advance(self, new_ids: list[int], reason: str | None, error: str | None) -> tuple[str, str | None, str | None]:
@@ -227,7 +231,7 @@ class TextState:
         first = self.n_ids + 1
         self.n_ids += len(new_ids)
         if reason == "stop" and new_ids and new_ids[-1] in self.stop_ids:
-            new_ids = new_ids[:-1]
+            self.stop_reason, new_ids = new_ids[-1], new_ids[:-1]
         try:
             self._feed(new_ids, first)
         except Exception as e:  # a fault in one request's text handling ends that request only

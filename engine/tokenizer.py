@@ -78,9 +78,13 @@ class Tokenizer:
         check_unicode(text, "prompt")
         return list(self.hf.encode(text))
 
-    def decode(self, ids: list[int]) -> str:
-        text: str = self.hf.decode(ids, skip_special_tokens=True)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        text: str = self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
         return text
+
+    def pieces(self, ids: list[int]) -> list[str]:
+        """Each token's vocabulary entry as stored ("Ġhello", "<0x0A>"): what vLLM's /tokenize calls token_strs."""
+        return list(self.hf.convert_ids_to_tokens(ids))
 
     def token_texts(self, ids: list[int]) -> list[str]:
         """Each token's own text, special tokens included (what log-probability listings show)."""
@@ -254,7 +258,10 @@ class ByteTokenizer(Tokenizer):
     def token_bytes(self, ids: list[int], texts: list[str] | None = None) -> list[bytes]:
         return [bytes([i]) if 0 <= i < 256 else f"<{i}>".encode() for i in ids]
 
-    def decode(self, ids: list[int]) -> str:
+    def pieces(self, ids: list[int]) -> list[str]:
+        return self.token_texts(ids)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         parts, run = [], bytearray()
         for i in ids:
             if 0 <= i < 256:

@@ -18,16 +18,9 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import PackageNotFoundError, version
+        from minisgl_cli import version
 
-        try:
-            typer.echo(f"minisgl {version('minisgl')}")
-        except PackageNotFoundError:  # run from a checkout on PYTHONPATH, not installed (the GPU machine)
-            import tomllib
-            from pathlib import Path
-
-            project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]
-            typer.echo(f"minisgl {project['version']} (not installed: {Path(__file__).parent.parent})")
+        typer.echo(f"minisgl {version()}")
         raise typer.Exit()
 
 

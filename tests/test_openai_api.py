@@ -350,12 +350,14 @@ def test_min_tokens_and_stop_token_ids(server):
     short = client.chat.completions.create(**kw, logprobs=True, extra_body=AS_IDS)
     ids = ids_of([e.token for e in short.choices[0].logprobs.content])
     assert short.choices[0].finish_reason == "stop" and len(ids) < 40  # ended by EOS
+    assert short.choices[0].model_extra["stop_reason"] is None  # vLLM's: no stop string or stop token id
     longer = client.chat.completions.create(**kw, extra_body={"min_tokens": len(ids) + 5})
     assert longer.usage.completion_tokens >= len(ids) + 5
     assert longer.choices[0].message.content.startswith(short.choices[0].message.content[:5])
     j = next(j for j in range(2, len(ids)) if ids[j] not in ids[:j])
     cut = client.chat.completions.create(**kw, extra_body={"stop_token_ids": [ids[j]]})
     assert (cut.choices[0].finish_reason, cut.usage.completion_tokens) == ("stop", j + 1)
+    assert cut.choices[0].model_extra["stop_reason"] == ids[j]  # vLLM's: the stop token id that matched
     assert cut.choices[0].message.content == tok.decode(ids[:j])  # the stop token's own text is left out
     m = server.wait_idle()
     assert (m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0)

@@ -150,14 +150,16 @@ def test_stop_string_ends_the_text_before_it(smol):
     client = server.openai()
     out = client.completions.create(model="smollm", prompt=COMPLETE, max_tokens=20, temperature=0, stop=[stop, "@@@"])
     assert (out.choices[0].text, out.choices[0].finish_reason) == (want, "stop")
+    assert out.choices[0].model_extra["stop_reason"] == stop  # vLLM's: the stop string that matched
     assert out.usage.completion_tokens < len(ref.token_ids)
-    text, reasons, _ = _stream_text(
-        client.completions.create(
-            model="smollm", prompt=COMPLETE, max_tokens=20, temperature=0, stop=stop, stream=True
-        ),
-        chat=False,
+    chunks = list(
+        client.completions.create(model="smollm", prompt=COMPLETE, max_tokens=20, temperature=0, stop=stop, stream=True)
     )
+    text, reasons, _ = _stream_text(chunks, chat=False)
     assert (text, reasons[-1]) == (want, "stop")
+    assert [c.choices[0].model_extra["stop_reason"] for c in chunks] == [None] * (len(chunks) - 1) + [stop]
+    out = client.completions.create(model="smollm", prompt=COMPLETE, max_tokens=3, temperature=0)
+    assert (out.choices[0].finish_reason, out.choices[0].model_extra["stop_reason"]) == ("length", None)
 
 
 def test_stop_string_on_the_last_allowed_token_finishes_with_stop(smol):
@@ -370,6 +372,7 @@ BAD = [
     _case(CH, {"messages": MSG, "return_prompt_text": True}, "return_prompt_text", code="unsupported_parameter"),
     _case(C, {"prompt": "hi", "stream": "yes"}, "stream"),
     _case(C, {"prompt": "hi", "stream_options": {"include_usage": 1}}, "stream_options"),
+    _case(C, {"prompt": "hi", "stream_options": {"include_usage": False}}, "stream_options"),  # says something
     _case(C, {"prompt": "hi", "model": "gpt-4"}, "model", status=404, code="model_not_found"),
     _case(CH, {"messages": []}, "messages"),
     _case(CH, {"messages": "hi"}, "messages"),
@@ -437,6 +440,9 @@ def test_engine_serves_on_after_bad_requests(tiny):
         model=tiny.model, prompt="still alive", max_tokens=5, extra_body={"x-unknown": 1, "user": "u"}
     )
     assert out.usage.completion_tokens == 5 and out.choices[0].finish_reason == "length"
+    # stream options that say nothing, without stream: vLLM lets them through (a 400 here before)
+    out = client.completions.create(model=tiny.model, prompt="hi", max_tokens=2, extra_body={"stream_options": {}})
+    assert out.usage.completion_tokens == 2
     parts = [
         {"role": "developer", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]},
@@ -448,6 +454,53 @@ def test_engine_serves_on_after_bad_requests(tiny):
     m = tiny.wait_idle()
     assert (m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0)
     tiny.on_engine(lambda engine: engine.check())
+
+
+def test_tokenize_detokenize_and_version_as_vllms(tiny):
+    """vLLM's /tokenize, /detokenize and /version (404s here before): a prompt's ids as the generation endpoints count
+    them, ids back to text, and what it cannot count alike refused by name."""
+    from minisgl_cli import version
+
+    def post(path: str, body: dict) -> httpx.Response:
+        return httpx.post(tiny.url + path, json=body)
+
+    r = post("/tokenize", {"model": tiny.model, "prompt": "hello", "return_token_strs": True})
+    assert r.json() == {
+        "count": 5,
+        "max_model_len": tiny.openai().models.retrieve(tiny.model).model_extra["max_model_len"],
+        "tokens": list(b"hello"),
+        "token_strs": list("hello"),
+    }
+    chat = tiny.openai().chat.completions.create(model=tiny.model, messages=MSG, max_tokens=1)
+    assert post("/tokenize", {"messages": MSG}).json()["count"] == chat.usage.prompt_tokens
+    assert post("/tokenize", {"prompt": ""}).json()["count"] == 0  # as vLLM
+    assert post("/detokenize", {"tokens": list(b"hi there")}).json() == {"prompt": "hi there"}
+    assert httpx.get(tiny.url + "/version").json() == {"version": version()}
+    for path, body, param in [
+        ("/tokenize", {"prompt": "a", "messages": MSG}, "prompt"),
+        ("/tokenize", {}, "prompt"),
+        ("/tokenize", {"prompt": "a", "add_special_tokens": False}, "add_special_tokens"),
+        ("/tokenize", {"messages": MSG, "chat_template": "{{ 1 }}"}, "chat_template"),
+        ("/tokenize", {"messages": MSG, "add_generation_prompt": False}, "add_generation_prompt"),
+        ("/tokenize", {"messages": []}, "messages"),
+        ("/detokenize", {"tokens": [1, 512]}, "tokens"),
+        ("/detokenize", {"tokens": [-1]}, "tokens"),
+        ("/detokenize", {"tokens": "hi"}, "tokens"),
+    ]:
+        r = post(path, body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
+    assert post("/tokenize", {"model": "gpt-4", "prompt": "a"}).status_code == 404
+
+
+def test_tokenize_counts_the_real_models_chat_and_detokenize_keeps_special_tokens(smol):
+    server, _ = smol
+    conv = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = httpx.post(server.url + "/tokenize", json={"messages": conv}).json()["tokens"]
+    assert ids == server.llm.encode(conv)
+    text = httpx.post(server.url + "/detokenize", json={"tokens": ids}).json()["prompt"]
+    assert text.startswith("<|im_start|>") and "What is the capital of France?" in text
+    r = httpx.post(server.url + "/tokenize", json={"prompt": " Paris", "return_token_strs": True}).json()
+    assert r["tokens"] == server.llm.tokenizer.encode(" Paris") and r["token_strs"] == ["ĠParis"]
 
 
 def test_usage_counts_the_prompt_tokens_read_from_the_cache(tiny):

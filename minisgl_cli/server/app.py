@@ -15,6 +15,7 @@ from engine.remote_llm import RemoteLLM
 from minisgl_cli.server.completions import router
 from minisgl_cli.server.engine_client import EngineClient
 from minisgl_cli.server.errors import APIError, install_error_handlers
+from minisgl_cli.server.tokenize import router as tokenize_router
 
 
 def create_app(
@@ -40,6 +41,7 @@ def create_app(
     app.state.client = client
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(tokenize_router)
     if api_key is not None:
         want = f"Bearer {api_key}".encode()
 

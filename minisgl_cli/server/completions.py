@@ -265,8 +265,9 @@ def _mean_logprob(out: RequestOutput) -> float:
 def _choice_body(shape: _Shape, ch: _Choice, out: RequestOutput) -> dict[str, Any]:
     end = 0 if ch.discard else len(out.token_ids)
     text = (ch.prompt.echo or "") + ("" if ch.discard else out.text)
-    reason = "length" if ch.discard else out.finish_reason
-    return shape.reply.choice(ch.index, text, reason, shape.logprobs_of(ch, out, 0, end, ch.prompt.echo is not None))
+    reason, stop = ("length", None) if ch.discard else (out.finish_reason, out.stop_reason)
+    lp = shape.logprobs_of(ch, out, 0, end, ch.prompt.echo is not None)
+    return shape.reply.choice(ch.index, text, reason, lp, stop)
 
 
 # json.dumps(ensure_ascii=False) leaves U+0085, U+2028 and U+2029 raw, but str.splitlines() (so httpx's iter_lines and
@@ -327,10 +328,16 @@ async def _sse(shape: _Shape, choices: list[_Choice], prompt_tokens: int) -> Asy
     templates = [_text_event_parts(reply, ch.index) for ch in choices] if fast else []
 
     def event(
-        ch: _Choice, text: str, reason: str | None = None, lp: dict[str, Any] | None = None, role: bool = False
+        ch: _Choice,
+        text: str,
+        reason: str | None = None,
+        lp: dict[str, Any] | None = None,
+        role: bool = False,
+        stop: str | int | None = None,
     ) -> str:
         so_far = (len(ch.prompt.ids), ch.tokens)
-        return _event(reply.chunk(text, reason, role=role, index=ch.index, logprobs=lp, so_far=so_far))
+        chunk = reply.chunk(text, reason, role=role, index=ch.index, logprobs=lp, so_far=so_far, stop_reason=stop)
+        return _event(chunk)
 
     try:
         if reply.chat:
@@ -357,7 +364,7 @@ async def _sse(shape: _Shape, choices: list[_Choice], prompt_tokens: int) -> Asy
                     ch.logprobs_sent += len(out.delta_token_ids)
                     lp = shape.logprobs_of(ch, out, start, ch.logprobs_sent, echo=False)
                 if out.finished:
-                    events.append(event(ch, out.delta_text, out.finish_reason, lp))
+                    events.append(event(ch, out.delta_text, out.finish_reason, lp, stop=out.stop_reason))
                 elif lp is not None or (out.delta_text and not fast):
                     events.append(event(ch, out.delta_text, lp=lp))
                 elif out.delta_text:  # tokens that complete no character yet send nothing

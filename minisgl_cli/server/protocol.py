@@ -36,6 +36,21 @@ class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
+def refuse_unsupported(body: BaseModel, refused: dict[str, tuple[Any, ...]]) -> None:
+    """A 400 naming the first field of `refused` that the body gives at a value other than those accepted."""
+    extra = body.model_extra or {}
+    for name, accepted in refused.items():
+        value = extra.get(name, getattr(body, name, None))
+        if value not in accepted:
+            ok = " or ".join(repr(v) for v in accepted if v is not None)
+            raise APIError(
+                400,
+                f"{name}={value!r:.100} is not supported by this server" + (f" (only {ok})" if ok else ""),
+                param=name,
+                code="unsupported_parameter",
+            )
+
+
 class StreamOptions(_Body):
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False  # vLLM's: every chunk also carries the usage so far
@@ -108,18 +123,10 @@ class GenerationRequest(_Body):
     stream_options: StreamOptions | None = None
 
     def check_supported(self) -> None:
-        extra = self.model_extra or {}
-        for name, accepted in self.REFUSED.items():
-            value = extra.get(name, getattr(self, name, None))
-            if value not in accepted:
-                ok = " or ".join(repr(v) for v in accepted if v is not None)
-                raise APIError(
-                    400,
-                    f"{name}={value!r:.100} is not supported by this server" + (f" (only {ok})" if ok else ""),
-                    param=name,
-                    code="unsupported_parameter",
-                )
-        if self.stream_options is not None and not self.stream:  # OpenAI's and vLLM's answer too
+        refuse_unsupported(self, self.REFUSED)
+        so = self.stream_options
+        if so is not None and (so.model_fields_set or so.model_extra) and not self.stream:  # vLLM's answer too
+            # (vLLM refuses stream options that say something; an empty {} it lets through, as here)
             raise APIError(400, "Stream options can only be defined when stream=True", param="stream_options")
         if self.n is not None and not 1 <= self.n <= MAX_N:
             raise APIError(400, f"n must be in [1, {MAX_N}] (got {self.n})", param="n")
@@ -259,23 +266,56 @@ class ChatCompletionRequest(GenerationRequest):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def chat_messages(self) -> list[dict[str, str]]:
-        out = []
-        for i, m in enumerate(self.messages):
-            for field_name in ("tool_calls", "function_call"):
-                value = getattr(m, field_name)
-                if value not in (None, []):
-                    raise APIError(
-                        400,
-                        f"messages[{i}].{field_name} is not supported by this server (tools are not)",
-                        param="messages",
-                        code="unsupported_parameter",
-                    )
-            # newer OpenAI clients send system prompts as "developer"; chat templates know them as "system"
-            message = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            if m.name is not None:
-                message["name"] = m.name
-            out.append(message)
-        return out
+        return conversation(self.messages)
+
+
+def conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """The messages as the chat template takes them (a 400 naming what it cannot hold)."""
+    out = []
+    for i, m in enumerate(messages):
+        for field_name in ("tool_calls", "function_call"):
+            value = getattr(m, field_name)
+            if value not in (None, []):
+                raise APIError(
+                    400,
+                    f"messages[{i}].{field_name} is not supported by this server (tools are not)",
+                    param="messages",
+                    code="unsupported_parameter",
+                )
+        # newer OpenAI clients send system prompts as "developer"; chat templates know them as "system"
+        message = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        if m.name is not None:
+            message["name"] = m.name
+        out.append(message)
+    return out
+
+
+class TokenizeRequest(_Body):
+    """A completion's `prompt` or a chat's `messages` (one of the two), tokenized as the matching endpoint would."""
+
+    # what vLLM's tokenize takes that would give other ids than the generation endpoints count: refused by name
+    PROMPT_REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {"add_special_tokens": (None, True)}
+    CHAT_REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "add_special_tokens": (None, False),
+        "add_generation_prompt": (None, True),
+        "continue_final_message": (None, False),
+        "chat_template": (None,),
+        "chat_template_kwargs": (None, {}),
+        "tools": (None, []),
+        "mm_processor_kwargs": (None, {}),
+    }
+
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)  # the refused fields are extras
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    return_token_strs: bool | None = False
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[int]
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
@@ -306,10 +346,17 @@ class Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
     def choice(
-        self, index: int, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None = None
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        logprobs: dict[str, Any] | None = None,
+        stop_reason: str | int | None = None,
     ) -> dict[str, Any]:
-        """One choice of a whole (non-streamed) answer."""
+        """One choice of a whole (non-streamed) answer. stop_reason: vLLM's, the stop string or stop token id that
+        ended it (None for EOS, the length, or while it runs)."""
         choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
+        choice["stop_reason"] = stop_reason
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
@@ -327,10 +374,12 @@ class Reply:
         index: int = 0,
         logprobs: dict[str, Any] | None = None,
         so_far: tuple[int, int] = (0, 0),
+        stop_reason: str | int | None = None,
     ) -> dict[str, Any]:
         """One choice's chunk; `so_far` is its (prompt tokens, completion tokens) up to and including this chunk,
         its "usage" with continuous usage (as vLLM: per choice, and per prompt of a list; the last chunk sums all)."""
         choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
+        choice["stop_reason"] = stop_reason
         if self.chat:
             delta: dict[str, str] = {"role": "assistant"} if role else {}
             choice["delta"] = {**delta, "content": text} if text or role else delta
