@@ -102,11 +102,23 @@ def check_same_settings(config: Any) -> None:
         for k in theirs
         if k not in PER_RANK_SETTINGS and theirs[k] != every[0][k]
     ]
-    if bad:
+    if bad:  # every rank found the same: they leave the group together before raising
+        leave_tp_group()
         raise ValueError(
             "the tensor-parallel ranks were started with different engine settings (every rank needs the same "
             "flags): " + "; ".join(bad)
         )
+
+
+def leave_tp_group() -> None:
+    """Every rank of the group is here (a shutdown, or a start every rank refused): meet, then tear the group down.
+    TP.cpu_group may be the default group itself: a reference left to it kept its gloo threads alive until interpreter
+    exit, where their destructor could run in any order and abort the rank ("terminate called without an active
+    exception"; after a refused start, 3 of 12 CPU runs of tests/tp_api.py)."""
+    if dist.is_initialized():
+        dist.barrier(group=TP.cpu_group)
+        dist.destroy_process_group()
+    TP.cpu_group = None
 
 
 def broadcast_objects(obj: T) -> T:

@@ -19,6 +19,7 @@ from engine.distributed import (
     ctrl_c_after_step,
     init_tp,
     leave_failed_group,
+    leave_tp_group,
 )
 from engine.gc_heap import collect_if_idle, frozen_heap
 from engine.loader import Progress, load_model
@@ -260,14 +261,7 @@ class Engine:
         # CUDA graphs that captured NCCL all-reduces must be gone before their communicator is: otherwise
         # destroy_process_group can hang (pytorch/pytorch#115388); ranks on 2xH200 and 4xH200 did not exit.
         self.runner.release_graphs()
-        if dist.is_initialized():
-            # Every rank is here after the shutdown step (a failed group exits elsewhere): meet, then tear down.
-            dist.barrier(group=TP.cpu_group)
-            dist.destroy_process_group()
-        # TP.cpu_group may be the default group itself: a reference left here kept its gloo threads alive until
-        # interpreter exit, where their destructor could run in any order and abort the rank ("terminate called
-        # without an active exception", about 1 CPU TP run in 10 under load).
-        TP.cpu_group = None
+        leave_tp_group()  # every rank is here after the shutdown step (a failed group exits elsewhere)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self._inflight is not None or bool(self._commands)

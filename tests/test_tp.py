@@ -71,7 +71,7 @@ def test_the_python_api_at_tp2_refuses_what_would_mix_ranks_and_starts_twice(tmp
     """tests/tp_api.py under torchrun: a rank > 0's add_request is refused (its prompt ran on rank 0's request of the
     same rid); a second LLM after the first's shutdown joins a group of its own and computes the same tokens (it
     failed to connect, or hung, on the first group's stale addresses); ranks with different --page-size are refused
-    on both ranks, naming it (they fell out of lockstep at the first prefix hit)."""
+    on both ranks, naming it (they fell out of lockstep at the first prefix hit), and leave the group."""
     env = subprocess_env(OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT="60")
     cmd = torchrun_cmd(2, str(ROOT / "tests" / "tp_api.py"), str(tmp_path / "api"))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -82,6 +82,9 @@ def test_the_python_api_at_tp2_refuses_what_would_mix_ranks_and_starts_twice(tmp
     for seen in (rank0, rank1):
         assert "ranks were started with different engine settings" in seen["different"]
         assert "rank 1: page_size=8 (rank 0: 4)" in seen["different"]
+        assert seen["left"]  # the refused start's group was torn down (it stayed to interpreter exit, which aborted
+        # rank 1 in ~1 run of 4: "terminate called without an active exception")
+    assert rank0["third"] == rank0["first"]
 
 
 def tp1_greedy() -> list[list[int]]:
