@@ -326,23 +326,25 @@ def _plans(target: Target, loads, flags: dict[str, Any], served: dict[str, Any])
     load reuses another's in a prefix cache (unless a dataset runs out: its prompts are then given again)."""
     from minisgl_cli.arrivals import arrival_times
 
-    plans, drawn, truncated, repeated = [], 0, 0, 0
+    plans, drawn, truncated = [], 0, 0
     for i, load in enumerate(loads):
         n = _sizes(load, flags)
         items, w = _workload(target, flags, n, flags["seed"] + i, drawn)
-        drawn, truncated, repeated = drawn + n, truncated + w.truncated, repeated + w.repeated
+        drawn, truncated = drawn + n, truncated + w.truncated
         served["source"] = w.source
         times = arrival_times(
             len(items), load.rate, flags["burstiness"], flags["arrival"], flags["seed"] + i, flags["duration"]
         )
         for item, t in zip(items, times):
             item.arrival = t
-        plans.append((load, items[: len(times)]))
+        # the requests from index n - repeated on were given a prompt again (counted among those sent)
+        plans.append((load, items[: len(times)], n - w.repeated))
     warm = []
+    served["warm_repeated"] = 0
     if flags["warmup"]:  # the dataset's prompts after the loads' (again the first ones when it runs out)
         warm, w = _workload(target, flags, flags["warmup"], flags["seed"] + 10_000, drawn)
-        repeated += w.repeated
-    served["truncated_prompts"], served["repeated_prompts"] = truncated, repeated
+        served["warm_repeated"] = w.repeated
+    served["truncated_prompts"] = truncated
     return plans, warm
 
 
@@ -374,7 +376,7 @@ def _run_sweep(
                 live, cap = LiveCounters(), plans[0][0].max_concurrency
                 with LiveView("warm-up", len(warm), live, flags["quiet"]):
                     await drive(warm, send, cap, live=live)
-            for i, (load, items) in enumerate(plans):
+            for i, (load, items, first_repeat) in enumerate(plans):
                 live = LiveCounters()
                 before = await _hits(client, target)
                 try:
@@ -388,6 +390,7 @@ def _run_sweep(
                 duration = time.perf_counter() - t0
                 row = _row(load, results, len(items), duration, t0, slo, flags, check, cut=stopped is not None)
                 row["cache_hit_rate"] = _hit_rate(before, await _hits(client, target), target)
+                row["repeated_prompts"] = sum(r.index >= first_repeat for r in results)
                 rows.append(row)
                 singles[:] = results
                 if stopped:
@@ -512,7 +515,8 @@ def _result(target: Target, rows, results, slo, flags, check, served, stopped) -
             "warmup": flags["warmup"],
             "duration_limit": flags["duration"],
             "truncated_prompts": served.get("truncated_prompts", 0),  # a dataset's, cut to fit the context
-            "repeated_prompts": served.get("repeated_prompts", 0),  # requests given a dataset's prompt again
+            # requests sent with a dataset's prompt given again (the warm-up's too)
+            "repeated_prompts": served.get("warm_repeated", 0) + sum(r["repeated_prompts"] for r in rows),
         },
         "slo": {k: v * 1000 for k, v in slo.items()} if slo else None,
         "client_check": check.as_dict() if check else None,

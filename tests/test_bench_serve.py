@@ -441,6 +441,10 @@ def test_a_sweep_over_a_dataset_gives_each_load_its_own_prompts(tmp_path):
     res, out = bench(tmp_path, *IN_PROCESS[:4], "--dataset", str(data), "--num-requests", "7", "--output-len", "2:2")
     assert res["completed"] == 7 and res["workload"]["repeated_prompts"] == 2
     assert sorted(zip(res["indices"], res["input_lens"]))[5:] == [(5, 1), (6, 2)]
+    # a run bounded by time draws far more requests than it sends: the count is of those sent
+    args = ["--dataset", str(data), "--output-len", "2:2", "--max-concurrency", "1", "--duration", "1"]
+    res, out = bench(tmp_path, *IN_PROCESS[:4], *args)
+    assert res["completed"] > 5 and res["workload"]["repeated_prompts"] == res["completed"] - 5
 
 
 def test_the_warm_up_goes_through_the_concurrency_cap(tmp_path, monkeypatch):
