@@ -581,10 +581,11 @@ def _report(console, result: dict[str, Any], flags: dict[str, Any]) -> None:
         from minisgl_cli.plots import plot_sweep, plot_timeline
 
         where = result["url"] or f"{result['model_id']} in-process"
+        cut = f" (partial: {result['stopped']})" if result["stopped"] else ""  # as the table and the JSON say
         if len(result["sweep"]) > 1:
-            plot_sweep(result["sweep"], flags["plot"], f"bench-serve -> {where}")
+            plot_sweep(result["sweep"], flags["plot"], f"bench-serve -> {where}{cut}")
         else:
-            plot_timeline(results, flags["plot"], f"bench-serve {result['sweep'][0]['load']} -> {where}")
+            plot_timeline(results, flags["plot"], f"bench-serve {result['sweep'][0]['load']} -> {where}{cut}")
         console.print(f"plot written to {flags['plot']}")
 
 

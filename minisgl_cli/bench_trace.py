@@ -232,7 +232,8 @@ def register(app: typer.Typer) -> None:
         if plot is not None:
             from minisgl_cli.plots import plot_timeline
 
-            plot_timeline(results, plot, f"bench-trace {trace.name} -> {result.get('url') or result['model']}")
+            cut = " (partial: interrupted)" if result["stopped"] == "interrupted" else ""  # as the table and the JSON
+            plot_timeline(results, plot, f"bench-trace {trace.name} -> {result.get('url') or result['model']}{cut}")
             console.print(f"plot written to {plot}")
         if result["partial"]:
             raise typer.Exit(INTERRUPTED_EXIT)  # once the partial results are out

@@ -277,10 +277,12 @@ def _interrupted(tmp_path: Path, url: str, *args: str) -> tuple[int, str, str, d
 def test_ctrl_c_mid_load_marks_the_load_and_the_run_partial(tmp_path, mock):
     """A single load cut by Ctrl-C (~0.1 s a request, one at a time, 100 of them): was written as `partial: false`,
     its row's flag (failures only) overwriting the run's, and no note printed."""
+    png = tmp_path / "cut.png"
     rc, out, err, res = _interrupted(
-        tmp_path, mock, "--num-requests", "100", "--output-len", "10:10", "--max-concurrency", "1"
+        tmp_path, mock, "--num-requests", "100", "--output-len", "10:10", "--max-concurrency", "1", "--plot", str(png)
     )
     assert rc == 130 and "Traceback" not in err, out + err
+    assert png.read_bytes()[:4] == b"\x89PNG"  # drawn from the finished requests, its title saying partial
     assert res is not None and res["partial"] is True and res["stopped"] == "interrupted"
     assert res["sweep"][0]["partial"] is True
     assert 0 < res["completed"] == len(res["success"]) < 100 and res["failed"] == 0
