@@ -96,7 +96,9 @@ def read_gguf(path: Path) -> GGUFFile:
         name = c.string()
         dims = tuple(c.take("<Q") for _ in range(c.take("<I")))
         infos.append((name, dims, GGMLQuantizationType(c.take("<I")), c.take("<Q")))
-    align = int(fields.get("general.alignment", 32))
+    align = fields.get("general.alignment", 32)
+    if isinstance(align, bool) or not isinstance(align, int) or align <= 0:  # 0 divided by zero; < 0 read elsewhere
+        raise ValueError(f"general.alignment must be a positive integer (got {align!r})")
     start = -(-c.at // align) * align
     tensors, seen = [], set()
     for name, dims, qtype, offset in infos:

@@ -225,10 +225,6 @@ def _runs(src: Source, d: Any) -> list[dict[str, Any]]:
     return out
 
 
-def load_run(path: Path) -> dict[str, Any]:
-    return _run(*_read(path)[0])
-
-
 def _cannot_read(src: Source, e: Exception) -> typer.BadParameter:
     why = "JSON nested too deeply" if isinstance(e, RecursionError) else str(e)
     return typer.BadParameter(f"cannot read {src}: {why}", param_hint="FILES")

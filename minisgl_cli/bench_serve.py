@@ -326,25 +326,25 @@ def _plans(target: Target, loads, flags: dict[str, Any], served: dict[str, Any])
     load reuses another's in a prefix cache (unless a dataset runs out: its prompts are then given again)."""
     from minisgl_cli.arrivals import arrival_times
 
-    plans, drawn, truncated = [], 0, 0
+    plans, drawn = [], 0
     for i, load in enumerate(loads):
         n = _sizes(load, flags)
         items, w = _workload(target, flags, n, flags["seed"] + i, drawn)
-        drawn, truncated = drawn + n, truncated + w.truncated
+        drawn += n
         served["source"] = w.source
         times = arrival_times(
             len(items), load.rate, flags["burstiness"], flags["arrival"], flags["seed"] + i, flags["duration"]
         )
         for item, t in zip(items, times):
             item.arrival = t
-        # the requests from index n - repeated on were given a prompt again (counted among those sent)
-        plans.append((load, items[: len(times)], n - w.repeated))
+        # the requests from index n - repeated on were given a prompt again, those in w.cut a prompt cut to fit
+        # (both counted among those sent: a time-bounded run draws far more than it sends)
+        plans.append((load, items[: len(times)], n - w.repeated, w.cut))
     warm = []
     served["warm_repeated"] = 0
     if flags["warmup"]:  # the dataset's prompts after the loads' (again the first ones when it runs out)
         warm, w = _workload(target, flags, flags["warmup"], flags["seed"] + 10_000, drawn)
         served["warm_repeated"] = w.repeated
-    served["truncated_prompts"] = truncated
     return plans, warm
 
 
@@ -376,7 +376,7 @@ def _run_sweep(
                 live, cap = LiveCounters(), plans[0][0].max_concurrency
                 with LiveView("warm-up", len(warm), live, flags["quiet"]):
                     await drive(warm, send, cap, live=live)
-            for i, (load, items, first_repeat) in enumerate(plans):
+            for i, (load, items, first_repeat, cut) in enumerate(plans):
                 live = LiveCounters()
                 before = await _hits(client, target)
                 try:
@@ -391,6 +391,7 @@ def _run_sweep(
                 row = _row(load, results, len(items), duration, t0, slo, flags, check, cut=stopped is not None)
                 row["cache_hit_rate"] = _hit_rate(before, await _hits(client, target), target)
                 row["repeated_prompts"] = sum(r.index >= first_repeat for r in results)
+                row["truncated_prompts"] = sum(r.index in cut for r in results)
                 rows.append(row)
                 singles[:] = results
                 if stopped:
@@ -514,7 +515,8 @@ def _result(target: Target, rows, results, slo, flags, check, served, stopped) -
             "seed": flags["seed"],
             "warmup": flags["warmup"],
             "duration_limit": flags["duration"],
-            "truncated_prompts": served.get("truncated_prompts", 0),  # a dataset's, cut to fit the context
+            # requests sent with a dataset's prompt cut to fit the context
+            "truncated_prompts": sum(r["truncated_prompts"] for r in rows),
             # requests sent with a dataset's prompt given again (the warm-up's too)
             "repeated_prompts": served.get("warm_repeated", 0) + sum(r["repeated_prompts"] for r in rows),
         },
@@ -566,7 +568,11 @@ def _report(console, result: dict[str, Any], flags: dict[str, Any]) -> None:
 
         cut, rows = result["sweep"][-1], len(result["sweep"])
         where = f" in load {cut['load']} ({rows} of {result['planned_loads']} loads; those in flight are not counted)"
-        console.print(interrupted_note(cut["completed"] + cut["failed"], cut["planned_requests"], "requests", where))
+        done = cut["completed"] + cut["failed"]
+        if flags["duration"] is not None:  # a time-bounded load sends what its time allows, not its drawn supply
+            console.print(f"[yellow]partial results:[/yellow] interrupted after {done:,} requests finished{where}")
+        else:
+            console.print(interrupted_note(done, cut["planned_requests"], "requests", where))
     elif result["partial"]:
         first = next((e for r in result["sweep"] for e in r["errors"]), None)
         why = result["stopped"] or (f"first error: {first['error']}" if first else "")

@@ -190,8 +190,19 @@ class ServeWorkload:
     output_lens: list[int]
     texts: list[str] | None
     source: str
-    truncated: int = 0  # as Workload's: a dataset's prompts cut to fit the context
-    repeated: int = 0  # requests given a dataset's prompt again
+    repeated: int = 0  # requests given a dataset's prompt again (the last ones)
+    cut: frozenset[int] = frozenset()  # the indices of the requests whose dataset prompt was cut to fit
+
+
+def _cut_text(tokenizer, ids: list[int]) -> str:
+    """The text of a prompt cut to len(ids) tokens, re-encoding to no more than that: a cut that splits a character
+    decodes to U+FFFD, which a byte-level BPE encodes as more tokens than the bytes it replaced (the request then
+    overran the context it was cut to fit)."""
+    for k in range(len(ids), 1, -1):
+        text = tokenizer.decode(ids[:k])
+        if len(tokenizer.encode(text)) <= len(ids):
+            return text
+    return tokenizer.decode(ids[:1])
 
 
 def serve_workload(
@@ -212,15 +223,17 @@ def serve_workload(
     prompt on); with prefix groups, request i starts with group i % G's shared random prefix of `prefix_len`
     tokens. Text prompts are the dataset's own (a prompt cut to fit, its kept tokens' text), or random ids decoded
     by the tokenizer."""
-    truncated = repeated = 0
+    repeated = 0
+    cut: frozenset[int] = frozenset()
     if dataset is not None:
         assert tokenizer is not None
         base = dataset_workload(dataset, tokenizer.encode, n, output_len, seed, max_model_len or 1 << 30, skip)
         prompts, output_lens = base.prompts, base.output_lens
         texts = None
         if text and base.texts is not None:  # a prompt cut to fit the context goes out as its kept tokens' text
-            texts = [t if t is not None else tokenizer.decode(p) for t, p in zip(base.texts, prompts)]
-        source, truncated, repeated = str(dataset), base.truncated, base.repeated
+            texts = [t if t is not None else _cut_text(tokenizer, p) for t, p in zip(base.texts, prompts)]
+        source, repeated = str(dataset), base.repeated
+        cut = frozenset(i for i, t in enumerate(base.texts or []) if t is None)
     else:
         base = random_workload(n, input_len, output_len, seed, vocab_size)
         prompts, output_lens, texts, source = base.prompts, base.output_lens, None, "random"
@@ -239,4 +252,4 @@ def serve_workload(
         source += f" + {prefix_groups} prefix groups of {prefix_len} tokens"
     if texts is not None:
         prompts = [tokenizer.encode(t) for t in texts]  # what the server will count
-    return ServeWorkload(prompts, output_lens, texts, source, truncated, repeated)
+    return ServeWorkload(prompts, output_lens, texts, source, repeated, cut)

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from minisgl_cli.app import app
-from minisgl_cli.bench_compare import load_run, load_runs
+from minisgl_cli.bench_compare import load_runs
 from minisgl_cli.mock_server import MockConfig, mock_server_process
 from tests.conftest import free_port
 from tests.test_bench_offline import flat
@@ -192,7 +192,7 @@ def test_compare_offline_trace_and_serve_runs(tmp_path):
     assert "--quiet" not in out and "--tp 1" not in out and "--mixed-batch" not in out and "--page-size" not in out
     # bench-trace's trace is its argument, not a flag; the vLLM overrides it derives from --vllm-arg are no flag
     flags = f"{TRACE} --time-scale 0.0 --num-requests 8 --model dummy:tiny-llama --device cpu"
-    assert load_run(trace)["flags"] == flags
+    assert load_runs(trace)[0]["flags"] == flags
     assert "--trace" not in out and "--vllm-args" not in out
 
 

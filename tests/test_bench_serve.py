@@ -291,6 +291,12 @@ def test_ctrl_c_mid_load_marks_the_load_and_the_run_partial(tmp_path, mock):
     # as bench-trace's: how many of the planned requests finished (was only "partial results: interrupted")
     done = f"partial results: interrupted after {res['completed']} of 100 requests finished"
     assert f"{done} in load {res['sweep'][0]['load']} (1 of 1 loads; those in flight are not counted)" in out, out
+    # a time-bounded load has no planned count to give (it drew 10,000 to send what its time allows)
+    rc, out, err, res = _interrupted(
+        tmp_path, mock, "--duration", "60", "--output-len", "10:10", "--max-concurrency", "1"
+    )
+    assert rc == 130 and res is not None and " of 10,000 " not in out, out + err
+    assert f"partial results: interrupted after {res['completed']} requests finished in load" in out, out
 
 
 @pytest.mark.parametrize("mock", [MockConfig(ttft=0.01, tpot=0.01)], indirect=True)
@@ -475,6 +481,32 @@ def test_a_dataset_prompt_cut_to_the_context_goes_out_as_text(tmp_path):
         res, _ = bench(tmp_path, *args, "100", "--prompt-format", fmt)
         assert res["completed"] == 2 and res["workload"]["truncated_prompts"] == 1, fmt
         assert sorted(res["input_lens"]) == [5, 96], fmt  # 100 - 4 output tokens
+
+
+def test_a_cut_prompts_text_fits_the_context_with_a_byte_level_tokenizer(tmp_path):
+    """A cut that splits a character (an emoji's bytes) decoded to U+FFFD, which re-encodes to more tokens than the
+    cut kept: the text prompt overran the context by one, and bench-serve refused the run as too long."""
+    from engine.tokenizer import load_tokenizer
+    from minisgl_cli.workload import serve_workload
+
+    tok = load_tokenizer(None)  # the embedded model's byte-level BPE
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "日本語のテキストです。😀🎉 emoji ünïcödé " * 5}) + "\n")
+    for context in range(20, 60):
+        w = serve_workload(1, (1, 1), (1, 1), 0, 49152, tok, True, data, max_model_len=context)
+        assert w.cut == {0} and len(w.prompts[0]) + w.output_lens[0] <= context, context
+
+
+def test_a_time_bounded_run_counts_the_cut_prompts_it_sent(tmp_path):
+    """truncated_prompts counted every request drawn for a --duration run (10,000 for a closed loop), not those sent,
+    as repeated_prompts did before 5c68a74."""
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "y" * 300}) + "\n" + json.dumps({"prompt": "short"}) + "\n")
+    args = ["--dataset", str(data), "--output-len", "2:2", "--max-model-len", "100", "--max-concurrency", "1"]
+    res, _ = bench(tmp_path, *IN_PROCESS[:4], *args, "--duration", "1", "--quiet")
+    sent = res["completed"] + res["failed"]
+    assert res["workload"]["truncated_prompts"] == (sent + 1) // 2  # was 10,000
+    assert res["sweep"][0]["truncated_prompts"] == (sent + 1) // 2
 
 
 def test_against_minisgl_serve(tmp_path):

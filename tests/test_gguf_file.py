@@ -80,3 +80,19 @@ def test_a_file_cut_short_is_refused_by_name(tmp_path, cut):
     path.write_bytes(data[:cut])
     with pytest.raises(ValueError, match="cut.gguf is not a readable GGUF file"):
         open_gguf(path)
+
+
+@pytest.mark.parametrize("kind, align", [("uint32", 0), ("int32", -32), ("float32", 32.0)])
+def test_a_bad_alignment_is_refused_by_name(tmp_path, kind, align):
+    """general.alignment 0 raised a bare ZeroDivisionError; a negative one read every tensor from the wrong offset
+    (zeros here) without a word. gguf-py's reader takes a uint32 only."""
+    path = tmp_path / "align.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    getattr(w, f"add_{kind}")("general.alignment", align)
+    w.add_tensor("w", np.arange(8, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="align.gguf is not a readable GGUF file: general.alignment must be"):
+        open_gguf(path)

@@ -372,6 +372,7 @@ BAD = [
     _case(CH, {"messages": MSG, "return_prompt_text": True}, "return_prompt_text", code="unsupported_parameter"),
     _case(C, {"prompt": "hi", "stream": "yes"}, "stream"),
     _case(C, {"prompt": "hi", "stream_options": {"include_usage": 1}}, "stream_options"),
+    _case(C, {"prompt": "hi", "stream_options": {"foo": 1}}, "stream_options"),  # says something: vLLM refuses it
     _case(C, {"prompt": "hi", "stream_options": {"include_usage": False}}, "stream_options"),  # says something
     _case(C, {"prompt": "hi", "model": "gpt-4"}, "model", status=404, code="model_not_found"),
     _case(CH, {"messages": []}, "messages"),
@@ -662,6 +663,7 @@ def test_chat_n_choices_without_max_tokens_share_the_context_default():
         client = server.openai()
         # what a request can hold, not the model's 2,048-token context: a client sizing prompts by it is not refused
         assert client.models.retrieve(server.model).model_extra["max_model_len"] == 384
+        assert httpx.post(server.url + "/tokenize", json={"prompt": "hi"}).json()["max_model_len"] == 384  # was 2048
         out = client.chat.completions.create(model=server.model, messages=MSG, n=3, temperature=0)
         prompt = out.usage.prompt_tokens
         assert 3 * (capacity - prompt) > capacity  # what the old check reserved: over the cache

@@ -52,6 +52,9 @@ def refuse_unsupported(body: BaseModel, refused: dict[str, tuple[Any, ...]]) -> 
 
 
 class StreamOptions(_Body):
+    # unknown keys are kept: vLLM refuses stream options that hold anything without stream (and ignores them with it)
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False  # vLLM's: every chunk also carries the usage so far
 

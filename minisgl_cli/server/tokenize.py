@@ -31,7 +31,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
         ids = await asyncio.to_thread(client.encode, prompt) if prompt or chat else []  # vLLM: "" is no tokens
     except ValueError as e:
         raise APIError(400, str(e), param="messages" if chat else "prompt") from e
-    out: dict[str, Any] = {"count": len(ids), "max_model_len": client.max_model_len, "tokens": ids}
+    # what one request can hold, as /v1/models says: the context, or the KV cache where that is smaller
+    out: dict[str, Any] = {"count": len(ids), "max_model_len": client.max_request_tokens, "tokens": ids}
     if body.return_token_strs:
         out["token_strs"] = client.remote.tokenizer.pieces(ids)
     return out
