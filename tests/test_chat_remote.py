@@ -102,7 +102,8 @@ def test_url_4xx_is_a_notice_and_keeps_the_conversation(server, tmp_path):
         assert "server answered 400" in errors(app)[-1] and "your message is kept" in errors(app)[-1]
         # the server's context_length_exceeded says what to do, as the local engine's refusal does
         assert "message too long: server answered 400" in errors(app)[-1]
-        assert "a smaller /max-tokens may leave room for an answer" in errors(app)[-1]
+        # the server's message names the prompt's tokens and the limit: the hint says how short an answer fits
+        assert re.search(r"/max-tokens \d+ or less leaves room for a shorter answer", errors(app)[-1]), errors(app)
         assert [m.role for m in app.session.history] == ["user"]
         await send(pilot, "/max-tokens 5")
         await pilot.press("ctrl+r")  # answers the kept message
@@ -282,3 +283,31 @@ def test_one_prometheus_reader_for_the_panel_and_the_replay():
     later = parse_prometheus(VLLM.replace("} 400.0", "} 700.0").replace("} 1000.0", "} 1500.0"))
     assert cache_hit_rate(parse_prometheus(VLLM), later) == 0.6
     assert cache_hit_rate({"up": 1.0}, later) == 700 / 1500  # no counters scraped before: from zero
+
+
+def test_a_servers_context_refusal_gives_the_hint_its_numbers_allow():
+    """A --url refusal for length always suggested "a smaller /max-tokens may leave room", also when the prompt
+    alone was over the limit (no answer fits then). The counts come from the refusal's text: the engine's own
+    wording (RequestLimits, as minisgl serve sends it) and vLLM's two."""
+    from engine.sampling_params import SamplingParams
+    from engine.text import ContextOverflow, RequestLimits
+    from minisgl_cli.tui.backend import too_long
+    from minisgl_cli.tui.server_backend import overflow_counts
+
+    def refusal(prompt: int, max_tokens: int, kv: int = 10_000) -> str:
+        with pytest.raises(ContextOverflow) as e:
+            RequestLimits(512, 2048, kv).check([1] * prompt, SamplingParams(max_tokens=max_tokens))
+        return str(e.value)
+
+    assert overflow_counts(refusal(2000, 100)) == (2000, 2048)
+    assert overflow_counts(refusal(3000, 20)) == (3000, 2048)
+    assert overflow_counts(refusal(1500, 600, kv=1800)) == (1500, 1800)  # the KV cache binds
+    assert overflow_counts(refusal(900, 1000, kv=1800)) == (900, 1800)
+    vllm_old = "This model's maximum context length is 2048 tokens. However, you requested 3527 tokens (3507 in the messages, 20 in the completion). Please reduce the length of the messages or completion."  # noqa: E501
+    vllm_new = "'max_tokens' or 'max_completion_tokens' is too large: 20. This model's maximum context length is 2048 tokens and your request has 3507 input tokens (20 > 2048 - 3507)."  # noqa: E501
+    assert overflow_counts(vllm_old) == overflow_counts(vllm_new) == (3507, 2048)
+    assert overflow_counts("server answered 400: too long") == (None, None)
+    user = [{"role": "user", "content": "x"}]
+    assert "/max-tokens 48 or less leaves room" in too_long("r", user, *overflow_counts(refusal(2000, 100)))
+    alone = too_long("r", user, *overflow_counts(refusal(3000, 20)))
+    assert "/max-tokens" not in alone and "a shorter message" in alone

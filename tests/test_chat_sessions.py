@@ -19,8 +19,8 @@ from minisgl_cli.tui.session import ChatMessage, ChatSession
 from minisgl_cli.tui.sessions_screen import SessionsScreen
 from minisgl_cli.tui.store import ChatStore, default_db_path
 from minisgl_cli.tui.turn import TurnStats
-from minisgl_cli.tui.widgets import AssistantMessage, PromptBox, UserMessage
-from tests.chat_pilot import errors, idle, known, notices, run_app, run_pilot, send, wait_for
+from minisgl_cli.tui.widgets import AssistantMessage, MetricsPanel, PromptBox, UserMessage
+from tests.chat_pilot import errors, idle, known, notices, panel_text, run_app, run_pilot, send, wait_for
 from tests.conftest import make_llm
 from tests.test_chat_plain import MINISGL, TINY
 from tests.test_chat_thinking import ScriptedAnswer, ScriptedBackend
@@ -522,3 +522,38 @@ def test_an_answer_cut_by_a_new_chat_or_quitting_is_saved(tiny, db):
         assert [m.role for m in session.history] == ["user", "assistant"] and inputs == [question]
         stats = known(session.history[1].stats)
         assert stats.finish_reason == "abort" and 5 <= stats.output_tokens < 1500
+
+
+def test_opening_a_saved_chat_shows_its_own_tbt_window(tiny, db):
+    """ctrl+o, enter: the panel showed the opened chat's last turn beside the TBT sparkline and p50/p90 of the chat
+    left behind (the window was not cleared, and only the opened turn's gaps past the old turn's count were added),
+    where --resume of the same chat shows its own. A chat with no answer yet kept the old chat's last turn too."""
+    store = ChatStore(db)
+    slow = ChatSession(max_tokens=4, model="tiny-llama")
+    slow.add(ChatMessage("user", "slow chat"))
+    stats = TurnStats(prompt_tokens=9, output_tokens=13, ttft=0.25, itls=[0.5] * 12, decode_seconds=6.0)
+    slow.add(ChatMessage("assistant", "slow answer", stats=stats))
+    store.save(slow, ["slow chat"])
+    unanswered = ChatSession(max_tokens=4, model="tiny-llama")
+    unanswered.add(ChatMessage("user", "no answer yet"))
+    store.save(unanswered, ["no answer yet"])
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "hello")
+        await idle(app, pilot)
+        panel = app.query_one(MetricsPanel)
+        assert panel.tbt_ms and max(panel.tbt_ms) < 500
+        screen = await open_sessions(app, pilot)
+        await pilot.press(*["down"] * [i.title for i in screen.infos].index("slow chat"), "enter")
+        await wait_for(pilot, lambda: app.session.title == "slow chat", what="opened chat")
+        await pilot.pause()
+        assert list(panel.tbt_ms) == [500.0] * 12
+        assert "500.0 / 500.0 ms" in panel_text(app, "tbt")
+        screen = await open_sessions(app, pilot)
+        await pilot.press(*["down"] * [i.title for i in screen.infos].index("no answer yet"), "enter")
+        await wait_for(pilot, lambda: app.session.title == "no answer yet", what="opened chat")
+        await pilot.pause()
+        assert not panel.tbt_ms and app.turn == TurnStats()
+        assert "250.0 ms" not in panel_text(app, "turn")
+
+    run_app(tiny, scenario, store, max_tokens=8)

@@ -594,3 +594,28 @@ def test_an_engine_shut_down_mid_answer_stops_it_and_a_crash_fails_it(end):
         assert last.finish_reason == "error" and "the step broke" in last.error
     else:
         assert last.finish_reason == "abort" and last.error == "engine shut down"
+
+
+def test_a_multi_line_system_prompt_is_a_command():
+    """`/system` with ctrl+j (or f2, or a paste) for a prompt of several lines was sent to the model as a user message,
+    the system prompt unchanged, without a word; a multi-line text that starts with another "/" (a pasted path) is
+    still a message."""
+    backend = ScriptedBackend(thinking_switch=None)
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await pilot.click("#prompt")
+        await pilot.press(*"/system You are terse.", "ctrl+j", *"Never use more than five words.", "enter")
+        await pilot.pause()
+        assert app.session.system == "You are terse.\nNever use more than five words."
+        assert not app.session.history and not backend.sent and not app.query(UserMessage)
+        await pilot.press(*"/system", "ctrl+j", *"Only this line.", "enter")
+        await pilot.pause()
+        assert app.session.system == "Only this line."
+        await pilot.press(*"/usr/bin/python crashes", "ctrl+j", *"why?", "enter")
+        await idle(app, pilot)
+        assert backend.sent[-1][0] == [
+            {"role": "system", "content": "Only this line."},
+            {"role": "user", "content": "/usr/bin/python crashes\nwhy?"},
+        ]
+
+    run_pilot(ChatApp(backend, ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario)

@@ -20,7 +20,7 @@ from textual.widgets import Footer, Header, Markdown
 from textual.widgets.markdown import MarkdownStream
 
 from minisgl_cli.tui.backend import Answer, BackendError, ChatBackend
-from minisgl_cli.tui.commands import HELP, CommandError, is_command, run_command
+from minisgl_cli.tui.commands import HELP, CommandError, is_command, run_command, takes_lines
 from minisgl_cli.tui.export import code_blocks, export
 from minisgl_cli.tui.session import ChatMessage, ChatSession
 from minisgl_cli.tui.sessions_screen import Renamed, SessionsScreen
@@ -217,7 +217,7 @@ class ChatApp(App):
         if not line:
             return  # blanks alone send nothing (the box emptied itself on enter)
         box = event.box
-        if is_command(line) and "\n" not in line:
+        if is_command(line) and ("\n" not in line or takes_lines(line)):
             box.remember(line)
             await self.command(line)
         elif self.generating:
@@ -537,6 +537,10 @@ class ChatApp(App):
             return
         self.session, self.editing = session, None
         self.query_one(PromptBox).set_history(inputs)
+        # the chat left behind's numbers go: show_history shows the opened chat's last turn (if it has one) in an
+        # empty TBT window, as --resume does
+        self.turn = TurnStats()
+        self.query_one(MetricsPanel).clear_turns()
         await self.query_one("#conversation").remove_children()
         await self.show_history()
         self.save()  # now the last chat: --resume comes back to it

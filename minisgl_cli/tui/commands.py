@@ -11,7 +11,7 @@ from minisgl_cli.tui.session import ChatSession
 
 HELP: list[tuple[str, str]] = [
     ("/reset", "start a new conversation (keeps the system prompt)"),
-    ("/system <text>", "set the system prompt; /system alone clears it"),
+    ("/system <text>", "set the system prompt (ctrl+j for more lines); /system alone clears it"),
     ("/temp <x>", "sampling temperature, 0 = greedy"),
     ("/max-tokens <n>", "longest answer in tokens"),
     ("/think on|off", "thinking of reasoning models (chat templates with enable_thinking)"),
@@ -43,10 +43,16 @@ def is_command(line: str) -> bool:
     return line.lstrip().startswith("/")
 
 
+def takes_lines(line: str) -> bool:
+    """A command whose argument may span lines (a system prompt typed with ctrl+j or pasted); any other text of
+    several lines that starts with "/" (a pasted path, code) is a message."""
+    return line.split(maxsplit=1)[0] == "/system"
+
+
 def run_command(line: str, session: ChatSession, thinking_switch: bool | None = None) -> CommandResult:
     """thinking_switch: whether the model's chat template has enable_thinking (None: unknown, a server's)."""
-    name, _, arg = line.strip().partition(" ")
-    arg = arg.strip()
+    name, *rest = line.strip().split(maxsplit=1)  # any whitespace: "/system" then a new line holds the prompt
+    arg = rest[0].strip() if rest else ""
     if name == "/reset":
         session.reset()
         return CommandResult("reset", "new conversation")

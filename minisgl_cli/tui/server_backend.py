@@ -65,7 +65,7 @@ class ServerAnswer:
                 if d.content or d.reasoning:
                     self._give(Piece(d.content, d.reasoning, [d.time]))
         except RemoteError as e:
-            why = too_long(str(e), body["messages"]) if e.too_long else str(e)
+            why = too_long(str(e), body["messages"], *overflow_counts(str(e))) if e.too_long else str(e)
             return Piece(finished=True, finish_reason="error", error=why)
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         return Piece(
@@ -164,3 +164,17 @@ class ServerBackend:
             task.cancel()
         await asyncio.gather(*rest, return_exceptions=True)
         await self.client.aclose()
+
+
+def overflow_counts(message: str) -> tuple[int | None, int | None]:
+    """The prompt's tokens and the limit a server's context-length refusal names, so the chat's hint can say whether a
+    shorter answer would fit (a prompt alone over the limit cannot): minisgl's "prompt (N tokens) + ... exceeds the
+    model's context length M [and the KV cache capacity of K tokens]", vLLM's "maximum context length is M tokens ...
+    (N in the messages" or "... your request has N input tokens". (None, None) for any other wording."""
+    import re
+
+    prompt = re.search(r"prompt \((\d+) tokens\)|\((\d+) in the messages|request has (\d+) input tokens", message)
+    limits = [int(a or b) for a, b in re.findall(r"context length (?:is )?(\d+)|KV cache capacity of (\d+)", message)]
+    if prompt is None or not limits:
+        return None, None
+    return int(next(g for g in prompt.groups() if g)), min(limits)
