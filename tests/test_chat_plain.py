@@ -65,6 +65,7 @@ def test_piped_chat_with_slash_commands():
     assert re.search(r"/regen +answer the last message again \(TUI only\)", p.stderr), p.stderr
     assert re.search(r"/export md\|json \[path\] +write the conversation to a file\n", p.stderr), p.stderr
     assert re.search(r"KV pages\s+0 in use, \d+ cached", p.stderr) and re.search(r"cache hit\s+0 / \d+", p.stderr)
+    assert re.search(r"system prompt\s+be brief\n", p.stderr) and re.search(r"max tokens\s+8\n", p.stderr)
     assert p.stdout.count("\n") >= 2 and "Traceback" not in p.stderr
 
 

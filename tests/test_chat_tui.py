@@ -258,6 +258,9 @@ def test_slash_commands_and_bad_values(tiny):
         m = load(app)
         assert f"KV pages  0 in use, {m.kv_pages_cached} cached, {m.kv_pages_free} free of 512" in stats_note
         assert re.search(r"TTFT\s+-", stats_note), stats_note
+        # the settings the next turn goes with (typing /system to see the prompt cleared it)
+        assert re.search(r"system prompt\s+answer in French", stats_note), stats_note
+        assert re.search(r"temperature\s+0\b", stats_note) and re.search(r"max tokens\s+6\b", stats_note)
 
         # A prompt that cannot fit the context is refused with a notification; the app keeps going.
         await send(pilot, "/max-tokens 2040")

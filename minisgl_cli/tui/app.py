@@ -24,7 +24,7 @@ from minisgl_cli.tui.commands import HELP, CommandError, is_command, run_command
 from minisgl_cli.tui.export import code_blocks, export
 from minisgl_cli.tui.session import ChatMessage, ChatSession
 from minisgl_cli.tui.sessions_screen import Renamed, SessionsScreen
-from minisgl_cli.tui.stats import Load, load_rows, turn_rows
+from minisgl_cli.tui.stats import Load, load_rows, settings_rows, turn_rows
 from minisgl_cli.tui.store import ChatStore, StoreError
 from minisgl_cli.tui.turn import TurnReader, TurnStats
 from minisgl_cli.tui.widgets import (
@@ -244,7 +244,9 @@ class ChatApp(App):
             return
         if result.action == "stats":
             load = load_rows(self.last_metrics) if self.last_metrics else [("", "no numbers from this backend")]
-            await self.note([("Last turn", turn_rows(self.turn)), ("Load", load)])
+            await self.note(
+                [("Settings", settings_rows(self.session)), ("Last turn", turn_rows(self.turn)), ("Load", load)]
+            )
         elif result.action == "help":
             await self.action_help()
         elif result.action == "regen":

@@ -21,7 +21,7 @@ HELP: list[tuple[str, str]] = [
     ("/export md|json [path]", "write the conversation to a file"),
     ("/sessions", "saved conversations: open, rename, delete"),
     ("/rename <title>", "rename this conversation"),
-    ("/stats", "engine metrics and the last turn's numbers"),
+    ("/stats", "the chat's settings, the last turn's numbers and the engine's"),
     ("/help", "this help"),
 ]
 

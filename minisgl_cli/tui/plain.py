@@ -17,7 +17,7 @@ from minisgl_cli.tui.backend import Answer, BackendError, ChatBackend
 from minisgl_cli.tui.commands import HELP, CommandError, is_command, run_command
 from minisgl_cli.tui.export import export
 from minisgl_cli.tui.session import ChatMessage, ChatSession
-from minisgl_cli.tui.stats import Load, load_rows, ms, turn_rows
+from minisgl_cli.tui.stats import Load, load_rows, ms, settings_rows, turn_rows
 from minisgl_cli.tui.store import ChatStore, StoreError
 from minisgl_cli.tui.turn import TurnReader, TurnStats
 
@@ -215,7 +215,7 @@ def _command(
         return
     if result.action == "stats":
         load: Load | None = loop.run(backend.load())
-        rows = turn_rows(turn) + (load_rows(load) if load else [])
+        rows = settings_rows(session) + turn_rows(turn) + (load_rows(load) if load else [])
     elif result.action == "help":
         tui_only = {"/regen", "/edit", "/copy", "/sessions"}
         rows = [(k, f"{v} (TUI only)" if k.split()[0] in tui_only else v) for k, v in HELP]

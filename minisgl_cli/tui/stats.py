@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from engine.metrics import EngineMetrics
+    from minisgl_cli.tui.session import ChatSession
     from minisgl_cli.tui.turn import TurnStats
 
 
@@ -62,6 +63,18 @@ def ms(seconds: float | None) -> str:
 
 def _known(value: object, text: str) -> str:
     return "-" if value is None else text
+
+
+def settings_rows(session: ChatSession) -> list[tuple[str, str]]:
+    """What the next turn is sent with: typing `/system` to see the system prompt cleared it."""
+    system = session.system or "(none)"
+    thinking = {None: "the template's default", True: "on", False: "off"}[session.thinking]
+    return [
+        ("system prompt", system if len(system) <= 200 else system[:199] + "…"),
+        ("temperature", f"{session.temperature:g}"),
+        ("max tokens", str(session.max_tokens)),
+        ("thinking", thinking),
+    ]
 
 
 def turn_rows(turn: TurnStats) -> list[tuple[str, str]]:
