@@ -131,7 +131,7 @@ class LLM:
             snap(req.token_times),
             snap(req.logprobs) if req.params.logprobs is not None else None,
             snap(req.prompt_logprobs) if req.params.prompt_logprobs is not None else None,
-            st.stop_reason if reason == "stop" else None,
+            st.stop_reason,
         )
 
     # ---- conveniences -------------------------------------------------------------------------------

@@ -212,7 +212,7 @@ class RemoteLLM:
                 p.token_times,
                 p.logprobs,
                 p.prompt_logprobs,
-                p.text.stop_reason if reason == "stop" else None,
+                p.text.stop_reason,
             )
         )
         if finished:

@@ -196,7 +196,8 @@ class TextState:
     emitted: int = 0  # characters already handed out
     n_ids: int = 0  # output ids already fed
     finish_reason: str | None = None  # "stop" once a stop string matched
-    stop_reason: str | int | None = None  # the stop string or stop_token_ids id that ended it (vLLM's stop_reason)
+    # the stop string or stop_token_ids id that ended it (vLLM's stop_reason); None unless it finished with "stop"
+    stop_reason: str | int | None = None
     hold: int = field(init=False)  # characters held back while they could still be the start of a stop string
 
     def __post_init__(self) -> None:
@@ -240,6 +241,8 @@ class TextState:
             # a stop string matched: "stop", even on the engine's last allowed token, where the engine says "length"
             # (vLLM: the detokenizer's stop string wins); the text was cut at it either way
             reason = self.finish_reason
+        if reason != "stop":  # a fault after the match: no stop ended it
+            self.stop_reason = None
         upto = len(self.text) if reason else max(len(self.text) - self.hold, self.emitted)
         delta, self.emitted = self.text[self.emitted : upto], upto
         return delta, reason, error
