@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import io
 import os
 import re
@@ -212,3 +213,44 @@ def test_a_signal_mid_answer_saves_the_partial_answer_as_stopped(tmp_path, sig):
     assert [m.role for m in session.history] == ["user", "assistant"], err
     stats = session.history[1].stats
     assert stats is not None and stats.finish_reason == "abort" and 1 <= stats.output_tokens < 1900
+
+
+def test_a_signal_as_the_first_save_commits_leaves_one_chat(tmp_path):
+    """CI at 30c8c84 found a chat stopped by SIGTERM saved as two: a signal landing between the store's COMMIT and its
+    note of the new chat's id left the session without an id, so the save after the stopped answer wrote the chat anew
+    (chat 1 held the question alone). The signal is sent here, for real, at that line of the first save."""
+    from minisgl_cli.tui.store import ChatStore
+
+    llm = make_llm("dummy:tiny-llama", num_pages=128)
+    engine = LocalEngine(llm)
+    store = ChatStore(tmp_path / "chat.db")
+    session = ChatSession(max_tokens=2000, max_tokens_limit=llm.engine.max_model_len)
+    lines, first = inspect.getsourcelines(ChatStore.save)
+    after_commit = first + next(i for i, line in enumerate(lines) if "s.id, s.saved_at = id, now" in line)
+    sent: list[int] = []
+
+    def tracer(frame, event, _arg):
+        if frame.f_code is not ChatStore.save.__code__:
+            return None
+
+        def local(frame, event, _arg):
+            if event == "line" and frame.f_lineno == after_commit and not sent:
+                sent.append(signal.SIGTERM)
+                os.kill(os.getpid(), signal.SIGTERM)
+            return local
+
+        return local
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            run_plain(engine.backend(), session, store, None, io.StringIO("hello\n"), io.StringIO(), io.StringIO())
+    finally:
+        sys.settrace(None)
+        engine.shutdown()
+    assert sent and ended.value.code == 128 + signal.SIGTERM
+    chats = store.sessions()
+    assert len(chats) == 1, chats
+    saved, _ = store.load(chats[0].id)
+    assert [m.role for m in saved.history][:1] == ["user"] and saved.history[0].content == "hello"
+    assert [m.role for m in saved.history] == [m.role for m in session.history]

@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TextIO
 
 from minisgl_cli.tui.backend import Answer, BackendError, ChatBackend
@@ -136,10 +136,38 @@ def _end_on_signals() -> tuple[list[int], Callable[[], None]]:
     return ended_by, restore
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP wait until the block is done, then act as they would have. A save is not to be cut:
+    a signal between the store's COMMIT and its note of the new chat's id left the chat saved without an id, so the
+    save after the stopped answer wrote it again as a second chat (the first one holding the question alone)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[tuple[int, Any]] = []
+    before: dict[int, Any] = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    for s, handler in before.items():
+        if handler not in (signal.SIG_IGN, None):  # None: a handler not set from Python, left alone
+            signal.signal(s, lambda signum, frame: held.append((signum, frame)))
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            if handler is not None:
+                signal.signal(s, handler)
+        for signum, frame in held:  # as if it came now
+            handler = before[signum]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)
+
+
 def _save(store: ChatStore | None, session: ChatSession, inputs: list[str], err: TextIO) -> None:
     if store is not None and (session.history or session.id is not None):
         try:
-            moved = store.save(session, inputs)
+            with _signals_held():
+                moved = store.save(session, inputs)
         except StoreError as e:
             print(f"error: not saved: {e}", file=err)
             return
