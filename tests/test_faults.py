@@ -353,6 +353,8 @@ def test_step_loops_hold_full_collections_until_idle_and_restore_the_collector()
     from engine.gc_heap import FULL_COLLECTIONS_OFF
 
     before = gc.get_threshold()
+    # an earlier test's loop still running would make make_one_due below run 2**30 collections (a hang, not a failure)
+    assert before[2] != FULL_COLLECTIONS_OFF, "a step loop of an earlier test in this process is still running"
     full: list[str] = []
 
     def seen(phase: str, info: dict) -> None:
