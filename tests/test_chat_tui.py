@@ -173,9 +173,11 @@ def test_reset_and_new_conversation_clear_history(tiny):
         await send(pilot, "/max-tokens 1500")
         await send(pilot, "hi again")
         await wait_for(pilot, lambda: app.turn.output_tokens >= 2, what="tokens")
+        await pilot.press(*"next")  # a question drafted for the new chat: ctrl+n emptied the box
         await pilot.press("ctrl+n")
         await pilot.pause()
         assert not app.generating and app.session.history == [] and not app.query(AssistantMessage)
+        assert app.query_one(PromptBox).value == "next"
         panel = app.query_one(MetricsPanel)  # the old chat's last turn and TBTs are not shown for the new one
         assert app.turn.output_tokens == 0 and panel.turn.output_tokens == 0 and not panel.tbt_ms
         await wait_for(pilot, lambda: load(app).running == 0 and load(app).kv_pages_in_use == 0, what="pages back")

@@ -428,9 +428,7 @@ class ChatApp(App):
             self.answer = None
         self.editing = None
         self.session.reset()
-        box = self.query_one(PromptBox)
-        box.set_history([])
-        box.value = ""
+        self.query_one(PromptBox).set_history([])  # what is typed in it stays: a question drafted for the new chat
         self.turn = TurnStats()  # before the await below: the new chat's state is whole before anything else runs
         self.query_one(MetricsPanel).clear_turns()
         self.title = "minisgl chat"
