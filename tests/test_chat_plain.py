@@ -50,7 +50,8 @@ def test_piped_chat_with_slash_commands():
         "be brief",
         stdin="hello\n/temp nope\n/max-tokens 0\n/max-tokens 8\n/bogus\n/stats\n/help\nsecond turn\n",
     )
-    assert p.returncode == 0, p.stderr
+    # piped input: the refused commands make the exit status 1 once the input is done (a script can tell)
+    assert p.returncode == 1 and p.stderr.endswith("minisgl chat: 3 commands refused (exit status 1)\n"), p.stderr
     assert "tiny-llama · cpu · float32" in p.stderr
     turns = [m.groups() for m in TURN.finditer(p.stderr)]
     assert [(t[0], int(t[3])) for t in turns] == [("length", 12), ("length", 8)], p.stderr
@@ -68,6 +69,31 @@ def test_piped_chat_with_slash_commands():
     assert re.search(r"KV pages\s+0 in use, \d+ cached", p.stderr) and re.search(r"cache hit\s+0 / \d+", p.stderr)
     assert re.search(r"system prompt\s+be brief\n", p.stderr) and re.search(r"max tokens\s+8\n", p.stderr)
     assert p.stdout.count("\n") >= 2 and "Traceback" not in p.stderr
+
+
+def test_a_piped_chat_exits_1_after_a_failed_turn_and_0_at_a_terminal():
+    """A script piping messages into `chat --no-tui` could not tell a failed turn (its `error:` line on stderr) from an
+    answered one: the exit status was 0. Now 1, with a last line saying why, once the rest of the input is answered."""
+    p = chat("--no-tui", *TINY, "--max-tokens", "4", "--no-save", stdin="x " * 20000 + "\nhi\n")
+    assert p.returncode == 1, p.stderr
+    assert "error: message too long" in p.stderr and len(TURN.findall(p.stderr)) == 1  # "hi" was answered
+    assert p.stderr.endswith("minisgl chat: 1 turn failed (exit status 1)\n")
+
+    class Typed(io.StringIO):  # a person at a terminal saw the error: leaving is no failure
+        def isatty(self) -> bool:
+            return True
+
+    llm = make_llm("dummy:tiny-llama", num_pages=128)
+    engine = LocalEngine(llm)
+    try:
+        session = ChatSession(max_tokens=4, max_tokens_limit=llm.engine.max_model_len)
+        err = io.StringIO()
+        assert run_plain(engine.backend(), session, None, None, Typed("/bogus\nhi\n"), io.StringIO(), err) == 0
+        assert "error: unknown command" in err.getvalue()
+        piped = io.StringIO("/bogus\nhi\n")
+        assert run_plain(engine.backend(), session, None, None, piped, io.StringIO(), io.StringIO()) == 1
+    finally:
+        engine.shutdown()
 
 
 def test_plain_mode_is_automatic_when_not_a_terminal():

@@ -96,8 +96,7 @@ def run_chat(backend, session, store, inputs: list[str], notice: str | None, pla
 
             if notice:
                 print(f"warning: {notice}", file=sys.stderr)
-            run_plain(backend, session, store, inputs)
-            return 0
+            return run_plain(backend, session, store, inputs)
         from minisgl_cli.tui.app import ChatApp
 
         return asyncio.run(_run_tui(ChatApp(backend, session, store, inputs, notice)))

@@ -47,8 +47,11 @@ def run_plain(
     stdin: TextIO = sys.stdin,
     stdout: TextIO = sys.stdout,
     stderr: TextIO = sys.stderr,
-) -> None:
+) -> int:
+    """The chat until end of input. Returns 0, or 1 when input came from a pipe or file and a turn failed or a command
+    was refused (each said so on an `error:` line), so that a script can tell; at a terminal the person saw them."""
     interactive = stdin.isatty()
+    failed_turns = refused_commands = 0
     session.model = session.model or backend.model  # saved with the chat and in its exports, as the TUI does
     print(f"minisgl chat · {backend.title}   (/help for commands, Ctrl-D to quit)", file=stderr)
     if session.id is not None:
@@ -74,7 +77,7 @@ def run_plain(
                 continue
             inputs.append(line)
             if is_command(line):
-                _command(line, loop, backend, session, turn, stderr)
+                refused_commands += not _command(line, loop, backend, session, turn, stderr)
                 if session.id is None and not session.history:  # /reset: a new session, its own input history
                     inputs[:] = [line]
                 _save(store, session, inputs, stderr)
@@ -87,6 +90,7 @@ def run_plain(
                 print(f"error: {e}", file=stderr)
                 if isinstance(e, BackendError):
                     raise SystemExit(1) from e
+                failed_turns += 1
                 continue
             if ended_by:  # the answer was stopped and saved; the terminal may be gone (SIGHUP)
                 break
@@ -108,6 +112,15 @@ def run_plain(
         loop.close()
     if ended_by:
         raise SystemExit(128 + ended_by[0])
+    if interactive or not (failed_turns or refused_commands):
+        return 0
+    what = [
+        f"{n} {noun}{'s' if n > 1 else ''} {verb}"
+        for n, noun, verb in ((failed_turns, "turn", "failed"), (refused_commands, "command", "refused"))
+        if n
+    ]
+    print(f"minisgl chat: {' and '.join(what)} (exit status 1)", file=stderr)
+    return 1
 
 
 def _end_on_signals() -> tuple[list[int], Callable[[], None]]:
@@ -235,12 +248,14 @@ def _answer(
 
 def _command(
     line: str, loop: LoopThread, backend: ChatBackend, session: ChatSession, turn: TurnStats, out: TextIO
-) -> None:
+) -> bool:
+    """Run a slash command, its feedback on `out`; False if it was refused (or could not do what it says)."""
     try:
         result = run_command(line, session, backend.thinking_switch)
     except CommandError as e:
         print(f"error: {e}", file=out)
-        return
+        return False
+    done = True
     if result.action == "stats":
         load: Load | None = loop.run(backend.load())
         rows = settings_rows(session) + turn_rows(turn) + (load_rows(load) if load else [])
@@ -252,11 +267,12 @@ def _command(
         try:
             rows = [("", f"exported to {export(session, *result.args)}")]
         except (OSError, ValueError) as e:
-            rows = [("", f"error: cannot export: {e}")]
+            rows, done = [("", f"error: cannot export: {e}")], False
     elif result.action in ("regen", "edit", "copy", "sessions"):  # the "(TUI only)" of /help
-        rows = [("", f"error: {line.split()[0]} is for the TUI (run without --no-tui)")]
+        rows, done = [("", f"error: {line.split()[0]} is for the TUI (run without --no-tui)")], False
     else:
         rows = [("", result.message)]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}".rstrip() if key else value, file=out)
+    return done
