@@ -34,6 +34,12 @@ Temperature = Annotated[
     float, typer.Option("--temperature", "-t", help="sampling temperature (0 = greedy)", min=0.0, max=2.0)
 ]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", help="longest answer in tokens", min=1)]
+TopP = Annotated[float, typer.Option("--top-p", help="nucleus sampling: the smallest set of tokens of this mass")]
+TopK = Annotated[int, typer.Option("--top-k", help="sample among the k most likely tokens (0 or -1: all)")]
+MinP = Annotated[float, typer.Option("--min-p", help="drop tokens below this fraction of the likeliest's probability")]
+RepetitionPenalty = Annotated[
+    float, typer.Option("--repetition-penalty", help="above 1 discourages repeating the conversation's tokens")
+]
 NoTui = Annotated[bool, typer.Option("--no-tui", help="plain line-by-line chat on stdin/stdout")]
 Url = Annotated[
     str | None,
@@ -78,6 +84,10 @@ def chat(
     system: System = None,
     temperature: Temperature = 0.7,
     max_tokens: MaxTokens = 512,
+    top_p: TopP = 1.0,
+    top_k: TopK = -1,
+    min_p: MinP = 0.0,
+    repetition_penalty: RepetitionPenalty = 1.0,
     no_tui: NoTui = False,
     url: Url = None,
     api_key: ApiKey = None,
@@ -95,9 +105,11 @@ def chat(
         raise typer.BadParameter("--resume reads the database, which --no-save leaves alone", param_hint="--resume")
     if no_save:
         refuse_given(ctx, "names the session database, and --no-save reads and writes none", "db")
+    sampling_flags = ("top_p", "top_k", "min_p", "repetition_penalty")
     if resume is not None:
-        why = "--resume reopens the chat with its own settings: change them in the chat (/system, /temp, /max-tokens)"
-        refuse_given(ctx, why, "system", "temperature", "max_tokens")
+        why = "--resume reopens the chat with its own settings: change them in the chat (/system, /temp, /set, ...)"
+        refuse_given(ctx, why, "system", "temperature", "max_tokens", *sampling_flags)
+    sampling = _sampling(dict(top_p=top_p, top_k=top_k, min_p=min_p, repetition_penalty=repetition_penalty))
     if url is None:  # OPENAI_API_KEY set in the environment is no error: only a flag given here is
         no_url = "and there is no --url (chat runs the local engine)"
         refuse_each(
@@ -140,7 +152,7 @@ def chat(
             backend = _connect(url, api_key, served_model)
             code = run_chat(
                 backend,
-                _fit(session, backend.context_limit, system, temperature, max_tokens),
+                _fit(session, backend.context_limit, system, temperature, max_tokens, sampling),
                 store,
                 inputs,
                 notice,
@@ -157,14 +169,14 @@ def chat(
     # Tensor parallel: only rank 0 chats; the other ranks never return from load_llm (they follow rank 0's steps).
     front = None
     if launcher_rank() == 0:
-        settings = dict(system=system, temperature=temperature, max_tokens=max_tokens, notice=notice)
+        settings = dict(system=system, temperature=temperature, max_tokens=max_tokens, sampling=sampling, notice=notice)
         settings.update(db=str(store.path) if store else None, resume_id=session.id if session else None)
         front = _ChatProcess(config.model, settings, plain)
     try:
         llm = load_llm(config)
         if front is not None:  # the chat's process takes Ctrl-C from here on (run_beside_front_end ignores it too)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-        _fit(session, llm.engine.max_model_len, system, temperature, max_tokens)  # refused before the chat starts
+        _fit(session, llm.engine.max_model_len, system, temperature, max_tokens, sampling)  # refused before the chat
     except BaseException as e:
         if front is not None:
             front.abandon(interrupted=isinstance(e, KeyboardInterrupt))
@@ -178,13 +190,26 @@ def chat(
         raise typer.Exit(code)
 
 
-def _fit(session, limit: int | None, system: str | None, temperature: float, max_tokens: int):
+def _fit(session, limit: int | None, system: str | None, temperature: float, max_tokens: int, sampling: dict):
     from minisgl_cli.tui.session import fit_session
 
     try:
-        return fit_session(session, limit, system, temperature, max_tokens)
+        return fit_session(session, limit, system, temperature, max_tokens, sampling)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--max-tokens") from e
+
+
+def _sampling(flags: dict[str, float | int]) -> dict[str, float | int]:
+    """The sampling flags given, each checked as `/set` checks it (a bad one refused by its flag's name)."""
+    from minisgl_cli.tui.session import ChatSession
+
+    session = ChatSession()
+    for name, value in flags.items():
+        try:
+            session.set_sampling(name, value)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--" + name.replace("_", "-")) from e
+    return session.sampling
 
 
 class _ChatProcess:

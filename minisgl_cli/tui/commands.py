@@ -7,13 +7,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from minisgl_cli.tui.export import FORMATS
-from minisgl_cli.tui.session import ChatSession
+from minisgl_cli.tui.session import SAMPLING_OFF, ChatSession
 
 HELP: list[tuple[str, str]] = [
     ("/reset", "start a new conversation (keeps the system prompt)"),
     ("/system <text>", "set the system prompt (ctrl+j for more lines); /system alone clears it"),
     ("/temp <x>", "sampling temperature, 0 = greedy"),
     ("/max-tokens <n>", "longest answer in tokens"),
+    ("/set <name> <value>", "top_p, top_k, min_p, repetition_penalty, presence_/frequency_penalty, seed; off resets"),
     ("/think on|off", "thinking of reasoning models (chat templates with enable_thinking)"),
     ("/regen", "answer the last message again"),
     ("/edit", "edit the last message and send it again"),
@@ -67,6 +68,8 @@ def run_command(line: str, session: ChatSession, thinking_switch: bool | None = 
         value = _number(name, arg, int, session.max_tokens)
         _apply(session.set_max_tokens, value)
         return CommandResult("info", f"max tokens = {session.max_tokens}")
+    if name == "/set":
+        return _set(arg, session)
     if name == "/think":
         if arg not in ("on", "off"):
             raise CommandError(f"/think takes on or off (got {arg!r})" if arg else "/think needs on or off")
@@ -98,6 +101,31 @@ def run_command(line: str, session: ChatSession, thinking_switch: bool | None = 
     if name == "/help":
         return CommandResult("help")
     raise CommandError(f"unknown command {name!r}; /help lists the commands")
+
+
+def _set(arg: str, session: ChatSession) -> CommandResult:
+    """`/set <name> <value>`: one of the engine's sampling fields, by its API name (top_p, or top-p); `off` (or the
+    field's off value) takes it out of the requests."""
+    field, _, value = arg.partition(" ")
+    field, value = field.replace("-", "_"), value.strip()
+    if field in ("temperature", "max_tokens"):  # their own commands, reachable by their API names too
+        return run_command(f"{'/temp' if field == 'temperature' else '/max-tokens'} {value}", session)
+    if field not in SAMPLING_OFF:
+        names = ", ".join(SAMPLING_OFF)
+        raise CommandError(
+            f"/set takes one of {names} and a value (got {field!r})"
+            if field
+            else f"/set needs one of {names} and a value"
+        )
+    now = session.sampling.get(field, "off")
+    if not value:
+        raise CommandError(f"/set {field} needs a value or off (now {now})")
+    if value == "off":
+        session.set_sampling(field, None)
+    else:
+        kind = int if field in ("top_k", "seed") else float
+        _apply(lambda v: session.set_sampling(field, v), _number(f"/set {field}", value, kind, 0))
+    return CommandResult("info", f"{field} = {session.sampling.get(field, 'off')}")
 
 
 def _number(name: str, arg: str, kind: type, current: float) -> float:

@@ -18,7 +18,10 @@ def to_markdown(s: ChatSession) -> str:
     lines = [
         f"# {s.title or 'Chat'}",
         "",
-        f"Model: {s.model or '-'} · temperature {s.temperature:g} · max tokens {s.max_tokens}",
+        " · ".join(
+            [f"Model: {s.model or '-'}", f"temperature {s.temperature:g}", f"max tokens {s.max_tokens}"]
+            + [f"{name} {value:g}" for name, value in s.sampling.items()]
+        ),
     ]
     if s.system:
         lines += ["", f"**System:** {s.system}"]
@@ -59,6 +62,7 @@ def to_json(s: ChatSession) -> str:
         "system": s.system,
         "temperature": s.temperature,
         "max_tokens": s.max_tokens,
+        **s.sampling,
         "thinking": s.thinking,
         "messages": [message(m) for m in s.history],
     }

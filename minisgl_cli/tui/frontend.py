@@ -33,6 +33,7 @@ class ChatFrontSpec:
     system: str | None
     temperature: float
     max_tokens: int
+    sampling: dict[str, float | int]  # the sampling flags given (ChatSession.sampling)
     db: str | None  # the session store; None: nothing is saved
     resume_id: int | None  # the saved chat to reopen
     notice: str | None  # shown once the chat starts
@@ -77,7 +78,9 @@ def run(spec: ChatFrontSpec) -> int:
             assert store is not None
             resumed, inputs = store.load(spec.resume_id)
         try:  # `minisgl chat` checked --max-tokens against the model's context; a smaller KV pool is known only now
-            session = fit_session(resumed, backend.context_limit, spec.system, spec.temperature, spec.max_tokens)
+            session = fit_session(
+                resumed, backend.context_limit, spec.system, spec.temperature, spec.max_tokens, spec.sampling
+            )
         except ValueError as e:
             print(f"Error: Invalid value for --max-tokens: {e}", file=sys.stderr)
             return 2

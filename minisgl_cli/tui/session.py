@@ -9,6 +9,17 @@ from engine.sampling_params import SamplingParams
 from minisgl_cli.tui.turn import TurnStats
 
 MAX_TEMPERATURE = 2.0
+# The engine's sampling fields a chat may set beyond temperature and max tokens, with the value that means "off" (the
+# API's default, which the chat then leaves out of its requests): `/set <name> <value>`, and flags of `minisgl chat`.
+SAMPLING_OFF: dict[str, float | int | None] = {
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "seed": None,
+}
 
 
 @dataclass(slots=True)
@@ -27,6 +38,7 @@ class ChatSession:
     max_tokens: int = 512
     max_tokens_limit: int | None = None  # the tokens one request may span (the context, or a smaller KV pool's)
     thinking: bool | None = None  # the chat template's enable_thinking; None: the template's default
+    sampling: dict[str, float | int] = field(default_factory=dict)  # the SAMPLING_OFF fields set to something else
     history: list[ChatMessage] = field(default_factory=list)
     id: int | None = None  # row in the session store, once saved
     saved_at: float | None = None  # the row's `updated` as this chat last read or wrote it (store.ChatStore.save)
@@ -36,6 +48,8 @@ class ChatSession:
     def __post_init__(self) -> None:
         self.set_temperature(self.temperature)
         self.set_max_tokens(self.max_tokens)
+        for name, value in list(self.sampling.items()):
+            self.set_sampling(name, value)
 
     def set_temperature(self, value: float) -> None:
         if not (math.isfinite(value) and 0 <= value <= MAX_TEMPERATURE):
@@ -49,13 +63,26 @@ class ChatSession:
             raise ValueError(f"max_tokens must be >= 1{top} (got {value})")
         self.max_tokens = value
 
+    def set_sampling(self, name: str, value: float | int | None) -> None:
+        """One of SAMPLING_OFF's fields; its "off" value (None included, and top_k 0) takes it out. ValueError names a
+        bad name or value (the engine's own check of the field)."""
+        if name not in SAMPLING_OFF:
+            raise ValueError(f"no sampling setting {name!r} (there are: {', '.join(SAMPLING_OFF)})")
+        if value is None or value == SAMPLING_OFF[name] or (name == "top_k" and value == 0):
+            self.sampling.pop(name, None)
+            return
+        if name in ("top_k", "seed") and not (isinstance(value, int) and not isinstance(value, bool)):
+            raise ValueError(f"{name} must be an integer (got {value!r})")
+        SamplingParams(**{name: value})  # type: ignore[arg-type]  # the engine's range check, its message
+        self.sampling[name] = value
+
     def messages(self) -> list[dict[str, str]]:
         """What the next turn sends: the system prompt and the conversation so far (ending with the user's turn)."""
         system = [{"role": "system", "content": self.system}] if self.system else []
         return system + [{"role": m.role, "content": m.content} for m in self.history]
 
     def params(self) -> SamplingParams:
-        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature)
+        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, **self.sampling)  # type: ignore[arg-type]
 
     def add(self, message: ChatMessage) -> None:
         self.history.append(message)
@@ -82,7 +109,12 @@ class ChatSession:
 
 
 def fit_session(
-    resumed: ChatSession | None, limit: int | None, system: str | None, temperature: float, max_tokens: int
+    resumed: ChatSession | None,
+    limit: int | None,
+    system: str | None,
+    temperature: float,
+    max_tokens: int,
+    sampling: dict[str, float | int] | None = None,
 ) -> ChatSession:
     """The chat's session against a model of `limit` tokens of context: `resumed` with its answer length cut to fit,
     or a new one with these settings (ValueError: one of them is out of range)."""
@@ -91,4 +123,10 @@ def fit_session(
         if limit is not None and resumed.max_tokens >= limit:
             resumed.max_tokens = limit - 1
         return resumed
-    return ChatSession(system=system, temperature=temperature, max_tokens=max_tokens, max_tokens_limit=limit)
+    return ChatSession(
+        system=system,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        max_tokens_limit=limit,
+        sampling=dict(sampling or {}),
+    )

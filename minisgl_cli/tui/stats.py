@@ -73,6 +73,10 @@ def settings_rows(session: ChatSession) -> list[tuple[str, str]]:
         ("system prompt", system if len(system) <= 200 else system[:199] + "…"),
         ("temperature", f"{session.temperature:g}"),
         ("max tokens", str(session.max_tokens)),
+        *[
+            (name.replace("_", " "), f"{value:g}" if isinstance(value, float) else str(value))
+            for name, value in session.sampling.items()
+        ],
         ("thinking", thinking),
     ]
 

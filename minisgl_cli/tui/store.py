@@ -16,7 +16,7 @@ from engine.cache_paths import xdg_home
 from minisgl_cli.tui.session import ChatMessage, ChatSession
 from minisgl_cli.tui.turn import TurnStats
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
     id INTEGER PRIMARY KEY,
@@ -27,7 +27,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     max_tokens INTEGER NOT NULL,
     thinking INTEGER,
     created REAL NOT NULL,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    sampling TEXT NOT NULL DEFAULT '{}'
 );
 CREATE TABLE IF NOT EXISTS messages (
     session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
@@ -55,6 +56,10 @@ CREATE TABLE IF NOT EXISTS inputs (
     PRIMARY KEY (session_id, seq)
 );
 """
+# From each older schema to the next one, in order (a database of schema 1 runs MIGRATIONS[0], then the rest).
+MIGRATIONS = [
+    "ALTER TABLE sessions ADD COLUMN sampling TEXT NOT NULL DEFAULT '{}';",  # 1 -> 2: the chat's /set fields (JSON)
+]
 
 
 class StoreError(Exception):
@@ -98,8 +103,21 @@ class ChatStore:
             version = self.db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise StoreError(f"{self.path} was written by a newer minisgl (schema {version}); not touching it")
-            if version < SCHEMA_VERSION:
-                self.db.executescript(SCHEMA + f"PRAGMA user_version = {SCHEMA_VERSION};")
+            if version < SCHEMA_VERSION:  # in one transaction: a migration cut short leaves the file as it was
+                self.db.execute("BEGIN IMMEDIATE")
+                try:
+                    version = self.db.execute("PRAGMA user_version").fetchone()[0]  # another chat's may be done
+                    if version < SCHEMA_VERSION:
+                        steps = SCHEMA if version == 0 else "".join(MIGRATIONS[version - 1 :])
+                        # one statement at a time: executescript would commit the transaction first
+                        for statement in f"{steps} PRAGMA user_version = {SCHEMA_VERSION};".split(";"):
+                            if statement.strip():
+                                self.db.execute(statement)
+                    self.db.execute("COMMIT")
+                except BaseException:
+                    if self.db.in_transaction:
+                        self.db.execute("ROLLBACK")
+                    raise
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
@@ -118,7 +136,8 @@ class ChatStore:
         chat last read or wrote it, the session is saved as a new chat instead of over the other's messages (or
         into a row that is gone), and the returned notice says so; None otherwise."""
         now = time.time()
-        row = (s.title or "untitled", s.model, s.system, s.temperature, s.max_tokens, s.thinking, now)
+        sampling = json.dumps(s.sampling)
+        row = (s.title or "untitled", s.model, s.system, s.temperature, s.max_tokens, s.thinking, sampling, now)
         notice: str | None = None
         with self._errors("save to"):
             self.db.execute("BEGIN IMMEDIATE")
@@ -132,15 +151,15 @@ class ChatStore:
                         id = None
                 if id is None:
                     cur = self.db.execute(
-                        "INSERT INTO sessions (title, model, system, temperature, max_tokens, thinking, updated,"
-                        " created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        "INSERT INTO sessions (title, model, system, temperature, max_tokens, thinking, sampling,"
+                        " updated, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (*row, now),
                     )
                     id = cur.lastrowid
                 else:
                     self.db.execute(
                         "UPDATE sessions SET title=?, model=?, system=?, temperature=?, max_tokens=?, thinking=?,"
-                        " updated=? WHERE id=?",
+                        " sampling=?, updated=? WHERE id=?",
                         (*row, id),
                     )
                 self.db.executemany(
@@ -185,7 +204,8 @@ class ChatStore:
         of the model it goes on with (a saved max_tokens at or above it is cut below it)."""
         with self._errors("read"):
             row = self.db.execute(
-                "SELECT title, model, system, temperature, max_tokens, thinking, updated FROM sessions WHERE id=?",
+                "SELECT title, model, system, temperature, max_tokens, thinking, sampling, updated FROM sessions"
+                " WHERE id=?",
                 (id,),
             ).fetchone()
             if row is None:
@@ -196,15 +216,23 @@ class ChatStore:
                 (id,),
             ).fetchall()
             inputs = [r[0] for r in self.db.execute("SELECT line FROM inputs WHERE session_id=? ORDER BY seq", (id,))]
-        title, model, system, temperature, max_tokens, thinking, updated = row
+        title, model, system, temperature, max_tokens, thinking, sampling, updated = row
         if max_tokens_limit is not None:
             max_tokens = min(max_tokens, max_tokens_limit - 1)
+        try:
+            settings = json.loads(sampling)
+            if not isinstance(settings, dict):
+                raise ValueError(f"not a JSON object: {sampling!r}")
+            ChatSession(sampling=settings)  # each name and value checked as /set checks them
+        except ValueError as e:
+            raise StoreError(f"cannot read chat {id} of {self.path}: its sampling settings: {e}") from None
         s = ChatSession(
             system=system,
             temperature=temperature,
             max_tokens=max_tokens,
             max_tokens_limit=max_tokens_limit,
             thinking=None if thinking is None else bool(thinking),
+            sampling=settings,
             id=id,
             title=title,
             model=model,

@@ -1,0 +1,164 @@
+"""The chat's sampling settings beyond temperature and max tokens (top_p, top_k, min_p, repetition_penalty, the
+penalties, seed): `/set`, `minisgl chat --top-p ...`, what /stats and the exports show, the session store (and its
+upgrade of older databases), and what the engine samples with: the in-process engine's tokens against LLM.generate's
+for the same prompt and settings, and a real `serve` behind `chat --url`."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sqlite3
+import subprocess
+
+import pytest
+
+from engine.sampling_params import SamplingParams
+from minisgl_cli.tui.commands import CommandError, run_command
+from minisgl_cli.tui.export import to_json, to_markdown
+from minisgl_cli.tui.plain import run_plain
+from minisgl_cli.tui.session import ChatMessage, ChatSession
+from minisgl_cli.tui.stats import settings_rows
+from minisgl_cli.tui.store import SCHEMA, ChatStore, StoreError
+from tests.chat_pilot import LocalEngine
+from tests.conftest import make_llm
+from tests.test_chat_plain import MINISGL, TINY
+
+
+def test_set_command_changes_what_the_next_turn_samples_with():
+    s = ChatSession()
+    assert run_command("/set top-p 0.9", s).message == "top_p = 0.9"  # the flag's spelling too
+    assert run_command("/set top_k 40", s).message == "top_k = 40"
+    assert run_command("/set repetition_penalty 1.15", s).message == "repetition_penalty = 1.15"
+    assert run_command("/set seed 7", s).message == "seed = 7"
+    run_command("/set temperature 0.3", s)
+    p = s.params()
+    assert (p.top_p, p.top_k, p.repetition_penalty, p.seed, p.temperature) == (0.9, 40, 1.15, 7, 0.3)
+    assert p.min_p == 0.0 and p.presence_penalty == 0.0  # untouched: the API's defaults
+    # off, or the field's own "off" value, takes a setting out of the requests
+    assert run_command("/set seed off", s).message == "seed = off" and s.params().seed is None
+    run_command("/set top_k 0", s)
+    assert "top_k" not in s.sampling and s.params().top_k == -1
+    refused = {
+        "/set": "needs one of top_p",
+        "/set top_q 1": "got 'top_q'",
+        "/set top_p": "needs a value or off (now 0.9)",
+        "/set top_p 0": "top_p must be in (0, 1]",
+        "/set top_p nan": "top_p must be a finite number",
+        "/set top_k 1.5": "'1.5' is not an integer",
+        "/set min_p 2": "min_p must be in [0, 1]",
+        "/set presence_penalty 3": "presence_penalty must be in [-2, 2]",
+        "/set seed x": "'x' is not an integer",
+    }
+    for line, says in refused.items():
+        with pytest.raises(CommandError, match=re.escape(says)):
+            run_command(line, s)
+    assert s.sampling == {"top_p": 0.9, "repetition_penalty": 1.15}  # a refused /set changed nothing
+    rows = dict(settings_rows(s))
+    assert rows["top p"] == "0.9" and rows["repetition penalty"] == "1.15" and "top k" not in rows
+    s.add(ChatMessage("user", "hi"))
+    assert "temperature 0.3 · max tokens 512 · top_p 0.9 · repetition_penalty 1.15" in to_markdown(s)
+    doc = json.loads(to_json(s))
+    assert doc["top_p"] == 0.9 and doc["repetition_penalty"] == 1.15 and "top_k" not in doc
+
+
+def test_the_store_keeps_the_settings_and_upgrades_an_older_database(tmp_path):
+    db = tmp_path / "chat.db"
+    old = sqlite3.connect(db, isolation_level=None)  # a database of the first schema, as earlier minisgl wrote it
+    old.executescript(SCHEMA.replace(",\n    sampling TEXT NOT NULL DEFAULT '{}'", "") + "PRAGMA user_version = 1;")
+    old.execute(
+        "INSERT INTO sessions (title, model, system, temperature, max_tokens, thinking, created, updated)"
+        " VALUES ('old chat', 'm', NULL, 0.5, 100, NULL, 1, 1)"
+    )
+    old.close()
+    store = ChatStore(db)
+    s, _ = store.load(1)
+    assert (s.title, s.temperature, s.sampling) == ("old chat", 0.5, {})
+    s.set_sampling("min_p", 0.05)
+    s.set_sampling("seed", 3)
+    store.save(s, [])
+    store.close()
+    again, _ = ChatStore(db).load(1)
+    assert again.sampling == {"min_p": 0.05, "seed": 3} and again.params().seed == 3
+    fresh = ChatStore(tmp_path / "new.db")  # a new chat's first save
+    new = ChatSession(sampling={"top_k": 20})
+    new.add(ChatMessage("user", "hi"))
+    fresh.save(new, ["hi"])
+    assert fresh.load(new.id or 0)[0].sampling == {"top_k": 20}
+    broken = sqlite3.connect(db, isolation_level=None)
+    broken.execute("""UPDATE sessions SET sampling='{"top_p": 5}'""")
+    broken.close()
+    with pytest.raises(StoreError, match=re.escape("chat 1 of") + ".*top_p must be in"):
+        ChatStore(db).load(1)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    llm = make_llm("dummy:tiny-llama", num_pages=128)
+    engine = LocalEngine(llm)
+    yield llm, engine
+    engine.shutdown()
+
+
+def _answer(engine: LocalEngine, session: ChatSession, text: str) -> str:
+    run_plain(engine.backend(), session, None, None, io.StringIO(text + "\n"), io.StringIO(), io.StringIO())
+    return session.history[-1].content
+
+
+def test_the_local_chat_samples_with_its_settings(tiny):
+    """The chat's answer is the engine's for the same prompt and settings (LLM.generate), and each setting changes
+    it (the tiny model's greedy answer repeats itself within 64 tokens: the penalty bites there)."""
+    llm, engine = tiny
+    prompt = llm.tokenizer.encode_chat([{"role": "user", "content": "hello"}])
+
+    def generate(**fields) -> str:  # on the engine loop's thread, between its steps
+        return engine.call(lambda llm: llm.generate([prompt], SamplingParams(max_tokens=64, **fields))[0].text)
+
+    def answer(temperature: float, **sampling) -> str:
+        return _answer(engine, ChatSession(temperature=temperature, max_tokens=64, sampling=sampling), "hello")
+
+    assert answer(0) == generate(temperature=0)
+    assert answer(0, repetition_penalty=1.8) == generate(temperature=0, repetition_penalty=1.8) != answer(0)
+    seeded = answer(1.0, seed=11)
+    assert seeded == answer(1.0, seed=11) == generate(temperature=1.0, seed=11) != answer(1.0)
+    assert answer(1.0, seed=11, top_k=2) == generate(temperature=1.0, seed=11, top_k=2) != seeded
+    assert answer(1.0, seed=11, min_p=0.5) == generate(temperature=1.0, seed=11, min_p=0.5) != seeded
+
+
+def test_chat_flags_reach_a_server_and_bad_ones_are_refused(tmp_path):
+    """`chat --url` sends the settings a chat sets (and only those) to a real `serve`: a seeded answer comes back the
+    same twice, unlike an unseeded one, and a penalty changes a greedy answer as it does in-process."""
+    from tests.conftest import serve_subprocess
+
+    with serve_subprocess(tmp_path, "--num-pages", "256") as (url, _):
+        base = [MINISGL, "chat", "--no-tui", "--url", url, "--max-tokens", "64"]
+
+        def answers(*flags: str, stdin: str) -> list[str]:
+            """The answers of one chat session, each ended by /reset, as saved."""
+            db = tmp_path / f"chat-{len(list(tmp_path.glob('chat-*.db')))}.db"
+            p = subprocess.run(
+                [*base, "--db", str(db), *flags], input=stdin, capture_output=True, text=True, timeout=120
+            )
+            assert p.returncode == 0, p.stderr
+            store = ChatStore(db)
+            return [store.load(c.id)[0].history[1].content for c in reversed(store.sessions())]
+
+        free, seeded, again = answers("--temperature", "1", stdin="hi\n/set seed 5\n/reset\nhi\n/reset\nhi\n")
+        assert seeded == again != free
+        greedy, penalized = answers("--temperature", "0", stdin="hi\n/set repetition_penalty 1.8\n/reset\nhi\n")
+        assert penalized != greedy
+        assert answers("--temperature", "0", "--repetition-penalty", "1.8", stdin="hi\n") == [penalized]
+        assert answers("--temperature", "1", "--top-k", "2", "--min-p", "0.1", "--top-p", "0.9", stdin="hi\n")
+    for flags, says in [
+        (["--top-p", "0"], "Invalid value for --top-p: top_p must be in (0, 1]"),
+        (["--top-k", "-5"], "Invalid value for --top-k: top_k must be -1 (off)"),
+        (["--repetition-penalty", "0"], "Invalid value for --repetition-penalty: repetition_penalty must be"),
+    ]:
+        p = subprocess.run(
+            [MINISGL, "chat", "--no-tui", *TINY, "--no-save", *flags],
+            input="",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 2 and says in " ".join(p.stderr.split()), p.stderr
