@@ -16,6 +16,7 @@ from engine.metrics import EngineMetrics
 from engine.request import Req
 from engine.sampling_params import SamplingParams
 from engine.text import Prefix, Prompt, RequestOutput, TextState, encode_prompt
+from engine.tokenizer import sampling_defaults
 
 __all__ = ["LLM", "Prompt", "RequestOutput"]
 
@@ -39,8 +40,19 @@ class LLM:
         # saw the outputs of the steps it ran itself, and waited forever for one another call's step had taken.
         self._lock = threading.RLock()  # held for each step, add and abort
         self._inbox: dict[str, list[RequestOutput]] = {}  # rid -> the owning call's inbox
+        self._defaults: dict[str, Any] | None = None  # read at the first call without params, as vLLM's LLM does
 
     # ---- requests -------------------------------------------------------------------------------------
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a request given no SamplingParams runs with: the API's defaults, but the sampling fields of the
+        model's generation_config.json (an HF directory's) take its values, as in vLLM's LLM and `minisgl serve`.
+        Without this a model's recommended temperature / top_p / top_k were ignored: sampled at temperature 1.
+        Read at the first call, not at the start: front ends that always pass params (serve's --generation-config
+        none, chat, bench-offline) must not fail on a file they never use."""
+        if self._defaults is None:
+            self._defaults = sampling_defaults(self.config.model)
+        return SamplingParams(**self._defaults)
+
     def encode(self, prompt: Prompt) -> list[int]:
         return encode_prompt(self.tokenizer, prompt)
 
@@ -51,7 +63,7 @@ class LLM:
         self, prompt: Prompt, params: SamplingParams | None, rid: str | None, box: list[RequestOutput] | None
     ) -> str:
         """add_request; with `box`, its outputs go there from the first step on, whoever runs it."""
-        params = params or SamplingParams()
+        params = params or self.get_default_sampling_params()
         ids = self.encode(prompt)
         with self._lock:
             req = self.engine.add_request(ids, params, rid)
@@ -154,7 +166,7 @@ class LLM:
         # a string, token ids or one conversation: a batch of one
         batch = [cast(Prompt, prompts)] if _one_prompt(prompts) else cast(Sequence[Prompt], prompts)
         if params is None or isinstance(params, SamplingParams):
-            plist = [params or SamplingParams()] * len(batch)
+            plist = [params or self.get_default_sampling_params()] * len(batch)
         else:  # any sequence, not only a list or tuple
             plist = list(params)
         if len(plist) != len(batch):

@@ -591,3 +591,28 @@ def test_editing_sampling_params_after_submission_changes_no_submitted_request(f
     assert outs[-1].finished and outs[-1].finish_reason == "length"
     assert list(outs[-1].token_ids) == reference
     assert_idle(llm, 64)
+
+
+def test_a_request_without_sampling_params_takes_the_models_generation_config(tmp_path):
+    """vLLM's LLM.generate(prompts) without sampling params samples with the sampling fields of the model's
+    generation_config.json (as `minisgl serve` does); here they were ignored: a model whose file says temperature 0
+    sampled at temperature 1. Explicit SamplingParams keep their own values, as in vLLM."""
+    import json
+
+    from engine.model_config import PRESETS
+    from tests.hf_reference import hf_model_from_config, save_hf
+
+    d = save_hf(hf_model_from_config(PRESETS["tiny-llama"], seed=7), tmp_path / "m")
+    gen = d / "generation_config.json"
+    saved = json.loads(gen.read_text()) if gen.exists() else {}
+    gen.write_text(json.dumps({**saved, "temperature": 0.0, "top_k": 5}))
+    llm = make_llm(str(d), num_pages=64, radix_cache=False)
+    prompt = [5, 6, 7, 8]
+    greedy = llm.generate(prompt, SamplingParams(temperature=0))[0].token_ids
+    assert llm.generate(prompt)[0].token_ids == greedy
+    defaults = llm.get_default_sampling_params()  # vLLM's name
+    assert (defaults.temperature, defaults.top_k, defaults.max_tokens) == (0.0, 5, SamplingParams().max_tokens)
+    assert list(llm.stream(prompt))[-1].token_ids == greedy
+    hot = [llm.generate(prompt, SamplingParams(seed=s))[0].token_ids for s in range(3)]
+    assert any(h != greedy for h in hot)  # SamplingParams() given: the API's temperature 1
+    assert_idle(llm, 64)
