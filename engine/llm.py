@@ -29,7 +29,15 @@ SNAPSHOT_VIEWS = True
 
 
 class LLM:
-    def __init__(self, config: EngineConfig | None = None, progress: Progress | None = None, **overrides: Any):
+    def __init__(
+        self, config: EngineConfig | str | None = None, progress: Progress | None = None, **overrides: Any
+    ) -> None:
+        if isinstance(config, str):  # vLLM's LLM("org/model"): a bare TypeError from dataclasses.replace before
+            if "model" in overrides:
+                raise TypeError("LLM() got the model twice: as its first argument and as model=")
+            config, overrides = None, {"model": config, **overrides}
+        if config is not None and not isinstance(config, EngineConfig):
+            raise TypeError(f"LLM() takes an EngineConfig or a model name first (got {type(config).__name__})")
         # beside a config, the keywords change it (they were dropped without a word: num_pages=8 ran with the config's)
         self.config = EngineConfig(**overrides) if config is None else dataclasses.replace(config, **overrides)
         self.engine = Engine(self.config, progress)

@@ -616,3 +616,20 @@ def test_a_request_without_sampling_params_takes_the_models_generation_config(tm
     hot = [llm.generate(prompt, SamplingParams(seed=s))[0].token_ids for s in range(3)]
     assert any(h != greedy for h in hot)  # SamplingParams() given: the API's temperature 1
     assert_idle(llm, 64)
+
+
+def test_the_model_as_llms_first_argument_as_in_vllm():
+    """vLLM's LLM("org/model") (its first parameter is the model) failed with a bare TypeError from
+    dataclasses.replace: "replace() should be called on dataclass instances"."""
+    from engine.llm import LLM
+
+    llm = LLM("dummy:tiny-llama", device="cpu", num_pages=8)
+    try:
+        assert (llm.config.model, llm.config.num_pages) == ("dummy:tiny-llama", 8)
+        assert len(llm.generate([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))[0].token_ids) == 2
+    finally:
+        llm.shutdown()
+    with pytest.raises(TypeError, match="got the model twice"):
+        LLM("dummy:tiny-llama", model="dummy:tiny-qwen3")
+    with pytest.raises(TypeError, match="takes an EngineConfig or a model name first .got dict"):
+        LLM({"model": "dummy:tiny-llama"})
