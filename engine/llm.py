@@ -16,7 +16,7 @@ from engine.metrics import EngineMetrics
 from engine.request import Req
 from engine.sampling_params import SamplingParams
 from engine.text import Prefix, Prompt, RequestOutput, TextState, encode_prompt
-from engine.tokenizer import sampling_defaults
+from engine.tokenizer import Message, sampling_defaults
 
 __all__ = ["LLM", "Prompt", "RequestOutput"]
 
@@ -209,6 +209,19 @@ class LLM:
                     self._inbox.pop(rid, None)
             self._drain(rids)  # a stop string ended some: their pages go back now
         return [final[r] for r in rids]
+
+    def chat(
+        self,
+        messages: list[Message] | Sequence[list[Message]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """vLLM's LLM.chat: one conversation or a list of them, laid out by the model's chat template with the
+        assistant's turn opened; generate() with the conversations, plus the template's own variables (Qwen3's
+        enable_thinking=False), which generate() has no way to pass."""
+        convs = [messages] if _one_prompt(messages) else messages
+        kw = chat_template_kwargs or {}
+        return self.generate([self.tokenizer.encode_chat(cast(list[Message], c), **kw) for c in convs], params)
 
     def _withdraw(self, rids: list[str]) -> None:
         for rid in rids:

@@ -633,3 +633,23 @@ def test_the_model_as_llms_first_argument_as_in_vllm():
         LLM("dummy:tiny-llama", model="dummy:tiny-qwen3")
     with pytest.raises(TypeError, match="takes an EngineConfig or a model name first .got dict"):
         LLM({"model": "dummy:tiny-llama"})
+
+
+def test_chat_as_in_vllm(smollm, monkeypatch):
+    """vLLM's llm.chat(messages, params) was an AttributeError, and the Python API had no way to pass a chat
+    template's variables (Qwen3's enable_thinking=False, vLLM's chat_template_kwargs)."""
+    greedy = SamplingParams(max_tokens=4, temperature=0)
+    hi, sky = [{"role": "user", "content": "Hi!"}], [{"role": "user", "content": "Why is the sky blue?"}]
+    ref = smollm.generate([hi, sky], greedy)
+    one = smollm.chat(hi, greedy)
+    assert len(one) == 1 and one[0].token_ids == ref[0].token_ids
+    assert [o.token_ids for o in smollm.chat([hi, sky], greedy)] == [o.token_ids for o in ref]
+    qwen3_like = smollm.tokenizer.hf.chat_template + (
+        "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    )
+    monkeypatch.setattr(smollm.tokenizer.hf, "chat_template", qwen3_like)
+    off = smollm.chat(hi, greedy, chat_template_kwargs={"enable_thinking": False})[0]
+    assert smollm.tokenizer.decode(off.prompt_token_ids, skip_special_tokens=False).endswith("</think>\n\n")
+    assert smollm.chat(hi, greedy)[0].prompt_token_ids == ref[0].prompt_token_ids
+    with pytest.raises(ValueError, match="each message needs a role"):
+        smollm.chat(["Hi!"], greedy)
