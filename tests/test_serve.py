@@ -837,3 +837,49 @@ def test_cli_serve_rejects_bad_flags():
         timeout=60,
     )
     assert r.returncode == 2 and "--port" in r.stderr
+
+
+# A template that renders an assistant turn's thinking, as Qwen3's does in a tool-calling turn (read from
+# `reasoning_content`, the name vLLM's chat layer gives `reasoning` too)
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'assistant' and m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n</think>\n\n{% endif %}"
+    "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_an_assistant_turns_reasoning_reaches_the_template_as_in_vllm(smol, monkeypatch):
+    """vLLM passes an assistant message's `reasoning` to the chat template (as `reasoning` and `reasoning_content`),
+    and templates such as Qwen3's render it: here it was dropped without a word, so the same conversation made another
+    prompt. SGLang's (and vLLM's older) `reasoning_content` is taken too; on another role, or both names disagreeing,
+    it is refused by name."""
+    server, _ = smol
+    monkeypatch.setattr(server.llm.tokenizer.hf, "chat_template", THINKING_TEMPLATE)
+
+    def conv(**thinking) -> list[dict]:
+        turn = {"role": "assistant", "content": "It is 4.", **thinking}
+        return [{"role": "user", "content": "2+2?"}, turn, {"role": "user", "content": "And 3+3?"}]
+
+    def tokenize(messages: list[dict]) -> httpx.Response:
+        return httpx.post(server.url + "/tokenize", json={"messages": messages})
+
+    plain = tokenize(conv()).json()["tokens"]
+    reference = server.llm.encode(conv(reasoning_content="Two and two make four."))
+    assert reference != plain  # the template renders it
+    for name in ("reasoning", "reasoning_content"):
+        assert tokenize(conv(**{name: "Two and two make four."})).json()["tokens"] == reference, name
+    same = {"reasoning": "Two and two make four.", "reasoning_content": "Two and two make four."}
+    assert tokenize(conv(**same)).json()["tokens"] == reference
+    client = server.openai()
+    answer = client.chat.completions.create(
+        model=server.model, messages=conv(reasoning="Two and two make four."), max_tokens=3, temperature=0
+    )
+    assert answer.usage.prompt_tokens == len(reference)
+    for bad, says in [
+        (conv(reasoning="a", reasoning_content="b"), "messages[1]: reasoning and reasoning_content differ"),
+        ([{"role": "user", "content": "hi", "reasoning": "x"}], "messages[0].reasoning: only an assistant message"),
+    ]:
+        r = tokenize(bad)
+        assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+        r = httpx.post(server.url + "/v1/chat/completions", json={"messages": bad, "max_tokens": 1})
+        assert r.status_code == 400 and says in r.json()["error"]["message"], r.text

@@ -212,6 +212,10 @@ class ChatMessage(_Body):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None  # passed to the chat template, which renders it or not (as vLLM)
+    # an assistant turn's thinking, sent back for templates that render it (Qwen3's, in a tool-calling turn): vLLM's
+    # `reasoning`, and SGLang's (and vLLM's older) `reasoning_content`, reach the template under both names
+    reasoning: str | None = None
+    reasoning_content: str | None = None
     # an assistant's calls of tools: refused, as tools are (left out, the turn would read as an empty message)
     tool_calls: Any = None
     function_call: Any = None
@@ -289,8 +293,25 @@ def conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
         message = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
         if m.name is not None:
             message["name"] = m.name
+        reasoning = _reasoning(m, i)
+        if reasoning is not None:
+            message["reasoning"] = message["reasoning_content"] = reasoning
         out.append(message)
     return out
+
+
+def _reasoning(m: ChatMessage, i: int) -> str | None:
+    """messages[i]'s thinking for the template: an assistant's, under either name (given both, they must agree)."""
+    given = {k: v for k, v in (("reasoning", m.reasoning), ("reasoning_content", m.reasoning_content)) if v is not None}
+    if not given:
+        return None
+    name = next(iter(given))
+    if m.role != "assistant":
+        raise APIError(400, f"messages[{i}].{name}: only an assistant message carries reasoning", param="messages")
+    if len(set(given.values())) > 1:
+        why = f"messages[{i}]: reasoning and reasoning_content differ (send one of them)"
+        raise APIError(400, why, param="messages")
+    return given[name]
 
 
 class TokenizeRequest(_Body):
