@@ -96,6 +96,32 @@ def test_a_piped_chat_exits_1_after_a_failed_turn_and_0_at_a_terminal():
         engine.shutdown()
 
 
+def test_a_message_of_several_lines_between_triple_quotes_as_in_ollama():
+    """Piped or typed, each line was a message of its own: a prompt of several lines (code, a pasted text) went out as
+    several turns. Between \"\"\" marks (ollama's prompt syntax) it is one message, its lines and blank lines kept;
+    a block starting with "/" is a message, but /system takes the block's lines as its prompt, as in the TUI."""
+    llm = make_llm("dummy:tiny-llama", num_pages=128)
+    engine = LocalEngine(llm)
+    try:
+        session = ChatSession(max_tokens=2, max_tokens_limit=llm.engine.max_model_len)
+        typed = '"""\ndef f(x):\n\n    return x\n"""\n"""/not a command\nsecond line"""\n"""one line"""\n'
+        typed += '"""/system be brief\nand polite"""\nlast\n"""unclosed\nat the end\n'
+        err = io.StringIO()
+        assert run_plain(engine.backend(), session, None, None, io.StringIO(typed), io.StringIO(), err) == 0
+        users = [m.content for m in session.history if m.role == "user"]
+        assert users == [
+            "def f(x):\n\n    return x",
+            "/not a command\nsecond line",
+            "one line",
+            "last",
+            "unclosed\nat the end",
+        ], err.getvalue()
+        assert session.system == "be brief\nand polite"
+        assert session.messages()[0] == {"role": "system", "content": "be brief\nand polite"}
+    finally:
+        engine.shutdown()
+
+
 def test_plain_mode_is_automatic_when_not_a_terminal():
     # an OPENAI_API_KEY set for every shell is no --api-key given without --url (refused below): the chat runs
     p = chat(*TINY, "--max-tokens", "4", stdin="hi\n", OPENAI_API_KEY="sk-global")

@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TextIO
 
 from minisgl_cli.tui.backend import Answer, BackendError, ChatBackend
-from minisgl_cli.tui.commands import HELP, CommandError, is_command, run_command
+from minisgl_cli.tui.commands import HELP, CommandError, is_command, run_command, takes_lines
 from minisgl_cli.tui.export import export
 from minisgl_cli.tui.session import ChatMessage, ChatSession
 from minisgl_cli.tui.stats import Load, load_rows, ms, settings_rows, turn_rows
@@ -62,6 +62,11 @@ def run_plain(
     inputs = list(inputs or [])
     turn = TurnStats()
     ended_by, restore_signals = _end_on_signals()
+
+    def more() -> None:  # the prompt inside a message of several lines
+        stderr.write("... ")
+        stderr.flush()
+
     try:
         while not ended_by:
             if interactive:  # on stderr: `chat --no-tui > answers.txt` keeps the answers alone
@@ -73,10 +78,13 @@ def run_plain(
                     stderr.write("\n")
                 break
             line = line.strip()
-            if not line:
+            block = line.startswith(BLOCK)
+            if block:
+                line = _read_block(line, stdin, more if interactive else None)
+            if not line.strip():
                 continue
             inputs.append(line)
-            if is_command(line):
+            if is_command(line) and (not block or takes_lines(line)):
                 refused_commands += not _command(line, loop, backend, session, turn, stderr)
                 if session.id is None and not session.history:  # /reset: a new session, its own input history
                     inputs[:] = [line]
@@ -121,6 +129,31 @@ def run_plain(
     ]
     print(f"minisgl chat: {' and '.join(what)} (exit status 1)", file=stderr)
     return 1
+
+
+BLOCK = '"""'  # ollama's multi-line input
+
+
+def _read_block(first: str, stdin: TextIO, prompt: Callable[[], object] | None) -> str:
+    """A message of several lines, as ollama's prompt takes it: from a line starting with \"\"\" to the line ending
+    with \"\"\" (or the end of input), those marks left out; one line per input line otherwise. Text of several
+    lines that starts with "/" is a message, except /system (as in the TUI); `prompt` shows a continuation prompt."""
+    rest = first[len(BLOCK) :]
+    if rest.endswith(BLOCK):  # all on one line
+        return rest[: -len(BLOCK)]
+    lines = [rest] if rest else []
+    while True:
+        if prompt is not None:
+            prompt()
+        line = stdin.readline()
+        if not line:
+            break
+        line = line.rstrip("\n")
+        if line.rstrip().endswith(BLOCK):
+            lines.append(line.rstrip()[: -len(BLOCK)])
+            break
+        lines.append(line)
+    return "\n".join(lines).strip("\n")
 
 
 def _end_on_signals() -> tuple[list[int], Callable[[], None]]:
@@ -262,6 +295,7 @@ def _command(
     elif result.action == "help":
         tui_only = {"/regen", "/edit", "/copy", "/sessions"}
         rows = [(k, f"{v} (TUI only)" if k.split()[0] in tui_only else v) for k, v in HELP]
+        rows += [(BLOCK, f"a message of several lines: from a line starting with {BLOCK} to one ending with it")]
         rows += [("Ctrl-C", "stop the answer"), ("Ctrl-D", "quit")]
     elif result.action == "export":
         try:
