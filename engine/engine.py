@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import random
 import resource
 import time
 import traceback
@@ -59,6 +60,9 @@ class Engine:
         if self.device.type == "cuda" and TP.size > 1:
             self.device = torch.device("cuda", torch.cuda.current_device())
         torch.manual_seed(config.seed)
+        # the noise keys of unseeded requests (the GPU sampler's): as torch's generator on a CPU, from --seed, so a run
+        # of unseeded requests repeats in a new process (they were Python's unseeded random: every run differed)
+        self._noise_keys = random.Random(config.seed)
         if self.device.type == "cuda":
             # An engine dropped without shutdown() in a reference cycle holds its KV pool until a collection. Collected
             # only at the budget, after this engine's load, half of it stayed reserved by torch's allocator through
@@ -184,7 +188,8 @@ class Engine:
         rid = rid or self.new_rid()
         if rid in self.reqs:
             raise ValueError(f"request id {rid!r} is already in use")
-        req = Req(rid, list(prompt_ids), params, eos_ids if eos_ids is not None else self.loaded.tokenizer.eos_ids)
+        eos = eos_ids if eos_ids is not None else self.loaded.tokenizer.eos_ids
+        req = Req(rid, list(prompt_ids), params, eos, noise_key=self._noise_keys.getrandbits(64))
         self.reqs[rid] = req
         self._commands.append(("add", rid, req.prompt_ids, params, req.eos_ids))
         return req

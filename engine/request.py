@@ -51,7 +51,9 @@ class Req:
     slot: int = -1  # row in the runner's per-request device tables
     num_preemptions: int = 0
     rng: torch.Generator | None = None  # per-request generator when params.seed is set (CPU sampling)
-    noise_key: int = -1  # 64 bits keying the request's noise: a hash of params.seed, else random (__post_init__)
+    # 64 bits keying the request's noise: a hash of params.seed, else the engine's draw (from its --seed, so an
+    # unseeded run repeats as a whole), else random (__post_init__)
+    noise_key: int = -1
     cache_hit_tokens: int = 0  # prompt tokens served from the radix cache at first admission
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token, if params.logprobs is set
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt tokens 1.. (params.prompt_logprobs)
@@ -62,7 +64,10 @@ class Req:
 
     def __post_init__(self) -> None:
         seed = self.params.seed
-        self.noise_key = random.getrandbits(64) if seed is None else seed_key(seed)
+        if seed is not None:
+            self.noise_key = seed_key(seed)
+        elif self.noise_key == -1:
+            self.noise_key = random.getrandbits(64)
 
     @property
     def all_ids(self) -> list[int]:

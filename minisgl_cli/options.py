@@ -119,7 +119,9 @@ PiecewiseTokens = Annotated[
 ]
 NoOverlap = Annotated[bool, typer.Option("--no-overlap", help="disable overlap scheduling")]
 Tp = Annotated[int, typer.Option(help="tensor-parallel size (launch with torchrun --nproc-per-node N)", min=1)]
-Seed = Annotated[int, typer.Option(help="engine random seed")]
+Seed = Annotated[
+    int, typer.Option(help="engine random seed: requests without a seed of their own draw from it, so a run repeats")
+]
 
 
 # The engine flags, in the order --help lists them after a command's own, with their defaults: EngineConfig's own, and

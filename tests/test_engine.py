@@ -577,3 +577,22 @@ def test_a_stream_whose_consumer_loop_has_closed_takes_outputs_quietly():
     stream = RequestStream("r", [1], loop)
     loop.close()
     stream.put(END)  # no RuntimeError
+
+
+def test_unseeded_requests_draw_their_noise_keys_from_the_engine_seed():
+    """The GPU sampler keys an unseeded request's noise on a random 64-bit number, which came from Python's unseeded
+    `random`: two runs of the same unseeded requests on a GPU differed even with the same --seed (on a CPU they come
+    from torch's generator, which --seed seeds). The keys now follow the engine's seed."""
+    from engine.request import seed_key
+
+    def keys(seed: int) -> list[int]:
+        llm = make_llm(seed=seed, num_pages=32)
+        reqs = [llm.engine.add_request([1, 2, 3], SamplingParams(max_tokens=1)) for _ in range(3)]
+        reqs.append(llm.engine.add_request([1, 2, 3], SamplingParams(max_tokens=1, seed=7)))
+        llm.shutdown()
+        return [r.noise_key for r in reqs]
+
+    first = keys(5)
+    assert keys(5) == first and len(set(first[:3])) == 3
+    assert keys(6)[:3] != first[:3]
+    assert first[3] == seed_key(7)  # a request's own seed keys its noise as before

@@ -687,6 +687,23 @@ def test_seeded_sampling_same_with_graphs_and_overlap():
     assert a == b
 
 
+def test_unseeded_sampling_repeats_with_the_engine_seed():
+    """Unseeded requests' noise keys came from Python's unseeded `random`: the same run in a new engine, same --seed,
+    drew other tokens. They now come from the engine's seed; another seed draws others."""
+    prompts = _prompts(8, seed=2)
+    params = SamplingParams(max_tokens=24, temperature=1.0, ignore_eos=True)
+
+    def run(seed: int) -> list[list[int]]:
+        llm = _llm(seed=seed)
+        try:
+            return [o.token_ids for o in llm.generate(prompts, params)]
+        finally:
+            llm.shutdown()
+
+    first = run(3)
+    assert run(3) == first != run(4)
+
+
 def test_seeds_2_31_minus_1_apart_draw_their_own_tokens():
     """The fused kernel's key was the seed mod 2^31 - 1: seeds 1 and 2^31 sampled the same tokens."""
     llm, prompts = _llm(), _prompts(1, seed=2)
