@@ -5,11 +5,13 @@ for the same prompt and settings, and a real `serve` behind `chat --url`."""
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import re
 import sqlite3
 import subprocess
+import sys
 
 import pytest
 
@@ -90,6 +92,42 @@ def test_the_store_keeps_the_settings_and_upgrades_an_older_database(tmp_path):
     broken.close()
     with pytest.raises(StoreError, match=re.escape("chat 1 of") + ".*top_p must be in"):
         ChatStore(db).load(1)
+
+
+def test_an_upgrade_that_waited_for_a_newer_minisgl_refuses_the_database(tmp_path):
+    """Two chats open a database of schema 1 at once, one of them a newer minisgl's: this one, having waited for the
+    lock while the other upgraded the file, must then see the newer schema and refuse the file as it would have at
+    first. It went on with a database it does not know (its own upgrade skipped as "already done"). The newer
+    minisgl's upgrade commits here, for real, at the line where this one takes the lock."""
+    db = tmp_path / "chat.db"
+    old = sqlite3.connect(db, isolation_level=None)
+    old.executescript(SCHEMA.replace(",\n    sampling TEXT NOT NULL DEFAULT '{}'", "") + "PRAGMA user_version = 1;")
+    old.close()
+    lines, first = inspect.getsourcelines(ChatStore._setup)
+    take_lock = first + next(i for i, line in enumerate(lines) if 'execute("BEGIN IMMEDIATE")' in line)
+    upgraded: list[int] = []
+
+    def tracer(frame, event, _arg):
+        if frame.f_code is not ChatStore._setup.__code__:
+            return None
+
+        def local(frame, event, _arg):
+            if event == "line" and frame.f_lineno == take_lock and not upgraded:
+                newer = sqlite3.connect(db, isolation_level=None)
+                newer.execute("PRAGMA user_version = 3")
+                newer.close()
+                upgraded.append(3)
+            return local
+
+        return local
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(StoreError, match=re.escape("was written by a newer minisgl (schema 3)")):
+            ChatStore(db)
+    finally:
+        sys.settrace(None)
+    assert upgraded
 
 
 @pytest.fixture(scope="module")

@@ -100,13 +100,11 @@ class ChatStore:
     def _setup(self) -> None:
         self.db.execute("PRAGMA foreign_keys = ON")
         with self._errors("open"):
-            version = self.db.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise StoreError(f"{self.path} was written by a newer minisgl (schema {version}); not touching it")
-            if version < SCHEMA_VERSION:  # in one transaction: a migration cut short leaves the file as it was
+            if self._schema() < SCHEMA_VERSION:  # in one transaction: a migration cut short leaves the file as it was
                 self.db.execute("BEGIN IMMEDIATE")
                 try:
-                    version = self.db.execute("PRAGMA user_version").fetchone()[0]  # another chat's may be done
+                    # read again under the lock: another chat's upgrade may be done, or a newer minisgl's (refused)
+                    version = self._schema()
                     if version < SCHEMA_VERSION:
                         steps = SCHEMA if version == 0 else "".join(MIGRATIONS[version - 1 :])
                         # one statement at a time: executescript would commit the transaction first
@@ -118,6 +116,13 @@ class ChatStore:
                     if self.db.in_transaction:
                         self.db.execute("ROLLBACK")
                     raise
+
+    def _schema(self) -> int:
+        """The file's schema version; StoreError if a newer minisgl wrote it."""
+        version: int = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"{self.path} was written by a newer minisgl (schema {version}); not touching it")
+        return version
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
