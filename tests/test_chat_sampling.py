@@ -64,6 +64,20 @@ def test_set_command_changes_what_the_next_turn_samples_with():
     assert doc["top_p"] == 0.9 and doc["repetition_penalty"] == 1.15 and "top_k" not in doc
 
 
+def test_a_large_seed_or_top_k_is_written_whole_in_the_markdown_export():
+    """/set, /stats and the Markdown export show an integer setting as it is: the export formatted every value by `g`,
+    so seed 1234567890 read "seed 1.23457e+09" (not the seed to set again) and top_k 1000000 "top_k 1e+06"."""
+    s = ChatSession()
+    assert run_command("/set seed 1234567890", s).message == "seed = 1234567890"
+    run_command("/set top_k 1000000", s)
+    run_command("/set min_p 0.00001", s)
+    s.add(ChatMessage("user", "hi"))
+    assert "top_k 1000000 · min_p 1e-05" in to_markdown(s) and "seed 1234567890" in to_markdown(s)
+    rows = dict(settings_rows(s))
+    assert (rows["seed"], rows["top k"], rows["min p"]) == ("1234567890", "1000000", "1e-05")
+    assert json.loads(to_json(s))["seed"] == 1234567890
+
+
 def test_the_store_keeps_the_settings_and_upgrades_an_older_database(tmp_path):
     db = tmp_path / "chat.db"
     old = sqlite3.connect(db, isolation_level=None)  # a database of the first schema, as earlier minisgl wrote it

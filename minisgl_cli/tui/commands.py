@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from minisgl_cli.tui.export import FORMATS
-from minisgl_cli.tui.session import SAMPLING_OFF, ChatSession
+from minisgl_cli.tui.session import SAMPLING_OFF, ChatSession, setting_text
 
 HELP: list[tuple[str, str]] = [
     ("/reset", "start a new conversation (keeps the system prompt)"),
@@ -125,7 +125,8 @@ def _set(arg: str, session: ChatSession) -> CommandResult:
     else:
         kind = int if field in ("top_k", "seed") else float
         _apply(lambda v: session.set_sampling(field, v), _number(f"/set {field}", value, kind, 0))
-    return CommandResult("info", f"{field} = {session.sampling.get(field, 'off')}")
+    value_now = session.sampling.get(field)
+    return CommandResult("info", f"{field} = {'off' if value_now is None else setting_text(value_now)}")
 
 
 def _number(name: str, arg: str, kind: type, current: float) -> float:

@@ -8,7 +8,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from minisgl_cli.tui.session import ChatSession
+from minisgl_cli.tui.session import ChatSession, setting_text
 from minisgl_cli.tui.stats import ms
 
 FORMATS = ("md", "json")
@@ -20,7 +20,7 @@ def to_markdown(s: ChatSession) -> str:
         "",
         " · ".join(
             [f"Model: {s.model or '-'}", f"temperature {s.temperature:g}", f"max tokens {s.max_tokens}"]
-            + [f"{name} {value:g}" for name, value in s.sampling.items()]
+            + [f"{name} {setting_text(value)}" for name, value in s.sampling.items()]
         ),
     ]
     if s.system:

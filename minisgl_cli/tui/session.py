@@ -22,6 +22,12 @@ SAMPLING_OFF: dict[str, float | int | None] = {
 }
 
 
+def setting_text(value: float | int) -> str:
+    """A SAMPLING_OFF field's value as /set, /stats and the exports write it: a float by `g` (0.9, 1e-05), an integer
+    (top_k, seed) whole (`g` made seed 1234567890 "1.23457e+09", and top_k 1000000 "1e+06")."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 @dataclass(slots=True)
 class ChatMessage:
     role: str  # system | user | assistant

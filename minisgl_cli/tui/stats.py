@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from minisgl_cli.tui.session import setting_text
+
 if TYPE_CHECKING:
     from engine.metrics import EngineMetrics
     from minisgl_cli.tui.session import ChatSession
@@ -73,10 +75,7 @@ def settings_rows(session: ChatSession) -> list[tuple[str, str]]:
         ("system prompt", system if len(system) <= 200 else system[:199] + "…"),
         ("temperature", f"{session.temperature:g}"),
         ("max tokens", str(session.max_tokens)),
-        *[
-            (name.replace("_", " "), f"{value:g}" if isinstance(value, float) else str(value))
-            for name, value in session.sampling.items()
-        ],
+        *[(name.replace("_", " "), setting_text(value)) for name, value in session.sampling.items()],
         ("thinking", thinking),
     ]
 
