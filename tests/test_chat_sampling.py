@@ -78,6 +78,17 @@ def test_a_large_seed_or_top_k_is_written_whole_in_the_markdown_export():
     assert json.loads(to_json(s))["seed"] == 1234567890
 
 
+def test_set_seed_minus_one_is_no_seed_and_says_so():
+    """The engine reads seed -1 as no seed (vLLM's convention): `/set seed -1` answered "seed = -1" and /stats, the
+    exports and the saved chat showed a seed that no answer was sampled with (where -2 is a seed like any other)."""
+    s = ChatSession()
+    run_command("/set seed 7", s)
+    assert run_command("/set seed -1", s).message == "seed = off"
+    assert "seed" not in s.sampling and s.params().seed is None and "seed" not in dict(settings_rows(s))
+    assert ChatSession(sampling={"seed": -1}).sampling == {}  # a saved chat's, or a flag's
+    assert run_command("/set seed -2", s).message == "seed = -2" and s.params().seed == -2
+
+
 def test_the_store_keeps_the_settings_and_upgrades_an_older_database(tmp_path):
     db = tmp_path / "chat.db"
     old = sqlite3.connect(db, isolation_level=None)  # a database of the first schema, as earlier minisgl wrote it

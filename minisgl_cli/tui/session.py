@@ -20,6 +20,8 @@ SAMPLING_OFF: dict[str, float | int | None] = {
     "frequency_penalty": 0.0,
     "seed": None,
 }
+# A second "off" of two of them: top_k 0 (all tokens, as -1) and seed -1 (SamplingParams reads it as no seed, as vLLM)
+ALSO_OFF: dict[str, int] = {"top_k": 0, "seed": -1}
 
 
 def setting_text(value: float | int) -> str:
@@ -70,11 +72,11 @@ class ChatSession:
         self.max_tokens = value
 
     def set_sampling(self, name: str, value: float | int | None) -> None:
-        """One of SAMPLING_OFF's fields; its "off" value (None included, and top_k 0) takes it out. ValueError names a
-        bad name or value (the engine's own check of the field)."""
+        """One of SAMPLING_OFF's fields; its "off" value (None included, and ALSO_OFF's) takes it out. ValueError names
+        a bad name or value (the engine's own check of the field)."""
         if name not in SAMPLING_OFF:
             raise ValueError(f"no sampling setting {name!r} (there are: {', '.join(SAMPLING_OFF)})")
-        if value is None or value == SAMPLING_OFF[name] or (name == "top_k" and value == 0):
+        if value is None or value == SAMPLING_OFF[name] or value == ALSO_OFF.get(name):
             self.sampling.pop(name, None)
             return
         if name in ("top_k", "seed") and not (isinstance(value, int) and not isinstance(value, bool)):
