@@ -306,3 +306,43 @@ def test_a_signal_as_the_first_save_commits_leaves_one_chat(tmp_path):
     saved, _ = store.load(chats[0].id)
     assert [m.role for m in saved.history][:1] == ["user"] and saved.history[0].content == "hello"
     assert [m.role for m in saved.history] == [m.role for m in session.history]
+
+
+def test_two_signals_held_through_a_save_are_both_acted_on(tmp_path):
+    """Ctrl-C and SIGTERM landing in the same save: the save held both, then ran Ctrl-C's handler first (its
+    KeyboardInterrupt stopped the answer) and dropped SIGTERM, so the chat went on, and `minisgl chat` ending it, or a
+    kill, went unheard. Both are acted on now: the answer is stopped and saved, and the chat ends as SIGTERM ends it."""
+    from minisgl_cli.tui.store import ChatStore
+
+    llm = make_llm("dummy:tiny-llama", num_pages=128)
+    engine = LocalEngine(llm)
+    store = ChatStore(tmp_path / "chat.db")
+    session = ChatSession(max_tokens=2000, max_tokens_limit=llm.engine.max_model_len)
+    lines, first = inspect.getsourcelines(ChatStore.save)
+    after_commit = first + next(i for i, line in enumerate(lines) if "s.id, s.saved_at = id, now" in line)
+    sent: list[int] = []
+
+    def tracer(frame, event, _arg):
+        if frame.f_code is not ChatStore.save.__code__:
+            return None
+
+        def local(frame, event, _arg):
+            if event == "line" and frame.f_lineno == after_commit and not sent:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    sent.append(sig)
+                    os.kill(os.getpid(), sig)
+            return local
+
+        return local
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            run_plain(engine.backend(), session, store, None, io.StringIO("hello\n"), io.StringIO(), io.StringIO())
+    finally:
+        sys.settrace(None)
+        engine.shutdown()
+    assert sent and ended.value.code == 128 + signal.SIGTERM
+    assert [m.role for m in session.history] == ["user", "assistant"]
+    assert session.history[1].stats is not None and session.history[1].stats.finish_reason == "abort"
+    assert len(store.sessions()) == 1

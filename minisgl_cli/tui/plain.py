@@ -201,12 +201,19 @@ def _signals_held() -> Iterator[None]:
         for s, handler in before.items():
             if handler is not None:
                 signal.signal(s, handler)
-        for signum, frame in held:  # as if it came now
+        # each as if it came now, all of them: the first to raise (Ctrl-C's KeyboardInterrupt) dropped the rest
+        raised: BaseException | None = None
+        for signum, frame in held:
             handler = before[signum]
-            if callable(handler):
-                handler(signum, frame)
-            elif handler == signal.SIG_DFL:
-                signal.raise_signal(signum)
+            try:
+                if callable(handler):
+                    handler(signum, frame)
+                elif handler == signal.SIG_DFL:
+                    signal.raise_signal(signum)
+            except BaseException as e:
+                raised = raised or e
+        if raised is not None:
+            raise raised
 
 
 def _save(store: ChatStore | None, session: ChatSession, inputs: list[str], err: TextIO) -> None:
