@@ -696,7 +696,7 @@ def test_unseeded_sampling_repeats_with_the_engine_seed():
     def run(seed: int) -> list[list[int]]:
         llm = _llm(seed=seed)
         try:
-            return [o.token_ids for o in llm.generate(prompts, params)]
+            return [list(o.token_ids) for o in llm.generate(prompts, params)]
         finally:
             llm.shutdown()
 
