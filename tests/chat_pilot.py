@@ -17,6 +17,7 @@ from engine.engine_loop import engine_info
 from engine.ipc import Addresses
 from engine.llm import LLM
 from engine.remote_llm import RemoteLLM
+from engine.tokenizer import sampling_defaults
 from minisgl_cli.tui.app import ChatApp
 from minisgl_cli.tui.local import LocalBackend
 from minisgl_cli.tui.session import ChatSession
@@ -62,7 +63,8 @@ class LocalEngine:
 
     def backend(self) -> LocalBackend:
         """A new front end's handle; it connects on the event loop that first awaits its ready()."""
-        return LocalBackend(RemoteLLM(self.llm.tokenizer, self.addrs), engine_info(self.llm))
+        defaults = sampling_defaults(self.llm.config.model)  # as the chat's process reads them
+        return LocalBackend(RemoteLLM(self.llm.tokenizer, self.addrs), engine_info(self.llm), None, defaults)
 
     def call(self, fn: Callable[[LLM], T], timeout: float = 30.0) -> T:
         """fn(llm) on the engine loop's thread, between steps."""

@@ -24,6 +24,7 @@ from minisgl_cli.tui.stats import settings_rows
 from minisgl_cli.tui.store import SCHEMA, ChatStore, StoreError
 from tests.chat_pilot import LocalEngine
 from tests.conftest import make_llm
+from tests.test_bench_offline import flat
 from tests.test_chat_plain import MINISGL, TINY
 
 
@@ -225,3 +226,36 @@ def test_chat_flags_reach_a_server_and_bad_ones_are_refused(tmp_path):
             timeout=60,
         )
         assert p.returncode == 2 and says in " ".join(p.stderr.split()), p.stderr
+
+
+def test_the_local_chat_takes_the_models_generation_config_for_what_it_leaves_unset(tmp_path):
+    """`chat --url` to `minisgl serve` gets a model's generation_config.json values for the fields the chat leaves out
+    (serve's --generation-config auto); the local chat sent the API's defaults instead (a Qwen3 directory's top_k 20
+    was off). Here the file's top_k of 1 makes every answer greedy, unless the chat sets top_k itself; the chat's
+    temperature stays its own. A bad value in the file is refused before the load, as serve refuses it."""
+    from engine.model_config import PRESETS
+    from tests.hf_reference import hf_model_from_config, save_hf
+
+    d = save_hf(hf_model_from_config(PRESETS["tiny-llama"], seed=7), tmp_path / "m")
+    gen = d / "generation_config.json"
+    saved = json.loads(gen.read_text()) if gen.exists() else {}
+    gen.write_text(json.dumps({**saved, "top_k": 1, "temperature": 0.0}))
+    llm = make_llm(str(d), num_pages=128)
+    engine = LocalEngine(llm)
+    try:
+        greedy = _answer(engine, ChatSession(temperature=0, max_tokens=24), "hello")
+        assert _answer(engine, ChatSession(temperature=1.0, max_tokens=24), "hello") == greedy
+        sampled = ChatSession(temperature=1.0, max_tokens=24, sampling={"top_k": 50, "seed": 1})
+        assert _answer(engine, sampled, "hello") != greedy
+    finally:
+        engine.shutdown()
+    gen.write_text(json.dumps({**saved, "top_p": 0}))
+    p = subprocess.run(
+        [MINISGL, "chat", "--no-tui", "--model", str(d), "--device", "cpu", "--no-save"],
+        input="hi\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    said = flat(p.stderr)
+    assert p.returncode == 2 and "--model" in said and "top_p must be in (0, 1]" in said, p.stderr

@@ -51,7 +51,7 @@ class ChatFrontSpec:
 def run(spec: ChatFrontSpec) -> int:
     """The chat once the engine is up; its exit status (run_chat's)."""
     from engine.remote_llm import RemoteLLM
-    from engine.tokenizer import load_tokenizer
+    from engine.tokenizer import load_tokenizer, sampling_defaults
     from minisgl_cli.tui.local import LocalBackend
     from minisgl_cli.tui.session import ChatSession, fit_session
     from minisgl_cli.tui.store import ChatStore
@@ -69,7 +69,11 @@ def run(spec: ChatFrontSpec) -> int:
     # process alone (which then ends this one) instead of interrupting this one's imports with a traceback. The
     # chat takes it from here (the plain mode stops an answer with it).
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    backend = LocalBackend(RemoteLLM(tokenizer or load_tokenizer(spec.model), spec.addrs), info, spec.engine_pid)
+    # `minisgl chat` refused a bad generation_config.json before the load (chat._generation_config)
+    defaults = sampling_defaults(spec.model)
+    backend = LocalBackend(
+        RemoteLLM(tokenizer or load_tokenizer(spec.model), spec.addrs), info, spec.engine_pid, defaults
+    )
     store = ChatStore(Path(spec.db)) if spec.db is not None else None
     try:
         resumed: ChatSession | None = None

@@ -12,6 +12,7 @@ import itertools
 import os
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from engine.ipc import EngineInfo
 from engine.remote_llm import RemoteLLM
@@ -65,9 +66,20 @@ class LocalBackend:
 
     ENGINE_WATCH_S = 0.5
 
-    def __init__(self, remote: RemoteLLM, info: EngineInfo, engine_pid: int | None = None) -> None:
-        """`engine_pid`: the engine's process is this one's parent (`minisgl chat`), watched from ready() on."""
+    def __init__(
+        self,
+        remote: RemoteLLM,
+        info: EngineInfo,
+        engine_pid: int | None = None,
+        sampling_defaults: dict[str, Any] | None = None,
+    ) -> None:
+        """`engine_pid`: the engine's process is this one's parent (`minisgl chat`), watched from ready() on.
+        `sampling_defaults`: the model's generation_config.json values (engine.tokenizer.sampling_defaults), which a
+        turn takes for the fields its chat leaves unset, as `serve` gives them to a request that leaves them out (the
+        local chat sampled Qwen3 with top_k off where `chat --url` to `minisgl serve` got its 20); the temperature is
+        always the chat's own."""
         self.remote, self.engine_pid = remote, engine_pid
+        self.sampling_defaults = {k: v for k, v in (sampling_defaults or {}).items() if k != "temperature"}
         self._last: Load | None = None
         self._watch: asyncio.Task[None] | None = None
         self.model = info.model
@@ -90,6 +102,10 @@ class LocalBackend:
         self.remote.fail_all(f"the engine process (pid {pid}) exited")
 
     def start(self, messages: list[dict[str, str]], params: SamplingParams, thinking: bool | None) -> LocalAnswer:
+        off = SamplingParams()
+        unset = {k: v for k, v in self.sampling_defaults.items() if getattr(params, k) == getattr(off, k)}
+        if unset:
+            params = dataclasses.replace(params, **unset)
         tok = self.remote.tokenizer
         kwargs = {"enable_thinking": thinking} if thinking is not None and self.thinking_switch else {}
         prompt = tok.chat_prompt(messages, **kwargs)
