@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import io
 import os
 import re
@@ -20,6 +19,7 @@ from minisgl_cli.chat import chat_exit_code
 from minisgl_cli.serve import LoopEnd
 from minisgl_cli.tui.plain import run_plain
 from minisgl_cli.tui.session import ChatSession
+from tests.at_line import at_line
 from tests.chat_pilot import LocalEngine
 from tests.conftest import checked, make_llm
 from tests.test_bench_offline import flat
@@ -267,6 +267,9 @@ def test_a_signal_mid_answer_saves_the_partial_answer_as_stopped(tmp_path, sig):
     assert stats is not None and stats.finish_reason == "abort" and 1 <= stats.output_tokens < 1900
 
 
+AFTER_COMMIT = "s.id, s.saved_at = id, now"  # the store's save, once its transaction is committed
+
+
 def test_a_signal_as_the_first_save_commits_leaves_one_chat(tmp_path):
     """CI at 30c8c84 found a chat stopped by SIGTERM saved as two: a signal landing between the store's COMMIT and its
     note of the new chat's id left the session without an id, so the save after the stopped answer wrote the chat anew
@@ -277,28 +280,11 @@ def test_a_signal_as_the_first_save_commits_leaves_one_chat(tmp_path):
     engine = LocalEngine(llm)
     store = ChatStore(tmp_path / "chat.db")
     session = ChatSession(max_tokens=2000, max_tokens_limit=llm.engine.max_model_len)
-    lines, first = inspect.getsourcelines(ChatStore.save)
-    after_commit = first + next(i for i, line in enumerate(lines) if "s.id, s.saved_at = id, now" in line)
-    sent: list[int] = []
-
-    def tracer(frame, event, _arg):
-        if frame.f_code is not ChatStore.save.__code__:
-            return None
-
-        def local(frame, event, _arg):
-            if event == "line" and frame.f_lineno == after_commit and not sent:
-                sent.append(signal.SIGTERM)
-                os.kill(os.getpid(), signal.SIGTERM)
-            return local
-
-        return local
-
-    sys.settrace(tracer)
     try:
-        with pytest.raises(SystemExit) as ended:
-            run_plain(engine.backend(), session, store, None, io.StringIO("hello\n"), io.StringIO(), io.StringIO())
+        with at_line(ChatStore.save, AFTER_COMMIT, lambda: os.kill(os.getpid(), signal.SIGTERM)) as sent:
+            with pytest.raises(SystemExit) as ended:
+                run_plain(engine.backend(), session, store, None, io.StringIO("hello\n"), io.StringIO(), io.StringIO())
     finally:
-        sys.settrace(None)
         engine.shutdown()
     assert sent and ended.value.code == 128 + signal.SIGTERM
     chats = store.sessions()
@@ -318,29 +304,16 @@ def test_two_signals_held_through_a_save_are_both_acted_on(tmp_path):
     engine = LocalEngine(llm)
     store = ChatStore(tmp_path / "chat.db")
     session = ChatSession(max_tokens=2000, max_tokens_limit=llm.engine.max_model_len)
-    lines, first = inspect.getsourcelines(ChatStore.save)
-    after_commit = first + next(i for i, line in enumerate(lines) if "s.id, s.saved_at = id, now" in line)
-    sent: list[int] = []
 
-    def tracer(frame, event, _arg):
-        if frame.f_code is not ChatStore.save.__code__:
-            return None
+    def both() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            os.kill(os.getpid(), sig)
 
-        def local(frame, event, _arg):
-            if event == "line" and frame.f_lineno == after_commit and not sent:
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    sent.append(sig)
-                    os.kill(os.getpid(), sig)
-            return local
-
-        return local
-
-    sys.settrace(tracer)
     try:
-        with pytest.raises(SystemExit) as ended:
-            run_plain(engine.backend(), session, store, None, io.StringIO("hello\n"), io.StringIO(), io.StringIO())
+        with at_line(ChatStore.save, AFTER_COMMIT, both) as sent:
+            with pytest.raises(SystemExit) as ended:
+                run_plain(engine.backend(), session, store, None, io.StringIO("hello\n"), io.StringIO(), io.StringIO())
     finally:
-        sys.settrace(None)
         engine.shutdown()
     assert sent and ended.value.code == 128 + signal.SIGTERM
     assert [m.role for m in session.history] == ["user", "assistant"]

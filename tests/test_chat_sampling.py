@@ -5,13 +5,11 @@ for the same prompt and settings, and a real `serve` behind `chat --url`."""
 
 from __future__ import annotations
 
-import inspect
 import io
 import json
 import re
 import sqlite3
 import subprocess
-import sys
 
 import pytest
 
@@ -22,6 +20,7 @@ from minisgl_cli.tui.plain import run_plain
 from minisgl_cli.tui.session import ChatMessage, ChatSession
 from minisgl_cli.tui.stats import settings_rows
 from minisgl_cli.tui.store import SCHEMA, ChatStore, StoreError
+from tests.at_line import at_line
 from tests.chat_pilot import LocalEngine
 from tests.conftest import make_llm
 from tests.test_bench_offline import flat
@@ -129,30 +128,15 @@ def test_an_upgrade_that_waited_for_a_newer_minisgl_refuses_the_database(tmp_pat
     old = sqlite3.connect(db, isolation_level=None)
     old.executescript(SCHEMA.replace(",\n    sampling TEXT NOT NULL DEFAULT '{}'", "") + "PRAGMA user_version = 1;")
     old.close()
-    lines, first = inspect.getsourcelines(ChatStore._setup)
-    take_lock = first + next(i for i, line in enumerate(lines) if 'execute("BEGIN IMMEDIATE")' in line)
-    upgraded: list[int] = []
 
-    def tracer(frame, event, _arg):
-        if frame.f_code is not ChatStore._setup.__code__:
-            return None
+    def newer_upgrades() -> None:
+        newer = sqlite3.connect(db, isolation_level=None)
+        newer.execute("PRAGMA user_version = 3")
+        newer.close()
 
-        def local(frame, event, _arg):
-            if event == "line" and frame.f_lineno == take_lock and not upgraded:
-                newer = sqlite3.connect(db, isolation_level=None)
-                newer.execute("PRAGMA user_version = 3")
-                newer.close()
-                upgraded.append(3)
-            return local
-
-        return local
-
-    sys.settrace(tracer)
-    try:
+    with at_line(ChatStore._setup, 'execute("BEGIN IMMEDIATE")', newer_upgrades) as upgraded:
         with pytest.raises(StoreError, match=re.escape("was written by a newer minisgl (schema 3)")):
             ChatStore(db)
-    finally:
-        sys.settrace(None)
     assert upgraded
 
 
