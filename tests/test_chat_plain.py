@@ -294,6 +294,29 @@ def test_a_signal_as_the_first_save_commits_leaves_one_chat(tmp_path):
     assert [m.role for m in saved.history] == [m.role for m in session.history]
 
 
+def test_a_signal_as_the_answer_ends_leaves_it_saved(tmp_path):
+    """`minisgl chat` stopped by SIGTERM stops its engine, which ends the answer, and passes the signal on to its chat:
+    arriving just after the answer ended and before its save, the signal's KeyboardInterrupt left the chat saved
+    with the question alone (CI at 30c8c84, 1 run in 5 here). The signal is sent here, for real, at that line."""
+    from minisgl_cli.tui.plain import _answer
+    from minisgl_cli.tui.store import ChatStore
+
+    llm = make_llm("dummy:tiny-llama", num_pages=128)
+    engine = LocalEngine(llm)
+    store = ChatStore(tmp_path / "chat.db")
+    session = ChatSession(max_tokens=8, max_tokens_limit=llm.engine.max_model_len)
+    try:
+        with at_line(_answer, 'stdout.write("\\n")', lambda: os.kill(os.getpid(), signal.SIGTERM)) as sent:
+            with pytest.raises(SystemExit) as ended:
+                run_plain(engine.backend(), session, store, None, io.StringIO("hello\n"), io.StringIO(), io.StringIO())
+    finally:
+        engine.shutdown()
+    assert sent and ended.value.code == 128 + signal.SIGTERM
+    saved, _ = store.load(store.sessions()[0].id)
+    assert [m.role for m in saved.history] == ["user", "assistant"] and len(store.sessions()) == 1
+    assert saved.history[1].stats is not None and saved.history[1].stats.output_tokens == 8
+
+
 def test_two_signals_held_through_a_save_are_both_acted_on(tmp_path):
     """Ctrl-C and SIGTERM landing in the same save: the save held both, then ran Ctrl-C's handler first (its
     KeyboardInterrupt stopped the answer) and dropped SIGTERM, so the chat went on, and `minisgl chat` ending it, or a

@@ -274,13 +274,16 @@ def _answer(
         except KeyboardInterrupt:
             if started:
                 loop.loop.call_soon_threadsafe(started[0].stop)
-    with contextlib.suppress(OSError):  # a terminal gone (SIGHUP): the answer is saved all the same
-        stdout.write("\n")
-        stdout.flush()
-    stats = turn.stats
-    if turn.content or turn.reasoning or stats.output_tokens:
-        session.add(ChatMessage("assistant", turn.content, turn.reasoning.strip(), stats, time.time()))
-        save()
+    # From here to the save a signal waits (and acts after it): SIGTERM from `minisgl chat` comes as its engine stops,
+    # which ends the answer, and its KeyboardInterrupt landing here left the answer unsaved (CI at 30c8c84).
+    with _signals_held():
+        with contextlib.suppress(OSError):  # a terminal gone (SIGHUP): the answer is saved all the same
+            stdout.write("\n")
+            stdout.flush()
+        stats = turn.stats
+        if turn.content or turn.reasoning or stats.output_tokens:
+            session.add(ChatMessage("assistant", turn.content, turn.reasoning.strip(), stats, time.time()))
+            save()
     if stats.finish_reason == "error":
         raise ValueError(f"generation failed: {turn.error or 'the answer stream ended early'}")
     return stats
