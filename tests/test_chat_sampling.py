@@ -31,6 +31,8 @@ def test_set_command_changes_what_the_next_turn_samples_with():
     s = ChatSession()
     assert run_command("/set top-p 0.9", s).message == "top_p = 0.9"  # the flag's spelling too
     assert run_command("/set top_k 40", s).message == "top_k = 40"
+    assert run_command("/set top_k\t30", s).message == "top_k = 30"  # a tab between (was refused: "top_k\t30")
+    run_command("/set top_k 40", s)
     assert run_command("/set repetition_penalty 1.15", s).message == "repetition_penalty = 1.15"
     assert run_command("/set seed 7", s).message == "seed = 7"
     run_command("/set temperature 0.3", s)

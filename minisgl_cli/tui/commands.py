@@ -106,7 +106,7 @@ def run_command(line: str, session: ChatSession, thinking_switch: bool | None = 
 def _set(arg: str, session: ChatSession) -> CommandResult:
     """`/set <name> <value>`: one of the engine's sampling fields, by its API name (top_p, or top-p); `off` (or the
     field's off value) takes it out of the requests."""
-    field, _, value = arg.partition(" ")
+    field, value = (arg.split(maxsplit=1) + ["", ""])[:2]  # any whitespace between: a tab typed or pasted too
     field, value = field.replace("-", "_"), value.strip()
     if field in ("temperature", "max_tokens"):  # their own commands, reachable by their API names too
         return run_command(f"{'/temp' if field == 'temperature' else '/max-tokens'} {value}", session)
