@@ -18,6 +18,7 @@ from minisgl_cli.options import (
     ENGINE_FLAG_NAMES,
     Seed,
     engine_config,
+    generation_defaults,
     launcher_rank,
     load_llm,
     refuse_each,
@@ -166,7 +167,7 @@ def chat(
         return
     config = engine_config(seed=seed, **engine_flags)
     refuse_unread_engine_flags(ctx, config)
-    _generation_config(config.model)
+    generation_defaults(config.model)  # a turn takes them for the fields the chat leaves unset (tui/local.py)
     # Tensor parallel: only rank 0 chats; the other ranks never return from load_llm (they follow rank 0's steps).
     front = None
     if launcher_rank() == 0:
@@ -198,17 +199,6 @@ def _fit(session, limit: int | None, system: str | None, temperature: float, max
         return fit_session(session, limit, system, temperature, max_tokens, sampling)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--max-tokens") from e
-
-
-def _generation_config(model: str | None) -> None:
-    """The model's generation_config.json gives a turn the sampling fields the chat leaves unset (tui/local.py): a
-    bad value is refused before the load, naming the file, as `serve` refuses it."""
-    from engine.tokenizer import sampling_defaults
-
-    try:
-        sampling_defaults(model)
-    except (ValueError, FileNotFoundError) as e:
-        raise typer.BadParameter(str(e), param_hint="--model") from e
 
 
 def _sampling(flags: dict[str, float | int]) -> dict[str, float | int]:

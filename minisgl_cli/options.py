@@ -311,6 +311,17 @@ def _refuse_graph_flags_off_flashinfer(ctx: typer.Context, config: EngineConfig,
         refuse_given(ctx, why, "piecewise_graph_tokens")
 
 
+def generation_defaults(model: str | None) -> dict[str, Any]:
+    """The sampling defaults of the model's generation_config.json (engine.tokenizer.sampling_defaults), read before
+    the model loads: a bad value ends the command at once (exit 2), naming the file, not after the load."""
+    from engine.tokenizer import sampling_defaults
+
+    try:
+        return sampling_defaults(model)
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e), param_hint="--model") from e
+
+
 def launcher_rank() -> int:
     """This process's rank under torchrun (0 without it), known before the engine joins its group."""
     import os

@@ -25,6 +25,7 @@ from minisgl_cli.child_process import stop_process
 from minisgl_cli.options import (
     Seed,
     engine_config,
+    generation_defaults,
     launcher_rank,
     load_llm,
     refuse_unread_engine_flags,
@@ -129,14 +130,7 @@ def register(app: typer.Typer) -> None:
         # the command at once (exit 2), not after minutes of loading
         listener = bind_listener(host, port) if launcher_rank() == 0 else None
         try:
-            defaults: dict[str, Any] = {}
-            if generation_config == GenerationConfig.auto:  # a bad file ends the command before the model loads
-                from engine.tokenizer import sampling_defaults
-
-                try:
-                    defaults = sampling_defaults(config.model)
-                except (ValueError, FileNotFoundError) as e:
-                    raise typer.BadParameter(str(e), param_hint="--model") from e
+            defaults = generation_defaults(config.model) if generation_config == GenerationConfig.auto else {}
             llm = load_llm(config)  # under torchrun, ranks > 0 stay in there, following rank 0's steps
             name = served_model_name or engine_flags["model"]
             run_server(

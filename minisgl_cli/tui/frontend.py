@@ -69,7 +69,7 @@ def run(spec: ChatFrontSpec) -> int:
     # process alone (which then ends this one) instead of interrupting this one's imports with a traceback. The
     # chat takes it from here (the plain mode stops an answer with it).
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    # `minisgl chat` refused a bad generation_config.json before the load (chat._generation_config)
+    # `minisgl chat` refused a bad generation_config.json before the load (options.generation_defaults)
     defaults = sampling_defaults(spec.model)
     backend = LocalBackend(
         RemoteLLM(tokenizer or load_tokenizer(spec.model), spec.addrs), info, spec.engine_pid, defaults
