@@ -20,6 +20,7 @@ from engine.sampling_params import SamplingParams
 from engine.streams import EngineDeadError, RequestStream
 from engine.text import ContextOverflow
 from minisgl_cli.tui.backend import BackendError, too_long
+from minisgl_cli.tui.session import sampling_given
 from minisgl_cli.tui.stats import Load
 from minisgl_cli.tui.thinking import OPEN
 from minisgl_cli.tui.turn import Piece
@@ -102,8 +103,8 @@ class LocalBackend:
         self.remote.fail_all(f"the engine process (pid {pid}) exited")
 
     def start(self, messages: list[dict[str, str]], params: SamplingParams, thinking: bool | None) -> LocalAnswer:
-        off = SamplingParams()
-        unset = {k: v for k, v in self.sampling_defaults.items() if getattr(params, k) == getattr(off, k)}
+        given = sampling_given(params)
+        unset = {k: v for k, v in self.sampling_defaults.items() if k not in given}
         if unset:
             params = dataclasses.replace(params, **unset)
         tok = self.remote.tokenizer

@@ -16,7 +16,7 @@ from engine.sampling_params import SamplingParams
 from minisgl_cli.tui.backend import too_long
 from minisgl_cli.tui.prom import load_from_metrics
 from minisgl_cli.tui.remote import OpenAIChatClient, RemoteError
-from minisgl_cli.tui.session import SAMPLING_OFF
+from minisgl_cli.tui.session import sampling_given
 from minisgl_cli.tui.stats import Load
 from minisgl_cli.tui.turn import Piece
 
@@ -127,9 +127,8 @@ class ServerBackend:
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
         }
-        off = SamplingParams()
         # the other fields only when set: a server that takes no top_k (OpenAI's own) still serves a chat that sets none
-        body.update({k: getattr(params, k) for k in SAMPLING_OFF if getattr(params, k) != getattr(off, k)})
+        body.update(sampling_given(params))
         if thinking is not None:
             body["chat_template_kwargs"] = {"enable_thinking": thinking}
         assert self._io is not None, "ready() first"

@@ -24,6 +24,12 @@ SAMPLING_OFF: dict[str, float | int | None] = {
 ALSO_OFF: dict[str, int] = {"top_k": 0, "seed": -1}
 
 
+def sampling_given(params: SamplingParams) -> dict[str, float | int]:
+    """The SAMPLING_OFF fields `params` sets to something other than the API's default: what a turn sends a server,
+    and what the model's generation_config.json may not fill in."""
+    return {k: getattr(params, k) for k, off in SAMPLING_OFF.items() if getattr(params, k) != off}
+
+
 def setting_text(value: float | int) -> str:
     """A SAMPLING_OFF field's value as /set, /stats and the exports write it: a float by `g` (0.9, 1e-05), an integer
     (top_k, seed) whole (`g` made seed 1234567890 "1.23457e+09", and top_k 1000000 "1e+06")."""
