@@ -136,7 +136,7 @@ def test_an_upgrade_that_waited_for_a_newer_minisgl_refuses_the_database(tmp_pat
         newer.execute("PRAGMA user_version = 3")
         newer.close()
 
-    with at_line(ChatStore._setup, 'execute("BEGIN IMMEDIATE")', newer_upgrades) as upgraded:
+    with at_line(ChatStore._setup, "with self._transaction():", newer_upgrades) as upgraded:
         with pytest.raises(StoreError, match=re.escape("was written by a newer minisgl (schema 3)")):
             ChatStore(db)
     assert upgraded

@@ -101,8 +101,7 @@ class ChatStore:
         self.db.execute("PRAGMA foreign_keys = ON")
         with self._errors("open"):
             if self._schema() < SCHEMA_VERSION:  # in one transaction: a migration cut short leaves the file as it was
-                self.db.execute("BEGIN IMMEDIATE")
-                try:
+                with self._transaction():
                     # read again under the lock: another chat's upgrade may be done, or a newer minisgl's (refused)
                     version = self._schema()
                     if version < SCHEMA_VERSION:
@@ -111,11 +110,19 @@ class ChatStore:
                         for statement in f"{steps} PRAGMA user_version = {SCHEMA_VERSION};".split(";"):
                             if statement.strip():
                                 self.db.execute(statement)
-                    self.db.execute("COMMIT")
-                except BaseException:
-                    if self.db.in_transaction:
-                        self.db.execute("ROLLBACK")
-                    raise
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """The block as one write: the lock first (waiting LOCK_TIMEOUT for another writer), then COMMIT; anything
+        raised in it (a KeyboardInterrupt too) rolls it back."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self.db.execute("COMMIT")
+        except BaseException:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise
 
     def _schema(self) -> int:
         """The file's schema version; StoreError if a newer minisgl wrote it."""
@@ -144,41 +151,34 @@ class ChatStore:
         sampling = json.dumps(s.sampling)
         row = (s.title or "untitled", s.model, s.system, s.temperature, s.max_tokens, s.thinking, sampling, now)
         notice: str | None = None
-        with self._errors("save to"):
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                id = s.id
-                if id is not None:
-                    found = self.db.execute("SELECT updated FROM sessions WHERE id=?", (id,)).fetchone()
-                    if found is None or found[0] != s.saved_at:
-                        why = "deleted" if found is None else "changed"
-                        notice = f"chat {id} was {why} by another minisgl chat using {self.path}; this conversation"
-                        id = None
-                if id is None:
-                    cur = self.db.execute(
-                        "INSERT INTO sessions (title, model, system, temperature, max_tokens, thinking, sampling,"
-                        " updated, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (*row, now),
-                    )
-                    id = cur.lastrowid
-                else:
-                    self.db.execute(
-                        "UPDATE sessions SET title=?, model=?, system=?, temperature=?, max_tokens=?, thinking=?,"
-                        " sampling=?, updated=? WHERE id=?",
-                        (*row, id),
-                    )
-                self.db.executemany(
-                    "INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(id, i, *_message_row(m)) for i, m in enumerate(s.history)],
+        with self._errors("save to"), self._transaction():
+            id = s.id
+            if id is not None:
+                found = self.db.execute("SELECT updated FROM sessions WHERE id=?", (id,)).fetchone()
+                if found is None or found[0] != s.saved_at:
+                    why = "deleted" if found is None else "changed"
+                    notice = f"chat {id} was {why} by another minisgl chat using {self.path}; this conversation"
+                    id = None
+            if id is None:
+                cur = self.db.execute(
+                    "INSERT INTO sessions (title, model, system, temperature, max_tokens, thinking, sampling,"
+                    " updated, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (*row, now),
                 )
-                self.db.execute("DELETE FROM messages WHERE session_id=? AND seq>=?", (id, len(s.history)))
-                self.db.execute("DELETE FROM inputs WHERE session_id=?", (id,))
-                self.db.executemany("INSERT INTO inputs VALUES (?, ?, ?)", [(id, i, x) for i, x in enumerate(inputs)])
-                self.db.execute("COMMIT")
-            except BaseException:
-                if self.db.in_transaction:
-                    self.db.execute("ROLLBACK")
-                raise
+                id = cur.lastrowid
+            else:
+                self.db.execute(
+                    "UPDATE sessions SET title=?, model=?, system=?, temperature=?, max_tokens=?, thinking=?,"
+                    " sampling=?, updated=? WHERE id=?",
+                    (*row, id),
+                )
+            self.db.executemany(
+                "INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(id, i, *_message_row(m)) for i, m in enumerate(s.history)],
+            )
+            self.db.execute("DELETE FROM messages WHERE session_id=? AND seq>=?", (id, len(s.history)))
+            self.db.execute("DELETE FROM inputs WHERE session_id=?", (id,))
+            self.db.executemany("INSERT INTO inputs VALUES (?, ?, ?)", [(id, i, x) for i, x in enumerate(inputs)])
         s.id, s.saved_at = id, now  # only once committed: a failed save leaves the session as it was
         return None if notice is None else f"{notice} is saved anew as chat {id}"
 
