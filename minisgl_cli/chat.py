@@ -167,11 +167,14 @@ def chat(
         return
     config = engine_config(seed=seed, **engine_flags)
     refuse_unread_engine_flags(ctx, config)
-    generation_defaults(config.model)  # a turn takes them for the fields the chat leaves unset (tui/local.py)
+    defaults = generation_defaults(
+        config.model
+    )  # a turn takes them for the fields the chat leaves unset (tui/local.py)
     # Tensor parallel: only rank 0 chats; the other ranks never return from load_llm (they follow rank 0's steps).
     front = None
     if launcher_rank() == 0:
         settings = dict(system=system, temperature=temperature, max_tokens=max_tokens, sampling=sampling, notice=notice)
+        settings.update(sampling_defaults=defaults)
         settings.update(db=str(store.path) if store else None, resume_id=session.id if session else None)
         front = _ChatProcess(config.model, settings, plain)
     try:

@@ -16,7 +16,7 @@ import threading
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.ipc import Addresses, EngineInfo
 
@@ -34,6 +34,7 @@ class ChatFrontSpec:
     temperature: float
     max_tokens: int
     sampling: dict[str, float | int]  # the sampling flags given (ChatSession.sampling)
+    sampling_defaults: dict[str, Any]  # the model's generation_config.json values, as `minisgl chat` read them
     db: str | None  # the session store; None: nothing is saved
     resume_id: int | None  # the saved chat to reopen
     notice: str | None  # shown once the chat starts
@@ -51,7 +52,7 @@ class ChatFrontSpec:
 def run(spec: ChatFrontSpec) -> int:
     """The chat once the engine is up; its exit status (run_chat's)."""
     from engine.remote_llm import RemoteLLM
-    from engine.tokenizer import load_tokenizer, sampling_defaults
+    from engine.tokenizer import load_tokenizer
     from minisgl_cli.tui.local import LocalBackend
     from minisgl_cli.tui.session import ChatSession, fit_session
     from minisgl_cli.tui.store import ChatStore
@@ -69,10 +70,8 @@ def run(spec: ChatFrontSpec) -> int:
     # process alone (which then ends this one) instead of interrupting this one's imports with a traceback. The
     # chat takes it from here (the plain mode stops an answer with it).
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    # `minisgl chat` refused a bad generation_config.json before the load (options.generation_defaults)
-    defaults = sampling_defaults(spec.model)
     backend = LocalBackend(
-        RemoteLLM(tokenizer or load_tokenizer(spec.model), spec.addrs), info, spec.engine_pid, defaults
+        RemoteLLM(tokenizer or load_tokenizer(spec.model), spec.addrs), info, spec.engine_pid, spec.sampling_defaults
     )
     store = ChatStore(Path(spec.db)) if spec.db is not None else None
     try:
