@@ -15,7 +15,7 @@ from engine.loader import Progress
 from engine.metrics import EngineMetrics
 from engine.request import Req
 from engine.sampling_params import SamplingParams
-from engine.text import Prefix, Prompt, RequestOutput, TextState, encode_prompt
+from engine.text import Prefix, Prompt, RequestOutput, TextState, encode_prompt, prompt_text
 from engine.tokenizer import Message, sampling_defaults
 
 __all__ = ["LLM", "Prompt", "RequestOutput"]
@@ -75,7 +75,8 @@ class LLM:
         ids = self.encode(prompt)
         with self._lock:
             req = self.engine.add_request(ids, params, rid)
-            self._text[req.rid] = TextState.create(self.tokenizer, ids, req.params)  # its own copy, checked
+            st = self._text[req.rid] = TextState.create(self.tokenizer, ids, req.params)  # its own copy, checked
+            st.prompt = prompt_text(prompt)
             if box is not None:
                 self._inbox[req.rid] = box
         return req.rid
@@ -152,6 +153,8 @@ class LLM:
             snap(req.logprobs) if req.params.logprobs is not None else None,
             snap(req.prompt_logprobs) if req.params.prompt_logprobs is not None else None,
             st.stop_reason,
+            st.prompt,
+            self.tokenizer.token_texts if req.params.detokenize else None,
         )
 
     # ---- conveniences -------------------------------------------------------------------------------
@@ -221,7 +224,11 @@ class LLM:
         enable_thinking=False), which generate() has no way to pass."""
         convs = [messages] if _one_prompt(messages) else messages
         kw = chat_template_kwargs or {}
-        return self.generate([self.tokenizer.encode_chat(cast(list[Message], c), **kw) for c in convs], params)
+        ids = [self.tokenizer.encode_chat(cast(list[Message], c), **kw) for c in convs]
+        outs = self.generate(ids, params)
+        for out, p in zip(outs, ids):  # the conversation as the template laid it out (vLLM's chat outputs' prompt)
+            out.prompt = self.tokenizer.decode(p, skip_special_tokens=False)
+        return outs
 
     def _withdraw(self, rids: list[str]) -> None:
         for rid in rids:

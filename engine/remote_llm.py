@@ -213,6 +213,8 @@ class RemoteLLM:
                 p.logprobs,
                 p.prompt_logprobs,
                 p.text.stop_reason,
+                None,
+                self.tokenizer.token_texts if p.text.detok is not None else None,
             )
         )
         if finished:

@@ -35,6 +35,7 @@ class Logprobs:
     alternatives, on the host (see _host)."""
 
     chosen: torch.Tensor  # [n]
+    ranks: torch.Tensor  # [n]: how many tokens are at least as likely as the chosen one (vLLM's rank)
     top_ids: torch.Tensor  # [n, max(ks)]
     top_logprobs: torch.Tensor  # [n, max(ks)]
     ks: list[int]
@@ -44,13 +45,16 @@ class Logprobs:
         """logits: [n, V] as the model produced them; tokens: [n], the token whose log-probability each row wants."""
         lp = torch.log_softmax(logits.float(), dim=-1)
         chosen = lp.gather(1, tokens[:, None]).squeeze(1)
+        ranks = (lp >= chosen[:, None]).sum(dim=-1)
         top_lp, top_ids = lp.topk(max(ks), dim=-1)
-        return Logprobs(_host(chosen), _host(top_ids), _host(top_lp), ks)
+        return Logprobs(_host(chosen), _host(ranks), _host(top_ids), _host(top_lp), ks)
 
     def records(self, tokens: list[int]) -> list[TokenLogprob]:
-        chosen, ids, lps = self.chosen.tolist(), self.top_ids.tolist(), self.top_logprobs.tolist()
+        chosen, ranks = self.chosen.tolist(), self.ranks.tolist()
+        ids, lps = self.top_ids.tolist(), self.top_logprobs.tolist()
         return [
-            TokenLogprob(t, c, tuple(zip(i[:k], lp[:k]))) for t, c, i, lp, k in zip(tokens, chosen, ids, lps, self.ks)
+            TokenLogprob(t, c, r, tuple(zip(i[:k], lp[:k])))
+            for t, c, r, i, lp, k in zip(tokens, chosen, ranks, ids, lps, self.ks)
         ]
 
 

@@ -4,18 +4,25 @@ Nothing here touches torch or the engine core, so a front end can run it in a pr
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, TypeVar, overload
 
-from engine.logprobs import TokenLogprob
+from engine.logprobs import Logprob, TokenLogprob, vllm_logprobs
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import IncrementalDetokenizer, Message, Tokenizer
 
 # vLLM's prompt dicts too: {"prompt": text} (TextPrompt) or {"prompt_token_ids": ids} (TokensPrompt)
 Prompt = str | list[int] | list[Message] | dict[str, Any]
 T = TypeVar("T")
+
+
+def prompt_text(prompt: Prompt) -> str | None:
+    """A prompt's text where it was given as text (vLLM's RequestOutput.prompt); None for token ids or messages."""
+    if isinstance(prompt, dict):
+        prompt = prompt.get("prompt")  # type: ignore[assignment]  # encode_prompt refuses any other dict
+    return prompt if isinstance(prompt, str) else None
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: Prompt) -> list[int]:
@@ -153,6 +160,22 @@ class Prefix(Sequence[T]):
 
 
 @dataclass(slots=True)
+class CompletionOutput:
+    """vLLM's CompletionOutput: one completion of a request (RequestOutput.outputs[0])."""
+
+    index: int
+    text: str
+    token_ids: Sequence[int]
+    cumulative_logprob: float | None  # the chosen tokens' log-probabilities summed; None without logprobs
+    logprobs: list[dict[int, Logprob]] | None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
 class RequestOutput:
     rid: str
     prompt_token_ids: list[int]
@@ -171,6 +194,35 @@ class RequestOutput:
     prompt_logprobs: Sequence[TokenLogprob] | None = None  # prompt tokens after the first (prompt_logprobs)
     # finished by "stop": the stop string or stop token id that matched; None for EOS (as vLLM's stop_reason)
     stop_reason: str | int | None = None
+    prompt: str | None = None  # the prompt's text where it was given as text (vLLM's RequestOutput.prompt)
+    # each token's own text, for `outputs`' decoded tokens; None where the request asked for no text
+    token_texts: Callable[[list[int]], list[str]] | None = field(default=None, repr=False, compare=False)
+
+    # ---- vLLM's names for the same record (code written for vllm.LLM reads these) ------------------------
+    @property
+    def request_id(self) -> str:
+        return self.rid
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return self.cache_hit_tokens
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        """vLLM's `outputs`: this request's one completion (minisgl's requests have no n), logprobs in vLLM's shape."""
+        lps = None if self.logprobs is None else vllm_logprobs(self.logprobs, self.token_texts)
+        cumulative = None if self.logprobs is None else sum(r.logprob for r in self.logprobs)
+        return [
+            CompletionOutput(
+                0,
+                self.text,
+                self.token_ids,
+                cumulative,
+                lps,
+                self.finish_reason,
+                self.stop_reason,
+            )
+        ]
 
     @property
     def ttft(self) -> float | None:
@@ -192,6 +244,7 @@ class TextState:
     stop: list[str]
     min_tokens: int = 0  # stop strings count only once this many tokens are out
     stop_ids: frozenset[int] = frozenset()  # stop_token_ids: the one that ends the request adds no text (as vLLM)
+    prompt: str | None = None  # the prompt's text, for the outputs (where it was given as text)
     text: str = ""
     emitted: int = 0  # characters already handed out
     n_ids: int = 0  # output ids already fed

@@ -653,3 +653,53 @@ def test_chat_as_in_vllm(smollm, monkeypatch):
     assert smollm.chat(hi, greedy)[0].prompt_token_ids == ref[0].prompt_token_ids
     with pytest.raises(ValueError, match="each message needs a role"):
         smollm.chat(["Hi!"], greedy)
+
+
+def test_vllms_output_shape_with_ranks_and_decoded_tokens_as_transformers_gives(smollm, hf_smollm):
+    """vLLM's quickstart reads `output.prompt` and `output.outputs[0].text`: both were AttributeErrors. Its logprobs
+    are dicts {token id: Logprob(logprob, rank, decoded_token)} per position, the chosen token first with its rank in
+    the whole vocabulary (how many tokens are at least as likely), then the top ones ranked 1, 2, ...; checked
+    against transformers' distribution at every position."""
+    import torch
+
+    prompts = ["Hello, my name is", "The capital of France is"]
+    params = SamplingParams(max_tokens=6, temperature=1.5, seed=3, logprobs=3, ignore_eos=True)
+    outs = smollm.generate(prompts, params)
+    ranks = []
+    for prompt, out in zip(prompts, outs):
+        assert out.prompt == prompt and out.request_id == out.rid and out.num_cached_tokens == out.cache_hit_tokens
+        (done,) = out.outputs
+        assert (done.index, done.text, list(done.token_ids)) == (0, out.text, list(out.token_ids))
+        assert done.finished() and (done.finish_reason, done.stop_reason) == ("length", None)
+        seq = out.prompt_token_ids + list(out.token_ids)
+        with torch.no_grad():
+            ref = torch.log_softmax(hf_smollm(torch.tensor([seq])).logits[0].float(), -1)
+        assert done.logprobs is not None and len(done.logprobs) == len(out.token_ids) == 6
+        for j, (token, entry) in enumerate(zip(out.token_ids, done.logprobs)):
+            row = ref[len(out.prompt_token_ids) - 1 + j]
+            assert next(iter(entry)) == token  # the chosen token first, as vLLM lists it
+            chosen = entry[token]
+            assert abs(chosen.logprob - row[token].item()) < 1e-4
+            # its rank: the tokens at least as likely (a margin for the fp32 difference between the two models)
+            assert int((row > row[token] + 1e-4).sum()) + 1 <= chosen.rank <= int((row >= row[token] - 1e-4).sum())
+            ranks.append(chosen.rank)
+            top = [t for t in entry if t != token or chosen.rank <= 3]
+            assert [entry[t].rank for t in top] == [1, 2, 3] and top == row.topk(3).indices.tolist()
+            for t, lp in entry.items():
+                assert lp.decoded_token == smollm.tokenizer.token_texts([t])[0]
+                assert abs(lp.logprob - row[t].item()) < 1e-4
+        assert done.cumulative_logprob == pytest.approx(
+            sum(entry[t].logprob for t, entry in zip(seq[-6:], done.logprobs))
+        )
+    assert max(ranks) > 3  # at temperature 1.5 some chosen tokens are outside the top 3: their rank was computed
+    # token ids in, no text out: no prompt text and no decoded tokens (vLLM's detokenize=False); no logprobs asked
+    raw = smollm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, logprobs=1, detokenize=False))[0]
+    assert raw.prompt is None and all(
+        lp.decoded_token is None for e in raw.outputs[0].logprobs or [] for lp in e.values()
+    )
+    plain = smollm.generate("Hi", SamplingParams(max_tokens=2))[0].outputs[0]
+    assert plain.logprobs is None and plain.cumulative_logprob is None
+    # chat(): the prompt as the template laid the conversation out
+    hi = [{"role": "user", "content": "Hi!"}]
+    laid_out = smollm.tokenizer.hf.apply_chat_template(hi, tokenize=False, add_generation_prompt=True)
+    assert smollm.chat(hi, SamplingParams(max_tokens=2))[0].prompt == laid_out
