@@ -15,7 +15,7 @@ from engine.loader import Progress
 from engine.metrics import EngineMetrics
 from engine.request import Req
 from engine.sampling_params import SamplingParams
-from engine.text import Prefix, Prompt, RequestOutput, TextState, encode_prompt, prompt_text
+from engine.text import ChatPrompt, Prefix, Prompt, RequestOutput, TextState, encode_prompt, prompt_text
 from engine.tokenizer import Message, sampling_defaults
 
 __all__ = ["LLM", "Prompt", "RequestOutput"]
@@ -218,13 +218,18 @@ class LLM:
         messages: list[Message] | Sequence[list[Message]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[RequestOutput]:
         """vLLM's LLM.chat: one conversation or a list of them, laid out by the model's chat template with the
-        assistant's turn opened; generate() with the conversations, plus the template's own variables (Qwen3's
-        enable_thinking=False), which generate() has no way to pass."""
+        assistant's turn opened (or, with continue_final_message, the last message left open to be continued);
+        generate() with the conversations, plus the template's own variables (Qwen3's enable_thinking=False)."""
         convs = [messages] if _one_prompt(messages) else messages
         kw = chat_template_kwargs or {}
-        ids = [self.tokenizer.encode_chat(cast(list[Message], c), **kw) for c in convs]
+        ids = [
+            ChatPrompt(cast(list[Message], c), kw, add_generation_prompt, continue_final_message).encode(self.tokenizer)
+            for c in convs
+        ]
         outs = self.generate(ids, params)
         for out, p in zip(outs, ids):  # the conversation as the template laid it out (vLLM's chat outputs' prompt)
             out.prompt = self.tokenizer.decode(p, skip_special_tokens=False)

@@ -13,8 +13,28 @@ from engine.logprobs import Logprob, TokenLogprob, vllm_logprobs
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import IncrementalDetokenizer, Message, Tokenizer
 
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """A conversation with the chat template's switches and variables (what a bare list of messages leaves at their
+    defaults): vLLM's chat_template_kwargs, add_generation_prompt and continue_final_message."""
+
+    messages: list[Message]
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    def encode(self, tokenizer: Tokenizer) -> list[int]:
+        return tokenizer.encode_chat(
+            self.messages,
+            add_generation_prompt=self.add_generation_prompt,
+            continue_final_message=self.continue_final_message,
+            **self.template_kwargs,
+        )
+
+
 # vLLM's prompt dicts too: {"prompt": text} (TextPrompt) or {"prompt_token_ids": ids} (TokensPrompt)
-Prompt = str | list[int] | list[Message] | dict[str, Any]
+Prompt = str | list[int] | list[Message] | dict[str, Any] | ChatPrompt
 T = TypeVar("T")
 
 
@@ -27,6 +47,8 @@ def prompt_text(prompt: Prompt) -> str | None:
 
 def encode_prompt(tokenizer: Tokenizer, prompt: Prompt) -> list[int]:
     """Token ids of a text, a token list or a chat conversation; ValueError for an empty or malformed one."""
+    if isinstance(prompt, ChatPrompt):
+        return prompt.encode(tokenizer)
     if isinstance(prompt, dict):
         # vLLM's TextPrompt / TokensPrompt: {"prompt": text} or {"prompt_token_ids": ids}; any other dict is refused
         # (a dict iterated as a list of prompts ran its keys: {"prompt": "Hi"} generated for the text "prompt")

@@ -21,6 +21,29 @@ def check_unicode(text: str, what: str) -> None:
         ) from None
 
 
+# apply_chat_template's own parameters and what the request sets itself: never a template variable from a request
+TEMPLATE_CALL_ARGS = frozenset(
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "tokenize",
+        "add_generation_prompt",
+        "continue_final_message",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        "add_special_tokens",
+    }
+)
+
+
 class Tokenizer:
     """A Hugging Face tokenizer with the few calls the engine needs."""
 
@@ -108,10 +131,25 @@ class Tokenizer:
         """The chat template reads `enable_thinking` (Qwen3 and others): chat_prompt(..., enable_thinking=...)."""
         return self.has_chat_template and "enable_thinking" in str(self.hf.chat_template)
 
-    def chat_prompt(self, messages: list[Message], **template_kwargs: Any) -> str:
-        """template_kwargs: extra variables for the chat template (e.g. enable_thinking)."""
+    def chat_prompt(
+        self,
+        messages: list[Message],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        **template_kwargs: Any,
+    ) -> str:
+        """template_kwargs: extra variables for the chat template (e.g. enable_thinking). add_generation_prompt:
+        open the assistant's turn after the messages; continue_final_message: leave the last message open instead,
+        so that the answer continues it (vLLM's and transformers' switches of the same names)."""
         if not messages:
             raise ValueError("messages must not be empty")
+        if add_generation_prompt and continue_final_message:
+            raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
+        taken = sorted(set(template_kwargs) & TEMPLATE_CALL_ARGS)
+        if taken:
+            raise ValueError(
+                f"chat_template_kwargs: {taken[0]!r} is a parameter of the template's call, not a variable"
+            )
         for m in messages:
             if (
                 not isinstance(m, dict)
@@ -129,13 +167,19 @@ class Tokenizer:
                     "this model's tokenizer has no chat template, so its messages have no known layout: send a plain"
                     " prompt (a completion) instead, or use a model whose tokenizer has one"
                 )
-            return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+            return text[:-1] if continue_final_message else text + "assistant:" * add_generation_prompt
         prompt: str = self.hf.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **template_kwargs
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            **template_kwargs,
         )
         return prompt
 
     def encode_chat(self, messages: list[Message], **template_kwargs: Any) -> list[int]:
+        """template_kwargs: chat_prompt's keywords (its switches and the template's variables)."""
         return list(self.hf.encode(self.chat_prompt(messages, **template_kwargs), add_special_tokens=False))
 
 

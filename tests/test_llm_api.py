@@ -653,6 +653,14 @@ def test_chat_as_in_vllm(smollm, monkeypatch):
     assert smollm.chat(hi, greedy)[0].prompt_token_ids == ref[0].prompt_token_ids
     with pytest.raises(ValueError, match="each message needs a role"):
         smollm.chat(["Hi!"], greedy)
+    # vLLM's switches: the last (assistant) message left open, to be continued; as transformers lays it out
+    started = [*hi, {"role": "assistant", "content": "Hello! How"}]
+    kw = dict(add_generation_prompt=False, continue_final_message=True)
+    cont = smollm.chat(started, greedy, **kw)[0]
+    assert cont.prompt_token_ids == list(smollm.tokenizer.hf.apply_chat_template(started, return_dict=False, **kw))
+    assert cont.prompt is not None and cont.prompt.endswith("Hello! How")
+    with pytest.raises(ValueError, match="cannot both be true"):
+        smollm.chat(started, greedy, continue_final_message=True)
 
 
 def test_vllms_output_shape_with_ranks_and_decoded_tokens_as_transformers_gives(smollm, hf_smollm):

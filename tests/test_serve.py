@@ -222,7 +222,8 @@ def test_a_long_prompt_is_tokenized_off_the_event_loop(smol):
             time.sleep(0.01)
     thread.join()
     assert reply[0].status_code == 400 and "exceeds the model's context length" in reply[0].text, reply[0].text
-    assert answered >= 10, answered  # on the loop: one or two, before the prompt arrived and after its refusal
+    # on the loop: one or two, before the prompt arrived and after its refusal (off it, 9-30 by the machine's speed)
+    assert answered >= 5, answered
 
 
 # ---- the tiny model: protocol, errors, admission, metrics ---------------------------------------------------------
@@ -482,7 +483,8 @@ def test_tokenize_detokenize_and_version_as_vllms(tiny):
         ("/tokenize", {}, "prompt"),
         ("/tokenize", {"prompt": "a", "add_special_tokens": False}, "add_special_tokens"),
         ("/tokenize", {"messages": MSG, "chat_template": "{{ 1 }}"}, "chat_template"),
-        ("/tokenize", {"messages": MSG, "add_generation_prompt": False}, "add_generation_prompt"),
+        ("/tokenize", {"prompt": "a", "add_generation_prompt": False}, "add_generation_prompt"),
+        ("/tokenize", {"prompt": "a", "chat_template_kwargs": {"x": 1}}, "chat_template_kwargs"),
         ("/tokenize", {"messages": []}, "messages"),
         ("/detokenize", {"tokens": [1, 512]}, "tokens"),
         ("/detokenize", {"tokens": [-1]}, "tokens"),
@@ -883,3 +885,51 @@ def test_an_assistant_turns_reasoning_reaches_the_template_as_in_vllm(smol, monk
         assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
         r = httpx.post(server.url + "/v1/chat/completions", json={"messages": bad, "max_tokens": 1})
         assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+
+
+def test_chat_template_variables_and_switches_as_in_vllm(smol, monkeypatch):
+    """`chat_template_kwargs` (how clients switch Qwen3's thinking off: `minisgl chat --url` sends it for /think),
+    `add_generation_prompt` and `continue_final_message` were refused: 400 for every request that set them. They now
+    lay the conversation out as transformers' apply_chat_template does with the same arguments, in chat completions
+    and /tokenize alike; what cannot work is refused by name."""
+    server, _ = smol
+    hf = server.llm.tokenizer.hf
+    qwen3_like = hf.chat_template + (
+        "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    )
+    monkeypatch.setattr(hf, "chat_template", qwen3_like)
+    client = server.openai()
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    started = [*question, {"role": "assistant", "content": "The capital of France is"}]
+    cases = [
+        (question, {"chat_template_kwargs": {"enable_thinking": False}}, {"enable_thinking": False}),
+        (question, {"add_generation_prompt": False}, {"add_generation_prompt": False}),
+        (
+            started,
+            {"add_generation_prompt": False, "continue_final_message": True},
+            {"add_generation_prompt": False, "continue_final_message": True},
+        ),
+    ]
+    seen = set()
+    for messages, body, hf_kwargs in cases:
+        kwargs = {"add_generation_prompt": True, **hf_kwargs}
+        reference = list(hf.apply_chat_template(messages, tokenize=True, return_dict=False, **kwargs))
+        seen.add(tuple(reference))
+        tokens = httpx.post(server.url + "/tokenize", json={"messages": messages, **body}).json()["tokens"]
+        assert tokens == reference, body
+        answer = client.chat.completions.create(
+            model=server.model, messages=messages, max_tokens=4, temperature=0, extra_body=body
+        )
+        assert answer.usage.prompt_tokens == len(reference)
+        # the answer to those very ids (the engine belongs to the server's loop: asked through it)
+        same = client.completions.create(model=server.model, prompt=reference, max_tokens=4, temperature=0)
+        assert answer.choices[0].message.content == same.choices[0].text
+    assert len(seen) == 3 and tuple(server.llm.encode(question)) not in seen  # each switch changed the prompt
+    for body, param in [
+        ({"add_generation_prompt": True, "continue_final_message": True}, "add_generation_prompt"),
+        ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"enable_thinking": False}, "add_generation_prompt": "no"}, "add_generation_prompt"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=server.model, messages=question, max_tokens=1, extra_body=body)
+        assert e.value.body["param"] == param, (body, e.value.body)

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 from engine.streams import EngineDeadError
-from engine.text import Prompt, RequestOutput
+from engine.text import ChatPrompt, Prompt, RequestOutput
 from engine.tokenizer import Tokenizer
 from minisgl_cli.server.engine_client import EngineClient, Job, JobSpec
 from minisgl_cli.server.errors import APIError
@@ -42,7 +42,7 @@ async def completions(body: CompletionRequest, request: Request):
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
-    return await _generate(request, body, [body.chat_messages()], chat=True)
+    return await _generate(request, body, [body.chat_prompt()], chat=True)
 
 
 def _naming(param: str, e: Exception) -> str:
@@ -50,7 +50,15 @@ def _naming(param: str, e: Exception) -> str:
 
 
 # ValueErrors of the engine's checks (RequestLimits) that start with one of these name it as the request's parameter
-_NAMED = ("logit_bias", "stop_token_ids", "n", "best_of")
+_NAMED = (
+    "logit_bias",
+    "stop_token_ids",
+    "n",
+    "best_of",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
+)
 
 
 def _refusal(e: Exception, chat: bool) -> APIError:
@@ -135,6 +143,8 @@ INLINE_PROMPT_CHARS = 16384
 def _text_chars(prompt: Prompt) -> int:
     if isinstance(prompt, str):
         return len(prompt)
+    if isinstance(prompt, ChatPrompt):
+        prompt = prompt.messages
     return sum(len(str(m.get("content", ""))) for m in prompt if isinstance(m, dict))
 
 

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from engine.sampling_params import MAX_LOGPROBS
+from engine.text import ChatPrompt
 from minisgl_cli.server.errors import APIError
 
 # Request fields passed straight to engine.sampling_params.SamplingParams (which validates them).
@@ -244,16 +245,16 @@ class ChatCompletionRequest(GenerationRequest):
         "verbosity": (None,),
         "echo": (None, False),
         "add_special_tokens": (None, False),
-        "add_generation_prompt": (None, True),
-        "continue_final_message": (None, False),
         "chat_template": (None,),
-        "chat_template_kwargs": (None, {}),
         "documents": (None,),
         "return_prompt_text": (None, False),  # vLLM's: the templated prompt in the answer
         "best_of": (None, 1),  # completions only
     }
 
     messages: list[ChatMessage]
+    chat_template_kwargs: dict[str, Any] | None = None  # the template's variables (Qwen3's enable_thinking)
+    add_generation_prompt: bool | None = True
+    continue_final_message: bool | None = False  # the answer continues the last message (a prefilled assistant turn)
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
@@ -272,8 +273,18 @@ class ChatCompletionRequest(GenerationRequest):
     def top_logprobs_count(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def chat_messages(self) -> list[dict[str, str]]:
-        return conversation(self.messages)
+    def chat_prompt(self) -> ChatPrompt:
+        return chat_prompt(self, self.messages)
+
+
+def chat_prompt(body: ChatCompletionRequest | TokenizeRequest, messages: list[ChatMessage]) -> ChatPrompt:
+    """The messages with the body's template switches and variables (chat completions and /tokenize take the same)."""
+    return ChatPrompt(
+        conversation(messages),
+        body.chat_template_kwargs or {},
+        body.add_generation_prompt is not False,
+        bool(body.continue_final_message),
+    )
 
 
 def conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
@@ -318,13 +329,16 @@ class TokenizeRequest(_Body):
     """A completion's `prompt` or a chat's `messages` (one of the two), tokenized as the matching endpoint would."""
 
     # what vLLM's tokenize takes that would give other ids than the generation endpoints count: refused by name
-    PROMPT_REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {"add_special_tokens": (None, True)}
-    CHAT_REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
-        "add_special_tokens": (None, False),
+    PROMPT_REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "add_special_tokens": (None, True),
+        # a chat's switches: a text prompt has no template to take them
+        "chat_template_kwargs": (None, {}),
         "add_generation_prompt": (None, True),
         "continue_final_message": (None, False),
+    }
+    CHAT_REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "add_special_tokens": (None, False),
         "chat_template": (None,),
-        "chat_template_kwargs": (None, {}),
         "tools": (None, []),
         "mm_processor_kwargs": (None, {}),
     }
@@ -334,6 +348,9 @@ class TokenizeRequest(_Body):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool | None = True
+    continue_final_message: bool | None = False
     return_token_strs: bool | None = False
 
 

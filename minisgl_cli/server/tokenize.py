@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 
 from minisgl_cli.server.engine_client import EngineClient
 from minisgl_cli.server.errors import APIError
-from minisgl_cli.server.protocol import DetokenizeRequest, TokenizeRequest, conversation, refuse_unsupported
+from minisgl_cli.server.protocol import DetokenizeRequest, TokenizeRequest, chat_prompt, refuse_unsupported
 
 router = APIRouter()
 
@@ -26,7 +26,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     refuse_unsupported(body, TokenizeRequest.CHAT_REFUSED if chat else TokenizeRequest.PROMPT_REFUSED)
     if body.messages == []:
         raise APIError(400, "messages must not be empty", param="messages")
-    prompt = conversation(body.messages) if body.messages is not None else body.prompt or ""
+    prompt = chat_prompt(body, body.messages) if body.messages is not None else body.prompt or ""
     try:
         ids = await asyncio.to_thread(client.encode, prompt) if prompt or chat else []  # vLLM: "" is no tokens
     except ValueError as e:
