@@ -848,6 +848,9 @@ def test_logprobs_logit_bias_min_tokens_on_the_gpu_sampler(peaked_model):
         for r in out.logprobs or []:
             lps = [lp for _, lp in r.top]
             assert r.logprob <= 0 and lps == sorted(lps, reverse=True) and r.logprob <= lps[0] + 1e-3
+            # its rank (vLLM's: the tokens at least as likely), as the top list shows it where the list reaches it
+            at_least = sum(lp >= r.logprob for lp in lps)
+            assert r.rank == at_least if at_least < len(lps) else r.rank >= len(lps), (r.rank, r.logprob, lps)
     for out in outs[10:]:  # greedy: its own top-1, or tied with it (bf16 logits tie; topk orders ties any way)
         for r in out.logprobs or []:
             assert r.logprob == r.top[0][1], (r.token, r.logprob, r.top)
