@@ -207,6 +207,47 @@ def test_copy_answer_and_code_blocks(tiny):
     run_app(tiny, scenario, session=session)
 
 
+def test_a_click_copies_any_message():
+    """Only the last answer could be copied (f3, /copy): a click on any question or answer copies it (oterm's way),
+    through the Markdown inside an answer too; a click on a thinking block folds it and copies nothing, and the answer
+    still streaming is not copied half-done."""
+    session = ChatSession(max_tokens=64, max_tokens_limit=4096)
+    session.add(ChatMessage("user", "first question"))
+    session.add(ChatMessage("assistant", "the **first** answer", reasoning="I thought", stats=TurnStats(4, 0, 9)))
+    session.add(ChatMessage("user", "second question"))
+    session.add(ChatMessage("assistant", "the second answer", stats=TurnStats(3, 0, 9)))
+
+    class Slow(ScriptedBackend):
+        def start(self, messages, params, thinking):
+            return ScriptedAnswer(["word "] * 400, 0.02, None)
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await pilot.pause()
+        users, answers = list(app.query(UserMessage)), list(app.query(AssistantMessage))
+        for widget, text, what in [
+            (users[0], "first question", "question"),
+            (answers[0].answer, "the **first** answer", "answer"),  # the Markdown inside: the click bubbles up
+            (users[1], "second question", "question"),
+            (answers[1], "the second answer", "answer"),
+        ]:
+            await pilot.click(widget)
+            await pilot.pause()
+            assert app.clipboard == text and f"copied the {what} ({len(text)} characters)" in notices(app)[-1]
+        thinking = answers[0].thinking
+        assert thinking is not None and thinking.collapsed
+        await pilot.click(thinking)
+        await pilot.pause()
+        assert not thinking.collapsed and app.clipboard == "the second answer"  # folded open, nothing copied
+        await send(pilot, "a long one")
+        await wait_for(pilot, lambda: app.turn.output_tokens >= 2, what="tokens")
+        await pilot.click(list(app.query(AssistantMessage))[-1])
+        await pilot.pause()
+        assert app.clipboard == "the second answer" and "still coming" in notices(app)[-1]
+        await pilot.press("escape")
+
+    run_pilot(ChatApp(Slow(thinking_switch=None), session), scenario)
+
+
 def test_reset_mid_answer_keeps_the_partial_answer_in_its_chat(db):
     """/reset is ctrl+n: the answer in flight is stopped and kept in its own chat. /reset once emptied the session
     first, so the partial answer was saved alone, as a new "untitled" chat that could not be sent again."""

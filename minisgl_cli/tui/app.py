@@ -9,11 +9,12 @@ import asyncio
 import dataclasses
 import time
 
-from textual import work
+from textual import events, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.css.query import NoMatches
+from textual.dom import DOMNode
 from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Footer, Header, Markdown
@@ -32,6 +33,7 @@ from minisgl_cli.tui.widgets import (
     MetricsPanel,
     NoteMessage,
     PromptBox,
+    ThinkingBlock,
     UserMessage,
     thought_title,
 )
@@ -46,7 +48,7 @@ KEY_HELP = {
     "new_conversation": "new chat",
     "regenerate": "answer the last message again",
     "edit_last": "edit your last message and send it again",
-    "copy_answer": "copy the last answer",
+    "copy_answer": "copy the last answer (a click on a message copies that one)",
     "sessions": "saved chats: open (enter), rename (r), delete (d d)",
     "multiline": "multi-line mode: enter adds lines, ctrl+s sends",
     "help": "this help",
@@ -483,6 +485,26 @@ class ChatApp(App):
 
     def action_copy_answer(self) -> None:
         self.copy("", "")
+
+    def on_click(self, event: events.Click) -> None:
+        """A click on a message copies it (oterm's way): any question or answer, not only the last answer. Not after
+        a drag (the mouse selected text, which ctrl+c copies), not on a thinking block (its title folds it), and not
+        a double click (a word selected)."""
+        if event.chain > 1 or self.screen.get_selected_text():
+            return
+        node: DOMNode | None = event.widget
+        while node is not None and not isinstance(node, (UserMessage, AssistantMessage, ThinkingBlock)):
+            node = node.parent
+        if not isinstance(node, (UserMessage, AssistantMessage)):
+            return
+        history = self.session.history
+        if node.index >= len(history):  # the answer in flight joins the history when it ends
+            self.say("that answer is still coming: copy it once it is done", severity="warning")
+            return
+        text = history[node.index].content
+        self.copy_to_clipboard(text)
+        what = "question" if isinstance(node, UserMessage) else "answer"
+        self.say(f"copied the {what} ({len(text)} characters)")
 
     def copy(self, what: str, n: str) -> None:
         i = self.session.last("assistant")
