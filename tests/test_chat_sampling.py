@@ -59,7 +59,7 @@ def test_set_command_changes_what_the_next_turn_samples_with():
             run_command(line, s)
     assert s.sampling == {"top_p": 0.9, "repetition_penalty": 1.15}  # a refused /set changed nothing
     rows = dict(settings_rows(s))
-    assert rows["top p"] == "0.9" and rows["repetition penalty"] == "1.15" and "top k" not in rows
+    assert rows["top_p"] == "0.9" and rows["repetition_penalty"] == "1.15" and "top_k" not in rows  # /set's names
     s.add(ChatMessage("user", "hi"))
     assert "temperature 0.3 · max tokens 512 · top_p 0.9 · repetition_penalty 1.15" in to_markdown(s)
     doc = json.loads(to_json(s))

@@ -18,7 +18,10 @@ HELP: list[tuple[str, str]] = [
     ("/think on|off", "thinking of reasoning models (chat templates with enable_thinking)"),
     ("/regen", "answer the last message again"),
     ("/edit", "edit the last message and send it again"),
-    ("/copy [code [n]]", "copy the last answer, or its n-th code block (default: the last)"),
+    (
+        "/copy [code [n]]",
+        "copy the last answer, or its n-th code block (default: the last); a click copies any message",
+    ),
     ("/export md|json [path]", "write the conversation to a file"),
     ("/sessions", "saved conversations: open, rename, delete"),
     ("/rename <title>", "rename this conversation"),

@@ -75,7 +75,7 @@ def settings_rows(session: ChatSession) -> list[tuple[str, str]]:
         ("system prompt", system if len(system) <= 200 else system[:199] + "…"),
         ("temperature", f"{session.temperature:g}"),
         ("max tokens", str(session.max_tokens)),
-        *[(name.replace("_", " "), setting_text(value)) for name, value in session.sampling.items()],
+        *[(name, setting_text(value)) for name, value in session.sampling.items()],  # as /set and exports name it
         ("thinking", thinking),
     ]
 
