@@ -189,7 +189,7 @@ class LLM:
             box: list[RequestOutput] = []
             try:
                 for p, sp in zip(batch, plist):
-                    rids.append(self._add(p, sp, None, box))
+                    rids += [self._add(p, c, None, box) for c in _choices(sp)]
                 running = on_step is not None or on_output is not None
                 while len(final) < len(rids):
                     outs, counts = self._receive(box, running)
@@ -211,7 +211,14 @@ class LLM:
                 for rid in rids:
                     self._inbox.pop(rid, None)
             self._drain(rids)  # a stop string ended some: their pages go back now
-        return [final[r] for r in rids]
+        outs, i = [], 0
+        for sp in plist:  # each prompt's first choice, holding all of its choices (vLLM's outputs) where n > 1
+            n, first = sp.n, final[rids[i]]
+            if n > 1:
+                first.choices = [final[r] for r in rids[i : i + n]]
+            outs.append(first)
+            i += n
+        return outs
 
     def chat(
         self,
@@ -289,6 +296,21 @@ class LLM:
             "attention": e.backend_name,
             "tp": str(self.config.tp),
         }
+
+
+def _choices(params: SamplingParams) -> list[SamplingParams]:
+    """A prompt's n choices as requests of one choice each: choice j samples with seed + j (vLLM's rule: choices
+    differ, and each is reproducible as one request with that seed)."""
+    if not isinstance(params, SamplingParams) or params.n == 1:
+        return [params]  # (anything else is refused by the engine's check, naming it)
+    out = []
+    for j in range(params.n):
+        c = params.own_copy()
+        c.n = 1
+        if c.seed is not None:
+            c.seed += j
+        out.append(c)
+    return out
 
 
 def _one_prompt(prompts: object) -> bool:

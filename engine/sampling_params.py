@@ -9,6 +9,7 @@ from typing import TypeGuard
 
 MAX_LOGPROBS = 20  # most alternatives per position (vLLM's default --max-logprobs; OpenAI's top_logprobs limit)
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
+MAX_N = 128  # most choices of one prompt (OpenAI's limit on n and best_of)
 
 
 @dataclass(slots=True)
@@ -34,6 +35,10 @@ class SamplingParams:
     # False: token ids only, no text (vLLM's `detokenize=False`; bench-offline, whose peers skip it too). Stop
     # strings are matched in the text, so they need it.
     detokenize: bool = True
+    # Choices of the prompt (vLLM's n): LLM.generate and LLM.chat run one request per choice, choice j with seed + j
+    # (vLLM's rule), and return them together as one output's `outputs`. A request submitted alone (add_request,
+    # stream, the engine itself) is one choice: n = 1 only.
+    n: int = 1
 
     def __post_init__(self) -> None:
         if self.seed == -1 and _integer(self.seed):
@@ -69,7 +74,7 @@ class SamplingParams:
             # as floats: an int past 2**63 (temperature=2**64) went into the sampler's int64 tensor and failed the step,
             # which ends the engine for every request
             setattr(self, name, float(getattr(self, name)))
-        for name in ("max_tokens", "top_k", "min_tokens"):
+        for name in ("max_tokens", "top_k", "min_tokens", "n"):
             if not _integer(getattr(self, name)):
                 raise ValueError(f"{name} must be an integer (got {getattr(self, name)!r})")
         for name in ("ignore_eos", "detokenize"):
@@ -79,6 +84,7 @@ class SamplingParams:
             raise ValueError(f"stop and stop_token_ids must be lists (got {self.stop!r}, {self.stop_token_ids!r})")
         checks = [
             (self.max_tokens >= 1, "max_tokens", "must be an integer >= 1"),
+            (1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}]"),
             (self.temperature >= 0, "temperature", "must be >= 0"),
             (-1 <= self.top_k < 2**63, "top_k", "must be -1 (off) or a positive 64-bit integer"),
             (0 < self.top_p <= 1, "top_p", "must be in (0, 1]"),

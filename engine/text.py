@@ -105,6 +105,10 @@ class RequestLimits:
             raise ValueError(f"sampling params must be a SamplingParams (got {type(params).__name__} {params!r:.40})")
         params = params.own_copy()
         params.validate()  # again: a field assigned after construction was never checked
+        if params.n != 1:
+            raise ValueError(
+                f"n={params.n}: a request is one choice; LLM.generate() and chat() run n choices (one request each)"
+            )
         if not prompt_ids:
             raise ValueError("prompt is empty")
         fast = set(map(type, prompt_ids)) <= {int} and min(prompt_ids) >= 0 and max(prompt_ids) < self.vocab_size
@@ -219,6 +223,8 @@ class RequestOutput:
     prompt: str | None = None  # the prompt's text where it was given as text (vLLM's RequestOutput.prompt)
     # each token's own text, for `outputs`' decoded tokens; None where the request asked for no text
     token_texts: Callable[[list[int]], list[str]] | None = field(default=None, repr=False, compare=False)
+    # all of the prompt's choices where LLM.generate ran n > 1 of them (this output is the first): `outputs`
+    choices: list[RequestOutput] | None = field(default=None, repr=False, compare=False)
 
     # ---- vLLM's names for the same record (code written for vllm.LLM reads these) ------------------------
     @property
@@ -231,20 +237,14 @@ class RequestOutput:
 
     @property
     def outputs(self) -> list[CompletionOutput]:
-        """vLLM's `outputs`: this request's one completion (minisgl's requests have no n), logprobs in vLLM's shape."""
+        """vLLM's `outputs`: the prompt's completions (n of them where SamplingParams.n asked for n; this record's
+        own fields are the first's), logprobs in vLLM's shape."""
+        return [c.completion(j) for j, c in enumerate(self.choices or [self])]
+
+    def completion(self, index: int) -> CompletionOutput:
         lps = None if self.logprobs is None else vllm_logprobs(self.logprobs, self.token_texts)
         cumulative = None if self.logprobs is None else sum(r.logprob for r in self.logprobs)
-        return [
-            CompletionOutput(
-                0,
-                self.text,
-                self.token_ids,
-                cumulative,
-                lps,
-                self.finish_reason,
-                self.stop_reason,
-            )
-        ]
+        return CompletionOutput(index, self.text, self.token_ids, cumulative, lps, self.finish_reason, self.stop_reason)
 
     @property
     def ttft(self) -> float | None:

@@ -711,3 +711,35 @@ def test_vllms_output_shape_with_ranks_and_decoded_tokens_as_transformers_gives(
     hi = [{"role": "user", "content": "Hi!"}]
     laid_out = smollm.tokenizer.hf.apply_chat_template(hi, tokenize=False, add_generation_prompt=True)
     assert smollm.chat(hi, SamplingParams(max_tokens=2))[0].prompt == laid_out
+
+
+def test_n_choices_as_in_vllm(smollm):
+    """vLLM's SamplingParams(n=...) (a TypeError here): generate() runs n choices of each prompt, choice j seeded
+    seed + j (vLLM's rule), and returns them as one output's `outputs`, each equal to a single request with that
+    seed; a request submitted alone is one choice and says so."""
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=11, n=3, ignore_eos=True)
+    prompts = ["Once upon a time", "The weather today"]
+    outs = smollm.generate(prompts, params)
+    assert len(outs) == 2
+    for prompt, out in zip(prompts, outs):
+        alone = [
+            smollm.generate(prompt, SamplingParams(max_tokens=6, temperature=1.0, seed=11 + j, ignore_eos=True))[0]
+            for j in range(3)
+        ]
+        assert [(c.index, c.text, list(c.token_ids)) for c in out.outputs] == [
+            (j, a.text, list(a.token_ids)) for j, a in enumerate(alone)
+        ]
+        assert out.text == out.outputs[0].text and len({c.text for c in out.outputs}) > 1
+    # mixed per prompt, and through chat(); the caller's params object is not changed
+    mixed = smollm.generate(prompts, [params, SamplingParams(max_tokens=2, n=1)])
+    assert [len(o.outputs) for o in mixed] == [3, 1] and params.n == 3 and params.seed == 11
+    chat = smollm.chat([{"role": "user", "content": "Hi!"}], SamplingParams(max_tokens=3, n=2, seed=5))[0]
+    assert len(chat.outputs) == 2 and chat.prompt is not None
+    for bad in (0, 129, 1.5):
+        with pytest.raises(ValueError, match=r"n must be an integer"):
+            SamplingParams(n=bad)
+    with pytest.raises(ValueError, match=r"n=2: a request is one choice"):
+        next(iter(smollm.stream("hi", SamplingParams(n=2))))
+    with pytest.raises(ValueError, match=r"n=2: a request is one choice"):
+        smollm.add_request("hi", SamplingParams(n=2))
+    assert not smollm.has_work()

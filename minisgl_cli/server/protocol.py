@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from engine.sampling_params import MAX_LOGPROBS
+from engine.sampling_params import MAX_LOGPROBS, MAX_N
 from engine.text import ChatPrompt
 from minisgl_cli.server.errors import APIError
 
@@ -29,7 +29,6 @@ SAMPLING_FIELDS = (
     "min_tokens",
     "logit_bias",
 )
-MAX_N = 128  # OpenAI's limit on n (and best_of)
 
 
 class _Body(BaseModel):
