@@ -11,7 +11,7 @@ from typing import Any, TypeVar, overload
 
 from engine.logprobs import Logprob, TokenLogprob, vllm_logprobs
 from engine.sampling_params import SamplingParams
-from engine.tokenizer import IncrementalDetokenizer, Message, Tokenizer
+from engine.tokenizer import IncrementalDetokenizer, Message, Tokenizer, check_template_kwargs
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +25,7 @@ class ChatPrompt:
     continue_final_message: bool = False
 
     def encode(self, tokenizer: Tokenizer) -> list[int]:
+        check_template_kwargs(self.template_kwargs)  # before the call: "messages" would collide with its argument
         return tokenizer.encode_chat(
             self.messages,
             add_generation_prompt=self.add_generation_prompt,

@@ -44,6 +44,13 @@ TEMPLATE_CALL_ARGS = frozenset(
 )
 
 
+def check_template_kwargs(kwargs: dict[str, Any]) -> None:
+    """ValueError if a request's chat template variables name a parameter of the template's call."""
+    taken = sorted(set(kwargs) & TEMPLATE_CALL_ARGS)
+    if taken:
+        raise ValueError(f"chat_template_kwargs: {taken[0]!r} is a parameter of the template's call, not a variable")
+
+
 class Tokenizer:
     """A Hugging Face tokenizer with the few calls the engine needs."""
 
@@ -145,11 +152,7 @@ class Tokenizer:
             raise ValueError("messages must not be empty")
         if add_generation_prompt and continue_final_message:
             raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
-        taken = sorted(set(template_kwargs) & TEMPLATE_CALL_ARGS)
-        if taken:
-            raise ValueError(
-                f"chat_template_kwargs: {taken[0]!r} is a parameter of the template's call, not a variable"
-            )
+        check_template_kwargs(template_kwargs)
         for m in messages:
             if (
                 not isinstance(m, dict)

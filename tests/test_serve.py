@@ -928,6 +928,9 @@ def test_chat_template_variables_and_switches_as_in_vllm(smol, monkeypatch):
     for body, param in [
         ({"add_generation_prompt": True, "continue_final_message": True}, "add_generation_prompt"),
         ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),
+        # names of the layout's own arguments: a TypeError (a 500) before they were checked by name
+        ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs"),
         ({"chat_template_kwargs": {"enable_thinking": False}, "add_generation_prompt": "no"}, "add_generation_prompt"),
     ]:
         with pytest.raises(openai.BadRequestError) as e:
