@@ -51,7 +51,10 @@ def timed_run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams], 
     try:
         t0 = time.perf_counter()
         stamp = lambda *_: steps.append(time.perf_counter())  # noqa: E731
-        outs = llm.generate(prompts, params, **({"on_progress": stamp} if lean else {"on_step": stamp}))
+        if lean:
+            outs = llm.generate(prompts, params, on_progress=stamp, use_tqdm=False)
+        else:
+            outs = llm.generate(prompts, params, on_step=stamp, use_tqdm=False)
         wall = time.perf_counter() - t0
     finally:
         del llm.add_request

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from typing import Any, cast
@@ -161,21 +163,26 @@ class LLM:
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         on_output: Callable[[RequestOutput], object] | None = None,
         on_step: Callable[[list[RequestOutput]], object] | None = None,
         on_progress: Callable[[int, int], object] | None = None,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Run a batch to completion; outputs in prompt order. `prompts` is a list of prompts, or one prompt (a
         string, a token-id list, a conversation), which gives a list of one output. on_step(outputs) sees each
         step's outputs at once; on_progress(requests, tokens) only counts them (how many requests the step changed,
         how many tokens it produced), so without on_step and on_output no output is built for a running request that
-        needs no text.
+        needs no text. use_tqdm (vLLM's name): a progress bar of the finished requests on stderr where it is a
+        terminal.
         If the call fails (a bad prompt, a callback raising, KeyboardInterrupt), the requests it added are
         withdrawn: none runs on, none holds KV pages. Calls may overlap (threads, or one inside another's callback or
         stream loop): the engine steps for all of them, and each call sees the outputs of its own requests only."""
         # a string, token ids or one conversation: a batch of one
         batch = [cast(Prompt, prompts)] if _one_prompt(prompts) else cast(Sequence[Prompt], prompts)
+        if not isinstance(use_tqdm, bool):  # vLLM also takes a tqdm factory: a bar of another kind is not drawn here
+            raise TypeError(f"use_tqdm must be True or False (got {type(use_tqdm).__name__})")
+        params = sampling_params
         if params is None or isinstance(params, SamplingParams):
             plist = [params or self.get_default_sampling_params()] * len(batch)
         else:  # any sequence, not only a list or tuple
@@ -187,10 +194,12 @@ class LLM:
         with paused_collector() if PAUSE_COLLECTOR else nullcontext():
             rids: list[str] = []
             box: list[RequestOutput] = []
+            bar = None
             try:
                 for p, sp in zip(batch, plist):
                     rids += [self._add(p, c, None, box) for c in _choices(sp)]
                 running = on_step is not None or on_output is not None
+                bar = ProgressBar(len(rids)) if use_tqdm and sys.stderr.isatty() else None
                 while len(final) < len(rids):
                     outs, counts = self._receive(box, running)
                     if on_progress is not None and counts is not None:
@@ -202,6 +211,8 @@ class LLM:
                             on_output(out)
                         if out.finished:
                             final[out.rid] = out
+                            if bar is not None:
+                                bar.add(out)
             except BaseException:
                 # A bad prompt, a callback or the step raised, or the caller interrupted: what this call added and
                 # has not finished must not run on in a later call, nor hold its pages.
@@ -210,6 +221,8 @@ class LLM:
             finally:
                 for rid in rids:
                     self._inbox.pop(rid, None)
+                if bar is not None:
+                    bar.close()
             self._drain(rids)  # a stop string ended some: their pages go back now
         outs, i = [], 0
         for sp in plist:  # each prompt's first choice, holding all of its choices (vLLM's outputs) where n > 1
@@ -223,7 +236,8 @@ class LLM:
     def chat(
         self,
         messages: list[Message] | Sequence[list[Message]],
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
         chat_template_kwargs: dict[str, Any] | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
@@ -237,7 +251,7 @@ class LLM:
             ChatPrompt(cast(list[Message], c), kw, add_generation_prompt, continue_final_message).encode(self.tokenizer)
             for c in convs
         ]
-        outs = self.generate(ids, params)
+        outs = self.generate(ids, sampling_params, use_tqdm=use_tqdm)
         for out, p in zip(outs, ids):  # the conversation as the template laid it out (vLLM's chat outputs' prompt)
             out.prompt = self.tokenizer.decode(p, skip_special_tokens=False)
         return outs
@@ -296,6 +310,34 @@ class LLM:
             "attention": e.backend_name,
             "tp": str(self.config.tp),
         }
+
+
+class ProgressBar:
+    """generate()'s bar (vLLM's use_tqdm): requests finished, and the output tokens/s they make, on stderr."""
+
+    def __init__(self, total: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            TextColumn("Processed prompts"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[speed]}"),
+            console=Console(stderr=True),
+        )
+        self.task = self.progress.add_task("", total=total, speed="")
+        self.start, self.tokens = time.perf_counter(), 0
+        self.progress.start()
+
+    def add(self, finished: RequestOutput) -> None:
+        self.tokens += len(finished.token_ids)
+        rate = self.tokens / max(time.perf_counter() - self.start, 1e-9)
+        self.progress.update(self.task, advance=1, speed=f"output {rate:,.0f} tok/s")
+
+    def close(self) -> None:
+        self.progress.stop()
 
 
 def _choices(params: SamplingParams) -> list[SamplingParams]:

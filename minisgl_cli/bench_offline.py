@@ -412,7 +412,7 @@ def _run_minisgl(
         # Warm-up on other random prompts of the same lengths (the timed run gets no radix-cache hits from it).
         t0 = time.perf_counter()
         warm = warmup_like(workload, vocab)
-        llm.generate(warm.prompts, params_for(warm.output_lens))
+        llm.generate(warm.prompts, params_for(warm.output_lens), use_tqdm=False)
         warmup = time.perf_counter() - t0
 
         timed = []
@@ -433,7 +433,7 @@ def _run_minisgl(
                             bar.update(task, completed=sum(n for _, _, n in steps))
 
                     with GpuBusy(llm.engine.device) as busy:
-                        outs = llm.generate(workload.prompts, params, on_progress=on_progress)
+                        outs = llm.generate(workload.prompts, params, on_progress=on_progress, use_tqdm=False)
                     duration = time.perf_counter() - t0
                     after = llm.metrics()  # this run's own counters (the others' are not added in)
                     counters = {

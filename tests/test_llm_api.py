@@ -4,8 +4,12 @@ request is left running or holding KV pages behind it."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -743,3 +747,48 @@ def test_n_choices_as_in_vllm(smollm):
     with pytest.raises(ValueError, match=r"n=2: a request is one choice"):
         smollm.add_request("hi", SamplingParams(n=2))
     assert not smollm.has_work()
+
+
+QUICKSTART = """
+from engine.llm import LLM  # vLLM: from vllm import LLM, SamplingParams
+from engine.sampling_params import SamplingParams
+
+prompts = ["Hello, my name is", "The president of the United States is", "The capital of France is", "AI is"]
+sampling_params = SamplingParams(temperature=0.8, top_p=0.95)
+llm = LLM(model="dummy:tiny-llama", device="cpu")  # vLLM: LLM(model="facebook/opt-125m")
+outputs = llm.generate(prompts, sampling_params=sampling_params)
+for output in outputs:
+    prompt = output.prompt
+    generated_text = output.outputs[0].text
+    print(f"Prompt: {prompt!r}, Generated text: {len(generated_text)} characters")
+"""
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_vllms_quickstart_runs_with_its_progress_bar_in_a_terminal(tmp_path):
+    """vLLM's quickstart, its imports aside: generate(prompts, sampling_params=...) was a TypeError (the parameter
+    was `params`), use_tqdm unknown, output.prompt and output.outputs missing. In a terminal generate() draws vLLM's
+    "Processed prompts" bar (rich, on stderr); piped, nothing but the script's own output."""
+    from tests.conftest import subprocess_env
+    from tests.test_chat_terminal import Terminal, exit_status, start
+
+    script = tmp_path / "quickstart.py"
+    script.write_text(QUICKSTART)
+    root = Path(__file__).resolve().parent.parent
+    term = Terminal(tmp_path / "tmux.sock")
+    try:
+        start(term, tmp_path, f"cd {root} && PYTHONPATH={root} {sys.executable} {script}")
+        status = exit_status(term, tmp_path, timeout=120)
+        screen = term.screen()
+    finally:
+        subprocess.run(["tmux", "-S", term.sock, "kill-server"], capture_output=True)
+    assert status == 0, screen
+    assert re.search(r"Processed prompts .* 4/4 .* output [\d,]+ tok/s", screen), screen
+    assert screen.count("Prompt: ") == 4 and "Prompt: 'The capital of France is'" in screen
+    piped = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=subprocess_env(), cwd=root
+    )
+    assert piped.returncode == 0 and piped.stdout.count("Prompt: ") == 4, piped.stderr
+    assert "Processed prompts" not in piped.stderr
+    with pytest.raises(TypeError, match="use_tqdm must be True or False"):
+        make_llm().generate("hi", use_tqdm=lambda x: x)
