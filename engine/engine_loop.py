@@ -45,6 +45,7 @@ class EngineLoop(StepLoop):
         self.commands = connect(self.ctx.socket(zmq.PULL), addrs.commands, bind=True)
         self.outputs = connect(self.ctx.socket(zmq.PUSH), addrs.outputs, bind=True)
         self.sent: dict[str, int] = {}  # rid -> output ids already sent, for requests still running
+        self.clearing: list[int] = []  # clear_cache calls to answer after the next step
         self.stopped_by: str | None = None  # why the watch stopped it
         self._stop = False
         self._watch: Watch | None = None
@@ -74,6 +75,9 @@ class EngineLoop(StepLoop):
         changed = self.engine.step()
         if changed:
             self._send_step(changed)
+        for seq in self.clearing:  # the step applied every command queued before it
+            self._send(["reply", seq, True])
+        self.clearing.clear()
 
     def close(self) -> None:
         self.commands.close()
@@ -137,6 +141,9 @@ class EngineLoop(StepLoop):
             if rid in self.sent:
                 self.engine.abort(rid, reason)
         elif kind == "metrics":
-            self._send(["metrics", msg[1], asdict(self.engine.metrics())])
+            self._send(["reply", msg[1], asdict(self.engine.metrics())])
+        elif kind == "clear_cache":  # done at the next step, which the command itself makes the engine run
+            self.engine.clear_cache()
+            self.clearing.append(msg[1])
         elif kind == "hello":
             self._send(["hello", self.info.to_wire()])

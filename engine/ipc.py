@@ -6,7 +6,8 @@ Front end -> engine:            Engine -> front end:
   ["add", rid, ids, params]       ["step", [[rid, new_ids, token_times, finish_reason, error, cache_hit_tokens(,
                                               logprobs, prompt_logprobs: only for requests that asked)], ...]]
   ["abort", rid, reason]          ["refused", rid, message]       (the engine's own check refused an add)
-  ["metrics", seq]                ["metrics", seq, metrics]        (EngineMetrics as a dict)
+  ["metrics", seq]                ["reply", seq, metrics]          (EngineMetrics as a dict)
+  ["clear_cache", seq]            ["reply", seq, true]             (after the step that dropped the unheld cached pages)
                                   ["dead", why, stopped]           (the loop ended: EngineLoop.stop() or its watch
                                                                     (stopped: true), or a crash (false); nothing
                                                                     more follows)

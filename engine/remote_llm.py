@@ -47,7 +47,7 @@ class RemoteLLM:
         self._commands = connect(self._sync_ctx.socket(zmq.PUSH), addrs.commands, bind=False)
         self._outputs = connect(self._async_ctx.socket(zmq.PULL), addrs.outputs, bind=False)
         self.pending: dict[str, _Pending] = {}
-        self._metrics: dict[int, asyncio.Future[EngineMetrics]] = {}
+        self._replies: dict[int, asyncio.Future[Any]] = {}  # the engine's answers to metrics and clear_cache
         self._seq = itertools.count()
         self.error: str | None = None
         self.info: EngineInfo | None = None
@@ -102,18 +102,28 @@ class RemoteLLM:
 
     async def metrics(self, timeout: float = 10.0) -> EngineMetrics | None:
         """A snapshot taken by the engine between steps; None if the engine is gone or does not answer."""
+        got = await self._call("metrics", timeout)
+        return None if got is None else EngineMetrics(**got)
+
+    async def clear_cache(self, timeout: float = 60.0) -> bool:
+        """Drop the prefix cache's pages no request holds (vLLM's reset_prefix_cache, SGLang's flush_cache); True
+        once the engine has done it (at its next step), False if it is gone or does not answer."""
+        return await self._call("clear_cache", timeout) is not None
+
+    async def _call(self, kind: str, timeout: float) -> Any:
+        """Send `kind` with a sequence number; the engine's answer to it, or None (gone, or no answer in time)."""
         if not self.alive:
             return None
         seq = next(self._seq)
-        fut: asyncio.Future[EngineMetrics] = asyncio.get_running_loop().create_future()
-        self._metrics[seq] = fut
-        self._send(["metrics", seq])
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._replies[seq] = fut
+        self._send([kind, seq])
         try:
             return await asyncio.wait_for(fut, timeout)
         except (TimeoutError, EngineDeadError):
             return None
         finally:
-            self._metrics.pop(seq, None)
+            self._replies.pop(seq, None)
 
     def fail_all(self, why: str, stopped: bool = False) -> None:
         """The engine is gone (`stopped`: shut down, not crashed): every open stream and metrics call ends with
@@ -122,7 +132,7 @@ class RemoteLLM:
         for p in self.pending.values():
             p.stream.put(EngineDeadError(why, stopped))
         self.pending.clear()
-        for fut in self._metrics.values():
+        for fut in self._replies.values():
             if not fut.done():
                 fut.set_exception(EngineDeadError(why, stopped))
         if self._receiver is not None and self._receiver is not asyncio.current_task():
@@ -150,10 +160,10 @@ class RemoteLLM:
             if kind == "step":
                 for entry in msg[1]:
                     self._on_tokens(*entry)
-            elif kind == "metrics":
-                fut = self._metrics.get(msg[1])
+            elif kind == "reply":  # ["reply", seq, answer]: to metrics or clear_cache
+                fut = self._replies.get(msg[1])
                 if fut is not None and not fut.done():
-                    fut.set_result(EngineMetrics(**msg[2]))
+                    fut.set_result(msg[2])
             elif kind == "refused":
                 p = self.pending.pop(msg[1], None)
                 if p is not None:

@@ -299,6 +299,10 @@ def test_an_api_key_guards_the_v1_routes_as_vllms_does():
         assert "missing API key" in r.json()["error"]["message"]
         assert httpx.get(f"{server.url}/health").status_code == 200
         assert httpx.get(f"{server.url}/metrics").status_code == 200
+        for path in ("/reset_prefix_cache", "/flush_cache"):  # they change the server's state: guarded too
+            assert httpx.post(server.url + path).status_code == 401
+            keyed = httpx.post(server.url + path, headers={"Authorization": "Bearer sekret"})
+            assert keyed.status_code == 200, keyed.text
         ok = httpx.options(f"{url}/chat/completions", headers={"Origin": "http://ui.example:3000", **PREFLIGHT})
         assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://ui.example:3000"
 
@@ -936,3 +940,41 @@ def test_chat_template_variables_and_switches_as_in_vllm(smol, monkeypatch):
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model=server.model, messages=question, max_tokens=1, extra_body=body)
         assert e.value.body["param"] == param, (body, e.value.body)
+
+
+def test_the_prefix_cache_is_reset_as_vllm_and_sglang_reset_it(tiny):
+    """vLLM's POST /reset_prefix_cache and SGLang's /flush_cache (a 404 here before): a benchmark's next run starts
+    cold. The pages no request holds are dropped, exactly (page accounting checked), a repeated prompt reads nothing
+    from the cache afterwards, and a request running meanwhile keeps its pages and finishes."""
+    client = tiny.openai()
+    prompt = "The quick brown fox jumps over the lazy dog. " * 20  # bytes: ~900 tokens, many whole pages
+
+    def cached_tokens() -> int:
+        out = client.completions.create(model=tiny.model, prompt=prompt, max_tokens=2, temperature=0)
+        return out.usage.prompt_tokens_details.cached_tokens
+
+    cached_tokens()
+    assert cached_tokens() > 800  # the second one read the first's pages
+    tiny.wait_idle()
+    assert tiny.engine_metrics().kv_pages_cached > 0
+    r = httpx.post(tiny.url + "/reset_prefix_cache")
+    assert r.status_code == 200 and r.json() == {"status": "ok", "kv_pages_cached": 0}, r.text
+    m = tiny.engine_metrics()
+    assert (m.kv_pages_cached, m.kv_pages_in_use) == (0, 0) and m.kv_pages_free == m.kv_pages_total
+    assert cached_tokens() == 0  # cold again
+    # SGLang's name, GET and POST, while a long answer runs: only the unheld pages go, the answer goes on
+    stream = client.completions.create(
+        model=tiny.model, prompt="x" * 300, max_tokens=400, temperature=0, stream=True, extra_body={"ignore_eos": True}
+    )
+    chunks = iter(stream)
+    next(chunks)
+    held = tiny.engine_metrics().kv_pages_in_use
+    assert held > 0
+    for method in ("GET", "POST"):
+        r = httpx.request(method, tiny.url + "/flush_cache")
+        assert r.status_code == 200 and r.json()["kv_pages_cached"] == 0, r.text
+    assert tiny.live_requests() == 1  # page accounting holds with the running request in it
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert reasons[-1] == "length"  # all 400 tokens
+    m = tiny.wait_idle()
+    assert m.kv_pages_in_use == 0 and tiny.live_requests() == 0

@@ -17,6 +17,8 @@ from minisgl_cli.server.engine_client import EngineClient
 from minisgl_cli.server.errors import APIError, install_error_handlers
 from minisgl_cli.server.tokenize import router as tokenize_router
 
+CACHE_PATHS = ("/reset_prefix_cache", "/flush_cache")
+
 
 def create_app(
     remote: RemoteLLM,
@@ -30,8 +32,8 @@ def create_app(
     max_queued_requests: beyond --max-running-requests + this many requests in flight, answer 429.
     allowed_origins: web pages (origins, or "*" for any) whose scripts may call the API: CORS headers and preflight
     answers for them (vLLM's --allowed-origins); none by default, so a page elsewhere cannot drive a local server.
-    api_key: every /v1 request must carry `Authorization: Bearer <api_key>` (vLLM's --api-key); /health and
-    /metrics stay open, as vLLM's do.
+    api_key: every /v1 request, and the cache's reset, must carry `Authorization: Bearer <api_key>` (vLLM's
+    --api-key); /health and /metrics stay open, as vLLM's do.
     sampling_defaults: what a request that leaves a sampling field out gets (the model's generation_config.json)."""
     assert remote.info is not None, "start() the RemoteLLM first"
     name = model_name or remote.info.model
@@ -48,7 +50,8 @@ def create_app(
         @app.middleware("http")
         async def check_key(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
             # a browser's preflight (OPTIONS) carries no credentials: the CORS layer, added after, answers it first
-            if request.url.path.startswith("/v1") and request.method != "OPTIONS":
+            guarded = request.url.path.startswith("/v1") or request.url.path in CACHE_PATHS  # what changes state
+            if guarded and request.method != "OPTIONS":
                 got = request.headers.get("authorization", "").encode()
                 if not hmac.compare_digest(got, want):
                     why = "missing" if not got else "wrong"
@@ -87,6 +90,18 @@ def create_app(
     async def model(model: str) -> JSONResponse:
         client.check_model(model)  # another name: 404 model_not_found
         return JSONResponse(card)
+
+    async def reset_prefix_cache() -> JSONResponse:
+        """The prefix cache's pages that no running request holds are dropped (a benchmark's next run starts cold,
+        as bench-offline's runs do in-process); the pages of requests in flight stay. Answered once it is done."""
+        if not await remote.clear_cache():
+            raise APIError(503, f"engine is not running: {remote.error or 'stopped'}")
+        after = await remote.metrics()  # taken after that step: what the cache holds now
+        return JSONResponse({"status": "ok", "kv_pages_cached": None if after is None else after.kv_pages_cached})
+
+    # vLLM's name and SGLang's (SGLang takes GET too)
+    app.add_api_route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"])
+    app.add_api_route("/flush_cache", reset_prefix_cache, methods=["GET", "POST"])
 
     @app.get("/metrics")
     async def metrics(_: Request) -> PlainTextResponse:
