@@ -978,3 +978,67 @@ def test_the_prefix_cache_is_reset_as_vllm_and_sglang_reset_it(tiny):
     assert reasons[-1] == "length"  # all 400 tokens
     m = tiny.wait_idle()
     assert m.kv_pages_in_use == 0 and tiny.live_requests() == 0
+
+
+def test_the_responses_api_as_openais_client_reads_it(smol):
+    """POST /v1/responses (a 404 before): newer OpenAI SDK code calls client.responses.create. The answer is the chat
+    completion's for the same conversation (instructions as the system message), whole or as the API's typed events,
+    with its usage; a length-cut answer is "incomplete"; what would change the answer (tools, a stored conversation,
+    JSON output) is refused by name."""
+    server, _ = smol
+    client = server.openai()
+    question = "What is the capital of France?"
+    chat = client.chat.completions.create(
+        model=server.model,
+        messages=[{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": question}],
+        max_tokens=40,
+        temperature=0,
+    )
+    r = client.responses.create(
+        model=server.model, instructions="Answer briefly.", input=question, max_output_tokens=40, temperature=0
+    )
+    assert r.output_text == chat.choices[0].message.content and r.object == "response"
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (chat.usage.prompt_tokens, chat.usage.completion_tokens)
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    expected_status = "completed" if chat.choices[0].finish_reason == "stop" else "incomplete"
+    assert r.status == expected_status and r.output[0].role == "assistant"
+    # the same as messages (developer = system, content parts), streamed
+    messages = [
+        {"role": "developer", "content": "Answer briefly."},
+        {"role": "user", "content": [{"type": "input_text", "text": question}]},
+    ]
+    events = list(
+        client.responses.create(model=server.model, input=messages, max_output_tokens=40, temperature=0, stream=True)
+    )
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        f"response.{expected_status}",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == events[-4].text == events[-1].response.output_text == r.output_text
+    assert events[-1].response.usage.output_tokens == r.usage.output_tokens
+    cut = client.responses.create(model=server.model, input=question, max_output_tokens=2, temperature=0)
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+    assert cut.usage.output_tokens == 2
+    for extra, param in [
+        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+        ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"text": {"format": {"type": "json_object"}}}, "text"),
+        ({"max_output_tokens": 0}, "max_output_tokens"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model=server.model, input=question, **extra)
+        assert e.value.body["param"] == param, (extra, e.value.body)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="gpt-4o", input=question)
+    assert server.live_requests() == 0

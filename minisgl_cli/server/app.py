@@ -15,6 +15,7 @@ from engine.remote_llm import RemoteLLM
 from minisgl_cli.server.completions import router
 from minisgl_cli.server.engine_client import EngineClient
 from minisgl_cli.server.errors import APIError, install_error_handlers
+from minisgl_cli.server.responses import router as responses_router
 from minisgl_cli.server.tokenize import router as tokenize_router
 
 CACHE_PATHS = ("/reset_prefix_cache", "/flush_cache")
@@ -44,6 +45,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(tokenize_router)
+    app.include_router(responses_router)
     if api_key is not None:
         want = f"Bearer {api_key}".encode()
 

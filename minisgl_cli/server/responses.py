@@ -1,0 +1,237 @@
+"""POST /v1/responses: OpenAI's Responses API (newer OpenAI SDK code and agents call it), as vLLM serves it, for text:
+`input` (a string or messages) and `instructions` through the chat template, one assistant message out, streamed
+as the API's typed events or whole. Tools, stored conversations (`previous_response_id`) and structured output are
+refused by name: each would change the answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+
+from engine.sampling_params import SamplingParams
+from engine.streams import EngineDeadError
+from engine.text import ChatPrompt, RequestOutput
+from minisgl_cli.server.engine_client import EngineClient, Job, JobSpec
+from minisgl_cli.server.errors import APIError
+from minisgl_cli.server.protocol import refuse_unsupported
+
+router = APIRouter()
+
+
+class InputPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list[Any] | None = None  # an earlier answer's output_text sent back carries them (always [] here)
+
+
+class InputMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    type: Literal["message"] | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[InputPart]
+    id: str | None = None  # an earlier output item sent back as input
+    status: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ResponsesRequest(BaseModel):
+    # unknown fields are kept so that check_supported can see the refused ones
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+    REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "tools": (None, []),
+        "tool_choice": (None, "none", "auto"),
+        "previous_response_id": (None,),  # no stored responses here
+        "conversation": (None,),
+        "prompt": (None,),  # stored prompt templates
+        "reasoning": (None,),  # effort / summary: the model's template decides
+        "background": (None, False),
+        "include": (None, []),
+        "top_logprobs": (None, 0),
+        "truncation": (None, "disabled"),
+        "text": (None, {"format": {"type": "text"}}),  # JSON output (structured) is not served
+    }
+
+    model: str | None = None
+    input: str | list[InputMessage]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool | None = False
+    store: bool | None = None  # nothing is stored; nothing reads it back either (previous_response_id is refused)
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+
+    def chat(self) -> ChatPrompt:
+        messages = [] if self.instructions is None else [{"role": "system", "content": self.instructions}]
+        if isinstance(self.input, str):
+            messages.append({"role": "user", "content": self.input})
+        else:
+            for m in self.input:
+                # newer clients send system prompts as "developer"; chat templates know them as "system"
+                messages.append({"role": "system" if m.role == "developer" else m.role, "content": m.text()})
+        if not messages:
+            raise APIError(400, "input must not be empty", param="input")
+        return ChatPrompt(messages)
+
+
+@router.post("/v1/responses")
+async def responses(body: ResponsesRequest, request: Request):
+    client: EngineClient = request.app.state.client
+    client.check_model(body.model)
+    refuse_unsupported(body, body.REFUSED)
+    try:
+        ids = await asyncio.to_thread(client.encode, body.chat())  # off the event loop: a long input takes a while
+    except ValueError as e:
+        raise APIError(400, str(e), param="input") from e
+    room = max(client.max_request_tokens - len(ids), 1)  # as chat's default: what the context leaves
+    given = {k: v for k, v in (("temperature", body.temperature), ("top_p", body.top_p)) if v is not None}
+    try:
+        max_tokens = room if body.max_output_tokens is None else body.max_output_tokens
+        params = SamplingParams(max_tokens=max_tokens, **{**client.sampling_defaults, **given})
+    except ValueError as e:  # SamplingParams names the field first
+        name = str(e).split(" ", 1)[0].replace("max_tokens", "max_output_tokens")
+        raise APIError(400, str(e).replace("max_tokens", "max_output_tokens"), param=name) from e
+    try:
+        (job,) = client.start(request, [JobSpec(ids, params)])
+    except (ValueError, EngineDeadError) as e:
+        if isinstance(e, EngineDeadError):
+            raise APIError(503, str(e)) from e
+        raise APIError(400, str(e), param="input") from e
+    reply = _Reply(job, body, client.model_name, len(ids))
+    if body.stream:
+        return StreamingResponse(
+            reply.events(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    try:
+        final = [out async for out in job.outputs()][-1]
+    except (ValueError, EngineDeadError) as e:
+        raise APIError(503 if isinstance(e, EngineDeadError) else 400, str(e)) from e
+    finally:
+        if not job.finished:
+            job.abort()
+    if final.finish_reason == "error":
+        raise APIError(500, f"generation failed: {final.error}")
+    return JSONResponse(reply.response(final))
+
+
+class _Reply:
+    """The response object and its stream of events for one job."""
+
+    def __init__(self, job: Job, body: ResponsesRequest, model: str, prompt_tokens: int) -> None:
+        self.job, self.body, self.model, self.prompt_tokens = job, body, model, prompt_tokens
+        self.id, self.item_id = f"resp_{job.rid}", f"msg_{job.rid}"
+        self.created = int(time.time())
+        self.seq = 0
+
+    def response(self, final: RequestOutput | None, text: str = "") -> dict[str, Any]:
+        """The whole response: in progress (final None: no output yet), or done."""
+        status, incomplete, output, usage = "in_progress", None, [], None
+        if final is not None:
+            done = final.finish_reason == "stop"
+            status = "completed" if done else "incomplete"
+            if not done:
+                incomplete = {"reason": "max_output_tokens" if final.finish_reason == "length" else "cancelled"}
+            output = [self.message(final.text, "completed" if done else "incomplete")]
+            cached = min(self.job.cache_hit_tokens, self.prompt_tokens)
+            out_tokens = len(final.token_ids)
+            usage = {
+                "input_tokens": self.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": cached},
+                "output_tokens": out_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": self.prompt_tokens + out_tokens,
+            }
+        b = self.body
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "error": None,
+            "incomplete_details": incomplete,
+            "instructions": b.instructions,
+            "max_output_tokens": b.max_output_tokens,
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": True,
+            "previous_response_id": None,
+            "reasoning": None,
+            "store": False,
+            "temperature": self.job.params.temperature,
+            "top_p": self.job.params.top_p,
+            "text": {"format": {"type": "text"}},
+            "tool_choice": "auto",
+            "tools": [],
+            "truncation": "disabled",
+            "usage": usage,
+            "user": b.user,
+            "metadata": b.metadata or {},
+        }
+
+    def message(self, text: str, status: str) -> dict[str, Any]:
+        content = [] if status == "in_progress" else [self.part(text)]
+        return {"id": self.item_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+    @staticmethod
+    def part(text: str) -> dict[str, Any]:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+    def event(self, kind: str, **fields: Any) -> str:
+        obj = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        # the event's name on its own line too, as OpenAI sends it; U+2028/U+2029 escaped so no reader splits a line
+        data = json.dumps(obj, ensure_ascii=False).replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+        return f"event: {kind}\ndata: {data}\n\n"
+
+    async def events(self) -> AsyncIterator[str]:
+        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        final: RequestOutput | None = None
+        try:
+            yield self.event("response.created", response=self.response(None))
+            yield self.event("response.in_progress", response=self.response(None))
+            yield self.event("response.output_item.added", output_index=0, item=self.message("", "in_progress"))
+            yield self.event("response.content_part.added", **where, part=self.part(""))
+            async for batch in self.job.batches():
+                delta = "".join(out.delta_text for out in batch)
+                final = batch[-1]
+                if delta:
+                    yield self.event("response.output_text.delta", **where, delta=delta, logprobs=[])
+        except (ValueError, EngineDeadError) as e:  # the engine refused it or went away mid-answer
+            failed = {**self.response(None), "status": "failed", "error": {"code": "server_error", "message": str(e)}}
+            yield self.event("response.failed", response=failed)
+            return
+        finally:
+            if not self.job.finished:
+                self.job.abort()
+        assert final is not None
+        if final.finish_reason == "error":
+            failed = {
+                **self.response(None),
+                "status": "failed",
+                "error": {"code": "server_error", "message": str(final.error)},
+            }
+            yield self.event("response.failed", response=failed)
+            return
+        done = self.response(final)
+        item = done["output"][0]
+        yield self.event("response.output_text.done", **where, text=final.text, logprobs=[])
+        yield self.event("response.content_part.done", **where, part=self.part(final.text))
+        yield self.event("response.output_item.done", output_index=0, item=item)
+        yield self.event(
+            "response.completed" if done["status"] == "completed" else "response.incomplete", response=done
+        )
