@@ -247,7 +247,7 @@ def _result(
     result["workload"] = {
         "source": workload.source,
         "num_seqs": workload.num_seqs,
-        "input_len": flags["input_len"],
+        "input_len": None if flags["dataset"] else flags["input_len"],  # a dataset's prompts have their own
         "output_len": flags["output_len"],
         "seed": flags["seed"],
         "temperature": flags["temperature"],

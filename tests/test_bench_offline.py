@@ -381,6 +381,7 @@ def test_dataset_prompts_sharegpt_jsonl_and_parquet(tmp_path):
     # The dummy models' tokenizer is byte-level: "question 0" is 10 tokens.
     assert res["completed"] == 3 and res["total_input_tokens"] == 3 * len("question 0")
     assert res["workload"]["source"].endswith("sharegpt.jsonl")
+    assert res["workload"]["input_len"] is None  # was the unused --input-len default, "100:1024"
     # asked for more than it holds: its prompts are given again (as vLLM oversamples), and the run says so
     args = ["--dataset", str(tmp_path / "sharegpt.jsonl"), "--num-seqs", "8", "--output-len", "4:8"]
     r = CliRunner(env={"COLUMNS": "300"}).invoke(
