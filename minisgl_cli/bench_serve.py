@@ -113,6 +113,14 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option("--save-detailed", help="also store every request's inter-token gaps in the JSON")
         ] = False,
         quiet: Annotated[bool, typer.Option("--quiet", help="no live view")] = False,
+        flush_cache: Annotated[
+            bool,
+            typer.Option(
+                "--flush-cache",
+                help="drop the prefix cache before each load point, so each starts cold (SGLang bench_serving's flag;"
+                " --url: POST /reset_prefix_cache, vLLM's (with VLLM_SERVER_DEV_MODE=1), else /flush_cache, SGLang's)",
+            ),
+        ] = False,
         **engine_flags: Any,
     ) -> None:
         """Load-test a server or the engine: arrivals at --rate (Poisson, gamma with --burstiness, or constant) and/or
@@ -372,12 +380,16 @@ def _run_sweep(
             engine = AsyncLLM(target.llm)
             send = local_sender(engine, flags["temperature"], chat)
         try:
+            if flags["flush_cache"]:  # before anything is sent: a server that cannot is found out at once
+                await _flush(client, engine if client is None else None)
             if warm:  # through the first load's concurrency cap, as vLLM's warm-up goes through its own
                 live, cap = LiveCounters(), plans[0][0].max_concurrency
                 with LiveView("warm-up", len(warm), live, flags["quiet"]):
                     await drive(warm, send, cap, live=live)
             for i, (load, items, first_repeat, cut) in enumerate(plans):
                 live = LiveCounters()
+                if flags["flush_cache"]:
+                    await _flush(client, engine if client is None else None)
                 before = await _hits(client, target)
                 try:
                     with LiveView(f"{load.label} ({i + 1}/{len(plans)})", len(items), live, flags["quiet"]):
@@ -447,6 +459,22 @@ async def _connect(target: Target, flags: dict[str, Any], api_key: str | None, s
     return client
 
 
+async def _flush(client, engine) -> None:
+    """--flush-cache: the server's prefix cache (vLLM's endpoint, else SGLang's), or the in-process engine's, emptied
+    of every page no request holds; between loads nothing runs, so that is all of it."""
+    if client is None:
+        engine.call(lambda llm: llm.engine.clear_cache())  # on the engine's thread; done at its next step
+        return
+    answers = []
+    for path in ("/reset_prefix_cache", "/flush_cache"):
+        status, body = await client.post(path, {})
+        if status == 200:
+            return
+        answers.append(f"{path}: {status} {body[:120].decode(errors='replace')}")
+    why = "the server empties no prefix cache (" + "; ".join(answers) + ")"
+    raise typer.BadParameter(why + "; vLLM's needs VLLM_SERVER_DEV_MODE=1", param_hint="--flush-cache")
+
+
 async def _hits(client, target: Target):
     """Prefix-cache counters: the server's /metrics, or the in-process engine's."""
     from minisgl_cli.replay import scrape_metrics
@@ -514,6 +542,7 @@ def _result(target: Target, rows, results, slo, flags, check, served, stopped) -
             "arrival": flags["arrival"],
             "seed": flags["seed"],
             "warmup": flags["warmup"],
+            "flush_cache": flags["flush_cache"],  # each load point started with an empty prefix cache
             "duration_limit": flags["duration"],
             # requests sent with a dataset's prompt cut to fit the context
             "truncated_prompts": sum(r["truncated_prompts"] for r in rows),

@@ -134,6 +134,17 @@ def test_a_grid_of_rates_and_concurrencies_marks_no_knee_and_burstiness_needs_po
     assert "Poisson" in out and "--burstiness" in out
 
 
+@pytest.mark.parametrize("mock", [MockConfig(ttft=0.01, tpot=0.002)], indirect=True)
+def test_flush_cache_against_a_server_without_it_stops_before_sending(mock, tmp_path):
+    """--flush-cache against a server with neither /reset_prefix_cache (vLLM's, dev mode only) nor /flush_cache
+    (SGLang's) is said at once, naming both answers, before any request is sent."""
+    res, out = bench(tmp_path, "--url", mock, *URL_FLAGS, "--num-requests", "2", "--flush-cache", code=2)
+    assert res == {} and "--flush-cache" in flat(out) and "/reset_prefix_cache: 404" in flat(out), out
+    assert "VLLM_SERVER_DEV_MODE=1" in flat(out)
+    res, _ = bench(tmp_path, *IN_PROCESS, "--flush-cache", "--quiet")  # in-process: the engine's own cache
+    assert res["completed"] == 2 and res["workload"]["flush_cache"]
+
+
 @pytest.mark.parametrize("mock", [MockConfig(ttft=0.02, tpot=0.005, capacity=2)], indirect=True)
 def test_concurrency_sweep_finds_the_knee(tmp_path, mock):
     # The mock serves 2 streams at once (~70 ms each): concurrency 2 doubles the throughput of 1, 6 adds nothing
@@ -543,6 +554,15 @@ def test_against_minisgl_serve(tmp_path):
         # paced at 4 req/s: the seeded arrivals span 1.75 s (all at once: 0.05-0.08 s here, but a loaded 2-core
         # machine stalled that run for 1.8 s once, so the paced run is checked against its own arrival span)
         assert rows[0]["duration"] > 1.5
+        # --flush-cache (SGLang's flag): every run starts cold, so one run again hits what it hit the first time, and
+        # only without the flag does the repeat read the last run's pages
+        again = [*common, "--num-requests", "4", "--input-len", "8:8", "--output-len", "2:2", "--max-concurrency", "1"]
+        again += ["--prefix-groups", "1", "--prefix-len", "64"]
+        first, _ = bench(tmp_path, *again, "--flush-cache")
+        second, _ = bench(tmp_path, *again, "--flush-cache")
+        unflushed, _ = bench(tmp_path, *again)
+        assert 0 < first["cache_hit_rate"] == second["cache_hit_rate"] < unflushed["cache_hit_rate"]
+        assert first["workload"]["flush_cache"] and not unflushed["workload"]["flush_cache"]
         res, _ = bench(tmp_path, *common, "--endpoint", "chat", "--num-requests", "4", "--output-len", "5:5")
         assert (res["completed"], res["total_output_tokens"], res["backend"]) == (4, 20, "openai-chat")
         # without --model the prompts are drawn from the embedded model's vocabulary, which the server refuses: every
