@@ -40,6 +40,7 @@ class LLM:
             config, overrides = None, {"model": config, **overrides}
         if config is not None and not isinstance(config, EngineConfig):
             raise TypeError(f"LLM() takes an EngineConfig or a model name first (got {type(config).__name__})")
+        overrides = _engine_names(overrides)
         # beside a config, the keywords change it (they were dropped without a word: num_pages=8 ran with the config's)
         self.config = EngineConfig(**overrides) if config is None else dataclasses.replace(config, **overrides)
         self.engine = Engine(self.config, progress)
@@ -62,6 +63,11 @@ class LLM:
         if self._defaults is None:
             self._defaults = sampling_defaults(self.config.model)
         return SamplingParams(**self._defaults)
+
+    def get_tokenizer(self) -> Any:
+        """vLLM's: the model's Hugging Face tokenizer (apply_chat_template, decode, ...); a dummy model's byte
+        tokenizer, which has no Hugging Face one, is this engine's own."""
+        return self.tokenizer if self.tokenizer.hf is None else self.tokenizer.hf
 
     def encode(self, prompt: Prompt) -> list[int]:
         return encode_prompt(self.tokenizer, prompt)
@@ -310,6 +316,40 @@ class LLM:
             "attention": e.backend_name,
             "tp": str(self.config.tp),
         }
+
+
+# vLLM's LLM(...) keywords that are EngineConfig fields under another name (code written for vllm.LLM passes them)
+VLLM_NAMES = {
+    "tensor_parallel_size": "tp",
+    "max_num_seqs": "max_running_requests",
+    "max_num_batched_tokens": "max_batch_tokens",
+    "enable_prefix_caching": "radix_cache",
+    "block_size": "page_size",
+}
+# vLLM's keywords with no field here: what to use instead (they would change what runs, so they are not dropped)
+VLLM_ELSEWHERE = {
+    "gpu_memory_utilization": "kv_cache_gb (the KV pool's size) or memory_fraction (of the free GPU memory, for KV)",
+    "tokenizer": "a model directory holding its tokenizer",
+    "quantization": "a GGUF file (its quantized blocks run as they are on a CPU)",
+}
+
+
+def _engine_names(kw: dict[str, Any]) -> dict[str, Any]:
+    """LLM()'s keywords as EngineConfig fields: vLLM's names taken under ours, enforce_eager as no CUDA graphs,
+    trust_remote_code accepted (no model code is ever loaded from a model's files here, whatever it says)."""
+    out = dict(kw)
+    for theirs, ours in VLLM_NAMES.items():
+        if theirs in out:
+            if ours in out:
+                raise TypeError(f"LLM() got {theirs}= and {ours}= (vLLM's name for it): give one")
+            out[ours] = out.pop(theirs)
+    if out.pop("enforce_eager", False):
+        out.update(cuda_graph_max_bs=0, piecewise_graph_tokens=0)
+    out.pop("trust_remote_code", None)
+    for name, instead in VLLM_ELSEWHERE.items():
+        if name in out:
+            raise TypeError(f"LLM() has no {name}= (vLLM's): use {instead}")
+    return out
 
 
 class ProgressBar:

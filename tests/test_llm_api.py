@@ -792,3 +792,40 @@ def test_vllms_quickstart_runs_with_its_progress_bar_in_a_terminal(tmp_path):
     assert "Processed prompts" not in piped.stderr
     with pytest.raises(TypeError, match="use_tqdm must be True or False"):
         make_llm().generate("hi", use_tqdm=lambda x: x)
+
+
+def test_vllms_engine_keywords_and_get_tokenizer(smollm):
+    """LLM(model, max_num_seqs=..., enforce_eager=True, trust_remote_code=True, ...) as vLLM scripts write it was a
+    bare TypeError from EngineConfig: vLLM's names are taken as the fields they are here; one with no equivalent
+    says what to use; llm.get_tokenizer() is vLLM's (the Hugging Face tokenizer)."""
+    from engine.llm import LLM
+
+    llm = LLM(
+        "dummy:tiny-llama",
+        device="cpu",
+        tensor_parallel_size=1,
+        max_num_seqs=4,
+        max_num_batched_tokens=256,
+        enable_prefix_caching=False,
+        block_size=32,
+        enforce_eager=True,
+        trust_remote_code=True,
+        num_pages=16,
+    )
+    try:
+        c = llm.config
+        assert (c.tp, c.max_running_requests, c.max_batch_tokens, c.radix_cache, c.page_size) == (1, 4, 256, False, 32)
+        assert (c.cuda_graph_max_bs, c.piecewise_graph_tokens) == (0, 0)
+        assert len(llm.generate([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))[0].token_ids) == 2
+        assert llm.get_tokenizer() is llm.tokenizer  # a dummy model's byte tokenizer
+    finally:
+        llm.shutdown()
+    with pytest.raises(TypeError, match=r"no gpu_memory_utilization= \(vLLM's\): use kv_cache_gb"):
+        LLM("dummy:tiny-llama", device="cpu", gpu_memory_utilization=0.9)
+    with pytest.raises(TypeError, match=r"got max_num_seqs= and max_running_requests="):
+        LLM("dummy:tiny-llama", device="cpu", max_num_seqs=2, max_running_requests=4)
+    hf = smollm.get_tokenizer()
+    conv = [{"role": "user", "content": "Hi!"}]
+    assert hf.apply_chat_template(conv, tokenize=True, add_generation_prompt=True, return_dict=False) == smollm.encode(
+        conv
+    )
