@@ -76,7 +76,7 @@ def test_a_large_seed_or_top_k_is_written_whole_in_the_markdown_export():
     s.add(ChatMessage("user", "hi"))
     assert "top_k 1000000 · min_p 1e-05" in to_markdown(s) and "seed 1234567890" in to_markdown(s)
     rows = dict(settings_rows(s))
-    assert (rows["seed"], rows["top k"], rows["min p"]) == ("1234567890", "1000000", "1e-05")
+    assert (rows["seed"], rows["top_k"], rows["min_p"]) == ("1234567890", "1000000", "1e-05")
     assert json.loads(to_json(s))["seed"] == 1234567890
 
 
