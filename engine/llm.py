@@ -199,11 +199,14 @@ class LLM:
         # The pause covers the adds too: a collection due from the previous run's objects hit them (171 ms once).
         with paused_collector() if PAUSE_COLLECTOR else nullcontext():
             rids: list[str] = []
+            n_choices: list[int] = []  # each prompt's number of choices (its requests, in rids in order)
             box: list[RequestOutput] = []
             bar = None
             try:
                 for p, sp in zip(batch, plist):
-                    rids += [self._add(p, c, None, box) for c in _choices(sp)]
+                    choices = _choices(sp)
+                    rids += [self._add(p, c, None, box) for c in choices]
+                    n_choices.append(len(choices))
                 running = on_step is not None or on_output is not None
                 bar = ProgressBar(len(rids)) if use_tqdm and sys.stderr.isatty() else None
                 while len(final) < len(rids):
@@ -231,8 +234,8 @@ class LLM:
                     bar.close()
             self._drain(rids)  # a stop string ended some: their pages go back now
         outs, i = [], 0
-        for sp in plist:  # each prompt's first choice, holding all of its choices (vLLM's outputs) where n > 1
-            n, first = sp.n, final[rids[i]]
+        for n in n_choices:  # each prompt's first choice, holding all of its choices (vLLM's outputs) where n > 1
+            first = final[rids[i]]
             if n > 1:
                 first.choices = [final[r] for r in rids[i : i + n]]
             outs.append(first)
@@ -385,6 +388,10 @@ def _choices(params: SamplingParams) -> list[SamplingParams]:
     differ, and each is reproducible as one request with that seed)."""
     if not isinstance(params, SamplingParams) or params.n == 1:
         return [params]  # (anything else is refused by the engine's check, naming it)
+    # n assigned after construction was never checked: 0 added no request, so the next prompt's output was returned
+    # for this one; 200 ran past MAX_N; 2.5 was a bare TypeError
+    params = params.own_copy()
+    params.validate()
     out = []
     for j in range(params.n):
         c = params.own_copy()

@@ -749,6 +749,20 @@ def test_n_choices_as_in_vllm(smollm):
     assert not smollm.has_work()
 
 
+@pytest.mark.parametrize(
+    ("n", "message"), [(0, "n must be an integer in"), (200, "n must be an integer in"), (2.5, "n must be an integer")]
+)
+def test_n_assigned_after_construction_is_checked(n, message):
+    """SamplingParams.n set after construction was never checked: n=0 added no request for its prompt, so generate()
+    returned the next prompt's output in its place; n=200 ran past MAX_N; n=2.5 was a bare TypeError."""
+    llm = make_llm(num_pages=64)
+    params = SamplingParams(max_tokens=2, temperature=0)
+    params.n = n
+    with pytest.raises(ValueError, match=message):
+        llm.generate(["aaa", "bbbbbb"], [params, SamplingParams(max_tokens=2)], use_tqdm=False)
+    assert_idle(llm, 64)
+
+
 QUICKSTART = """
 from engine.llm import LLM  # vLLM: from vllm import LLM, SamplingParams
 from engine.sampling_params import SamplingParams
