@@ -24,6 +24,7 @@ def check_unicode(text: str, what: str) -> None:
 # apply_chat_template's own parameters and what the request sets itself: never a template variable from a request
 TEMPLATE_CALL_ARGS = frozenset(
     {
+        "self",  # the bound methods' own first argument: "got multiple values for argument 'self'", a TypeError
         "messages",
         "conversation",
         "tools",

@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.sampling_params import SamplingParams
+from engine.text import ChatPrompt
 from tests.conftest import free_port, make_llm, wait_healthy
 from tests.server_harness import LiveServer, live_server
 
@@ -940,6 +941,17 @@ def test_chat_template_variables_and_switches_as_in_vllm(smol, monkeypatch):
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model=server.model, messages=question, max_tokens=1, extra_body=body)
         assert e.value.body["param"] == param, (body, e.value.body)
+
+
+def test_chat_template_kwargs_naming_self_is_a_400(tiny):
+    """chat_template_kwargs {"self": ...} collided with the tokenizer methods' own first argument: a TypeError, a 500
+    (\"got multiple values for argument 'self'\"), in chat completions and /tokenize alike."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"self": 1}}
+    for path, extra in (("/v1/chat/completions", {"max_tokens": 1}), ("/tokenize", {})):
+        r = httpx.post(tiny.url + path, json={**body, **extra}, timeout=60)
+        assert r.status_code == 400 and "chat_template_kwargs: 'self'" in r.json()["error"]["message"], (path, r.text)
+    with pytest.raises(ValueError, match="chat_template_kwargs: 'self'"):  # the Python API's chat() too
+        ChatPrompt(body["messages"], body["chat_template_kwargs"]).encode(tiny.llm.tokenizer)
 
 
 def test_the_prefix_cache_is_reset_as_vllm_and_sglang_reset_it(tiny):
