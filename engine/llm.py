@@ -369,6 +369,9 @@ class ProgressBar:
             TimeElapsedColumn(),
             TextColumn("{task.fields[speed]}"),
             console=Console(stderr=True),
+            # stdout stays the caller's (tqdm's way, vLLM's bar): rich's default sent what a callback or another
+            # thread printed meanwhile to the bar's console, stderr, so `script > out.txt` lost it to the terminal
+            redirect_stdout=False,
         )
         self.task = self.progress.add_task("", total=total, speed="")
         self.start, self.tokens = time.perf_counter(), 0

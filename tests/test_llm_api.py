@@ -763,6 +763,26 @@ def test_n_assigned_after_construction_is_checked(n, message):
     assert_idle(llm, 64)
 
 
+def test_the_progress_bar_leaves_stdout_alone(monkeypatch):
+    """generate()'s bar (stderr a terminal) is drawn with rich, whose default redirects sys.stdout to the bar's console
+    while it is shown: what an on_output callback printed went to stderr, so `script > out.txt` lost it to the
+    terminal. vLLM's tqdm bar leaves stdout alone."""
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    llm = make_llm(num_pages=64)
+    out, err = io.StringIO(), Terminal()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    llm.generate(["abc"], SamplingParams(max_tokens=2), on_output=lambda o: print("from the callback"))
+    monkeypatch.undo()
+    assert "Processed prompts" in err.getvalue()  # the bar was drawn
+    assert "from the callback" in out.getvalue() and "from the callback" not in err.getvalue()
+
+
 QUICKSTART = """
 from engine.llm import LLM  # vLLM: from vllm import LLM, SamplingParams
 from engine.sampling_params import SamplingParams
