@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -990,6 +991,31 @@ def test_the_prefix_cache_is_reset_as_vllm_and_sglang_reset_it(tiny):
     assert reasons[-1] == "length"  # all 400 tokens
     m = tiny.wait_idle()
     assert m.kv_pages_in_use == 0 and tiny.live_requests() == 0
+
+
+def test_the_responses_api_takes_vllms_sampling_fields(tiny):
+    """vLLM's /v1/responses takes top_k, seed, stop, repetition_penalty, ignore_eos and logit_bias; here they were
+    accepted and ignored (a seeded request was sampled unseeded, a stop string did not stop it). The answer is the chat
+    completion's with the same fields; a bad one is a 400 naming it."""
+    question = "Say something."
+    fields = {"temperature": 1.0, "top_k": 40, "seed": 7, "repetition_penalty": 1.2, "ignore_eos": True}
+    chat = httpx.post(
+        tiny.url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": question}], "max_tokens": 24, **fields},
+        timeout=60,
+    ).json()["choices"][0]["message"]["content"]
+    stop = re.findall(r"<\d+>", chat)[1]  # a whole token's text (the byte tokenizer's <N>), the second of the answer
+    for extra, want in [({}, chat), ({"stop": [stop]}, chat[: chat.index(stop)])]:
+        r = httpx.post(
+            tiny.url + "/v1/responses",
+            json={"input": question, "max_output_tokens": 24, **fields, **extra},
+            timeout=60,
+        ).json()
+        assert r["output"][0]["content"][0]["text"] == want, (extra, r)
+    for extra, param in [({"top_k": -2}, "top_k"), ({"logit_bias": {"100000": 1.0}}, "logit_bias")]:
+        r = httpx.post(tiny.url + "/v1/responses", json={"input": question, **extra}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert tiny.live_requests() == 0
 
 
 def test_the_responses_api_as_openais_client_reads_it(smol):

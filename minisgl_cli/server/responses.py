@@ -61,7 +61,22 @@ class ResponsesRequest(BaseModel):
         "top_logprobs": (None, 0),
         "truncation": (None, "disabled"),
         "text": (None, {"format": {"type": "text"}}),  # JSON output (structured) is not served
+        # vLLM's extensions that chat completions refuse too
+        "structured_outputs": (None,),
+        "include_stop_str_in_output": (None, False),
+        "skip_special_tokens": (None, True),
     }
+    # vLLM's sampling extensions of this endpoint, passed to SamplingParams as chat completions pass them
+    SAMPLING: ClassVar[tuple[str, ...]] = (
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "repetition_penalty",
+        "ignore_eos",
+        "logit_bias",
+    )
 
     model: str | None = None
     input: str | list[InputMessage]
@@ -69,6 +84,12 @@ class ResponsesRequest(BaseModel):
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool | None = None
+    logit_bias: dict[str, float] | None = None
     stream: bool | None = False
     store: bool | None = None  # nothing is stored; nothing reads it back either (previous_response_id is refused)
     metadata: dict[str, str] | None = None
@@ -97,7 +118,7 @@ async def responses(body: ResponsesRequest, request: Request):
     except ValueError as e:
         raise APIError(400, str(e), param="input") from e
     room = max(client.max_request_tokens - len(ids), 1)  # as chat's default: what the context leaves
-    given = {k: v for k, v in (("temperature", body.temperature), ("top_p", body.top_p)) if v is not None}
+    given = {k: getattr(body, k) for k in body.SAMPLING if getattr(body, k) is not None}
     try:
         max_tokens = room if body.max_output_tokens is None else body.max_output_tokens
         params = SamplingParams(max_tokens=max_tokens, **{**client.sampling_defaults, **given})
@@ -109,7 +130,7 @@ async def responses(body: ResponsesRequest, request: Request):
     except (ValueError, EngineDeadError) as e:
         if isinstance(e, EngineDeadError):
             raise APIError(503, str(e)) from e
-        raise APIError(400, str(e), param="input") from e
+        raise APIError(400, str(e), param="logit_bias" if str(e).startswith("logit_bias") else "input") from e
     reply = _Reply(job, body, client.model_name, len(ids))
     if body.stream:
         return StreamingResponse(
