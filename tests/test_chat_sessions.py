@@ -598,3 +598,29 @@ def test_opening_a_saved_chat_shows_its_own_tbt_window(tiny, db):
         assert "250.0 ms" not in panel_text(app, "turn")
 
     run_app(tiny, scenario, store, max_tokens=8)
+
+
+def test_a_click_on_an_answer_that_never_joined_the_history_copies_nothing_else():
+    """An answer that ended with nothing (stopped or failed before its first token) is not kept in the history, but
+    its bubble stays, holding the index the next message then takes: a click on it copied the following question
+    as "the answer"."""
+
+    class FirstEmpty(ScriptedBackend):
+        def start(self, messages, params, thinking):
+            self.sent.append((messages, thinking))
+            return ScriptedAnswer([] if len(self.sent) == 1 else ["the answer"], 0.01, None)
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "first question")
+        await wait_for(pilot, lambda: not app.generating, what="the empty answer's end")
+        await send(pilot, "second question")
+        await wait_for(pilot, lambda: not app.generating and len(app.session.history) == 3, what="the second answer")
+        empty = list(app.query(AssistantMessage))[0]
+        await pilot.click(empty)
+        await pilot.pause()
+        assert not app.clipboard and "nothing to copy" in notices(app)[-1], notices(app)[-1]
+        await pilot.click(list(app.query(AssistantMessage))[1])  # the answer kept is copied
+        await pilot.pause()
+        assert app.clipboard == "the answer"
+
+    run_pilot(ChatApp(FirstEmpty(thinking_switch=None), ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario)

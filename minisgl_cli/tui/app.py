@@ -498,12 +498,16 @@ class ChatApp(App):
         if not isinstance(node, (UserMessage, AssistantMessage)):
             return
         history = self.session.history
-        if node.index >= len(history):  # the answer in flight joins the history when it ends
+        what, role = ("question", "user") if isinstance(node, UserMessage) else ("answer", "assistant")
+        if node.index >= len(history) and self.generating:  # the answer in flight joins the history when it ends
             self.say("that answer is still coming: copy it once it is done", severity="warning")
+            return
+        if node.index >= len(history) or history[node.index].role != role:
+            # an answer that ended before its first token is not kept: its bubble's index is the next message's
+            self.say("that answer ended without a word: nothing to copy", severity="warning")
             return
         text = history[node.index].content
         self.copy_to_clipboard(text)
-        what = "question" if isinstance(node, UserMessage) else "answer"
         self.say(f"copied the {what} ({len(text)} characters)")
 
     def copy(self, what: str, n: str) -> None:
