@@ -1018,6 +1018,24 @@ def test_the_responses_api_takes_vllms_sampling_fields(tiny):
     assert tiny.live_requests() == 0
 
 
+def test_the_responses_api_takes_its_own_output_back_as_input(tiny):
+    """OpenAI's way to hold a conversation without stored responses: the next request's input is the earlier input,
+    the earlier response's output items, and the new question. The output_text parts carry `logprobs` (always [] here),
+    which the input's parts refused: a 400 for the server's own answer."""
+    client = tiny.openai()
+    first = client.responses.create(model=tiny.model, input="hi", max_output_tokens=4, temperature=0)
+    follow = [{"role": "user", "content": "hi"}, *first.output, {"role": "user", "content": "more"}]
+    again = client.responses.create(model=tiny.model, input=follow, max_output_tokens=4, temperature=0)
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "more"},
+    ]
+    chat = client.chat.completions.create(model=tiny.model, messages=messages, max_tokens=4, temperature=0)
+    assert again.output_text == chat.choices[0].message.content
+    assert again.usage.input_tokens == chat.usage.prompt_tokens
+
+
 def test_the_responses_api_as_openais_client_reads_it(smol):
     """POST /v1/responses (a 404 before): newer OpenAI SDK code calls client.responses.create. The answer is the chat
     completion's for the same conversation (instructions as the system message), whole or as the API's typed events,

@@ -31,6 +31,7 @@ class InputPart(BaseModel):
     type: Literal["input_text", "output_text"]
     text: str
     annotations: list[Any] | None = None  # an earlier answer's output_text sent back carries them (always [] here)
+    logprobs: list[Any] | None = None  # and these (always [] here): refused, `input += response.output` was a 400
 
 
 class InputMessage(BaseModel):
