@@ -170,10 +170,11 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,  # vLLM's order: generate(prompts, sampling_params, use_tqdm)
+        *,
         on_output: Callable[[RequestOutput], object] | None = None,
         on_step: Callable[[list[RequestOutput]], object] | None = None,
         on_progress: Callable[[int, int], object] | None = None,
-        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Run a batch to completion; outputs in prompt order. `prompts` is a list of prompts, or one prompt (a
         string, a token-id list, a conversation), which gives a list of one output. on_step(outputs) sees each
@@ -236,8 +237,7 @@ class LLM:
         outs, i = [], 0
         for n in n_choices:  # each prompt's first choice, holding all of its choices (vLLM's outputs) where n > 1
             first = final[rids[i]]
-            if n > 1:
-                first.choices = [final[r] for r in rids[i : i + n]]
+            first.other_choices = [final[r] for r in rids[i + 1 : i + n]]
             outs.append(first)
             i += n
         return outs
@@ -247,6 +247,7 @@ class LLM:
         messages: list[Message] | Sequence[list[Message]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        *,
         chat_template_kwargs: dict[str, Any] | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,

@@ -224,8 +224,9 @@ class RequestOutput:
     prompt: str | None = None  # the prompt's text where it was given as text (vLLM's RequestOutput.prompt)
     # each token's own text, for `outputs`' decoded tokens; None where the request asked for no text
     token_texts: Callable[[list[int]], list[str]] | None = field(default=None, repr=False, compare=False)
-    # all of the prompt's choices where LLM.generate ran n > 1 of them (this output is the first): `outputs`
-    choices: list[RequestOutput] | None = field(default=None, repr=False, compare=False)
+    # the prompt's other choices where LLM.generate ran n > 1 of them (this output is the first): `outputs`. Not
+    # this one itself: a cycle would make dataclasses.asdict and copy.deepcopy of an output recurse without end
+    other_choices: list[RequestOutput] = field(default_factory=list, repr=False, compare=False)
 
     # ---- vLLM's names for the same record (code written for vllm.LLM reads these) ------------------------
     @property
@@ -240,7 +241,7 @@ class RequestOutput:
     def outputs(self) -> list[CompletionOutput]:
         """vLLM's `outputs`: the prompt's completions (n of them where SamplingParams.n asked for n; this record's
         own fields are the first's), logprobs in vLLM's shape."""
-        return [c.completion(j) for j, c in enumerate(self.choices or [self])]
+        return [c.completion(j) for j, c in enumerate([self, *self.other_choices])]
 
     def completion(self, index: int) -> CompletionOutput:
         lps = None if self.logprobs is None else vllm_logprobs(self.logprobs, self.token_texts)

@@ -3,6 +3,7 @@ request is left running or holding KV pages behind it."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -734,6 +735,7 @@ def test_n_choices_as_in_vllm(smollm):
             (j, a.text, list(a.token_ids)) for j, a in enumerate(alone)
         ]
         assert out.text == out.outputs[0].text and len({c.text for c in out.outputs}) > 1
+        assert dataclasses.asdict(out)["other_choices"][1]["text"] == alone[2].text  # no cycle to recurse into
     # mixed per prompt, and through chat(); the caller's params object is not changed
     mixed = smollm.generate(prompts, [params, SamplingParams(max_tokens=2, n=1)])
     assert [len(o.outputs) for o in mixed] == [3, 1] and params.n == 3 and params.seed == 11

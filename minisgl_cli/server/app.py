@@ -97,6 +97,8 @@ def create_app(
         """The prefix cache's pages that no running request holds are dropped (a benchmark's next run starts cold,
         as bench-offline's runs do in-process); the pages of requests in flight stay. Answered once it is done."""
         if not await remote.clear_cache():
+            if remote.alive:  # a step longer than the wait (a long prefill on a CPU): it happens when that step ends
+                raise APIError(504, "the engine has not reached its next step yet: the cache is dropped at that step")
             raise APIError(503, f"engine is not running: {remote.error or 'stopped'}")
         after = await remote.metrics()  # taken after that step: what the cache holds now
         return JSONResponse({"status": "ok", "kv_pages_cached": None if after is None else after.kv_pages_cached})
