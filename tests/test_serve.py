@@ -931,6 +931,8 @@ def test_chat_template_variables_and_switches_as_in_vllm(smol, monkeypatch):
         same = client.completions.create(model=server.model, prompt=reference, max_tokens=4, temperature=0)
         assert answer.choices[0].message.content == same.choices[0].text
     assert len(seen) == 3 and tuple(server.llm.encode(question)) not in seen  # each switch changed the prompt
+    bad = httpx.post(server.url + "/tokenize", json={"messages": question, "chat_template_kwargs": {"tools": []}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs"  # was "messages"
     for body, param in [
         ({"add_generation_prompt": True, "continue_final_message": True}, "add_generation_prompt"),
         ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),
@@ -1097,4 +1099,7 @@ def test_the_responses_api_as_openais_client_reads_it(smol):
         assert e.value.body["param"] == param, (extra, e.value.body)
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="gpt-4o", input=question)
+    with pytest.raises(openai.BadRequestError) as e:  # as chat completions say it
+        client.responses.create(model=server.model, input=question, max_output_tokens=10**6)
+    assert (e.value.body["param"], e.value.body["code"]) == ("input", "context_length_exceeded"), e.value.body
     assert server.live_requests() == 0

@@ -62,11 +62,16 @@ _NAMED = (
 
 
 def _refusal(e: Exception, chat: bool) -> APIError:
-    """The engine refused the prompt (vocabulary, context length, KV capacity: 400) or its loop is gone (503)."""
+    return refusal(e, "messages" if chat else "prompt")
+
+
+def refusal(e: Exception, prompt_param: str) -> APIError:
+    """The engine refused the prompt (vocabulary, context length, KV capacity: 400, naming the field the message
+    starts with where it is one of _NAMED, else `prompt_param`) or its loop is gone (503)."""
     if isinstance(e, EngineDeadError):
         return APIError(503, str(e))
     first = str(e).replace("=", " ").replace(":", " ").split(" ", 1)[0]
-    param = first if first in _NAMED else "messages" if chat else "prompt"
+    param = first if first in _NAMED else prompt_param
     return APIError(
         400, _naming(param, e), param=param, code="context_length_exceeded" if "exceeds" in str(e) else None
     )

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from engine.sampling_params import SamplingParams
 from engine.streams import EngineDeadError
 from engine.text import ChatPrompt, RequestOutput
+from minisgl_cli.server.completions import refusal
 from minisgl_cli.server.engine_client import EngineClient, Job, JobSpec
 from minisgl_cli.server.errors import APIError
 from minisgl_cli.server.protocol import refuse_unsupported
@@ -117,7 +118,7 @@ async def responses(body: ResponsesRequest, request: Request):
     try:
         ids = await asyncio.to_thread(client.encode, body.chat())  # off the event loop: a long input takes a while
     except ValueError as e:
-        raise APIError(400, str(e), param="input") from e
+        raise refusal(e, "input") from e
     room = max(client.max_request_tokens - len(ids), 1)  # as chat's default: what the context leaves
     given = {k: getattr(body, k) for k in body.SAMPLING if getattr(body, k) is not None}
     try:
@@ -128,10 +129,8 @@ async def responses(body: ResponsesRequest, request: Request):
         raise APIError(400, str(e).replace("max_tokens", "max_output_tokens"), param=name) from e
     try:
         (job,) = client.start(request, [JobSpec(ids, params)])
-    except (ValueError, EngineDeadError) as e:
-        if isinstance(e, EngineDeadError):
-            raise APIError(503, str(e)) from e
-        raise APIError(400, str(e), param="logit_bias" if str(e).startswith("logit_bias") else "input") from e
+    except (ValueError, EngineDeadError) as e:  # the context or the KV cache cannot hold it, a bias id, ...
+        raise refusal(e, "input") from e
     reply = _Reply(job, body, client.model_name, len(ids))
     if body.stream:
         return StreamingResponse(

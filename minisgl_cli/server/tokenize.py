@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from minisgl_cli.server.completions import refusal
 from minisgl_cli.server.engine_client import EngineClient
 from minisgl_cli.server.errors import APIError
 from minisgl_cli.server.protocol import DetokenizeRequest, TokenizeRequest, chat_prompt, refuse_unsupported
@@ -30,7 +31,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     try:
         ids = await asyncio.to_thread(client.encode, prompt) if prompt or chat else []  # vLLM: "" is no tokens
     except ValueError as e:
-        raise APIError(400, str(e), param="messages" if chat else "prompt") from e
+        raise refusal(e, "messages" if chat else "prompt") from e
     # what one request can hold, as /v1/models says: the context, or the KV cache where that is smaller
     out: dict[str, Any] = {"count": len(ids), "max_model_len": client.max_request_tokens, "tokens": ids}
     if body.return_token_strs:
