@@ -305,6 +305,7 @@ def test_an_api_key_guards_the_v1_routes_as_vllms_does():
             assert httpx.post(server.url + path).status_code == 401
             keyed = httpx.post(server.url + path, headers={"Authorization": "Bearer sekret"})
             assert keyed.status_code == 200, keyed.text
+        assert httpx.post(server.url + "/generate", json={"text": "hi"}).status_code == 401  # SGLang's, guarded too
         ok = httpx.options(f"{url}/chat/completions", headers={"Origin": "http://ui.example:3000", **PREFLIGHT})
         assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://ui.example:3000"
 
@@ -1103,3 +1104,54 @@ def test_the_responses_api_as_openais_client_reads_it(smol):
         client.responses.create(model=server.model, input=question, max_output_tokens=10**6)
     assert (e.value.body["param"], e.value.body["code"]) == ("input", "context_length_exceeded"), e.value.body
     assert server.live_requests() == 0
+
+
+def test_sglangs_generate_endpoint_as_its_bench_serving_reads_it(tiny):
+    """SGLang's native POST /generate (a 404 before): `text` or `input_ids`, one or a list, `sampling_params` in
+    SGLang's names; streamed as SGLang streams it, each event the whole text so far with meta_info's counts (what
+    `sglang.bench_serving --backend sglang` reads). The answer is the completions endpoint's for the same prompt and
+    settings; SGLang's options that would change it are refused by name."""
+    client = tiny.openai()
+    url = tiny.url + "/generate"
+    prompt, sp = "The capital of France is", {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    ref = client.completions.create(
+        model=tiny.model, prompt=prompt, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+    )
+    r = httpx.post(url, json={"text": prompt, "sampling_params": sp, "rid": "mine"}).json()
+    assert r["text"] == ref.choices[0].text and "output_ids" not in r
+    meta = r["meta_info"]
+    assert (meta["id"], meta["prompt_tokens"], meta["completion_tokens"]) == ("mine", ref.usage.prompt_tokens, 12)
+    assert meta["finish_reason"] == {"type": "length", "length": 12} and meta["e2e_latency"] > 0
+    # streamed, read as bench_serving's sglang backend reads it
+    texts, counts = [], []
+    with httpx.stream("POST", url, json={"text": prompt, "sampling_params": sp, "stream": True}) as s:
+        lines = [line for line in s.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    for line in lines[:-1]:
+        data = json.loads(line.removeprefix("data: "))
+        texts.append(data["text"])
+        counts.append(data["meta_info"]["completion_tokens"])
+    assert texts[-1] == r["text"] and all(b.startswith(a) for a, b in zip(texts, texts[1:]))  # the whole text so far
+    assert counts == sorted(counts) and counts[-1] == 12 and len(counts) > 1
+    # a list of prompts (and of token-id prompts) is answered as a list, each as alone
+    both = httpx.post(url, json={"text": [prompt, "Hello"], "sampling_params": sp}).json()
+    alone = httpx.post(url, json={"text": "Hello", "sampling_params": sp}).json()
+    assert [b["text"] for b in both] == [r["text"], alone["text"]]
+    ids = list(prompt.encode())  # the byte tokenizer of dummy:tiny-llama
+    by_ids = httpx.post(url, json={"input_ids": [ids], "sampling_params": sp}).json()
+    assert by_ids[0]["text"] == r["text"] and len(by_ids[0]["output_ids"]) == 12
+    # SGLang's default length: 128 new tokens
+    default = httpx.post(url, json={"text": prompt, "sampling_params": {"ignore_eos": True}}).json()
+    assert default["meta_info"]["completion_tokens"] == 128
+    for body, says in [
+        ({"text": prompt, "return_logprob": True}, "return_logprob"),
+        ({"text": prompt, "sampling_params": {"json_schema": "{}"}}, "sampling_params.json_schema"),
+        ({"text": prompt, "sampling_params": {"n": 2}}, "sampling_params.n"),
+        ({"text": prompt, "sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens must be"),
+        ({"text": prompt, "sampling_params": {"temprature": 0}}, "sampling_params.temprature is not"),
+        ({"text": prompt, "input_ids": ids}, "give text or input_ids"),
+        ({"text": [prompt, prompt], "stream": True}, "stream takes one prompt"),
+    ]:
+        bad = httpx.post(url, json=body)
+        assert bad.status_code == 400 and says in bad.json()["error"]["message"], (body, bad.text)
+    assert tiny.live_requests() == 0

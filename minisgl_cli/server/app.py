@@ -15,10 +15,11 @@ from engine.remote_llm import RemoteLLM
 from minisgl_cli.server.completions import router
 from minisgl_cli.server.engine_client import EngineClient
 from minisgl_cli.server.errors import APIError, install_error_handlers
+from minisgl_cli.server.generate import router as generate_router
 from minisgl_cli.server.responses import router as responses_router
 from minisgl_cli.server.tokenize import router as tokenize_router
 
-CACHE_PATHS = ("/reset_prefix_cache", "/flush_cache")
+GUARDED_PATHS = ("/reset_prefix_cache", "/flush_cache", "/generate")  # beside /v1: what runs or changes state
 
 
 def create_app(
@@ -46,13 +47,14 @@ def create_app(
     app.include_router(router)
     app.include_router(tokenize_router)
     app.include_router(responses_router)
+    app.include_router(generate_router)
     if api_key is not None:
         want = f"Bearer {api_key}".encode()
 
         @app.middleware("http")
         async def check_key(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
             # a browser's preflight (OPTIONS) carries no credentials: the CORS layer, added after, answers it first
-            guarded = request.url.path.startswith("/v1") or request.url.path in CACHE_PATHS  # what changes state
+            guarded = request.url.path.startswith("/v1") or request.url.path in GUARDED_PATHS
             if guarded and request.method != "OPTIONS":
                 got = request.headers.get("authorization", "").encode()
                 if not hmac.compare_digest(got, want):

@@ -290,7 +290,7 @@ def _choice_body(shape: _Shape, ch: _Choice, out: RequestOutput) -> dict[str, An
 _LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
-def _event(obj: dict[str, Any]) -> str:
+def sse_data(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False).translate(_LINE_BREAKS)}\n\n"
 
 
@@ -298,7 +298,7 @@ def _text_event_parts(reply: Reply, index: int) -> tuple[str, str]:
     """The text chunk's event split around its text, so each token's event is one small json.dumps, not the
     whole chunk's (the front end's hot path; the result is the same bytes)."""
     mark = "\ue000"
-    event = _event(reply.chunk(mark, index=index))
+    event = sse_data(reply.chunk(mark, index=index))
     head, tail = event.split(json.dumps(mark, ensure_ascii=False), 1)
     return head, tail
 
@@ -352,7 +352,7 @@ async def _sse(shape: _Shape, choices: list[_Choice], prompt_tokens: int) -> Asy
     ) -> str:
         so_far = (len(ch.prompt.ids), ch.tokens)
         chunk = reply.chunk(text, reason, role=role, index=ch.index, logprobs=lp, so_far=so_far, stop_reason=stop)
-        return _event(chunk)
+        return sse_data(chunk)
 
     try:
         if reply.chat:
@@ -361,7 +361,7 @@ async def _sse(shape: _Shape, choices: list[_Choice], prompt_tokens: int) -> Asy
             ch, events = choices[i], []
             for out in batch:
                 if out.finish_reason == "error":
-                    events.append(_event(APIError(500, f"generation failed: {out.error}").body()))
+                    events.append(sse_data(APIError(500, f"generation failed: {out.error}").body()))
                     continue
                 if not ch.started:
                     ch.started = True
@@ -388,7 +388,7 @@ async def _sse(shape: _Shape, choices: list[_Choice], prompt_tokens: int) -> Asy
             if events:
                 yield "".join(events)
         if reply.include_usage:
-            yield _event(reply.usage_chunk(usage(prompt_tokens, sum(ch.tokens for ch in choices), _cached(choices))))
+            yield sse_data(reply.usage_chunk(usage(prompt_tokens, sum(ch.tokens for ch in choices), _cached(choices))))
     except (ValueError, EngineDeadError) as e:
-        yield _event(_refusal(e, reply.chat).body())
+        yield sse_data(_refusal(e, reply.chat).body())
     yield "data: [DONE]\n\n"

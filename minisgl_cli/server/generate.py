@@ -1,0 +1,210 @@
+"""POST /generate: SGLang's native endpoint (its `bench_serving --backend sglang` and scripts written for an SGLang
+server call it). `text` or `input_ids` (one prompt, or a list answered as a list), `sampling_params` in SGLang's names,
+`stream` as SGLang streams it: each event holds the whole text so far and `meta_info` with the token counts. What
+SGLang offers here that would change the answer (log-probabilities, constrained decoding, LoRA, images) is refused
+by name."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+
+from engine.sampling_params import SamplingParams
+from engine.text import RequestOutput
+from minisgl_cli.server.completions import refusal, sse_data
+from minisgl_cli.server.engine_client import EngineClient, Job, JobSpec
+from minisgl_cli.server.errors import APIError
+from minisgl_cli.server.protocol import refuse_unsupported
+
+router = APIRouter()
+
+SGLANG_MAX_NEW_TOKENS = 128  # SGLang's default max_new_tokens
+# SGLang's sampling_params names -> SamplingParams fields
+SAMPLING_NAMES = {
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "ignore_eos": "ignore_eos",
+    "logit_bias": "logit_bias",
+    "sampling_seed": "seed",
+}
+# SGLang sampling fields that would change the answer and have no equivalent here: refused unless at their default
+SAMPLING_REFUSED: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1),
+    "json_schema": (None,),
+    "regex": (None,),
+    "ebnf": (None,),
+    "structural_tag": (None,),
+    "skip_special_tokens": (None, True),
+    "spaces_between_special_tokens": (None, True),
+    "no_stop_trim": (None, False),
+    "custom_params": (None,),
+}
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+    REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "return_logprob": (None, False),
+        "top_logprobs_num": (None, 0),
+        "token_ids_logprob": (None,),
+        "return_hidden_states": (None, False),
+        "image_data": (None,),
+        "video_data": (None,),
+        "audio_data": (None,),
+        "lora_path": (None,),
+        "custom_logit_processor": (None,),
+        "input_embeds": (None,),
+    }
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    stream: bool | None = False
+    rid: str | list[str] | None = None  # the caller's ids: echoed in meta_info.id
+
+    def prompts(self) -> list[str | list[int]]:
+        if (self.text is None) == (self.input_ids is None):
+            raise APIError(400, "give text or input_ids, one of the two", param="text")
+        if self.text is not None:
+            return [self.text] if isinstance(self.text, str) else list(self.text)
+        ids = self.input_ids or []
+        return list(ids) if ids and isinstance(ids[0], list) else [ids]
+
+    @property
+    def batch(self) -> bool:
+        return isinstance(self.text, list) or bool(self.input_ids and isinstance(self.input_ids[0], list))
+
+
+def _params(given: dict[str, Any], defaults: dict[str, Any], room: int) -> SamplingParams:
+    for name, accepted in SAMPLING_REFUSED.items():
+        if given.get(name) not in accepted:
+            raise APIError(
+                400,
+                f"sampling_params.{name}={given[name]!r:.100} is not supported by this server",
+                param="sampling_params",
+                code="unsupported_parameter",
+            )
+    unknown = sorted(set(given) - set(SAMPLING_NAMES) - set(SAMPLING_REFUSED))
+    if unknown:
+        why = f"sampling_params.{unknown[0]} is not a sampling parameter this server knows"
+        raise APIError(400, why, param="sampling_params")
+    kw = {SAMPLING_NAMES[k]: v for k, v in given.items() if k in SAMPLING_NAMES and v is not None}
+    kw.setdefault("max_tokens", min(SGLANG_MAX_NEW_TOKENS, room))
+    try:
+        return SamplingParams(**{**defaults, **kw})
+    except ValueError as e:  # SamplingParams names its field first: say it in SGLang's name
+        ours, _, rest = str(e).partition(" ")
+        theirs = next((k for k, v in SAMPLING_NAMES.items() if v == ours), ours)
+        raise APIError(400, f"sampling_params.{theirs} {rest}", param="sampling_params") from e
+
+
+@router.post("/generate")
+async def generate(body: GenerateRequest, request: Request):
+    client: EngineClient = request.app.state.client
+    refuse_unsupported(body, body.REFUSED)
+    prompts = body.prompts()
+    if body.stream and len(prompts) != 1:
+        raise APIError(400, "stream takes one prompt here (a list is answered whole, without stream)", param="stream")
+    plist = (
+        body.sampling_params if isinstance(body.sampling_params, list) else [body.sampling_params or {}] * len(prompts)
+    )
+    if len(plist) != len(prompts):
+        raise APIError(400, f"{len(prompts)} prompts but {len(plist)} sampling_params", param="sampling_params")
+    try:
+        encoded = await asyncio.to_thread(lambda: [client.encode(p) for p in prompts])
+    except ValueError as e:
+        raise refusal(e, "text" if body.text is not None else "input_ids") from e
+    specs = [
+        JobSpec(ids, _params(sp, client.sampling_defaults, max(client.max_request_tokens - len(ids), 1)))
+        for ids, sp in zip(encoded, plist)
+    ]
+    limit = client.admission_limit
+    if limit is not None and len(specs) > limit:
+        raise APIError(400, f"{len(specs)} prompts at once, more than this server ever admits ({limit})", "text")
+    try:
+        jobs = client.start(request, specs)
+    except Exception as e:
+        if isinstance(e, APIError):
+            raise
+        raise refusal(e, "text" if body.text is not None else "input_ids") from e
+    rids = body.rid if isinstance(body.rid, list) else [body.rid] * len(jobs)
+    if len(rids) != len(jobs):
+        for job in jobs:
+            job.abort()
+        raise APIError(400, f"{len(jobs)} prompts but {len(rids)} rids", param="rid")
+    replies = [_Reply(job, rid or job.rid, body.input_ids is not None) for job, rid in zip(jobs, rids)]
+    if body.stream:
+        return StreamingResponse(
+            replies[0].events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+    try:
+        finals = [await r.final() for r in replies]
+    finally:
+        for job in jobs:
+            if not job.finished:
+                job.abort()
+    return JSONResponse(finals if body.batch else finals[0])
+
+
+class _Reply:
+    def __init__(self, job: Job, rid: str, ids_in: bool) -> None:
+        self.job, self.rid, self.ids_in = job, rid, ids_in
+        self.start = time.perf_counter()
+
+    def body(self, out: RequestOutput) -> dict[str, Any]:
+        """SGLang's answer: the text so far and meta_info (finish_reason null while it runs)."""
+        reason: dict[str, Any] | None = None
+        if out.finished:
+            if out.finish_reason == "length":
+                reason = {"type": "length", "length": len(out.token_ids)}
+            elif out.finish_reason == "stop":
+                reason = {"type": "stop", "matched": out.stop_reason}  # null for EOS (SGLang: the EOS id)
+            else:
+                reason = {"type": "abort", "message": out.error or out.finish_reason}
+        meta = {
+            "id": self.rid,
+            "finish_reason": reason,
+            "prompt_tokens": len(self.job.prompt_ids),
+            "completion_tokens": len(out.token_ids),
+            "cached_tokens": min(out.cache_hit_tokens, len(self.job.prompt_ids)),
+            "e2e_latency": time.perf_counter() - self.start,
+        }
+        body: dict[str, Any] = {"text": out.text, "meta_info": meta}
+        if self.ids_in:  # SGLang gives the output ids where the prompt came as ids
+            body["output_ids"] = list(out.token_ids)
+        return body
+
+    async def final(self) -> dict[str, Any]:
+        try:
+            out = [o async for o in self.job.outputs()][-1]
+        except Exception as e:
+            raise refusal(e, "text") from e
+        if out.finish_reason == "error":
+            raise APIError(500, f"generation failed: {out.error}")
+        return self.body(out)
+
+    async def events(self) -> AsyncIterator[str]:
+        try:
+            async for batch in self.job.batches():
+                yield sse_data(self.body(batch[-1]))
+        except Exception as e:  # the engine refused it or went away mid-answer
+            yield sse_data(refusal(e, "text").body())
+        finally:
+            if not self.job.finished:
+                self.job.abort()
+        yield "data: [DONE]\n\n"
