@@ -185,6 +185,13 @@ def test_reset_and_new_conversation_clear_history(tiny):
         await send(pilot, "fresh start")
         await wait_for(pilot, lambda: not app.generating, what="answer")
         assert [m.content for m in app.session.history if m.role == "user"] == ["fresh start"]
+        # ctrl+n during an edit (ctrl+g): the message under edit is the old chat's, so it does not stay as the draft
+        await pilot.press("ctrl+g")
+        await pilot.pause()
+        assert app.query_one(PromptBox).value == "fresh start" and app.editing is not None
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert app.query_one(PromptBox).value == "" and app.editing is None and app.session.history == []
 
     run_app(tiny, scenario, max_tokens=4)
 

@@ -428,7 +428,9 @@ class ChatApp(App):
             self.keep_answer(self.answer, cut=True)
             self.workers.cancel_group(self, "generate")
             self.answer = None
-        self.editing = None
+        if self.editing is not None:  # the box holds the old chat's message under edit: it goes with that chat
+            self.query_one(PromptBox).value = ""
+            self.editing = None
         self.session.reset()
         self.query_one(PromptBox).set_history([])  # what is typed in it stays: a question drafted for the new chat
         self.turn = TurnStats()  # before the await below: the new chat's state is whole before anything else runs
