@@ -117,7 +117,7 @@ def register(app: typer.Typer) -> None:
         **engine_flags: Any,
     ) -> None:
         """Serve the model over an OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions,
-        /v1/models, /health, /metrics."""
+        /v1/responses, /v1/models, /health, /metrics (and SGLang's /generate)."""
         from minisgl_cli.report import check_outputs
 
         check_outputs(step_log=step_log)  # written when the server stops: a bad path fails now, not after the run
