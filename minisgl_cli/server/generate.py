@@ -67,8 +67,12 @@ class GenerateRequest(BaseModel):
         "video_data": (None,),
         "audio_data": (None,),
         "lora_path": (None,),
+        "lora_id": (None,),  # SGLang's other name for the adapter
+        "session_params": (None,),  # SGLang's sessions: the prompt continues a stored one
         "custom_logit_processor": (None,),
         "input_embeds": (None,),
+        "positional_embed_overrides": (None,),
+        "max_thinking_tokens": (None,),  # a reasoning model's thinking cut short
     }
 
     text: str | list[str] | None = None

@@ -1,0 +1,34 @@
+"""SGLang's POST /generate where it diverged from SGLang's: fields that change the answer taken and dropped, an
+explicit null max_new_tokens, one rid for a batch."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.conftest import make_llm
+from tests.server_harness import live_server
+
+TINY = dict(max_running_requests=8, num_pages=256)  # dummy:tiny-llama: vocab 512, context 2048, byte tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    with live_server(make_llm(**TINY)) as server:
+        yield server
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("session_params", {"id": "s1"}),  # the prompt would continue the session's stored context
+        ("lora_id", "adapter-1"),  # SGLang's other name for lora_path
+        ("max_thinking_tokens", 8),
+    ],
+)
+def test_sglang_fields_that_change_the_answer_are_refused_by_name(tiny, field, value):
+    body = {"text": "hello", "sampling_params": {"max_new_tokens": 2}, field: value}
+    r = httpx.post(tiny.url + "/generate", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field
+    assert tiny.live_requests() == 0
