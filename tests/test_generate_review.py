@@ -32,3 +32,14 @@ def test_sglang_fields_that_change_the_answer_are_refused_by_name(tiny, field, v
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == field
     assert tiny.live_requests() == 0
+
+
+def test_an_explicit_null_max_new_tokens_runs_to_the_context_as_sglangs_scheduler_reads_it(tiny):
+    """SGLang's scheduler clips max_new_tokens to the context, reading null as no limit; only a left-out one is 128."""
+    prompt = "a" * 1900  # 1900 byte tokens of the 2048 context: room for 148 new tokens, more than SGLang's default
+    url = tiny.url + "/generate"
+    left_out = httpx.post(url, json={"text": prompt, "sampling_params": {"ignore_eos": True}}, timeout=120).json()
+    assert left_out["meta_info"]["completion_tokens"] == 128
+    body = {"text": prompt, "sampling_params": {"ignore_eos": True, "max_new_tokens": None}}
+    null = httpx.post(url, json=body, timeout=120).json()
+    assert null["meta_info"]["completion_tokens"] == 2048 - 1900, null["meta_info"]

@@ -108,7 +108,8 @@ def _params(given: dict[str, Any], defaults: dict[str, Any], room: int) -> Sampl
         why = f"sampling_params.{unknown[0]} is not a sampling parameter this server knows"
         raise APIError(400, why, param="sampling_params")
     kw = {SAMPLING_NAMES[k]: v for k, v in given.items() if k in SAMPLING_NAMES and v is not None}
-    kw.setdefault("max_tokens", min(SGLANG_MAX_NEW_TOKENS, room))
+    # SGLang's scheduler reads an explicit null max_new_tokens as no limit but the context's; left out, it is 128
+    kw.setdefault("max_tokens", room if "max_new_tokens" in given else min(SGLANG_MAX_NEW_TOKENS, room))
     try:
         return SamplingParams(**{**defaults, **kw})
     except ValueError as e:  # SamplingParams names its field first: say it in SGLang's name
