@@ -43,3 +43,11 @@ def test_an_explicit_null_max_new_tokens_runs_to_the_context_as_sglangs_schedule
     body = {"text": prompt, "sampling_params": {"ignore_eos": True, "max_new_tokens": None}}
     null = httpx.post(url, json=body, timeout=120).json()
     assert null["meta_info"]["completion_tokens"] == 2048 - 1900, null["meta_info"]
+
+
+def test_one_rid_for_a_batch_prefixes_each_prompts_id_as_sglang_does(tiny):
+    body = {"text": ["a", "b"], "rid": "run", "sampling_params": {"max_new_tokens": 2}}
+    answers = httpx.post(tiny.url + "/generate", json=body, timeout=60).json()
+    assert [a["meta_info"]["id"] for a in answers] == ["run_0", "run_1"]  # both were "run"
+    one = httpx.post(tiny.url + "/generate", json={**body, "text": "a"}, timeout=60).json()
+    assert one["meta_info"]["id"] == "run"

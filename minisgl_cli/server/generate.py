@@ -147,7 +147,11 @@ async def generate(body: GenerateRequest, request: Request):
         if isinstance(e, APIError):
             raise
         raise refusal(e, "text" if body.text is not None else "input_ids") from e
-    rids = body.rid if isinstance(body.rid, list) else [body.rid] * len(jobs)
+    rids: list[str | None]
+    if isinstance(body.rid, str) and body.batch:  # SGLang's: one id given for a batch prefixes each prompt's own
+        rids = [f"{body.rid}_{i}" for i in range(len(jobs))]
+    else:
+        rids = list(body.rid) if isinstance(body.rid, list) else [body.rid] * len(jobs)
     if len(rids) != len(jobs):
         for job in jobs:
             job.abort()
