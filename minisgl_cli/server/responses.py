@@ -76,6 +76,8 @@ class ResponsesRequest(BaseModel):
         "seed",
         "stop",
         "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
         "ignore_eos",
         "logit_bias",
     )
@@ -90,12 +92,15 @@ class ResponsesRequest(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     ignore_eos: bool | None = None
     logit_bias: dict[str, float] | None = None
     stream: bool | None = False
     store: bool | None = None  # nothing is stored; nothing reads it back either (previous_response_id is refused)
     metadata: dict[str, str] | None = None
     user: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's, as chat completions take them
 
     def chat(self) -> ChatPrompt:
         messages = [] if self.instructions is None else [{"role": "system", "content": self.instructions}]
@@ -107,7 +112,7 @@ class ResponsesRequest(BaseModel):
                 messages.append({"role": "system" if m.role == "developer" else m.role, "content": m.text()})
         if not messages:
             raise APIError(400, "input must not be empty", param="input")
-        return ChatPrompt(messages)
+        return ChatPrompt(messages, self.chat_template_kwargs or {})
 
 
 @router.post("/v1/responses")
