@@ -342,6 +342,9 @@ def _engine_names(kw: dict[str, Any]) -> dict[str, Any]:
     """LLM()'s keywords as EngineConfig fields: vLLM's names taken under ours, enforce_eager as no CUDA graphs,
     trust_remote_code accepted (no model code is ever loaded from a model's files here, whatever it says)."""
     out = dict(kw)
+    for name in (*VLLM_NAMES, *VLLM_ELSEWHERE):  # None is vLLM's own default for these: the engine decides
+        if name in out and out[name] is None and name != "gpu_memory_utilization":
+            del out[name]
     for theirs, ours in VLLM_NAMES.items():
         if theirs in out:
             if ours in out:
