@@ -1155,3 +1155,76 @@ def test_sglangs_generate_endpoint_as_its_bench_serving_reads_it(tiny):
         bad = httpx.post(url, json=body)
         assert bad.status_code == 400 and says in bad.json()["error"]["message"], (body, bad.text)
     assert tiny.live_requests() == 0
+
+
+# ---- /generate and /v1/responses where they diverged from SGLang's and vLLM's (a review's findings) ----------
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("session_params", {"id": "s1"}),  # the prompt would continue the session's stored context
+        ("lora_id", "adapter-1"),  # SGLang's other name for lora_path
+        ("max_thinking_tokens", 8),
+    ],
+)
+def test_sglang_fields_that_change_the_answer_are_refused_by_name(tiny, field, value):
+    body = {"text": "hello", "sampling_params": {"max_new_tokens": 2}, field: value}
+    r = httpx.post(tiny.url + "/generate", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field
+    assert tiny.live_requests() == 0
+
+
+def test_an_explicit_null_max_new_tokens_runs_to_the_context_as_sglangs_scheduler_reads_it(tiny):
+    """SGLang's scheduler clips max_new_tokens to the context, reading null as no limit; only a left-out one is 128."""
+    prompt = "a" * 1900  # 1900 byte tokens of the 2048 context: room for 148 new tokens, more than SGLang's default
+    url = tiny.url + "/generate"
+    left_out = httpx.post(url, json={"text": prompt, "sampling_params": {"ignore_eos": True}}, timeout=120).json()
+    assert left_out["meta_info"]["completion_tokens"] == 128
+    body = {"text": prompt, "sampling_params": {"ignore_eos": True, "max_new_tokens": None}}
+    null = httpx.post(url, json=body, timeout=120).json()
+    assert null["meta_info"]["completion_tokens"] == 2048 - 1900, null["meta_info"]
+
+
+def test_one_rid_for_a_batch_prefixes_each_prompts_id_as_sglang_does(tiny):
+    body = {"text": ["a", "b"], "rid": "run", "sampling_params": {"max_new_tokens": 2}}
+    answers = httpx.post(tiny.url + "/generate", json=body, timeout=60).json()
+    assert [a["meta_info"]["id"] for a in answers] == ["run_0", "run_1"]  # both were "run"
+    one = httpx.post(tiny.url + "/generate", json={**body, "text": "a"}, timeout=60).json()
+    assert one["meta_info"]["id"] == "run"
+
+
+def _responses_text(server, **extra) -> str:
+    body = {"input": "hello there", "max_output_tokens": 200, "temperature": 0, **extra}
+    r = httpx.post(server.url + "/v1/responses", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["output"][0]["content"][0]["text"]
+
+
+def _chat_text(server, **extra) -> str:
+    body = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 200, "temperature": 0, **extra}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("penalty", ["presence_penalty", "frequency_penalty"])
+def test_the_penalties_change_the_answer_as_in_chat_completions(tiny, penalty):
+    assert _responses_text(tiny) == _chat_text(tiny)
+    penalised = _chat_text(tiny, **{penalty: 2.0})
+    assert penalised != _chat_text(tiny)  # the penalty changes this answer
+    assert _responses_text(tiny, **{penalty: 2.0}) == penalised
+
+
+def test_chat_template_kwargs_are_the_templates_as_in_chat_completions(tiny):
+    switches = {"chat_template_kwargs": {"tools": []}}  # refused by name: the template's own argument
+    body = {"input": "hello", "max_output_tokens": 2, **switches}
+    r = httpx.post(tiny.url + "/v1/responses", json=body, timeout=60)
+    messages = [{"role": "user", "content": "hello"}]
+    chat = httpx.post(tiny.url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 2, **switches})
+    assert chat.status_code == 400
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
+    ok = {"input": "hello", "max_output_tokens": 2, "chat_template_kwargs": {"enable_thinking": False}}
+    assert httpx.post(tiny.url + "/v1/responses", json=ok, timeout=60).status_code == 200
+    assert tiny.live_requests() == 0
