@@ -244,6 +244,7 @@ def test_a_click_copies_any_message():
         await pilot.pause()
         assert app.clipboard == "the second answer" and "still coming" in notices(app)[-1]
         await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.generating, what="the stop")
 
     run_pilot(ChatApp(Slow(thinking_switch=None), session), scenario)
 

@@ -382,7 +382,10 @@ class ChatApp(App):
             return
         stats = turn.stats if turn.finished else turn.meter.stats
         self.turn = dataclasses.replace(stats, itls=list(stats.itls))  # what the panel shows, as it shows it
-        self.query_one(MetricsPanel).show_turn(self.turn)
+        try:
+            self.query_one(MetricsPanel).show_turn(self.turn)
+        except NoMatches:  # a late timer's call while the app closes mid-answer: its widgets are gone (CI at 1bbb2b9)
+            return
         if reply.thinking is not None:
             tokens = self.turn.reasoning_tokens
             reply.thinking.title = f"Thinking… {tokens} tokens" if turn.thinking else thought_title(tokens)
