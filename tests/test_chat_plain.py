@@ -294,10 +294,18 @@ def test_a_signal_as_the_first_save_commits_leaves_one_chat(tmp_path):
     assert [m.role for m in saved.history] == [m.role for m in session.history]
 
 
-def test_a_signal_as_the_answer_ends_leaves_it_saved(tmp_path):
+# Lines of _answer between the answer's end and its save: the signal is sent as each is about to run. Until the wait
+# ran inside the hold, its `break` was one more such point, outside every hold: SIGTERM there (sent with at_line) left
+# the chat saved with the question alone, CI's symptom at ba7850c.
+ANSWER_ENDS = ["turn = future.result()", 'stdout.write("\\n")']
+
+
+@pytest.mark.parametrize("marker", ANSWER_ENDS, ids=["result", "newline"])
+def test_a_signal_as_the_answer_ends_leaves_it_saved(tmp_path, marker):
     """`minisgl chat` stopped by SIGTERM stops its engine, which ends the answer, and passes the signal on to its chat:
     arriving just after the answer ended and before its save, the signal's KeyboardInterrupt left the chat saved
-    with the question alone (CI at 30c8c84, 1 run in 5 here). The signal is sent here, for real, at that line."""
+    with the question alone (CI at 30c8c84, 1 run in 5 here; again at ba7850c in another spot of the same stretch).
+    The signal is sent here, for real, at those lines."""
     from minisgl_cli.tui.plain import _answer
     from minisgl_cli.tui.store import ChatStore
 
@@ -306,7 +314,7 @@ def test_a_signal_as_the_answer_ends_leaves_it_saved(tmp_path):
     store = ChatStore(tmp_path / "chat.db")
     session = ChatSession(max_tokens=8, max_tokens_limit=llm.engine.max_model_len)
     try:
-        with at_line(_answer, 'stdout.write("\\n")', lambda: os.kill(os.getpid(), signal.SIGTERM)) as sent:
+        with at_line(_answer, marker, lambda: os.kill(os.getpid(), signal.SIGTERM)) as sent:
             with pytest.raises(SystemExit) as ended:
                 run_plain(engine.backend(), session, store, None, io.StringIO("hello\n"), io.StringIO(), io.StringIO())
     finally:
@@ -314,7 +322,10 @@ def test_a_signal_as_the_answer_ends_leaves_it_saved(tmp_path):
     assert sent and ended.value.code == 128 + signal.SIGTERM
     saved, _ = store.load(store.sessions()[0].id)
     assert [m.role for m in saved.history] == ["user", "assistant"] and len(store.sessions()) == 1
-    assert saved.history[1].stats is not None and saved.history[1].stats.output_tokens == 8
+    stats = saved.history[1].stats  # at `result` the answer may still be running: the signal stops it there
+    assert stats is not None and (
+        stats.output_tokens == 8 if marker != ANSWER_ENDS[0] else 1 <= stats.output_tokens <= 8
+    )
 
 
 def test_two_signals_held_through_a_save_are_both_acted_on(tmp_path):

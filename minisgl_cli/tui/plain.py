@@ -183,18 +183,28 @@ def _end_on_signals() -> tuple[list[int], Callable[[], None]]:
 
 
 @contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
+def _signals_held(stop: Callable[[], None] | None = None) -> Iterator[None]:
     """Ctrl-C, SIGTERM and SIGHUP wait until the block is done, then act as they would have. A save is not to be cut:
     a signal between the store's COMMIT and its note of the new chat's id left the chat saved without an id, so the
-    save after the stopped answer wrote it again as a second chat (the first one holding the question alone)."""
+    save after the stopped answer wrote it again as a second chat (the first one holding the question alone).
+    With `stop` (an answer streaming, then saved): each signal calls it at once, and Ctrl-C, which means "stop the
+    answer" there, is not acted on again afterwards."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     held: list[tuple[int, Any]] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        if stop is not None:
+            stop()
+            if signum == signal.SIGINT:
+                return
+        held.append((signum, frame))
+
     before: dict[int, Any] = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     for s, handler in before.items():
         if handler not in (signal.SIG_IGN, None):  # None: a handler not set from Python, left alone
-            signal.signal(s, lambda signum, frame: held.append((signum, frame)))
+            signal.signal(s, hold)
     try:
         yield
     finally:
@@ -234,6 +244,7 @@ def _answer(
     """Stream one answer to stdout (its thinking to stderr); Ctrl-C stops it (the partial answer stays). The answer
     streams on the loop thread; the session is saved on this one, where the store's SQLite connection lives."""
     started: list[Answer] = []
+    stopping: list[bool] = []  # a signal asked to stop the answer (maybe before the backend took it)
     begun: concurrent.futures.Future[None] = concurrent.futures.Future()  # the request was taken, or refused
 
     def start() -> Answer:
@@ -243,9 +254,16 @@ def _answer(
             )
             session.add(ChatMessage("user", text, created=time.time()))
             started.append(answer)
+            if stopping:  # asked before it was taken: stop it now
+                answer.stop()
             return answer
         finally:
             begun.set_result(None)
+
+    def stop() -> None:  # from the main thread's signal handler: the answer streams on the loop thread
+        stopping.append(True)
+        if started:
+            loop.loop.call_soon_threadsafe(started[0].stop)
 
     async def read() -> TurnReader:
         answer = start()
@@ -259,24 +277,17 @@ def _answer(
             stdout.flush()
         return turn
 
-    future = asyncio.run_coroutine_threadsafe(read(), loop.loop)
-    saved = False
-    while True:
-        try:
-            if not saved:  # the user's message, once the backend took it
-                either: list[concurrent.futures.Future[Any]] = [begun, future]
-                concurrent.futures.wait(either, return_when=concurrent.futures.FIRST_COMPLETED)
-                saved = True
-                if started:
-                    save()
-            turn = future.result()
-            break
-        except KeyboardInterrupt:
-            if started:
-                loop.loop.call_soon_threadsafe(started[0].stop)
-    # From here to the save a signal waits (and acts after it): SIGTERM from `minisgl chat` comes as its engine stops,
-    # which ends the answer, and its KeyboardInterrupt landing here left the answer unsaved (CI at 30c8c84).
-    with _signals_held():
+    # From the request to its answer's save, a signal stops the answer and never raises: its KeyboardInterrupt once
+    # landed between the answer's end and the save (SIGTERM from `minisgl chat` comes as its engine stops, which ends
+    # the answer), leaving the answer unsaved (CI at 30c8c84, and at ba7850c between the wait and the save's hold).
+    # SIGTERM and SIGHUP then act as they would have, once the answer is saved.
+    with _signals_held(stop):
+        future = asyncio.run_coroutine_threadsafe(read(), loop.loop)
+        either: list[concurrent.futures.Future[Any]] = [begun, future]
+        concurrent.futures.wait(either, return_when=concurrent.futures.FIRST_COMPLETED)
+        if started:  # the user's message, once the backend took it
+            save()
+        turn = future.result()
         with contextlib.suppress(OSError):  # a terminal gone (SIGHUP): the answer is saved all the same
             stdout.write("\n")
             stdout.flush()
