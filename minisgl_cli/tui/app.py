@@ -146,6 +146,14 @@ class ChatApp(App):
         self.set_interval(1 / self.METRICS_HZ, self.refresh_metrics)
         self.refresh_metrics()
 
+    async def action_quit(self) -> None:
+        """ctrl+q: an answer in flight is stopped and kept as it stands at the key press. Kept only at unmount, it went
+        on arriving while the app closed (a busy machine's teardown took long enough for a fast model to finish)."""
+        if self.answer is not None:
+            self.answer.stop()
+            self.keep_answer(self.answer, cut=True)
+        self.exit()
+
     async def on_unmount(self) -> None:
         if self.answer is not None:  # the app ends mid-answer (ctrl+q, SIGTERM): keep what had arrived
             self.keep_answer(self.answer, cut=True)
