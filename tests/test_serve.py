@@ -1151,9 +1151,13 @@ def test_sglangs_generate_endpoint_as_its_bench_serving_reads_it(tiny):
         ({"text": prompt, "sampling_params": {"temprature": 0}}, "sampling_params.temprature is not"),
         ({"text": prompt, "input_ids": ids}, "give text or input_ids"),
         ({"text": [prompt, prompt], "stream": True}, "stream takes one prompt"),
+        ({"text": []}, "text is an empty list"),  # answered [] before
     ]:
         bad = httpx.post(url, json=body)
         assert bad.status_code == 400 and says in bad.json()["error"]["message"], (body, bad.text)
+    # a refusal names the field the prompt came in (it said "text" for input_ids)
+    long = httpx.post(url, json={"input_ids": [1] * 3000, "sampling_params": {"max_new_tokens": 2}})
+    assert long.status_code == 400 and long.json()["error"]["param"] == "input_ids", long.text
     assert tiny.live_requests() == 0
 
 

@@ -85,9 +85,17 @@ class GenerateRequest(BaseModel):
         if (self.text is None) == (self.input_ids is None):
             raise APIError(400, "give text or input_ids, one of the two", param="text")
         if self.text is not None:
-            return [self.text] if isinstance(self.text, str) else list(self.text)
-        ids = self.input_ids or []
-        return list(ids) if ids and isinstance(ids[0], list) else [ids]
+            prompts: list[str | list[int]] = [self.text] if isinstance(self.text, str) else list(self.text)
+        else:
+            ids = self.input_ids or []
+            prompts = list(ids) if ids and isinstance(ids[0], list) else [ids]
+        if not prompts:  # an empty list: nothing to answer (an empty prompt is refused by the engine's check)
+            raise APIError(400, f"{self.prompt_field} is an empty list", param=self.prompt_field)
+        return prompts
+
+    @property
+    def prompt_field(self) -> str:
+        return "text" if self.text is not None else "input_ids"
 
     @property
     def batch(self) -> bool:
@@ -133,7 +141,7 @@ async def generate(body: GenerateRequest, request: Request):
     try:
         encoded = await asyncio.to_thread(lambda: [client.encode(p) for p in prompts])
     except ValueError as e:
-        raise refusal(e, "text" if body.text is not None else "input_ids") from e
+        raise refusal(e, body.prompt_field) from e
     specs = [
         JobSpec(ids, _params(sp, client.sampling_defaults, max(client.max_request_tokens - len(ids), 1)))
         for ids, sp in zip(encoded, plist)
@@ -146,7 +154,7 @@ async def generate(body: GenerateRequest, request: Request):
     except Exception as e:
         if isinstance(e, APIError):
             raise
-        raise refusal(e, "text" if body.text is not None else "input_ids") from e
+        raise refusal(e, body.prompt_field) from e
     rids: list[str | None]
     if isinstance(body.rid, str) and body.batch:  # SGLang's: one id given for a batch prefixes each prompt's own
         rids = [f"{body.rid}_{i}" for i in range(len(jobs))]
@@ -173,6 +181,7 @@ async def generate(body: GenerateRequest, request: Request):
 class _Reply:
     def __init__(self, job: Job, rid: str, ids_in: bool) -> None:
         self.job, self.rid, self.ids_in = job, rid, ids_in
+        self.prompt_field = "input_ids" if ids_in else "text"  # what a refusal names
         self.start = time.perf_counter()
 
     def body(self, out: RequestOutput) -> dict[str, Any]:
@@ -202,7 +211,7 @@ class _Reply:
         try:
             out = [o async for o in self.job.outputs()][-1]
         except Exception as e:
-            raise refusal(e, "text") from e
+            raise refusal(e, self.prompt_field) from e
         if out.finish_reason == "error":
             raise APIError(500, f"generation failed: {out.error}")
         return self.body(out)
@@ -212,7 +221,7 @@ class _Reply:
             async for batch in self.job.batches():
                 yield sse_data(self.body(batch[-1]))
         except Exception as e:  # the engine refused it or went away mid-answer
-            yield sse_data(refusal(e, "text").body())
+            yield sse_data(refusal(e, self.prompt_field).body())
         finally:
             if not self.job.finished:
                 self.job.abort()
