@@ -391,22 +391,14 @@ class ProgressBar:
 
 
 def _choices(params: SamplingParams) -> list[SamplingParams]:
-    """A prompt's n choices as requests of one choice each: choice j samples with seed + j (vLLM's rule: choices
-    differ, and each is reproducible as one request with that seed)."""
+    """A prompt's n choices as requests of one choice each (SamplingParams.choice: choice j seeded seed + j)."""
     if not isinstance(params, SamplingParams) or params.n == 1:
         return [params]  # (anything else is refused by the engine's check, naming it)
     # n assigned after construction was never checked: 0 added no request, so the next prompt's output was returned
     # for this one; 200 ran past MAX_N; 2.5 was a bare TypeError
     params = params.own_copy()
     params.validate()
-    out = []
-    for j in range(params.n):
-        c = params.own_copy()
-        c.n = 1
-        if c.seed is not None:
-            c.seed += j
-        out.append(c)
-    return out
+    return [params.choice(j) for j in range(params.n)]
 
 
 def _one_prompt(prompts: object) -> bool:

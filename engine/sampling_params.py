@@ -62,6 +62,16 @@ class SamplingParams:
         c.logit_bias = copy.copy(self.logit_bias)
         return c
 
+    def choice(self, j: int) -> SamplingParams:
+        """Choice j of a prompt's n, as a request of its own: an own copy with n = 1 and, if seeded, seed + j (vLLM's
+        rule: the choices differ, and each is reproducible as one request with that seed; a -1 so reached is a seed,
+        not "no seed"). Not validated: seed + j may be past the range, which submission refuses."""
+        c = self.own_copy()
+        c.n = 1
+        if c.seed is not None:
+            c.seed += j
+        return c
+
     def validate(self) -> None:
         """ValueError naming the first bad field. Run at construction and again at submission, on the request's own copy
         (RequestLimits.check): the fields can be assigned afterwards, and a temperature set to -1 or max_tokens to 0

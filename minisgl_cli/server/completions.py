@@ -201,9 +201,8 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Pro
         )
         for j in range(samples):
             try:
-                choice = params.own_copy()  # a copy whose -1 seed stays a seed (as vLLM's children); validated below
+                choice = params.choice(j)  # seeded choices: each its own seed (vLLM's rule); validated below
                 choice.logprobs, choice.prompt_logprobs = rank_logprobs, k if echo and j == 0 else None
-                choice.seed = params.seed + j if params.seed is not None else None  # seeded choices: each its own
                 choice.validate()  # seed 2^64 - 1 with n 2: choice 1's seed is past the range
             except ValueError as e:
                 raise APIError(400, str(e), param=str(e).split(" ")[0]) from e
