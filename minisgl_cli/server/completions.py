@@ -77,11 +77,11 @@ def refusal(e: Exception, prompt_param: str) -> APIError:
     )
 
 
-def _sampling_params(
-    body: GenerationRequest, max_tokens: int, max_name: str, defaults: dict[str, Any]
-) -> SamplingParams:
+def sampling_params(given: dict[str, Any], max_tokens: int, max_name: str, defaults: dict[str, Any]) -> SamplingParams:
+    """A request's SamplingParams: the fields it gave over `defaults` (the model's generation_config), its length
+    limit under the name the endpoint gives it (`max_name`); a bad value is a 400 naming that field."""
     try:
-        return SamplingParams(max_tokens=max_tokens, **{**defaults, **body.sampling_kwargs()})
+        return SamplingParams(max_tokens=max_tokens, **{**defaults, **given})
     except ValueError as e:  # SamplingParams names the field first: "top_p must be in (0, 1] (got 2.0)"
         name, _, rest = str(e).partition(" ")
         if name == "max_tokens":
@@ -187,8 +187,8 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Pro
     for p, ids in zip(prompts, encoded):
         room = max(client.max_request_tokens - len(ids), 1)  # chat's default: what the context leaves, as OpenAI
         default = room if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
-        params = _sampling_params(
-            body, default if max_tokens is None else max_tokens, max_name, client.sampling_defaults
+        params = sampling_params(
+            body.sampling_kwargs(), default if max_tokens is None else max_tokens, max_name, client.sampling_defaults
         )
         # chat's default is a ceiling the choices share as they grow, not room each must have at once
         asked = None if chat and max_tokens is None else params.max_tokens
@@ -236,7 +236,7 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Pro
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     try:
-        finals = [await _final(job, chat) for job in jobs]
+        finals = [await final_output(job, "messages" if chat else "prompt") for job in jobs]
     finally:
         for job in jobs:  # one failed: the others are not waited for
             if not job.finished:
@@ -261,11 +261,13 @@ def _cached(choices: list[_Choice]) -> int:
     return sum(min(ch.job.cache_hit_tokens, len(ch.prompt.ids)) for ch in choices if ch.job is ch.prompt.first)
 
 
-async def _final(job: Job, chat: bool) -> RequestOutput:
+async def final_output(job: Job, prompt_param: str) -> RequestOutput:
+    """A job's last output, once it is done (the generation endpoints' non-streamed answers): a refusal or the
+    engine's end as refusal() says them, a failed step as a 500."""
     try:
         final = [out async for out in job.outputs()][-1]
     except (ValueError, EngineDeadError) as e:
-        raise _refusal(e, chat) from e
+        raise refusal(e, prompt_param) from e
     if final.finish_reason == "error":
         raise APIError(500, f"generation failed: {final.error}")
     return final

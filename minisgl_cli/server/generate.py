@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from engine.sampling_params import SamplingParams
 from engine.text import RequestOutput
-from minisgl_cli.server.completions import refusal, sse_data
+from minisgl_cli.server.completions import final_output, refusal, sse_data
 from minisgl_cli.server.engine_client import EngineClient, Job, JobSpec
 from minisgl_cli.server.errors import APIError
 from minisgl_cli.server.protocol import refuse_unsupported
@@ -208,13 +208,7 @@ class _Reply:
         return body
 
     async def final(self) -> dict[str, Any]:
-        try:
-            out = [o async for o in self.job.outputs()][-1]
-        except Exception as e:
-            raise refusal(e, self.prompt_field) from e
-        if out.finish_reason == "error":
-            raise APIError(500, f"generation failed: {out.error}")
-        return self.body(out)
+        return self.body(await final_output(self.job, self.prompt_field))
 
     async def events(self) -> AsyncIterator[str]:
         try:

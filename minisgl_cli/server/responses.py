@@ -15,10 +15,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
-from engine.sampling_params import SamplingParams
 from engine.streams import EngineDeadError
 from engine.text import ChatPrompt, RequestOutput
-from minisgl_cli.server.completions import refusal
+from minisgl_cli.server.completions import final_output, refusal, sampling_params
 from minisgl_cli.server.engine_client import EngineClient, Job, JobSpec
 from minisgl_cli.server.errors import APIError
 from minisgl_cli.server.protocol import refuse_unsupported
@@ -126,12 +125,8 @@ async def responses(body: ResponsesRequest, request: Request):
         raise refusal(e, "input") from e
     room = max(client.max_request_tokens - len(ids), 1)  # as chat's default: what the context leaves
     given = {k: getattr(body, k) for k in body.SAMPLING if getattr(body, k) is not None}
-    try:
-        max_tokens = room if body.max_output_tokens is None else body.max_output_tokens
-        params = SamplingParams(max_tokens=max_tokens, **{**client.sampling_defaults, **given})
-    except ValueError as e:  # SamplingParams names the field first
-        name = str(e).split(" ", 1)[0].replace("max_tokens", "max_output_tokens")
-        raise APIError(400, str(e).replace("max_tokens", "max_output_tokens"), param=name) from e
+    max_tokens = room if body.max_output_tokens is None else body.max_output_tokens
+    params = sampling_params(given, max_tokens, "max_output_tokens", client.sampling_defaults)
     try:
         (job,) = client.start(request, [JobSpec(ids, params)])
     except (ValueError, EngineDeadError) as e:  # the context or the KV cache cannot hold it, a bias id, ...
@@ -144,14 +139,10 @@ async def responses(body: ResponsesRequest, request: Request):
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     try:
-        final = [out async for out in job.outputs()][-1]
-    except (ValueError, EngineDeadError) as e:
-        raise APIError(503 if isinstance(e, EngineDeadError) else 400, str(e)) from e
+        final = await final_output(job, "input")
     finally:
         if not job.finished:
             job.abort()
-    if final.finish_reason == "error":
-        raise APIError(500, f"generation failed: {final.error}")
     return JSONResponse(reply.response(final))
 
 
