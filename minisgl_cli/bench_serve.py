@@ -504,7 +504,8 @@ def _row(
         "load": load.label,
         "request_rate": "inf" if math.isinf(load.rate) else load.rate,
         "max_concurrency": load.max_concurrency,
-        "burstiness": flags["burstiness"],
+        # constant gaps are gamma gaps of infinite shape (vLLM has no constant arrivals: its burstiness stands for both)
+        "burstiness": "inf" if flags["arrival"] == "constant" else flags["burstiness"],
         "num_prompts": len(results),
         "planned_requests": planned,
     }

@@ -116,6 +116,7 @@ def test_measures_what_the_mock_was_told(tmp_path, mock):
     )
     assert res["p99_queue_ms"] < 60  # sent on schedule
     assert res["send_times"] == pytest.approx([i / 10 for i in range(30)], abs=1e-9)
+    assert res["burstiness"] == "inf"  # constant gaps: gamma's shape at infinity (it said 1.0, Poisson's)
     assert len(res["ttfts"]) == len(res["input_lens"]) == 30
     # a target the mock cannot meet: no request is good
     res, _ = bench(tmp_path, *args, "--rate", "inf", "--slo", "ttft=50ms")
