@@ -1199,6 +1199,27 @@ def test_one_rid_for_a_batch_prefixes_each_prompts_id_as_sglang_does(tiny):
     assert one["meta_info"]["id"] == "run"
 
 
+def test_a_top_k_of_0_is_refused_as_sglangs_sampling_params_verify_it(tiny):
+    """SGLang's SamplingParams.verify refuses a top_k below 1 but -1 (all tokens); here 0 was taken as all tokens. A
+    greedy request passes any top_k there (its top_k is set to 1 before the check), and here too."""
+    url = tiny.url + "/generate"
+
+    def post(**sp):
+        return httpx.post(url, json={"text": "hi", "sampling_params": {"max_new_tokens": 4, **sp}}, timeout=60)
+
+    for top_k in (0, -7):
+        r = post(top_k=top_k)
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("sampling_params.top_k "), r.text
+        assert r.json()["error"]["param"] == "sampling_params"
+    assert all(post(top_k=top_k).status_code == 200 for top_k in (-1, 1, 5))
+    greedy = {"temperature": 0, "ignore_eos": True}
+    want = post(**greedy).json()["text"]
+    for top_k in (0, -7):
+        r = post(**greedy, top_k=top_k)
+        assert r.status_code == 200 and r.json()["text"] == want, r.text
+    assert tiny.live_requests() == 0
+
+
 def _responses_text(server, **extra) -> str:
     body = {"input": "hello there", "max_output_tokens": 200, "temperature": 0, **extra}
     r = httpx.post(server.url + "/v1/responses", json=body, timeout=120)

@@ -116,6 +116,14 @@ def _params(given: dict[str, Any], defaults: dict[str, Any], room: int) -> Sampl
         why = f"sampling_params.{unknown[0]} is not a sampling parameter this server knows"
         raise APIError(400, why, param="sampling_params")
     kw = {SAMPLING_NAMES[k]: v for k, v in given.items() if k in SAMPLING_NAMES and v is not None}
+    # SGLang's SamplingParams sets a greedy request's (temperature below 1e-6) top_k to 1, then verify() refuses a
+    # top_k below 1 but -1 (all tokens): 0, which ours reads as all tokens, is refused unless the request is greedy
+    temperature = kw.get("temperature", defaults.get("temperature"))
+    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and 0 <= temperature < 1e-6:
+        kw["top_k"] = 1
+    elif kw.get("top_k") == 0 and not isinstance(kw["top_k"], bool):
+        why = "sampling_params.top_k must be -1 (all tokens) or at least 1 (got 0)"
+        raise APIError(400, why, param="sampling_params")
     # SGLang's scheduler reads an explicit null max_new_tokens as no limit but the context's; left out, it is 128
     kw.setdefault("max_tokens", room if "max_new_tokens" in given else min(SGLANG_MAX_NEW_TOKENS, room))
     try:
