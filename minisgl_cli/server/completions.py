@@ -7,7 +7,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -28,6 +28,8 @@ from minisgl_cli.server.protocol import (
     Reply,
     usage,
 )
+
+T = TypeVar("T")
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 
@@ -304,37 +306,38 @@ def _text_event_parts(reply: Reply, index: int) -> tuple[str, str]:
     return head, tail
 
 
-async def _merged(jobs: list[Job]) -> AsyncIterator[tuple[int, list[RequestOutput]]]:
-    """(job index, batch) from every job as they arrive. Leaving early aborts the jobs still running."""
-    if len(jobs) == 1:
-        async for batch in jobs[0].batches():
-            yield 0, batch
+async def merged(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """(stream index, item) from every stream as items arrive (a stream's exception is raised here). Leaving early
+    cancels the streams still running: a job's batches() aborts its job when cancelled before its end."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield 0, item
         return
-    queue: asyncio.Queue[tuple[int, list[RequestOutput] | Exception | None]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, T | Exception | None]] = asyncio.Queue()
 
-    async def drain(i: int, job: Job) -> None:
+    async def drain(i: int, stream: AsyncIterator[T]) -> None:
         try:
-            async for batch in job.batches():
-                queue.put_nowait((i, batch))
+            async for item in stream:
+                queue.put_nowait((i, item))
         except Exception as e:
             queue.put_nowait((i, e))
         finally:
             queue.put_nowait((i, None))
 
-    tasks = [asyncio.create_task(drain(i, job)) for i, job in enumerate(jobs)]
+    tasks = [asyncio.create_task(drain(i, stream)) for i, stream in enumerate(streams)]
     try:
-        left = len(jobs)
+        left = len(streams)
         while left:
-            i, item = await queue.get()
-            if item is None:
+            i, got = await queue.get()
+            if got is None:
                 left -= 1
-            elif isinstance(item, Exception):
-                raise item
+            elif isinstance(got, Exception):
+                raise got
             else:
-                yield i, item
+                yield i, got
     finally:
         for t in tasks:
-            t.cancel()  # a job's batches() aborts it when cancelled before its end
+            t.cancel()
 
 
 async def _sse(shape: _Shape, choices: list[_Choice], prompt_tokens: int) -> AsyncIterator[str]:
@@ -358,7 +361,7 @@ async def _sse(shape: _Shape, choices: list[_Choice], prompt_tokens: int) -> Asy
     try:
         if reply.chat:
             yield "".join(event(ch, "", role=True) for ch in choices)
-        async for i, batch in _merged([ch.job for ch in choices]):
+        async for i, batch in merged([ch.job.batches() for ch in choices]):
             ch, events = choices[i], []
             for out in batch:
                 if out.finish_reason == "error":
