@@ -1150,7 +1150,6 @@ def test_sglangs_generate_endpoint_as_its_bench_serving_reads_it(tiny):
         ({"text": prompt, "sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens must be"),
         ({"text": prompt, "sampling_params": {"temprature": 0}}, "sampling_params.temprature is not"),
         ({"text": prompt, "input_ids": ids}, "give text or input_ids"),
-        ({"text": [prompt, prompt], "stream": True}, "stream takes one prompt"),
         ({"text": []}, "text is an empty list"),  # answered [] before
     ]:
         bad = httpx.post(url, json=body)
@@ -1218,6 +1217,83 @@ def test_a_top_k_of_0_is_refused_as_sglangs_sampling_params_verify_it(tiny):
         r = post(**greedy, top_k=top_k)
         assert r.status_code == 200 and r.json()["text"] == want, r.text
     assert tiny.live_requests() == 0
+
+
+def _sse_events(url: str, body: dict) -> list[dict]:
+    """A stream's events, after checking it ends with one [DONE]."""
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=120) as s:
+        assert s.status_code == 200, s.read()
+        lines = [line for line in s.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]" and lines.count("data: [DONE]") == 1, lines
+    return [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+
+
+def test_a_list_of_prompts_streams_as_sglang_streams_a_batch(tiny):
+    """SGLang streams a list's prompts together (TokenizerManager._stream_batch_responses): each event is one prompt's
+    answer so far, SGLang's single-prompt event plus `index`, its place in the list (meta_info.id its rid), as each
+    comes, then one [DONE]. Here a list of several was refused with stream, and a list of one streamed as a lone
+    prompt does (no index)."""
+    url = tiny.url + "/generate"
+    sp = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    prompts = ["The capital of France is", "Hello", "a"]
+    whole = httpx.post(url, json={"text": prompts, "sampling_params": sp, "rid": "b"}, timeout=60).json()
+    events = _sse_events(url, {"text": prompts, "sampling_params": sp, "rid": "b"})
+    assert sorted({e["index"] for e in events}) == [0, 1, 2]
+    for i, answer in enumerate(whole):
+        mine = [e for e in events if e["index"] == i]
+        assert {e["meta_info"]["id"] for e in mine} == {f"b_{i}"}
+        assert all(b["text"].startswith(a["text"]) for a, b in zip(mine, mine[1:]))  # the whole text so far
+        assert mine[-1]["text"] == answer["text"]
+        assert mine[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 12}
+        assert [e["meta_info"]["finish_reason"] for e in mine[:-1]] == [None] * (len(mine) - 1)
+    # token-id prompts: output_ids as well; a list of one carries its index
+    ids = [list(p.encode()) for p in prompts[:2]]  # the byte tokenizer of dummy:tiny-llama
+    by_ids = _sse_events(url, {"input_ids": ids, "sampling_params": sp})
+    assert [e["output_ids"] for e in by_ids if e["meta_info"]["finish_reason"]] != []
+    assert {e["index"]: e["text"] for e in by_ids if e["meta_info"]["finish_reason"]} == {
+        0: whole[0]["text"],
+        1: whole[1]["text"],
+    }
+    one = _sse_events(url, {"text": ["Hello"], "sampling_params": sp})
+    assert {e["index"] for e in one} == {0} and one[-1]["text"] == whole[1]["text"]
+    lone = _sse_events(url, {"text": "Hello", "sampling_params": sp})
+    assert all("index" not in e for e in lone) and lone[-1]["text"] == whole[1]["text"]
+    assert tiny.live_requests() == 0
+
+
+def test_a_streamed_lists_refused_prompt_leaves_the_others_running(tiny, monkeypatch):
+    """A prompt of a streamed list that the engine refuses once admitted (injected: the server checks what it can
+    before its 200) gets its error as an event with its index; the list's other prompts run to their end, and no
+    request or KV page is left behind, nor when the client goes away mid-stream."""
+    url = tiny.url + "/generate"
+    engine = tiny.llm.engine
+    poison = list(b"poison")
+    add = engine.add_request
+
+    def refusing(ids, *args, **kw):
+        if list(ids) == poison:
+            raise ValueError("prompt refused by the test")
+        return add(ids, *args, **kw)
+
+    monkeypatch.setattr(engine, "add_request", refusing)
+    sp = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    events = _sse_events(url, {"input_ids": [list(b"one"), poison, list(b"two")], "sampling_params": sp})
+    (refused,) = [e for e in events if e["index"] == 1]
+    assert "refused by the test" in refused["error"]["message"] and refused["error"]["param"] == "input_ids"
+    for i in (0, 2):
+        assert [e for e in events if e["index"] == i][-1]["meta_info"]["finish_reason"]["length"] == 12
+    m = tiny.wait_idle()
+    assert (m.kv_pages_in_use, tiny.client.in_flight, tiny.live_requests()) == (0, 0, 0)
+    # the client leaves after a few events: both prompts are aborted, their pages back
+    aborted = tiny.client.metrics.finished["abort"]
+    long = {"temperature": 0, "max_new_tokens": 2000, "ignore_eos": True}
+    body = {"text": ["first", "second"], "sampling_params": long, "stream": True}
+    with httpx.stream("POST", url, json=body, timeout=60) as s:
+        seen = [line for line, _ in zip(s.iter_lines(), range(6)) if line]
+    assert seen and all(json.loads(line.removeprefix("data: "))["index"] in (0, 1) for line in seen)
+    m = tiny.wait_idle()
+    assert (m.kv_pages_in_use, tiny.client.in_flight, tiny.live_requests()) == (0, 0, 0), m
+    assert tiny.client.metrics.finished["abort"] == aborted + 2
 
 
 def _responses_text(server, **extra) -> str:

@@ -1,8 +1,8 @@
 """POST /generate: SGLang's native endpoint (its `bench_serving --backend sglang` and scripts written for an SGLang
 server call it). `text` or `input_ids` (one prompt, or a list answered as a list), `sampling_params` in SGLang's names,
-`stream` as SGLang streams it: each event holds the whole text so far and `meta_info` with the token counts. What
-SGLang offers here that would change the answer (log-probabilities, constrained decoding, LoRA, images) is refused
-by name."""
+`stream` as SGLang streams it: each event holds the whole text so far and `meta_info` with the token counts (a list's
+prompts interleaved as their tokens come, each event with its prompt's `index`). What SGLang offers here that would
+change the answer (log-probabilities, constrained decoding, LoRA, images) is refused by name."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from engine.sampling_params import SamplingParams
 from engine.text import RequestOutput
-from minisgl_cli.server.completions import final_output, refusal, sse_data
+from minisgl_cli.server.completions import final_output, merged, refusal, sse_data
 from minisgl_cli.server.engine_client import EngineClient, Job, JobSpec
 from minisgl_cli.server.errors import APIError
 from minisgl_cli.server.protocol import refuse_unsupported
@@ -139,8 +139,6 @@ async def generate(body: GenerateRequest, request: Request):
     client: EngineClient = request.app.state.client
     refuse_unsupported(body, body.REFUSED)
     prompts = body.prompts()
-    if body.stream and len(prompts) != 1:
-        raise APIError(400, "stream takes one prompt here (a list is answered whole, without stream)", param="stream")
     plist = (
         body.sampling_params if isinstance(body.sampling_params, list) else [body.sampling_params or {}] * len(prompts)
     )
@@ -175,7 +173,7 @@ async def generate(body: GenerateRequest, request: Request):
     replies = [_Reply(job, rid or job.rid, body.input_ids is not None) for job, rid in zip(jobs, rids)]
     if body.stream:
         return StreamingResponse(
-            replies[0].events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            _events(replies, body.batch), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
     try:
         finals = [await r.final() for r in replies]
@@ -218,13 +216,21 @@ class _Reply:
     async def final(self) -> dict[str, Any]:
         return self.body(await final_output(self.job, self.prompt_field))
 
-    async def events(self) -> AsyncIterator[str]:
+    async def events(self, index: int | None) -> AsyncIterator[str]:
+        """This prompt's events; `index`: its place in a list of prompts (SGLang's events of a list carry it)."""
+        where = {} if index is None else {"index": index}
         try:
             async for batch in self.job.batches():
-                yield sse_data(self.body(batch[-1]))
-        except Exception as e:  # the engine refused it or went away mid-answer
-            yield sse_data(refusal(e, self.prompt_field).body())
+                yield sse_data({**self.body(batch[-1]), **where})
+        except Exception as e:  # the engine refused it or went away mid-answer: the list's other prompts go on
+            yield sse_data({**refusal(e, self.prompt_field).body(), **where})
         finally:
             if not self.job.finished:
                 self.job.abort()
-        yield "data: [DONE]\n\n"
+
+
+async def _events(replies: list[_Reply], batch: bool) -> AsyncIterator[str]:
+    """The prompts' events as they come, then one [DONE]. Leaving early (the client gone) aborts those still running."""
+    async for _, event in merged([r.events(i if batch else None) for i, r in enumerate(replies)]):
+        yield event
+    yield "data: [DONE]\n\n"
