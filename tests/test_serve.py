@@ -1296,6 +1296,35 @@ def test_a_streamed_lists_refused_prompt_leaves_the_others_running(tiny, monkeyp
     assert tiny.client.metrics.finished["abort"] == aborted + 2
 
 
+def test_the_responses_api_continues_an_incomplete_assistant_message_as_vllm_does(tiny):
+    """vLLM's Responses API continues the input's last message where it is an assistant message in progress or
+    incomplete (should_continue_final_message: the template's continue_final_message, no generation prompt), so an
+    answer cut by max_output_tokens, sent back, goes on where it stopped; here it opened a new assistant turn. A
+    completed one (or one without a status) is answered in a new turn, as in vLLM."""
+    client = tiny.openai()
+    more = {"max_output_tokens": 4, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    first = client.responses.create(model=tiny.model, input="hi", **more)
+    assert first.status == "incomplete" and first.output[0].status == "incomplete"
+    again = client.responses.create(model=tiny.model, input=[{"role": "user", "content": "hi"}, *first.output], **more)
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": first.output_text}]
+    chat = {"messages": messages, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    continued = httpx.post(
+        tiny.url + "/v1/chat/completions",
+        json={**chat, "add_generation_prompt": False, "continue_final_message": True},
+        timeout=60,
+    ).json()
+    assert again.output_text == continued["choices"][0]["message"]["content"]
+    assert again.usage.input_tokens == continued["usage"]["prompt_tokens"]
+    new_turn = httpx.post(tiny.url + "/v1/chat/completions", json=chat, timeout=60).json()
+    assert new_turn["usage"]["prompt_tokens"] != continued["usage"]["prompt_tokens"]
+    for status in ("completed", None):
+        last = {"role": "assistant", "content": first.output_text, "status": status}
+        r = client.responses.create(model=tiny.model, input=[{"role": "user", "content": "hi"}, last], **more)
+        assert r.usage.input_tokens == new_turn["usage"]["prompt_tokens"], status
+        assert r.output_text == new_turn["choices"][0]["message"]["content"]
+    assert tiny.live_requests() == 0
+
+
 def _responses_text(server, **extra) -> str:
     body = {"input": "hello there", "max_output_tokens": 200, "temperature": 0, **extra}
     r = httpx.post(server.url + "/v1/responses", json=body, timeout=120)

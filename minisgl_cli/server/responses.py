@@ -111,7 +111,11 @@ class ResponsesRequest(BaseModel):
                 messages.append({"role": "system" if m.role == "developer" else m.role, "content": m.text()})
         if not messages:
             raise APIError(400, "input must not be empty", param="input")
-        return ChatPrompt(messages, self.chat_template_kwargs or {})
+        # vLLM's should_continue_final_message: an assistant message left in progress or incomplete (an output item
+        # of a response cut short, sent back) is continued; any other last message is answered in a new turn
+        last = self.input[-1] if isinstance(self.input, list) and self.input else None
+        partial = last is not None and last.role == "assistant" and last.status in ("in_progress", "incomplete")
+        return ChatPrompt(messages, self.chat_template_kwargs or {}, not partial, partial)
 
 
 @router.post("/v1/responses")
