@@ -29,6 +29,7 @@ from minisgl_cli.options import (
 
 if TYPE_CHECKING:
     from minisgl_cli.serve import LoopEnd
+    from minisgl_cli.tui.session import Setting
 
 System = Annotated[str | None, typer.Option("--system", "-s", help="system prompt")]
 Temperature = Annotated[
@@ -40,6 +41,12 @@ TopK = Annotated[int, typer.Option("--top-k", help="sample among the k most like
 MinP = Annotated[float, typer.Option("--min-p", help="drop tokens below this fraction of the likeliest's probability")]
 RepetitionPenalty = Annotated[
     float, typer.Option("--repetition-penalty", help="above 1 discourages repeating the conversation's tokens")
+]
+Stop = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--stop", help="end an answer before this text (repeatable, at most 4; \\n is a newline, \\\\ a backslash)"
+    ),
 ]
 NoTui = Annotated[bool, typer.Option("--no-tui", help="plain line-by-line chat on stdin/stdout")]
 Url = Annotated[
@@ -89,6 +96,7 @@ def chat(
     top_k: TopK = -1,
     min_p: MinP = 0.0,
     repetition_penalty: RepetitionPenalty = 1.0,
+    stop: Stop = None,
     no_tui: NoTui = False,
     url: Url = None,
     api_key: ApiKey = None,
@@ -106,11 +114,13 @@ def chat(
         raise typer.BadParameter("--resume reads the database, which --no-save leaves alone", param_hint="--resume")
     if no_save:
         refuse_given(ctx, "names the session database, and --no-save reads and writes none", "db")
-    sampling_flags = ("top_p", "top_k", "min_p", "repetition_penalty")
+    sampling_flags = ("top_p", "top_k", "min_p", "repetition_penalty", "stop")
     if resume is not None:
         why = "--resume reopens the chat with its own settings: change them in the chat (/system, /temp, /set, ...)"
         refuse_given(ctx, why, "system", "temperature", "max_tokens", *sampling_flags)
-    sampling = _sampling(dict(top_p=top_p, top_k=top_k, min_p=min_p, repetition_penalty=repetition_penalty))
+    sampling = _sampling(
+        dict(top_p=top_p, top_k=top_k, min_p=min_p, repetition_penalty=repetition_penalty, stop=stop or [])
+    )
     if url is None:  # OPENAI_API_KEY set in the environment is no error: only a flag given here is
         no_url = "and there is no --url (chat runs the local engine)"
         refuse_each(
@@ -204,14 +214,15 @@ def _fit(session, limit: int | None, system: str | None, temperature: float, max
         raise typer.BadParameter(str(e), param_hint="--max-tokens") from e
 
 
-def _sampling(flags: dict[str, float | int]) -> dict[str, float | int]:
-    """The sampling flags given, each checked as `/set` checks it (a bad one refused by its flag's name)."""
-    from minisgl_cli.tui.session import ChatSession
+def _sampling(flags: dict[str, Setting]) -> dict[str, Setting]:
+    """The sampling flags given, each checked as `/set` checks it (a bad one refused by its flag's name); each
+    `--stop` is one string, with /set stop's escapes."""
+    from minisgl_cli.tui.session import ChatSession, unescape
 
     session = ChatSession()
     for name, value in flags.items():
         try:
-            session.set_sampling(name, value)
+            session.set_sampling(name, [unescape(s) for s in value] if isinstance(value, list) else value)
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--" + name.replace("_", "-")) from e
     return session.sampling

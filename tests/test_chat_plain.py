@@ -96,6 +96,27 @@ def test_a_piped_chat_exits_1_after_a_failed_turn_and_0_at_a_terminal():
         engine.shutdown()
 
 
+def test_stop_flags_end_the_answer_and_come_back_with_the_chat(tmp_path):
+    """`--stop` (each one string, with /set stop's escapes) ends the local engine's answer before the string, /stats
+    shows it as /set takes it, `/set stop off` clears it, and `--resume` brings a chat's stop strings back. The tiny
+    model's greedy answer to "hi" holds "<411>" (a token's text from its byte tokenizer) after a few tokens."""
+    from minisgl_cli.tui.store import ChatStore
+
+    db = tmp_path / "chat.db"
+    flags = ["--no-tui", *TINY, "--temperature", "0", "--max-tokens", "32", "--db", str(db)]
+    p = chat(*flags, "--stop", "<411>", "--stop", "\\n\\n", stdin="hi\n/stats\n/reset\n/set stop off\nhi\n")
+    assert p.returncode == 0, p.stderr
+    assert re.search(r'stop\s+"<411>" "\\n\\n"\n', p.stderr), p.stderr
+    assert [m.group(1) for m in TURN.finditer(p.stderr)] == ["stop", "length"], p.stderr
+    store = ChatStore(db)
+    cut_chat, whole_chat = (store.load(c.id)[0] for c in reversed(store.sessions()))
+    whole = whole_chat.history[1].content
+    assert "<411>" in whole and cut_chat.history[1].content == whole[: whole.index("<411>")], (cut_chat, whole)
+    assert cut_chat.sampling == {"stop": ["<411>", "\n\n"]} and whole_chat.sampling == {}
+    p = chat("--no-tui", *TINY, "--db", str(db), "--resume", str(cut_chat.id), stdin="/stats\n")
+    assert p.returncode == 0 and re.search(r'stop\s+"<411>" "\\n\\n"\n', p.stderr), p.stderr
+
+
 def test_a_message_of_several_lines_between_triple_quotes_as_in_ollama():
     """Piped or typed, each line was a message of its own: a prompt of several lines (code, a pasted text) went out as
     several turns. Between \"\"\" marks (ollama's prompt syntax) it is one message, its lines and blank lines kept;
@@ -151,12 +172,15 @@ def test_an_fp8_kv_cache_shows_in_the_header_and_holds_four_times_the_fp32_pages
         (["--num-pages", "8", "--max-tokens", "200"], "context of 128 tokens"),  # the KV pool: 8 pages of 16
         (["--model", "dummy:no-such-model"], "no-such-model"),
         (["--resume", "abc"], "Invalid value for --resume: a chat id is a number (got 'abc')"),  # named no flag
+        (["--stop", ""], "Invalid value for --stop: stop must be non-empty strings"),
+        (["--stop", "a\\q"], "Invalid value for --stop: stop: \\q is no escape"),
+        (["--stop", "a"] * 5, "stop takes at most 4 strings, as OpenAI's API (got 5)"),
     ],
 )
 def test_bad_flags_exit_with_a_clear_message(flags, message):
     p = chat("--no-tui", *TINY, *flags, stdin="hi\n")
     assert p.returncode == 2, p.stderr
-    assert message in p.stderr and "Traceback" not in p.stderr
+    assert message in flat(p.stderr) and "Traceback" not in p.stderr
 
 
 @pytest.mark.parametrize(
@@ -169,6 +193,7 @@ def test_bad_flags_exit_with_a_clear_message(flags, message):
             ["--resume", "3", "-t", "0.2", "--max-tokens", "9"],
             "--temperature, --max-tokens: --resume reopens the chat with its own settings: change them in the chat",
         ),
+        (["--resume", "3", "--stop", "x"], "--stop: --resume reopens the chat with its own settings"),
         (
             ["--url", "http://127.0.0.1:1", "--no-radix-cache", "--tp", "1", "--seed", "0"],
             "--seed, --no-radix-cache, --tp: set the local engine, which --url does not start",

@@ -197,6 +197,35 @@ def test_plain_mode_over_url(server):
     assert re.search(r"source\s+minisgl", p.stderr) and p.stdout.strip()
 
 
+def test_stop_strings_reach_the_server_as_openais_stop_list(server, tmp_path):
+    """`--stop` and `/set stop` go to the server as the request's `stop` list, and the server's answer ends before
+    the earliest of them (finish reason stop), as the whole greedy answer shows; the saved chats keep them."""
+    db = tmp_path / "chat.db"
+    p = subprocess.run(
+        [MINISGL, "chat", "--no-tui", "--url", server, "--temperature", "0", "--max-tokens", "32", "--db", str(db)],
+        input="/set stop off\nhi\n/reset\n/set stop <372> 'x;'\nhi\n/reset\n/set stop off\nhi\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    assert re.findall(r"\[(\w+) · TTFT", p.stderr) == ["length", "stop", "length"], p.stderr
+    store = ChatStore(db)
+    whole_chat, cut_chat, again = (store.load(c.id)[0] for c in reversed(store.sessions()))
+    whole = whole_chat.history[1].content
+    assert again.history[1].content == whole and "<372>" in whole and "x;" in whole, whole
+    assert cut_chat.history[1].content == whole[: min(whole.index("<372>"), whole.index("x;"))]
+    assert cut_chat.sampling == {"stop": ["<372>", "x;"]}
+    p = subprocess.run(
+        [MINISGL, "chat", "--no-tui", "--url", server, "-t", "0", "--max-tokens", "32", "--no-save", "--stop", "<372>"],
+        input="hi\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0 and "[stop · TTFT" in p.stderr and "<372>" not in p.stdout, p.stderr
+
+
 def test_url_errors_are_clear():
     port = free_port()  # nothing listens there
     p = subprocess.run(

@@ -1,7 +1,8 @@
 """The chat's sampling settings beyond temperature and max tokens (top_p, top_k, min_p, repetition_penalty, the
-penalties, seed): `/set`, `minisgl chat --top-p ...`, what /stats and the exports show, the session store (and its
-upgrade of older databases), and what the engine samples with: the in-process engine's tokens against LLM.generate's
-for the same prompt and settings, and a real `serve` behind `chat --url`."""
+penalties, seed, stop strings): `/set`, `minisgl chat --top-p ...`, what /stats and the exports show, the session store
+(and its upgrade of older databases), and what the engine samples with: the in-process engine's tokens against
+LLM.generate's for the same prompt and settings, a stop string ending SmolLM2's answer in the TUI, and a real `serve`
+behind `chat --url`."""
 
 from __future__ import annotations
 
@@ -14,14 +15,16 @@ import subprocess
 import pytest
 
 from engine.sampling_params import SamplingParams
+from minisgl_cli.tui.app import ChatApp
 from minisgl_cli.tui.commands import CommandError, run_command
 from minisgl_cli.tui.export import to_json, to_markdown
 from minisgl_cli.tui.plain import run_plain
-from minisgl_cli.tui.session import ChatMessage, ChatSession
+from minisgl_cli.tui.session import ChatMessage, ChatSession, sampling_given
 from minisgl_cli.tui.stats import settings_rows
 from minisgl_cli.tui.store import SCHEMA, ChatStore, StoreError
+from minisgl_cli.tui.widgets import NoteMessage
 from tests.at_line import at_line
-from tests.chat_pilot import LocalEngine
+from tests.chat_pilot import LocalEngine, errors, notices, rendered, run_app, send, wait_for
 from tests.conftest import make_llm
 from tests.test_bench_offline import flat
 from tests.test_chat_plain import MINISGL, TINY
@@ -66,6 +69,40 @@ def test_set_command_changes_what_the_next_turn_samples_with():
     assert doc["top_p"] == 0.9 and doc["repetition_penalty"] == 1.15 and "top_k" not in doc
 
 
+def test_set_stop_takes_strings_apart_by_spaces_with_quotes_and_escapes():
+    """`/set stop`: strings apart by whitespace (ollama's `/set parameter stop a b`), quotes for one with spaces, and
+    llama.cpp's escapes (a newline cannot be typed in the input); shown quoted and escaped, as /set takes it back."""
+    s = ChatSession()
+    said = run_command(r"""/set stop User: "\n\n" 'a b' "say \"hi\"\\" """, s).message
+    assert s.params().stop == ["User:", "\n\n", "a b", 'say "hi"\\']
+    assert said == r'stop = "User:" "\n\n" "a b" "say \"hi\"\\"'
+    assert run_command("/set stop " + said.removeprefix("stop = "), s).message == said  # the text shown sets it again
+    assert sampling_given(s.params())["stop"] == ["User:", "\n\n", "a b", 'say "hi"\\']  # what --url sends
+    refused = {
+        '/set stop ""': "stop must be non-empty strings (got [''])",
+        "/set stop a '' b": "stop must be non-empty strings",
+        "/set stop a b c d e": "stop takes at most 4 strings, as OpenAI's API (got 5)",
+        r"/set stop a\q": r"stop: \q is no escape",
+        "/set stop a\\": r"stop: a \ at the end escapes nothing",
+        '/set stop "a b': 'stop: a " is not closed',
+        "/set stop": 'needs a value or off (now "User:" "\\n\\n" "a b"',
+    }
+    for line, says in refused.items():
+        with pytest.raises(CommandError, match=re.escape(says)):
+            run_command(line, s)
+    assert len(s.sampling["stop"]) == 4  # a refused /set changed nothing
+    run_command("/set seed 3", s)
+    rows = dict(settings_rows(s))
+    assert rows["stop"] == r'"User:" "\n\n" "a b" "say \"hi\"\\"' and rows["seed"] == "3"
+    s.add(ChatMessage("user", "hi"))
+    assert 'max tokens 512 · stop "User:" "\\n\\n" "a b"' in to_markdown(s)
+    assert json.loads(to_json(s))["stop"] == ["User:", "\n\n", "a b", 'say "hi"\\']
+    assert run_command('/set stop "off"', s).message == 'stop = "off"'  # quoted: the word itself
+    assert run_command("/set stop off", s).message == "stop = off" and "stop" not in s.sampling
+    assert s.params().stop == [] and "stop" not in sampling_given(s.params())
+    assert run_command(r"/set stop \t", s).message == r'stop = "\t"' and s.params().stop == ["\t"]
+
+
 def test_a_large_seed_or_top_k_is_written_whole_in_the_markdown_export():
     """/set, /stats and the Markdown export show an integer setting as it is: the export formatted every value by `g`,
     so seed 1234567890 read "seed 1.23457e+09" (not the seed to set again) and top_k 1000000 "top_k 1e+06"."""
@@ -105,10 +142,12 @@ def test_the_store_keeps_the_settings_and_upgrades_an_older_database(tmp_path):
     assert (s.title, s.temperature, s.sampling) == ("old chat", 0.5, {})
     s.set_sampling("min_p", 0.05)
     s.set_sampling("seed", 3)
+    s.set_sampling("stop", ["\n\n", "a b"])  # in the same JSON column as the numbers: no new schema
     store.save(s, [])
     store.close()
     again, _ = ChatStore(db).load(1)
-    assert again.sampling == {"min_p": 0.05, "seed": 3} and again.params().seed == 3
+    assert again.sampling == {"min_p": 0.05, "seed": 3, "stop": ["\n\n", "a b"]} and again.params().seed == 3
+    assert again.params().stop == ["\n\n", "a b"]
     fresh = ChatStore(tmp_path / "new.db")  # a new chat's first save
     new = ChatSession(sampling={"top_k": 20})
     new.add(ChatMessage("user", "hi"))
@@ -119,6 +158,12 @@ def test_the_store_keeps_the_settings_and_upgrades_an_older_database(tmp_path):
     broken.close()
     with pytest.raises(StoreError, match=re.escape("chat 1 of") + ".*top_p must be in"):
         ChatStore(db).load(1)
+    for stop, says in [('"x"', "stop must be a list of strings (got 'x')"), ('[""]', "stop must be non-empty")]:
+        broken = sqlite3.connect(db, isolation_level=None)
+        broken.execute(f"""UPDATE sessions SET sampling='{{"stop": {stop}}}'""")
+        broken.close()
+        with pytest.raises(StoreError, match=re.escape("chat 1 of") + ".*" + re.escape(says)):
+            ChatStore(db).load(1)
 
 
 def test_an_upgrade_that_waited_for_a_newer_minisgl_refuses_the_database(tmp_path):
@@ -173,6 +218,33 @@ def test_the_local_chat_samples_with_its_settings(tiny):
     assert seeded == answer(1.0, seed=11) == generate(temperature=1.0, seed=11) != answer(1.0)
     assert answer(1.0, seed=11, top_k=2) == generate(temperature=1.0, seed=11, top_k=2) != seeded
     assert answer(1.0, seed=11, min_p=0.5) == generate(temperature=1.0, seed=11, min_p=0.5) != seeded
+
+
+def test_a_stop_string_ends_smollm2s_answer_in_the_tui(smollm):
+    """`/set stop` typed in the TUI reaches the local engine: SmolLM2's greedy answer to the question holds "Paris";
+    asked again after `/set stop Paris`, the answer is the same text up to there, finished by the stop. A bad value
+    is a notice and the chat goes on."""
+    question = "What is the capital of France?"
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, question)
+        await wait_for(pilot, lambda: not app.generating, what="the whole answer")
+        whole = app.session.history[-1].content
+        assert "Paris" in whole, whole
+        await send(pilot, '/set stop ""')
+        await wait_for(pilot, lambda: bool(errors(app)), what="the refusal")
+        assert "stop must be non-empty strings" in errors(app)[-1] and "stop" not in app.session.sampling
+        await send(pilot, "/set stop Paris")
+        await send(pilot, "/reset")
+        await send(pilot, question)
+        await wait_for(pilot, lambda: not app.generating and len(app.session.history) == 2, what="the cut answer")
+        assert 'stop = "Paris"' in notices(app)
+        assert app.session.history[-1].content == whole[: whole.index("Paris")] and app.turn.finish_reason == "stop"
+        await send(pilot, "/stats")
+        await wait_for(pilot, lambda: bool(app.query(NoteMessage)), what="/stats")
+        assert re.search(r'stop\s+"Paris"', rendered(app.query(NoteMessage)[-1].content))
+
+    run_app(smollm, scenario, temperature=0.0, max_tokens=64)
 
 
 def test_chat_flags_reach_a_server_and_bad_ones_are_refused(tmp_path):

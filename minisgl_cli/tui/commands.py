@@ -7,14 +7,18 @@ from dataclasses import dataclass
 from typing import Literal
 
 from minisgl_cli.tui.export import FORMATS
-from minisgl_cli.tui.session import SAMPLING_OFF, ChatSession, setting_text
+from minisgl_cli.tui.session import SAMPLING_OFF, ChatSession, Setting, parse_stop, setting_text
 
 HELP: list[tuple[str, str]] = [
     ("/reset", "start a new conversation (keeps the system prompt)"),
     ("/system <text>", "set the system prompt (ctrl+j for more lines); /system alone clears it"),
     ("/temp <x>", "sampling temperature, 0 = greedy"),
     ("/max-tokens <n>", "longest answer in tokens"),
-    ("/set <name> <value>", "top_p, top_k, min_p, repetition_penalty, presence_/frequency_penalty, seed; off resets"),
+    (
+        "/set <name> <value>",
+        'top_p, top_k, min_p, repetition_penalty, presence_/frequency_penalty, seed, stop <strings> ("a b", \\n);'
+        " off resets",
+    ),
     ("/think on|off", "thinking of reasoning models (chat templates with enable_thinking)"),
     ("/regen", "answer the last message again"),
     ("/edit", "edit the last message and send it again"),
@@ -120,16 +124,27 @@ def _set(arg: str, session: ChatSession) -> CommandResult:
             if field
             else f"/set needs one of {names} and a value"
         )
-    now = session.sampling.get(field, "off")
     if not value:
-        raise CommandError(f"/set {field} needs a value or off (now {now})")
-    if value == "off":
+        raise CommandError(f"/set {field} needs a value or off (now {_shown(session, field)})")
+    if value == "off":  # bare: '"off"' is a stop string
         session.set_sampling(field, None)
     else:
-        kind = int if field in ("top_k", "seed") else float
-        _apply(lambda v: session.set_sampling(field, v), _number(f"/set {field}", value, kind, 0))
-    value_now = session.sampling.get(field)
-    return CommandResult("info", f"{field} = {'off' if value_now is None else setting_text(value_now)}")
+        _apply(lambda v: session.set_sampling(field, v), _setting(field, value))
+    return CommandResult("info", f"{field} = {_shown(session, field)}")
+
+
+def _setting(field: str, value: str) -> Setting:
+    """/set's text as the field's value: stop's strings (session.parse_stop), or a number."""
+    if field == "stop":
+        try:
+            return parse_stop(value)
+        except ValueError as e:
+            raise CommandError(str(e)) from None
+    return _number(f"/set {field}", value, int if field in ("top_k", "seed") else float, 0)
+
+
+def _shown(session: ChatSession, field: str) -> str:
+    return setting_text(session.sampling[field]) if field in session.sampling else "off"
 
 
 def _number(name: str, arg: str, kind: type, current: float) -> float:

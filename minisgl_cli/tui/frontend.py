@@ -22,6 +22,7 @@ from engine.ipc import Addresses, EngineInfo
 
 if TYPE_CHECKING:
     from minisgl_cli.tui.app import ChatApp
+    from minisgl_cli.tui.session import Setting
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +34,7 @@ class ChatFrontSpec:
     system: str | None
     temperature: float
     max_tokens: int
-    sampling: dict[str, float | int]  # the sampling flags given (ChatSession.sampling)
+    sampling: dict[str, Setting]  # the sampling flags given (ChatSession.sampling)
     sampling_defaults: dict[str, Any]  # the model's generation_config.json values, as `minisgl chat` read them
     db: str | None  # the session store; None: nothing is saved
     resume_id: int | None  # the saved chat to reopen

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from engine.sampling_params import SamplingParams
 from minisgl_cli.tui.turn import TurnStats
 
 MAX_TEMPERATURE = 2.0
+Setting = float | int | list[str]  # a sampling field's value: a number, or stop's strings
 # The engine's sampling fields a chat may set beyond temperature and max tokens, with the value that means "off" (the
 # API's default, which the chat then leaves out of its requests): `/set <name> <value>`, and flags of `minisgl chat`.
-SAMPLING_OFF: dict[str, float | int | None] = {
+SAMPLING_OFF: dict[str, Setting | None] = {
     "top_p": 1.0,
     "top_k": -1,
     "min_p": 0.0,
@@ -19,21 +21,73 @@ SAMPLING_OFF: dict[str, float | int | None] = {
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
     "seed": None,
+    "stop": [],
 }
 # A second "off" of two of them: top_k 0 (all tokens, as -1) and seed -1 (SamplingParams reads it as no seed, as vLLM)
 ALSO_OFF: dict[str, int] = {"top_k": 0, "seed": -1}
+# The engine and `serve` take any number of stop strings, but OpenAI's API takes 4, and a chat may go there (--url).
+MAX_STOP = 4
 
 
-def sampling_given(params: SamplingParams) -> dict[str, float | int]:
+def sampling_given(params: SamplingParams) -> dict[str, Setting]:
     """The SAMPLING_OFF fields `params` sets to something other than the API's default: what a turn sends a server,
     and what the model's generation_config.json may not fill in."""
     return {k: getattr(params, k) for k, off in SAMPLING_OFF.items() if getattr(params, k) != off}
 
 
-def setting_text(value: float | int) -> str:
+def setting_text(value: Setting) -> str:
     """A SAMPLING_OFF field's value as /set, /stats and the exports write it: a float by `g` (0.9, 1e-05), an integer
-    (top_k, seed) whole (`g` made seed 1234567890 "1.23457e+09", and top_k 1000000 "1e+06")."""
+    (top_k, seed) whole (`g` made seed 1234567890 "1.23457e+09", and top_k 1000000 "1e+06"), stop strings each
+    quoted with its escapes, as `/set stop` takes them back."""
+    if isinstance(value, list):
+        return " ".join(f'"{s.translate(_ESCAPED)}"' for s in value)
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# The escapes of a stop string, as llama.cpp's CLI reads them (its -e): a newline cannot be typed in the chat's input.
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'"}
+_ESCAPED = str.maketrans({"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", '"': '\\"'})
+
+
+def _escape(c: str) -> str:
+    """The character that a backslash and `c` stand for."""
+    if c not in _ESCAPES:
+        what = f"\\{c} is no escape" if c else "a \\ at the end escapes nothing"
+        raise ValueError(f"stop: {what} (there are \\n \\t \\r \\\" \\' and \\\\ for a backslash)")
+    return _ESCAPES[c]
+
+
+def unescape(text: str) -> str:
+    """One stop string as `--stop` gives it: the text with its escapes (\\n a newline, \\\\ a backslash...)."""
+    return re.sub(r"\\(.?)", lambda m: _escape(m.group(1)), text, flags=re.DOTALL)
+
+
+def parse_stop(text: str) -> list[str]:
+    """`/set stop`'s strings: apart by whitespace, as ollama's `/set parameter stop a b`; one in quotes ("..." or
+    '...') may hold spaces; the escapes of `unescape` count in and out of quotes. ValueError names a bad escape or an
+    unclosed quote."""
+    strings: list[str] = []
+    word: str | None = None  # the string being read; None between strings
+    quote = ""  # the quote the string is inside, if any
+    chars = iter(text)
+    for c in chars:
+        if c == "\\":
+            word = (word or "") + _escape(next(chars, ""))
+        elif c == quote:  # the closing one
+            quote = ""
+        elif quote:
+            word = (word or "") + c
+        elif c in "\"'":  # "" is a string too: an empty one, which the engine refuses by name
+            quote, word = c, word or ""
+        elif c.isspace():
+            if word is not None:
+                strings.append(word)
+            word = None
+        else:
+            word = (word or "") + c
+    if quote:
+        raise ValueError(f"stop: a {quote} is not closed")
+    return strings if word is None else [*strings, word]
 
 
 @dataclass(slots=True)
@@ -52,7 +106,7 @@ class ChatSession:
     max_tokens: int = 512
     max_tokens_limit: int | None = None  # the tokens one request may span (the context, or a smaller KV pool's)
     thinking: bool | None = None  # the chat template's enable_thinking; None: the template's default
-    sampling: dict[str, float | int] = field(default_factory=dict)  # the SAMPLING_OFF fields set to something else
+    sampling: dict[str, Setting] = field(default_factory=dict)  # the SAMPLING_OFF fields set to something else
     history: list[ChatMessage] = field(default_factory=list)
     id: int | None = None  # row in the session store, once saved
     saved_at: float | None = None  # the row's `updated` as this chat last read or wrote it (store.ChatStore.save)
@@ -77,7 +131,7 @@ class ChatSession:
             raise ValueError(f"max_tokens must be >= 1{top} (got {value})")
         self.max_tokens = value
 
-    def set_sampling(self, name: str, value: float | int | None) -> None:
+    def set_sampling(self, name: str, value: Setting | None) -> None:
         """One of SAMPLING_OFF's fields; its "off" value (None included, and ALSO_OFF's) takes it out. ValueError names
         a bad name or value (the engine's own check of the field)."""
         if name not in SAMPLING_OFF:
@@ -85,7 +139,13 @@ class ChatSession:
         if value is None or value == SAMPLING_OFF[name] or value == ALSO_OFF.get(name):
             self.sampling.pop(name, None)
             return
-        if name in ("top_k", "seed") and not (isinstance(value, int) and not isinstance(value, bool)):
+        if name == "stop":
+            if not isinstance(value, list):  # SamplingParams would take one string as a list of it
+                raise ValueError(f"stop must be a list of strings (got {value!r})")
+            if len(value) > MAX_STOP:
+                raise ValueError(f"stop takes at most {MAX_STOP} strings, as OpenAI's API (got {len(value)})")
+            value = list(value)  # the session's own
+        elif name in ("top_k", "seed") and not (isinstance(value, int) and not isinstance(value, bool)):
             raise ValueError(f"{name} must be an integer (got {value!r})")
         SamplingParams(**{name: value})  # type: ignore[arg-type]  # the engine's range check, its message
         self.sampling[name] = value
@@ -128,7 +188,7 @@ def fit_session(
     system: str | None,
     temperature: float,
     max_tokens: int,
-    sampling: dict[str, float | int] | None = None,
+    sampling: dict[str, Setting] | None = None,
 ) -> ChatSession:
     """The chat's session against a model of `limit` tokens of context: `resumed` with its answer length cut to fit,
     or a new one with these settings (ValueError: one of them is out of range)."""
