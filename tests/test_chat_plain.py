@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +95,28 @@ def test_a_piped_chat_exits_1_after_a_failed_turn_and_0_at_a_terminal():
         assert run_plain(engine.backend(), session, None, None, piped, io.StringIO(), io.StringIO()) == 1
     finally:
         engine.shutdown()
+
+
+def test_a_failed_save_makes_a_piped_chat_exit_1_after_its_answers(tmp_path):
+    """A save that failed (here the database locked by another writer for the whole chat) was an `error:` line on
+    stderr and nothing else: the piped chat exited 0 as if it were saved. Now it counts as a failed turn does: the
+    answer is on stdout all the same, and the exit status is 1 with a last line saying why."""
+    from minisgl_cli.tui.store import ChatStore
+
+    db = tmp_path / "chat.db"
+    ChatStore(db).close()  # the schema is there: the chat opens the file and fails only at its saves
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the write lock (the chat waits 1 s per save)
+    try:
+        p = chat("--no-tui", *TINY, "--max-tokens", "4", "--db", str(db), stdin="hi\n")
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert p.returncode == 1, p.stderr
+    assert p.stderr.count("error: not saved: cannot save to") == 2 and "database is locked" in p.stderr, p.stderr
+    assert [m.group(4) for m in TURN.finditer(p.stderr)] == ["4"] and p.stdout.strip(), p.stderr  # the answer
+    assert p.stderr.endswith("minisgl chat: 2 saves failed (exit status 1)\n"), p.stderr
+    assert ChatStore(db).sessions() == []
 
 
 def test_stop_flags_end_the_answer_and_come_back_with_the_chat(tmp_path):

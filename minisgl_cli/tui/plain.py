@@ -48,18 +48,24 @@ def run_plain(
     stdout: TextIO = sys.stdout,
     stderr: TextIO = sys.stderr,
 ) -> int:
-    """The chat until end of input. Returns 0, or 1 when input came from a pipe or file and a turn failed or a command
-    was refused (each said so on an `error:` line), so that a script can tell; at a terminal the person saw them."""
+    """The chat until end of input. Returns 0, or 1 when input came from a pipe or file and a turn failed, a command
+    was refused or a save failed (each said so on an `error:` line), so that a script can tell; at a terminal the
+    person saw them."""
     interactive = stdin.isatty()
-    failed_turns = refused_commands = 0
+    failed_turns = refused_commands = failed_saves = 0
+    inputs = list(inputs or [])
+
+    def save() -> None:
+        nonlocal failed_saves
+        failed_saves += not _save(store, session, inputs, stderr)
+
     session.model = session.model or backend.model  # saved with the chat and in its exports, as the TUI does
     print(f"minisgl chat · {backend.title}   (/help for commands, Ctrl-D to quit)", file=stderr)
     if session.id is not None:
         print(f"resumed chat {session.id}: {session.title} ({len(session.history)} messages)", file=stderr)
-        _save(store, session, list(inputs or []), stderr)  # now the last chat, as in the TUI
+        save()  # now the last chat, as in the TUI
     loop = LoopThread()
     loop.run(backend.ready())
-    inputs = list(inputs or [])
     turn = TurnStats()
     ended_by, restore_signals = _end_on_signals()
 
@@ -88,12 +94,10 @@ def run_plain(
                 refused_commands += not _command(line, loop, backend, session, turn, stderr)
                 if session.id is None and not session.history:  # /reset: a new session, its own input history
                     inputs[:] = [line]
-                _save(store, session, inputs, stderr)
+                save()
                 continue
             try:
-                turn = _answer(
-                    loop, backend, session, line, stdout, stderr, lambda: _save(store, session, inputs, stderr)
-                )
+                turn = _answer(loop, backend, session, line, stdout, stderr, save)
             except (ValueError, BackendError) as e:
                 print(f"error: {e}", file=stderr)
                 if isinstance(e, BackendError):
@@ -120,13 +124,14 @@ def run_plain(
         loop.close()
     if ended_by:
         raise SystemExit(128 + ended_by[0])
-    if interactive or not (failed_turns or refused_commands):
+    counts = (
+        (failed_turns, "turn", "failed"),
+        (refused_commands, "command", "refused"),
+        (failed_saves, "save", "failed"),
+    )
+    if interactive or not any(n for n, _, _ in counts):
         return 0
-    what = [
-        f"{n} {noun}{'s' if n > 1 else ''} {verb}"
-        for n, noun, verb in ((failed_turns, "turn", "failed"), (refused_commands, "command", "refused"))
-        if n
-    ]
+    what = [f"{n} {noun}{'s' if n > 1 else ''} {verb}" for n, noun, verb in counts if n]
     print(f"minisgl chat: {' and '.join(what)} (exit status 1)", file=stderr)
     return 1
 
@@ -226,16 +231,18 @@ def _signals_held(stop: Callable[[], None] | None = None) -> Iterator[None]:
             raise raised
 
 
-def _save(store: ChatStore | None, session: ChatSession, inputs: list[str], err: TextIO) -> None:
+def _save(store: ChatStore | None, session: ChatSession, inputs: list[str], err: TextIO) -> bool:
+    """False if the save failed (said on an `error:` line); the next one writes the whole chat again."""
     if store is not None and (session.history or session.id is not None):
         try:
             with _signals_held():
                 moved = store.save(session, inputs)
         except StoreError as e:
             print(f"error: not saved: {e}", file=err)
-            return
+            return False
         if moved is not None:
             print(f"warning: {moved}", file=err)
+    return True
 
 
 def _answer(
