@@ -54,9 +54,9 @@ class AsyncLLM(StepLoop):
         the request: its KV pages go back at the next step."""
         if not self.alive:
             raise EngineDeadError(f"engine is not running: {self.error or 'stopped'}")
-        params = params or self.llm.get_default_sampling_params()
         ids = self.llm.encode(prompt)
-        params = self.llm.engine.validate(ids, params)  # the request's own copy: later edits of the caller's miss it
+        # the request's own copy: later edits of the caller's miss it
+        params = self.llm.engine.validate(ids, self.llm.params_for(ids, params))
         with self._lock:
             self._check_open()
             if rid is None:

@@ -55,14 +55,24 @@ class LLM:
 
     # ---- requests -------------------------------------------------------------------------------------
     def get_default_sampling_params(self) -> SamplingParams:
-        """What a request given no SamplingParams runs with: the API's defaults, but the sampling fields of the
-        model's generation_config.json (an HF directory's) take its values, as in vLLM's LLM and `minisgl serve`.
-        Without this a model's recommended temperature / top_p / top_k were ignored: sampled at temperature 1.
-        Read at the first call, not at the start: front ends that always pass params (serve's --generation-config
-        none, chat, bench-offline) must not fail on a file they never use."""
+        """What a request given no SamplingParams runs with: the API's defaults, but the sampling fields and
+        max_new_tokens (as max_tokens) of the model's generation_config.json (an HF directory's) take its values, as
+        in vLLM's LLM and `minisgl serve`. Without this a model's recommended temperature / top_p / top_k were
+        ignored: sampled at temperature 1. Read at the first call, not at the start: front ends that always pass
+        params (serve's --generation-config none, chat, bench-offline) must not fail on a file they never use."""
         if self._defaults is None:
             self._defaults = sampling_defaults(self.config.model)
         return SamplingParams(**self._defaults)
+
+    def params_for(self, prompt_ids: list[int], params: SamplingParams | None) -> SamplingParams:
+        """What a request of these prompt ids runs with: `params`, or given none the defaults, their max_tokens
+        within what the context leaves after the prompt. vLLM's engine ends such a request at the context's end;
+        here a max_tokens past it is refused, and the caller never asked for that one."""
+        if params is not None:
+            return params
+        defaults = self.get_default_sampling_params()
+        defaults.max_tokens = min(defaults.max_tokens, self.engine.limits.room(len(prompt_ids)))
+        return defaults
 
     def get_tokenizer(self) -> Any:
         """vLLM's: the model's Hugging Face tokenizer (apply_chat_template, decode, ...); a dummy model's byte
@@ -79,8 +89,8 @@ class LLM:
         self, prompt: Prompt, params: SamplingParams | None, rid: str | None, box: list[RequestOutput] | None
     ) -> str:
         """add_request; with `box`, its outputs go there from the first step on, whoever runs it."""
-        params = params or self.get_default_sampling_params()
         ids = self.encode(prompt)
+        params = self.params_for(ids, params)
         with self._lock:
             req = self.engine.add_request(ids, params, rid)
             st = self._text[req.rid] = TextState.create(self.tokenizer, ids, req.params)  # its own copy, checked
@@ -190,8 +200,9 @@ class LLM:
         if not isinstance(use_tqdm, bool):  # vLLM also takes a tqdm factory: a bar of another kind is not drawn here
             raise TypeError(f"use_tqdm must be True or False (got {type(use_tqdm).__name__})")
         params = sampling_params
+        plist: list[SamplingParams | None]
         if params is None or isinstance(params, SamplingParams):
-            plist = [params or self.get_default_sampling_params()] * len(batch)
+            plist = [params] * len(batch)  # None: each prompt's defaults (params_for)
         else:  # any sequence, not only a list or tuple
             plist = list(params)
         if len(plist) != len(batch):
@@ -390,10 +401,11 @@ class ProgressBar:
         self.progress.stop()
 
 
-def _choices(params: SamplingParams) -> list[SamplingParams]:
-    """A prompt's n choices as requests of one choice each (SamplingParams.choice: choice j seeded seed + j)."""
+def _choices(params: SamplingParams | None) -> list[SamplingParams | None]:
+    """A prompt's n choices as requests of one choice each (SamplingParams.choice: choice j seeded seed + j); None
+    (the defaults) is one choice."""
     if not isinstance(params, SamplingParams) or params.n == 1:
-        return [params]  # (anything else is refused by the engine's check, naming it)
+        return [params]  # (anything but None is refused by the engine's check, naming it)
     # n assigned after construction was never checked: 0 added no request, so the next prompt's output was returned
     # for this one; 200 ran past MAX_N; 2.5 was a bare TypeError
     params = params.own_copy()

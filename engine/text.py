@@ -97,6 +97,11 @@ class RequestLimits:
         """The most tokens (prompt + output) one request may span."""
         return min(self.max_model_len, self.kv_capacity)
 
+    def room(self, prompt_tokens: int) -> int:
+        """The output tokens a prompt of this length leaves room for: a max_tokens the request did not give stays
+        within it. At least 1, so that a prompt too long by itself is refused for its own length."""
+        return max(self.max_request_tokens - prompt_tokens, 1)
+
     def check(self, prompt_ids: list[int], params: SamplingParams) -> SamplingParams:
         """The request's own copy of `params`, checked (ValueError if this engine cannot run it). Every submission
         (LLM, AsyncLLM, RemoteLLM) runs the request with that copy: with the caller's object, a field it edited after

@@ -237,14 +237,23 @@ def _generation_eos(path: Path) -> tuple[int, ...]:
     return tuple(t for t in ids if isinstance(t, int) and not isinstance(t, bool) and t >= 0)
 
 
-# The sampling fields of a model's generation_config.json that vLLM's server takes as its defaults (its
-# --generation-config auto): a request that leaves one out gets the model author's value.
-GENERATION_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# The fields of a model's generation_config.json that vLLM takes as its defaults (its server's --generation-config
+# auto, and its LLM without SamplingParams), under the SamplingParams field each sets: a request that leaves one out
+# gets the model author's value. max_new_tokens is transformers' name for max_tokens.
+GENERATION_SAMPLING = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
 
 
 def sampling_defaults(spec: str | None) -> dict[str, Any]:
     """The sampling defaults in the generation_config.json of a model spec (as --model; a GGUF or dummy model has
-    none): {field: value}. ValueError naming the file and field for a value a request could not give either."""
+    none): {SamplingParams field: value}. ValueError naming the file and its field for a value a request could not
+    give either."""
     from engine.model_source import resolve
     from engine.sampling_params import SamplingParams
 
@@ -253,16 +262,19 @@ def sampling_defaults(spec: str | None) -> dict[str, Any]:
         return {}
     path = Path(where) / "generation_config.json"
     config = _generation_config(Path(where))
-    out = {k: config[k] for k in GENERATION_SAMPLING if config.get(k) is not None}
-    for k, v in out.items():
+    out = {}
+    for name, field in GENERATION_SAMPLING.items():
+        if (v := config.get(name)) is None:
+            continue
         try:
             if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise ValueError(f"{k} must be a number (got {v!r})")
+                raise ValueError(f"{field} must be a number (got {v!r})")
             params = SamplingParams()
-            setattr(params, k, v)
+            setattr(params, field, v)
             params.validate()
-        except ValueError as e:
-            raise ValueError(f"{path}: {e}") from e
+        except ValueError as e:  # SamplingParams names its field first: say the file's name for it
+            raise ValueError(f"{path}: {name} {str(e).removeprefix(field + ' ')}") from e
+        out[field] = v
     return out
 
 

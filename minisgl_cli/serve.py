@@ -56,8 +56,9 @@ GenConfig = Annotated[
     GenerationConfig,
     typer.Option(
         help="auto: a request that leaves out temperature, top_p, top_k, min_p or repetition_penalty gets the value "
-        "in the model's generation_config.json, as vLLM's server does by default; none: the API's own defaults "
-        "(temperature 1, no top-p/k; vLLM's --generation-config vllm)"
+        "in the model's generation_config.json, and one without max_tokens its max_new_tokens (within what the "
+        "context leaves), as vLLM's server does by default; none: the API's own defaults (temperature 1, no top-p/k, "
+        "no max_new_tokens; vLLM's --generation-config vllm)"
     ),
 ]
 Host = Annotated[str, typer.Option(help="address to listen on (0.0.0.0: all interfaces)")]

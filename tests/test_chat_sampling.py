@@ -290,18 +290,20 @@ def test_the_local_chat_takes_the_models_generation_config_for_what_it_leaves_un
     """`chat --url` to `minisgl serve` gets a model's generation_config.json values for the fields the chat leaves out
     (serve's --generation-config auto); the local chat sent the API's defaults instead (a Qwen3 directory's top_k 20
     was off). Here the file's top_k of 1 makes every answer greedy, unless the chat sets top_k itself; the chat's
-    temperature stays its own. A bad value in the file is refused before the load, as serve refuses it."""
+    temperature and max_tokens stay its own (it sends both to a server, whose max_new_tokens default it never
+    meets). A bad value in the file is refused before the load, as serve refuses it."""
     from engine.model_config import PRESETS
     from tests.hf_reference import hf_model_from_config, save_hf
 
     d = save_hf(hf_model_from_config(PRESETS["tiny-llama"], seed=7), tmp_path / "m")
     gen = d / "generation_config.json"
     saved = json.loads(gen.read_text()) if gen.exists() else {}
-    gen.write_text(json.dumps({**saved, "top_k": 1, "temperature": 0.0}))
+    gen.write_text(json.dumps({**saved, "top_k": 1, "temperature": 0.0, "max_new_tokens": 3}))
     llm = make_llm(str(d), num_pages=128)
     engine = LocalEngine(llm)
     try:
         greedy = _answer(engine, ChatSession(temperature=0, max_tokens=24), "hello")
+        assert len(greedy) > len(_answer(engine, ChatSession(temperature=0, max_tokens=3), "hello"))
         assert _answer(engine, ChatSession(temperature=1.0, max_tokens=24), "hello") == greedy
         sampled = ChatSession(temperature=1.0, max_tokens=24, sampling={"top_k": 50, "seed": 1})
         assert _answer(engine, sampled, "hello") != greedy

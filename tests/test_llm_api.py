@@ -623,6 +623,43 @@ def test_a_request_without_sampling_params_takes_the_models_generation_config(tm
     assert_idle(llm, 64)
 
 
+def test_the_models_max_new_tokens_is_the_default_max_tokens_as_in_vllm(tmp_path):
+    """vLLM's LLM.get_default_sampling_params() takes generation_config.json's max_new_tokens as max_tokens; here it
+    was not read: a call without params ran the API's 128. Explicit SamplingParams keep their own, and the default
+    stays within what the context leaves after the prompt (where vLLM's engine ends the request)."""
+    import json
+
+    from engine.async_llm import AsyncLLM
+    from engine.model_config import PRESETS
+    from tests.hf_reference import hf_model_from_config, save_hf
+
+    d = save_hf(hf_model_from_config(PRESETS["tiny-llama"], seed=7), tmp_path / "m")
+    gen = d / "generation_config.json"
+    saved = json.loads(gen.read_text()) if gen.exists() else {}
+    gen.write_text(json.dumps({**saved, "max_new_tokens": 5, "temperature": 0.0}))
+    llm = make_llm(str(d), num_pages=64, max_model_len=40)
+    prompt = [1, 2, 3]
+    greedy = llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0))[0]
+    assert greedy.finish_reason == "length"  # no EOS in the first 12: the lengths below are the limits'
+    assert llm.get_default_sampling_params().max_tokens == 5
+    out = llm.generate(prompt)[0]
+    assert (out.token_ids, out.finish_reason) == (greedy.token_ids[:5], "length")
+    assert list(llm.stream(prompt))[-1].token_ids == greedy.token_ids[:5]
+    assert len(llm.generate(prompt, SamplingParams(max_tokens=8, temperature=0))[0].token_ids) == 8
+    # 37 prompt tokens in a context of 40: 3 left, as vLLM's engine stops there (a max_tokens of 5 was refused)
+    long = [1, 2, 3] * 12 + [1]
+    assert len(llm.generate(long)[0].token_ids) == 3
+    a = AsyncLLM(llm)
+    try:
+        assert len(list(a.submit(long))[-1].token_ids) == 3
+    finally:
+        a.shutdown()
+    for bad, why in ((-1, "must be an integer >= 1 .got -1."), ("64", "must be a number .got '64'.")):
+        gen.write_text(json.dumps({"max_new_tokens": bad}))
+        with pytest.raises(ValueError, match=f"{re.escape(str(gen))}: max_new_tokens {why}"):
+            make_llm(str(d), num_pages=64).get_default_sampling_params()
+
+
 def test_the_model_as_llms_first_argument_as_in_vllm():
     """vLLM's LLM("org/model") (its first parameter is the model) failed with a bare TypeError from
     dataclasses.replace: "replace() should be called on dataclass instances"."""

@@ -836,6 +836,62 @@ def test_the_models_generation_config_gives_the_sampling_defaults(tmp_path):
     assert r.returncode == 2 and f"{gen}: temperature must be a number (got 'hot')" in r.stderr, r.stderr
 
 
+def test_the_models_max_new_tokens_is_the_default_max_tokens(tmp_path):
+    """vLLM's server takes generation_config.json's max_new_tokens as the max_tokens of a request that gives none
+    (chat, /v1/responses, and completions with an explicit null: their absent one is 16), within what the context
+    leaves after the prompt (vLLM's get_max_tokens); here it was not read: chat ran to the end of the context."""
+    from engine.model_config import PRESETS
+    from tests.conftest import serve_subprocess
+    from tests.hf_reference import hf_model_from_config, save_hf
+
+    model = save_hf(hf_model_from_config(PRESETS["tiny-llama"], seed=7), tmp_path / "m")
+    gen = model / "generation_config.json"
+    saved = json.loads(gen.read_text()) if gen.exists() else {}
+    gen.write_text(json.dumps({**saved, "max_new_tokens": 5}))
+
+    def lengths(url: str) -> dict[str, int]:
+        def used(path: str, **body: object) -> dict[str, int]:
+            answer = httpx.post(url + path, json={**body, "ignore_eos": True}, timeout=60).json()
+            return answer["usage"]
+
+        chat = used("/v1/chat/completions", messages=MSG)
+        sglang = httpx.post(f"{url}/generate", json={"input_ids": [5, 6, 7], "sampling_params": {"ignore_eos": True}})
+        return {
+            "chat": chat["completion_tokens"],
+            "chat max_tokens 7": used("/v1/chat/completions", messages=MSG, max_tokens=7)["completion_tokens"],
+            "completions": used("/v1/completions", prompt=[5, 6, 7])["completion_tokens"],
+            "completions null": used("/v1/completions", prompt=[5, 6, 7], max_tokens=None)["completion_tokens"],
+            # 62 prompt tokens in a context of 64: 2 left
+            "62 of 64": used("/v1/completions", prompt=[5] * 62, max_tokens=None)["completion_tokens"],
+            "responses": used("/v1/responses", input="hi")["output_tokens"],  # as chat's prompt
+            "/generate": sglang.json()["meta_info"]["completion_tokens"],  # SGLang reads no max_new_tokens there
+            "chat prompt": chat["prompt_tokens"],
+        }
+
+    flags = ("--num-pages", "64", "--max-model-len", "64")
+    with serve_subprocess(tmp_path, *flags, model=str(model)) as (url, _):
+        got = lengths(url)
+    log = "\n".join(p.read_text() for p in tmp_path.glob("serve-*.log"))
+    assert "sampling defaults from the model's generation_config.json: max_tokens 5" in log, log
+    rest = 64 - got.pop("chat prompt")
+    limits = {"chat": 5, "chat max_tokens 7": 7, "completions": 16, "completions null": 5, "62 of 64": 2}
+    assert got == {**limits, "responses": 5, "/generate": 61}
+    with serve_subprocess(tmp_path, *flags, "--generation-config", "none", model=str(model)) as (url, _):
+        got = lengths(url)
+    del got["chat prompt"]
+    limits = {"chat": rest, "chat max_tokens 7": 7, "completions": 16, "completions null": 61, "62 of 64": 2}
+    assert got == {**limits, "responses": rest, "/generate": 61}  # the rest of the context
+    gen.write_text(json.dumps({"max_new_tokens": -1}))
+    r = subprocess.run(
+        [sys.executable, "-m", "minisgl_cli", "serve", "--model", str(model), "--device", "cpu", "--port", "0"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "300"},
+        timeout=120,
+    )
+    assert r.returncode == 2 and f"{gen}: max_new_tokens must be an integer >= 1 (got -1)" in r.stderr, r.stderr
+
+
 def test_cli_serve_rejects_bad_flags():
     env = {**os.environ, "COLUMNS": "200"}
     r = subprocess.run(

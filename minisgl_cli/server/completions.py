@@ -31,8 +31,6 @@ from minisgl_cli.server.protocol import (
 
 T = TypeVar("T")
 
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
-
 router = APIRouter()
 
 
@@ -79,11 +77,17 @@ def refusal(e: Exception, prompt_param: str) -> APIError:
     )
 
 
-def sampling_params(given: dict[str, Any], max_tokens: int, max_name: str, defaults: dict[str, Any]) -> SamplingParams:
+def sampling_params(
+    given: dict[str, Any], max_tokens: int | None, max_name: str, defaults: dict[str, Any], room: int
+) -> SamplingParams:
     """A request's SamplingParams: the fields it gave over `defaults` (the model's generation_config), its length
-    limit under the name the endpoint gives it (`max_name`); a bad value is a 400 naming that field."""
+    limit under the name the endpoint gives it (`max_name`); a bad value is a 400 naming that field. max_tokens None
+    (not given): the model's max_new_tokens within `room` (what the context leaves after the prompt), else all of
+    `room`, as vLLM's get_max_tokens."""
+    if max_tokens is None:
+        max_tokens = min(defaults.get("max_tokens", room), room)
     try:
-        return SamplingParams(max_tokens=max_tokens, **{**defaults, **given})
+        return SamplingParams(**{**defaults, **given, "max_tokens": max_tokens})
     except ValueError as e:  # SamplingParams names the field first: "top_p must be in (0, 1] (got 2.0)"
         name, _, rest = str(e).partition(" ")
         if name == "max_tokens":
@@ -187,13 +191,10 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Pro
     specs: list[JobSpec] = []
     states: list[_Prompt] = []
     for p, ids in zip(prompts, encoded):
-        room = max(client.max_request_tokens - len(ids), 1)  # chat's default: what the context leaves, as OpenAI
-        default = room if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
-        params = sampling_params(
-            body.sampling_kwargs(), default if max_tokens is None else max_tokens, max_name, client.sampling_defaults
-        )
-        # chat's default is a ceiling the choices share as they grow, not room each must have at once
-        asked = None if chat and max_tokens is None else params.max_tokens
+        room = client.limits.room(len(ids))
+        params = sampling_params(body.sampling_kwargs(), max_tokens, max_name, client.sampling_defaults, room)
+        # the default is a ceiling the choices share as they grow, not room each must have at once
+        asked = None if max_tokens is None else params.max_tokens
         try:
             client.limits.check_choices(len(ids), asked, samples, "best_of" if samples > n else "n")
         except ValueError as e:

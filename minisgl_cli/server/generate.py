@@ -149,7 +149,7 @@ async def generate(body: GenerateRequest, request: Request):
     except ValueError as e:
         raise refusal(e, body.prompt_field) from e
     specs = [
-        JobSpec(ids, _params(sp, client.sampling_defaults, max(client.max_request_tokens - len(ids), 1)))
+        JobSpec(ids, _params(sp, client.sampling_defaults, client.limits.room(len(ids))))
         for ids, sp in zip(encoded, plist)
     ]
     limit = client.admission_limit

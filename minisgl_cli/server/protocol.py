@@ -168,6 +168,8 @@ class CompletionRequest(GenerationRequest):
     REFUSED = {**_REFUSED, "suffix": (None, ""), "add_special_tokens": (None, True), "prompt_embeds": (None,)}
 
     prompt: str | list[int] | list[str] | list[list[int]]
+    # OpenAI's documented default, and vLLM's; an explicit null leaves it to the server, as chat's absent one
+    max_tokens: int | None = 16
     best_of: int | None = None
     echo: bool | None = None
     logprobs: int | None = None

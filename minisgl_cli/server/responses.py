@@ -127,10 +127,9 @@ async def responses(body: ResponsesRequest, request: Request):
         ids = await asyncio.to_thread(client.encode, body.chat())  # off the event loop: a long input takes a while
     except ValueError as e:
         raise refusal(e, "input") from e
-    room = max(client.max_request_tokens - len(ids), 1)  # as chat's default: what the context leaves
     given = {k: getattr(body, k) for k in body.SAMPLING if getattr(body, k) is not None}
-    max_tokens = room if body.max_output_tokens is None else body.max_output_tokens
-    params = sampling_params(given, max_tokens, "max_output_tokens", client.sampling_defaults)
+    room = client.limits.room(len(ids))
+    params = sampling_params(given, body.max_output_tokens, "max_output_tokens", client.sampling_defaults, room)
     try:
         (job,) = client.start(request, [JobSpec(ids, params)])
     except (ValueError, EngineDeadError) as e:  # the context or the KV cache cannot hold it, a bias id, ...

@@ -77,10 +77,11 @@ class LocalBackend:
         """`engine_pid`: the engine's process is this one's parent (`minisgl chat`), watched from ready() on.
         `sampling_defaults`: the model's generation_config.json values (engine.tokenizer.sampling_defaults), which a
         turn takes for the fields its chat leaves unset, as `serve` gives them to a request that leaves them out (the
-        local chat sampled Qwen3 with top_k off where `chat --url` to `minisgl serve` got its 20); the temperature is
-        always the chat's own."""
+        local chat sampled Qwen3 with top_k off where `chat --url` to `minisgl serve` got its 20); the temperature and
+        max_tokens are always the chat's own (it sends both to a server too)."""
         self.remote, self.engine_pid = remote, engine_pid
-        self.sampling_defaults = {k: v for k, v in (sampling_defaults or {}).items() if k != "temperature"}
+        own = ("temperature", "max_tokens")
+        self.sampling_defaults = {k: v for k, v in (sampling_defaults or {}).items() if k not in own}
         self._last: Load | None = None
         self._watch: asyncio.Task[None] | None = None
         self.model = info.model
