@@ -223,7 +223,9 @@ class RequestOutput:
     first_token_time: float | None = None
     token_times: Sequence[float] = field(default_factory=list)
     logprobs: Sequence[TokenLogprob] | None = None  # one per token of token_ids (SamplingParams.logprobs)
-    prompt_logprobs: Sequence[TokenLogprob] | None = None  # prompt tokens after the first (prompt_logprobs)
+    # minisgl's own records of the prompt tokens after the first (SamplingParams.prompt_logprobs); vLLM's shape is
+    # `prompt_logprobs`
+    prompt_token_logprobs: Sequence[TokenLogprob] | None = None
     # finished by "stop": the stop string or stop token id that matched; None for EOS (as vLLM's stop_reason)
     stop_reason: str | int | None = None
     prompt: str | None = None  # the prompt's text where it was given as text (vLLM's RequestOutput.prompt)
@@ -247,6 +249,13 @@ class RequestOutput:
         """vLLM's `outputs`: the prompt's completions (n of them where SamplingParams.n asked for n; this record's
         own fields are the first's), logprobs in vLLM's shape."""
         return [c.completion(j) for j, c in enumerate([self, *self.other_choices])]
+
+    @property
+    def prompt_logprobs(self) -> list[dict[int, Logprob] | None] | None:
+        """vLLM's: None for the prompt's first token (nothing before it scores it), then per prompt token a dict
+        {token id: Logprob} as in `outputs[i].logprobs`: the token itself with its rank, then the top ones asked for."""
+        records = self.prompt_token_logprobs
+        return None if records is None else [None, *vllm_logprobs(records, self.token_texts)]
 
     def completion(self, index: int) -> CompletionOutput:
         lps = None if self.logprobs is None else vllm_logprobs(self.logprobs, self.token_texts)

@@ -108,7 +108,7 @@ def test_smollm_with_e4m3_kv_scores_tokens_as_transformers_does(fp8_attention, h
         outs = llm.generate(seqs, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0))
         ours_err, rounding = [], []
         for seq, out in zip(seqs, outs):
-            ours = torch.tensor([t.logprob for t in out.prompt_logprobs])
+            ours = torch.tensor([t.logprob for t in out.prompt_token_logprobs])
             ref = hf_logprobs(seq, fp8_attention)
             ours_err.append((ours - ref).abs().mean())
             rounding.append((hf_logprobs(seq, "sdpa") - ref).abs().mean())

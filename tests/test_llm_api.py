@@ -660,6 +660,44 @@ def test_the_models_max_new_tokens_is_the_default_max_tokens_as_in_vllm(tmp_path
             make_llm(str(d), num_pages=64).get_default_sampling_params()
 
 
+def test_prompt_logprobs_in_vllms_shape_with_ranks_as_transformers_gives(smollm, hf_smollm):
+    """vLLM's RequestOutput.prompt_logprobs is None for the first prompt token, then one {token id: Logprob(logprob,
+    rank, decoded_token)} per prompt token: the token itself first with its rank in the whole vocabulary, then the
+    top ones asked for ranked 1, 2, ... (prompt_logprobs=0: the token alone). Here it was minisgl's own TokenLogprob
+    list, one shorter. Checked against transformers' distribution at every prompt position."""
+    import torch
+
+    prompt = "The capital of France is Paris, a city of painters"
+    out = smollm.generate(prompt, SamplingParams(max_tokens=1, prompt_logprobs=3))[0]
+    ids = out.prompt_token_ids
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_smollm(torch.tensor([ids])).logits[0].float(), -1)
+    lps = out.prompt_logprobs
+    assert lps is not None and len(lps) == len(ids) and lps[0] is None
+    ranks = []
+    for j, (token, entry) in enumerate(zip(ids[1:], lps[1:])):
+        row = ref[j]  # the distribution after prompt tokens 0..j scores token j + 1
+        assert entry is not None and next(iter(entry)) == token
+        mine = entry[token]
+        assert abs(mine.logprob - row[token].item()) < 1e-4
+        assert int((row > row[token] + 1e-4).sum()) + 1 <= mine.rank <= int((row >= row[token] - 1e-4).sum())
+        ranks.append(mine.rank)
+        top = sorted(entry, key=lambda t: entry[t].rank)[:3]  # the token is among them where its rank is <= 3
+        assert [entry[t].rank for t in top] == [1, 2, 3] and top == row.topk(3).indices.tolist()
+        for t, lp in entry.items():
+            assert lp.decoded_token == smollm.tokenizer.token_texts([t])[0]
+            assert abs(lp.logprob - row[t].item()) < 1e-4
+    assert max(ranks) > 3  # some prompt tokens lie outside the top 3: their rank was computed, not a top index
+    # prompt_logprobs=0: each position holds its prompt token alone; detokenize=False: no decoded tokens
+    only = smollm.generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False))[0]
+    assert only.prompt_logprobs is not None and only.prompt_logprobs[0] is None
+    singles = [e for e in only.prompt_logprobs[1:] if e is not None]
+    assert [list(e) for e in singles] == [[t] for t in ids[1:]]
+    assert [e[t].rank for e, t in zip(singles, ids[1:])] == ranks
+    assert all(e[t].decoded_token is None for e, t in zip(singles, ids[1:]))
+    assert smollm.generate(prompt, SamplingParams(max_tokens=1))[0].prompt_logprobs is None
+
+
 def test_the_model_as_llms_first_argument_as_in_vllm():
     """vLLM's LLM("org/model") (its first parameter is the model) failed with a bare TypeError from
     dataclasses.replace: "replace() should be called on dataclass instances"."""

@@ -179,7 +179,7 @@ class EngineClient:
         try:
             if isinstance(item, RequestOutput):
                 if not job.started.is_set():
-                    job.prompt_logprobs = item.prompt_logprobs
+                    job.prompt_logprobs = item.prompt_token_logprobs
                     job.started.set()
                 job.cache_hit_tokens = item.cache_hit_tokens
                 job.times_seen = self.metrics.observe(item, job.times_seen)
