@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -800,6 +801,19 @@ def test_cli_serve_command():
     assert proc.returncode == 0, proc.stdout.read()
 
 
+def _serve_refuses(model: Path) -> str:
+    """`minisgl serve` of this model directory, expected to stop before the load (exit 2): its stderr."""
+    r = subprocess.run(
+        [sys.executable, "-m", "minisgl_cli", "serve", "--model", str(model), "--device", "cpu", "--port", "0"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "300"},
+        timeout=120,
+    )
+    assert r.returncode == 2, r.stderr
+    return r.stderr
+
+
 def test_the_models_generation_config_gives_the_sampling_defaults(tmp_path):
     """vLLM's server takes a model's generation_config.json sampling fields as the defaults of a request that leaves
     them out (--generation-config auto); here a request without temperature always sampled at temperature 1."""
@@ -826,14 +840,7 @@ def test_the_models_generation_config_gives_the_sampling_defaults(tmp_path):
     with serve_subprocess(tmp_path, "--num-pages", "64", "--generation-config", "none", model=str(model)) as (url, _):
         assert texts(url) == texts(url, temperature=1.0) != greedy  # the API's own default: temperature 1
     gen.write_text(json.dumps({"temperature": "hot"}))
-    r = subprocess.run(
-        [sys.executable, "-m", "minisgl_cli", "serve", "--model", str(model), "--device", "cpu", "--port", "0"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "300"},
-        timeout=120,
-    )
-    assert r.returncode == 2 and f"{gen}: temperature must be a number (got 'hot')" in r.stderr, r.stderr
+    assert f"{gen}: temperature must be a number (got 'hot')" in _serve_refuses(model)
 
 
 def test_the_models_max_new_tokens_is_the_default_max_tokens(tmp_path):
@@ -882,14 +889,7 @@ def test_the_models_max_new_tokens_is_the_default_max_tokens(tmp_path):
     limits = {"chat": rest, "chat max_tokens 7": 7, "completions": 16, "completions null": 61, "62 of 64": 2}
     assert got == {**limits, "responses": rest, "/generate": 61}  # the rest of the context
     gen.write_text(json.dumps({"max_new_tokens": -1}))
-    r = subprocess.run(
-        [sys.executable, "-m", "minisgl_cli", "serve", "--model", str(model), "--device", "cpu", "--port", "0"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "300"},
-        timeout=120,
-    )
-    assert r.returncode == 2 and f"{gen}: max_new_tokens must be an integer >= 1 (got -1)" in r.stderr, r.stderr
+    assert f"{gen}: max_new_tokens must be an integer >= 1 (got -1)" in _serve_refuses(model)
 
 
 def test_cli_serve_rejects_bad_flags():
