@@ -141,8 +141,9 @@ class RequestLimits:
 
     def check_choices(self, prompt_len: int, max_tokens: int | None, n: int, name: str = "n") -> None:
         """n samples of one prompt share its KV pages: all of them must fit in the cache at once. max_tokens None:
-        the request set no max_tokens (its default, the rest of the context, is a ceiling, not a reservation; the
-        scheduler preempts when the cache fills), so each choice needs room for one token at least."""
+        the request set no max_tokens (its default, the model's max_new_tokens or the rest of the context, is a ceiling,
+        not a reservation; the scheduler preempts when the cache fills), so each choice needs room for one token at
+        least."""
         need = prompt_len + n * (max_tokens or 1)
         if n > 1 and need > self.kv_capacity:
             each = "at least 1 token each" if max_tokens is None else f"{n} x max_tokens ({max_tokens})"
