@@ -83,6 +83,8 @@ def test_set_stop_takes_strings_apart_by_spaces_with_quotes_and_escapes():
         "/set stop a '' b": "stop must be non-empty strings",
         "/set stop a b c d e": "stop takes at most 4 strings, as OpenAI's API (got 5)",
         r"/set stop a\q": r"stop: \q is no escape",
+        # a shell's escaped space: the message showed "\  is no escape", the space after the backslash unseen
+        r"/set stop User:\ Bob": r"stop: \ before ' ' is no escape: drop the \ (/set stop takes a string with spaces",
         "/set stop a\\": r"stop: a \ at the end escapes nothing",
         '/set stop "a b': 'stop: a " is not closed',
         "/set stop": 'needs a value or off (now "User:" "\\n\\n" "a b"',

@@ -51,6 +51,9 @@ _ESCAPED = str.maketrans({"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", '
 
 def _escape(c: str) -> str:
     """The character that a backslash and `c` stand for."""
+    if c.isspace():  # a shell's escaped space (`User:\ Bob`): "\  is no escape" hid the character
+        why = 'drop the \\ (/set stop takes a string with spaces in quotes: "a b")'
+        raise ValueError(f"stop: \\ before {c!r} is no escape: {why}")
     if c not in _ESCAPES:
         what = f"\\{c} is no escape" if c else "a \\ at the end escapes nothing"
         raise ValueError(f"stop: {what} (there are \\n \\t \\r \\\" \\' and \\\\ for a backslash)")
