@@ -235,6 +235,11 @@ class RequestOutput:
     # the prompt's other choices where LLM.generate ran n > 1 of them (this output is the first): `outputs`. Not
     # this one itself: a cycle would make dataclasses.asdict and copy.deepcopy of an output recurse without end
     other_choices: list[RequestOutput] = field(default_factory=list, repr=False, compare=False)
+    # `outputs` and `prompt_logprobs` as built at their first read: code written for vLLM reads them as the plain
+    # attributes they are there, often once per token in a loop, and rebuilding every record at each read made such
+    # a loop quadratic (200 output tokens: 0.4 s; a 1,000-token prompt's log-probabilities, 5 ms a read)
+    _outputs: tuple[int, list[CompletionOutput]] | None = field(default=None, init=False, repr=False, compare=False)
+    _prompt_lps: list[dict[int, Logprob] | None] | None = field(default=None, init=False, repr=False, compare=False)
 
     # ---- vLLM's names for the same record (code written for vllm.LLM reads these) ------------------------
     @property
@@ -249,14 +254,21 @@ class RequestOutput:
     def outputs(self) -> list[CompletionOutput]:
         """vLLM's `outputs`: the prompt's completions (n of them where SamplingParams.n asked for n; this record's
         own fields are the first's), logprobs in vLLM's shape."""
-        return [c.completion(j) for j, c in enumerate([self, *self.other_choices])]
+        n = 1 + len(self.other_choices)  # LLM.generate joins the other choices once all have finished
+        if self._outputs is None or self._outputs[0] != n:
+            self._outputs = n, [c.completion(j) for j, c in enumerate([self, *self.other_choices])]
+        return self._outputs[1]
 
     @property
     def prompt_logprobs(self) -> list[dict[int, Logprob] | None] | None:
         """vLLM's: None for the prompt's first token (nothing before it scores it), then per prompt token a dict
         {token id: Logprob} as in `outputs[i].logprobs`: the token itself with its rank, then the top ones asked for."""
         records = self.prompt_token_logprobs
-        return None if records is None else [None, *vllm_logprobs(records, self.token_texts)]
+        if records is None:
+            return None
+        if self._prompt_lps is None:
+            self._prompt_lps = [None, *vllm_logprobs(records, self.token_texts)]
+        return self._prompt_lps
 
     def completion(self, index: int) -> CompletionOutput:
         lps = None if self.logprobs is None else vllm_logprobs(self.logprobs, self.token_texts)

@@ -674,6 +674,8 @@ def test_prompt_logprobs_in_vllms_shape_with_ranks_as_transformers_gives(smollm,
         ref = torch.log_softmax(hf_smollm(torch.tensor([ids])).logits[0].float(), -1)
     lps = out.prompt_logprobs
     assert lps is not None and len(lps) == len(ids) and lps[0] is None
+    # one record, as vLLM's attribute: a loop reading it per token rebuilt all of it each time (quadratic)
+    assert out.prompt_logprobs is lps
     ranks = []
     for j, (token, entry) in enumerate(zip(ids[1:], lps[1:])):
         row = ref[j]  # the distribution after prompt tokens 0..j scores token j + 1
@@ -758,6 +760,7 @@ def test_vllms_output_shape_with_ranks_and_decoded_tokens_as_transformers_gives(
         assert out.prompt == prompt and out.request_id == out.rid and out.num_cached_tokens == out.cache_hit_tokens
         (done,) = out.outputs
         assert (done.index, done.text, list(done.token_ids)) == (0, out.text, list(out.token_ids))
+        assert out.outputs[0] is done  # built once, as vLLM's attribute (per-token reads in a loop were quadratic)
         assert done.finished() and (done.finish_reason, done.stop_reason) == ("length", None)
         seq = out.prompt_token_ids + list(out.token_ids)
         with torch.no_grad():
@@ -811,6 +814,10 @@ def test_n_choices_as_in_vllm(smollm):
         ]
         assert out.text == out.outputs[0].text and len({c.text for c in out.outputs}) > 1
         assert dataclasses.asdict(out)["other_choices"][1]["text"] == alone[2].text  # no cycle to recurse into
+    # an on_output callback reads the first choice's `outputs` before generate() joins the others to it
+    seen: list[int] = []
+    joined = smollm.generate(prompts[0], params, on_output=lambda o: seen.append(len(o.outputs)))[0]
+    assert 1 in seen and len(joined.outputs) == 3
     # mixed per prompt, and through chat(); the caller's params object is not changed
     mixed = smollm.generate(prompts, [params, SamplingParams(max_tokens=2, n=1)])
     assert [len(o.outputs) for o in mixed] == [3, 1] and params.n == 3 and params.seed == 11
