@@ -262,16 +262,16 @@ class LLM:
         chat_template_kwargs: dict[str, Any] | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        chat_template: str | None = None,
     ) -> list[RequestOutput]:
-        """vLLM's LLM.chat: one conversation or a list of them, laid out by the model's chat template with the
-        assistant's turn opened (or, with continue_final_message, the last message left open to be continued);
-        generate() with the conversations, plus the template's own variables (Qwen3's enable_thinking=False)."""
+        """vLLM's LLM.chat: one conversation or a list of them, laid out by the model's chat template (or the Jinja
+        `chat_template` given) with the assistant's turn opened (or, with continue_final_message, the last message
+        left open to be continued); generate() with the conversations, plus the template's own variables (Qwen3's
+        enable_thinking=False)."""
         convs = [messages] if _one_prompt(messages) else messages
         kw = chat_template_kwargs or {}
-        ids = [
-            ChatPrompt(cast(list[Message], c), kw, add_generation_prompt, continue_final_message).encode(self.tokenizer)
-            for c in convs
-        ]
+        layout = (kw, add_generation_prompt, continue_final_message, chat_template)
+        ids = [ChatPrompt(cast(list[Message], c), *layout).encode(self.tokenizer) for c in convs]
         outs = self.generate(ids, sampling_params, use_tqdm=use_tqdm)
         for out, p in zip(outs, ids):  # the conversation as the template laid it out (vLLM's chat outputs' prompt)
             out.prompt = self.tokenizer.decode(p, skip_special_tokens=False)

@@ -17,12 +17,14 @@ from engine.tokenizer import IncrementalDetokenizer, Message, Tokenizer, check_t
 @dataclass(frozen=True, slots=True)
 class ChatPrompt:
     """A conversation with the chat template's switches and variables (what a bare list of messages leaves at their
-    defaults): vLLM's chat_template_kwargs, add_generation_prompt and continue_final_message."""
+    defaults): vLLM's chat_template_kwargs, add_generation_prompt, continue_final_message and chat_template (a Jinja
+    template in place of the model's)."""
 
     messages: list[Message]
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template: str | None = None
 
     def encode(self, tokenizer: Tokenizer) -> list[int]:
         check_template_kwargs(self.template_kwargs)  # before the call: "messages" would collide with its argument
@@ -30,6 +32,7 @@ class ChatPrompt:
             self.messages,
             add_generation_prompt=self.add_generation_prompt,
             continue_final_message=self.continue_final_message,
+            chat_template=self.chat_template,
             **self.template_kwargs,
         )
 

@@ -144,11 +144,13 @@ class Tokenizer:
         messages: list[Message],
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        chat_template: str | None = None,
         **template_kwargs: Any,
     ) -> str:
         """template_kwargs: extra variables for the chat template (e.g. enable_thinking). add_generation_prompt:
         open the assistant's turn after the messages; continue_final_message: leave the last message open instead,
-        so that the answer continues it (vLLM's and transformers' switches of the same names)."""
+        so that the answer continues it (vLLM's and transformers' switches of the same names); chat_template: a Jinja
+        template used in place of the tokenizer's own."""
         if not messages:
             raise ValueError("messages must not be empty")
         if add_generation_prompt and continue_final_message:
@@ -165,7 +167,9 @@ class Tokenizer:
             for key, value in m.items():
                 if isinstance(value, str):
                     check_unicode(value, f"messages[{i}].{key}")
-        if not self.has_chat_template:
+        if chat_template is not None and self.hf is None:
+            raise ValueError("chat_template: this model's byte tokenizer lays messages out as lines, not by a template")
+        if chat_template is None and not self.has_chat_template:
             if not self.PLAIN_CHAT:
                 raise ValueError(
                     "this model's tokenizer has no chat template, so its messages have no known layout: send a plain"
@@ -178,6 +182,7 @@ class Tokenizer:
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
+            chat_template=chat_template,
             **template_kwargs,
         )
         return prompt

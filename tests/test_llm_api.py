@@ -745,6 +745,27 @@ def test_chat_as_in_vllm(smollm, monkeypatch):
         smollm.chat(started, greedy, continue_final_message=True)
 
 
+def test_chat_with_a_template_of_its_own_as_in_vllm(smollm):
+    """vLLM's basic/chat.py passes llm.chat(..., chat_template=<a Jinja template>): a TypeError here. The
+    conversation is laid out by that template, as transformers' apply_chat_template(chat_template=...) lays it out;
+    the model's own template stays for the next call."""
+    greedy = SamplingParams(max_tokens=4, temperature=0)
+    template = (
+        "{% for m in messages %}{{ '### ' + m['role'] + ':\\n' + m['content'] + '\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '### assistant:\\n' }}{% endif %}"
+    )
+    conv = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+    hf = smollm.tokenizer.hf
+    ref = hf.apply_chat_template(conv, chat_template=template, add_generation_prompt=True, return_dict=False)
+    out = smollm.chat([conv, conv], greedy, use_tqdm=False, chat_template=template)
+    assert [o.prompt_token_ids for o in out] == [list(ref)] * 2
+    assert out[0].prompt == "### system:\nBe brief.\n### user:\nHello\n### assistant:\n"
+    assert out[0].token_ids == smollm.generate([list(ref)], greedy)[0].token_ids
+    assert smollm.chat(conv, greedy)[0].prompt_token_ids == smollm.encode(conv)  # the model's own again
+    with pytest.raises(ValueError, match="chat_template: this model's byte tokenizer"):
+        make_llm().chat(conv, greedy, chat_template=template)
+
+
 def test_vllms_output_shape_with_ranks_and_decoded_tokens_as_transformers_gives(smollm, hf_smollm):
     """vLLM's quickstart reads `output.prompt` and `output.outputs[0].text`: both were AttributeErrors. Its logprobs
     are dicts {token id: Logprob(logprob, rank, decoded_token)} per position, the chosen token first with its rank in

@@ -109,7 +109,7 @@ class LocalBackend:
         if unset:
             params = dataclasses.replace(params, **unset)
         tok = self.remote.tokenizer
-        kwargs = {"enable_thinking": thinking} if thinking is not None and self.thinking_switch else {}
+        kwargs: dict[str, Any] = {"enable_thinking": thinking} if thinking is not None and self.thinking_switch else {}
         prompt = tok.chat_prompt(messages, **kwargs)
         ids = tok.encode_chat(messages, **kwargs)
         started = time.perf_counter()  # before the submit: the engine may stamp the first token before it returns
