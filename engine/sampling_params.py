@@ -35,6 +35,8 @@ class SamplingParams:
     # False: token ids only, no text (vLLM's `detokenize=False`; bench-offline, whose peers skip it too). Stop
     # strings are matched in the text, so they need it.
     detokenize: bool = True
+    # vLLM's: the stop string, or the text of the stop_token_ids token, that ended the request stays in the text
+    include_stop_str_in_output: bool = False
     # Choices of the prompt (vLLM's n): LLM.generate and LLM.chat run one request per choice, choice j with seed + j
     # (vLLM's rule), and return them together as one output's `outputs`. A request submitted alone (add_request,
     # stream, the engine itself) is one choice: n = 1 only.
@@ -87,7 +89,7 @@ class SamplingParams:
         for name in ("max_tokens", "top_k", "min_tokens", "n"):
             if not _integer(getattr(self, name)):
                 raise ValueError(f"{name} must be an integer (got {getattr(self, name)!r})")
-        for name in ("ignore_eos", "detokenize"):
+        for name in ("ignore_eos", "detokenize", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false (got {getattr(self, name)!r})")
         if not isinstance(self.stop, list) or not isinstance(self.stop_token_ids, list):

@@ -297,8 +297,9 @@ class TextState:
     detok: IncrementalDetokenizer | None  # None: the request asked for token ids only (detokenize=False)
     stop: list[str]
     min_tokens: int = 0  # stop strings count only once this many tokens are out
-    stop_ids: frozenset[int] = frozenset()  # stop_token_ids: the one that ends the request adds no text (as vLLM)
+    stop_ids: frozenset[int] = frozenset()  # stop_token_ids: the one that ends it adds text only with include_stop
     prompt: str | None = None  # the prompt's text, for the outputs (where it was given as text)
+    include_stop: bool = False  # include_stop_str_in_output
     text: str = ""
     emitted: int = 0  # characters already handed out
     n_ids: int = 0  # output ids already fed
@@ -308,12 +309,16 @@ class TextState:
     hold: int = field(init=False)  # characters held back while they could still be the start of a stop string
 
     def __post_init__(self) -> None:
-        self.hold = max((len(s) for s in self.stop), default=1) - 1
+        # an included stop string is shown as it comes (vLLM holds nothing back then)
+        self.hold = 0 if self.include_stop else max((len(s) for s in self.stop), default=1) - 1
 
     @classmethod
     def create(cls, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams) -> TextState:
         detok = IncrementalDetokenizer(tokenizer, prompt_ids) if params.detokenize else None
-        return cls(detok, list(params.stop), params.min_tokens, frozenset(params.stop_token_ids))
+        stop_ids = frozenset(params.stop_token_ids)
+        return cls(
+            detok, list(params.stop), params.min_tokens, stop_ids, include_stop=params.include_stop_str_in_output
+        )
 
     def _feed(self, new_ids: list[int], first: int) -> None:
         """first: the 1-based count of new_ids[0] among the output tokens."""
@@ -328,8 +333,9 @@ class TextState:
             # of several, the earliest, whatever the list order, so the text never holds a stop string
             hits = [(j, s) for s in self.stop if (j := self.text.find(s, max(old - len(s) + 1, 0))) >= 0]
             if hits:
-                at, self.stop_reason = min(hits, key=lambda hit: hit[0])
-                self.text, self.finish_reason = self.text[:at], "stop"
+                at, stop = min(hits, key=lambda hit: hit[0])
+                self.stop_reason, end = stop, at + len(stop) if self.include_stop else at
+                self.text, self.finish_reason = self.text[:end], "stop"
                 return
 
     def advance(self, new_ids: list[int], reason: str | None, error: str | None) -> tuple[str, str | None, str | None]:
@@ -339,7 +345,8 @@ class TextState:
         first = self.n_ids + 1
         self.n_ids += len(new_ids)
         if reason == "stop" and new_ids and new_ids[-1] in self.stop_ids:
-            self.stop_reason, new_ids = new_ids[-1], new_ids[:-1]
+            self.stop_reason = new_ids[-1]
+            new_ids = new_ids if self.include_stop else new_ids[:-1]
         try:
             self._feed(new_ids, first)
         except Exception as e:  # a fault in one request's text handling ends that request only

@@ -817,6 +817,36 @@ def test_vllms_output_shape_with_ranks_and_decoded_tokens_as_transformers_gives(
     assert smollm.chat(hi, SamplingParams(max_tokens=2))[0].prompt == laid_out
 
 
+def test_include_stop_str_in_output_as_in_vllm(smollm, hf_smollm):
+    """vLLM's SamplingParams(include_stop_str_in_output=True) was a TypeError: the stop string that matched, or the
+    stop_token_ids token that ended the request, stays at the end of the text. Checked against transformers' greedy
+    continuation, cut where each stop falls."""
+    import torch
+
+    prompt = "The capital of France is"
+    ids = smollm.encode(prompt)
+    with torch.no_grad():
+        ref = hf_smollm.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids) :].tolist()
+    text = smollm.tokenizer.decode(ref)
+    stop = text[5:9]  # a stop string, wherever its tokens fall
+    at = text.index(stop)
+    stop_id = ref[3]
+    k = ref.index(stop_id)
+    for include in (False, True):
+        greedy = dict(temperature=0, max_tokens=12, include_stop_str_in_output=include)
+        by_text = smollm.generate(prompt, SamplingParams(stop=[stop], **greedy))[0].outputs[0]
+        assert (by_text.text, by_text.finish_reason, by_text.stop_reason) == (
+            text[: at + len(stop) * include],
+            "stop",
+            stop,
+        )
+        by_id = smollm.generate(prompt, SamplingParams(stop_token_ids=[stop_id], **greedy))[0].outputs[0]
+        assert list(by_id.token_ids) == ref[: k + 1] and by_id.stop_reason == stop_id
+        assert by_id.text == smollm.tokenizer.decode(ref[: k + include])
+    with pytest.raises(ValueError, match="include_stop_str_in_output must be true or false"):
+        SamplingParams(include_stop_str_in_output="yes")
+
+
 def test_n_choices_as_in_vllm(smollm):
     """vLLM's SamplingParams(n=...) (a TypeError here): generate() runs n choices of each prompt, choice j seeded
     seed + j (vLLM's rule), and returns them as one output's `outputs`, each equal to a single request with that
