@@ -40,6 +40,13 @@ class LLM:
             config, overrides = None, {"model": config, **overrides}
         if config is not None and not isinstance(config, EngineConfig):
             raise TypeError(f"LLM() takes an EngineConfig or a model name first (got {type(config).__name__})")
+        # vLLM's: "auto" reads the sampling defaults of the model's generation_config.json, "vllm" keeps the API's
+        self.generation_config: str = overrides.pop("generation_config", "auto")
+        if self.generation_config not in ("auto", "vllm"):
+            raise ValueError(
+                "generation_config must be 'auto' (the model's generation_config.json) or 'vllm' (the API's sampling "
+                f"defaults); got {self.generation_config!r}"
+            )
         overrides = _engine_names(overrides)
         # beside a config, the keywords change it (they were dropped without a word: num_pages=8 ran with the config's)
         self.config = EngineConfig(**overrides) if config is None else dataclasses.replace(config, **overrides)
@@ -61,7 +68,7 @@ class LLM:
         ignored: sampled at temperature 1. Read at the first call, not at the start: front ends that always pass
         params (serve's --generation-config none, chat, bench-offline) must not fail on a file they never use."""
         if self._defaults is None:
-            self._defaults = sampling_defaults(self.config.model)
+            self._defaults = sampling_defaults(self.config.model) if self.generation_config == "auto" else {}
         return SamplingParams(**self._defaults)
 
     def params_for(self, prompt_ids: list[int], params: SamplingParams | None) -> SamplingParams:

@@ -660,6 +660,30 @@ def test_the_models_max_new_tokens_is_the_default_max_tokens_as_in_vllm(tmp_path
             make_llm(str(d), num_pages=64).get_default_sampling_params()
 
 
+def test_generation_config_auto_or_vllm_as_in_vllm(tmp_path):
+    """vLLM's basic_with_model_default_sampling.py builds LLM(model, generation_config="auto"): a TypeError here.
+    "auto" (vLLM's default, and ours) takes the model's generation_config.json; "vllm" the API's own defaults."""
+    import json
+
+    from engine.llm import LLM
+    from engine.model_config import PRESETS
+    from tests.hf_reference import hf_model_from_config, save_hf
+
+    d = save_hf(hf_model_from_config(PRESETS["tiny-llama"], seed=7), tmp_path / "m")
+    gen = d / "generation_config.json"
+    saved = json.loads(gen.read_text()) if gen.exists() else {}
+    gen.write_text(json.dumps({**saved, "temperature": 0.0, "top_k": 5, "max_new_tokens": 5}))
+    cpu = dict(device="cpu", dtype="float32", num_pages=64)
+    with LLM(str(d), generation_config="auto", **cpu) as auto, LLM(str(d), generation_config="vllm", **cpu) as api:
+        defaults = auto.get_default_sampling_params()
+        assert (defaults.temperature, defaults.top_k, defaults.max_tokens) == (0.0, 5, 5)
+        greedy = auto.generate([1, 2, 3], SamplingParams(max_tokens=5, temperature=0))[0].token_ids
+        assert auto.generate([1, 2, 3])[0].token_ids == greedy
+        assert api.get_default_sampling_params() == SamplingParams()
+    with pytest.raises(ValueError, match="generation_config must be 'auto' .* or 'vllm'"):
+        LLM(str(d), generation_config=str(d), **cpu)
+
+
 def test_prompt_logprobs_in_vllms_shape_with_ranks_as_transformers_gives(smollm, hf_smollm):
     """vLLM's RequestOutput.prompt_logprobs is None for the first prompt token, then one {token id: Logprob(logprob,
     rank, decoded_token)} per prompt token: the token itself first with its rank in the whole vocabulary, then the
