@@ -359,6 +359,10 @@ def test_min_tokens_and_stop_token_ids(server):
     assert (cut.choices[0].finish_reason, cut.usage.completion_tokens) == ("stop", j + 1)
     assert cut.choices[0].model_extra["stop_reason"] == ids[j]  # vLLM's: the stop token id that matched
     assert cut.choices[0].message.content == tok.decode(ids[:j])  # the stop token's own text is left out
+    kept = client.chat.completions.create(
+        **kw, extra_body={"stop_token_ids": [ids[j]], "include_stop_str_in_output": True}
+    )
+    assert kept.choices[0].message.content == tok.decode(ids[: j + 1])  # vLLM's include_stop_str_in_output: kept
     m = server.wait_idle()
     assert (m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0)
 

@@ -163,6 +163,14 @@ def test_stop_string_ends_the_text_before_it(smol):
     assert [c.choices[0].model_extra["stop_reason"] for c in chunks] == [None] * (len(chunks) - 1) + [stop]
     out = client.completions.create(model="smollm", prompt=COMPLETE, max_tokens=3, temperature=0)
     assert (out.choices[0].finish_reason, out.choices[0].model_extra["stop_reason"]) == ("length", None)
+    # vLLM's include_stop_str_in_output (it was refused): the stop string stays in the text, whole or streamed
+    kept = dict(model="smollm", prompt=COMPLETE, max_tokens=20, temperature=0, stop=[stop, "@@@"])
+    out = client.completions.create(**kept, extra_body={"include_stop_str_in_output": True})
+    assert (out.choices[0].text, out.choices[0].finish_reason) == (want + stop, "stop")
+    assert out.choices[0].model_extra["stop_reason"] == stop
+    stream = client.completions.create(**kept, stream=True, extra_body={"include_stop_str_in_output": True})
+    text, reasons, _ = _stream_text(stream, chat=False)
+    assert (text, reasons[-1]) == (want + stop, "stop")
 
 
 def test_stop_string_on_the_last_allowed_token_finishes_with_stop(smol):

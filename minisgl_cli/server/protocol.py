@@ -28,6 +28,7 @@ SAMPLING_FIELDS = (
     "ignore_eos",
     "min_tokens",
     "logit_bias",
+    "include_stop_str_in_output",
 )
 
 
@@ -81,7 +82,6 @@ _REFUSED: dict[str, tuple[Any, ...]] = {
     "use_beam_search": (None, False),
     "length_penalty": (None, 1.0),
     "prompt_logprobs": (None,),
-    "include_stop_str_in_output": (None, False),
     "skip_special_tokens": (None, True),
     "spaces_between_special_tokens": (None, True),
     "truncate_prompt_tokens": (None,),
@@ -122,6 +122,7 @@ class GenerationRequest(_Body):
     logit_bias: dict[str, float] | None = None
     n: int | None = None
     return_tokens_as_token_ids: bool | None = None  # vLLM's: logprobs name tokens "token_id:ID", not by their text
+    include_stop_str_in_output: bool | None = None  # vLLM's: the matched stop string (or stop token's text) kept
     stream: bool | None = False
     stream_options: StreamOptions | None = None
 
