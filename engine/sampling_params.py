@@ -37,6 +37,12 @@ class SamplingParams:
     detokenize: bool = True
     # vLLM's: the stop string, or the text of the stop_token_ids token, that ended the request stays in the text
     include_stop_str_in_output: bool = False
+    # vLLM's and SGLang's (default True both): special tokens (EOS, <|im_end|>, ...) left out of the text; False shows
+    # their text where the output holds them (not the one that ended the request: that is include_stop_str_in_output)
+    skip_special_tokens: bool = True
+    # transformers' decode switch, as vLLM and SGLang pass it: a Python ("slow") tokenizer joins added tokens to the
+    # text around them with spaces; a fast one (tokenizer.json, GGUF) never does, so there it changes nothing
+    spaces_between_special_tokens: bool = True
     # Choices of the prompt (vLLM's n): LLM.generate and LLM.chat run one request per choice, choice j with seed + j
     # (vLLM's rule), and return them together as one output's `outputs`. A request submitted alone (add_request,
     # stream, the engine itself) is one choice: n = 1 only.
@@ -89,7 +95,14 @@ class SamplingParams:
         for name in ("max_tokens", "top_k", "min_tokens", "n"):
             if not _integer(getattr(self, name)):
                 raise ValueError(f"{name} must be an integer (got {getattr(self, name)!r})")
-        for name in ("ignore_eos", "detokenize", "include_stop_str_in_output"):
+        switches = (
+            "ignore_eos",
+            "detokenize",
+            "include_stop_str_in_output",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+        )
+        for name in switches:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false (got {getattr(self, name)!r})")
         if not isinstance(self.stop, list) or not isinstance(self.stop_token_ids, list):

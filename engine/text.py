@@ -297,7 +297,7 @@ class TextState:
     detok: IncrementalDetokenizer | None  # None: the request asked for token ids only (detokenize=False)
     stop: list[str]
     min_tokens: int = 0  # stop strings count only once this many tokens are out
-    stop_ids: frozenset[int] = frozenset()  # stop_token_ids: the one that ends it adds text only with include_stop
+    stop_ids: frozenset[int] = frozenset()  # stop_token_ids: the one that ends it is its stop_reason
     prompt: str | None = None  # the prompt's text, for the outputs (where it was given as text)
     include_stop: bool = False  # include_stop_str_in_output
     text: str = ""
@@ -314,7 +314,8 @@ class TextState:
 
     @classmethod
     def create(cls, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams) -> TextState:
-        detok = IncrementalDetokenizer(tokenizer, prompt_ids) if params.detokenize else None
+        switches = params.skip_special_tokens, params.spaces_between_special_tokens
+        detok = IncrementalDetokenizer(tokenizer, prompt_ids, *switches) if params.detokenize else None
         stop_ids = frozenset(params.stop_token_ids)
         return cls(
             detok, list(params.stop), params.min_tokens, stop_ids, include_stop=params.include_stop_str_in_output
@@ -344,8 +345,10 @@ class TextState:
         fault ends it with "error"."""
         first = self.n_ids + 1
         self.n_ids += len(new_ids)
-        if reason == "stop" and new_ids and new_ids[-1] in self.stop_ids:
-            self.stop_reason = new_ids[-1]
+        if reason == "stop" and new_ids:
+            # the engine's "stop" is an EOS or stop_token_ids token (vLLM's stop_terminated): as there, its text is
+            # left out unless include_stop (an EOS shows as "<|im_end|>" where skip_special_tokens is false)
+            self.stop_reason = new_ids[-1] if new_ids[-1] in self.stop_ids else None
             new_ids = new_ids if self.include_stop else new_ids[:-1]
         try:
             self._feed(new_ids, first)

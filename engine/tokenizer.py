@@ -109,8 +109,13 @@ class Tokenizer:
         check_unicode(text, "prompt")
         return list(self.hf.encode(text))
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        text: str = self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+    def decode(
+        self, ids: list[int], skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
+    ) -> str:
+        """transformers' decode; spaces_between_special_tokens is passed only where false (a fast tokenizer's decode
+        takes it unread; a Python one's default is true)."""
+        spaces = {} if spaces_between_special_tokens else {"spaces_between_special_tokens": False}
+        text: str = self.hf.decode(ids, skip_special_tokens=skip_special_tokens, **spaces)
         return text
 
     def pieces(self, ids: list[int]) -> list[str]:
@@ -326,7 +331,10 @@ class ByteTokenizer(Tokenizer):
     def pieces(self, ids: list[int]) -> list[str]:
         return self.token_texts(ids)
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+    def decode(
+        self, ids: list[int], skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
+    ) -> str:
+        """No special tokens here: both switches change nothing."""
         parts, run = [], bytearray()
         for i in ids:
             if 0 <= i < 256:
@@ -342,20 +350,28 @@ class ByteTokenizer(Tokenizer):
 
 class IncrementalDetokenizer:
     """Turns a growing list of ids into text deltas. A delta is emitted only once the decoded text no longer
-    ends in U+FFFD, so a multi-byte character split over tokens is never emitted broken."""
+    ends in U+FFFD, so a multi-byte character split over tokens is never emitted broken. skip_special_tokens and
+    spaces_between_special_tokens: the request's (SamplingParams), as transformers' decode takes them."""
 
     CONTEXT = 4  # prompt tokens decoded alongside, so a leading space or merge decodes as in the full text
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int]):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_ids: list[int],
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ):
         self.tok = tokenizer
         self.ids = list(prompt_ids[-self.CONTEXT :])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
+        self.switches = skip_special_tokens, spaces_between_special_tokens
 
     def add(self, token: int) -> str:
         self.ids.append(token)
-        prefix = self.tok.decode(self.ids[self.prefix_offset : self.read_offset])
-        full = self.tok.decode(self.ids[self.prefix_offset :])
+        prefix = self.tok.decode(self.ids[self.prefix_offset : self.read_offset], *self.switches)
+        full = self.tok.decode(self.ids[self.prefix_offset :], *self.switches)
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
             return full[len(prefix) :]

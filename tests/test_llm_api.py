@@ -871,6 +871,38 @@ def test_include_stop_str_in_output_as_in_vllm(smollm, hf_smollm):
         SamplingParams(include_stop_str_in_output="yes")
 
 
+def test_skip_special_tokens_as_in_vllm(smollm):
+    """vLLM's SamplingParams(skip_special_tokens=False, spaces_between_special_tokens=...) were TypeErrors: special
+    tokens now show in the text where the output holds them (greedy with ignore_eos runs past SmolLM2's <|im_end|>),
+    whole and streamed, as transformers decodes the same ids; the EOS that ends a request stays out unless
+    include_stop_str_in_output (vLLM's stop_terminated), a stop string can match a special token's text, and the
+    logprobs' decoded tokens are each token's own text either way (vLLM's convert_ids_list_to_tokens)."""
+    hf = smollm.tokenizer.hf
+    conv = [{"role": "user", "content": "Reply with one word: yes or no?"}]
+    ids = smollm.encode(conv)
+    for skip in (True, False):
+        for spaces in (True, False):
+            switches = dict(skip_special_tokens=skip, spaces_between_special_tokens=spaces)
+            params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0, **switches)
+            out = smollm.generate(ids, params)[0]
+            want = hf.decode(list(out.token_ids), **switches)
+            assert out.text == want and ("<|im_end|>" in want) == (not skip)
+            assert "".join(o.delta_text for o in smollm.stream(ids, params)) == want
+            decoded = [lp.decoded_token for e in out.outputs[0].logprobs or [] for lp in e.values()]
+            assert decoded == smollm.tokenizer.token_texts(list(out.token_ids))  # "<|im_end|>" among them
+    greedy = dict(temperature=0, max_tokens=12, skip_special_tokens=False)
+    ended = smollm.generate(ids, SamplingParams(**greedy))[0]
+    assert ended.finish_reason == "stop" and ended.token_ids[-1] in smollm.tokenizer.eos_ids
+    assert ended.text == hf.decode(list(ended.token_ids[:-1]), skip_special_tokens=False)  # its EOS left out
+    kept = smollm.generate(ids, SamplingParams(**greedy, include_stop_str_in_output=True))[0]
+    assert kept.text == hf.decode(list(ended.token_ids), skip_special_tokens=False) == ended.text + "<|im_end|>"
+    cut = smollm.generate(ids, SamplingParams(**greedy, ignore_eos=True, stop=["<|im_end|>"]))[0]
+    assert (cut.text, cut.finish_reason, cut.stop_reason) == (ended.text, "stop", "<|im_end|>")
+    for name in ("skip_special_tokens", "spaces_between_special_tokens"):
+        with pytest.raises(ValueError, match=f"{name} must be true or false"):
+            SamplingParams(**{name: "false"})
+
+
 def test_n_choices_as_in_vllm(smollm):
     """vLLM's SamplingParams(n=...) (a TypeError here): generate() runs n choices of each prompt, choice j seeded
     seed + j (vLLM's rule), and returns them as one output's `outputs`, each equal to a single request with that
