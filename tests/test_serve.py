@@ -173,6 +173,38 @@ def test_stop_string_ends_the_text_before_it(smol):
     assert (text, reasons[-1]) == (want + stop, "stop")
 
 
+def test_skip_special_tokens_in_every_endpoint_as_vllm_and_sglang_take_it(smol):
+    """vLLM's skip_special_tokens / spaces_between_special_tokens (SGLang's in /generate's sampling_params) were
+    refused with a 400: false shows the special tokens the answer holds (greedy with ignore_eos runs past SmolLM2's
+    <|im_end|>) as transformers decodes the answer's ids, whole and streamed, in completions, chat, responses and
+    /generate alike; left out, the text is as before."""
+    server, _ = smol
+    hf, client = server.llm.tokenizer.hf, server.openai()
+    conv = [{"role": "user", "content": "Reply with one word: yes or no?"}]
+    ids = server.llm.encode(conv)
+    switches = {"skip_special_tokens": False, "spaces_between_special_tokens": False}
+    sglang = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True, **switches}
+    r = httpx.post(server.url + "/generate", json={"input_ids": ids, "sampling_params": sglang}, timeout=120)
+    assert r.status_code == 200, r.text
+    out_ids = r.json()["output_ids"]
+    want = hf.decode(out_ids, **switches)
+    assert r.json()["text"] == want and "<|im_end|>" in want
+    assert _sse_events(server.url + "/generate", {"input_ids": ids, "sampling_params": sglang})[-1]["text"] == want
+    greedy, extra = dict(model=server.model, max_tokens=12, temperature=0), {"ignore_eos": True, **switches}
+    assert client.completions.create(prompt=ids, extra_body=extra, **greedy).choices[0].text == want
+    stream = client.completions.create(prompt=ids, stream=True, extra_body=extra, **greedy)
+    assert _stream_text(stream, chat=False)[0] == want
+    assert client.chat.completions.create(messages=conv, extra_body=extra, **greedy).choices[0].message.content == want
+    stream = client.chat.completions.create(messages=conv, stream=True, extra_body=extra, **greedy)
+    assert _stream_text(stream, chat=True)[0] == want
+    extra = {"ignore_eos": True, "skip_special_tokens": False}  # vLLM's responses take no spaces_between_...
+    r = client.responses.create(model=server.model, input=conv, max_output_tokens=12, temperature=0, extra_body=extra)
+    assert r.output_text == want
+    plain = client.chat.completions.create(messages=conv, extra_body={"ignore_eos": True}, **greedy)
+    assert plain.choices[0].message.content == hf.decode(out_ids, skip_special_tokens=True) != want  # the default
+    assert server.live_requests() == 0
+
+
 def test_stop_string_on_the_last_allowed_token_finishes_with_stop(smol):
     """The stop string completes on token max_tokens: the engine says "length", but the text is cut at the stop
     string, so the choice finished because of it (vLLM's rule), in-process and through the server alike."""

@@ -41,6 +41,8 @@ SAMPLING_NAMES = {
     "ignore_eos": "ignore_eos",
     "logit_bias": "logit_bias",
     "sampling_seed": "seed",
+    "skip_special_tokens": "skip_special_tokens",
+    "spaces_between_special_tokens": "spaces_between_special_tokens",
 }
 # SGLang sampling fields that would change the answer and have no equivalent here: refused unless at their default
 SAMPLING_REFUSED: dict[str, tuple[Any, ...]] = {
@@ -49,8 +51,6 @@ SAMPLING_REFUSED: dict[str, tuple[Any, ...]] = {
     "regex": (None,),
     "ebnf": (None,),
     "structural_tag": (None,),
-    "skip_special_tokens": (None, True),
-    "spaces_between_special_tokens": (None, True),
     "no_stop_trim": (None, False),
     "custom_params": (None,),
 }

@@ -29,6 +29,8 @@ SAMPLING_FIELDS = (
     "min_tokens",
     "logit_bias",
     "include_stop_str_in_output",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
 )
 
 
@@ -82,8 +84,6 @@ _REFUSED: dict[str, tuple[Any, ...]] = {
     "use_beam_search": (None, False),
     "length_penalty": (None, 1.0),
     "prompt_logprobs": (None,),
-    "skip_special_tokens": (None, True),
-    "spaces_between_special_tokens": (None, True),
     "truncate_prompt_tokens": (None,),
     "allowed_token_ids": (None,),
     "bad_words": (None, []),
@@ -123,6 +123,8 @@ class GenerationRequest(_Body):
     n: int | None = None
     return_tokens_as_token_ids: bool | None = None  # vLLM's: logprobs name tokens "token_id:ID", not by their text
     include_stop_str_in_output: bool | None = None  # vLLM's: the matched stop string (or stop token's text) kept
+    skip_special_tokens: bool | None = None  # vLLM's (default true): false shows special tokens' text
+    spaces_between_special_tokens: bool | None = None  # vLLM's: transformers' decode switch of that name
     stream: bool | None = False
     stream_options: StreamOptions | None = None
 

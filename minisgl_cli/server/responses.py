@@ -65,7 +65,6 @@ class ResponsesRequest(BaseModel):
         # vLLM's extensions that chat completions refuse too
         "structured_outputs": (None,),
         "include_stop_str_in_output": (None, False),
-        "skip_special_tokens": (None, True),
     }
     # vLLM's sampling extensions of this endpoint, passed to SamplingParams as chat completions pass them
     SAMPLING: ClassVar[tuple[str, ...]] = (
@@ -79,6 +78,7 @@ class ResponsesRequest(BaseModel):
         "frequency_penalty",
         "ignore_eos",
         "logit_bias",
+        "skip_special_tokens",
     )
 
     model: str | None = None
@@ -95,6 +95,7 @@ class ResponsesRequest(BaseModel):
     frequency_penalty: float | None = None
     ignore_eos: bool | None = None
     logit_bias: dict[str, float] | None = None
+    skip_special_tokens: bool | None = None  # vLLM's (default true): false shows special tokens' text
     stream: bool | None = False
     store: bool | None = None  # nothing is stored; nothing reads it back either (previous_response_id is refused)
     metadata: dict[str, str] | None = None
