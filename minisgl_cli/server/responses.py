@@ -62,9 +62,8 @@ class ResponsesRequest(BaseModel):
         "top_logprobs": (None, 0),
         "truncation": (None, "disabled"),
         "text": (None, {"format": {"type": "text"}}),  # JSON output (structured) is not served
-        # vLLM's extensions that chat completions refuse too
+        # vLLM's extension that chat completions refuse too
         "structured_outputs": (None,),
-        "include_stop_str_in_output": (None, False),
     }
     # vLLM's sampling extensions of this endpoint, passed to SamplingParams as chat completions pass them
     SAMPLING: ClassVar[tuple[str, ...]] = (
@@ -79,6 +78,7 @@ class ResponsesRequest(BaseModel):
         "ignore_eos",
         "logit_bias",
         "skip_special_tokens",
+        "include_stop_str_in_output",
     )
 
     model: str | None = None
@@ -96,6 +96,7 @@ class ResponsesRequest(BaseModel):
     ignore_eos: bool | None = None
     logit_bias: dict[str, float] | None = None
     skip_special_tokens: bool | None = None  # vLLM's (default true): false shows special tokens' text
+    include_stop_str_in_output: bool | None = None  # vLLM's: the stop string that matched stays in the text
     stream: bool | None = False
     store: bool | None = None  # nothing is stored; nothing reads it back either (previous_response_id is refused)
     metadata: dict[str, str] | None = None
