@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-Message = dict[str, str]
+# a chat message: role, content (a string, or OpenAI's list of content parts: message_text), and what the template reads
+Message = dict[str, Any]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
@@ -19,6 +20,31 @@ def check_unicode(text: str, what: str) -> None:
         raise ValueError(
             f"{what} holds a lone UTF-16 surrogate {text[e.start]!r} at character {e.start}, which is not valid Unicode"
         ) from None
+
+
+def message_text(content: object, where: str) -> str:
+    """A chat message's content as the chat template reads it, for the in-process API and the server alike: a string
+    as it is, None as "", OpenAI's list of content parts ([{"type": "text", "text": ...}]) as their texts a line each:
+    vLLM's join for templates that take a string (most text models'), so parts make the same prompt there and here
+    ("".join ran "What is 2+2?" and "Answer in French." together). ValueError naming a part that is not text
+    (image_url, input_audio, ...): the models here read text only, and a part dropped would change the question."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise ValueError(f"{where} must be a string or a list of content parts (got {type(content).__name__})")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            what = f"a part of type {kind!r}" if isinstance(kind, str) else f"{part!r:.60}"
+            raise ValueError(
+                f'{where}[{j}] is {what}: only text parts ({{"type": "text", "text": ...}}) are supported, the'
+                " models here read text only"
+            )
+        if not isinstance(part.get("text"), str):
+            raise ValueError(f"{where}[{j}].text must be a string (got {part.get('text')!r:.40})")
+        texts.append(part["text"])
+    return "\n".join(texts)
 
 
 # apply_chat_template's own parameters and what the request sets itself: never a template variable from a request
@@ -161,17 +187,15 @@ class Tokenizer:
         if add_generation_prompt and continue_final_message:
             raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
         check_template_kwargs(template_kwargs)
-        for m in messages:
-            if (
-                not isinstance(m, dict)
-                or m.get("role") not in ("system", "user", "assistant")
-                or not isinstance(m.get("content"), str)
-            ):
-                raise ValueError(f"each message needs a role (system/user/assistant) and string content; got {m!r}")
+        plain = []  # the messages with their content as text
         for i, m in enumerate(messages):
-            for key, value in m.items():
+            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or "content" not in m:
+                raise ValueError(f"each message needs a role (system/user/assistant) and content; got {m!r:.200}")
+            plain.append({**m, "content": message_text(m["content"], f"messages[{i}].content")})
+            for key, value in plain[-1].items():
                 if isinstance(value, str):
                     check_unicode(value, f"messages[{i}].{key}")
+        messages = plain
         if chat_template is not None and self.hf is None:
             raise ValueError("chat_template: this model's byte tokenizer lays messages out as lines, not by a template")
         if chat_template is None and not self.has_chat_template:

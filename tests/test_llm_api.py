@@ -790,6 +790,38 @@ def test_chat_with_a_template_of_its_own_as_in_vllm(smollm):
         make_llm().chat(conv, greedy, chat_template=template)
 
 
+def test_chat_content_parts_as_in_vllm(smollm):
+    """vLLM's LLM.chat takes OpenAI's content parts ([{"type": "text", "text": ...}]): a ValueError here, where the
+    server took them. Their texts a line each (vLLM's join for a template that takes a string), laid out as
+    transformers lays out the joined text, by the same function as the server's; a part of another kind (an image,
+    audio) is refused by its type, not dropped."""
+    from minisgl_cli.server.errors import APIError
+    from minisgl_cli.server.protocol import ChatCompletionRequest
+
+    greedy = SamplingParams(max_tokens=4, temperature=0)
+    two = [{"type": "text", "text": "What is 2+2?"}, {"type": "text", "text": "Answer in French."}]
+    parts = [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]}, {"role": "user", "content": two}]
+    joined = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2+2?\nAnswer in French."},
+    ]
+    ref = list(smollm.get_tokenizer().apply_chat_template(joined, add_generation_prompt=True, return_dict=False))
+    out = smollm.chat(parts, greedy)[0]
+    assert out.prompt_token_ids == ref
+    assert out.token_ids == smollm.generate([ref], greedy)[0].token_ids
+    assert ChatCompletionRequest(messages=parts).chat_prompt().encode(smollm.tokenizer) == ref  # the server's
+    for kind, body in [("image_url", {"url": "https://example.com/cat.png"}), ("input_audio", {"format": "wav"})]:
+        bad = [{"role": "user", "content": [*two, {"type": kind, kind: body}]}]
+        why = rf"messages\[0\]\.content\[2\] is a part of type '{kind}': only text parts"
+        with pytest.raises(ValueError, match=why):
+            smollm.chat(bad, greedy)
+        with pytest.raises(APIError, match=why):
+            ChatCompletionRequest(messages=bad).chat_prompt()
+    with pytest.raises(ValueError, match=r"messages\[0\]\.content\[0\]\.text must be a string"):
+        smollm.chat([{"role": "user", "content": [{"type": "text"}]}], greedy)
+    assert not smollm.has_work()
+
+
 def test_vllms_output_shape_with_ranks_and_decoded_tokens_as_transformers_gives(smollm, hf_smollm):
     """vLLM's quickstart reads `output.prompt` and `output.outputs[0].text`: both were AttributeErrors. Its logprobs
     are dicts {token id: Logprob(logprob, rank, decoded_token)} per position, the chosen token first with its rank in

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from engine.sampling_params import MAX_LOGPROBS, MAX_N
 from engine.text import ChatPrompt
+from engine.tokenizer import message_text
 from minisgl_cli.server.errors import APIError
 
 # Request fields passed straight to engine.sampling_params.SamplingParams (which validates them).
@@ -208,14 +209,9 @@ class CompletionRequest(GenerationRequest):
         return bool(self.echo)
 
 
-class ContentPart(_Body):
-    type: str
-    text: str | None = None
-
-
 class ChatMessage(_Body):
     role: str
-    content: str | list[ContentPart] | None = None
+    content: str | list[dict[str, Any]] | None = None  # content parts: engine.tokenizer.message_text reads them
     name: str | None = None  # passed to the chat template, which renders it or not (as vLLM)
     # an assistant turn's thinking, sent back for templates that render it (Qwen3's, in a tool-calling turn): vLLM's
     # `reasoning`, and SGLang's (and vLLM's older) `reasoning_content`, reach the template under both names
@@ -225,14 +221,12 @@ class ChatMessage(_Body):
     tool_calls: Any = None
     function_call: Any = None
 
-    def text(self) -> str:
-        if self.content is None or isinstance(self.content, str):
-            return self.content or ""
-        if any(p.type != "text" or p.text is None for p in self.content):
-            raise APIError(400, "messages: only text content parts are supported", param="messages")
-        # a line per part: vLLM's join for templates that take a string (most text models'), so parts make the same
-        # prompt there and here ("".join ran "What is 2+2?" and "Answer in French." together)
-        return "\n".join(p.text or "" for p in self.content)  # None was rejected above
+    def text(self, i: int) -> str:
+        """messages[i]'s content as the template reads it, as the Python API's LLM.chat reads it."""
+        try:
+            return message_text(self.content, f"messages[{i}].content")
+        except ValueError as e:
+            raise APIError(400, str(e), param="messages") from e
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -305,7 +299,7 @@ def conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
                     code="unsupported_parameter",
                 )
         # newer OpenAI clients send system prompts as "developer"; chat templates know them as "system"
-        message = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        message = {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
         if m.name is not None:
             message["name"] = m.name
         reasoning = _reasoning(m, i)
