@@ -16,7 +16,7 @@ from engine.gc_heap import paused_collector
 from engine.loader import Progress
 from engine.metrics import EngineMetrics
 from engine.request import Req
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from engine.text import ChatPrompt, Prefix, Prompt, RequestOutput, TextState, encode_prompt, prompt_text
 from engine.tokenizer import Message, sampling_defaults
 
@@ -348,20 +348,39 @@ VLLM_NAMES = {
     "enable_prefix_caching": "radix_cache",
     "block_size": "page_size",
 }
-# vLLM's keywords with no field here: what to use instead (they would change what runs, so they are not dropped)
-VLLM_ELSEWHERE = {
-    "gpu_memory_utilization": "kv_cache_gb (the KV pool's size) or memory_fraction (of the free GPU memory, for KV)",
-    "tokenizer": "a model directory holding its tokenizer",
-    "quantization": "a GGUF file (its quantized blocks run as they are on a CPU)",
+VLLM_DTYPES = {"half": "float16", "float": "float32"}  # vLLM's other names of ours (its _STR_DTYPE_TO_TORCH_DTYPE)
+# vLLM's keywords that cannot change what runs here, whatever their value: taken and dropped
+VLLM_MOOT = (
+    "trust_remote_code",  # no model code is ever loaded from a model's files here
+    "disable_log_stats",  # vLLM's periodic stats lines in its log; llm.metrics() reads them here
+    "swap_space",  # CPU room for preempted requests' KV in vLLM's V0: here a preempted request is recomputed
+    "disable_custom_all_reduce",  # tensor-parallel sums are NCCL's (torch.distributed) here, the only way
+)
+# vLLM's keywords with no field here: the values that mean what this engine does are taken (None is vLLM's own default
+# for most); any other would change what runs or need a download, so it is refused, naming what to use instead
+LOCAL = "a local model directory or .gguf file (nothing is downloaded here)"
+POOLING = "a generative model: there are no pooling runners (embed, classify, score, reward) here"
+VLLM_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
+    "gpu_memory_utilization": ((), "kv_cache_gb (the KV pool's size) or memory_fraction (of free GPU memory, for KV)"),
+    "tokenizer": ((None,), "a model directory holding its tokenizer"),
+    "quantization": ((None,), "a GGUF file (its quantized blocks run as they are on a CPU)"),
+    "tokenizer_mode": ((None, "auto", "hf"), "'auto' or 'hf': the model's Hugging Face tokenizer (fast if it has one)"),
+    "max_logprobs": ((None, MAX_LOGPROBS), f"its default, {MAX_LOGPROBS}: the most log-probabilities a token has here"),
+    "task": ((None, "auto", "generate"), POOLING),
+    "runner": ((None, "auto", "generate"), POOLING),
+    "cpu_offload_gb": ((None, 0), "device='cpu', or tp= over GPUs: no weights are offloaded to the CPU here"),
+    "download_dir": ((None,), LOCAL),
+    "hf_token": ((None, False), LOCAL),
+    "revision": ((None,), f"{LOCAL}, of that revision"),
 }
 
 
 def _engine_names(kw: dict[str, Any]) -> dict[str, Any]:
-    """LLM()'s keywords as EngineConfig fields: vLLM's names taken under ours, enforce_eager as no CUDA graphs,
-    trust_remote_code accepted (no model code is ever loaded from a model's files here, whatever it says)."""
-    out = dict(kw)
-    for name in (*VLLM_NAMES, *VLLM_ELSEWHERE):  # None is vLLM's own default for these: the engine decides
-        if name in out and out[name] is None and name != "gpu_memory_utilization":
+    """LLM()'s keywords as EngineConfig fields: vLLM's names taken under ours, enforce_eager as no CUDA graphs, vLLM's
+    dtype names as ours, the moot ones dropped, the others of vLLM's at the values that mean this engine's way."""
+    out = {k: v for k, v in kw.items() if k not in VLLM_MOOT}
+    for name in VLLM_NAMES:  # None is vLLM's own default for these: the engine decides
+        if name in out and out[name] is None:
             del out[name]
     for theirs, ours in VLLM_NAMES.items():
         if theirs in out:
@@ -370,10 +389,16 @@ def _engine_names(kw: dict[str, Any]) -> dict[str, Any]:
             out[ours] = out.pop(theirs)
     if out.pop("enforce_eager", False):
         out.update(cuda_graph_max_bs=0, piecewise_graph_tokens=0)
-    out.pop("trust_remote_code", None)
-    for name, instead in VLLM_ELSEWHERE.items():
-        if name in out:
-            raise TypeError(f"LLM() has no {name}= (vLLM's): use {instead}")
+    if type(out.get("dtype")).__module__ == "torch":  # vLLM takes a torch.dtype too
+        out["dtype"] = str(out["dtype"]).removeprefix("torch.")
+    if isinstance(out.get("dtype"), str):
+        out["dtype"] = VLLM_DTYPES.get(out["dtype"], out["dtype"])
+    for name, (taken, instead) in VLLM_ONLY.items():
+        if name not in out:
+            continue
+        value = out.pop(name)
+        if value not in taken:
+            raise TypeError(f"LLM() has no {name}={value!r:.60} (vLLM's): use {instead}")
     return out
 
 

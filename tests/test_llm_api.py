@@ -1055,7 +1055,9 @@ def test_vllms_engine_keywords_and_get_tokenizer(smollm):
     """LLM(model, max_num_seqs=..., enforce_eager=True, trust_remote_code=True, ...) as vLLM scripts write it was a
     bare TypeError from EngineConfig: vLLM's names are taken as the fields they are here; one with no equivalent
     says what to use; llm.get_tokenizer() is vLLM's (the Hugging Face tokenizer)."""
-    from engine.llm import LLM
+    import torch
+
+    from engine.llm import LLM, _engine_names
 
     llm = LLM(
         "dummy:tiny-llama",
@@ -1068,17 +1070,53 @@ def test_vllms_engine_keywords_and_get_tokenizer(smollm):
         enforce_eager=True,
         trust_remote_code=True,
         num_pages=16,
+        # the same names here: what they mean there, dtype under vLLM's other names too
+        dtype="float",
+        seed=7,
+        max_model_len=64,
+        kv_cache_dtype="auto",
+        # no effect on what runs here: stats lines, swap room for preemption (recomputed here), NCCL's sums for TP
+        disable_log_stats=False,
+        swap_space=4,
+        disable_custom_all_reduce=True,
+        # at the values that mean this engine's way
+        tokenizer_mode="auto",
+        max_logprobs=20,
+        task="generate",
+        runner="auto",
+        cpu_offload_gb=0,
+        download_dir=None,
+        hf_token=None,
+        revision=None,
     )
     try:
         c = llm.config
         assert (c.tp, c.max_running_requests, c.max_batch_tokens, c.radix_cache, c.page_size) == (1, 4, 256, False, 32)
         assert (c.cuda_graph_max_bs, c.piecewise_graph_tokens) == (0, 0)
+        assert (c.dtype, c.seed, c.max_model_len, c.kv_cache_dtype) == ("float32", 7, 64, "auto")
         assert len(llm.generate([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))[0].token_ids) == 2
         assert llm.get_tokenizer() is llm.tokenizer  # a dummy model's byte tokenizer
     finally:
         llm.shutdown()
-    with pytest.raises(TypeError, match=r"no gpu_memory_utilization= \(vLLM's\): use kv_cache_gb"):
-        LLM("dummy:tiny-llama", device="cpu", gpu_memory_utilization=0.9)
+    assert _engine_names({"dtype": "half"}) == {"dtype": "float16"}
+    assert _engine_names({"dtype": torch.bfloat16}) == {"dtype": "bfloat16"}
+    # what would change what runs, or needs a download: refused, naming what to use instead
+    refused = {
+        "gpu_memory_utilization": (0.9, "kv_cache_gb"),
+        "tokenizer_mode": ("slow", "the model's Hugging Face tokenizer"),
+        "max_logprobs": (50, "its default, 20"),
+        "task": ("embed", "no pooling runners"),
+        "runner": ("pooling", "no pooling runners"),
+        "cpu_offload_gb": (4, "no weights are offloaded"),
+        "download_dir": ("/tmp/hf", "a local model directory"),
+        "hf_token": ("hf_abc", "nothing is downloaded"),
+        "revision": ("main", "of that revision"),
+    }
+    for name, (value, instead) in refused.items():
+        with pytest.raises(TypeError, match=rf"LLM\(\) has no {name}={value!r} \(vLLM's\): use .*{instead}"):
+            LLM("dummy:tiny-llama", device="cpu", **{name: value})
+    with pytest.raises(ValueError, match="seed must be int"):  # vLLM's older default: an unseeded engine
+        LLM("dummy:tiny-llama", device="cpu", seed=None)
     with pytest.raises(TypeError, match=r"got max_num_seqs= and max_running_requests="):
         LLM("dummy:tiny-llama", device="cpu", max_num_seqs=2, max_running_requests=4)
     hf = smollm.get_tokenizer()
@@ -1095,6 +1133,7 @@ def test_vllms_keywords_at_none_take_our_defaults():
 
     nones = dict.fromkeys(
         ["max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "block_size", "tokenizer", "quantization"]
+        + ["tokenizer_mode", "max_logprobs", "task", "runner", "cpu_offload_gb", "download_dir", "hf_token", "revision"]
     )
     tiny = dict(model="dummy:tiny-llama", device="cpu")
     with LLM(**tiny, **nones) as llm, LLM(**tiny) as ref:
