@@ -440,7 +440,7 @@ def _choices(params: SamplingParams | None) -> list[SamplingParams | None]:
         return [params]  # (anything but None is refused by the engine's check, naming it)
     # n assigned after construction was never checked: 0 added no request, so the next prompt's output was returned
     # for this one; 200 ran past MAX_N; 2.5 was a bare TypeError
-    params = params.own_copy()
+    params = params.clone()
     params.validate()
     return [params.choice(j) for j in range(params.n)]
 

@@ -61,20 +61,20 @@ class SamplingParams:
             self.logit_bias = {_token_id(k): v for k, v in self.logit_bias.items()}
         self.validate()
 
-    def own_copy(self) -> SamplingParams:
-        """A copy that shares no mutable part with this one (its stop, stop_token_ids and logit_bias are copies too):
-        each submitted request runs with one (RequestLimits.check), so the caller's later edits of its object reach
-        no request already submitted. Not validated: submission validates the copy."""
+    def clone(self) -> SamplingParams:
+        """vLLM's clone, a deep copy: its stop, stop_token_ids and logit_bias are copies too (what they hold is
+        immutable). Each submitted request runs with one (RequestLimits.check), so the caller's later edits of its
+        object reach no request already submitted. Not validated: submission validates the copy."""
         c = copy.copy(self)  # ~5 us with the containers; dataclasses.replace runs __post_init__'s validation too
         c.stop, c.stop_token_ids = copy.copy(self.stop), copy.copy(self.stop_token_ids)
         c.logit_bias = copy.copy(self.logit_bias)
         return c
 
     def choice(self, j: int) -> SamplingParams:
-        """Choice j of a prompt's n, as a request of its own: an own copy with n = 1 and, if seeded, seed + j (vLLM's
+        """Choice j of a prompt's n, as a request of its own: a clone with n = 1 and, if seeded, seed + j (vLLM's
         rule: the choices differ, and each is reproducible as one request with that seed; a -1 so reached is a seed,
         not "no seed"). Not validated: seed + j may be past the range, which submission refuses."""
-        c = self.own_copy()
+        c = self.clone()
         c.n = 1
         if c.seed is not None:
             c.seed += j

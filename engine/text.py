@@ -112,7 +112,7 @@ class RequestLimits:
         unchecked."""
         if not isinstance(params, SamplingParams):  # e.g. a string in a list of params: an AttributeError before
             raise ValueError(f"sampling params must be a SamplingParams (got {type(params).__name__} {params!r:.40})")
-        params = params.own_copy()
+        params = params.clone()
         params.validate()  # again: a field assigned after construction was never checked
         if params.n != 1:
             raise ValueError(

@@ -123,6 +123,19 @@ def test_generation_configs_eos_ids_stop_as_in_transformers(tmp_path):
         make_llm(str(d), num_pages=64)
 
 
+def test_sampling_params_clone_is_a_deep_copy_as_in_vllm():
+    """vLLM's SamplingParams.clone() (code that derives params per request calls it) was an AttributeError: a copy
+    whose lists and logit_bias are its own, so editing it leaves the original as it was."""
+    sp = SamplingParams(temperature=0.5, stop=["x"], stop_token_ids=[1], logit_bias={5: 1.0}, seed=3)
+    c = sp.clone()
+    assert c == sp and c is not sp
+    c.stop.append("y")
+    c.stop_token_ids.append(2)
+    c.logit_bias[6] = 2.0
+    c.temperature = 0.0
+    assert sp == SamplingParams(temperature=0.5, stop=["x"], stop_token_ids=[1], logit_bias={5: 1.0}, seed=3)
+
+
 def test_seed_minus_one_is_no_seed_as_in_vllm():
     """vLLM reads seed=-1 as no seed (a fresh draw each time); here it was a fixed seed, the same tokens every time."""
     assert SamplingParams(seed=-1).seed is None
