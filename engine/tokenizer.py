@@ -22,6 +22,10 @@ def check_unicode(text: str, what: str) -> None:
         ) from None
 
 
+# The content parts that hold text: chat's, and the Responses API's (vLLM's chat parser reads all three as text)
+TEXT_PARTS = ("text", "input_text", "output_text")
+
+
 def message_text(content: object, where: str) -> str:
     """A chat message's content as the chat template reads it, for the in-process API and the server alike: a string
     as it is, None as "", OpenAI's list of content parts ([{"type": "text", "text": ...}]) as their texts a line each:
@@ -35,7 +39,7 @@ def message_text(content: object, where: str) -> str:
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text":
+        if kind not in TEXT_PARTS:
             what = f"a part of type {kind!r}" if isinstance(kind, str) else f"{part!r:.60}"
             raise ValueError(
                 f'{where}[{j}] is {what}: only text parts ({{"type": "text", "text": ...}}) are supported, the'

@@ -1184,6 +1184,22 @@ def test_the_responses_api_as_openais_client_reads_it(smol):
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas == events[-4].text == events[-1].response.output_text == r.output_text
     assert events[-1].response.usage.output_tokens == r.usage.output_tokens
+    # parts of several texts: a line each, as chat's text parts (vLLM reads both alike; they ran together here)
+    two = ["What is 2+2?", "Answer in French."]
+    parted = client.responses.create(
+        model=server.model,
+        input=[{"role": "user", "content": [{"type": "input_text", "text": t} for t in two]}],
+        max_output_tokens=12,
+        temperature=0,
+    )
+    as_chat = client.chat.completions.create(
+        model=server.model,
+        messages=[{"role": "user", "content": [{"type": "text", "text": t} for t in two]}],
+        max_tokens=12,
+        temperature=0,
+    )
+    assert parted.output_text == as_chat.choices[0].message.content
+    assert parted.usage.input_tokens == as_chat.usage.prompt_tokens
     cut = client.responses.create(model=server.model, input=question, max_output_tokens=2, temperature=0)
     assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
     assert cut.usage.output_tokens == 2

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from engine.streams import EngineDeadError
 from engine.text import ChatPrompt, RequestOutput
+from engine.tokenizer import message_text
 from minisgl_cli.server.completions import final_output, refusal, sampling_params
 from minisgl_cli.server.engine_client import EngineClient, Job, JobSpec
 from minisgl_cli.server.errors import APIError
@@ -44,7 +45,9 @@ class InputMessage(BaseModel):
     status: str | None = None
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        """The content's parts a line each, as chat's (engine.tokenizer.message_text: vLLM joins both alike)."""
+        parts = self.content if isinstance(self.content, str) else [p.model_dump() for p in self.content]
+        return message_text(parts, "input")
 
 
 class ResponsesRequest(BaseModel):
