@@ -135,6 +135,10 @@ def test_echo_with_max_tokens_0_scores_the_prompts(server, hf_smollm):
     assert "".join(c.choices[0].text for c in chunks).startswith(tok.decode(prompts[0]))
     assert len(again) == len(prompts[0]) + 1 and again[0] is None
     assert max(abs(a - b) for a, b in zip(again[1:-1], out.choices[0].logprobs.token_logprobs[1:])) < TOL
+    # a prompt holding special tokens echoes them, as vLLM's decode of token-id prompts (they were dropped)
+    turn = tok.encode_chat([{"role": "user", "content": "Hi"}])
+    echoed = client.completions.create(model="smollm", prompt=turn, max_tokens=0, echo=True).choices[0].text
+    assert echoed == tok.hf.decode(turn) and "<|im_start|>" in echoed  # transformers' default decode
 
 
 def test_tokens_holding_part_of_a_character_keep_their_bytes_and_logprobs(server, hf_smollm):

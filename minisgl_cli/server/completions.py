@@ -199,9 +199,9 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Pro
             client.limits.check_choices(len(ids), asked, samples, "best_of" if samples > n else "n")
         except ValueError as e:
             raise _refusal(e, chat) from e
-        states.append(
-            _Prompt(ids, (p if isinstance(p, str) else client.remote.tokenizer.decode(ids)) if echo else None)
-        )
+        # a token-id prompt echoes as transformers' decode reads it by default, special tokens included (vLLM's)
+        shown = p if isinstance(p, str) else client.remote.tokenizer.decode(ids, skip_special_tokens=False)
+        states.append(_Prompt(ids, shown if echo else None))
         for j in range(samples):
             try:
                 choice = params.choice(j)  # seeded choices: each its own seed (vLLM's rule); validated below
