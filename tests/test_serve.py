@@ -419,6 +419,19 @@ BAD = [
         code="unsupported_parameter",
     ),
     _case(CH, {"messages": MSG, "return_prompt_text": True}, "return_prompt_text", code="unsupported_parameter"),
+    _case(
+        C,
+        {"prompt": "hi", "max_repetition_pattern_size": 4, "repetition_min_count": 3},
+        "max_repetition_pattern_size",
+        code="unsupported_parameter",
+    ),
+    _case(
+        CH,
+        {"messages": MSG, "min_repetition_pattern_size": 2},
+        "min_repetition_pattern_size",
+        code="unsupported_parameter",
+    ),
+    _case(CH, {"messages": MSG, "repetition_min_count": 3}, "repetition_min_count", code="unsupported_parameter"),
     _case(C, {"prompt": "hi", "stream": "yes"}, "stream"),
     _case(C, {"prompt": "hi", "stream_options": {"include_usage": 1}}, "stream_options"),
     _case(C, {"prompt": "hi", "stream_options": {"foo": 1}}, "stream_options"),  # says something: vLLM refuses it

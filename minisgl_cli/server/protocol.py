@@ -94,6 +94,10 @@ _REFUSED: dict[str, tuple[Any, ...]] = {
     "return_token_ids": (None, False),
     "logprob_token_ids": (None,),
     "repetition_detection": (None,),
+    # the same early stop as vLLM's flat fields (0: off)
+    "max_repetition_pattern_size": (None, 0),
+    "min_repetition_pattern_size": (None, 0),
+    "repetition_min_count": (None, 0),
     "thinking_token_budget": (None, -1),
     "watermarking": (None, False),
 }
