@@ -1003,6 +1003,15 @@ def test_an_assistant_turns_reasoning_reaches_the_template_as_in_vllm(smol, monk
         assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
 
 
+def test_a_chat_answer_holds_vllms_reasoning_field_as_vllm_without_a_reasoning_parser(tiny):
+    """vLLM's reasoning examples read `message.reasoning` (`reasoning_content` before its rename), which vLLM's answer
+    always holds: null without --reasoning-parser, the thinking left in the content, as here. The official client
+    raised AttributeError on ours."""
+    message = tiny.openai().chat.completions.create(model=tiny.model, messages=MSG, max_tokens=3).choices[0].message
+    assert (message.reasoning, message.reasoning_content) == (None, None)
+    assert message.content
+
+
 def test_chat_template_variables_and_switches_as_in_vllm(smol, monkeypatch):
     """`chat_template_kwargs` (how clients switch Qwen3's thinking off: `minisgl chat --url` sends it for /think),
     `add_generation_prompt` and `continue_final_message` were refused: 400 for every request that set them. They now

@@ -401,7 +401,9 @@ class Reply:
         choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
         choice["stop_reason"] = stop_reason
         if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
+            # vLLM's message always holds its reasoning field (null without a --reasoning-parser, the thinking left in
+            # the content, as here), and its examples read it: `reasoning`, `reasoning_content` before the rename
+            choice["message"] = {"role": "assistant", "content": text, "reasoning": None, "reasoning_content": None}
         else:
             choice["text"] = text
         return choice
