@@ -259,7 +259,27 @@ def tiny():
             {"prompt": "hi", "response_format": {"type": "json_object"}},
             "response_format",
             "unsupported_parameter",
-            "response_format={'type': 'json_object'} is not supported by this server (only {'type': 'text'})",
+            "response_format={'type': 'json_object'} is not supported by this server "
+            "(leave it out, or send {'type': 'text'})",
+        ),
+        (
+            CH,
+            {
+                "messages": MSG,
+                "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}] * 2,
+            },
+            "tools",
+            "unsupported_parameter",
+            # a long value is cut short visibly (it ran into the rest: "...'parameters' is not supported")
+            "tools=[{'type': 'function', 'function': {'name': 'get_weather', 'parameters': {}}}, {'type': 'function', "
+            "'... is not supported by this server (leave it out, or send [])",
+        ),
+        (
+            CH,
+            {"messages": MSG, "guided_choice": ["a", "b"]},
+            "guided_choice",
+            "unsupported_parameter",
+            "guided_choice=['a', 'b'] is not supported by this server (leave it out)",
         ),
         (C, {"prompt": "hi", "n": 1.5}, "n", "int_type", "n: Input should be a valid integer"),
         (C, {"prompt": "hi", "best_of": 0}, "best_of", None, "best_of must be in [n, 128] (got 0, n 1)"),

@@ -20,7 +20,7 @@ from engine.text import RequestOutput
 from minisgl_cli.server.completions import final_output, merged, refusal, sse_data
 from minisgl_cli.server.engine_client import EngineClient, Job, JobSpec
 from minisgl_cli.server.errors import APIError
-from minisgl_cli.server.protocol import refuse_unsupported
+from minisgl_cli.server.protocol import refuse_unsupported, unsupported
 
 router = APIRouter()
 
@@ -105,12 +105,7 @@ class GenerateRequest(BaseModel):
 def _params(given: dict[str, Any], defaults: dict[str, Any], room: int) -> SamplingParams:
     for name, accepted in SAMPLING_REFUSED.items():
         if given.get(name) not in accepted:
-            raise APIError(
-                400,
-                f"sampling_params.{name}={given[name]!r:.100} is not supported by this server",
-                param="sampling_params",
-                code="unsupported_parameter",
-            )
+            raise unsupported(f"sampling_params.{name}", given[name], accepted, param="sampling_params")
     unknown = sorted(set(given) - set(SAMPLING_NAMES) - set(SAMPLING_REFUSED))
     if unknown:
         why = f"sampling_params.{unknown[0]} is not a sampling parameter this server knows"

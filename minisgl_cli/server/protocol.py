@@ -40,19 +40,27 @@ class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
+def unsupported(name: str, value: Any, accepted: tuple[Any, ...], param: str | None = None) -> APIError:
+    """The 400 refusing a field this server does not implement: the value given, cut short, and what to send instead."""
+    given = repr(value)
+    given = given if len(given) <= 100 else given[:100] + "..."
+    ok = " or ".join(repr(v) for v in accepted if v is not None)
+    todo = "leave it out" + (f", or send {ok}" if ok else "")
+    return APIError(
+        400,
+        f"{name}={given} is not supported by this server ({todo})",
+        param=param or name,
+        code="unsupported_parameter",
+    )
+
+
 def refuse_unsupported(body: BaseModel, refused: dict[str, tuple[Any, ...]]) -> None:
     """A 400 naming the first field of `refused` that the body gives at a value other than those accepted."""
     extra = body.model_extra or {}
     for name, accepted in refused.items():
         value = extra.get(name, getattr(body, name, None))
         if value not in accepted:
-            ok = " or ".join(repr(v) for v in accepted if v is not None)
-            raise APIError(
-                400,
-                f"{name}={value!r:.100} is not supported by this server" + (f" (only {ok})" if ok else ""),
-                param=name,
-                code="unsupported_parameter",
-            )
+            raise unsupported(name, value, accepted)
 
 
 class StreamOptions(_Body):
