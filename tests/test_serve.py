@@ -1012,6 +1012,20 @@ def test_a_chat_answer_holds_vllms_reasoning_field_as_vllm_without_a_reasoning_p
     assert message.content
 
 
+def test_the_answers_id_is_the_clients_request_id_as_in_vllm(tiny):
+    """vLLM names the answer after the X-Request-Id header, else the body's request_id (its extension), so a client
+    can find its request in the server's logs and traces; both were ignored here."""
+    client, kw = tiny.openai(), dict(model=tiny.model, max_tokens=2)
+    chat = client.chat.completions.create(messages=MSG, **kw, extra_body={"request_id": "job-7"})
+    assert chat.id == "chatcmpl-job-7"
+    chunks = list(client.completions.create(prompt="hi", stream=True, **kw, extra_body={"request_id": "job-8"}))
+    assert {c.id for c in chunks} == {"cmpl-job-8"}
+    header = {"X-Request-Id": "trace-1"}  # the header comes first
+    out = client.completions.create(prompt="hi", **kw, extra_body={"request_id": "job-9"}, extra_headers=header)
+    assert out.id == "cmpl-trace-1"
+    assert client.completions.create(prompt="hi", **kw).id.startswith("cmpl-")
+
+
 def test_chat_template_variables_and_switches_as_in_vllm(smol, monkeypatch):
     """`chat_template_kwargs` (how clients switch Qwen3's thinking off: `minisgl chat --url` sends it for /think),
     `add_generation_prompt` and `continue_final_message` were refused: 400 for every request that set them. They now

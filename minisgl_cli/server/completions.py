@@ -222,7 +222,8 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Pro
         choices.append(_Choice((i // samples) * n + i % samples, state, job, discard))
     shape = _Shape(
         Reply(
-            ("chatcmpl-" if chat else "cmpl-") + jobs[0].rid,
+            ("chatcmpl-" if chat else "cmpl-")
+            + (request.headers.get("X-Request-Id") or body.request_id or jobs[0].rid),
             client.model_name,
             chat,
             include_usage=bool(body.stream) and body.include_usage,

@@ -138,6 +138,7 @@ class GenerationRequest(_Body):
     include_stop_str_in_output: bool | None = None  # vLLM's: the matched stop string (or stop token's text) kept
     skip_special_tokens: bool | None = None  # vLLM's (default true): false shows special tokens' text
     spaces_between_special_tokens: bool | None = None  # vLLM's: transformers' decode switch of that name
+    request_id: str | None = None  # vLLM's: the answer's id, after the X-Request-Id header's (not the engine's id)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
 
