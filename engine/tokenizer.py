@@ -22,32 +22,40 @@ def check_unicode(text: str, what: str) -> None:
         ) from None
 
 
-# The content parts that hold text: chat's, and the Responses API's (vLLM's chat parser reads all three as text)
-TEXT_PARTS = ("text", "input_text", "output_text")
+# The content parts read as text, by the key holding it: vLLM's parser (MM_PARSER_MAP) reads these five so, the
+# Responses API's input_text/output_text, a refusal and a thinking part included (into the content: not `reasoning`)
+TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking"}
 
 
 def message_text(content: object, where: str) -> str:
     """A chat message's content as the chat template reads it, for the in-process API and the server alike: a string
     as it is, None as "", OpenAI's list of content parts ([{"type": "text", "text": ...}]) as their texts a line each:
     vLLM's join for templates that take a string (most text models'), so parts make the same prompt there and here
-    ("".join ran "What is 2+2?" and "Answer in French." together). ValueError naming a part that is not text
+    ("".join ran "What is 2+2?" and "Answer in French." together). As vLLM's parser: a bare string in the list is a
+    text, and a part whose text is missing, null or "" adds no line. ValueError naming a part that is not text
     (image_url, input_audio, ...): the models here read text only, and a part dropped would change the question."""
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
         raise ValueError(f"{where} must be a string or a list of content parts (got {type(content).__name__})")
-    texts = []
+    texts: list[str] = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in TEXT_PARTS:
+        if isinstance(part, str):
+            text = part
+        elif isinstance(kind, str) and kind in TEXT_PARTS:
+            key = TEXT_PARTS[kind]
+            text = part.get(key) or ""
+            if not isinstance(text, str):
+                raise ValueError(f"{where}[{j}].{key} must be a string (got {text!r:.40})")
+        else:
             what = f"a part of type {kind!r}" if isinstance(kind, str) else f"{part!r:.60}"
             raise ValueError(
                 f'{where}[{j}] is {what}: only text parts ({{"type": "text", "text": ...}}) are supported, the'
                 " models here read text only"
             )
-        if not isinstance(part.get("text"), str):
-            raise ValueError(f"{where}[{j}].text must be a string (got {part.get('text')!r:.40})")
-        texts.append(part["text"])
+        if text:
+            texts.append(text)
     return "\n".join(texts)
 
 

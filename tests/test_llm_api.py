@@ -831,7 +831,43 @@ def test_chat_content_parts_as_in_vllm(smollm):
         with pytest.raises(APIError, match=why):
             ChatCompletionRequest(messages=bad).chat_prompt()
     with pytest.raises(ValueError, match=r"messages\[0\]\.content\[0\]\.text must be a string"):
-        smollm.chat([{"role": "user", "content": [{"type": "text"}]}], greedy)
+        smollm.chat([{"role": "user", "content": [{"type": "text", "text": 5}]}], greedy)
+    assert not smollm.has_work()
+
+
+# The parts vLLM's chat parser reads as text beyond "text" (vllm/entrypoints/chat_utils.py: MM_PARSER_MAP and
+# _parse_chat_message_content_part(s)), and the conversation they make, a part's text a line each
+PARTS_AS_VLLM_READS_THEM = [
+    {"role": "user", "content": ["What is 2+2?", {"type": "text"}, {"type": "text", "text": None}, "", "In French."]},
+    {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "Four, in French.", "closed": True},
+            {"type": "text", "text": ""},
+            {"type": "refusal", "refusal": "I cannot answer that."},
+        ],
+    },
+    {"role": "user", "content": [{"type": "input_text", "text": "Please?"}, {"type": "output_text"}]},
+]
+PARTS_JOINED = [
+    {"role": "user", "content": "What is 2+2?\nIn French."},
+    {"role": "assistant", "content": "Four, in French.\nI cannot answer that."},
+    {"role": "user", "content": "Please?"},
+]
+
+
+def test_chat_content_parts_vllm_reads_as_text(smollm):
+    """vLLM's chat parser reads a refusal part's `refusal` and a thinking part's `thinking` as text (the thinking
+    into the content, not the message's `reasoning`), takes a bare string in a parts list as a text, and skips a text
+    part whose text is missing, null or "" (it keeps only the parts that parse to a non-empty text): all four were a
+    ValueError here. The same prompt ids as transformers lays out the joined texts, in LLM.chat and the server's."""
+    from minisgl_cli.server.protocol import ChatCompletionRequest
+
+    greedy = SamplingParams(max_tokens=1, temperature=0)
+    hf = smollm.get_tokenizer()
+    ref = list(hf.apply_chat_template(PARTS_JOINED, add_generation_prompt=True, return_dict=False))
+    assert smollm.chat(PARTS_AS_VLLM_READS_THEM, greedy)[0].prompt_token_ids == ref
+    assert ChatCompletionRequest(messages=PARTS_AS_VLLM_READS_THEM).chat_prompt().encode(smollm.tokenizer) == ref
     assert not smollm.has_work()
 
 

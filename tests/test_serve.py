@@ -567,6 +567,22 @@ def test_tokenize_counts_the_real_models_chat_and_detokenize_keeps_special_token
     assert r["tokens"] == server.llm.tokenizer.encode(" Paris") and r["token_strs"] == ["ĠParis"]
 
 
+def test_chat_reads_the_content_parts_vllm_reads_as_text(smol):
+    """Refusal and thinking parts, bare strings in a parts list, text parts without text: read as vLLM's chat parser
+    reads them (tests/test_llm_api.py), where the server answered 400. /tokenize and the chat's usage count the
+    prompt transformers lays out from the joined texts."""
+    from tests.test_llm_api import PARTS_AS_VLLM_READS_THEM, PARTS_JOINED
+
+    server, _ = smol
+    hf = server.llm.get_tokenizer()
+    want = list(hf.apply_chat_template(PARTS_JOINED, add_generation_prompt=True, return_dict=False))
+    r = httpx.post(server.url + "/tokenize", json={"messages": PARTS_AS_VLLM_READS_THEM})
+    assert r.status_code == 200 and r.json()["tokens"] == want
+    body = {"messages": PARTS_AS_VLLM_READS_THEM, "max_tokens": 1, "temperature": 0}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body)
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len(want)
+
+
 def test_usage_counts_the_prompt_tokens_read_from_the_cache(tiny):
     """usage.prompt_tokens_details.cached_tokens: the chat's --url panel read cache hits there and showed 0 for
     every turn. Whole 16-token pages of a prompt seen before are hits; a prompt's n choices count it once."""

@@ -224,7 +224,7 @@ class CompletionRequest(GenerationRequest):
 
 class ChatMessage(_Body):
     role: str
-    content: str | list[dict[str, Any]] | None = None  # content parts: engine.tokenizer.message_text reads them
+    content: str | list[dict[str, Any] | str] | None = None  # content parts: engine.tokenizer.message_text reads them
     name: str | None = None  # passed to the chat template, which renders it or not (as vLLM)
     # an assistant turn's thinking, sent back for templates that render it (Qwen3's, in a tool-calling turn): vLLM's
     # `reasoning`, and SGLang's (and vLLM's older) `reasoning_content`, reach the template under both names
