@@ -97,7 +97,9 @@ class Engine:
             self.kv_dtype,
         )
         self.cache = CacheManager(num_pages, config.page_size, config.radix_cache)
-        self.limits = RequestLimits(mc.vocab_size, self.max_model_len, num_pages * config.page_size)
+        # -1: the whole vocabulary, as vLLM's; a larger setting allows no more than it (top-k of the vocabulary)
+        max_logprobs = mc.vocab_size if config.max_logprobs == -1 else min(config.max_logprobs, mc.vocab_size)
+        self.limits = RequestLimits(mc.vocab_size, self.max_model_len, num_pages * config.page_size, max_logprobs)
         self.scheduler = Scheduler(
             self.cache,
             config.max_running_requests,

@@ -16,7 +16,7 @@ from engine.gc_heap import paused_collector
 from engine.loader import Progress
 from engine.metrics import EngineMetrics
 from engine.request import Req
-from engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.text import ChatPrompt, Prefix, Prompt, RequestOutput, TextState, encode_prompt, prompt_text
 from engine.tokenizer import Message, sampling_defaults
 
@@ -365,7 +365,6 @@ VLLM_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
     "tokenizer": ((None,), "a model directory holding its tokenizer"),
     "quantization": ((None,), "a GGUF file (its quantized blocks run as they are on a CPU)"),
     "tokenizer_mode": ((None, "auto", "hf"), "'auto' or 'hf': the model's Hugging Face tokenizer (fast if it has one)"),
-    "max_logprobs": ((None, MAX_LOGPROBS), f"its default, {MAX_LOGPROBS}: the most log-probabilities a token has here"),
     "task": ((None, "auto", "generate"), POOLING),
     "runner": ((None, "auto", "generate"), POOLING),
     "cpu_offload_gb": ((None, 0), "device='cpu', or tp= over GPUs: no weights are offloaded to the CPU here"),
@@ -379,7 +378,7 @@ def _engine_names(kw: dict[str, Any]) -> dict[str, Any]:
     """LLM()'s keywords as EngineConfig fields: vLLM's names taken under ours, enforce_eager as no CUDA graphs, vLLM's
     dtype names as ours, the moot ones dropped, the others of vLLM's at the values that mean this engine's way."""
     out = {k: v for k, v in kw.items() if k not in VLLM_MOOT}
-    for name in VLLM_NAMES:  # None is vLLM's own default for these: the engine decides
+    for name in (*VLLM_NAMES, "max_logprobs"):  # None: the engine decides (vLLM's default for these, argparse's)
         if name in out and out[name] is None:
             del out[name]
     for theirs, ours in VLLM_NAMES.items():

@@ -7,7 +7,6 @@ import math
 from dataclasses import dataclass, field
 from typing import TypeGuard
 
-MAX_LOGPROBS = 20  # most alternatives per position (vLLM's default --max-logprobs; OpenAI's top_logprobs limit)
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
 MAX_N = 128  # most choices of one prompt (OpenAI's limit on n and best_of)
 
@@ -144,8 +143,9 @@ class SamplingParams:
                 "logit_bias",
                 f"must map token ids to numbers in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
             ),
-            (_logprob_count(self.logprobs), "logprobs", f"must be an integer in [0, {MAX_LOGPROBS}]"),
-            (_logprob_count(self.prompt_logprobs), "prompt_logprobs", f"must be an integer in [0, {MAX_LOGPROBS}]"),
+            # the most per token is the engine's (max_logprobs: RequestLimits.check)
+            (_logprob_count(self.logprobs), "logprobs", "must be an integer >= 0"),
+            (_logprob_count(self.prompt_logprobs), "prompt_logprobs", "must be an integer >= 0"),
             (self.detokenize or not self.stop, "stop", "strings need detokenize=True: they are matched in the text"),
         ]
         for ok, name, why in checks:
@@ -205,4 +205,4 @@ def _short(v: object) -> str:
 
 
 def _logprob_count(k: object) -> bool:
-    return k is None or (_integer(k) and 0 <= k <= MAX_LOGPROBS)
+    return k is None or (_integer(k) and k >= 0)

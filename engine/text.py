@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, TypeVar, overload
 
+from engine.config import MAX_LOGPROBS
 from engine.logprobs import Logprob, TokenLogprob, vllm_logprobs
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import IncrementalDetokenizer, Message, Tokenizer, check_template_kwargs
@@ -94,6 +95,7 @@ class RequestLimits:
     vocab_size: int
     max_model_len: int
     kv_capacity: int  # tokens the whole KV pool holds
+    max_logprobs: int = MAX_LOGPROBS  # EngineConfig.max_logprobs within the vocabulary (its -1: the vocabulary size)
 
     @property
     def max_request_tokens(self) -> int:
@@ -124,6 +126,8 @@ class RequestLimits:
         bad = [] if fast else [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})")
+        self.check_logprobs("logprobs", params.logprobs)
+        self.check_logprobs("prompt_logprobs", params.prompt_logprobs)
         for name, ids in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids)):
             bad = [t for t in ids if t >= self.vocab_size]
             if bad:
@@ -141,6 +145,15 @@ class RequestLimits:
             over = f"{asked} exceeds the KV cache capacity of {self.kv_capacity} tokens"
             raise ContextOverflow(over, len(prompt_ids), params.max_tokens, self.kv_capacity)
         return params
+
+    def check_logprobs(self, name: str, k: int | None) -> None:
+        """vLLM's max_logprobs: the log-probabilities a request asks per token (`name` its field) are at most this
+        engine's setting."""
+        if k is not None and not 0 <= k <= self.max_logprobs:
+            raise ValueError(
+                f"{name} must be in [0, {self.max_logprobs}] (got {k}): the engine's max_logprobs "
+                "(LLM(max_logprobs=N), serve --max-logprobs N; -1: the whole vocabulary)"
+            )
 
     def check_choices(self, prompt_len: int, max_tokens: int | None, n: int, name: str = "n") -> None:
         """n samples of one prompt share its KV pages: all of them must fit in the cache at once. max_tokens None:

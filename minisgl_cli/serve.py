@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 
+from engine.config import MAX_LOGPROBS
 from minisgl_cli.child_process import stop_process
 from minisgl_cli.options import (
     Seed,
@@ -69,6 +70,14 @@ MaxQueued = Annotated[
         help="answer 429 once this many requests wait beyond --max-running-requests (default: no limit)", min=0
     ),
 ]
+MaxLogprobs = Annotated[
+    int,
+    typer.Option(
+        help="the most log-probabilities a request may ask per token: completions' logprobs, chat's top_logprobs "
+        "(vLLM's flag; -1: the whole vocabulary)",
+        min=-1,
+    ),
+]
 ServedName = Annotated[
     str | None,
     typer.Option(help="the model name clients send as `model` (default: --model, or the embedded model's name)"),
@@ -109,6 +118,7 @@ def register(app: typer.Typer) -> None:
         host: Host = "127.0.0.1",
         port: Port = 8000,
         max_queued_requests: MaxQueued = None,
+        max_logprobs: MaxLogprobs = MAX_LOGPROBS,
         served_model_name: ServedName = None,
         log_level: Level = LogLevel.info,
         step_log: StepLog = None,
@@ -125,7 +135,7 @@ def register(app: typer.Typer) -> None:
         origins = parse_origins(allowed_origins)
         if api_key is not None and not api_key.strip():
             raise typer.BadParameter("is empty: a client could never send it", param_hint="--api-key")
-        config = engine_config(seed=seed, **engine_flags)
+        config = dataclasses.replace(engine_config(seed=seed, **engine_flags), max_logprobs=max_logprobs)
         refuse_unread_engine_flags(ctx, config)
         # rank 0 serves HTTP: its address is taken before the model loads, so a port in use or a bad --host ends
         # the command at once (exit 2), not after minutes of loading

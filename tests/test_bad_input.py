@@ -85,6 +85,7 @@ def invoke(*args: str) -> tuple[int, str]:
         (["--model", "/no/such/model"], "model path '/no/such/model' does not exist"),
         (["--port", "-3"], "Invalid value for '--port'"),
         (["--max-queued-requests", "-1"], "Invalid value for '--max-queued-requests'"),
+        (["--max-logprobs", "-2"], "Invalid value for '--max-logprobs'"),
         (["--seed", "x"], "Invalid value for '--seed'"),
         (["--log-level", "loud"], "Invalid value for '--log-level'"),
         (
@@ -1172,6 +1173,7 @@ def test_the_cli_defaults_are_the_engines_and_help_imports_no_torch():
         ({"tp": True}, "tp must be int (got True)"),
         ({"seed": 2**70}, "seed must be a 64-bit integer"),  # overflowed at the start
         ({"model": ""}, "model must name a model (None: the embedded default)"),  # loaded the embedded one
+        ({"max_logprobs": -2}, "max_logprobs must be >= 0, or -1 for the whole vocabulary (got -2)"),  # vLLM's ge=-1
     ],
 )
 def test_engine_config_values_of_the_wrong_type_are_refused_by_name(kw, message):
@@ -1199,6 +1201,9 @@ def test_engine_config_values_of_the_wrong_type_are_refused_by_name(kw, message)
         ({"ignore_eos": "false"}, "ignore_eos must be true or false (got 'false')"),  # truthy: EOS was ignored
         ({"stop": None}, "stop and stop_token_ids must be lists"),
         ({"stop_token_ids": [True]}, "stop_token_ids must be non-negative integers"),
+        # the most is the engine's max_logprobs, checked at submission (tests/test_llm_api.py)
+        ({"logprobs": -1}, "logprobs must be an integer >= 0 (got -1)"),
+        ({"prompt_logprobs": 2.0}, "prompt_logprobs must be an integer >= 0 (got 2.0)"),
     ],
 )
 def test_sampling_params_of_the_wrong_type_are_refused_by_name(kw, message):

@@ -1142,7 +1142,7 @@ def test_vllms_engine_keywords_and_get_tokenizer(smollm):
         c = llm.config
         assert (c.tp, c.max_running_requests, c.max_batch_tokens, c.radix_cache, c.page_size) == (1, 4, 256, False, 32)
         assert (c.cuda_graph_max_bs, c.piecewise_graph_tokens) == (0, 0)
-        assert (c.dtype, c.seed, c.max_model_len, c.kv_cache_dtype) == ("float32", 7, 64, "auto")
+        assert (c.dtype, c.seed, c.max_model_len, c.kv_cache_dtype, c.max_logprobs) == ("float32", 7, 64, "auto", 20)
         assert len(llm.generate([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))[0].token_ids) == 2
         assert llm.get_tokenizer() is llm.tokenizer  # a dummy model's byte tokenizer
     finally:
@@ -1153,7 +1153,6 @@ def test_vllms_engine_keywords_and_get_tokenizer(smollm):
     refused = {
         "gpu_memory_utilization": (0.9, "kv_cache_gb"),
         "tokenizer_mode": ("slow", "the model's Hugging Face tokenizer"),
-        "max_logprobs": (50, "its default, 20"),
         "task": ("embed", "no pooling runners"),
         "runner": ("pooling", "no pooling runners"),
         "cpu_offload_gb": (4, "no weights are offloaded"),
@@ -1173,6 +1172,35 @@ def test_vllms_engine_keywords_and_get_tokenizer(smollm):
     assert hf.apply_chat_template(conv, tokenize=True, add_generation_prompt=True, return_dict=False) == smollm.encode(
         conv
     )
+
+
+@pytest.mark.parametrize(("setting", "cap"), [(None, 20), (30, 30), (-1, 512), (1000, 512)])
+def test_max_logprobs_is_the_engines_setting_as_vllms(setting, cap):
+    """vLLM's max_logprobs (LLM(max_logprobs=...), serve --max-logprobs): the most log-probabilities a request may ask
+    per token, logprobs and prompt_logprobs alike; 20 by default, -1 the whole vocabulary (vllm/sampling_params.py
+    _validate_logprobs). Here 20 was built in and LLM(max_logprobs=30) a TypeError. A request asking more is refused
+    naming the setting; a setting past the vocabulary (512 here) allows the vocabulary, the most the sampler's top-k
+    can give (asking more failed the step)."""
+    import math
+
+    from engine.llm import LLM
+
+    kw = {} if setting is None else {"max_logprobs": setting}
+    with LLM("dummy:tiny-llama", device="cpu", num_pages=16, **kw) as llm:
+        out = llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0, logprobs=cap, prompt_logprobs=cap))[0]
+        for position in [*out.outputs[0].logprobs, *out.prompt_logprobs[1:]]:
+            assert len(position) in (cap, cap + 1)  # the top `cap`, and the chosen token where it is not among them
+        if cap == 512:
+            assert math.isclose(
+                sum(math.exp(lp.logprob) for lp in out.outputs[0].logprobs[0].values()), 1, rel_tol=1e-4
+            )
+        for name in ("logprobs", "prompt_logprobs"):
+            why = rf"{name} must be in \[0, {cap}\] \(got {cap + 1}\): the engine's max_logprobs"
+            with pytest.raises(ValueError, match=why):
+                llm.generate([1, 2, 3], SamplingParams(max_tokens=2, **{name: cap + 1}))
+        assert not llm.has_work()
+    with pytest.raises(ValueError, match="max_logprobs must be >= 0, or -1 for the whole vocabulary"):
+        LLM("dummy:tiny-llama", device="cpu", max_logprobs=-2)
 
 
 def test_vllms_keywords_at_none_take_our_defaults():

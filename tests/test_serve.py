@@ -824,6 +824,28 @@ def test_queue_limit_answers_429_then_a_dead_engine_503():
         assert raw.get("/metrics").status_code == 200
 
 
+def test_max_logprobs_is_the_one_limit_of_logprobs_and_top_logprobs_as_vllms():
+    """The engine's max_logprobs (here -1: the whole vocabulary, 512) is the one limit of completions' logprobs
+    and chat's top_logprobs: vLLM's chat takes top_logprobs past OpenAI's 20 where the setting allows (its protocol
+    refuses only a negative). Here both stopped at 20 whatever the engine allowed. One more is a 400 naming the
+    field."""
+    with live_server(make_llm(num_pages=64, max_logprobs=-1)) as server:
+        client = server.openai()
+        ids = {"return_tokens_as_token_ids": True}  # the byte tokenizer's ids share texts ("\ufffd")
+        out = client.completions.create(model=server.model, prompt="hi", max_tokens=2, logprobs=512, extra_body=ids)
+        assert [len(top) for top in out.choices[0].logprobs.top_logprobs] == [512, 512]
+        chat = client.chat.completions.create(
+            model=server.model, messages=MSG, max_tokens=2, logprobs=True, top_logprobs=512, extra_body=ids
+        )
+        assert [len(t.top_logprobs) for t in chat.choices[0].logprobs.content] == [512, 512]
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model=server.model, prompt="hi", max_tokens=2, logprobs=513)
+        assert e.value.param == "logprobs" and "logprobs must be in [0, 512] (got 513)" in e.value.message
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=server.model, messages=MSG, logprobs=True, top_logprobs=513)
+        assert e.value.param == "top_logprobs" and "top_logprobs must be in [0, 512] (got 513)" in e.value.message
+
+
 def test_a_served_name_with_slashes_is_retrieved():
     with live_server(make_llm(num_pages=16), model_name="org/tiny-llama") as server:
         client = server.openai()
@@ -851,6 +873,8 @@ def test_cli_serve_command():
         "tiny",
         "--max-queued-requests",
         "4",
+        "--max-logprobs",
+        "30",
         "--log-level",
         "warning",
     ]
@@ -861,6 +885,11 @@ def test_cli_serve_command():
         assert [m.id for m in client.models.list().data] == ["tiny"]
         out = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=6)
         assert out.usage.completion_tokens == 6
+        # --max-logprobs: top_logprobs past OpenAI's 20 as vLLM's flag allows, and no further
+        out = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=1, logprobs=True, top_logprobs=30)
+        assert len(out.choices[0].logprobs.content[0].top_logprobs) == 30
+        with pytest.raises(openai.BadRequestError, match=r"top_logprobs must be in \[0, 30\] \(got 31\)"):
+            client.chat.completions.create(model="tiny", messages=MSG, logprobs=True, top_logprobs=31)
     finally:
         proc.send_signal(signal.SIGINT)
         try:

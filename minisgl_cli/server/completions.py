@@ -162,7 +162,7 @@ def _text_chars(prompt: Prompt) -> int:
 async def _generate(request: Request, body: GenerationRequest, prompts: list[Prompt], chat: bool):
     client: EngineClient = request.app.state.client
     client.check_model(body.model)
-    body.check_supported()
+    body.check_supported(client.limits)
     try:
         if sum(map(_text_chars, prompts)) <= INLINE_PROMPT_CHARS:
             encoded = [client.encode(p) for p in prompts]

@@ -9,8 +9,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from engine.sampling_params import MAX_LOGPROBS, MAX_N
-from engine.text import ChatPrompt
+from engine.sampling_params import MAX_N
+from engine.text import ChatPrompt, RequestLimits
 from engine.tokenizer import message_text
 from minisgl_cli.server.errors import APIError
 
@@ -142,7 +142,8 @@ class GenerationRequest(_Body):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
 
-    def check_supported(self) -> None:
+    def check_supported(self, limits: RequestLimits) -> None:
+        """What the request asks that this server cannot give (a 400 naming the field); `limits`: its engine's."""
         refuse_unsupported(self, self.REFUSED)
         so = self.stream_options
         if so is not None and (so.model_fields_set or so.model_extra) and not self.stream:  # vLLM's answer too
@@ -181,6 +182,13 @@ class GenerationRequest(_Body):
         return False
 
 
+def check_logprobs(limits: RequestLimits, name: str, k: int | None) -> None:
+    try:
+        limits.check_logprobs(name, k)
+    except ValueError as e:
+        raise APIError(400, str(e), param=name) from e
+
+
 class CompletionRequest(GenerationRequest):
     REFUSED = {**_REFUSED, "suffix": (None, ""), "add_special_tokens": (None, True), "prompt_embeds": (None,)}
 
@@ -191,10 +199,9 @@ class CompletionRequest(GenerationRequest):
     echo: bool | None = None
     logprobs: int | None = None
 
-    def check_supported(self) -> None:
-        super().check_supported()
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise APIError(400, f"logprobs must be in [0, {MAX_LOGPROBS}] (got {self.logprobs})", param="logprobs")
+    def check_supported(self, limits: RequestLimits) -> None:
+        super().check_supported(limits)
+        check_logprobs(limits, "logprobs", self.logprobs)
         if self.best_of is not None:
             if not self.num_choices <= self.best_of <= MAX_N:
                 raise APIError(
@@ -270,13 +277,11 @@ class ChatCompletionRequest(GenerationRequest):
     logprobs: bool | None = None
     top_logprobs: int | None = None
 
-    def check_supported(self) -> None:
-        super().check_supported()
+    def check_supported(self, limits: RequestLimits) -> None:
+        super().check_supported(limits)
         if self.top_logprobs is not None:
-            if not 0 <= self.top_logprobs <= MAX_LOGPROBS:
-                raise APIError(
-                    400, f"top_logprobs must be in [0, {MAX_LOGPROBS}] (got {self.top_logprobs})", "top_logprobs"
-                )
+            # the engine's max_logprobs alone, as vLLM's: not OpenAI's 20, where the server allows more
+            check_logprobs(limits, "top_logprobs", self.top_logprobs)
             if not self.logprobs:
                 raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
 
