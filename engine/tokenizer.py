@@ -201,6 +201,11 @@ class Tokenizer:
         check_template_kwargs(template_kwargs)
         plain = []  # the messages with their content as text
         for i, m in enumerate(messages):
+            if isinstance(m, dict) and m.get("role") in ("tool", "function"):  # vLLM's tool results
+                raise ValueError(
+                    f"messages[{i}] has role {m['role']!r} (a tool's result): tool calling is not supported"
+                    " (send system/user/assistant messages)"
+                )
             if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or "content" not in m:
                 raise ValueError(f"each message needs a role (system/user/assistant) and content; got {m!r:.200}")
             plain.append({**m, "content": message_text(m["content"], f"messages[{i}].content")})
