@@ -208,7 +208,7 @@ def test_a_tp_size_that_does_not_divide_a_field_is_refused_by_its_name(preset, c
 
 # ---- HTTP bodies (beyond tests/test_serve.py's BAD) ---------------------------------------------------------------
 
-C, CH = "/v1/completions", "/v1/chat/completions"
+C, CH, R = "/v1/completions", "/v1/chat/completions", "/v1/responses"
 MSG = [{"role": "user", "content": "hi"}]
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
@@ -361,6 +361,42 @@ def tiny():
             "messages[1].function_call is not supported",
         ),
         (CH, {"messages": [{"role": "user", "content": "hi", "name": 5}]}, "messages", "string_type", "name"),
+        (  # a tool's result: "each message needs a role (system/user/assistant)" before
+            CH,
+            {"messages": [*MSG, {"role": "tool", "tool_call_id": "call_1", "content": "42"}]},
+            "messages",
+            None,
+            "messages[1] has role 'tool' (a tool's result): tool calling is not supported",
+        ),
+        # /v1/responses items and parts it cannot read: "input: expected str or list[InputMessage]" before
+        (
+            R,
+            {"input": [*MSG, {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]},
+            "input",
+            "unsupported_parameter",
+            "input[1] is a 'function_call' item: tool calls and their outputs (tools) are not supported",
+        ),
+        (
+            R,
+            {"input": [{"type": "function_call_output", "call_id": "c", "output": "42"}]},
+            "input",
+            "unsupported_parameter",
+            "input[0] is a 'function_call_output' item: tool calls",
+        ),
+        (
+            R,
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
+            "input",
+            "unsupported_parameter",
+            "input[0].content[0] is an 'input_image' part: images, files and audio are not supported",
+        ),
+        (
+            R,
+            {"input": [{"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_file"}]}]},
+            "input",
+            "unsupported_parameter",
+            "input[0].content[1] is an 'input_file' part",
+        ),
         (
             CH,
             {"messages": MSG * 3000, "max_tokens": 3},
@@ -437,6 +473,7 @@ def test_unknown_and_empty_fields_are_tolerated_and_change_nothing(tiny):
         ([[1, 2]], "prompt must be a string, a list of token ids"),
         ([{"role": "wizard", "content": "hi"}], "each message needs a role"),
         ([{"role": "user"}], "each message needs a role (system/user/assistant) and content"),
+        ([{"role": "tool", "content": "42"}], "messages[0] has role 'tool' (a tool's result): tool calling is not"),
         ([{"role": "user", "content": 5}], "messages[0].content must be a string or a list of content parts"),
         ([-1], "prompt token id -1 is outside the vocabulary [0, 512)"),
         ("a\ud800", "prompt holds a lone UTF-16 surrogate '\\ud800' at character 1, which is not valid Unicode"),

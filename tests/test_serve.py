@@ -1069,6 +1069,10 @@ def test_the_answers_id_is_the_clients_request_id_as_in_vllm(tiny):
     out = client.completions.create(prompt="hi", **kw, extra_body={"request_id": "job-9"}, extra_headers=header)
     assert out.id == "cmpl-trace-1"
     assert client.completions.create(prompt="hi", **kw).id.startswith("cmpl-")
+    # /v1/responses: vLLM's id is the body's request_id as given (its default resp_<random>); no header there
+    r = client.responses.create(input="hi", model=tiny.model, max_output_tokens=2, extra_body={"request_id": "job-10"})
+    assert r.id == "job-10"
+    assert client.responses.create(input="hi", model=tiny.model, max_output_tokens=2).id.startswith("resp_")
 
 
 def test_chat_template_variables_and_switches_as_in_vllm(smol, monkeypatch):

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from engine.streams import EngineDeadError
 from engine.text import ChatPrompt, RequestOutput
@@ -105,6 +105,28 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, str] | None = None
     user: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's, as chat completions take them
+    request_id: str | None = None  # vLLM's: the response's id as given (its default: resp_<random>)
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _text_only(cls, value: Any) -> Any:
+        """Items and parts this server cannot read, named (pydantic said "expected str or list[InputMessage]"). An
+        APIError, not a ValueError: it passes pydantic's union errors by and reaches the client as it is."""
+        for i, item in enumerate(value if isinstance(value, list) else []):
+            kind = item.get("type") if isinstance(item, dict) else None
+            if kind not in (None, "message"):
+                what = "tool calls and their outputs (tools)" if "call" in str(kind) else "items other than messages"
+                why = f"input[{i}] is a {kind!r} item: {what} are not supported by this server (send messages)"
+                raise APIError(400, why, "input", "unsupported_parameter")
+            parts = item.get("content") if isinstance(item, dict) else None
+            for j, part in enumerate(parts if isinstance(parts, list) else []):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind not in (None, "input_text", "output_text"):
+                    why = f"input[{i}].content[{j}] is an {kind!r} part: images, files and audio are not supported"
+                    raise APIError(
+                        400, why + " by this server (send input_text parts)", "input", "unsupported_parameter"
+                    )
+        return value
 
     def chat(self) -> ChatPrompt:
         messages = [] if self.instructions is None else [{"role": "system", "content": self.instructions}]
@@ -159,7 +181,7 @@ class _Reply:
 
     def __init__(self, job: Job, body: ResponsesRequest, model: str, prompt_tokens: int) -> None:
         self.job, self.body, self.model, self.prompt_tokens = job, body, model, prompt_tokens
-        self.id, self.item_id = f"resp_{job.rid}", f"msg_{job.rid}"
+        self.id, self.item_id = body.request_id or f"resp_{job.rid}", f"msg_{job.rid}"
         self.created = int(time.time())
         self.seq = 0
 
