@@ -144,8 +144,12 @@ class SamplingParams:
                 f"must map token ids to numbers in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
             ),
             # the most per token is the engine's (max_logprobs: RequestLimits.check)
-            (_logprob_count(self.logprobs), "logprobs", "must be an integer >= 0"),
-            (_logprob_count(self.prompt_logprobs), "prompt_logprobs", "must be an integer >= 0"),
+            (_logprob_count(self.logprobs), "logprobs", "must be an integer >= 0, or -1 for the whole vocabulary"),
+            (
+                _logprob_count(self.prompt_logprobs),
+                "prompt_logprobs",
+                "must be an integer >= 0, or -1 for the whole vocabulary",
+            ),
             (self.detokenize or not self.stop, "stop", "strings need detokenize=True: they are matched in the text"),
         ]
         for ok, name, why in checks:
@@ -205,4 +209,5 @@ def _short(v: object) -> str:
 
 
 def _logprob_count(k: object) -> bool:
-    return k is None or (_integer(k) and k >= 0)
+    """None, a count, or vLLM's -1: the whole vocabulary (RequestLimits.check resolves it against the engine's)."""
+    return k is None or (_integer(k) and k >= -1)

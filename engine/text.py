@@ -126,8 +126,8 @@ class RequestLimits:
         bad = [] if fast else [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})")
-        self.check_logprobs("logprobs", params.logprobs)
-        self.check_logprobs("prompt_logprobs", params.prompt_logprobs)
+        params.logprobs = self.check_logprobs("logprobs", params.logprobs)
+        params.prompt_logprobs = self.check_logprobs("prompt_logprobs", params.prompt_logprobs)
         for name, ids in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids)):
             bad = [t for t in ids if t >= self.vocab_size]
             if bad:
@@ -146,14 +146,16 @@ class RequestLimits:
             raise ContextOverflow(over, len(prompt_ids), params.max_tokens, self.kv_capacity)
         return params
 
-    def check_logprobs(self, name: str, k: int | None) -> None:
+    def check_logprobs(self, name: str, k: int | None) -> int | None:
         """vLLM's max_logprobs: the log-probabilities a request asks per token (`name` its field) are at most this
-        engine's setting."""
-        if k is not None and not 0 <= k <= self.max_logprobs:
+        engine's setting. Returns the count, a request's -1 (vLLM's: the whole vocabulary) as the vocabulary size."""
+        count = self.vocab_size if k == -1 else k
+        if count is not None and not 0 <= count <= self.max_logprobs:
             raise ValueError(
-                f"{name} must be in [0, {self.max_logprobs}] (got {k}): the engine's max_logprobs "
-                "(LLM(max_logprobs=N), serve --max-logprobs N; -1: the whole vocabulary)"
+                f"{name} must be in [0, {self.max_logprobs}] or -1 for the whole vocabulary where the engine's "
+                f"max_logprobs allows it (got {k}): LLM(max_logprobs=N), serve --max-logprobs N (-1: the vocabulary)"
             )
+        return count
 
     def check_choices(self, prompt_len: int, max_tokens: int | None, n: int, name: str = "n") -> None:
         """n samples of one prompt share its KV pages: all of them must fit in the cache at once. max_tokens None:

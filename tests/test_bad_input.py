@@ -245,7 +245,7 @@ def tiny():
             None,
             "n=4 choices need prompt (2 tokens) + 4 x max_tokens",
         ),
-        (C, {"prompt": "hi", "logprobs": 21}, "logprobs", None, "logprobs must be in [0, 20] (got 21)"),
+        (C, {"prompt": "hi", "logprobs": 21}, "logprobs", None, "logprobs must be in [0, 20] or -1"),
         (C, {"prompt": "hi", "logprobs": True}, "logprobs", "int_type", "logprobs: Input should be a valid integer"),
         (C, {"prompt": "hi", "echo": 1}, "echo", "bool_type", "echo: Input should be a valid boolean"),
         (C, {"prompt": "hi", "logit_bias": {"600": 1}}, "logit_bias", None, "token id 600 is outside the vocabulary"),
@@ -314,7 +314,7 @@ def tiny():
             {"messages": MSG, "logprobs": True, "top_logprobs": 21},
             "top_logprobs",
             None,
-            "top_logprobs must be in [0, 20] (got 21)",
+            "top_logprobs must be in [0, 20] or -1",
         ),
         (CH, {"messages": MSG, "tool_choice": "required"}, "tool_choice", "unsupported_parameter", "tool_choice="),
         (CH, {"messages": MSG, "best_of": 2}, "best_of", "unsupported_parameter", "best_of=2 is not supported"),
@@ -1239,8 +1239,8 @@ def test_engine_config_values_of_the_wrong_type_are_refused_by_name(kw, message)
         ({"stop": None}, "stop and stop_token_ids must be lists"),
         ({"stop_token_ids": [True]}, "stop_token_ids must be non-negative integers"),
         # the most is the engine's max_logprobs, checked at submission (tests/test_llm_api.py)
-        ({"logprobs": -1}, "logprobs must be an integer >= 0 (got -1)"),
-        ({"prompt_logprobs": 2.0}, "prompt_logprobs must be an integer >= 0 (got 2.0)"),
+        ({"logprobs": -2}, "logprobs must be an integer >= 0, or -1 for the whole vocabulary (got -2)"),
+        ({"prompt_logprobs": 2.0}, "prompt_logprobs must be an integer >= 0, or -1 for the whole vocabulary (got 2.0)"),
     ],
 )
 def test_sampling_params_of_the_wrong_type_are_refused_by_name(kw, message):

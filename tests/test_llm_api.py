@@ -1195,9 +1195,17 @@ def test_max_logprobs_is_the_engines_setting_as_vllms(setting, cap):
                 sum(math.exp(lp.logprob) for lp in out.outputs[0].logprobs[0].values()), 1, rel_tol=1e-4
             )
         for name in ("logprobs", "prompt_logprobs"):
-            why = rf"{name} must be in \[0, {cap}\] \(got {cap + 1}\): the engine's max_logprobs"
+            why = rf"{name} must be in \[0, {cap}\] or -1 .* \(got {cap + 1}\)"
             with pytest.raises(ValueError, match=why):
                 llm.generate([1, 2, 3], SamplingParams(max_tokens=2, **{name: cap + 1}))
+        # vLLM's per-request -1, the whole vocabulary: where the engine's max_logprobs allows it (it was refused)
+        whole = SamplingParams(max_tokens=2, temperature=0, logprobs=-1, prompt_logprobs=-1)
+        if cap == 512:
+            out = llm.generate([1, 2, 3], whole)[0]
+            assert [len(p) for p in [*out.outputs[0].logprobs, *out.prompt_logprobs[1:]]] == [512] * 4
+        else:
+            with pytest.raises(ValueError, match=r"logprobs must be in .* \(got -1\)"):
+                llm.generate([1, 2, 3], whole)
         assert not llm.has_work()
     with pytest.raises(ValueError, match="max_logprobs must be >= 0, or -1 for the whole vocabulary"):
         LLM("dummy:tiny-llama", device="cpu", max_logprobs=-2)

@@ -393,7 +393,8 @@ BAD = [
     _case(C, {"prompt": "hi", "n": 1, "best_of": 2, "stream": True}, "best_of"),
     _case(C, {"prompt": "hi", "suffix": "!"}, "suffix", code="unsupported_parameter"),
     _case(C, {"prompt": "hi", "logprobs": 21}, "logprobs"),
-    _case(C, {"prompt": "hi", "logprobs": -1}, "logprobs"),
+    _case(C, {"prompt": "hi", "logprobs": -1}, "logprobs"),  # the whole vocabulary: past the default max_logprobs
+    _case(C, {"prompt": "hi", "logprobs": -2}, "logprobs"),
     _case(C, {"prompt": ["a", ""]}, "prompt"),
     _case(C, {"prompt": "hi", "logit_bias": {"512": 5}}, "logit_bias"),  # vocab is 512
     _case(C, {"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
@@ -838,12 +839,20 @@ def test_max_logprobs_is_the_one_limit_of_logprobs_and_top_logprobs_as_vllms():
             model=server.model, messages=MSG, max_tokens=2, logprobs=True, top_logprobs=512, extra_body=ids
         )
         assert [len(t.top_logprobs) for t in chat.choices[0].logprobs.content] == [512, 512]
+        # vLLM's -1 per request, the whole vocabulary (it was refused as negative)
+        out = client.completions.create(model=server.model, prompt="hi", max_tokens=2, logprobs=-1, extra_body=ids)
+        assert [len(top) for top in out.choices[0].logprobs.top_logprobs] == [512, 512]
+        chat = client.chat.completions.create(
+            model=server.model, messages=MSG, max_tokens=2, logprobs=True, top_logprobs=-1, extra_body=ids
+        )
+        assert [len(t.top_logprobs) for t in chat.choices[0].logprobs.content] == [512, 512]
         with pytest.raises(openai.BadRequestError) as e:
             client.completions.create(model=server.model, prompt="hi", max_tokens=2, logprobs=513)
-        assert e.value.param == "logprobs" and "logprobs must be in [0, 512] (got 513)" in e.value.message
+        assert e.value.param == "logprobs" and "logprobs must be in [0, 512] or -1" in e.value.message
+        assert "(got 513)" in e.value.message
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model=server.model, messages=MSG, logprobs=True, top_logprobs=513)
-        assert e.value.param == "top_logprobs" and "top_logprobs must be in [0, 512] (got 513)" in e.value.message
+        assert e.value.param == "top_logprobs" and "top_logprobs must be in [0, 512] or -1" in e.value.message
 
 
 def test_a_served_name_with_slashes_is_retrieved():
@@ -888,7 +897,7 @@ def test_cli_serve_command():
         # --max-logprobs: top_logprobs past OpenAI's 20 as vLLM's flag allows, and no further
         out = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=1, logprobs=True, top_logprobs=30)
         assert len(out.choices[0].logprobs.content[0].top_logprobs) == 30
-        with pytest.raises(openai.BadRequestError, match=r"top_logprobs must be in \[0, 30\] \(got 31\)"):
+        with pytest.raises(openai.BadRequestError, match=r"top_logprobs must be in \[0, 30\] or -1 .* \(got 31\)"):
             client.chat.completions.create(model="tiny", messages=MSG, logprobs=True, top_logprobs=31)
     finally:
         proc.send_signal(signal.SIGINT)

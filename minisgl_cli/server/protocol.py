@@ -182,9 +182,10 @@ class GenerationRequest(_Body):
         return False
 
 
-def check_logprobs(limits: RequestLimits, name: str, k: int | None) -> None:
+def check_logprobs(limits: RequestLimits, name: str, k: int | None) -> int | None:
+    """The count of log-probabilities per token the field asks (-1: the whole vocabulary), or a 400 naming it."""
     try:
-        limits.check_logprobs(name, k)
+        return limits.check_logprobs(name, k)
     except ValueError as e:
         raise APIError(400, str(e), param=name) from e
 
@@ -201,7 +202,7 @@ class CompletionRequest(GenerationRequest):
 
     def check_supported(self, limits: RequestLimits) -> None:
         super().check_supported(limits)
-        check_logprobs(limits, "logprobs", self.logprobs)
+        self.logprobs = check_logprobs(limits, "logprobs", self.logprobs)
         if self.best_of is not None:
             if not self.num_choices <= self.best_of <= MAX_N:
                 raise APIError(
@@ -281,7 +282,7 @@ class ChatCompletionRequest(GenerationRequest):
         super().check_supported(limits)
         if self.top_logprobs is not None:
             # the engine's max_logprobs alone, as vLLM's: not OpenAI's 20, where the server allows more
-            check_logprobs(limits, "top_logprobs", self.top_logprobs)
+            self.top_logprobs = check_logprobs(limits, "top_logprobs", self.top_logprobs)
             if not self.logprobs:
                 raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
 
