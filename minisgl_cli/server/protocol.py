@@ -143,7 +143,9 @@ class GenerationRequest(_Body):
     stream_options: StreamOptions | None = None
 
     def check_supported(self, limits: RequestLimits) -> None:
-        """What the request asks that this server cannot give (a 400 naming the field); `limits`: its engine's."""
+        """What the request asks that this server cannot give (a 400 naming the field); `limits`: its engine's. A
+        log-probability count of -1 (the whole vocabulary) is left resolved to its count, as top_logprobs_count reads
+        it."""
         refuse_unsupported(self, self.REFUSED)
         so = self.stream_options
         if so is not None and (so.model_fields_set or so.model_extra) and not self.stream:  # vLLM's answer too
