@@ -445,7 +445,7 @@ def _run_sweep(
 
 async def _connect(target: Target, flags: dict[str, Any], api_key: str | None, served: dict[str, Any]):
     from minisgl_cli.openai_client import HTTPStatusError, OpenAIClient, api_base
-    from minisgl_cli.replay import served_model
+    from minisgl_cli.replay import failure, served_model
 
     try:
         client = OpenAIClient(target.url, timeout=flags["request_timeout"], api_key=api_key)  # type: ignore[arg-type]  # --url given
@@ -455,7 +455,9 @@ async def _connect(target: Target, flags: dict[str, Any], api_key: str | None, s
         served["name"], served["engine"] = await served_model(client, flags["served_model"])
     except (OSError, ValueError, KeyError, HTTPStatusError, TimeoutError) as e:
         await client.close()
-        raise typer.BadParameter(f"cannot reach {api_base(target.url)}/models: {e}", param_hint="--url") from e  # type: ignore[arg-type]  # --url given
+        # a server that accepts the connection but never answers times out, and a TimeoutError's text is empty
+        why = failure(e, client.timeout) if isinstance(e, TimeoutError) else e
+        raise typer.BadParameter(f"cannot reach {api_base(target.url)}/models: {why}", param_hint="--url") from e  # type: ignore[arg-type]  # --url given
     return client
 
 

@@ -412,6 +412,7 @@ def _run_url(
         LiveCounters,
         cache_hit_rate,
         drive_or_interrupted,
+        failure,
         scrape_metrics,
         served_model,
         url_sender,
@@ -439,10 +440,11 @@ def _run_url(
         async with client:
             try:
                 name, engine = await served_model(client, flags["served_model"])
-            except (OSError, ValueError, KeyError, HTTPStatusError) as e:
-                raise typer.BadParameter(
-                    f"cannot reach {api_base(flags['url'])}/models: {e}", param_hint="--url"
-                ) from e
+            except (OSError, ValueError, KeyError, HTTPStatusError) as e:  # OSError holds TimeoutError
+                # a server that accepts the connection but never answers times out, and a TimeoutError's text is empty
+                why = failure(e, client.timeout) if isinstance(e, TimeoutError) else e
+                where = f"{api_base(flags['url'])}/models"
+                raise typer.BadParameter(f"cannot reach {where}: {why}", param_hint="--url") from e
             before = await scrape_metrics(client)
             live = LiveCounters()
             with LiveView("replaying", len(p.items), live, quiet):

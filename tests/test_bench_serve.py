@@ -357,6 +357,24 @@ def test_bad_input_is_named(tmp_path):
     assert "no 'conversations' or text column" in out and "body, lang" in out.replace(",", ", ").replace("  ", " ")
 
 
+@pytest.mark.parametrize("command", ["bench-serve", "bench-trace"])
+def test_a_server_that_never_answers_is_named(tmp_path, command):
+    """A server that accepts the connection but never answers (hung, or its accept queue alone alive) said
+    "cannot reach URL/v1/models: " and nothing more: a TimeoutError's text is empty."""
+    import socket
+
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(8)  # the kernel completes the handshake; nothing ever reads or answers
+        url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        args = ["--url", url, *URL_FLAGS, "--request-timeout", "1"]
+        if command == "bench-trace":
+            args = [str(Path(__file__).parent.parent / "traces" / "qwen_sample.jsonl"), *args]
+        r = CliRunner().invoke(app, [command, *args])
+    assert r.exit_code == 2, r.output + repr(r.exception)
+    assert f"cannot reach {url}/v1/models: TimeoutError: no answer within 1 s" in flat(r.output)
+
+
 NOWHERE = ["--url", "http://127.0.0.1:1"]  # a flag wrongly accepted beside it fails fast: cannot reach
 IN_PROCESS = ["--model", "dummy:tiny-llama", "--device", "cpu", "--num-requests", "2", "--output-len", "2:2"]
 
