@@ -317,6 +317,11 @@ def _workload(target: Target, flags: dict[str, Any], n: int, seed: int, skip: in
     return items, w
 
 
+# The requests drawn for a closed loop bounded by --duration alone (drawn up front: 10,000 random 128-token prompts
+# take a second and ~50 MB); a fast server takes them all before its time is up, and the run then says so.
+CLOSED_LOOP_SUPPLY = 10_000
+
+
 def _sizes(load, flags: dict[str, Any]) -> int:
     n = flags["num_requests"]
     if n is not None:
@@ -324,7 +329,7 @@ def _sizes(load, flags: dict[str, Any]) -> int:
     if flags["duration"] is None:
         return 200
     if math.isinf(load.rate):  # closed loop, or everything at once: a generous supply for the duration
-        return 10_000
+        return CLOSED_LOOP_SUPPLY
     return int(load.rate * flags["duration"] * 1.5) + 50
 
 
@@ -401,6 +406,15 @@ def _run_sweep(
                 t0 = live.started
                 duration = time.perf_counter() - t0
                 row = _row(load, results, len(items), duration, t0, slo, flags, check, cut=stopped is not None)
+                # a closed loop that sent its whole drawn supply stopped before its --duration was up (it ended
+                # early without a word): its figures cover a shorter run than asked (--num-requests draws more)
+                row["ran_out"] = (
+                    load.closed_loop
+                    and flags["duration"] is not None
+                    and flags["num_requests"] is None
+                    and stopped is None
+                    and len(results) == len(items)
+                )
                 row["cache_hit_rate"] = _hit_rate(before, await _hits(client, target), target)
                 row["repeated_prompts"] = sum(r.index >= first_repeat for r in results)
                 row["truncated_prompts"] = sum(r.index in cut for r in results)
@@ -595,6 +609,14 @@ def _report(console, result: dict[str, Any], flags: dict[str, Any]) -> None:
             f"{repeated:,} requests were given one of its prompts again (as vLLM's benchmarks oversample), which a "
             "prefix cache may still hold"
         )
+    for row in result["sweep"]:
+        if row["ran_out"]:
+            sent = max(row["requests"]["send_times"])
+            console.print(
+                f"[yellow]note:[/yellow] {row['load']} sent all {row['num_prompts']:,} requests drawn for it "
+                f"{sent:.1f} s into its --duration {flags['duration']:g} s, and stopped there: pass --num-requests "
+                "to draw more"
+            )
     if result["stopped"] == "interrupted":
         from minisgl_cli.report import interrupted_note
 

@@ -592,6 +592,25 @@ def test_against_minisgl_serve(tmp_path):
         assert "prompts drew ids below 49152: give the served model as --model, or --vocab-size" in flat(out)
 
 
+def test_a_closed_loop_that_runs_out_before_its_duration_says_so(tmp_path, monkeypatch):
+    """A closed loop bounded by --duration alone draws a fixed supply (10,000) up front; a server that took them all
+    before the time was up ended the load early with no word of it (at 200 req/s: 50 s of a 120 s
+    --duration). The supply is cut to 12 here so the CPU server takes it all well within 60 s."""
+    from minisgl_cli import bench_serve
+
+    monkeypatch.setattr(bench_serve, "CLOSED_LOOP_SUPPLY", 12)
+    with serve_subprocess(tmp_path) as (url, _):
+        common = ["--url", url, "--model", "dummy:tiny-llama", "--quiet", "--no-client-check", "--input-len", "4"]
+        common += ["--output-len", "1", "--max-concurrency", "4"]
+        res, out = bench(tmp_path, *common, "--duration", "60")
+        assert (res["completed"], res["ran_out"], res["partial"]) == (12, True, False)
+        assert res["duration"] < 30
+        assert "concurrency 4 sent all 12 requests drawn for it" in flat(out) and "pass --num-requests" in flat(out)
+        # --num-requests with --duration: whichever comes first, as asked (guidellm's max-requests and max-seconds)
+        res, out = bench(tmp_path, *common, "--duration", "60", "--num-requests", "5")
+        assert (res["completed"], res["ran_out"]) == (5, False) and "sent all" not in out
+
+
 # ---- the URL sender's timing, event by event (no network) ----------------------------------------------------------
 class _ScriptedClient:
     """Streams the given events as OpenAIClient.stream would."""
