@@ -168,8 +168,11 @@ async def drive_or_interrupted(
         return sorted(live.done, key=lambda r: r.index), True
 
 
-def failure(e: BaseException, timeout: float | None = None) -> str:
+def failure(e: BaseException, timeout: float | None = None, received: int = 0) -> str:
+    """A failed request's error; `received`: the chunks its stream had carried when it failed."""
     if isinstance(e, TimeoutError):
+        if timeout and received:  # it was answering, too slowly for the timeout ("no answer" sent users to the network)
+            return f"TimeoutError: not finished within {timeout:g} s ({received:,} chunks received)"
         return f"TimeoutError: no answer within {timeout:g} s" if timeout else "TimeoutError"
     return f"{type(e).__name__}: {e}"
 
@@ -238,7 +241,7 @@ def url_sender(client, model: str, temperature: float, chat: bool = False) -> Se
                     if ev.usage:
                         usage = ev.usage
         except Exception as e:
-            res.error = failure(e, client.timeout)
+            res.error = failure(e, client.timeout, len(times))
         res.output_tokens = int(usage["completion_tokens"]) if usage else len(times)
         late = finished if finished is not None and (not times or usage is not None and finished > times[-1]) else None
         if late is not None and res.error is None and (usage is None or res.output_tokens > 0):

@@ -592,10 +592,11 @@ def test_against_minisgl_serve(tmp_path):
         assert "prompts drew ids below 49152: give the served model as --model, or --vocab-size" in flat(out)
 
 
-def test_a_closed_loop_that_runs_out_before_its_duration_says_so(tmp_path, monkeypatch):
+def test_limits_against_minisgl_serve(tmp_path, monkeypatch):
     """A closed loop bounded by --duration alone draws a fixed supply (10,000) up front; a server that took them all
     before the time was up ended the load early with no word of it (at 200 req/s: 50 s of a 120 s
-    --duration). The supply is cut to 12 here so the CPU server takes it all well within 60 s."""
+    --duration). The supply is cut to 12 here so the CPU server takes it all well within 60 s. A request past
+    --request-timeout that was streaming was said to have had "no answer"."""
     from minisgl_cli import bench_serve
 
     monkeypatch.setattr(bench_serve, "CLOSED_LOOP_SUPPLY", 12)
@@ -609,6 +610,13 @@ def test_a_closed_loop_that_runs_out_before_its_duration_says_so(tmp_path, monke
         # --num-requests with --duration: whichever comes first, as asked (guidellm's max-requests and max-seconds)
         res, out = bench(tmp_path, *common, "--duration", "60", "--num-requests", "5")
         assert (res["completed"], res["ran_out"]) == (5, False) and "sent all" not in out
+        # 2,000 tokens take the CPU server longer than 1 s (400 once came in under it): each streamed, then timed out
+        args = ["--url", url, "--model", "dummy:tiny-llama", "--quiet", "--no-client-check", "--input-len", "4"]
+        args += ["--output-len", "2000", "--num-requests", "2", "--max-concurrency", "2", "--request-timeout", "1"]
+        res, out = bench(tmp_path, *args, code=1)
+        assert res["failed"] == 2 and all(n > 0 for n in res["output_lens"])
+        for err, n in zip(res["errors"], res["output_lens"]):
+            assert err["error"] == f"TimeoutError: not finished within 1 s ({n:,} chunks received)"
 
 
 # ---- the URL sender's timing, event by event (no network) ----------------------------------------------------------
