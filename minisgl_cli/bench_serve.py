@@ -415,6 +415,8 @@ def _run_sweep(
                     and stopped is None
                     and len(results) == len(items)
                 )
+                # sent but unfinished when Ctrl-C cut the load (guidellm's "incomplete"): in no figure or array
+                row["incomplete"] = live.sent - len(live.done)
                 row["cache_hit_rate"] = _hit_rate(before, await _hits(client, target), target)
                 row["repeated_prompts"] = sum(r.index >= first_repeat for r in results)
                 row["truncated_prompts"] = sum(r.index in cut for r in results)
@@ -621,7 +623,8 @@ def _report(console, result: dict[str, Any], flags: dict[str, Any]) -> None:
         from minisgl_cli.report import interrupted_note
 
         cut, rows = result["sweep"][-1], len(result["sweep"])
-        where = f" in load {cut['load']} ({rows} of {result['planned_loads']} loads; those in flight are not counted)"
+        flight = f"{cut['incomplete']:,} in flight not counted"
+        where = f" in load {cut['load']} ({rows} of {result['planned_loads']} loads; {flight})"
         done = cut["completed"] + cut["failed"]
         if flags["duration"] is not None:  # a time-bounded load sends what its time allows, not its drawn supply
             console.print(f"[yellow]partial results:[/yellow] interrupted after {done:,} requests finished{where}")

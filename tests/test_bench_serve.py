@@ -306,13 +306,28 @@ def test_ctrl_c_mid_load_marks_the_load_and_the_run_partial(tmp_path, mock):
     assert res["planned_requests"] == 100 and res["planned_loads"] == 1
     # as bench-trace's: how many of the planned requests finished (was only "partial results: interrupted")
     done = f"partial results: interrupted after {res['completed']} of 100 requests finished"
-    assert f"{done} in load {res['sweep'][0]['load']} (1 of 1 loads; those in flight are not counted)" in out, out
+    assert f"{done} in load {res['sweep'][0]['load']} (1 of 1 loads; 1 in flight not counted)" in out, out
     # a time-bounded load has no planned count to give (it drew 10,000 to send what its time allows)
     rc, out, err, res = _interrupted(
         tmp_path, mock, "--duration", "60", "--output-len", "10:10", "--max-concurrency", "1"
     )
     assert rc == 130 and res is not None and " of 10,000 " not in out, out + err
     assert f"partial results: interrupted after {res['completed']} requests finished in load" in out, out
+
+
+def test_ctrl_c_counts_the_requests_in_flight(tmp_path):
+    """Ctrl-C against a real `minisgl serve`, a closed loop of 4 (long outputs): the 4 requests in flight when it
+    came were in no figure and no count ("those in flight are not counted"), where guidellm reports them as
+    incomplete; now the row's `incomplete` and the note give their number."""
+    with serve_subprocess(tmp_path) as (url, _):
+        args = ["--input-len", "8", "--output-len", "300", "--max-concurrency", "4", "--num-requests", "100"]
+        args += ["--vocab-size", "512", "--max-model-len", "2048"]  # the tiny model's (the last given is taken)
+        rc, out, err, res = _interrupted(tmp_path, url, *args)
+    assert rc == 130 and res is not None and res["stopped"] == "interrupted", out + err
+    row = res["sweep"][0]
+    assert row["incomplete"] == 4 and res["incomplete"] == 4  # a closed loop keeps its 4 slots full
+    assert row["completed"] + row["failed"] < 100
+    assert "(1 of 1 loads; 4 in flight not counted)" in out, out
 
 
 @pytest.mark.parametrize("mock", [MockConfig(ttft=0.01, tpot=0.01)], indirect=True)
