@@ -13,6 +13,7 @@ import torch
 
 from engine.gguf_file import GGUFFile, read_gguf
 from engine.model_config import PRESETS, ModelConfig, check_token_ids
+from engine.model_source import resolve
 from kernels.cpu_ops import BLOCK_BYTES, QK, QuantMatrix
 
 # ---- Hugging Face directory -------------------------------------------------------------------------
@@ -97,6 +98,11 @@ def model_config(kind: str, where: str | Path, reader: GGUFFile | None = None) -
     if kind == "gguf":
         return gguf_config(Path(where), reader)
     return hf_config(Path(where))
+
+
+def model_config_for(spec: str | None) -> ModelConfig:
+    """The ModelConfig of a --model value without loading its weights."""
+    return model_config(*resolve(spec))
 
 
 # ---- GGUF ------------------------------------------------------------------------------------------

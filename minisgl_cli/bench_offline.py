@@ -311,7 +311,7 @@ def _build_workload(
     config: EngineConfig, num_seqs: int, input_len: str, output_len: str, seed: int, dataset: Path | None
 ):
     from engine.tokenizer import load_tokenizer
-    from minisgl_cli.hf_peer import model_config_for
+    from engine.weights import model_config_for
     from minisgl_cli.workload import dataset_workload, parse_range, random_workload
 
     try:
@@ -504,8 +504,8 @@ def _run_peer(
 ) -> dict[str, Any]:
     """A peer in this process, timed as `_run_minisgl` times minisgl: start-up apart, a warm-up on other prompts,
     then `repeats` timed passes over the workload (transformers: one, it is ~40x slower), the median reported."""
+    from engine.weights import model_config_for
     from minisgl_cli.gpu_busy import GpuBusy
-    from minisgl_cli.hf_peer import model_config_for
     from minisgl_cli.peers import PeerUnavailable, open_peer
     from minisgl_cli.workload import warmup_like
 

@@ -249,7 +249,7 @@ def _needs_text(flags: dict[str, Any]) -> bool:
 
 def _target(config: EngineConfig, flags: dict[str, Any]) -> Target:
     from engine.tokenizer import load_tokenizer
-    from minisgl_cli.hf_peer import model_config_for
+    from engine.weights import model_config_for
 
     needs_text = _needs_text(flags)
     if flags["url"] is None:

@@ -404,8 +404,8 @@ def _run_url(
 ) -> tuple[dict[str, Any], list]:
     import asyncio
 
+    from engine.weights import model_config_for
     from minisgl_cli.client_check import client_check_or_none
-    from minisgl_cli.hf_peer import model_config_for
     from minisgl_cli.live_view import LiveView
     from minisgl_cli.openai_client import HTTPStatusError, OpenAIClient, api_base
     from minisgl_cli.replay import (

@@ -14,21 +14,10 @@ import inspect
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.config import EngineConfig
-from minisgl_cli.peers import OnDone, PeerRun, no_tqdm_bars
-
-if TYPE_CHECKING:
-    from engine.model_config import ModelConfig
-
-
-def model_config_for(spec: str | None) -> ModelConfig:
-    """The ModelConfig of a --model value without loading its weights."""
-    from engine import weights
-    from engine.model_source import resolve
-
-    return weights.model_config(*resolve(spec))
+from minisgl_cli.peers import OnDone, PeerRun, PeerUnavailable, no_tqdm_bars
 
 
 def load_hf_model(spec: str | None, device, dtype, quiet: bool = False):
@@ -248,7 +237,7 @@ class TransformersPeer:
     def __init__(self, config: EngineConfig, api: str = "auto", batch_size: int = 64, quiet: bool = False) -> None:
         import torch
 
-        from minisgl_cli.peers import PeerUnavailable
+        from engine.weights import model_config_for
 
         try:
             import transformers  # noqa: F401

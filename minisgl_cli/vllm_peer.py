@@ -81,7 +81,7 @@ def engine_arguments(
     from vllm.engine.arg_utils import EngineArgs
 
     from engine.model_source import resolve
-    from minisgl_cli.hf_peer import model_config_for
+    from engine.weights import model_config_for
 
     device = config.torch_device()
     if device.type != "cuda":
