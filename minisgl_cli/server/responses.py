@@ -185,7 +185,7 @@ class _Reply:
         self.created = int(time.time())
         self.seq = 0
 
-    def response(self, final: RequestOutput | None, text: str = "") -> dict[str, Any]:
+    def response(self, final: RequestOutput | None) -> dict[str, Any]:
         """The whole response: in progress (final None: no output yet), or done."""
         status, incomplete, output, usage = "in_progress", None, [], None
         if final is not None:
