@@ -125,7 +125,6 @@ class NoteMessage(Static):
     """
 
     def __init__(self, sections: list[tuple[str, list[tuple[str, str]]]]) -> None:
-        self.sections = sections
         parts: list[Text | Table] = []
         for title, rows in sections:
             parts += [Text(title, style="bold"), _rows(rows)]
