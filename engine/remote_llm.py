@@ -1,6 +1,7 @@
-"""The front end's handle on an engine running in another process (engine_loop.EngineLoop): the same calls as
-AsyncLLM (submit, abort, alive, error, metrics), over ZeroMQ. Tokenization and detokenization happen here, in the
-front end, so the engine's loop spends nothing on text. Use it from one asyncio event loop."""
+"""The front end's handle on an engine running in another process (engine_loop.EngineLoop): AsyncLLM's calls
+(submit, abort, alive, error) and the engine's metrics and clear_cache, over ZeroMQ. Tokenization and
+detokenization happen here, in the front end, so the engine's loop spends nothing on text. Use it from one asyncio
+event loop."""
 
 from __future__ import annotations
 
@@ -146,13 +147,13 @@ class RemoteLLM:
         self._sync_ctx.term()
         self._async_ctx.term()
 
-    # ---- receiving -------------------------------------------------------------------------------------
     def _send(self, msg: list[Any]) -> None:
         try:
             self._commands.send(pack(msg), zmq.NOBLOCK, copy=False)
         except zmq.Again:  # the engine's end is gone
             self.fail_all("the engine process is gone")
 
+    # ---- receiving -------------------------------------------------------------------------------------
     async def _receive(self) -> None:
         while True:
             msg = unpack(await self._outputs.recv())
