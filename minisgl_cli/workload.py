@@ -1,4 +1,6 @@
-"""The offline benchmark's workload: nano-vllm's random prompts, or real prompts from a local dataset file."""
+"""The benchmarks' workloads: nano-vllm's random prompts, or real prompts from a local dataset file, for
+bench-offline (`Workload`) and bench-serve (`ServeWorkload`, which adds shared-prefix groups and prompts sent as
+text)."""
 
 from __future__ import annotations
 
