@@ -28,10 +28,10 @@ from typing import cast
 
 from engine.engine import Engine
 from engine.ipc import EngineInfo
+from engine.limits import RequestLimits
 from engine.metrics import EngineMetrics
 from engine.request import Req, Status
 from engine.sampling_params import SamplingParams
-from engine.text import RequestLimits
 
 
 class FakeEngine:

@@ -23,6 +23,7 @@ from engine.distributed import (
     leave_tp_group,
 )
 from engine.gc_heap import collect_if_idle, frozen_heap
+from engine.limits import RequestLimits
 from engine.loader import Progress, load_model
 from engine.metrics import EngineMetrics
 from engine.model_config import ModelConfig
@@ -31,7 +32,6 @@ from engine.runner import ModelRunner, StepOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Batch, Scheduler
 from engine.step_log import StepRecord
-from engine.text import RequestLimits
 from kvcache.manager import CacheManager
 from kvcache.pool import KVPool
 

@@ -29,8 +29,8 @@ from typing import Any, TypeVar, cast
 import msgpack
 import zmq
 
+from engine.limits import RequestLimits
 from engine.sampling_params import SamplingParams
-from engine.text import RequestLimits
 
 
 @dataclass(frozen=True, slots=True)

@@ -318,8 +318,8 @@ def test_a_servers_context_refusal_gives_the_hint_its_numbers_allow():
     """A --url refusal for length always suggested "a smaller /max-tokens may leave room", also when the prompt
     alone was over the limit (no answer fits then). The counts come from the refusal's text: the engine's own
     wording (RequestLimits, as minisgl serve sends it) and vLLM's two."""
+    from engine.limits import ContextOverflow, RequestLimits
     from engine.sampling_params import SamplingParams
-    from engine.text import ContextOverflow, RequestLimits
     from minisgl_cli.tui.backend import too_long
     from minisgl_cli.tui.server_backend import overflow_counts
 

@@ -26,9 +26,9 @@ import openai
 import pytest
 
 from engine.async_llm import AsyncLLM, EngineDeadError
+from engine.limits import ContextOverflow
 from engine.llm import LLM, RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.text import ContextOverflow
 from tests.conftest import make_llm, subprocess_env
 from tests.server_harness import LiveServer, live_server
 from tests.test_engine import assert_all_pages_back, prompts_with_shared_prefix, tiny_dir  # noqa: F401

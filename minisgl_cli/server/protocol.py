@@ -9,8 +9,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from engine.limits import RequestLimits
 from engine.sampling_params import MAX_N
-from engine.text import ChatPrompt, RequestLimits
+from engine.text import ChatPrompt
 from engine.tokenizer import message_text
 from minisgl_cli.server.errors import APIError
 

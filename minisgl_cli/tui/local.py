@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from engine.ipc import EngineInfo
+from engine.limits import ContextOverflow
 from engine.remote_llm import RemoteLLM
 from engine.sampling_params import SamplingParams
 from engine.streams import EngineDeadError, RequestStream
-from engine.text import ContextOverflow
 from minisgl_cli.tui.backend import BackendError, too_long
 from minisgl_cli.tui.session import sampling_given
 from minisgl_cli.tui.stats import Load
