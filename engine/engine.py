@@ -78,13 +78,7 @@ class Engine:
                 f"(max_position_embeddings {mc.max_position_embeddings})"
             )
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
-        num_pages = config.num_pages or self._pages_from_budget(mc)
-        if TP.size > 1:  # all ranks must agree on the pool size (free memory may differ slightly)
-            t = torch.tensor([num_pages], device=self.device if self.device.type == "cuda" else "cpu")
-            dist.all_reduce(t, op=dist.ReduceOp.MIN)
-            num_pages = int(t.item())
-        if num_pages < 2:
-            raise ValueError("not enough memory for a KV cache: raise --kv-cache-gb / --memory-fraction")
+        num_pages = self._num_pages(mc)
         # One page more than the allocator hands out: a scratch page for padded CUDA-graph rows.
         self.pool = KVPool.create(
             mc.num_layers,
@@ -143,6 +137,17 @@ class Engine:
     @property
     def backend_name(self) -> str:
         return type(self.runner.backend).__name__.removesuffix("Backend").lower()
+
+    def _num_pages(self, mc: ModelConfig) -> int:
+        """The pages the allocator hands out: --num-pages, or what the memory budget holds; one count on every rank."""
+        num_pages = self.config.num_pages or self._pages_from_budget(mc)
+        if TP.size > 1:  # all ranks must agree on the pool size (free memory may differ slightly)
+            t = torch.tensor([num_pages], device=self.device if self.device.type == "cuda" else "cpu")
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            num_pages = int(t.item())
+        if num_pages < 2:
+            raise ValueError("not enough memory for a KV cache: raise --kv-cache-gb / --memory-fraction")
+        return num_pages
 
     def _pages_from_budget(self, mc: ModelConfig) -> int:
         per_token = mc.kv_bytes_per_token(self.kv_dtype.itemsize, TP.size)
