@@ -2,13 +2,16 @@
 
 Poisson arrivals with vLLM's burstiness: gaps drawn from a gamma distribution of shape `burstiness` and mean 1/rate
 (burstiness 1: exponential gaps, a Poisson process; < 1 burstier, > 1 more regular; constant gaps with
-`--arrival constant`). A rate of inf sends everything at once (or, with a concurrency limit, a closed loop)."""
+`--arrival constant`). A rate of inf sends everything at once (or, with a concurrency limit, a closed loop).
+`--rate sweep[:N]` is guidellm's sweep profile: a synchronous load, a throughput load, then N - 2 rates between the
+request rates those two measured."""
 
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 ARRIVALS = ("poisson", "constant")
 # the largest gamma shape: its gaps are already constant to 3% (CV 1/sqrt(shape)); at 1e308 the gamma draw broke
@@ -21,6 +24,8 @@ class Load:
 
     rate: float
     max_concurrency: int | None
+    # a sweep's load: guidellm's strategy type (synchronous, throughput, constant, poisson), which names it
+    strategy: str | None = None
 
     @property
     def closed_loop(self) -> bool:
@@ -30,6 +35,10 @@ class Load:
 
     @property
     def label(self) -> str:
+        if self.strategy in ("synchronous", "throughput"):
+            return self.strategy
+        if self.strategy is not None:  # guidellm's name, constant@2.35 (2 decimals hide a slow server's steps)
+            return f"{self.strategy}@{self.rate:.2f}" if self.rate >= 0.1 else f"{self.strategy}@{self.rate:.2g}"
         rate = "inf" if math.isinf(self.rate) else f"{self.rate:g}"
         if self.max_concurrency is None:
             return f"rate {rate}"
@@ -57,6 +66,72 @@ def parse_rates(text: str) -> list[float]:
             raise ValueError(f"--rate must be a finite number > 0 requests/s, or inf for no pacing (got {part!r})")
         out.append(r)
     return out
+
+
+# guidellm's default number of loads in a sweep (its --rate with --profile sweep)
+SWEEP_LOADS = 10
+
+
+def parse_sweep(text: str) -> int | None:
+    """'sweep' -> 10 loads, 'sweep:N' -> N; None for a list of rates."""
+    head, _, count = text.strip().lower().partition(":")
+    if head != "sweep":
+        if any(part.strip().lower().startswith("sweep") for part in text.split(",")):
+            raise ValueError(f"--rate sweep plans loads of its own: give it alone, not in a list (got {text!r})")
+        return None
+    try:
+        n = int(count) if count else SWEEP_LOADS
+    except ValueError:
+        raise ValueError(f"--rate sweep:N takes a whole number of loads (got {count!r})") from None
+    if n < 3:
+        raise ValueError(
+            f"--rate sweep:N needs N >= 3: the synchronous load, the throughput load and at least one rate between "
+            f"them (got {n})"
+        )
+    return n
+
+
+def sweep_rates(synchronous: float, throughput: float, loads: int) -> list[float]:
+    """The rates of a sweep's loads after its first two, as guidellm's numpy.linspace(synchronous, throughput,
+    loads - 1)[1:]: evenly spaced, one step above the synchronous rate up to the throughput rate itself."""
+    step = (throughput - synchronous) / (loads - 2)
+    return [synchronous + k * step for k in range(1, loads - 2)] + [throughput]
+
+
+@dataclass(slots=True)
+class Sweep:
+    """--rate sweep[:N], guidellm's sweep profile: a synchronous load (one request at a time), a throughput load (all
+    at once, or `cap` in flight), then N - 2 loads at rates (arrivals as `arrival`) spaced between the request rates
+    those two measured. The first two are known up front; the rest once those have run."""
+
+    loads: int
+    arrival: str
+    cap: int | None
+    synchronous_rate: float | None = None
+    throughput_rate: float | None = None
+    rates: list[float] = field(default_factory=list)
+
+    def first_loads(self) -> list[Load]:
+        return [Load(math.inf, 1, "synchronous"), Load(math.inf, self.cap, "throughput")]
+
+    def next_loads(self, rows: list[dict[str, Any]]) -> list[Load]:
+        """The rate loads, from the first two rows' measured request rates (completed requests / duration)."""
+        self.synchronous_rate, self.throughput_rate = rows[0]["request_throughput"], rows[1]["request_throughput"]
+        self.rates = sweep_rates(self.synchronous_rate, self.throughput_rate, self.loads)
+        return [Load(r, self.cap, self.arrival) for r in self.rates]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "type": "sweep",
+            "loads": self.loads,
+            "rate_type": self.arrival,
+            "max_concurrency": self.cap,
+            "synchronous_rate": self.synchronous_rate,
+            "throughput_rate": self.throughput_rate,
+            "rates": self.rates,
+            "derivation": "the synchronous and throughput loads' request_throughput; rates = "
+            "linspace(synchronous_rate, throughput_rate, loads - 1)[1:], as guidellm's sweep",
+        }
 
 
 def parse_concurrency(text: str) -> list[int]:

@@ -10,13 +10,16 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from engine.config import EngineConfig
 from minisgl_cli import options as o
 from minisgl_cli.arrivals import MAX_BURSTINESS
+
+if TYPE_CHECKING:
+    from minisgl_cli.arrivals import Sweep
 
 
 @dataclass(slots=True)
@@ -72,7 +75,13 @@ def register(app: typer.Typer) -> None:
         ] = None,
         prefix_groups: Annotated[int, typer.Option(help="G groups of requests sharing a prefix (0: none)", min=0)] = 0,
         prefix_len: Annotated[int, typer.Option(help="tokens of each group's shared prefix", min=1)] = 256,
-        rate: Annotated[str, typer.Option(help="requests/s, or a list to sweep: 1,2,4,8,inf (inf: no pacing)")] = "inf",
+        rate: Annotated[
+            str,
+            typer.Option(
+                help="requests/s, or a list to sweep: 1,2,4,8,inf (inf: no pacing); sweep[:N]: guidellm's sweep of N"
+                " loads (default 10): synchronous, throughput, then N-2 rates between the two measured"
+            ),
+        ] = "inf",
         max_concurrency: Annotated[
             str | None, typer.Option(help="most requests in flight, or a list to sweep: 1,8,64")
         ] = None,
@@ -157,26 +166,31 @@ def register(app: typer.Typer) -> None:
             o.refuse_given(
                 ctx, "is the length of each --prefix-groups group's shared prefix, and there are none", "prefix_len"
             )
-        loads, slo_targets = _parse_load(flags)
-        if all(math.isinf(load.rate) for load in loads):
+        loads, slo_targets, sweep = _parse_load(flags)
+        if sweep is None and all(math.isinf(load.rate) for load in loads):
             why = "shapes the gaps between arrivals at a --rate, and --rate inf sends with no gaps"
             o.refuse_given(ctx, why, "arrival", "burstiness")
         if all(math.isinf(load.rate) and load.max_concurrency is None for load in loads):
             why = "stops sending after S seconds, and --rate inf without --max-concurrency sends everything at once"
             o.refuse_given(ctx, why, "duration")
+        if sweep is not None and sweep.cap is None and num_requests is None:
+            why = "without --num-requests or --max-concurrency leaves --rate sweep's throughput load unbounded: it"
+            o.refuse_given(ctx, why + " would send all 10,000 requests drawn for the time at once", "duration")
         if plot is not None:
             from minisgl_cli.plots import require_matplotlib
 
             require_matplotlib()
         target = _target(config, flags)
         served: dict[str, Any] = {}
-        plans, warm = _plans(target, loads, flags, served)
+        planner = _Planner(target, flags, served)
+        plans = [planner.plan(load, i) for i, load in enumerate(loads)]
+        warm = planner.warm_up()
         check = None
         if url is not None and not no_client_check:
             from minisgl_cli.client_check import client_check_or_none
 
             check = client_check_or_none(quiet)
-        result = _run_sweep(console, target, plans, warm, slo_targets, flags, check, api_key, served)
+        result = _run_sweep(console, target, plans, warm, slo_targets, flags, check, api_key, served, planner, sweep)
         _report(console, result, flags)
         if result["stopped"] == "interrupted":
             from minisgl_cli.report import INTERRUPTED_EXIT
@@ -210,11 +224,12 @@ def _print_client_check(console, json_path: Path | None) -> None:
 
 
 def _parse_load(flags: dict[str, Any]):
-    from minisgl_cli.arrivals import ARRIVALS, Load, check_gaps, parse_concurrency, parse_rates
+    from minisgl_cli.arrivals import ARRIVALS, Load, Sweep, check_gaps, parse_concurrency, parse_rates, parse_sweep
     from minisgl_cli.run_figures import load_sort_key, parse_slo
 
     try:
-        rates = parse_rates(flags["rate"])
+        size = parse_sweep(flags["rate"])
+        rates = parse_rates(flags["rate"]) if size is None else []
         concs: list[int | None] = (
             list(parse_concurrency(flags["max_concurrency"])) if flags["max_concurrency"] else [None]
         )
@@ -222,6 +237,15 @@ def _parse_load(flags: dict[str, Any]):
             check_gaps(r, flags["burstiness"])
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
+    sweep = None
+    if size is not None:
+        if len(concs) > 1:
+            why = "--rate sweep takes one cap for its throughput and rate loads (guidellm's max_concurrency), no list"
+            raise typer.BadParameter(f"{why} (got {flags['max_concurrency']!r})", param_hint="--max-concurrency")
+        if concs[0] == 1:
+            why = "1 would make --rate sweep's throughput load its synchronous one (one request at a time) again"
+            raise typer.BadParameter(why, param_hint="--max-concurrency")
+        sweep = Sweep(size, flags["arrival"], concs[0])
     if flags["arrival"] not in ARRIVALS:
         raise typer.BadParameter(
             f"must be one of {', '.join(ARRIVALS)} (got {flags['arrival']!r})", param_hint="--arrival"
@@ -238,8 +262,10 @@ def _parse_load(flags: dict[str, Any]):
             slo = parse_slo(flags["slo"])
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--slo") from e
+    if sweep is not None:
+        return sweep.first_loads(), slo, sweep
     loads = sorted({Load(r, c) for r in rates for c in concs}, key=lambda x: load_sort_key(x.rate, x.max_concurrency))
-    return loads, slo
+    return loads, slo, None
 
 
 def _needs_text(flags: dict[str, Any]) -> bool:
@@ -333,41 +359,63 @@ def _sizes(load, flags: dict[str, Any]) -> int:
     return int(load.rate * flags["duration"] * 1.5) + 50
 
 
-def _plans(target: Target, loads, flags: dict[str, Any], served: dict[str, Any]):
-    """Every load's requests with their arrival times, and the warm-up's: all drawn before anything is sent, so bad
-    input fails first. Each load gets prompts of its own (random ones of seed + i; a dataset's next prompts), so no
-    load reuses another's in a prefix cache (unless a dataset runs out: its prompts are then given again)."""
-    from minisgl_cli.arrivals import arrival_times
+@dataclass(slots=True)
+class _Planner:
+    """Draws each load's requests with their arrival times, and the warm-up's. Every load known up front is drawn
+    before anything is sent, so bad input fails first (a sweep's rate loads, once their rates are measured). Each
+    load gets prompts of its own (random ones of seed + its index; a dataset's next prompts), so no load reuses
+    another's in a prefix cache (unless a dataset runs out: its prompts are then given again)."""
 
-    plans, drawn = [], 0
-    for i, load in enumerate(loads):
-        n = _sizes(load, flags)
-        items, w = _workload(target, flags, n, flags["seed"] + i, drawn)
-        drawn += n
-        served["source"] = w.source
+    target: Target
+    flags: dict[str, Any]
+    served: dict[str, Any]
+    drawn: int = 0  # the dataset's prompts taken so far
+
+    def plan(self, load, index: int):
+        from minisgl_cli.arrivals import arrival_times
+
+        flags, n = self.flags, _sizes(load, self.flags)
+        items, w = _workload(self.target, flags, n, flags["seed"] + index, self.drawn)
+        self.drawn += n
+        self.served["source"] = w.source
         times = arrival_times(
-            len(items), load.rate, flags["burstiness"], flags["arrival"], flags["seed"] + i, flags["duration"]
+            len(items), load.rate, flags["burstiness"], flags["arrival"], flags["seed"] + index, flags["duration"]
         )
         for item, t in zip(items, times):
             item.arrival = t
         # the requests from index n - repeated on were given a prompt again, those in w.cut a prompt cut to fit
         # (both counted among those sent: a time-bounded run draws far more than it sends)
-        plans.append((load, items[: len(times)], n - w.repeated, w.cut))
-    warm = []
-    served["warm_repeated"] = 0
-    if flags["warmup"]:  # the dataset's prompts after the loads' (again the first ones when it runs out)
-        warm, w = _workload(target, flags, flags["warmup"], flags["seed"] + 10_000, drawn)
-        served["warm_repeated"] = w.repeated
-    return plans, warm
+        return load, items[: len(times)], n - w.repeated, w.cut
+
+    def warm_up(self) -> list:
+        """The dataset's prompts after the loads' drawn so far (again the first ones when it runs out)."""
+        self.served["warm_repeated"] = 0
+        if not self.flags["warmup"]:
+            return []
+        warm, w = _workload(self.target, self.flags, self.flags["warmup"], self.flags["seed"] + 10_000, self.drawn)
+        self.served["warm_repeated"] = w.repeated
+        return warm
 
 
 def _run_sweep(
-    console, target: Target, plans, warm, slo, flags: dict[str, Any], check, api_key: str | None, served
+    console,
+    target: Target,
+    plans,
+    warm,
+    slo,
+    flags: dict[str, Any],
+    check,
+    api_key: str | None,
+    served,
+    planner: _Planner,
+    sweep: Sweep | None,
 ) -> dict[str, Any]:
+    """Run the loads of `plans` in turn, then a sweep's rate loads, planned from its first two rows."""
     from minisgl_cli.live_view import LiveView
     from minisgl_cli.replay import LiveCounters, drive, local_sender, url_sender
     from minisgl_cli.run_figures import mark_knee
 
+    planned = sweep.loads if sweep is not None else len(plans)
     chat = flags["endpoint"] == "chat"
     rows: list[dict[str, Any]] = []
     singles: list = []  # the per-request results of the last load (a single run's timeline plot)
@@ -391,13 +439,15 @@ def _run_sweep(
                 live, cap = LiveCounters(), plans[0][0].max_concurrency
                 with LiveView("warm-up", len(warm), live, flags["quiet"]):
                     await drive(warm, send, cap, live=live)
-            for i, (load, items, first_repeat, cut) in enumerate(plans):
+            i = 0
+            while i < len(plans):
+                load, items, first_repeat, cut = plans[i]
                 live = LiveCounters()
                 if flags["flush_cache"]:
                     await _flush(client, engine if client is None else None)
                 before = await _hits(client, target)
                 try:
-                    with LiveView(f"{load.label} ({i + 1}/{len(plans)})", len(items), live, flags["quiet"]):
+                    with LiveView(f"{load.label} ({i + 1}/{planned})", len(items), live, flags["quiet"]):
                         results = await drive(
                             items, send, load.max_concurrency, load.closed_loop, flags["duration"], live=live
                         )
@@ -430,6 +480,13 @@ def _run_sweep(
                         hint = "give the served model as --model, or --vocab-size"
                         stopped += f"; prompts drew ids below {target.vocab}: {hint}"
                     return
+                i += 1
+                if sweep is not None and i == len(plans) < planned:
+                    try:
+                        plans.extend(planner.plan(load, i + j) for j, load in enumerate(sweep.next_loads(rows)))
+                    except (typer.BadParameter, ValueError) as e:  # drawn mid-run: the loads run so far are kept
+                        stopped = f"cannot plan the sweep's rate loads: {e}"
+                        return
         finally:
             if client is not None:
                 await client.close()
@@ -449,14 +506,33 @@ def _run_sweep(
     if not rows:
         console.print(f"[red]error:[/red] no load point finished ({stopped or 'nothing ran'})")
         raise typer.Exit(1)
-    if len({r["request_rate"] for r in rows}) == 1 or len({r["max_concurrency"] for r in rows}) == 1:
+    if sweep is not None:  # along its loads in increasing load, not in the order they ran
+        mark_knee(_by_load(rows))
+    elif len({r["request_rate"] for r in rows}) == 1 or len({r["max_concurrency"] for r in rows}) == 1:
         mark_knee(rows)
     else:  # a grid of rates x concurrencies: its loads are no one line along which a knee means anything
         for row in rows:
             row["knee"], row["knee_reason"] = False, None
     out = _result(target, rows, singles, slo, flags, check, served, stopped)
-    out["planned_loads"] = len(plans)
+    out["planned_loads"] = planned
+    if sweep is not None:
+        out["profile"] = sweep.as_dict()
     return out
+
+
+SWEEP_ORDER = {"synchronous": 0, "throughput": 2}  # the rate loads between, by rate
+
+
+def _by_load(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A sweep's rows in increasing load (synchronous, its rates, throughput), as the knee and the plot read them;
+    they ran (and are listed) in guidellm's order: synchronous, throughput, then the rates."""
+    if not any(r.get("strategy") for r in rows):
+        return rows
+    return sorted(rows, key=lambda r: (SWEEP_ORDER.get(r["strategy"], 1), _rate_of(r)))
+
+
+def _rate_of(row: dict[str, Any]) -> float:
+    return math.inf if row["request_rate"] == "inf" else row["request_rate"]
 
 
 async def _connect(target: Target, flags: dict[str, Any], api_key: str | None, served: dict[str, Any]):
@@ -527,6 +603,8 @@ def _row(
         "num_prompts": len(results),
         "planned_requests": planned,
     }
+    if load.strategy is not None:  # a sweep's load: guidellm's strategy type
+        row["strategy"] = load.strategy
     row.update(summarize(results, duration, "e2el", slo))
     if flags["url"] is not None:
         row.update(client_usage(row, results, check.tok_per_s if check else None))
@@ -597,6 +675,13 @@ def _report(console, result: dict[str, Any], flags: dict[str, Any]) -> None:
 
     results = result.pop("_results")
     console.print(_table(result))
+    if (profile := result.get("profile")) and profile["rates"]:
+        rates = ", ".join(f"{r:.3g}" for r in profile["rates"])
+        console.print(
+            f"sweep (guidellm's): synchronous {profile['synchronous_rate']:.3g} req/s and throughput "
+            f"{profile['throughput_rate']:.3g} req/s measured; {profile['rate_type']} loads at {rates} req/s, "
+            "evenly spaced from one step above the first up to the second"
+        )
     check = result["client_check"]
     if check:
         peak = max((r.get("client_peak_used_fraction") or 0.0) for r in result["sweep"])
@@ -646,7 +731,7 @@ def _report(console, result: dict[str, Any], flags: dict[str, Any]) -> None:
         where = result["url"] or f"{result['model_id']} in-process"
         cut = f" (partial: {result['stopped']})" if result["stopped"] else ""  # as the table and the JSON say
         if len(result["sweep"]) > 1:
-            plot_sweep(result["sweep"], flags["plot"], f"bench-serve -> {where}{cut}")
+            plot_sweep(_by_load(result["sweep"]), flags["plot"], f"bench-serve -> {where}{cut}")
         else:
             plot_timeline(results, flags["plot"], f"bench-serve {result['sweep'][0]['load']} -> {where}{cut}")
         console.print(f"plot written to {flags['plot']}")
