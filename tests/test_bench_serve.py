@@ -15,7 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from minisgl_cli.app import app
-from minisgl_cli.arrivals import arrival_times
+from minisgl_cli.arrivals import arrival_times, sweep_rates
+from minisgl_cli.bench_serve import _by_load
 from minisgl_cli.mock_server import MockConfig, mock_server_process
 from minisgl_cli.openai_client import _data_of, decode_event
 from tests.conftest import free_port, serve_subprocess
@@ -35,9 +36,9 @@ VLLM_FIELDS = [
 ]
 
 
-def bench(tmp_path: Path, *args: str, code: int = 0) -> tuple[dict, str]:
+def bench(tmp_path: Path, *args: str, code: int = 0, env: dict[str, str] | None = None) -> tuple[dict, str]:
     out = tmp_path / "serve.json"
-    r = CliRunner().invoke(app, ["bench-serve", *args, "--json", str(out)])
+    r = CliRunner().invoke(app, ["bench-serve", *args, "--json", str(out)], env=env)
     assert r.exit_code == code, r.output + repr(r.exception)
     return (json.loads(out.read_text()) if out.exists() else {}), r.output
 
@@ -67,6 +68,16 @@ def test_poisson_arrivals_have_exponential_gaps():
     for seed in range(5):
         short = arrival_times(20, rate=8.0, seed=seed)
         assert short[0] == 0 and short[-1] == pytest.approx(19 / 8)
+
+
+def test_sweep_rates_are_guidellms_linspace():
+    """guidellm's sweep: numpy.linspace(synchronous, throughput, N - 1)[1:], N - 2 rates from one step above the
+    synchronous rate up to the throughput rate itself (its last load runs at the rate the throughput load measured)."""
+    np = pytest.importorskip("numpy")
+    for sync, tput, n in ((2.4, 8.1, 10), (0.3, 0.31, 5), (1.0, 7.0, 3), (5.0, 2.0, 6)):
+        rates = sweep_rates(sync, tput, n)
+        assert rates == pytest.approx(list(np.linspace(sync, tput, n - 1)[1:]), rel=1e-12)
+        assert len(rates) == n - 2 and rates[-1] == tput
 
 
 # ---- the client's parser -------------------------------------------------------------------------------------------
@@ -366,6 +377,16 @@ def test_bad_input_is_named(tmp_path):
             "--rate", rate, "--url", "http://127.0.0.1:1"
         )
     assert "cannot reach" in fails("--url", f"http://127.0.0.1:{free_port()}", *URL_FLAGS)
+    # --rate sweep: one load list of its own, at least one rate between its two measured ones, one cap
+    assert "--rate sweep:N needs N >= 3" in fails("--rate", "sweep:2", *NOWHERE)
+    assert "--rate sweep:N takes a whole number of loads (got 'x')" in fails("--rate", "sweep:x", *NOWHERE)
+    assert "give it alone, not in a list (got 'sweep,4')" in fails("--rate", "sweep,4", *NOWHERE)
+    out = fails("--rate", "sweep", "--max-concurrency", "2,4", *NOWHERE)
+    assert "Invalid value for --max-concurrency: --rate sweep takes one cap" in out and "(got '2,4')" in out
+    out = fails("--rate", "sweep", "--max-concurrency", "1", *NOWHERE)
+    assert "--rate sweep's throughput load its synchronous one" in out
+    out = fails("--rate", "sweep", "--duration", "5", *NOWHERE)
+    assert "Invalid value for --duration: without --num-requests or --max-concurrency" in out
     data = tmp_path / "d.json"
     data.write_text(json.dumps([{"body": "hello", "lang": "en"}]))
     out = fails("--dataset", str(data), "--url", "http://127.0.0.1:1", "--model", "dummy:tiny-llama", *URL_FLAGS)
@@ -632,6 +653,74 @@ def test_limits_against_minisgl_serve(tmp_path, monkeypatch):
         assert res["failed"] == 2 and all(n > 0 for n in res["output_lens"])
         for err, n in zip(res["errors"], res["output_lens"]):
             assert err["error"] == f"TimeoutError: not finished within 1 s ({n:,} chunks received)"
+
+
+def test_rate_sweep_against_minisgl_serve(tmp_path):
+    """--rate sweep:N is guidellm's sweep: a synchronous load (one request at a time), a throughput load (all at
+    once), then N - 2 loads at rates guidellm spaces (linspace(synchronous, throughput, N - 1)[1:]) between the
+    request rates those two measured; before it, those rates had to be measured and listed by hand."""
+    np = pytest.importorskip("numpy")
+    csv_path, png = tmp_path / "sweep.csv", tmp_path / "sweep.png"
+    with serve_subprocess(tmp_path) as (url, _):
+        common = ["--url", url, "--model", "dummy:tiny-llama", "--quiet", "--no-client-check", "--input-len", "8"]
+        common += ["--output-len", "32", "--num-requests", "8"]
+        args = [*common, "--rate", "sweep:5", "--arrival", "constant", "--csv", str(csv_path), "--plot", str(png)]
+        res, out = bench(tmp_path, *args, env={"COLUMNS": "300"})
+        rows = res["sweep"]
+        # run in guidellm's order, named as guidellm names them
+        assert [r["strategy"] for r in rows] == ["synchronous", "throughput", "constant", "constant", "constant"]
+        assert [(r["request_rate"], r["max_concurrency"]) for r in rows[:2]] == [("inf", 1), ("inf", None)]
+        assert all(r["completed"] == 8 and r["failed"] == 0 for r in rows) and res["planned_loads"] == 5
+        sync, tput = rows[0]["request_throughput"], rows[1]["request_throughput"]
+        rates = [r["request_rate"] for r in rows[2:]]
+        assert rates == pytest.approx(list(np.linspace(sync, tput, 4)[1:]), rel=1e-9)
+        assert rates[1] - rates[0] == pytest.approx(rates[2] - rates[1]) == pytest.approx((tput - sync) / 3)
+        # strictly between the two measured rates, but the last: guidellm's runs at the throughput rate itself
+        # (the server batches, so all at once measures more than one at a time; a stall on this shared 2-core
+        # machine could turn that around, and guidellm's spacing then runs downwards: checked either way)
+        lo, hi = sorted((sync, tput))
+        assert all(lo < r < hi for r in rates[:2]) and rates[2] == tput and lo < hi
+        assert sorted(rates) == (rates if sync < tput else rates[::-1])
+        assert [r["load"] for r in rows] == ["synchronous", "throughput", *(f"constant@{r:.2f}" for r in rates)]
+        assert [r["max_concurrency"] for r in rows[2:]] == [None] * 3 and rows[2]["burstiness"] == "inf"
+        assert res["profile"] == {
+            "type": "sweep",
+            "loads": 5,
+            "rate_type": "constant",
+            "max_concurrency": None,
+            "synchronous_rate": sync,
+            "throughput_rate": tput,
+            "rates": rates,
+            "derivation": res["profile"]["derivation"],
+        }
+        assert "linspace(synchronous_rate, throughput_rate, loads - 1)[1:]" in res["profile"]["derivation"]
+        # the knee and the plot read the loads in increasing load, not in the order they ran
+        by_rate = [r["load"] for r in sorted(rows[2:], key=lambda r: r["request_rate"])]
+        assert [r["load"] for r in _by_load(rows)] == ["synchronous", *by_rate, "throughput"]
+        assert sum(r["knee"] for r in rows) <= 1
+        for name in ("synchronous", "throughput", *(f"constant@{r:.2f}" for r in rates)):
+            assert name in out, out
+        assert "sweep (guidellm's): synchronous" in flat(out)
+        with csv_path.open() as f:
+            assert [t["strategy"] for t in csv.DictReader(f)] == [r["strategy"] for r in rows]
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        # one --max-concurrency caps the throughput and rate loads (guidellm's max_concurrency); arrivals as --arrival
+        res, _ = bench(tmp_path, *common, "--rate", "sweep:3", "--max-concurrency", "2", "--num-requests", "4")
+        rows = res["sweep"]
+        assert [(r["load"], r["max_concurrency"]) for r in rows[:2]] == [("synchronous", 1), ("throughput", 2)]
+        assert rows[2]["strategy"] == "poisson" and rows[2]["max_concurrency"] == 2
+        assert rows[2]["request_rate"] == rows[1]["request_throughput"] == res["profile"]["throughput_rate"]
+
+
+@pytest.mark.parametrize("mock", [MockConfig(ttft=0.01, tpot=0.01)], indirect=True)
+def test_ctrl_c_in_a_sweeps_first_load_keeps_it(tmp_path, mock):
+    """Ctrl-C in the synchronous load (~0.1 s a request, 100 of them): its finished requests are kept, the note
+    counts the 10 loads planned, and the profile says no rate was measured yet."""
+    rc, out, err, res = _interrupted(tmp_path, mock, "--rate", "sweep", "--num-requests", "100", "--output-len", "10")
+    assert rc == 130 and res is not None and res["stopped"] == "interrupted", out + err
+    assert [r["load"] for r in res["sweep"]] == ["synchronous"] and res["planned_loads"] == 10
+    assert "in load synchronous (1 of 10 loads; 1 in flight not counted)" in out, out
+    assert res["profile"]["rates"] == [] and res["profile"]["synchronous_rate"] is None
 
 
 # ---- the URL sender's timing, event by event (no network) ----------------------------------------------------------
