@@ -413,7 +413,7 @@ def _run_sweep(
     """Run the loads of `plans` in turn, then a sweep's rate loads, planned from its first two rows."""
     from minisgl_cli.live_view import LiveView
     from minisgl_cli.replay import LiveCounters, drive, local_sender, url_sender
-    from minisgl_cli.run_figures import mark_knee
+    from minisgl_cli.run_figures import by_load, mark_knee
 
     planned = sweep.loads if sweep is not None else len(plans)
     chat = flags["endpoint"] == "chat"
@@ -507,7 +507,7 @@ def _run_sweep(
         console.print(f"[red]error:[/red] no load point finished ({stopped or 'nothing ran'})")
         raise typer.Exit(1)
     if sweep is not None:  # along its loads in increasing load, not in the order they ran
-        mark_knee(_by_load(rows))
+        mark_knee(by_load(rows))
     elif len({r["request_rate"] for r in rows}) == 1 or len({r["max_concurrency"] for r in rows}) == 1:
         mark_knee(rows)
     else:  # a grid of rates x concurrencies: its loads are no one line along which a knee means anything
@@ -518,21 +518,6 @@ def _run_sweep(
     if sweep is not None:
         out["profile"] = sweep.as_dict()
     return out
-
-
-SWEEP_ORDER = {"synchronous": 0, "throughput": 2}  # the rate loads between, by rate
-
-
-def _by_load(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A sweep's rows in increasing load (synchronous, its rates, throughput), as the knee and the plot read them;
-    they ran (and are listed) in guidellm's order: synchronous, throughput, then the rates."""
-    if not any(r.get("strategy") for r in rows):
-        return rows
-    return sorted(rows, key=lambda r: (SWEEP_ORDER.get(r["strategy"], 1), _rate_of(r)))
-
-
-def _rate_of(row: dict[str, Any]) -> float:
-    return math.inf if row["request_rate"] == "inf" else row["request_rate"]
 
 
 async def _connect(target: Target, flags: dict[str, Any], api_key: str | None, served: dict[str, Any]):
@@ -731,7 +716,7 @@ def _report(console, result: dict[str, Any], flags: dict[str, Any]) -> None:
         where = result["url"] or f"{result['model_id']} in-process"
         cut = f" (partial: {result['stopped']})" if result["stopped"] else ""  # as the table and the JSON say
         if len(result["sweep"]) > 1:
-            plot_sweep(_by_load(result["sweep"]), flags["plot"], f"bench-serve -> {where}{cut}")
+            plot_sweep(result["sweep"], flags["plot"], f"bench-serve -> {where}{cut}")
         else:
             plot_timeline(results, flags["plot"], f"bench-serve {result['sweep'][0]['load']} -> {where}{cut}")
         console.print(f"plot written to {flags['plot']}")

@@ -85,7 +85,10 @@ def _load_axis(rows: Sequence[dict[str, Any]]) -> tuple[list[float], list[str]]:
 
 def plot_sweep(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     """A sweep: output throughput (and goodput), TTFT p50/p99 and TPOT p50/p99 against load; the knee marked."""
+    from minisgl_cli.run_figures import by_load
+
     plt = _pyplot()
+    rows = by_load(list(rows))
     x, labels = _load_axis(rows)
     fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
     a = axes[0]
@@ -158,7 +161,10 @@ def _bars(ax, xs: Sequence[float], values: Sequence[float | None], width: float,
 def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
     """Several runs: sweeps as lines against their load points, single runs as bars (output tok/s, TTFT, TPOT and
     TBT p50/p99)."""
+    from minisgl_cli.run_figures import by_load
+
     plt = _pyplot()
+    runs = [{**r, "rows": by_load(r["rows"])} if r["rows"] else r for r in runs]  # a --rate sweep's in load order
     sweeps = [r for r in runs if r["rows"] and len(r["rows"]) > 1]
     fig, axes = plt.subplots(4, 1, figsize=(9, 12))
     panels = (

@@ -149,5 +149,22 @@ def mark_knee(rows: list[dict[str, Any]]) -> int | None:
     return knee
 
 
+SWEEP_ORDER = {"synchronous": 0, "throughput": 2}  # a --rate sweep's rate loads lie between, by rate
+
+
+def by_load(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A --rate sweep's rows in increasing load (synchronous, its rates, throughput), as the knee and the plots read
+    them: they ran, and are listed, in guidellm's order (synchronous, throughput, then the rates). Other rows as
+    they are (already in increasing load)."""
+    if not all(isinstance(r.get("strategy"), str) for r in rows):
+        return list(rows)
+
+    def key(row: dict[str, Any]) -> tuple[int, float]:
+        rate = row.get("request_rate")
+        return SWEEP_ORDER.get(row["strategy"], 1), rate if isinstance(rate, (int, float)) else math.inf
+
+    return sorted(rows, key=key)
+
+
 def load_sort_key(rate: float, concurrency: int | None) -> tuple[float, float]:
     return (rate, math.inf if concurrency is None else concurrency)

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from minisgl_cli.app import app
 from minisgl_cli.arrivals import arrival_times, sweep_rates
-from minisgl_cli.bench_serve import _by_load
 from minisgl_cli.mock_server import MockConfig, mock_server_process
 from minisgl_cli.openai_client import _data_of, decode_event
+from minisgl_cli.run_figures import by_load
 from tests.conftest import free_port, serve_subprocess
 from tests.test_bench_offline import flat
 
@@ -78,6 +78,12 @@ def test_sweep_rates_are_guidellms_linspace():
         rates = sweep_rates(sync, tput, n)
         assert rates == pytest.approx(list(np.linspace(sync, tput, n - 1)[1:]), rel=1e-12)
         assert len(rates) == n - 2 and rates[-1] == tput
+    # the knee and the plots (bench-serve's, bench-compare's) read a sweep in increasing load, not in the order it ran
+    ran = [("synchronous", "inf"), ("throughput", "inf"), ("constant", 3.0), ("constant", 2.0)]
+    rows = [{"strategy": k, "request_rate": r, "load": f"{k}@{r}"} for k, r in ran]
+    assert [r["load"] for r in by_load(rows)] == ["synchronous@inf", "constant@2.0", "constant@3.0", "throughput@inf"]
+    listed = [{"request_rate": 1.0, "max_concurrency": None}, {"request_rate": "inf", "max_concurrency": 4}]
+    assert by_load(listed) == listed  # a list of rates or concurrencies: already in increasing load
 
 
 # ---- the client's parser -------------------------------------------------------------------------------------------
@@ -696,7 +702,7 @@ def test_rate_sweep_against_minisgl_serve(tmp_path):
         assert "linspace(synchronous_rate, throughput_rate, loads - 1)[1:]" in res["profile"]["derivation"]
         # the knee and the plot read the loads in increasing load, not in the order they ran
         by_rate = [r["load"] for r in sorted(rows[2:], key=lambda r: r["request_rate"])]
-        assert [r["load"] for r in _by_load(rows)] == ["synchronous", *by_rate, "throughput"]
+        assert [r["load"] for r in by_load(rows)] == ["synchronous", *by_rate, "throughput"]
         assert sum(r["knee"] for r in rows) <= 1
         for name in ("synchronous", "throughput", *(f"constant@{r:.2f}" for r in rates)):
             assert name in out, out
