@@ -46,12 +46,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(help="an OpenAI-compatible server (e.g. http://127.0.0.1:8000); default in-process"),
         ] = None,
         endpoint: Annotated[str, typer.Option(help="completions | chat (chat sends text prompts)")] = "completions",
-        served_model: Annotated[
-            str | None, typer.Option(help="model name sent with --url (default: the first of /v1/models)")
-        ] = None,
-        api_key: Annotated[
-            str | None, typer.Option(envvar="OPENAI_API_KEY", help="bearer token for --url", show_default=False)
-        ] = None,
+        served_model: o.ServedModel = None,
+        api_key: o.ApiKey = None,
         num_requests: Annotated[
             int | None,
             typer.Option(help="requests per load point (default 200; with --duration: as many as fit)", min=1),
@@ -103,7 +99,7 @@ def register(app: typer.Typer) -> None:
             int | None,
             typer.Option(help="prompt ids stay below this (default: --model's vocabulary)", min=2),
         ] = None,
-        request_timeout: Annotated[float, typer.Option(help="seconds per request with --url", min=1.0)] = 600.0,
+        request_timeout: o.RequestTimeout = 600.0,
         client_check: Annotated[
             bool, typer.Option("--client-check", help="only measure the client's absorption rate and print it")
         ] = False,
@@ -274,9 +270,6 @@ def _needs_text(flags: dict[str, Any]) -> bool:
 
 
 def _target(config: EngineConfig, flags: dict[str, Any]) -> Target:
-    from engine.tokenizer import load_tokenizer
-    from engine.weights import model_config_for
-
     needs_text = _needs_text(flags)
     if flags["url"] is None:
         llm = o.load_llm(config, quiet=flags["quiet"])
@@ -284,19 +277,7 @@ def _target(config: EngineConfig, flags: dict[str, Any]) -> Target:
         context = min(e.max_model_len, e.cache.num_pages * e.cache.page_size)
         vocab = flags["vocab_size"] or e.model_cfg.vocab_size
         return Target(vocab, context, llm.tokenizer, llm.describe()["model"], llm=llm)
-    vocab, context = flags["vocab_size"], config.max_model_len
-    tokenizer = None
-    if vocab is None or context is None or needs_text:
-        try:
-            mc = model_config_for(config.model)
-            tokenizer = load_tokenizer(config.model) if needs_text else None
-        except (ValueError, FileNotFoundError) as e:
-            raise typer.BadParameter(
-                f"{e} (with --url, --model names the served model's config and tokenizer; or pass --vocab-size and "
-                "--max-model-len)",
-                param_hint="--model",
-            ) from e
-        vocab, context = vocab or mc.vocab_size, context or mc.max_position_embeddings
+    vocab, context, tokenizer = o.served_shape(config, flags["vocab_size"], needs_text)
     return Target(vocab, context, tokenizer, str(config.model), url=flags["url"])
 
 

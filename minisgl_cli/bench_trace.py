@@ -71,16 +71,12 @@ def register(app: typer.Typer) -> None:
                 help="replay against this OpenAI-compatible server (e.g. http://127.0.0.1:8000) instead of in-process"
             ),
         ] = None,
-        served_model: Annotated[
-            str | None, typer.Option(help="model name sent with --url (default: the first of /v1/models)")
-        ] = None,
-        api_key: Annotated[
-            str | None, typer.Option(envvar="OPENAI_API_KEY", help="bearer token for --url", show_default=False)
-        ] = None,
+        served_model: o.ServedModel = None,
+        api_key: o.ApiKey = None,
         vocab_size: Annotated[
             int | None, typer.Option(help="prompt token ids stay below this (default: the --model's vocabulary)", min=2)
         ] = None,
-        request_timeout: Annotated[float, typer.Option(help="seconds per request with --url", min=1.0)] = 600.0,
+        request_timeout: o.RequestTimeout = 600.0,
         no_client_check: Annotated[
             bool,
             typer.Option(
@@ -404,7 +400,6 @@ def _run_url(
 ) -> tuple[dict[str, Any], list]:
     import asyncio
 
-    from engine.weights import model_config_for
     from minisgl_cli.client_check import client_check_or_none
     from minisgl_cli.live_view import LiveView
     from minisgl_cli.openai_client import HTTPStatusError, OpenAIClient, api_base
@@ -419,16 +414,7 @@ def _run_url(
     )
     from minisgl_cli.run_figures import client_usage
 
-    vocab, context = flags["vocab_size"], config.max_model_len
-    if vocab is None or context is None:
-        try:
-            mc = model_config_for(config.model)
-        except (ValueError, FileNotFoundError) as e:
-            raise typer.BadParameter(
-                f"{e} (with --url, --model names the served model's config; or pass --vocab-size and --max-model-len)",
-                param_hint="--model",
-            ) from e
-        vocab, context = vocab or mc.vocab_size, context or mc.max_position_embeddings
+    vocab, context, _ = o.served_shape(config, flags["vocab_size"])
     p = plan(window, vocab, context, flags)
     check = None if flags["no_client_check"] else client_check_or_none(quiet)
 

@@ -54,6 +54,10 @@ MemoryFraction = Annotated[
         max=1.0,
     ),
 ]
+# the --url benchmarks' client options (bench-serve, bench-trace)
+ServedModel = Annotated[str | None, typer.Option(help="model name sent with --url (default: the first of /v1/models)")]
+ApiKey = Annotated[str | None, typer.Option(envvar="OPENAI_API_KEY", help="bearer token for --url", show_default=False)]
+RequestTimeout = Annotated[float, typer.Option(help="seconds per request with --url", min=1.0)]
 MaxRunning = Annotated[int, typer.Option(help="max concurrently running requests", min=1)]
 VllmArgs = Annotated[
     list[str] | None,
@@ -269,6 +273,27 @@ def refuse_by_url(ctx: typer.Context, url: str | None, reads_model: bool, url_on
     if not reads_model:
         why = "is read for the served model's vocabulary and context, and --vocab-size and --max-model-len give both"
         refuse_given(ctx, why, "model")
+
+
+def served_shape(config: EngineConfig, vocab_size: int | None, with_tokenizer: bool = False) -> tuple[int, int, Any]:
+    """A --url run's vocabulary, context and (`with_tokenizer`) tokenizer for the served model: --vocab-size and
+    --max-model-len where given, the rest read from --model (bench-trace, bench-serve)."""
+    from engine.tokenizer import load_tokenizer
+    from engine.weights import model_config_for
+
+    vocab, context, tokenizer = vocab_size, config.max_model_len, None
+    if vocab is None or context is None or with_tokenizer:
+        try:
+            mc = model_config_for(config.model)
+            tokenizer = load_tokenizer(config.model) if with_tokenizer else None
+        except (ValueError, FileNotFoundError) as e:
+            what = "config and tokenizer" if with_tokenizer else "config"
+            raise typer.BadParameter(
+                f"{e} (with --url, --model names the served model's {what}; or pass --vocab-size and --max-model-len)",
+                param_hint="--model",
+            ) from e
+        vocab, context = vocab or mc.vocab_size, context or mc.max_position_embeddings
+    return vocab, context, tokenizer
 
 
 def refuse_unread_engine_flags(ctx: typer.Context, config: EngineConfig) -> None:

@@ -393,6 +393,10 @@ def test_bad_input_is_named(tmp_path):
     assert "--rate sweep's throughput load its synchronous one" in out
     out = fails("--rate", "sweep", "--duration", "5", *NOWHERE)
     assert "Invalid value for --duration: without --num-requests or --max-concurrency" in out
+    # --url reads the served model's vocabulary and context (and, for text prompts, its tokenizer) from --model
+    out = fails("--url", "http://127.0.0.1:1", "--model", str(tmp_path), "--quiet", "--endpoint", "chat")
+    assert "Invalid value for --model" in out
+    assert "--model names the served model's config and tokenizer; or pass --vocab-size and --max-model-len" in out
     data = tmp_path / "d.json"
     data.write_text(json.dumps([{"body": "hello", "lang": "en"}]))
     out = fails("--dataset", str(data), "--url", "http://127.0.0.1:1", "--model", "dummy:tiny-llama", *URL_FLAGS)

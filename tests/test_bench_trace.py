@@ -254,6 +254,11 @@ def test_bad_options(tmp_path):
     url = ["--url", "http://x", "--model", "dummy:tiny-llama", "--quiet"]  # TINY's --device is refused with --url
     r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *url, "--step-log", "s.jsonl"])
     assert r.exit_code == 2 and "does not go with --url" in flat(r.output)
+    # --url reads the served model's vocabulary and context from --model: one it cannot read is named, with the way out
+    r = CliRunner().invoke(app, ["bench-trace", str(QWEN), "--url", "http://x", "--model", str(tmp_path), "--quiet"])
+    out = flat(r.output)
+    assert r.exit_code == 2 and "Invalid value for --model" in out, r.output
+    assert "--model names the served model's config; or pass --vocab-size and --max-model-len" in out
     for args, message in (
         (["--engine", "sglang"], "must be one of minisgl, vllm"),
         (["--engine", "vllm", "--url", "http://x"], "does not go with --url"),
