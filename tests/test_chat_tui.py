@@ -631,3 +631,32 @@ def test_a_multi_line_system_prompt_is_a_command():
         ]
 
     run_pilot(ChatApp(backend, ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario)
+
+
+def test_an_answer_nested_too_deep_for_markdown_is_shown():
+    """SmolLM2 looping "1. 1. 2. 3. ..." (a real 400-token answer, each `N. ` a list inside the last) showed an
+    empty answer: markdown-it drops whatever is nested past 20 levels. The text is shown as it is, streamed and
+    reopened, and ordinary nested lists stay lists."""
+    looped = "1. " + " ".join(f"{i}." for i in range(1, 120))
+    tokens = [looped[i : i + 4] for i in range(0, len(looped), 4)] + ["\n\n", "The end."]
+
+    class Looping(ScriptedBackend):
+        def start(self, messages, params, thinking):
+            return ScriptedAnswer(tokens, 0.001, None)
+
+    def shown(app: ChatApp) -> str:
+        return " ".join(p._content.plain for p in app.query_one(AssistantMessage).answer.query(MarkdownParagraph))
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "a guide to baking bread, step by step")
+        await idle(app, pilot)
+        await pilot.pause()
+        assert "118. 119." in shown(app) and "The end." in shown(app), shown(app)
+        await app.query_one("#conversation").remove_children()
+        await app.show_history()  # as a resumed or opened chat shows it
+        await pilot.pause()
+        assert "118. 119." in shown(app) and "The end." in shown(app), shown(app)
+        await app.query_one(AssistantMessage).answer.update("1. one\n   - two\n     - three")
+        assert shown(app) == "one two three"  # three paragraphs, in three nested lists
+
+    run_pilot(ChatApp(Looping(thinking_switch=None), ChatSession(max_tokens=512, max_tokens_limit=4096)), scenario)

@@ -7,6 +7,7 @@ from collections import deque
 
 from markdown_it import MarkdownIt
 from markdown_it.rules_core import StateCore
+from markdown_it.token import Token
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -48,11 +49,28 @@ def _hard_breaks(state: StateCore) -> None:
                 child.type = "hardbreak"
 
 
+def _too_deep(state: StateCore) -> None:
+    """markdown-it stops reading blocks nested past its maxNesting (20 levels of lists in lists, or of `>`) and drops
+    the rest of the text without a word: SmolLM2 looping "1. 1. 2. 3. 4. ..." for 400 tokens (each `N. ` opens a list
+    inside the last) showed an empty answer. Such a text is shown as one paragraph, its lines kept, its inline
+    Markdown still read. Only blockquotes and list items read blocks nested in them, one level below their own."""
+    deepest = state.md.options.maxNesting - 1
+    if not any(t.type in ("blockquote_open", "list_item_open") and t.level >= deepest for t in state.tokens):
+        return
+    lines = [0, state.src.count("\n") + 1]
+    state.tokens = [
+        Token("paragraph_open", "p", 1, map=lines, block=True),
+        Token("inline", "", 0, map=lines, content=state.src.strip(), level=1, block=True, children=[]),
+        Token("paragraph_close", "p", -1, block=True),
+    ]
+
+
 def model_markdown() -> MarkdownIt:
     """Textual's parser, with a single newline a line break (Markdown makes it a space: a poem ran together into
     one paragraph), as chat UIs show a model's text. markdown-it's `breaks` option is for its HTML renderer only;
     Textual reads the tokens, so the soft breaks become hard ones."""
     md = MarkdownIt("gfm-like", {"html": False})  # a model's "<int>" or "<div>" is text to show, not HTML to drop
+    md.core.ruler.after("block", "too_deep", _too_deep)  # before "inline", which reads the paragraph it leaves
     md.core.ruler.push("hard_breaks", _hard_breaks)
     return md
 
