@@ -625,3 +625,27 @@ def test_a_click_on_an_answer_that_never_joined_the_history_copies_nothing_else(
         assert app.clipboard == "the answer"
 
     run_pilot(ChatApp(FirstEmpty(thinking_switch=None), ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario)
+
+
+def test_editing_the_first_message_renames_a_chat_named_after_it(db):
+    """A chat is named after its first message until /rename: editing that message (ctrl+g) left the title, the
+    header and the saved-chats list naming the message edited away. A /rename'd chat keeps its name."""
+    store = ChatStore(db)
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "What is the capital of Frnace?")
+        await idle(app, pilot)
+        await pilot.press("ctrl+g")
+        app.query_one(PromptBox).value = "What is the capital of France?"
+        await pilot.press("enter")
+        await idle(app, pilot)
+        assert app.session.title == "What is the capital of France?" and app.title == "What is the capital of France?"
+        assert [i.title for i in store.sessions()] == ["What is the capital of France?"]
+        await send(pilot, "/rename Capitals")
+        await pilot.press("ctrl+g")
+        app.query_one(PromptBox).value = "And of Germany?"  # the only question: the first again
+        await pilot.press("enter")
+        await idle(app, pilot)
+        assert app.session.history[0].content == "And of Germany?" and app.session.title == "Capitals"
+
+    run_pilot(ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens=64), store), scenario)

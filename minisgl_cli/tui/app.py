@@ -23,7 +23,7 @@ from textual.widgets.markdown import MarkdownStream
 from minisgl_cli.tui.backend import Answer, BackendError, ChatBackend
 from minisgl_cli.tui.commands import HELP, CommandError, is_command, run_command, takes_lines
 from minisgl_cli.tui.export import code_blocks, export
-from minisgl_cli.tui.session import ChatMessage, ChatSession
+from minisgl_cli.tui.session import ChatMessage, ChatSession, title_of
 from minisgl_cli.tui.sessions_screen import Renamed, SessionsScreen
 from minisgl_cli.tui.stats import Load, load_rows, settings_rows, turn_rows
 from minisgl_cli.tui.store import ChatStore, StoreError
@@ -285,6 +285,8 @@ class ChatApp(App):
         if answer is None:
             return False
         if self.editing is not None:
+            if keep == 0 and self.session.title == title_of(self.session.history[0].content):
+                self.session.title = ""  # named after the message edited away (not renamed): the new one names it
             self.editing = None
             await self.drop_from(keep)
         self.session.add(ChatMessage("user", text, created=time.time()))

@@ -93,6 +93,11 @@ def parse_stop(text: str) -> list[str]:
     return strings if word is None else [*strings, word]
 
 
+def title_of(text: str) -> str:
+    """A chat's title until /rename: its first message, on one line, cut at 60 characters."""
+    return " ".join(text.split())[:60]
+
+
 @dataclass(slots=True)
 class ChatMessage:
     role: str  # system | user | assistant
@@ -164,7 +169,7 @@ class ChatSession:
     def add(self, message: ChatMessage) -> None:
         self.history.append(message)
         if not self.title and message.role == "user":
-            self.title = " ".join(message.content.split())[:60]
+            self.title = title_of(message.content)
 
     @property
     def awaiting_answer(self) -> bool:
