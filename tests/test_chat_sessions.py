@@ -649,3 +649,28 @@ def test_editing_the_first_message_renames_a_chat_named_after_it(db):
         assert app.session.history[0].content == "And of Germany?" and app.session.title == "Capitals"
 
     run_pilot(ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens=64), store), scenario)
+
+
+def test_opening_a_saved_chat_mid_edit_leaves_the_edited_message_behind(db):
+    """ctrl+g, then ctrl+o and another chat: the box still held the left chat's message under edit, no longer an
+    edit, so enter sent it into the opened chat as a new message (ctrl+n already emptied the box)."""
+    store = ChatStore(db)
+    other = ChatSession(max_tokens=64, model="scripted-qwen3")
+    other.add(ChatMessage("user", "the other chat"))
+    other.add(ChatMessage("assistant", "its answer"))
+    store.save(other, ["the other chat"])
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "a private question")
+        await idle(app, pilot)
+        await pilot.press("ctrl+g")
+        assert app.query_one(PromptBox).value == "a private question"
+        screen = await open_sessions(app, pilot)
+        await pilot.press(*["down"] * [i.title for i in screen.infos].index("the other chat"), "enter")
+        await wait_for(pilot, lambda: app.session.title == "the other chat", what="opened chat")
+        assert app.editing is None and app.query_one(PromptBox).value == ""
+        await pilot.press("enter")  # sends nothing
+        await pilot.pause()
+        assert [m.content for m in app.session.history] == ["the other chat", "its answer"]
+
+    run_pilot(ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens=64), store), scenario)

@@ -576,6 +576,8 @@ class ChatApp(App):
         except (StoreError, KeyError) as e:
             self.say(f"cannot open chat {id}: {e}", severity="error")
             return
+        if self.editing is not None:  # the box holds the left chat's message under edit: it goes with that chat
+            self.query_one(PromptBox).value = ""  # (as ctrl+n), or enter sent it into the opened chat as a new one
         self.session, self.editing = session, None
         self.query_one(PromptBox).set_history(inputs)
         # the chat left behind's numbers go: show_history shows the opened chat's last turn (if it has one) in an
