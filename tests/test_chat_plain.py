@@ -19,7 +19,8 @@ from minisgl_cli.app import app
 from minisgl_cli.chat import chat_exit_code
 from minisgl_cli.serve import LoopEnd
 from minisgl_cli.tui.plain import run_plain
-from minisgl_cli.tui.session import ChatSession
+from minisgl_cli.tui.session import ChatMessage, ChatSession
+from minisgl_cli.tui.turn import TurnStats
 from tests.at_line import at_line
 from tests.chat_pilot import LocalEngine
 from tests.conftest import checked, make_llm
@@ -401,3 +402,30 @@ def test_two_signals_held_through_a_save_are_both_acted_on(tmp_path):
     assert [m.role for m in session.history] == ["user", "assistant"]
     assert session.history[1].stats is not None and session.history[1].stats.finish_reason == "abort"
     assert len(store.sessions()) == 1
+
+
+def test_stats_shows_this_chats_last_turn():
+    """/stats in the plain mode showed the left chat's last turn after /reset, and none for a resumed chat (the TUI
+    shows the resumed chat's last answer's numbers)."""
+    llm = make_llm("dummy:tiny-llama", num_pages=128)
+    engine = LocalEngine(llm)
+    session = ChatSession(max_tokens=5, max_tokens_limit=llm.engine.max_model_len)
+
+    def ttfts(err: io.StringIO) -> list[str]:
+        return re.findall(r"^TTFT +(.*)$", err.getvalue(), re.MULTILINE)
+
+    try:
+        err = io.StringIO()
+        run_plain(
+            engine.backend(), session, None, None, io.StringIO("one\n/stats\n/reset\n/stats\n"), io.StringIO(), err
+        )
+        shown = ttfts(err)
+        assert len(shown) == 2 and shown[0].endswith(" ms") and shown[1] == "-", err.getvalue()
+        resumed = ChatSession(max_tokens=5, max_tokens_limit=llm.engine.max_model_len)
+        resumed.add(ChatMessage("user", "earlier"))
+        resumed.add(ChatMessage("assistant", "answer", stats=TurnStats(prompt_tokens=9, output_tokens=5, ttft=0.25)))
+        err = io.StringIO()
+        run_plain(engine.backend(), resumed, None, None, io.StringIO("/stats\n"), io.StringIO(), err)
+        assert ttfts(err) == ["250.0 ms"], err.getvalue()
+    finally:
+        engine.shutdown()

@@ -66,7 +66,8 @@ def run_plain(
         save()  # now the last chat, as in the TUI
     loop = LoopThread()
     loop.run(backend.ready())
-    turn = TurnStats()
+    last = session.last("assistant")  # /stats's last turn: a resumed chat's own, as the TUI shows it
+    turn = (session.history[last].stats if last is not None else None) or TurnStats()
     ended_by, restore_signals = _end_on_signals()
 
     def more() -> None:  # the prompt inside a message of several lines
@@ -94,6 +95,7 @@ def run_plain(
                 refused_commands += not _command(line, loop, backend, session, turn, stderr)
                 if session.id is None and not session.history:  # /reset: a new session, its own input history
                     inputs[:] = [line]
+                    turn = TurnStats()  # and no last turn: /stats showed the left chat's
                 save()
                 continue
             try:
