@@ -660,3 +660,27 @@ def test_an_answer_nested_too_deep_for_markdown_is_shown():
         assert shown(app) == "one two three"  # three paragraphs, in three nested lists
 
     run_pilot(ChatApp(Looping(thinking_switch=None), ChatSession(max_tokens=512, max_tokens_limit=4096)), scenario)
+
+
+def test_typing_after_a_click_on_a_message_goes_to_the_input():
+    """A click on a message copies it and gives the conversation the focus (so does tab, to scroll with the keys):
+    the next question typed was lost, key by key, with nothing on the screen."""
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "hi")
+        await idle(app, pilot)
+        await pilot.click(AssistantMessage)
+        await pilot.pause()
+        assert app.clipboard and app.focused is app.query_one("#conversation")
+        await pilot.press(*"next one")
+        box = app.query_one(PromptBox)
+        assert box.value == "next one" and app.focused is box
+        await pilot.press("tab", "pageup", "home", "?")  # the conversation's own keys still scroll it
+        assert box.value == "next one?" and app.focused is box
+        await pilot.press("enter")
+        await idle(app, pilot)
+        assert [m.content for m in app.session.history if m.role == "user"] == ["hi", "next one?"]
+
+    run_pilot(
+        ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario
+    )

@@ -501,6 +501,17 @@ class ChatApp(App):
     def action_copy_answer(self) -> None:
         self.copy("", "")
 
+    def on_key(self, event: events.Key) -> None:
+        """A character typed while the conversation or the panel has the focus (a click on a message, which copies it,
+        gives it to the conversation; so does tab, to scroll with the keys) goes into the input box, which takes the
+        focus back: it was lost, and so was the next question typed after a click. Keys the focused widget handled
+        (its bindings: pageup, home...) and those on another screen (the saved chats, the palette) never get here."""
+        box = self.input_box
+        if event.is_printable and event.character and self.screen is box.screen and self.focused is not box:
+            event.stop()
+            box.focus()
+            box.insert(event.character)
+
     def on_click(self, event: events.Click) -> None:
         """A click on a message copies it (oterm's way): any question or answer, not only the last answer. Not after
         a drag (the mouse selected text, which ctrl+c copies), not on a thinking block (its title folds it), and not
