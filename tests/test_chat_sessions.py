@@ -674,3 +674,29 @@ def test_opening_a_saved_chat_mid_edit_leaves_the_edited_message_behind(db):
         assert [m.content for m in app.session.history] == ["the other chat", "its answer"]
 
     run_pilot(ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens=64), store), scenario)
+
+
+def test_an_edit_gives_back_the_question_being_typed():
+    """ctrl+g replaced a question being typed with the message to edit, and esc (or ctrl+n) then emptied the box:
+    the draft was lost. It comes back when the edit ends, however it ends."""
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        box = app.query_one(PromptBox)
+        await send(pilot, "first")
+        await idle(app, pilot)
+        await pilot.press(*"a draft")
+        await pilot.press("ctrl+g")
+        assert box.value == "first"
+        await pilot.press("escape")
+        assert box.value == "a draft" and app.editing is None
+        await pilot.press("ctrl+g", *", edited", "enter")
+        await idle(app, pilot)
+        assert [m.content for m in app.session.history if m.role == "user"] == ["first, edited"]
+        assert box.value == "a draft"
+        await pilot.press("ctrl+g", "ctrl+n")
+        await pilot.pause()
+        assert box.value == "a draft" and not app.session.history
+
+    run_pilot(
+        ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario
+    )

@@ -117,6 +117,7 @@ class ChatApp(App):
         self.turn = TurnStats()
         self.last_metrics: Load | None = None
         self.editing: int | None = None  # history index of the user message being edited
+        self.draft = ""  # what the input box held when the edit began (ctrl+g); end_edit puts it back
         self.save_error: str | None = None
         self._inputs = list(inputs or [])
         self._notice = notice
@@ -287,7 +288,7 @@ class ChatApp(App):
         if self.editing is not None:
             if keep == 0 and self.session.title == title_of(self.session.history[0].content):
                 self.session.title = ""  # named after the message edited away (not renamed): the new one names it
-            self.editing = None
+            self.end_edit(self.input_box.value)  # after what it held before ctrl+g, anything typed since enter
             await self.drop_from(keep)
         self.session.add(ChatMessage("user", text, created=time.time()))
         await self.query_one("#conversation").mount(UserMessage(text, len(self.session.history) - 1))
@@ -442,8 +443,7 @@ class ChatApp(App):
             self.workers.cancel_group(self, "generate")
             self.answer = None
         if self.editing is not None:  # the box holds the old chat's message under edit: it goes with that chat
-            self.query_one(PromptBox).value = ""
-            self.editing = None
+            self.end_edit()
         self.session.reset()
         self.query_one(PromptBox).set_history([])  # what is typed in it stays: a question drafted for the new chat
         self.turn = TurnStats()  # before the await below: the new chat's state is whole before anything else runs
@@ -483,20 +483,27 @@ class ChatApp(App):
         if i is None:
             self.say("no message to edit yet", severity="warning")
             return
+        box = self.query_one(PromptBox)
+        if self.editing is None:  # a question being typed: kept for after the edit (a second ctrl+g keeps it too)
+            self.draft = box.value
         self.editing = i
         for w in self.query(UserMessage):
             w.set_class(w.index == i, "-editing")
-        box = self.query_one(PromptBox)
         box.value = self.session.history[i].content
         box.focus()
         self.say("editing your last message: enter sends it in its place, esc cancels")
 
     def cancel_edit(self) -> None:
-        self.editing = None
         for w in self.query(UserMessage):
             w.remove_class("-editing")
-        self.query_one(PromptBox).value = ""
+        self.end_edit()
         self.say("edit cancelled")
+
+    def end_edit(self, typed: str = "") -> None:
+        """The edit is over (sent, cancelled, or its chat left): the box holds what it held before ctrl+g, then `typed`.
+        A question being typed was replaced by the message to edit, and esc or ctrl+n emptied the box: it was lost."""
+        self.editing = None
+        self.input_box.value, self.draft = self.draft + typed, ""
 
     def action_copy_answer(self) -> None:
         self.copy("", "")
@@ -588,8 +595,8 @@ class ChatApp(App):
             self.say(f"cannot open chat {id}: {e}", severity="error")
             return
         if self.editing is not None:  # the box holds the left chat's message under edit: it goes with that chat
-            self.query_one(PromptBox).value = ""  # (as ctrl+n), or enter sent it into the opened chat as a new one
-        self.session, self.editing = session, None
+            self.end_edit()  # (as ctrl+n), or enter sent it into the opened chat as a new one
+        self.session = session
         self.query_one(PromptBox).set_history(inputs)
         # the chat left behind's numbers go: show_history shows the opened chat's last turn (if it has one) in an
         # empty TBT window, as --resume does
