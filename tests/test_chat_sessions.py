@@ -700,3 +700,41 @@ def test_an_edit_gives_back_the_question_being_typed():
     run_pilot(
         ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario
     )
+
+
+def test_a_chat_reopened_with_another_model_says_so_and_names_it(db):
+    """A saved chat resumed or opened (ctrl+o, the plain mode's --resume) with another model went on without a word,
+    and its row and exports kept naming the model it began with, beside answers from the one answering now."""
+    import io
+
+    from minisgl_cli.tui.plain import run_plain
+
+    store = ChatStore(db)
+    for title in ("resumed chat", "opened chat"):
+        s = ChatSession(max_tokens=64, model="SmolLM2-135M-Instruct")
+        s.add(ChatMessage("user", title))
+        s.add(ChatMessage("assistant", "an answer"))
+        store.save(s, [title])
+    resumed, inputs = store.load(1)
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await pilot.pause()
+        said = "this chat was with SmolLM2-135M-Instruct; scripted-qwen3 answers from here on"
+        assert said in notices(app) and app.session.model == "scripted-qwen3"
+        screen = await open_sessions(app, pilot)
+        await pilot.press(*["down"] * [i.title for i in screen.infos].index("opened chat"), "enter")
+        await wait_for(pilot, lambda: app.session.title == "opened chat", what="opened chat")
+        assert notices(app).count(said) == 2 and app.session.model == "scripted-qwen3"
+        await send(pilot, "/export md " + str(db.parent / "opened.md"))
+        assert "Model: scripted-qwen3 ·" in (db.parent / "opened.md").read_text()
+
+    run_pilot(ChatApp(ScriptedBackend(thinking_switch=None), resumed, store, inputs), scenario)
+    assert {i.model for i in store.sessions()} == {"scripted-qwen3"}
+
+    other = ChatSession(max_tokens=64, model="SmolLM2-135M-Instruct")
+    other.add(ChatMessage("user", "plain chat"))
+    store.save(other, [])
+    err = io.StringIO()
+    run_plain(ScriptedBackend(thinking_switch=None), store.load(3)[0], store, [], io.StringIO(""), io.StringIO(), err)
+    assert "warning: this chat was with SmolLM2-135M-Instruct; scripted-qwen3 answers" in err.getvalue()
+    assert store.load(3)[0].model == "scripted-qwen3"

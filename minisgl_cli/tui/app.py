@@ -23,7 +23,7 @@ from textual.widgets.markdown import MarkdownStream
 from minisgl_cli.tui.backend import Answer, BackendError, ChatBackend
 from minisgl_cli.tui.commands import HELP, CommandError, is_command, run_command, takes_lines
 from minisgl_cli.tui.export import code_blocks, export
-from minisgl_cli.tui.session import ChatMessage, ChatSession, title_of
+from minisgl_cli.tui.session import ChatMessage, ChatSession, go_on_with, title_of
 from minisgl_cli.tui.sessions_screen import Renamed, SessionsScreen
 from minisgl_cli.tui.stats import Load, load_rows, settings_rows, turn_rows
 from minisgl_cli.tui.store import ChatStore, StoreError
@@ -110,7 +110,7 @@ class ChatApp(App):
         notice: shown as a warning at start (e.g. why the chat is not being saved)."""
         super().__init__()
         self.backend, self.session, self.store = backend, session, store
-        self.session.model = self.session.model or backend.model
+        self._model_notice = go_on_with(self.session, backend.model)
         self.sub_title = backend.title
         self.answer: Answer | None = None  # the answer being generated, if any
         self._reading: tuple[Answer, TurnReader] | None = None  # an answer not yet in the session
@@ -144,6 +144,8 @@ class ChatApp(App):
             self.save()  # a resumed chat is now the last one, as one opened with ctrl+o: the next --resume comes back
         if self._notice:
             self.say(self._notice, severity="warning", timeout=10)
+        if self._model_notice:
+            self.say(self._model_notice, severity="warning", timeout=10)
         self.set_interval(1 / self.METRICS_HZ, self.refresh_metrics)
         self.refresh_metrics()
 
@@ -597,6 +599,7 @@ class ChatApp(App):
         if self.editing is not None:  # the box holds the left chat's message under edit: it goes with that chat
             self.end_edit()  # (as ctrl+n), or enter sent it into the opened chat as a new one
         self.session = session
+        model_notice = go_on_with(session, self.backend.model)
         self.query_one(PromptBox).set_history(inputs)
         # the chat left behind's numbers go: show_history shows the opened chat's last turn (if it has one) in an
         # empty TBT window, as --resume does
@@ -606,6 +609,8 @@ class ChatApp(App):
         await self.show_history()
         self.save()  # now the last chat: --resume comes back to it
         self.say(f"opened {session.title!r} ({len(session.history)} messages)")
+        if model_notice:
+            self.say(model_notice, severity="warning", timeout=10)
 
     def on_renamed(self, event: Renamed) -> None:
         if event.id == self.session.id:

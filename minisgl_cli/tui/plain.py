@@ -16,7 +16,7 @@ from typing import Any, TextIO
 from minisgl_cli.tui.backend import Answer, BackendError, ChatBackend
 from minisgl_cli.tui.commands import HELP, CommandError, is_command, run_command, takes_lines
 from minisgl_cli.tui.export import export
-from minisgl_cli.tui.session import ChatMessage, ChatSession
+from minisgl_cli.tui.session import ChatMessage, ChatSession, go_on_with
 from minisgl_cli.tui.stats import Load, load_rows, ms, settings_rows, turn_rows
 from minisgl_cli.tui.store import ChatStore, StoreError
 from minisgl_cli.tui.turn import TurnReader, TurnStats
@@ -59,11 +59,13 @@ def run_plain(
         nonlocal failed_saves
         failed_saves += not _save(store, session, inputs, stderr)
 
-    session.model = session.model or backend.model  # saved with the chat and in its exports, as the TUI does
+    other_model = go_on_with(session, backend.model)  # saved with the chat and in its exports, as the TUI does
     print(f"minisgl chat · {backend.title}   (/help for commands, Ctrl-D to quit)", file=stderr)
     if session.id is not None:
         print(f"resumed chat {session.id}: {session.title} ({len(session.history)} messages)", file=stderr)
         save()  # now the last chat, as in the TUI
+    if other_model:
+        print(f"warning: {other_model}", file=stderr)
     loop = LoopThread()
     loop.run(backend.ready())
     last = session.last("assistant")  # /stats's last turn: a resumed chat's own, as the TUI shows it

@@ -190,6 +190,14 @@ class ChatSession:
         return sum(m.role == "assistant" for m in self.history)
 
 
+def go_on_with(session: ChatSession, model: str) -> str | None:
+    """`model` answers the chat from now on. A saved chat reopened with another model (`--resume` after `-m other`,
+    ctrl+o, `--url`) went on without a word, and its row and exports kept naming the model it began with: it now takes
+    the model answering, and the returned notice says so (None: the same model, or a new chat)."""
+    before, session.model = session.model, model
+    return f"this chat was with {before}; {model} answers from here on" if before and before != model else None
+
+
 def fit_session(
     resumed: ChatSession | None,
     limit: int | None,
