@@ -969,7 +969,8 @@ def test_the_models_max_new_tokens_is_the_default_max_tokens(tmp_path):
             return answer["usage"]
 
         chat = used("/v1/chat/completions", messages=MSG)
-        sglang = httpx.post(f"{url}/generate", json={"input_ids": [5, 6, 7], "sampling_params": {"ignore_eos": True}})
+        body = {"input_ids": [5, 6, 7], "sampling_params": {"ignore_eos": True}}
+        sglang = httpx.post(f"{url}/generate", json=body, timeout=60)  # httpx's 5 s default ran out on a busy CI
         return {
             "chat": chat["completion_tokens"],
             "chat max_tokens 7": used("/v1/chat/completions", messages=MSG, max_tokens=7)["completion_tokens"],
