@@ -34,22 +34,7 @@ class LLM:
     def __init__(
         self, config: EngineConfig | str | None = None, progress: Progress | None = None, **overrides: Any
     ) -> None:
-        if isinstance(config, str):  # vLLM's LLM("org/model"): a bare TypeError from dataclasses.replace before
-            if "model" in overrides:
-                raise TypeError("LLM() got the model twice: as its first argument and as model=")
-            config, overrides = None, {"model": config, **overrides}
-        if config is not None and not isinstance(config, EngineConfig):
-            raise TypeError(f"LLM() takes an EngineConfig or a model name first (got {type(config).__name__})")
-        # vLLM's: "auto" reads the sampling defaults of the model's generation_config.json, "vllm" keeps the API's
-        self.generation_config: str = overrides.pop("generation_config", "auto")
-        if self.generation_config not in ("auto", "vllm"):
-            raise ValueError(
-                "generation_config must be 'auto' (the model's generation_config.json) or 'vllm' (the API's sampling "
-                f"defaults); got {self.generation_config!r}"
-            )
-        overrides = _engine_names(overrides)
-        # beside a config, the keywords change it (they were dropped without a word: num_pages=8 ran with the config's)
-        self.config = EngineConfig(**overrides) if config is None else dataclasses.replace(config, **overrides)
+        self.config, self.generation_config = engine_config(config, overrides)
         self.engine = Engine(self.config, progress)
         self.tokenizer = self.engine.loaded.tokenizer
         self._text: dict[str, TextState] = {}
@@ -374,7 +359,33 @@ VLLM_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 
-def _engine_names(kw: dict[str, Any]) -> dict[str, Any]:
+def engine_config(
+    config: EngineConfig | str | None, overrides: dict[str, Any], who: str = "LLM()"
+) -> tuple[EngineConfig, str]:
+    """LLM()'s arguments (vLLM's names or ours; AsyncEngineArgs' too, `who` naming it in errors) as the EngineConfig
+    they ask for and the generation_config setting ("auto" or "vllm"). A keyword neither vLLM's nor ours is a
+    TypeError."""
+    if isinstance(config, str):  # vLLM's LLM("org/model"): a bare TypeError from dataclasses.replace before
+        if "model" in overrides:
+            raise TypeError(f"{who} got the model twice: as its first argument and as model=")
+        config, overrides = None, {"model": config, **overrides}
+    if config is not None and not isinstance(config, EngineConfig):
+        raise TypeError(f"{who} takes an EngineConfig or a model name first (got {type(config).__name__})")
+    overrides = dict(overrides)
+    # vLLM's: "auto" reads the sampling defaults of the model's generation_config.json, "vllm" keeps the API's
+    generation_config = overrides.pop("generation_config", "auto")
+    if generation_config not in ("auto", "vllm"):
+        raise ValueError(
+            "generation_config must be 'auto' (the model's generation_config.json) or 'vllm' (the API's sampling "
+            f"defaults); got {generation_config!r}"
+        )
+    overrides = _engine_names(overrides, who)
+    # beside a config, the keywords change it (they were dropped without a word: num_pages=8 ran with the config's)
+    fields = EngineConfig(**overrides) if config is None else dataclasses.replace(config, **overrides)
+    return fields, generation_config
+
+
+def _engine_names(kw: dict[str, Any], who: str = "LLM()") -> dict[str, Any]:
     """LLM()'s keywords as EngineConfig fields: vLLM's names taken under ours, enforce_eager as no CUDA graphs, vLLM's
     dtype names as ours, the moot ones dropped, the others of vLLM's at the values that mean this engine's way."""
     out = {k: v for k, v in kw.items() if k not in VLLM_MOOT}
@@ -384,7 +395,7 @@ def _engine_names(kw: dict[str, Any]) -> dict[str, Any]:
     for theirs, ours in VLLM_NAMES.items():
         if theirs in out:
             if ours in out:
-                raise TypeError(f"LLM() got {theirs}= and {ours}= (vLLM's name for it): give one")
+                raise TypeError(f"{who} got {theirs}= and {ours}= (vLLM's name for it): give one")
             out[ours] = out.pop(theirs)
     if out.pop("enforce_eager", False):
         out.update(cuda_graph_max_bs=0, piecewise_graph_tokens=0)
@@ -397,7 +408,7 @@ def _engine_names(kw: dict[str, Any]) -> dict[str, Any]:
             continue
         value = out.pop(name)
         if value not in taken:
-            raise TypeError(f"LLM() has no {name}={value!r:.60} (vLLM's): use {instead}")
+            raise TypeError(f"{who} has no {name}={value!r:.60} (vLLM's): use {instead}")
     return out
 
 
