@@ -5,10 +5,19 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import TypeGuard
 
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
 MAX_N = 128  # most choices of one prompt (OpenAI's limit on n and best_of)
+
+
+class RequestOutputKind(IntEnum):
+    """vLLM's: what each output of a request streamed by AsyncLLM.generate() holds."""
+
+    CUMULATIVE = 0  # the text, tokens and logprobs so far
+    DELTA = 1  # only what is new since the request's last output
+    FINAL_ONLY = 2  # one output: the finished one
 
 
 @dataclass(slots=True)
@@ -46,6 +55,9 @@ class SamplingParams:
     # (vLLM's rule), and return them together as one output's `outputs`. A request submitted alone (add_request,
     # stream, the engine itself) is one choice: n = 1 only.
     n: int = 1
+    # vLLM's: read by AsyncLLM.generate() alone. LLM.generate() returns each request's finished output whatever it says
+    # (vLLM's LLM sets FINAL_ONLY), and LLM.stream() gives both the text so far and its delta in every output.
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         if self.seed == -1 and _integer(self.seed):
@@ -104,6 +116,11 @@ class SamplingParams:
         for name in switches:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false (got {getattr(self, name)!r})")
+        if _integer(self.output_kind) and 0 <= self.output_kind < len(RequestOutputKind):  # an int off the wire
+            self.output_kind = RequestOutputKind(self.output_kind)
+        if not isinstance(self.output_kind, RequestOutputKind):
+            why = "must be a RequestOutputKind: CUMULATIVE, DELTA or FINAL_ONLY"
+            raise ValueError(f"output_kind {why} (got {self.output_kind!r})")
         if not isinstance(self.stop, list) or not isinstance(self.stop_token_ids, list):
             raise ValueError(f"stop and stop_token_ids must be lists (got {self.stop!r}, {self.stop_token_ids!r})")
         checks = [
