@@ -1,4 +1,5 @@
-"""Runs the engine loop in a background thread so servers and UIs can stream many requests at once."""
+"""Runs the engine loop in a background thread so servers and UIs can stream many requests at once; vLLM's AsyncLLM
+API on it (AsyncEngineArgs, from_engine_args, generate, abort, shutdown), so code written for vLLM's runs here."""
 
 from __future__ import annotations
 
@@ -6,24 +7,51 @@ import asyncio
 import queue
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Any, TypeVar, cast
 
-from engine.llm import LLM, Prompt
-from engine.sampling_params import SamplingParams
+from engine.config import EngineConfig
+from engine.llm import LLM, Prompt, RequestOutput, engine_config
+from engine.sampling_params import RequestOutputKind, SamplingParams
 from engine.step_loop import StepLoop
 from engine.streams import END, EngineDeadError, RequestStream
 
-__all__ = ["AsyncLLM", "EngineDeadError", "RequestStream"]
+__all__ = ["AsyncEngineArgs", "AsyncLLM", "AsyncLLMEngine", "EngineDeadError", "RequestStream"]
 T = TypeVar("T")
+
+# vLLM's AsyncEngineArgs keywords of its own that change no output here, at any value: there is no request log
+ASYNC_MOOT = ("enable_log_requests", "disable_log_requests")
+
+
+class AsyncEngineArgs:
+    """vLLM's AsyncEngineArgs (vllm.engine.arg_utils): LLM()'s keywords, vLLM's names or ours, kept as attributes
+    until AsyncLLM.from_engine_args builds the engine. Checked at once, as vLLM's dataclass is: a keyword neither
+    vLLM's nor ours is a TypeError, a bad value a ValueError."""
+
+    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        self.model = model
+        vars(self).update(kwargs)
+        self.create_engine_config()
+
+    def create_engine_config(self) -> EngineConfig:
+        return self._resolve()[0]
+
+    def _resolve(self) -> tuple[EngineConfig, str]:
+        """The EngineConfig and generation_config setting, by LLM()'s own mapping of vLLM's keywords."""
+        kw = {k: v for k, v in vars(self).items() if k not in ASYNC_MOOT}
+        return engine_config(None, kw, "AsyncEngineArgs")
 
 
 class AsyncLLM(StepLoop):
-    """Thread-safe front of an LLM: submit() from any thread, outputs arrive on each RequestStream."""
+    """Thread-safe front of an LLM: submit() from any thread, outputs arrive on each RequestStream. vLLM's AsyncLLM
+    API too: from_engine_args(), `async for out in generate(prompt, params, request_id)`, abort(), shutdown()."""
 
-    def __init__(self, llm: LLM):
+    def __init__(self, llm: LLM, owns_llm: bool = False):
+        """owns_llm: shutdown() shuts the LLM down too (from_engine_args built it); else the LLM is the caller's and
+        goes on without this front."""
         super().__init__()
         self.llm = llm
+        self._owns_llm = owns_llm
         self._inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._streams: dict[str, RequestStream] = {}
         self._lock = threading.Lock()
@@ -32,12 +60,78 @@ class AsyncLLM(StepLoop):
         # rids of submitted requests whose stream has not ended: a generated rid must avoid those still queued in
         # the inbox too (a caller's own "req-N" not yet in the engine got the same generated id, which was refused)
         self._open: set[str] = set()
+        self._ending: set[str] = set()  # of those, the finished ones the engine drops at its next step
         self._thread = threading.Thread(target=self._run, name="minisgl-engine", daemon=True)
         self._thread.start()
+
+    @classmethod
+    def from_engine_args(
+        cls,
+        engine_args: AsyncEngineArgs,
+        start_engine_loop: bool = True,
+        usage_context: object = None,
+        stat_loggers: None = None,
+    ) -> AsyncLLM:
+        """vLLM's: the engine the arguments ask for, its loop running. usage_context (vLLM's telemetry tag) is moot."""
+        if not isinstance(engine_args, AsyncEngineArgs):
+            raise TypeError(f"from_engine_args() takes an AsyncEngineArgs (got {type(engine_args).__name__})")
+        if start_engine_loop is not True or stat_loggers is not None:
+            raise TypeError(
+                "from_engine_args() takes start_engine_loop=True and stat_loggers=None only: the loop starts with the "
+                "engine here, and its metrics are read with AsyncLLM.call(lambda llm: llm.metrics())"
+            )
+        config, generation_config = engine_args._resolve()
+        return cls(LLM(config, generation_config=generation_config), owns_llm=True)
 
     @property
     def alive(self) -> bool:
         return self._thread.is_alive() and self.error is None
+
+    @property
+    def is_running(self) -> bool:  # vLLM's
+        return self.alive
+
+    @property
+    def errored(self) -> bool:  # vLLM's: the engine loop crashed
+        return self.error is not None
+
+    async def get_tokenizer(self) -> Any:
+        """vLLM's: the model's Hugging Face tokenizer (LLM.get_tokenizer)."""
+        return self.llm.get_tokenizer()
+
+    async def generate(
+        self,
+        prompt: Prompt,
+        sampling_params: SamplingParams | None,
+        request_id: str,
+        *,
+        lora_request: None = None,
+        priority: int = 0,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """vLLM's AsyncLLM.generate: the request's outputs as the engine makes them, each one as
+        sampling_params.output_kind says (CUMULATIVE: everything so far in `outputs[0]`; DELTA: only what is new;
+        FINAL_ONLY: the finished output alone), the last one `finished`. Submitted at the first iteration; a bad prompt
+        or request (too long, a bad field), a request_id still running, or an engine shut down raise from there.
+        abort(request_id) ends it with a last output (finish_reason "abort"); a consumer that leaves early (break,
+        its task cancelled, the generator dropped) aborts it, its KV pages back at the engine's next step."""
+        if lora_request is not None or priority != 0:
+            raise TypeError("generate() takes lora_request=None and priority=0 only: no LoRA and no priorities here")
+        kind = getattr(sampling_params, "output_kind", RequestOutputKind.CUMULATIVE)  # (the check names a non-params)
+        if isinstance(sampling_params, SamplingParams) and sampling_params.n != 1:
+            raise ValueError(
+                f"n={sampling_params.n}: AsyncLLM.generate() runs one choice per request; submit n requests, choice j "
+                "with sampling_params.choice(j) (seed + j, vLLM's rule), or use LLM.generate()"
+            )
+        final_only = kind == RequestOutputKind.FINAL_ONLY
+        stream = self.submit(prompt, sampling_params, request_id, asyncio.get_running_loop(), final_only)
+        outputs = stream.__aiter__()
+        try:
+            async for out in outputs:
+                if out.finished or out.delta_token_ids:  # (vLLM's: none for a prefill chunk that made no token)
+                    out.delta = kind == RequestOutputKind.DELTA
+                    yield out
+        finally:
+            await outputs.aclose()  # its own `finally` aborts the request if it has not finished
 
     def submit(
         self,
@@ -63,8 +157,10 @@ class AsyncLLM(StepLoop):
                 rid = self.llm.engine.new_rid()
                 while rid in self._open:
                     rid = self.llm.engine.new_rid()
+            elif rid in self._open:  # vLLM's refusal: abort(rid) and the outputs' request_id name one request
+                raise ValueError(f"Request id {rid} already running.")
             self._open.add(rid)
-            stream = RequestStream(rid, ids, loop, final_only, on_abandon=lambda: self.abort(rid))
+            stream = RequestStream(rid, ids, loop, final_only, on_abandon=lambda: self._abort(rid))
             self._inbox.put(("add", rid, ids, params, stream))
         return stream
 
@@ -72,7 +168,14 @@ class AsyncLLM(StepLoop):
         if self._closed:
             raise EngineDeadError(f"engine is not running: {self.error or 'stopped'}")
 
-    def abort(self, rid: str) -> None:
+    async def abort(self, request_id: str | Iterable[str]) -> None:
+        """vLLM's: ends the requests at the engine's next step (their pages go back then); each one's generate() yields
+        a last output, finish_reason "abort". An id not running is left alone."""
+        for rid in [request_id] if isinstance(request_id, str) else request_id:
+            self._abort(rid)
+
+    def _abort(self, rid: str) -> None:
+        """abort() from any thread, a plain call."""
         self._inbox.put(("abort", rid))
 
     def call(self, fn: Callable[[LLM], T], timeout: float = 30.0) -> T:
@@ -87,9 +190,13 @@ class AsyncLLM(StepLoop):
         return cast(T, value)
 
     def shutdown(self) -> None:
+        """Ends the loop: open streams and generate() calls raise EngineDeadError (stopped), their requests aborted;
+        later calls are refused with it. The LLM is shut down too where from_engine_args built it."""
         self._stop.set()
         self._inbox.put(("wake",))
         self._thread.join(timeout=30)
+        if self._owns_llm:
+            self.llm.shutdown()
 
     def _busy(self) -> bool:
         return self.llm.has_work()
@@ -98,15 +205,25 @@ class AsyncLLM(StepLoop):
         return self._stop.is_set()
 
     def _step(self) -> None:
-        for out in self.llm.step():
+        outs, reqs = self.llm.step(), self.llm.engine.reqs
+        with self._lock:  # a finished rid is free before its caller hears of the end (it may reuse it at once)
+            # ... once the engine has let go of it: a stop string ended it in the text, its abort a step later
+            self._open -= {rid for rid in self._ending if rid not in reqs}
+            self._ending &= self._open
+            for out in outs:
+                if out.finished and out.rid in self._streams and out.rid in reqs:
+                    self._ending.add(out.rid)
+                elif out.finished and out.rid in self._streams:
+                    self._open.discard(out.rid)
+        for out in outs:
             stream = self._streams.get(out.rid)
             if stream is None or (stream.final_only and not out.finished):
                 continue
+            if out.finished:
+                del self._streams[out.rid]
             stream.put(out)
             if out.finished:
                 stream.put(END)
-                del self._streams[out.rid]
-                self._open.discard(out.rid)
 
     def _receive(self, block: bool) -> None:
         try:
@@ -166,3 +283,6 @@ class AsyncLLM(StepLoop):
                 except Exception as e:  # the thread ends either way: say why instead of dying with a traceback
                     self.error = f"engine failed ending its requests at shutdown: {type(e).__name__}: {e}"
                     traceback.print_exc()
+
+
+AsyncLLMEngine = AsyncLLM  # vLLM's name of old (vllm.engine.async_llm_engine), the same class there now

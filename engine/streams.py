@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any
 
 from engine.text import RequestOutput
@@ -73,7 +73,7 @@ class RequestStream:
             if not ended:
                 self._abandoned()
 
-    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+    async def __aiter__(self) -> AsyncGenerator[RequestOutput, None]:
         if not isinstance(self._q, asyncio.Queue):
             self._abandoned()
             raise TypeError("this stream was created for threads (submit() without loop=): use `for`")
