@@ -60,7 +60,7 @@ class AsyncLLM(StepLoop):
         # rids of submitted requests whose stream has not ended: a generated rid must avoid those still queued in
         # the inbox too (a caller's own "req-N" not yet in the engine got the same generated id, which was refused)
         self._open: set[str] = set()
-        self._ending: set[str] = set()  # of those, the finished ones the engine drops at its next step
+        self._ending: set[str] = set()  # finished rids the engine drops at its next step (a stop string ended them)
         self._thread = threading.Thread(target=self._run, name="minisgl-engine", daemon=True)
         self._thread.start()
 
@@ -206,21 +206,17 @@ class AsyncLLM(StepLoop):
 
     def _step(self) -> None:
         outs, reqs = self.llm.step(), self.llm.engine.reqs
-        with self._lock:  # a finished rid is free before its caller hears of the end (it may reuse it at once)
-            # ... once the engine has let go of it: a stop string ended it in the text, its abort a step later
-            self._open -= {rid for rid in self._ending if rid not in reqs}
-            self._ending &= self._open
-            for out in outs:
-                if out.finished and out.rid in self._streams and out.rid in reqs:
-                    self._ending.add(out.rid)
-                elif out.finished and out.rid in self._streams:
-                    self._open.discard(out.rid)
+        self._ending = {rid for rid in self._ending if rid in reqs}
         for out in outs:
             stream = self._streams.get(out.rid)
             if stream is None or (stream.final_only and not out.finished):
                 continue
-            if out.finished:
+            if out.finished:  # its id is free before its caller hears of the end: it may reuse it at once
                 del self._streams[out.rid]
+                if out.rid in reqs:  # a stop string ended it in the text: the engine drops it at its next step
+                    self._ending.add(out.rid)
+                with self._lock:
+                    self._open.discard(out.rid)
             stream.put(out)
             if out.finished:
                 stream.put(END)
@@ -234,6 +230,8 @@ class AsyncLLM(StepLoop):
             kind = item[0]
             if kind == "add":
                 _, rid, ids, params, stream = item
+                if rid in self._ending:  # its id's last request is still in the engine, to be dropped at its next step
+                    self._step()
                 try:
                     self.llm.add_request(ids, params, rid)
                     self._streams[rid] = stream
