@@ -49,7 +49,8 @@ KEY_HELP = {
     "regenerate": "answer the last message again",
     "edit_last": "edit your last message and send it again",
     "copy_answer": "copy the last answer (a click on a message copies that one)",
-    "sessions": "saved chats: open (enter), rename (r), delete (d d)",
+    "sessions": "saved chats: open (enter), rename (r), delete (d d), filter (/)",
+    "delete_chat": "delete this chat (press twice); a new empty chat follows",
     "multiline": "multi-line mode: enter adds lines, ctrl+s sends",
     "help": "this help",
     "quit": "quit",
@@ -91,6 +92,8 @@ class ChatApp(App):
         Binding("ctrl+g", "edit_last", "Edit"),
         Binding("f3", "copy_answer", "Copy"),
         Binding("ctrl+o", "sessions", "Chats"),
+        # oterm's ctrl+backspace is the input's delete-word here, and most terminals send it as a plain backspace
+        Binding("ctrl+delete", "delete_chat", "Delete", show=False),  # the footer is full at 120 columns: f1 lists it
         Binding("f2", "multiline", "Multi-line"),
         Binding("f1", "help", "Help"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
@@ -122,6 +125,7 @@ class ChatApp(App):
         self._inputs = list(inputs or [])
         self._notice = notice
         self._polling = False
+        self._delete_armed: tuple[int, int] | None = None  # (chat id, its messages) a first ctrl+delete was pressed on
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -272,6 +276,9 @@ class ChatApp(App):
             self.export(*result.args)
         elif result.action == "sessions":
             self.action_sessions()
+        elif result.action == "delete":
+            await self.action_delete_chat("/delete")
+            return  # nothing left to save
         else:
             self.say(result.message)
         self.save()
@@ -438,7 +445,7 @@ class ChatApp(App):
         if self.answer is answer:
             self.say(STOPPING, timeout=30)
 
-    async def action_new_conversation(self) -> None:
+    async def action_new_conversation(self, notice: str = "new conversation") -> None:
         if self.answer is not None:  # end the answer in flight: kept in its own chat, not in the new one
             self.answer.stop()
             self.keep_answer(self.answer, cut=True)
@@ -452,7 +459,31 @@ class ChatApp(App):
         self.query_one(MetricsPanel).clear_turns()
         self.title = "minisgl chat"
         await self.query_one("#conversation").remove_children()
-        self.say("new conversation" + (f" (system: {self.session.system})" if self.session.system else ""))
+        self.say(notice + (f" (system: {self.session.system})" if self.session.system else ""))
+
+    async def action_delete_chat(self, again: str = "ctrl+delete") -> None:
+        """Delete the open chat from the database, on a second press as the saved-chats list's `d d` (the chat
+        unchanged in between: a message sent after the first press asks again); a new empty chat follows, with the
+        same settings, as after ctrl+n."""
+        if self.generating:
+            self.say("still answering: press Esc to stop it first", severity="warning")
+            return
+        id = self.session.id
+        if self.store is None or id is None:
+            self.say("this chat is not saved: nothing to delete (ctrl+n starts a new one)", severity="warning")
+            return
+        title = self.session.title
+        if self._delete_armed != (id, len(self.session.history)):
+            self._delete_armed = (id, len(self.session.history))
+            self.say(f"press {again} again to delete {title!r}", severity="warning")
+            return
+        self._delete_armed = None
+        try:
+            self.store.delete(id)
+        except StoreError as e:
+            self.say(str(e), title="not deleted", severity="error", timeout=10)
+            return
+        await self.action_new_conversation(f"deleted {title!r}; a new conversation")
 
     async def action_regenerate(self) -> None:
         if self.generating:

@@ -29,11 +29,12 @@ HELP: list[tuple[str, str]] = [
     ("/export md|json [path]", "write the conversation to a file"),
     ("/sessions", "saved conversations: open, rename, delete"),
     ("/rename <title>", "rename this conversation"),
+    ("/delete", "delete this conversation (run twice, as ctrl+delete)"),
     ("/stats", "the chat's settings, the last turn's numbers and the engine's"),
     ("/help", "this help"),
 ]
 
-Action = Literal["reset", "info", "stats", "help", "regen", "edit", "copy", "export", "sessions"]
+Action = Literal["reset", "info", "stats", "help", "regen", "edit", "copy", "export", "sessions", "delete"]
 
 
 class CommandError(ValueError):
@@ -101,8 +102,8 @@ def run_command(line: str, session: ChatSession, thinking_switch: bool | None = 
         if what not in ("", "code") or (n and not (n.isascii() and n.isdigit() and int(n) >= 1)):
             raise CommandError(f"/copy takes nothing, code, or code <n> with n >= 1 (got {arg!r})")
         return CommandResult("copy", args=(what, n))
-    if name in ("/regen", "/edit", "/sessions"):
-        return CommandResult(name[1:])  # type: ignore[arg-type]  # one of the three action names, checked above
+    if name in ("/regen", "/edit", "/sessions", "/delete"):
+        return CommandResult(name[1:])  # type: ignore[arg-type]  # one of these action names, checked above
     if name == "/stats":
         return CommandResult("stats")
     if name == "/help":

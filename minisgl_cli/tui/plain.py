@@ -325,7 +325,7 @@ def _command(
         load: Load | None = loop.run(backend.load())
         rows = settings_rows(session) + turn_rows(turn) + (load_rows(load) if load else [])
     elif result.action == "help":
-        tui_only = {"/regen", "/edit", "/copy", "/sessions"}
+        tui_only = {"/regen", "/edit", "/copy", "/sessions", "/delete"}
         rows = [(k, f"{v} (TUI only)" if k.split()[0] in tui_only else v) for k, v in HELP]
         rows += [(BLOCK, f"a message of several lines: from a line starting with {BLOCK} to one ending with it")]
         rows += [("Ctrl-C", "stop the answer"), ("Ctrl-D", "quit")]
@@ -334,7 +334,7 @@ def _command(
             rows = [("", f"exported to {export(session, *result.args)}")]
         except (OSError, ValueError) as e:
             rows, done = [("", f"error: cannot export: {e}")], False
-    elif result.action in ("regen", "edit", "copy", "sessions"):  # the "(TUI only)" of /help
+    elif result.action in ("regen", "edit", "copy", "sessions", "delete"):  # the "(TUI only)" of /help
         rows, done = [("", f"error: {line.split()[0]} is for the TUI (run without --no-tui)")], False
     else:
         rows = [("", result.message)]
