@@ -776,3 +776,48 @@ def test_the_open_chat_is_deleted_on_a_second_press(db):
     run_pilot(ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens=64), store), scenario)
     assert [i.title for i in store.sessions()] == ["older chat"] and store.last_id() == older.id
     assert store.db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 1  # the deleted chats' messages went too
+
+
+def test_the_sessions_list_filters_by_title_and_message_text(db):
+    """A filter in the saved-chats list, as a long list needs: `/`, then what is typed narrows the rows to the chats
+    whose title or a message holds it; open, rename and delete work on the rows shown."""
+    store = ChatStore(db)
+    for title, answer in (("alpha chat", "about 50% of cats"), ("beta chat", "dogs"), ("gamma chat", "CATS again")):
+        s = ChatSession(max_tokens=64, model="scripted-qwen3")
+        s.add(ChatMessage("user", title))
+        s.add(ChatMessage("assistant", answer))
+        store.save(s, [])
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        screen = await open_sessions(app, pilot)
+        await pilot.press("slash", *"cat")  # in the filter r and d are letters, not rename and delete
+        await pilot.pause()
+        assert [i.title for i in screen.infos] == ["gamma chat", "alpha chat"]  # by message text, any case
+        await pilot.press("backspace", "backspace", "backspace", *"ALPHA")
+        await pilot.pause()
+        assert [i.title for i in screen.infos] == ["alpha chat"]
+        await pilot.press("ctrl+a", "ctrl+k", *"50%")  # LIKE's wildcard is a character here
+        await pilot.pause()
+        assert [i.title for i in screen.infos] == ["alpha chat"]
+        await pilot.press("ctrl+a", "ctrl+k", *"_")
+        await pilot.pause()
+        assert screen.infos == [] and "(no chat holds '_')" in str(
+            screen.query_one(OptionList).get_option_at_index(0).prompt
+        )
+        await pilot.press("ctrl+a", "ctrl+k", "g", "escape")  # esc: back to the list, the filter kept
+        await pilot.pause()
+        assert isinstance(app.screen, SessionsScreen) and [i.title for i in screen.infos] == ["gamma chat", "beta chat"]
+        await pilot.press("down", "d", "d")
+        await pilot.pause()
+        assert [i.title for i in screen.infos] == ["gamma chat"]
+        await pilot.press("r")
+        screen.query_one("#rename", Input).value = "gamma renamed"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert [i.title for i in screen.infos] == ["gamma renamed"]
+        await pilot.press("slash", "enter")  # enter in the filter opens the first row shown
+        await wait_for(pilot, lambda: app.session.title == "gamma renamed", what="opened chat")
+        assert [w.answer.source for w in app.query(AssistantMessage)] == ["CATS again"]
+
+    run_pilot(ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens=64), store), scenario)
+    assert sorted(i.title for i in store.sessions()) == ["alpha chat", "gamma renamed"]

@@ -1,4 +1,4 @@
-"""The saved-sessions list (ctrl+o, /sessions): enter opens one, r renames, d twice deletes, esc closes."""
+"""The saved-sessions list (ctrl+o, /sessions): enter opens one, r renames, d twice deletes, / filters, esc closes."""
 
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ class SessionsScreen(ModalScreen[int | None]):
         border: thick $primary; background: $surface; padding: 0 1;
     }
     SessionsScreen OptionList { height: 1fr; }
+    SessionsScreen #filter { border: none; height: 1; padding: 0; }
+    SessionsScreen #filter:focus { background: $boost; }
     SessionsScreen #rename { display: none; }
     SessionsScreen #rename.-open { display: block; }
     """
@@ -46,6 +48,8 @@ class SessionsScreen(ModalScreen[int | None]):
         Binding("escape", "close", "Close"),
         Binding("r", "rename", "Rename"),
         Binding("d", "delete", "Delete"),
+        Binding("slash", "filter", "Filter"),
+        Binding("down", "to_list", show=False),  # in the filter (the list takes its own up and down)
     ]
 
     def __init__(self, store: ChatStore, current: int | None) -> None:
@@ -56,7 +60,8 @@ class SessionsScreen(ModalScreen[int | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static("Saved chats   enter open · r rename · d d delete · esc close", classes="title")
+            yield Static("Saved chats   enter open · r rename · d d delete · / filter · esc close", classes="title")
+            yield Input(id="filter", placeholder="/ to filter by title or message text")
             yield OptionList(id="list")
             yield Input(id="rename", placeholder="new title, enter to save, esc to cancel")
 
@@ -64,14 +69,19 @@ class SessionsScreen(ModalScreen[int | None]):
         self.reload()
         self.query_one(OptionList).focus()
 
-    def reload(self) -> None:
+    @property
+    def match(self) -> str:
+        return self.query_one("#filter", Input).value.strip()
+
+    def reload(self, top: bool = False) -> None:
+        """The list again (with the filter's text, if any), the same row highlighted, or the first with `top`."""
         try:
-            self.infos = self.store.sessions()
+            self.infos = self.store.sessions(self.match)
         except StoreError as e:
             self.app.notify(str(e), title="sessions", severity="error", markup=False)
             self.infos = []
         box = self.query_one(OptionList)
-        keep = box.highlighted or 0
+        keep = 0 if top else box.highlighted or 0
         box.clear_options()
         box.add_options(
             [
@@ -87,7 +97,9 @@ class SessionsScreen(ModalScreen[int | None]):
             ]
         )
         if not self.infos:
-            box.add_option(Option("(no saved chats yet)", disabled=True))
+            box.add_option(
+                Option(Text(f"(no chat holds {self.match!r})" if self.match else "(no saved chats yet)"), disabled=True)
+            )
         else:
             box.highlighted = min(keep, len(self.infos) - 1)
 
@@ -102,12 +114,26 @@ class SessionsScreen(ModalScreen[int | None]):
             self.dismiss(int(event.option.id))
 
     def action_close(self) -> None:
+        """esc: out of the rename field or the filter (which keeps its text) to the list, else close."""
         box = self.query_one("#rename", Input)
         if box.has_class("-open"):
             box.remove_class("-open")
             self.query_one(OptionList).focus()
+        elif self.query_one("#filter", Input).has_focus:
+            self.query_one(OptionList).focus()
         else:
             self.dismiss(None)
+
+    def action_filter(self) -> None:
+        self.query_one("#filter", Input).focus()
+
+    def action_to_list(self) -> None:
+        if self.query_one("#filter", Input).has_focus:
+            self.query_one(OptionList).focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "filter":
+            self.reload(top=True)
 
     def action_rename(self) -> None:
         info = self.selected()
@@ -120,6 +146,10 @@ class SessionsScreen(ModalScreen[int | None]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         info, title = self.selected(), event.value.strip()
+        if event.input.id == "filter":  # enter opens the row highlighted, the first match unless moved
+            if info is not None:
+                self.dismiss(info.id)
+            return
         event.input.remove_class("-open")
         self.query_one(OptionList).focus()
         if info is None or not title:

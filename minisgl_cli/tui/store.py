@@ -191,12 +191,19 @@ class ChatStore:
             self.db.execute("DELETE FROM sessions WHERE id=?", (id,))
 
     # ---- reading --------------------------------------------------------------------------------------------
-    def sessions(self) -> list[SessionInfo]:
-        """Most recently updated first."""
+    def sessions(self, match: str = "") -> list[SessionInfo]:
+        """Most recently updated first; with `match`, those whose title or a message holds it (ignoring the case of
+        ASCII letters, as SQLite's LIKE does)."""
+        # LIKE's wildcards in `match` are its own characters
+        pattern = "%" + match.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         with self._errors("read"):
             rows = self.db.execute(
                 "SELECT s.id, s.title, s.model, COUNT(m.seq), s.updated FROM sessions s"
-                " LEFT JOIN messages m ON m.session_id = s.id GROUP BY s.id ORDER BY s.updated DESC, s.id DESC"
+                " LEFT JOIN messages m ON m.session_id = s.id"
+                " WHERE ? = '' OR s.title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages f"
+                " WHERE f.session_id = s.id AND f.content LIKE ? ESCAPE '\\')"
+                " GROUP BY s.id ORDER BY s.updated DESC, s.id DESC",
+                (match, pattern, pattern),
             ).fetchall()
         return [SessionInfo(*r) for r in rows]
 
