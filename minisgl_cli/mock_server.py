@@ -34,6 +34,7 @@ class MockConfig:
     blank_from: int = 0  # streams numbered from this one make tokens with no text (special tokens, as a real server
     # sends them: no event of their own, then the finish chunk with empty text; 0: never)
     model: str = "mock"
+    more_models: str = ""  # more ids /v1/models lists after `model`, comma-separated (a server of several models)
 
 
 def _chunk(payload: bytes) -> bytes:
@@ -80,8 +81,9 @@ class MockServer:
         if method == "GET" and path == "/health":
             return await self.reply(writer, 200, {"status": "ok"})
         if method == "GET" and path == "/v1/models":
+            ids = [self.cfg.model, *filter(None, self.cfg.more_models.split(","))]
             return await self.reply(
-                writer, 200, {"object": "list", "data": [{"id": self.cfg.model, "owned_by": "mock"}]}
+                writer, 200, {"object": "list", "data": [{"id": m, "owned_by": "mock"} for m in ids]}
             )
         if method != "POST" or path not in ("/v1/completions", "/v1/chat/completions"):
             return await self.reply(writer, 404, {"error": {"message": f"no route {method} {path}"}})
@@ -94,19 +96,20 @@ class MockServer:
         max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
         prompt = req.get("prompt") if not chat else " ".join(m["content"] for m in req["messages"])
         prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
+        model = str(req.get("model") or self.cfg.model)  # answered as the model asked for, as a server of several
         if self.slots is None:
-            await self.stream(writer, chat, max_tokens, prompt_tokens, bool(req.get("stream")), n)
+            await self.stream(writer, chat, max_tokens, prompt_tokens, bool(req.get("stream")), n, model)
         else:
             async with self.slots:
-                await self.stream(writer, chat, max_tokens, prompt_tokens, bool(req.get("stream")), n)
+                await self.stream(writer, chat, max_tokens, prompt_tokens, bool(req.get("stream")), n, model)
 
     async def stream(
-        self, writer: asyncio.StreamWriter, chat: bool, n_out: int, n_in: int, stream: bool, number: int
+        self, writer: asyncio.StreamWriter, chat: bool, n_out: int, n_in: int, stream: bool, number: int, model: str
     ) -> None:
         cfg = self.cfg
         start = time.perf_counter()
         kind = "chat.completion.chunk" if chat else "text_completion"
-        env = {"id": f"mock-{number}", "object": kind, "created": 0, "model": cfg.model}
+        env = {"id": f"mock-{number}", "object": kind, "created": 0, "model": model}
 
         def choice(text: str, finish: str | None) -> dict:
             body = {"delta": {"content": text} if text else {}} if chat else {"text": text}

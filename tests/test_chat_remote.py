@@ -25,10 +25,10 @@ from minisgl_cli.tui.remote import RemoteError
 from minisgl_cli.tui.server_backend import ServerBackend
 from minisgl_cli.tui.session import ChatSession
 from minisgl_cli.tui.store import ChatStore
-from minisgl_cli.tui.widgets import AssistantMessage
-from tests.chat_pilot import errors, idle, known, load, notices, panel_text, run_pilot, send, wait_for
+from minisgl_cli.tui.widgets import AssistantMessage, NoteMessage
+from tests.chat_pilot import errors, idle, known, load, notices, panel_text, rendered, run_pilot, send, wait_for
 from tests.conftest import free_port, serve_subprocess
-from tests.test_chat_plain import MINISGL
+from tests.test_chat_plain import MINISGL, TINY
 
 
 @contextlib.contextmanager
@@ -186,7 +186,8 @@ def test_url_tbt_is_stamped_on_arrival_however_busy_the_ui():
 def test_plain_mode_over_url(server):
     p = subprocess.run(
         [MINISGL, "chat", "--no-tui", "--url", server + "/v1", "--max-tokens", "7", "--no-save"],
-        input="/think off\nhi\n/stats\n",  # /think sends chat_template_kwargs, which minisgl serve refused (a 400)
+        # /think sends chat_template_kwargs, which minisgl serve refused (a 400); /model lists serve's one model
+        input="/think off\nhi\n/stats\n/model\n/model dummy:tiny-llama\n",
         capture_output=True,
         text=True,
         timeout=120,
@@ -195,6 +196,8 @@ def test_plain_mode_over_url(server):
     assert f"dummy:tiny-llama · {server}/v1" in p.stderr
     assert re.search(r"\[length · TTFT \d+\.\d ms · \d+\.\d tok/s · 7 tokens · cache hit 0/\d+ · KV 0 in use", p.stderr)
     assert re.search(r"source\s+minisgl", p.stderr) and p.stdout.strip()
+    assert re.search(r"1  dummy:tiny-llama \(answering\)\n\s*the only model the server serves\n", p.stderr)
+    assert "dummy:tiny-llama answers already" in p.stderr
 
 
 def test_stop_strings_reach_the_server_as_openais_stop_list(server, tmp_path):
@@ -252,6 +255,69 @@ def test_served_model_must_exist(server):
     with pytest.raises(RemoteError, match=r"does not serve 'nope' \(it serves: dummy:tiny-llama\)"):
         ServerBackend.connect(server, None, "nope")
     assert ServerBackend.connect(server, "key", "dummy:tiny-llama").model == "dummy:tiny-llama"
+
+
+def test_model_lists_a_servers_models_and_switches(tmp_path):
+    """--url to a server of several models (vLLM, ollama, LM Studio) took the first, and only --served-model at start
+    chose another: /model lists them and switches (by name or number); the chat is then saved under the model
+    answering. The plain mode does the same."""
+    store = ChatStore(tmp_path / "chat.db")
+    sent: list[str] = []  # the model each request asked for
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, "/max-tokens 3")
+        await send(pilot, "hi")
+        await idle(app, pilot)
+        await send(pilot, "/model")
+        await wait_for(pilot, lambda: bool(app.query(NoteMessage)), what="the list")
+        listed = rendered(app.query(NoteMessage)[-1].content)
+        served = r"1\s+alpha \(answering\)\s+2\s+beta\s+3\s+gamma/large\s+/model <name or number> switches"
+        assert re.search(served, listed), listed
+        await send(pilot, "/model beta")
+        assert notices(app)[-1] == "model: beta answers from here on" and app.sub_title.startswith("beta · ")
+        await send(pilot, "again")
+        await idle(app, pilot)
+        await send(pilot, "/model 3")
+        assert app.session.model == "gamma/large"
+        await send(pilot, "/model nope")
+        assert re.search(r"does not serve 'nope' \(it serves: alpha, beta, gamma/large\)", errors(app)[-1])
+        assert app.backend.model == "gamma/large"
+
+    with mock_server_process(MockConfig(model="alpha", more_models="beta,gamma/large"), free_port()) as url:
+        backend = ServerBackend.connect(url, None, None)
+        stream = backend.client.stream
+
+        def recorded(body):
+            sent.append(body["model"])
+            return stream(body)
+
+        setattr(backend.client, "stream", recorded)  # noqa: B010 (mypy refuses assigning to a method)
+        run_pilot(ChatApp(backend, ChatSession(max_tokens_limit=backend.context_limit), store), scenario)
+        p = subprocess.run(
+            [MINISGL, "chat", "--no-tui", "--url", url, "--db", str(tmp_path / "chat.db"), "--resume"],
+            input="/model\n/model 2\nhi\n",
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert sent == ["alpha", "beta"]
+    assert p.returncode == 0 and "1  alpha (answering)" in p.stderr and "model: beta answers" in p.stderr, p.stderr
+    assert store.load(known(store.last_id()))[0].model == "beta"
+
+
+def test_model_with_the_local_engine_says_a_restart_switches():
+    """The in-process engine runs the model it loaded: /model names it, and asking for another says how."""
+    p = subprocess.run(
+        [MINISGL, "chat", *TINY, "--no-save"],
+        input="/model\n/model other\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 1, p.stderr  # a refused command, from a pipe
+    assert re.search(r"1\s+tiny-llama \(answering\)", p.stderr), p.stderr
+    assert "another one needs a restart" in p.stderr
+    assert "error: this chat's engine runs tiny-llama: another model needs a restart" in p.stderr
 
 
 VLLM = """# HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -71,6 +71,7 @@ class ScriptedBackend:
     """Streams a fixed reasoning answer; records what each turn was sent with."""
 
     title, model, context_limit = "scripted reasoning model", "scripted-qwen3", 4096
+    switches_models = False
 
     def __init__(self, thinking_switch: bool | None, gap: float = 0.01) -> None:
         self.thinking_switch, self.gap = thinking_switch, gap
@@ -87,6 +88,12 @@ class ScriptedBackend:
 
     async def load(self):
         return None
+
+    async def models(self) -> list[str]:
+        return [self.model]
+
+    def use_model(self, model: str) -> None:
+        raise ValueError("a scripted backend has one model")
 
     async def aclose(self) -> None:
         pass

@@ -21,7 +21,7 @@ from textual.widgets import Footer, Header, Markdown
 from textual.widgets.markdown import MarkdownStream
 
 from minisgl_cli.tui.backend import Answer, BackendError, ChatBackend
-from minisgl_cli.tui.commands import HELP, CommandError, is_command, run_command, takes_lines
+from minisgl_cli.tui.commands import HELP, CommandError, is_command, model_command, run_command, takes_lines
 from minisgl_cli.tui.export import code_blocks, export
 from minisgl_cli.tui.session import ChatMessage, ChatSession, go_on_with, title_of
 from minisgl_cli.tui.sessions_screen import Renamed, SessionsScreen
@@ -279,9 +279,28 @@ class ChatApp(App):
         elif result.action == "delete":
             await self.action_delete_chat("/delete")
             return  # nothing left to save
+        elif result.action == "model":
+            await self.choose_model(*result.args)
         else:
             self.say(result.message)
         self.save()
+
+    async def choose_model(self, name: str) -> None:
+        """/model: list the served models, or answer with another (not mid-answer: the answer streaming is the
+        model's it began with)."""
+        if name and self.generating:
+            self.say("still answering: press Esc to stop it first", severity="warning")
+            return
+        try:
+            said = await model_command(name, self.session, self.backend)
+        except CommandError as e:
+            self.say(str(e), title="model", severity="error")
+            return
+        if isinstance(said, list):
+            await self.note([("Models", said)])
+        else:
+            self.sub_title = self.backend.title
+            self.say(said)
 
     async def note(self, sections: list[tuple[str, list[tuple[str, str]]]]) -> None:
         await self.query_one("#conversation").mount(NoteMessage(sections))

@@ -52,6 +52,7 @@ class ChatBackend(Protocol):
     model: str  # saved with each session
     context_limit: int | None  # the model's context in tokens, when known
     thinking_switch: bool | None  # the chat template has enable_thinking (None: cannot tell, a server)
+    switches_models: bool  # use_model may take another model (a server); the local engine runs the one it loaded
 
     async def ready(self) -> None:
         """Get ready on the event loop the chat runs on, before its first answer or load."""
@@ -64,6 +65,16 @@ class ChatBackend(Protocol):
 
     async def load(self) -> Load | None:
         """The KV cache and scheduler numbers now; None when they cannot be had (a server without known metrics)."""
+        ...
+
+    async def models(self) -> list[str]:
+        """The models this backend may answer with: a server's /v1/models (BackendError: the list cannot be had now),
+        the local engine's one."""
+        ...
+
+    def use_model(self, model: str) -> None:
+        """Answer with `model` from the next turn on; `model`, `title` and `context_limit` follow. ValueError says why
+        not (a model the server does not serve; the local engine, which runs the model it loaded)."""
         ...
 
     async def aclose(self) -> None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from minisgl_cli.tui.backend import BackendError, ChatBackend
 from minisgl_cli.tui.export import FORMATS
-from minisgl_cli.tui.session import SAMPLING_OFF, ChatSession, Setting, parse_stop, setting_text
+from minisgl_cli.tui.session import SAMPLING_OFF, ChatSession, Setting, go_on_with, parse_stop, setting_text
 
 HELP: list[tuple[str, str]] = [
     ("/reset", "start a new conversation (keeps the system prompt)"),
@@ -20,6 +21,7 @@ HELP: list[tuple[str, str]] = [
         " off resets",
     ),
     ("/think on|off", "thinking of reasoning models (chat templates with enable_thinking)"),
+    ("/model [name|n]", "the models the server serves, or answer with this one (--url)"),
     ("/regen", "answer the last message again"),
     ("/edit", "edit the last message and send it again"),
     (
@@ -34,7 +36,7 @@ HELP: list[tuple[str, str]] = [
     ("/help", "this help"),
 ]
 
-Action = Literal["reset", "info", "stats", "help", "regen", "edit", "copy", "export", "sessions", "delete"]
+Action = Literal["reset", "info", "stats", "help", "regen", "edit", "copy", "export", "sessions", "delete", "model"]
 
 
 class CommandError(ValueError):
@@ -104,11 +106,46 @@ def run_command(line: str, session: ChatSession, thinking_switch: bool | None = 
         return CommandResult("copy", args=(what, n))
     if name in ("/regen", "/edit", "/sessions", "/delete"):
         return CommandResult(name[1:])  # type: ignore[arg-type]  # one of these action names, checked above
+    if name == "/model":
+        return CommandResult("model", args=(arg,))  # the front end awaits model_command: it asks the backend
     if name == "/stats":
         return CommandResult("stats")
     if name == "/help":
         return CommandResult("help")
     raise CommandError(f"unknown command {name!r}; /help lists the commands")
+
+
+async def model_command(arg: str, session: ChatSession, backend: ChatBackend) -> str | list[tuple[str, str]]:
+    """`/model`: the rows of the models the backend serves, numbered, the one answering marked; `/model <name>` (or
+    its number in that list): the chat goes on with it (saved and exported under it, as a chat reopened with another
+    model), and the message says so. CommandError: the list cannot be had, no such model, or the backend runs one
+    model (the local engine)."""
+    try:
+        served = await backend.models()
+    except BackendError as e:
+        raise CommandError(f"cannot list the models: {e}") from None
+    if not arg:
+        rows = [(str(i), m + (" (answering)" if m == backend.model else "")) for i, m in enumerate(served, 1)]
+        if not backend.switches_models:
+            more = "the model this chat's engine loaded: another one needs a restart (minisgl chat --model ...)"
+        else:
+            more = "/model <name or number> switches" if len(served) > 1 else "the only model the server serves"
+        return [*rows, ("", more)]
+    number = arg.isascii() and arg.isdigit() and 1 <= int(arg) <= len(served) and arg not in served
+    model = served[int(arg) - 1] if number else arg
+    if model == backend.model:
+        return f"{model} answers already"
+    try:
+        backend.use_model(model)
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+    go_on_with(session, model)
+    said = f"model: {model} answers from here on"
+    session.max_tokens_limit = limit = backend.context_limit
+    if limit is not None and session.max_tokens >= limit:  # as a chat resumed with a smaller model (fit_session)
+        session.max_tokens = limit - 1
+        said += f" (max tokens cut to {session.max_tokens}, below its context of {limit})"
+    return said
 
 
 def _set(arg: str, session: ChatSession) -> CommandResult:

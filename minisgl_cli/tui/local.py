@@ -63,6 +63,7 @@ class LocalAnswer:
 
 
 class LocalBackend:
+    switches_models = False
     METRICS_TIMEOUT = 5.0  # seconds; a read waits for the engine's current step
 
     ENGINE_WATCH_S = 0.5
@@ -131,6 +132,14 @@ class LocalBackend:
         if self._last is None or not self.remote.alive:
             return None
         return dataclasses.replace(self._last, stale=True)
+
+    async def models(self) -> list[str]:
+        return [self.model]
+
+    def use_model(self, model: str) -> None:
+        raise ValueError(
+            f"this chat's engine runs {self.model}: another model needs a restart (minisgl chat --model {model})"
+        )
 
     async def aclose(self) -> None:
         if self._watch is not None:

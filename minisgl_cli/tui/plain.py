@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TextIO
 
 from minisgl_cli.tui.backend import Answer, BackendError, ChatBackend
-from minisgl_cli.tui.commands import HELP, CommandError, is_command, run_command, takes_lines
+from minisgl_cli.tui.commands import HELP, CommandError, is_command, model_command, run_command, takes_lines
 from minisgl_cli.tui.export import export
 from minisgl_cli.tui.session import ChatMessage, ChatSession, go_on_with
 from minisgl_cli.tui.stats import Load, load_rows, ms, settings_rows, turn_rows
@@ -334,6 +334,12 @@ def _command(
             rows = [("", f"exported to {export(session, *result.args)}")]
         except (OSError, ValueError) as e:
             rows, done = [("", f"error: cannot export: {e}")], False
+    elif result.action == "model":
+        try:
+            said = loop.run(model_command(result.args[0], session, backend))
+        except CommandError as e:
+            said, done = f"error: {e}", False
+        rows = said if isinstance(said, list) else [("", said)]
     elif result.action in ("regen", "edit", "copy", "sessions", "delete"):  # the "(TUI only)" of /help
         rows, done = [("", f"error: {line.split()[0]} is for the TUI (run without --no-tui)")], False
     else:

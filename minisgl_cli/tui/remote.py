@@ -60,11 +60,19 @@ class OpenAIChatClient:
         """GET /v1/models (blocking: for start-up, before the chat's event loop runs)."""
 
         async def ask() -> list[dict[str, Any]]:
-            async with OpenAIClient(self.base, api_key=self.api_key) as client, asyncio.timeout(CONNECT_TIMEOUT):
-                return await client.models()
+            async with OpenAIClient(self.base, api_key=self.api_key) as client:
+                return await self._models(client)
 
+        return asyncio.run(ask())
+
+    async def list_models(self) -> list[dict[str, Any]]:
+        """GET /v1/models on the loop this client runs on (`/model`)."""
+        return await self._models(self.client)
+
+    async def _models(self, client: OpenAIClient) -> list[dict[str, Any]]:
         try:
-            data = asyncio.run(ask())
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                data = await client.models()
         except HTTPStatusError as e:
             raise RemoteError(f"{self.base}/models answered {e.status}: {e.message}", e.status) from e
         except (OSError, TimeoutError, ValueError) as e:  # ValueError: not JSON

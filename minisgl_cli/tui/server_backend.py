@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
 from engine.sampling_params import SamplingParams
-from minisgl_cli.tui.backend import too_long
+from minisgl_cli.tui.backend import BackendError, too_long
 from minisgl_cli.tui.prom import load_from_metrics
 from minisgl_cli.tui.remote import OpenAIChatClient, RemoteError
 from minisgl_cli.tui.session import sampling_given
@@ -94,11 +94,15 @@ class ServerAnswer:
 
 class ServerBackend:
     thinking_switch: bool | None = None  # sent as chat_template_kwargs; servers whose template lacks it ignore it
+    switches_models = True
 
-    def __init__(self, client: OpenAIChatClient, model: str, context_limit: int | None = None) -> None:
-        self.client, self.model = client, model
-        self.title = f"{model} · {client.base}"
-        self.context_limit = context_limit
+    def __init__(self, client: OpenAIChatClient, model: str, served: list[dict[str, Any]] | None = None) -> None:
+        """served: the server's /v1/models entries (`model` among them, with its `max_model_len` where the server
+        gives one)."""
+        self.client = client
+        self._served = {str(m.get("id")): m for m in served or [] if isinstance(m, dict)}
+        self._served.setdefault(model, {})
+        self.use_model(model)
         self._io: asyncio.AbstractEventLoop | None = None  # where self.client runs, from ready() to aclose()
         self._io_thread: threading.Thread | None = None
         self._switch = sys.getswitchinterval()  # set back by aclose()
@@ -116,9 +120,22 @@ class ServerBackend:
             model = ids[0]
         elif ids and model not in ids:
             raise RemoteError(f"{client.base} does not serve {model!r} (it serves: {', '.join(ids)})")
-        info = next((m for m in served if isinstance(m, dict) and m.get("id") == model), {})
-        limit = info.get("max_model_len")
-        return cls(client, model, limit if isinstance(limit, int) else None)
+        return cls(client, model, served)
+
+    async def models(self) -> list[str]:
+        try:
+            served = await self._on_io(self.client.list_models())
+        except RemoteError as e:
+            raise BackendError(str(e)) from e
+        self._served = {str(m.get("id")): m for m in served}
+        return list(self._served)
+
+    def use_model(self, model: str) -> None:
+        if model not in self._served:
+            raise ValueError(f"{self.client.base} does not serve {model!r} (it serves: {', '.join(self._served)})")
+        self.model, self.title = model, f"{model} · {self.client.base}"
+        limit = self._served[model].get("max_model_len")
+        self.context_limit: int | None = limit if isinstance(limit, int) else None
 
     def start(self, messages: list[dict[str, str]], params: SamplingParams, thinking: bool | None) -> ServerAnswer:
         body: dict[str, Any] = {
