@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -429,3 +430,49 @@ def test_stats_shows_this_chats_last_turn():
         assert ttfts(err) == ["250.0 ms"], err.getvalue()
     finally:
         engine.shutdown()
+
+
+def test_stats_after_a_failed_turn_shows_it_as_the_tui_does():
+    """/stats in the plain mode after a failed turn (a server gone mid-answer) showed the turn before it; the TUI
+    shows the failed turn's own numbers (what had arrived)."""
+    from minisgl_cli.tui.app import ChatApp
+    from minisgl_cli.tui.turn import Piece
+    from minisgl_cli.tui.widgets import NoteMessage
+    from tests.chat_pilot import rendered, run_pilot, send, wait_for
+    from tests.test_chat_thinking import ScriptedBackend
+
+    class Failed:  # two tokens, then the stream fails
+        started, opens_in_thinking = time.perf_counter(), False
+
+        async def __aiter__(self):
+            yield Piece("half ", token_times=[time.perf_counter()])
+            yield Piece("an answer", token_times=[time.perf_counter()])
+            yield Piece(finished=True, finish_reason="error", error="lost the server")
+
+        def stop(self) -> None:
+            pass
+
+    class Failing(ScriptedBackend):
+        def start(self, messages, params, thinking):
+            return Failed() if len(messages) > 2 else super().start(messages, params, thinking)
+
+    def tokens_row(text: str) -> str:
+        return re.findall(r"^tokens +(.*?) *$", text, re.MULTILINE)[-1]
+
+    shown: list[str] = []
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        for line in ("one", "two"):
+            await send(pilot, line)
+            await wait_for(pilot, lambda: not app.generating and len(app.session.history) >= 2, what="an answer")
+        await wait_for(pilot, lambda: app.turn.finish_reason == "error", what="the failed turn")
+        await send(pilot, "/stats")
+        await wait_for(pilot, lambda: bool(app.query(NoteMessage)), what="/stats")
+        shown.append(tokens_row(rendered(app.query(NoteMessage)[-1].content)))
+
+    run_pilot(ChatApp(Failing(thinking_switch=None), ChatSession(max_tokens_limit=4096)), scenario)
+    err = io.StringIO()
+    session = ChatSession(max_tokens_limit=4096)
+    run_plain(Failing(thinking_switch=None), session, None, None, io.StringIO("one\ntwo\n/stats\n"), io.StringIO(), err)
+    assert "error: generation failed: lost the server" in err.getvalue()
+    assert shown == [tokens_row(err.getvalue())] == ["- prompt, 2 out"], (shown, err.getvalue())  # not 11 out

@@ -22,6 +22,14 @@ from minisgl_cli.tui.store import ChatStore, StoreError
 from minisgl_cli.tui.turn import TurnReader, TurnStats
 
 
+class TurnFailed(ValueError):
+    """The answer failed (its error on the way): `stats` are its numbers, which /stats shows then, as the TUI does."""
+
+    def __init__(self, message: str, stats: TurnStats) -> None:
+        super().__init__(message)
+        self.stats = stats
+
+
 class LoopThread:
     """An event loop in a thread of its own: turns run there while the main thread waits and can take Ctrl-C."""
 
@@ -106,6 +114,8 @@ def run_plain(
                 print(f"error: {e}", file=stderr)
                 if isinstance(e, BackendError):
                     raise SystemExit(1) from e
+                if isinstance(e, TurnFailed):  # a refused one (too long) never began: the last turn stays
+                    turn = e.stats
                 failed_turns += 1
                 continue
             if ended_by:  # the answer was stopped and saved; the terminal may be gone (SIGHUP)
@@ -307,7 +317,7 @@ def _answer(
             session.add(ChatMessage("assistant", turn.content, turn.reasoning.strip(), stats, time.time()))
             save()
     if stats.finish_reason == "error":
-        raise ValueError(f"generation failed: {turn.error or 'the answer stream ended early'}")
+        raise TurnFailed(f"generation failed: {turn.error or 'the answer stream ended early'}", stats)
     return stats
 
 
