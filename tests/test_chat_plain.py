@@ -476,3 +476,13 @@ def test_stats_after_a_failed_turn_shows_it_as_the_tui_does():
     run_plain(Failing(thinking_switch=None), session, None, None, io.StringIO("one\ntwo\n/stats\n"), io.StringIO(), err)
     assert "error: generation failed: lost the server" in err.getvalue()
     assert shown == [tokens_row(err.getvalue())] == ["- prompt, 2 out"], (shown, err.getvalue())  # not 11 out
+
+
+def test_a_temperature_of_minus_zero_is_zero():
+    """`/temp -0` said "temperature = -0" (and /stats and the exports showed -0)."""
+    from tests.test_chat_thinking import ScriptedBackend
+
+    err = io.StringIO()
+    session = ChatSession(temperature=-0.0)
+    run_plain(ScriptedBackend(thinking_switch=None), session, None, None, io.StringIO("/temp -0\n"), io.StringIO(), err)
+    assert "temperature = 0\n" in err.getvalue() and str(session.temperature) == "0.0", err.getvalue()

@@ -130,7 +130,7 @@ class ChatSession:
     def set_temperature(self, value: float) -> None:
         if not (math.isfinite(value) and 0 <= value <= MAX_TEMPERATURE):
             raise ValueError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}] (got {value!r})")
-        self.temperature = value
+        self.temperature = abs(value)  # -0.0 is in the range, and was shown (/temp, /stats, the exports) as -0
 
     def set_max_tokens(self, value: int) -> None:
         limit = self.max_tokens_limit
