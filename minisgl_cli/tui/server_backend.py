@@ -127,7 +127,8 @@ class ServerBackend:
             served = await self._on_io(self.client.list_models())
         except RemoteError as e:
             raise BackendError(str(e)) from e
-        self._served = {str(m.get("id")): m for m in served}
+        # a server that lists none (it answered --served-model all the same) still serves the model answering
+        self._served = {str(m.get("id")): m for m in served} or {self.model: self._served.get(self.model, {})}
         return list(self._served)
 
     def use_model(self, model: str) -> None:
