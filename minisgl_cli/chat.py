@@ -160,7 +160,7 @@ def chat(
         try:
             from minisgl_cli.tui.frontend import run_chat
 
-            backend = _connect(url, api_key, served_model)
+            backend = _connect(url, api_key, served_model, session.model if session else None)
             code = run_chat(
                 backend,
                 _fit(session, backend.context_limit, system, temperature, max_tokens, sampling),
@@ -303,12 +303,12 @@ def _session_id(value: str) -> int:
         ) from None
 
 
-def _connect(url: str, api_key: str | None, served_model: str | None):
+def _connect(url: str, api_key: str | None, served_model: str | None, resumed: str | None):
     from minisgl_cli.tui.remote import RemoteError
     from minisgl_cli.tui.server_backend import ServerBackend
 
     try:
-        return ServerBackend.connect(url, api_key, served_model)
+        return ServerBackend.connect(url, api_key, served_model, resumed)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--url") from e
     except RemoteError as e:

@@ -108,16 +108,18 @@ class ServerBackend:
         self._switch = sys.getswitchinterval()  # set back by aclose()
 
     @classmethod
-    def connect(cls, url: str, api_key: str | None, model: str | None) -> ServerBackend:
-        """Ask the server for its models (blocking); the first one unless `model` names one. RemoteError if the
-        server cannot be reached or does not serve it."""
+    def connect(cls, url: str, api_key: str | None, model: str | None, resumed: str | None = None) -> ServerBackend:
+        """Ask the server for its models (blocking): `model` if given, else `resumed` (the model a resumed chat was
+        saved with) where the server serves it, else the first. RemoteError if the server cannot be reached or does
+        not serve `model`."""
         client = OpenAIChatClient(url, api_key)
         served = client.models()
         ids = [str(m.get("id")) for m in served if isinstance(m, dict)]
         if model is None:
             if not ids:
                 raise RemoteError(f"{client.base}/models lists no model; name one with --served-model")
-            model = ids[0]
+            # a resumed chat goes on with its own model (it took the first, and /model had to switch back to it)
+            model = resumed if resumed in ids else ids[0]
         elif ids and model not in ids:
             raise RemoteError(f"{client.base} does not serve {model!r} (it serves: {', '.join(ids)})")
         return cls(client, model, served)
