@@ -47,8 +47,8 @@ SETTINGS = (
 def missing(why: str) -> str:
     return (
         f"vLLM does not import here ({why}). vLLM is optional, never a dependency of minisgl: install it, or on "
-        "the GPU machine give bench-offline --vllm-env /root/vllm-site/vllm-env.sh, or source that script before "
-        "bench-trace --engine vllm (docs/benchmarks.md)"
+        "the GPU machine give bench-offline --compare vllm --vllm-env /root/vllm-site/vllm-env.sh, or source that "
+        "script before --engine vllm (bench-offline's or bench-trace's; docs/benchmarks.md)"
     )
 
 

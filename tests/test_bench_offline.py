@@ -207,6 +207,8 @@ def test_vllm_missing_is_a_clear_error(args):
     r = CliRunner().invoke(app, ["bench-offline", *TINY, *args])
     assert r.exit_code == 2, r.output
     assert "vLLM does not import here" in flat(r.output) and "--vllm-env" in flat(r.output)
+    # the hint is one the command takes: --vllm-env goes with --compare vllm (refused beside --engine vllm)
+    assert "--compare vllm --vllm-env" in flat(r.output) and "before --engine vllm" in flat(r.output)
     assert "Traceback" not in r.output
 
 
