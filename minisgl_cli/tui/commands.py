@@ -11,7 +11,7 @@ from minisgl_cli.tui.export import FORMATS
 from minisgl_cli.tui.session import SAMPLING_OFF, ChatSession, Setting, go_on_with, parse_stop, setting_text
 
 HELP: list[tuple[str, str]] = [
-    ("/reset", "start a new conversation (keeps the system prompt)"),
+    ("/reset", "start a new conversation (keeps the settings)"),
     ("/system <text>", "set the system prompt (ctrl+j for more lines); /system alone clears it"),
     ("/temp <x>", "sampling temperature, 0 = greedy"),
     ("/max-tokens <n>", "longest answer in tokens"),
