@@ -160,7 +160,7 @@ class AsyncLLM(StepLoop):
             elif rid in self._open:  # vLLM's refusal: abort(rid) and the outputs' request_id name one request
                 raise ValueError(f"Request id {rid} already running.")
             self._open.add(rid)
-            stream = RequestStream(rid, ids, loop, final_only, on_abandon=lambda: self._abort(rid))
+            stream = RequestStream(rid, ids, loop, final_only, on_abandon=lambda: self._abort(rid, stream))
             self._inbox.put(("add", rid, ids, params, stream))
         return stream
 
@@ -174,9 +174,11 @@ class AsyncLLM(StepLoop):
         for rid in [request_id] if isinstance(request_id, str) else request_id:
             self._abort(rid)
 
-    def _abort(self, rid: str) -> None:
-        """abort() from any thread, a plain call."""
-        self._inbox.put(("abort", rid))
+    def _abort(self, rid: str, stream: RequestStream | None = None) -> None:
+        """abort() from any thread, a plain call. With `stream` (its consumer left): only while `rid` is still that
+        stream's request. A consumer that broke out at the finished output closes its generator later (when it is
+        collected), and the id may be running a new request by then, which was aborted in its place."""
+        self._inbox.put(("abort", rid, stream))
 
     def call(self, fn: Callable[[LLM], T], timeout: float = 30.0) -> T:
         """Run fn(llm) on the engine thread (between steps) and return its result."""
@@ -239,8 +241,9 @@ class AsyncLLM(StepLoop):
                     stream.put(ValueError(str(e)))
                     if rid not in self._streams:
                         self._open.discard(rid)
-            elif kind == "abort" and item[1] in self._streams:
-                self.llm.abort(item[1])
+            elif kind == "abort" and (open_ := self._streams.get(item[1])) is not None:
+                if item[2] is None or item[2] is open_:
+                    self.llm.abort(item[1])
             elif kind == "call":
                 try:
                     item[2].put((True, item[1](self.llm)))

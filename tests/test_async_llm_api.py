@@ -326,6 +326,29 @@ def test_a_request_id_is_free_again_as_soon_as_its_last_output_arrives(smollm):
         a.shutdown()
 
 
+def test_a_consumer_leaving_at_the_finished_output_aborts_no_later_request_under_its_id():
+    """vLLM's streaming example breaks out of `async for` at the finished output. The generator left there is closed
+    later (when collected, by a task of the event loop), and its request id was aborted then: a request reusing the id
+    at once, already running, was aborted in its place (finish_reason "abort" after a token or two)."""
+    a = tiny_async(num_pages=128)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+
+    async def main() -> list[str | None]:
+        reasons = []
+        for _ in range(4):
+            async for out in a.generate([5, 6, 7], params, "same"):
+                if out.finished:
+                    reasons.append(out.outputs[0].finish_reason)
+                    break
+        await settled(a)
+        return reasons
+
+    try:
+        assert asyncio.run(main()) == ["length"] * 4
+    finally:
+        a.shutdown()
+
+
 @pytest.mark.parametrize(
     ("prompt", "params", "error", "message"),
     [
