@@ -374,6 +374,9 @@ class _Planner:
         if not self.flags["warmup"]:
             return []
         warm, w = _workload(self.target, self.flags, self.flags["warmup"], self.flags["seed"] + 10_000, self.drawn)
+        # a sweep's rate loads, planned after it, take the prompts after its own (they took the warm-up's again,
+        # which the server's prefix cache still held)
+        self.drawn += self.flags["warmup"]
         self.served["warm_repeated"] = w.repeated
         return warm
 

@@ -86,6 +86,31 @@ def test_sweep_rates_are_guidellms_linspace():
     assert by_load(listed) == listed  # a list of rates or concurrencies: already in increasing load
 
 
+def test_a_sweeps_rate_loads_take_no_prompt_of_the_warm_up(tmp_path):
+    """A dataset's prompts are taken in order, each load its own. The warm-up takes those after the loads planned up
+    front, and a --rate sweep plans its rate loads after the warm-up: the first rate load took the warm-up's prompts
+    again, which the server's prefix cache still held."""
+    from minisgl_cli.arrivals import Load
+    from minisgl_cli.bench_serve import Target, _Planner
+
+    class Chars:  # a tokenizer: one id per character
+        def encode(self, text: str) -> list[int]:
+            return [ord(c) % 90 + 2 for c in text]
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"text": f"prompt number {i}"}) + "\n" for i in range(40)))
+    flags = dict(
+        num_requests=4, duration=None, input_len="8", output_len="4", prompt_format="ids", endpoint="completions",
+        prefix_groups=0, prefix_len=0, dataset=data, seed=0, burstiness=1.0, arrival="poisson", warmup=3,
+    )  # fmt: skip
+    planner = _Planner(Target(1000, 4096, Chars(), "m"), flags, {})
+    loads = [planner.plan(Load(math.inf, 1, "synchronous"), 0), planner.plan(Load(math.inf, None, "throughput"), 1)]
+    warm = planner.warm_up()
+    loads.append(planner.plan(Load(2.0, None, "constant"), 2))
+    prompts = [[tuple(item.prompt) for item in items] for _, items, _, _ in loads] + [[tuple(i.prompt) for i in warm]]
+    assert sum(map(len, prompts)) == 3 * 4 + 3 == len({p for ps in prompts for p in ps})  # none given twice
+
+
 # ---- the client's parser -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "obj",
