@@ -197,7 +197,7 @@ class AsyncLLM(StepLoop):
         self._stop.set()
         self._inbox.put(("wake",))
         self._thread.join(timeout=30)
-        if self._owns_llm:
+        if self._owns_llm and not self._thread.is_alive():  # (a thread still inside a step owns the engine)
             self.llm.shutdown()
 
     def _busy(self) -> bool:
@@ -208,7 +208,8 @@ class AsyncLLM(StepLoop):
 
     def _step(self) -> None:
         outs, reqs = self.llm.step(), self.llm.engine.reqs
-        self._ending = {rid for rid in self._ending if rid in reqs}
+        if self._ending:
+            self._ending = {rid for rid in self._ending if rid in reqs}
         for out in outs:
             stream = self._streams.get(out.rid)
             if stream is None or (stream.final_only and not out.finished):

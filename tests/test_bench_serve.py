@@ -685,9 +685,11 @@ def test_limits_against_minisgl_serve(tmp_path, monkeypatch):
         args = ["--url", url, "--model", "dummy:tiny-llama", "--quiet", "--no-client-check", "--input-len", "4"]
         args += ["--output-len", "2000", "--num-requests", "2", "--max-concurrency", "2", "--request-timeout", "1"]
         res, out = bench(tmp_path, *args, code=1)
-        assert res["failed"] == 2 and all(n > 0 for n in res["output_lens"])
+        assert res["failed"] == 2 and any(n > 0 for n in res["output_lens"])
         for err, n in zip(res["errors"], res["output_lens"]):
-            assert err["error"] == f"TimeoutError: not finished within 1 s ({n:,} chunks received)"
+            # (a request a loaded 2-core machine did not start within the second had no answer indeed)
+            said = f"not finished within 1 s ({n:,} chunks received)" if n else "no answer within 1 s"
+            assert err["error"] == f"TimeoutError: {said}"
 
 
 def test_rate_sweep_against_minisgl_serve(tmp_path):
