@@ -110,6 +110,15 @@ def check_same_settings(config: Any) -> None:
         )
 
 
+def refused_on_every_rank(err: Exception) -> Exception:
+    """`err`, for a start every rank refuses alike (a check of the model's config or of the pool's agreed size): under
+    tensor parallelism the ranks leave their group together first, as check_same_settings's do; a group kept until
+    interpreter exit could abort a rank there (torchrun then reported the SIGABRT, not the refusal: CI at 84e109b)."""
+    if TP.size > 1:
+        leave_tp_group()
+    return err
+
+
 def leave_tp_group() -> None:
     """Every rank of the group is here (a shutdown, or a start every rank refused): meet, then tear the group down.
     TP.cpu_group may be the default group itself: a reference left to it kept its gloo threads alive until interpreter

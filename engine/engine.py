@@ -21,6 +21,7 @@ from engine.distributed import (
     init_tp,
     leave_failed_group,
     leave_tp_group,
+    refused_on_every_rank,
 )
 from engine.gc_heap import collect_if_idle, frozen_heap
 from engine.limits import RequestLimits
@@ -73,10 +74,11 @@ class Engine:
         mc = self.loaded.cfg
         self.model_cfg = mc
         if config.max_model_len is not None and config.max_model_len > mc.max_position_embeddings:
-            raise ValueError(  # as vLLM: a longer context than the model was trained on is refused, not capped
+            too_long = ValueError(  # as vLLM: a longer context than the model was trained on is refused, not capped
                 f"max_model_len {config.max_model_len} exceeds the model's context length "
                 f"(max_position_embeddings {mc.max_position_embeddings})"
             )
+            raise refused_on_every_rank(too_long)
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         num_pages = self._num_pages(mc)
         # One page more than the allocator hands out: a scratch page for padded CUDA-graph rows.
@@ -145,8 +147,10 @@ class Engine:
             t = torch.tensor([num_pages], device=self.device if self.device.type == "cuda" else "cpu")
             dist.all_reduce(t, op=dist.ReduceOp.MIN)
             num_pages = int(t.item())
-        if num_pages < 2:
-            raise ValueError("not enough memory for a KV cache: raise --kv-cache-gb / --memory-fraction")
+        if num_pages < 2:  # the ranks' smallest count: every rank is here
+            raise refused_on_every_rank(
+                ValueError("not enough memory for a KV cache: raise --kv-cache-gb / --memory-fraction")
+            )
         return num_pages
 
     def _pages_from_budget(self, mc: ModelConfig) -> int:

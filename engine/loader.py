@@ -17,7 +17,7 @@ import torch
 
 from engine import model_source, weight_cache, weights
 from engine.cache_paths import cache_root
-from engine.distributed import TP
+from engine.distributed import TP, refused_on_every_rank
 from engine.model_config import ModelConfig
 from engine.tokenizer import ByteTokenizer, Tokenizer, tokenizer_at
 
@@ -100,7 +100,7 @@ def load_model(
     try:
         cfg.check_splits(TP.size)
     except ValueError as e:
-        raise ValueError(f"{named}: {e}") from None
+        raise refused_on_every_rank(ValueError(f"{named}: {e}")) from None
     check_fits(cfg, named, device, dtype)
     with torch.device(device), _default_dtype(dtype):
         model = create_model(cfg)
