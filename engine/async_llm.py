@@ -57,9 +57,10 @@ class AsyncLLM(StepLoop):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._closed = False  # set under _lock when the loop ends: nothing is queued after that
-        # rids of submitted requests whose stream has not ended: a generated rid must avoid those still queued in
-        # the inbox too (a caller's own "req-N" not yet in the engine got the same generated id, which was refused)
-        self._open: set[str] = set()
+        # rids of submitted requests whose stream has not ended, each with its stream: a generated rid must avoid
+        # those still queued in the inbox too (a caller's own "req-N" not yet in the engine got the same generated id,
+        # which was refused). abort() frees a rid at once (vLLM's); the stream it names then frees nothing later.
+        self._open: dict[str, RequestStream] = {}
         self._ending: set[str] = set()  # finished rids the engine drops at its next step (a stop string ended them)
         self._thread = threading.Thread(target=self._run, name="minisgl-engine", daemon=True)
         self._thread.start()
@@ -159,8 +160,8 @@ class AsyncLLM(StepLoop):
                     rid = self.llm.engine.new_rid()
             elif rid in self._open:  # vLLM's refusal: abort(rid) and the outputs' request_id name one request
                 raise ValueError(f"Request id {rid} already running.")
-            self._open.add(rid)
             stream = RequestStream(rid, ids, loop, final_only, on_abandon=lambda: self._abort(rid, stream))
+            self._open[rid] = stream
             self._inbox.put(("add", rid, ids, params, stream))
         return stream
 
@@ -170,9 +171,13 @@ class AsyncLLM(StepLoop):
 
     async def abort(self, request_id: str | Iterable[str]) -> None:
         """vLLM's: ends the requests at the engine's next step (their pages go back then); each one's generate() yields
-        a last output, finish_reason "abort". An id not running is left alone."""
-        for rid in [request_id] if isinstance(request_id, str) else request_id:
-            self._abort(rid)
+        a last output, finish_reason "abort". Each id is free at once, as in vLLM: a generate() reusing it right away
+        runs a new request, which none of the old one's outputs reach. An id not running is left alone."""
+        with self._lock:
+            for rid in [request_id] if isinstance(request_id, str) else request_id:
+                stream = self._open.pop(rid, None)
+                if stream is not None:
+                    self._abort(rid, stream)
 
     def _abort(self, rid: str, stream: RequestStream | None = None) -> None:
         """abort() from any thread, a plain call. With `stream` (its consumer left): only while `rid` is still that
@@ -219,10 +224,15 @@ class AsyncLLM(StepLoop):
                 if out.rid in reqs:  # a stop string ended it in the text: the engine drops it at its next step
                     self._ending.add(out.rid)
                 with self._lock:
-                    self._open.discard(out.rid)
+                    self._release(out.rid, stream)
             stream.put(out)
             if out.finished:
                 stream.put(END)
+
+    def _release(self, rid: str, stream: RequestStream) -> None:
+        """Under _lock: `rid` is free, unless abort() freed it already and a new request holds it."""
+        if self._open.get(rid) is stream:
+            del self._open[rid]
 
     def _receive(self, block: bool) -> None:
         try:
@@ -233,15 +243,18 @@ class AsyncLLM(StepLoop):
             kind = item[0]
             if kind == "add":
                 _, rid, ids, params, stream = item
-                if rid in self._ending:  # its id's last request is still in the engine, to be dropped at its next step
+                # Its id's last request is still in the engine: a stop string ended it (the engine drops it at its
+                # next step), or abort() freed the id (queued before this, ending it at that step). That step hands
+                # the old stream its last output before this request takes the id.
+                if rid in self._ending or rid in self._streams:
                     self._step()
                 try:
                     self.llm.add_request(ids, params, rid)
                     self._streams[rid] = stream
                 except Exception as e:
                     stream.put(ValueError(str(e)))
-                    if rid not in self._streams:
-                        self._open.discard(rid)
+                    with self._lock:
+                        self._release(rid, stream)
             elif kind == "abort" and (open_ := self._streams.get(item[1])) is not None:
                 if item[2] is None or item[2] is open_:
                     self.llm.abort(item[1])

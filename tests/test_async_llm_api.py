@@ -349,6 +349,48 @@ def test_a_consumer_leaving_at_the_finished_output_aborts_no_later_request_under
         a.shutdown()
 
 
+def test_an_aborted_request_id_is_free_at_once_for_a_new_request():
+    """As in vLLM, an id is free once abort() returns: a generate() reusing it at once was refused ("already running")
+    until the engine's next step had delivered the abort. The new request runs to its end with its own outputs only;
+    the old one's last output (finish_reason "abort") reaches the old generator alone, and that generator closed
+    after the new request has started (its consumer gone) aborts nothing. Repeated: it depends on timing."""
+    a = tiny_async(num_pages=128)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    alone = make_llm(num_pages=64).generate([[5, 6, 7]], params, use_tqdm=False)[0].token_ids
+
+    async def main() -> list[tuple[list, list]]:
+        runs = []
+        for i in range(8):
+            old = a.generate([1, 2, 3], LONG, "same")
+            olds = [await old.__anext__()]
+            await a.abort("same")
+            new = a.generate([5, 6, 7], params, "same")
+            news = [await new.__anext__()]
+            if i % 2:
+                await old.aclose()  # its consumer leaves now, the id running the new request
+            else:
+                olds += [o async for o in old]
+            news += [o async for o in new]
+            runs.append((olds, news))
+        await settled(a)
+        return runs
+
+    try:
+        runs = asyncio.run(main())
+        finished = a.call(lambda llm: llm.metrics().finished_requests)
+    finally:
+        a.shutdown()
+    assert finished == 16
+    for i, (olds, news) in enumerate(runs):
+        assert all(o.prompt_token_ids == [5, 6, 7] and o.request_id == "same" for o in news)
+        assert [o.finished for o in news] == [False] * 11 + [True]
+        assert news[-1].outputs[0].finish_reason == "length" and list(news[-1].outputs[0].token_ids) == alone
+        assert all(o.prompt_token_ids == [1, 2, 3] for o in olds)
+        if i % 2 == 0:
+            assert olds[-1].finished and olds[-1].outputs[0].finish_reason == "abort"
+            assert len(olds[-1].outputs[0].token_ids) < 10
+
+
 @pytest.mark.parametrize(
     ("prompt", "params", "error", "message"),
     [
