@@ -4,6 +4,7 @@ API on it (AsyncEngineArgs, from_engine_args, generate, abort, shutdown), so cod
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import queue
 import threading
 import traceback
@@ -11,7 +12,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Any, TypeVar, cast
 
 from engine.config import EngineConfig
-from engine.llm import LLM, Prompt, RequestOutput, engine_config
+from engine.llm import LLM, Prompt, RequestOutput, _choices, engine_config
 from engine.sampling_params import RequestOutputKind, SamplingParams
 from engine.step_loop import StepLoop
 from engine.streams import END, EngineDeadError, RequestStream
@@ -42,6 +43,20 @@ class AsyncEngineArgs:
         return engine_config(None, kw, "AsyncEngineArgs")
 
 
+@dataclasses.dataclass(eq=False)
+class _Family:
+    """vLLM's ParentRequest: a generate() of n > 1 choices, run as n requests "j_<request_id>" (vLLM's child ids).
+    Its id stays taken while any of them is open."""
+
+    rid: str
+    open: dict[str, RequestStream]  # the children whose last output has not arrived, by rid
+
+
+def _tagged(arrived: asyncio.Queue[tuple[int, object]], j: int) -> Callable[[object], None]:
+    """A sink putting choice j's items on the family's queue."""
+    return lambda item: arrived.put_nowait((j, item))
+
+
 class AsyncLLM(StepLoop):
     """Thread-safe front of an LLM: submit() from any thread, outputs arrive on each RequestStream. vLLM's AsyncLLM
     API too: from_engine_args(), `async for out in generate(prompt, params, request_id)`, abort(), shutdown()."""
@@ -60,7 +75,8 @@ class AsyncLLM(StepLoop):
         # rids of submitted requests whose stream has not ended, each with its stream: a generated rid must avoid
         # those still queued in the inbox too (a caller's own "req-N" not yet in the engine got the same generated id,
         # which was refused). abort() frees a rid at once (vLLM's); the stream it names then frees nothing later.
-        self._open: dict[str, RequestStream] = {}
+        self._open: dict[str, RequestStream | _Family] = {}
+        self._family_of: dict[RequestStream, _Family] = {}  # each open child's parent
         self._ending: set[str] = set()  # finished rids the engine drops at its next step (a stop string ended them)
         self._thread = threading.Thread(target=self._run, name="minisgl-engine", daemon=True)
         self._thread.start()
@@ -111,18 +127,19 @@ class AsyncLLM(StepLoop):
     ) -> AsyncGenerator[RequestOutput, None]:
         """vLLM's AsyncLLM.generate: the request's outputs as the engine makes them, each one as
         sampling_params.output_kind says (CUMULATIVE: everything so far in `outputs[0]`; DELTA: only what is new;
-        FINAL_ONLY: the finished output alone), the last one `finished`. Submitted at the first iteration; a bad prompt
-        or request (too long, a bad field), a request_id still running, or an engine shut down raise from there.
-        abort(request_id) ends it with a last output (finish_reason "abort"); a consumer that leaves early (break,
-        its task cancelled, the generator dropped) aborts it, its KV pages back at the engine's next step."""
+        FINAL_ONLY: the finished output alone), the last one `finished`; with sampling_params.n > 1, `outputs` hold
+        the n choices (vLLM's fan-out: requests "j_<request_id>", choice j seeded seed + j). Submitted at the first
+        iteration; a bad prompt or request (too long, a bad field), a request_id still running (or a child's), or an
+        engine shut down raise from there. abort(request_id) ends it with a last output (finish_reason "abort"); a
+        consumer that leaves early (break, its task cancelled, the generator dropped) aborts it, its KV pages back at
+        the engine's next step."""
         if lora_request is not None or priority != 0:
             raise TypeError("generate() takes lora_request=None and priority=0 only: no LoRA and no priorities here")
         kind = getattr(sampling_params, "output_kind", RequestOutputKind.CUMULATIVE)  # (the check names a non-params)
         if isinstance(sampling_params, SamplingParams) and sampling_params.n != 1:
-            raise ValueError(
-                f"n={sampling_params.n}: AsyncLLM.generate() runs one choice per request; submit n requests, choice j "
-                "with sampling_params.choice(j) (seed + j, vLLM's rule), or use LLM.generate()"
-            )
+            async for parent in self._generate_choices(prompt, sampling_params, request_id, kind):
+                yield parent
+            return
         final_only = kind == RequestOutputKind.FINAL_ONLY
         stream = self.submit(prompt, sampling_params, request_id, asyncio.get_running_loop(), final_only)
         outputs = stream.__aiter__()
@@ -133,6 +150,72 @@ class AsyncLLM(StepLoop):
                     yield out
         finally:
             await outputs.aclose()  # its own `finally` aborts the request if it has not finished
+
+    async def _generate_choices(
+        self, prompt: Prompt, params: SamplingParams, request_id: str, kind: RequestOutputKind
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """generate() of n > 1 choices, as vLLM fans it out: choice j is a request of its own (LLM.generate's choices,
+        seed + j); each output is the parent's, `outputs` holding all n choices (DELTA: each one's new part, empty
+        where it has none), `finished` once all are. FINAL_ONLY: one output, all finished."""
+        choices = _choices(params)
+        arrived: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
+        streams = self._submit_choices(prompt, choices, request_id, asyncio.get_running_loop(), kind, arrived)
+        latest = [
+            RequestOutput(s.rid, s.prompt_ids, [], "", "", [], False, delta=kind == RequestOutputKind.DELTA)
+            for s in streams
+        ]
+        done = [False] * len(streams)
+        try:
+            while not all(done):
+                j, item = await arrived.get()
+                if item is END:
+                    continue
+                if isinstance(item, Exception):
+                    raise item
+                out = cast(RequestOutput, item)
+                if not (out.finished or out.delta_token_ids):  # (a prefill chunk that made no token)
+                    continue
+                done[j], out.delta = out.finished, kind == RequestOutputKind.DELTA
+                if kind == RequestOutputKind.DELTA:  # the others' last parts were in earlier outputs
+                    latest = [dataclasses.replace(o, delta_text="", delta_token_ids=[]) for o in latest]
+                latest[j] = out
+                if kind != RequestOutputKind.FINAL_ONLY or all(done):
+                    yield dataclasses.replace(latest[0], rid=request_id, finished=all(done), other_choices=latest[1:])
+        finally:
+            for s, ended in zip(streams, done):
+                if not ended:  # an error, the engine gone, or the consumer left: no child runs on
+                    self._abort(s.rid, s)
+
+    def _submit_choices(
+        self,
+        prompt: Prompt,
+        choices: list[SamplingParams | None],
+        rid: str,
+        loop: asyncio.AbstractEventLoop,
+        kind: RequestOutputKind,
+        arrived: asyncio.Queue[tuple[int, object]],
+    ) -> list[RequestStream]:
+        """submit() of a family: every choice checked, then all ids (the parent's and each child's) taken at once or
+        none. Each child's outputs arrive on `arrived` as (j, item)."""
+        if not self.alive:
+            raise EngineDeadError(f"engine is not running: {self.error or 'stopped'}")
+        ids = self.llm.encode(prompt)
+        checked = [self.llm.engine.validate(ids, self.llm.params_for(ids, c)) for c in choices]
+        rids = [f"{j}_{rid}" for j in range(len(choices))]
+        with self._lock:
+            self._check_open()
+            for r in (rid, *rids):
+                if r in self._open:
+                    raise ValueError(f"Request id {r} already running.")
+            family = _Family(rid, {})
+            self._open[rid] = family
+            final_only = kind == RequestOutputKind.FINAL_ONLY
+            for j, (r, p) in enumerate(zip(rids, checked)):
+                stream = RequestStream(r, ids, loop, final_only, sink=_tagged(arrived, j))
+                family.open[r] = self._open[r] = stream
+                self._family_of[stream] = family
+                self._inbox.put(("add", r, ids, p, stream))
+        return list(family.open.values())
 
     def submit(
         self,
@@ -175,9 +258,14 @@ class AsyncLLM(StepLoop):
         runs a new request, which none of the old one's outputs reach. An id not running is left alone."""
         with self._lock:
             for rid in [request_id] if isinstance(request_id, str) else request_id:
-                stream = self._open.pop(rid, None)
-                if stream is not None:
-                    self._abort(rid, stream)
+                owner = self._open.pop(rid, None)
+                if isinstance(owner, _Family):  # vLLM's: the parent's abort ends its children, their ids free too
+                    for child, stream in owner.open.items():
+                        if self._open.get(child) is stream:
+                            del self._open[child]
+                        self._abort(child, stream)
+                elif owner is not None:
+                    self._abort(rid, owner)
 
     def _abort(self, rid: str, stream: RequestStream | None = None) -> None:
         """abort() from any thread, a plain call. With `stream` (its consumer left): only while `rid` is still that
@@ -230,9 +318,15 @@ class AsyncLLM(StepLoop):
                 stream.put(END)
 
     def _release(self, rid: str, stream: RequestStream) -> None:
-        """Under _lock: `rid` is free, unless abort() freed it already and a new request holds it."""
+        """Under _lock: `rid` is free, unless abort() freed it already and a new request holds it; its parent's too
+        once it was the last child open."""
         if self._open.get(rid) is stream:
             del self._open[rid]
+        family = self._family_of.pop(stream, None)
+        if family is not None:
+            del family.open[rid]
+            if not family.open and self._open.get(family.rid) is family:
+                del self._open[family.rid]
 
     def _receive(self, block: bool) -> None:
         try:

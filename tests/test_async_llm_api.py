@@ -391,17 +391,119 @@ def test_an_aborted_request_id_is_free_at_once_for_a_new_request():
             assert len(olds[-1].outputs[0].token_ids) < 10
 
 
+def test_n_choices_are_llm_generates_in_every_output_kind(smollm):
+    """SamplingParams(n=3) in generate() fans out as vLLM's does: each output is the parent request's, `outputs` its
+    three choices (CUMULATIVE: each one's text so far; DELTA: each one's new part; FINAL_ONLY: once, all finished),
+    and the choices are those LLM.generate gives for the same seeded params (choice j seeded seed + j)."""
+    prompt = "Name a colour:"
+    base = dict(n=3, max_tokens=16, temperature=1.0, seed=11)
+    ref = smollm.generate(prompt, SamplingParams(**base), use_tqdm=False)[0].outputs
+    expected = [(c.text, list(c.token_ids), c.finish_reason) for c in ref]
+    assert len({text for text, _, _ in expected}) > 1  # the choices differ
+    a = AsyncLLM(smollm)
+
+    async def run(kind: RequestOutputKind) -> list:
+        params = SamplingParams(**base, output_kind=kind)
+        return [o async for o in a.generate(prompt, params, f"fan-{kind.name}")]
+
+    async def main() -> list[list]:
+        got = [await run(k) for k in RequestOutputKind]  # one after another: batches of three, as LLM.generate's
+        await settled(a)
+        return got
+
+    try:
+        cumulative, delta, final = asyncio.run(main())
+    finally:
+        a.shutdown()
+    for outs, name in ((cumulative, "CUMULATIVE"), (delta, "DELTA"), (final, "FINAL_ONLY")):
+        assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
+        assert {o.request_id for o in outs} == {f"fan-{name}"}
+        assert all([c.index for c in o.outputs] == [0, 1, 2] for o in outs)
+    assert len(final) == 1 and len(cumulative) > 3
+    for last in (cumulative[-1], final[0]):
+        assert [(c.text, list(c.token_ids), c.finish_reason) for c in last.outputs] == expected
+    for j in range(3):
+        texts = [o.outputs[j].text for o in cumulative]
+        assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+        parts = [o.outputs[j] for o in delta]
+        joined = ("".join(c.text for c in parts), [t for c in parts for t in c.token_ids], parts[-1].finish_reason)
+        assert joined == expected[j]
+
+
+def test_aborting_or_leaving_an_n_choice_request_ends_every_choice_with_every_page_back():
+    """abort(request_id) of an n=3 request ends its three choices (each finish_reason "abort"), its id and its
+    children's ("j_<id>", vLLM's) free at once; a consumer cancelled or leaving after a `break` ends all three too.
+    While one runs, its id and its children's are taken: a clash on any of them is refused. None runs on to its 900
+    tokens, and every KV page comes back."""
+    a = tiny_async(num_pages=256)
+    fan = SamplingParams(n=3, max_tokens=900, ignore_eos=True, temperature=1.0, seed=5)
+    short = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+
+    async def main() -> dict:
+        got: dict = {}
+        aborted = a.generate([1, 2, 3], fan, "fam")
+        first = await aborted.__anext__()
+        for rid in ("fam", "0_fam", "2_fam"):
+            with pytest.raises(ValueError, match=rf"^Request id {rid} already running\.$"):
+                await a.generate([4], short, rid).__anext__()
+        blocker = a.generate([4], short, "1_other")
+        await blocker.__anext__()
+        with pytest.raises(ValueError, match=r"^Request id 1_other already running\.$"):
+            await a.generate([4], fan, "other").__anext__()
+        got["blocker"] = [o async for o in blocker]
+        await a.abort("fam")
+        got["reused"] = [o async for o in a.generate([4], short, "1_fam")]  # a child's id, free at once
+        got["aborted"] = [first] + [o async for o in aborted]
+
+        started = asyncio.Event()
+
+        async def client() -> None:
+            async for _ in a.generate([4, 5, 6], fan, "cancelled"):
+                started.set()
+
+        task = asyncio.create_task(client())
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+        async for out in a.generate([7, 8], fan, "left"):
+            if len(out.outputs[2].token_ids) >= 3:
+                break
+        await settled(a)
+        again = SamplingParams(n=2, max_tokens=3, ignore_eos=True)
+        for rid in ("fam", "cancelled", "left"):  # each parent's id is free once its children have ended
+            got[rid] = [o async for o in a.generate([9], again, rid)]
+        await settled(a)
+        return got
+
+    try:
+        got = asyncio.run(main())
+        tokens = a.call(lambda llm: llm.engine.stats["generation_tokens"])
+        finished = a.call(lambda llm: llm.metrics().finished_requests)
+    finally:
+        a.shutdown()
+    last = got["aborted"][-1]
+    assert last.finished and [c.finish_reason for c in last.outputs] == ["abort"] * 3 and last.request_id == "fam"
+    assert not any(o.finished for o in got["aborted"][:-1])
+    for name in ("blocker", "reused"):
+        assert got[name][-1].outputs[0].finish_reason == "length"
+    for rid in ("fam", "cancelled", "left"):
+        assert [len(c.token_ids) for c in got[rid][-1].outputs] == [3, 3] and got[rid][-1].finished
+    assert finished == 2 + 3 * 3 + 3 * 2 and tokens < 900
+
+
 @pytest.mark.parametrize(
     ("prompt", "params", "error", "message"),
     [
         ("", SamplingParams(max_tokens=4), ValueError, "prompt is empty"),
         ([1, 2, 10**6], SamplingParams(max_tokens=4), ValueError, r"prompt token id 1000000 is outside the vocabulary"),
         ([1] * 100, SamplingParams(max_tokens=5000), ValueError, r"exceeds the model's context length"),
-        ([1, 2], SamplingParams(max_tokens=4, n=2), ValueError, r"n=2: AsyncLLM.generate\(\) runs one choice"),
+        ([1, 2], SamplingParams(max_tokens=4, n=2, seed=2**64 - 1), ValueError, r"seed must be a 64-bit"),
         ([1, 2], "greedy", ValueError, "sampling params must be a SamplingParams"),
         ({"text": "hi"}, SamplingParams(max_tokens=4), ValueError, "a prompt dict must be"),
     ],
-    ids=["empty", "vocabulary", "too-long", "n", "not-params", "prompt-dict"],
+    ids=["empty", "vocabulary", "too-long", "n-choice-seed", "not-params", "prompt-dict"],
 )
 def test_a_bad_request_raises_from_its_generator_and_harms_no_other(prompt, params, error, message):
     """A bad prompt or request raises from its generator (at its first iteration, as vLLM's: creating it does
