@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Any, TypeVar, cast
 
 from engine.config import EngineConfig
-from engine.llm import LLM, Prompt, RequestOutput, _choices, engine_config
+from engine.llm import LLM, Prompt, RequestOutput, choice_requests, engine_config
 from engine.sampling_params import RequestOutputKind, SamplingParams
 from engine.step_loop import StepLoop
 from engine.streams import END, EngineDeadError, RequestStream
@@ -157,7 +157,7 @@ class AsyncLLM(StepLoop):
         """generate() of n > 1 choices, as vLLM fans it out: choice j is a request of its own (LLM.generate's choices,
         seed + j); each output is the parent's, `outputs` holding all n choices (DELTA: each one's new part, empty
         where it has none), `finished` once all are. FINAL_ONLY: one output, all finished."""
-        choices = _choices(params)
+        choices = choice_requests(params)
         arrived: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
         streams = self._submit_choices(prompt, choices, request_id, asyncio.get_running_loop(), kind, arrived)
         latest = [

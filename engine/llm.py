@@ -208,7 +208,7 @@ class LLM:
             bar = None
             try:
                 for p, sp in zip(batch, plist):
-                    choices = _choices(sp)
+                    choices = choice_requests(sp)
                     rids += [self._add(p, c, None, box) for c in choices]
                     n_choices.append(len(choices))
                 running = on_step is not None or on_output is not None
@@ -443,7 +443,7 @@ class ProgressBar:
         self.progress.stop()
 
 
-def _choices(params: SamplingParams | None) -> list[SamplingParams | None]:
+def choice_requests(params: SamplingParams | None) -> list[SamplingParams | None]:
     """A prompt's n choices as requests of one choice each (SamplingParams.choice: choice j seeded seed + j); None
     (the defaults) is one choice."""
     if not isinstance(params, SamplingParams) or params.n == 1:
