@@ -341,7 +341,11 @@ class AsyncLLM(StepLoop):
                 # next step), or abort() freed the id (queued before this, ending it at that step). That step hands
                 # the old stream its last output before this request takes the id.
                 if rid in self._ending or rid in self._streams:
-                    self._step()
+                    try:
+                        self._step()
+                    except BaseException:  # the engine crashed: the loop's end fails this request with the rest
+                        self._inbox.put(item)
+                        raise
                 try:
                     self.llm.add_request(ids, params, rid)
                     self._streams[rid] = stream

@@ -599,3 +599,43 @@ def test_async_engine_args_take_llms_keywords_as_vllm_names_them():
         assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 3 and a.is_running
     finally:
         a.shutdown()
+
+
+def test_an_engine_crash_at_the_step_before_an_id_reuse_fails_the_new_request_too():
+    """An add whose id the engine still holds (abort() freed it, the old request's abort queued before) steps the
+    engine first. Where that step crashes the engine, the new request fails with EngineDeadError as every other
+    open one does: it had been taken off the inbox and was in no stream table, so its generate() waited forever."""
+    import threading
+
+    a = tiny_async(num_pages=128)
+    held, release = threading.Event(), threading.Event()
+
+    def hold(llm) -> None:  # the engine thread waits here, so that the abort and the add arrive in one batch
+        held.set()
+        release.wait(10)
+
+    def crash() -> None:
+        raise RuntimeError("device lost")
+
+    async def main() -> None:
+        old = a.generate([1, 2, 3], LONG, "same")
+        await old.__anext__()
+        threading.Thread(target=a.call, args=(hold,), daemon=True).start()
+        assert held.wait(10)
+        await a.abort("same")
+        new = asyncio.ensure_future(a.generate([5, 6, 7], SamplingParams(max_tokens=4), "same").__anext__())
+        await asyncio.sleep(0.2)  # its add is queued behind the abort
+        a.llm.step = crash  # the step before the add crashes the engine
+        release.set()
+        with pytest.raises(EngineDeadError, match="device lost"):
+            await asyncio.wait_for(new, timeout=10)
+        with pytest.raises(EngineDeadError):  # (after the outputs it had made)
+            async for _ in old:
+                pass
+
+    try:
+        asyncio.run(main())
+    finally:
+        del a.llm.step
+        a.shutdown()
+
