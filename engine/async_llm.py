@@ -210,12 +210,14 @@ class AsyncLLM(StepLoop):
             family = _Family(rid, {})
             self._open[rid] = family
             final_only = kind == RequestOutputKind.FINAL_ONLY
+            streams = []  # (not family.open read after the lock: the engine thread may have ended children by then)
             for j, (r, p) in enumerate(zip(rids, checked)):
                 stream = RequestStream(r, ids, loop, final_only, sink=_tagged(arrived, j))
                 family.open[r] = self._open[r] = stream
                 self._family_of[stream] = family
+                streams.append(stream)
                 self._inbox.put(("add", r, ids, p, stream))
-        return list(family.open.values())
+        return streams
 
     def submit(
         self,

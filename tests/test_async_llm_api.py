@@ -639,3 +639,42 @@ def test_an_engine_crash_at_the_step_before_an_id_reuse_fails_the_new_request_to
         del a.llm.step
         a.shutdown()
 
+
+def test_n_choices_that_end_before_generate_reads_its_family_still_arrive():
+    """_submit_choices returned the family's open children read after its lock was released: the engine thread could
+    have ended some of them by then (released, gone from the family), and generate() then waited on fewer choices
+    than it was sent (none here: it yielded nothing at all)."""
+    import threading
+    import time
+
+    a = tiny_async(num_pages=128)
+    real = a._lock
+
+    class SlowRelease:  # the caller's thread pauses after leaving the lock until the engine has ended every child
+        armed = False
+
+        def __enter__(self):
+            return real.__enter__()
+
+        def __exit__(self, *exc):
+            real.__exit__(*exc)
+            if SlowRelease.armed and threading.current_thread() is threading.main_thread():
+                SlowRelease.armed = False
+                for _ in range(200):
+                    if "quick" not in a._open:
+                        break
+                    time.sleep(0.05)
+
+    a._lock = SlowRelease()
+
+    async def main() -> list:
+        SlowRelease.armed = True
+        params = SamplingParams(n=3, max_tokens=1, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+        return [o async for o in a.generate([1, 2, 3], params, "quick")]
+
+    try:
+        outs = asyncio.run(main())
+    finally:
+        a._lock = real
+        a.shutdown()
+    assert len(outs) == 1 and outs[0].finished and [len(c.token_ids) for c in outs[0].outputs] == [1, 1, 1]
