@@ -223,6 +223,26 @@ def test_many_concurrent_generate_tasks_get_their_own_tokens():
     assert all(n == 12 for _, _, n in got)  # one CUMULATIVE output per token
 
 
+async def consumers_leaving(a: AsyncLLM, params: SamplingParams) -> None:
+    """A consumer's two ways out mid-request: its task cancelled (request "cancelled", a client gone), and a `break`
+    once every choice has made 3 tokens (request "left"; the generator is dropped there: vLLM's "garbage collected"
+    case)."""
+    started = asyncio.Event()
+
+    async def client() -> None:
+        async for _ in a.generate([4, 5, 6], params, "cancelled"):
+            started.set()
+
+    task = asyncio.create_task(client())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async for out in a.generate([7, 8], params, "left"):
+        if all(len(c.token_ids) >= 3 for c in out.outputs):
+            break
+
+
 def test_abort_and_a_consumer_gone_end_their_requests_with_every_page_back():
     """abort(request_id) ends a request with a last output (finish_reason "abort"), as vLLM's does; a consumer task
     cancelled (a client gone) and a generator left after a `break` abort theirs. None runs on to its 900 tokens, every
@@ -240,21 +260,7 @@ def test_abort_and_a_consumer_gone_end_their_requests_with_every_page_back():
         await a.abort(["not-running", "neither"])  # no-ops, as vLLM's
         got["aborted"] = [first] + [o async for o in aborted]
 
-        started = asyncio.Event()
-
-        async def client() -> None:
-            async for _ in a.generate([4, 5, 6], LONG, "cancelled"):
-                started.set()
-
-        task = asyncio.create_task(client())
-        await started.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-        async for out in a.generate([7, 8], LONG, "left"):
-            if len(out.outputs[0].token_ids) >= 3:
-                break  # the generator is dropped here: vLLM's "garbage collected" case
+        await consumers_leaving(a, LONG)
         got["bystander"] = await bystander
         await settled(a)
         return got
@@ -455,21 +461,7 @@ def test_aborting_or_leaving_an_n_choice_request_ends_every_choice_with_every_pa
         got["reused"] = [o async for o in a.generate([4], short, "1_fam")]  # a child's id, free at once
         got["aborted"] = [first] + [o async for o in aborted]
 
-        started = asyncio.Event()
-
-        async def client() -> None:
-            async for _ in a.generate([4, 5, 6], fan, "cancelled"):
-                started.set()
-
-        task = asyncio.create_task(client())
-        await started.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-        async for out in a.generate([7, 8], fan, "left"):
-            if len(out.outputs[2].token_ids) >= 3:
-                break
+        await consumers_leaving(a, fan)
         await settled(a)
         again = SamplingParams(n=2, max_tokens=3, ignore_eos=True)
         for rid in ("fam", "cancelled", "left"):  # each parent's id is free once its children have ended
