@@ -5,8 +5,8 @@
 # A call carries at most 64 MiB, and the tracked tree is now ~25 MB (benchmarks/results/ grew). So vLLM travels in
 # three ~28 MiB parts: build them here, once, with `PART_MIB=28 ../shared/gpu/peers/make-vllm-parts.sh`
 # (../shared/gpu/peers/README.md; its default of 40 MiB no longer fits beside the tree). The project's bundle must
-# hold serve's packages, since bench-offline's CLI imports them: `../shared/gpu/make-bundle.sh pyzmq msgpack uvloop
-# httptools` (~34 MB). No call can carry a part and the bundle, so the bundle is unpacked (to /tmp/site) in a call of
+# hold serve's packages, since bench-offline's CLI imports them, and hypothesis for the tests stage's GPU fuzz:
+# `../shared/gpu/make-bundle.sh pyzmq msgpack uvloop httptools hypothesis sortedcontainers` (~36 MB). No call can carry a part and the bundle, so the bundle is unpacked (to /tmp/site) in a call of
 # its own BEFORE the parts; then the call that brings the last part runs both engines in one command. The machine
 # keeps /tmp/site and /root only while it stays warm: send the calls one right after the other.
 #
@@ -111,7 +111,7 @@ for s in "${stages[@]}"; do
       ;;
     tests)
       PYTHONPATH=/tmp/site:$PWD timeout 500 python -m pytest -q -p no:cacheprovider tests/test_gpu.py \
-        tests/test_llm_api.py -m gpu -k "not tp2 and not fa_" > "$OUT/pytest_gpu_$c.txt" 2>&1
+        tests/test_llm_api.py tests/test_fuzz_engine.py -m gpu -k "not tp2 and not fa_" > "$OUT/pytest_gpu_$c.txt" 2>&1
       log "tests: rc=$?"; tail -n 3 "$OUT/pytest_gpu_$c.txt" | tee -a "$summary"
       PYTHONPATH=/tmp/site:$PWD timeout 60 python benchmarks/sampler_rng.py > "$OUT/sampler_rng_$c.txt" 2>&1
       log "sampler_rng: rc=$?"; tail -n 6 "$OUT/sampler_rng_$c.txt" | tee -a "$summary"

@@ -326,19 +326,6 @@ def test_fa_matches_torch_backend(backend: str, page_size: int) -> None:
     _matches_torch_backend(backend, page_size=page_size)
 
 
-@pytest.fixture(scope="module")
-def peaked_model(tmp_path_factory) -> str:
-    """SmolLM2's shapes, 4 layers, weights large enough that greedy picks are not bf16 near-ties
-    (dummy weights give near-flat logits, where any change of summation order may flip a token)."""
-    from dataclasses import replace
-
-    from engine.model_config import PRESETS
-    from tests.hf_reference import hf_model_from_config, save_hf
-
-    cfg = replace(PRESETS["SmolLM2-135M"], num_layers=4)
-    return str(save_hf(hf_model_from_config(cfg, seed=5, std=0.08), tmp_path_factory.mktemp("peaked") / "m"))
-
-
 def _greedy_tokens(model: str, prompts, graphs: int, overlap: bool, **kw) -> list[list[int]]:
     llm = LLM(
         EngineConfig(
