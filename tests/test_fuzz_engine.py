@@ -274,6 +274,8 @@ def check_promises(
             assert got == (want.finish_reason, None, want.token_ids, want.text), f"{rid} differs from it run alone"
         else:  # past a near-tie of the reference's, the two may part: the tokens before it must agree
             assert final.error is None and final.token_ids[:sure] == want.token_ids[:sure], f"{rid}: wrong tokens"
+        if rid not in run.aborted:
+            event(f"tokens compared in full: {sure == len(want.token_ids)}")
         assert final.text == "".join(o.delta_text for o in outs)
         hit = final.cache_hit_tokens
         assert hit % page_size == 0 and 0 <= hit < len(a.prompt), (rid, hit)
