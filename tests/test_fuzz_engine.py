@@ -310,6 +310,7 @@ GPU_ENGINES: dict[str, dict[str, Any]] = {
     "no overlap, no radix, 2 running": dict(overlap=False, radix_cache=False, max_running_requests=2),
     "eager overlap, token cap": dict(cuda_graph_max_bs=0, piecewise_graph_tokens=0, max_running_tokens=40),
     "3 running, tight, chunks of 7": dict(num_pages=9, max_running_requests=3, max_batch_tokens=7),
+    "fp8 pool, tight, chunks of 16": dict(kv_cache_dtype="fp8", num_pages=12, max_batch_tokens=16),
 }
 GPU_MARGIN = 0.5  # nats between the reference's two best tokens, far above bf16's rounding of these logits
 
@@ -334,10 +335,21 @@ def gpu_engines(peaked_model: str) -> Iterator[Callable[[str], LLM]]:
 
 
 @pytest.fixture(scope="module")
-def gpu_reference(peaked_model: str) -> Iterator[Reference]:
-    llm = LLM(gpu_engine_config(peaked_model, radix_cache=False, max_running_requests=1))
-    yield Reference(llm, margin=GPU_MARGIN)
-    llm.shutdown()
+def gpu_references(peaked_model: str) -> Iterator[Callable[[str], Reference]]:
+    """The reference for an engine's KV dtype (an fp8 pool rounds every K and V it stores, prompts' included)."""
+    built: dict[str, Reference] = {}
+
+    def get(kv_cache_dtype: str) -> Reference:
+        if kv_cache_dtype not in built:
+            cfg = gpu_engine_config(
+                peaked_model, radix_cache=False, max_running_requests=1, kv_cache_dtype=kv_cache_dtype
+            )
+            built[kv_cache_dtype] = Reference(LLM(cfg), margin=GPU_MARGIN)
+        return built[kv_cache_dtype]
+
+    yield get
+    for ref in built.values():
+        ref.llm.shutdown()
 
 
 @st.composite
@@ -353,17 +365,18 @@ def gpu_workloads(draw) -> tuple[str, list[Arrival], Arrival | None]:
 
 @pytest.mark.gpu
 @settings(
-    max_examples=1000 if SLOW else 150,
+    max_examples=1000 if SLOW else 175,
     deadline=None,
     derandomize=not SLOW,
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(case=gpu_workloads())
-def test_random_workloads_keep_every_promise_on_the_gpu(gpu_engines, gpu_reference, case):
+def test_random_workloads_keep_every_promise_on_the_gpu(gpu_engines, gpu_references, case):
     name, arrivals, too_big = case
     llm = gpu_engines(name)
     cfg = llm.engine.config
-    run = drive(llm, arrivals, too_big, gpu_reference)
-    check_promises(llm, run, too_big, gpu_reference, cfg.page_size, cfg.radix_cache)
+    reference = gpu_references(cfg.kv_cache_dtype)
+    run = drive(llm, arrivals, too_big, reference)
+    check_promises(llm, run, too_big, reference, cfg.page_size, cfg.radix_cache)
     event(f"engine: {name}")
