@@ -99,6 +99,8 @@ class ChatStore:
 
     def _setup(self) -> None:
         self.db.execute("PRAGMA foreign_keys = ON")
+        # SQLite's LIKE ignores the case of ASCII letters only: "émile" did not find "Émile"
+        self.db.create_function("casefold", 1, _casefold, deterministic=True)
         with self._errors("open"):
             if self._schema() < SCHEMA_VERSION:  # in one transaction: a migration cut short leaves the file as it was
                 with self._transaction():
@@ -192,16 +194,17 @@ class ChatStore:
 
     # ---- reading --------------------------------------------------------------------------------------------
     def sessions(self, match: str = "") -> list[SessionInfo]:
-        """Most recently updated first; with `match`, those whose title or a message holds it (ignoring the case of
-        ASCII letters, as SQLite's LIKE does)."""
+        """Most recently updated first; with `match`, those whose title or a message holds it, ignoring case (Unicode's
+        case folding: "STRASSE" finds "Straße")."""
         # LIKE's wildcards in `match` are its own characters
-        pattern = "%" + match.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        folded = match.casefold()
+        pattern = "%" + folded.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         with self._errors("read"):
             rows = self.db.execute(
                 "SELECT s.id, s.title, s.model, COUNT(m.seq), s.updated FROM sessions s"
                 " LEFT JOIN messages m ON m.session_id = s.id"
-                " WHERE ? = '' OR s.title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages f"
-                " WHERE f.session_id = s.id AND f.content LIKE ? ESCAPE '\\')"
+                " WHERE ? = '' OR casefold(s.title) LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages f"
+                " WHERE f.session_id = s.id AND casefold(f.content) LIKE ? ESCAPE '\\')"
                 " GROUP BY s.id ORDER BY s.updated DESC, s.id DESC",
                 (match, pattern, pattern),
             ).fetchall()
@@ -284,3 +287,8 @@ def _message(r: tuple) -> ChatMessage:
         gaps = [g / 1e3 for g in json.loads(itls or "[]")]
         stats = TurnStats(prompt, hits or 0, output, reasoning_tokens or 0, ttft, gaps, sum(gaps), finish)
     return ChatMessage(role, content, reasoning, stats, created)
+
+
+def _casefold(text: object) -> object:
+    """SQL casefold(): a text's Unicode case folding; NULL and other values as they are."""
+    return text.casefold() if isinstance(text, str) else text
