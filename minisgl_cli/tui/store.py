@@ -289,6 +289,6 @@ def _message(r: tuple) -> ChatMessage:
     return ChatMessage(role, content, reasoning, stats, created)
 
 
-def _casefold(text: object) -> object:
+def _casefold(text: str | bytes | int | float | None) -> str | bytes | int | float | None:
     """SQL casefold(): a text's Unicode case folding; NULL and other values as they are."""
     return text.casefold() if isinstance(text, str) else text
