@@ -19,7 +19,7 @@ from minisgl_cli.tui.session import ChatMessage, ChatSession
 from minisgl_cli.tui.sessions_screen import SessionsScreen
 from minisgl_cli.tui.store import ChatStore, default_db_path
 from minisgl_cli.tui.turn import TurnStats
-from minisgl_cli.tui.widgets import AssistantMessage, MetricsPanel, PromptBox, UserMessage
+from minisgl_cli.tui.widgets import AssistantMessage, MetricsPanel, NoteMessage, PromptBox, UserMessage
 from tests.chat_pilot import errors, idle, known, notices, panel_text, run_app, run_pilot, send, wait_for
 from tests.conftest import make_llm
 from tests.test_chat_plain import MINISGL, TINY
@@ -150,9 +150,13 @@ def test_regenerate_and_edit_replace_the_last_turn(tiny, db):
         await send(pilot, "tell me")
         await idle(app, pilot)
         first = app.session.history[1]
+        await send(pilot, "/stats")  # a note below the answer
+        await pilot.pause()
         await pilot.press("ctrl+r")
         await wait_for(pilot, lambda: app.session.history[-1] is not first and not app.generating, what="regenerated")
         assert [m.role for m in app.session.history] == ["user", "assistant"]
+        shown = [type(w) for w in app.query_one("#conversation").children]  # the new answer under its question
+        assert shown[-3:] == [UserMessage, AssistantMessage, NoteMessage], shown
         assert len(app.query(AssistantMessage)) == 1 and app.query_one(AssistantMessage).answer.source == (
             app.session.history[1].content
         )

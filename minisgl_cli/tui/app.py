@@ -336,7 +336,9 @@ class ChatApp(App):
     async def follow(self, answer: Answer) -> None:
         self.answer = answer
         reply = AssistantMessage(len(self.session.history))
-        await self.query_one("#conversation").mount(reply)
+        # under its question: after ctrl+r a /stats or /help note may follow the question, where the old answer was
+        turns = list(self.query("#conversation > UserMessage, #conversation > AssistantMessage"))
+        await self.query_one("#conversation").mount(reply, after=turns[-1] if turns else None)
         self.query_one(MetricsPanel).new_turn()
         self.generate(answer, reply)
 
