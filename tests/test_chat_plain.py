@@ -121,6 +121,40 @@ def test_a_failed_save_makes_a_piped_chat_exit_1_after_its_answers(tmp_path):
     assert ChatStore(db).sessions() == []
 
 
+def test_a_save_that_works_makes_up_for_the_failed_ones_before_it(tmp_path):
+    """Each save writes the whole chat, so once one works the chat is saved: a piped chat whose first save met a locked
+    database and whose next one did not exited 1 all the same ("1 save failed"), as if the chat were lost."""
+    from minisgl_cli.tui.store import ChatStore
+
+    db = tmp_path / "chat.db"
+    ChatStore(db).close()
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    cmd = [MINISGL, "chat", "--no-tui", *TINY, "--max-tokens", "4", "--db", str(db)]
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    assert p.stdin is not None and p.stderr is not None
+    err: list[str] = []
+    try:
+        p.stdin.write("hi\n")
+        p.stdin.flush()
+        for line in p.stderr:  # until the first turn's save has failed
+            err.append(line)
+            if "error: not saved" in line:
+                break
+        other.execute("ROLLBACK")
+        p.stdin.write("again\n")
+        p.stdin.close()
+        err += p.stderr.readlines()
+        assert p.wait(timeout=300) == 0, "".join(err)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        other.close()
+    assert "".join(err).count("error: not saved") == 1
+    [info] = ChatStore(db).sessions()
+    assert info.messages == 4  # both turns, saved by the second save
+
+
 def test_stop_flags_end_the_answer_and_come_back_with_the_chat(tmp_path):
     """`--stop` (each one string, with /set stop's escapes) ends the local engine's answer before the string, /stats
     shows it as /set takes it, `/set stop off` clears it, and `--resume` brings a chat's stop strings back. The tiny

@@ -57,15 +57,16 @@ def run_plain(
     stderr: TextIO = sys.stderr,
 ) -> int:
     """The chat until end of input. Returns 0, or 1 when input came from a pipe or file and a turn failed, a command
-    was refused or a save failed (each said so on an `error:` line), so that a script can tell; at a terminal the
-    person saw them."""
+    was refused or the chat is left unsaved (its last saves failed; each said so on an `error:` line), so that a script
+    can tell; at a terminal the person saw them."""
     interactive = stdin.isatty()
     failed_turns = refused_commands = failed_saves = 0
     inputs = list(inputs or [])
 
     def save() -> None:
+        # each save writes the whole chat: one that works makes up for those that failed before it
         nonlocal failed_saves
-        failed_saves += not _save(store, session, inputs, stderr)
+        failed_saves = 0 if _save(store, session, inputs, stderr) else failed_saves + 1
 
     other_model = go_on_with(session, backend.model)  # saved with the chat and in its exports, as the TUI does
     print(f"minisgl chat · {backend.title}   (/help for commands, Ctrl-D to quit)", file=stderr)
