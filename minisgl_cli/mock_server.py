@@ -4,6 +4,7 @@ Two uses: a trivial SSE server that streams pre-encoded events as fast as the so
 to measure how many events per second the benchmark client absorbs; and a server whose TTFT, time per output token,
 capacity and failures are known, to check that the benchmarks measure what it was told to do.
     python -m minisgl_cli.mock_server --port 8300 --ttft 0.05 --tpot 0.01 --capacity 8
+    python -m minisgl_cli.mock_server --port 8300 --fail-every 4     # every 4th request gets HTTP 500
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class MockConfig:
     events_per_write: int = 64  # events per socket write when tpot is 0
     capacity: int = 0  # streams served at once (0: unlimited); later requests wait for a slot
     fail_from: int = 0  # requests numbered from this one (1-based) get HTTP 500 (0: never)
+    fail_every: int = 0  # every k-th request (numbers k, 2k, ...) gets HTTP 500 (0: never): a known share 1/k fails,
+    # as an overloaded server fails some requests and serves the rest
     cut_from: int = 0  # streams numbered from this one close the connection after 2 tokens (0: never)
     blank_from: int = 0  # streams numbered from this one make tokens with no text (special tokens, as a real server
     # sends them: no event of their own, then the finish chunk with empty text; 0: never)
@@ -89,7 +92,8 @@ class MockServer:
             return await self.reply(writer, 404, {"error": {"message": f"no route {method} {path}"}})
         self.requests += 1
         n = self.requests
-        if self.cfg.fail_from and n >= self.cfg.fail_from:
+        cfg = self.cfg
+        if (cfg.fail_from and n >= cfg.fail_from) or (cfg.fail_every and n % cfg.fail_every == 0):
             return await self.reply(writer, 500, {"error": {"message": f"mock failure of request {n}"}})
         req = json.loads(body)
         chat = path.endswith("chat/completions")
