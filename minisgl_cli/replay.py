@@ -13,12 +13,14 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.gc_heap import frozen_heap
 from minisgl_cli.openai_client import HTTPStatusError
 from minisgl_cli.prometheus import cache_counters, parse_prometheus
 
 OnDone = Callable[["RequestResult"], None]
+Until = Callable[["RequestResult"], bool]  # asked of each request as it ends; True: stop the run (see `drive`)
 
 
 @dataclass(slots=True)
@@ -90,10 +92,15 @@ async def drive(
     duration: float | None = None,
     live: LiveCounters | None = None,
     on_done: OnDone | None = None,
+    until: Until | None = None,
 ) -> list[RequestResult]:
     """Send every item at the run's start (`live.started`) + item.arrival (open loop, a semaphore for the cap) or,
     closed loop, as soon as one of max_concurrency slots is free until the items run out or `duration` passes.
     Results of the requests sent.
+
+    `until`, asked of each request as it ends: once it says True, nothing more is sent and the requests in flight are
+    cancelled (a stream dropped, an in-process request aborted); the results are then those of the requests that
+    ended, and `live.sent - len(live.done)` counts the cancelled ones (in no result: neither completed nor failed).
 
     The client's full collections are held back while it runs, as the engine's are (engine/gc_heap.py): its heap
     holds every prompt and every token's arrival time, and a full pass would stall every stream it times. The
@@ -101,7 +108,7 @@ async def drive(
     live = live or LiveCounters()
     with frozen_heap():
         live.started = time.perf_counter()
-        return await _drive(items, send, max_concurrency, closed_loop, duration, live, on_done)
+        return await _drive(items, send, max_concurrency, closed_loop, duration, live, on_done, until)
 
 
 async def _drive(
@@ -112,10 +119,15 @@ async def _drive(
     duration: float | None,
     live: LiveCounters,
     on_done: OnDone | None,
+    until: Until | None,
 ) -> list[RequestResult]:
     t0 = live.started
+    halted = False  # `until` said so: the gather of every send below is cancelled as one
+    sends: asyncio.Future[list[Any]]
+    out: list[RequestResult] = []  # a closed loop's results, in the order they ended
 
     async def run(item: ReplayItem, scheduled: float) -> RequestResult:
+        nonlocal halted
         res = RequestResult(item.index, item.line, item.input_len or len(item.prompt), item.output_len)
         res.scheduled = scheduled
         live.sent += 1
@@ -127,34 +139,46 @@ async def _drive(
         live.done.append(res)
         if on_done:
             on_done(res)
+        if until is not None and not halted and until(res):
+            halted = True
+            sends.cancel()
         return res
 
     if closed_loop:
         assert max_concurrency is not None
         queue = iter(items)
-        out: list[RequestResult] = []
 
         async def worker() -> None:
             for item in queue:
                 now = time.perf_counter()
-                if duration is not None and now - t0 >= duration:
+                # this worker's last request halted the run: the worker is cancelled at its next wait, once the
+                # next request would have gone out
+                if halted or (duration is not None and now - t0 >= duration):
                     return
                 out.append(await run(item, now))
 
-        await asyncio.gather(*(worker() for _ in range(max_concurrency)))
-        return sorted(out, key=lambda r: r.index)
+        sends = asyncio.gather(*(worker() for _ in range(max_concurrency)))
+    else:
+        slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
-    slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        async def one(item: ReplayItem) -> RequestResult:
+            scheduled = t0 + item.arrival
+            await _wait_until(scheduled)
+            if slots is None:
+                return await run(item, scheduled)
+            async with slots:
+                return await run(item, scheduled)
 
-    async def one(item: ReplayItem) -> RequestResult:
-        scheduled = t0 + item.arrival
-        await _wait_until(scheduled)
-        if slots is None:
-            return await run(item, scheduled)
-        async with slots:
-            return await run(item, scheduled)
-
-    return list(await asyncio.gather(*(one(i) for i in items)))
+        sends = asyncio.gather(*(one(i) for i in items))
+    try:
+        ended = await sends
+    except asyncio.CancelledError:
+        # cancelled by `until` above, or from outside (Ctrl-C cancels the run's task): only the latter goes on up
+        task = asyncio.current_task()
+        if not halted or (task is not None and task.cancelling()):
+            raise
+        return sorted(live.done, key=lambda r: r.index)
+    return sorted(out, key=lambda r: r.index) if closed_loop else list(ended)
 
 
 async def drive_or_interrupted(
