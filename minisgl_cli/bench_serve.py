@@ -20,6 +20,7 @@ from minisgl_cli.arrivals import MAX_BURSTINESS
 
 if TYPE_CHECKING:
     from minisgl_cli.arrivals import Sweep
+    from minisgl_cli.error_limit import ErrorLimit
 
 
 @dataclass(slots=True)
@@ -56,6 +57,14 @@ def register(app: typer.Typer) -> None:
             float | None, typer.Option(help="stop sending after this many seconds per load", min=0.01)
         ] = None,
         warmup: Annotated[int, typer.Option(help="untimed requests sent before the first load point", min=0)] = 0,
+        max_errors: Annotated[
+            str | None,
+            typer.Option(
+                help="stop a load once N of its requests have failed, or, 0 < F < 1, once that share of those ended"
+                " has (judged from 30 ended on): guidellm's max_errors / max_global_error_rate; those in flight are"
+                " cancelled, and the command exits 1"
+            ),
+        ] = None,
         input_len: Annotated[
             str, typer.Option(help="prompt length range A:B in tokens (uniform, inclusive), or N")
         ] = "128:128",
@@ -163,6 +172,7 @@ def register(app: typer.Typer) -> None:
                 ctx, "is the length of each --prefix-groups group's shared prefix, and there are none", "prefix_len"
             )
         loads, slo_targets, sweep = _parse_load(flags)
+        limit = _error_limit(flags, loads[0])
         if sweep is None and all(math.isinf(load.rate) for load in loads):
             why = "shapes the gaps between arrivals at a --rate, and --rate inf sends with no gaps"
             o.refuse_given(ctx, why, "arrival", "burstiness")
@@ -186,14 +196,21 @@ def register(app: typer.Typer) -> None:
             from minisgl_cli.client_check import client_check_or_none
 
             check = client_check_or_none(quiet)
-        result = _run_sweep(console, target, plans, warm, slo_targets, flags, check, api_key, served, planner, sweep)
+        result = _run_sweep(
+            console, target, plans, warm, slo_targets, flags, check, api_key, served, planner, sweep, limit
+        )
         _report(console, result, flags)
         if result["stopped"] == "interrupted":
             from minisgl_cli.report import INTERRUPTED_EXIT
 
             raise typer.Exit(INTERRUPTED_EXIT)  # once the partial results are out
-        if any(row["failed"] and not row["completed"] for row in result["sweep"]):  # as bench-trace
+        dead = any(row["failed"] and not row["completed"] for row in result["sweep"])
+        if dead:  # as bench-trace
             console.print("[red]error:[/red] every request of a load failed")
+        if cut := [row["load"] for row in result["sweep"] if row["stop_reason"] == "max_errors"]:
+            # a load cut short is no measurement of it: a script running sweeps must not take it for one
+            console.print(f"[red]error:[/red] {', '.join(cut)} reached --max-errors {limit} and stopped early")
+        if dead or cut:
             raise typer.Exit(1)
 
 
@@ -262,6 +279,23 @@ def _parse_load(flags: dict[str, Any]):
         return sweep.first_loads(), slo, sweep
     loads = sorted({Load(r, c) for r in rates for c in concs}, key=lambda x: load_sort_key(x.rate, x.max_concurrency))
     return loads, slo, None
+
+
+def _error_limit(flags: dict[str, Any], load) -> ErrorLimit | None:
+    """--max-errors, refused where no load could ever reach it (a load's most requests: --num-requests, else 200;
+    with --duration alone, as many as its time allows, unknown here)."""
+    from minisgl_cli.error_limit import ErrorLimit
+
+    if flags["max_errors"] is None:
+        return None
+    try:
+        limit = ErrorLimit.parse(flags["max_errors"])
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--max-errors") from e
+    if flags["duration"] is None or flags["num_requests"] is not None:
+        if why := limit.never_reached(_sizes(load, flags)):
+            raise typer.BadParameter(why, param_hint="--max-errors")
+    return limit
 
 
 def _needs_text(flags: dict[str, Any]) -> bool:
@@ -393,8 +427,12 @@ def _run_sweep(
     served,
     planner: _Planner,
     sweep: Sweep | None,
+    limit: ErrorLimit | None,
 ) -> dict[str, Any]:
-    """Run the loads of `plans` in turn, then a sweep's rate loads, planned from its first two rows."""
+    """Run the loads of `plans` in turn, then a sweep's rate loads, planned from its first two rows. A load that
+    reaches `limit` stops there, and the next one runs (each load has its own, as guidellm's benchmarks each have
+    theirs), but a sweep's rate loads, which its first two loads' measured rates would place."""
+    from minisgl_cli.error_limit import ErrorTally
     from minisgl_cli.live_view import LiveView
     from minisgl_cli.replay import LiveCounters, drive, local_sender, url_sender
     from minisgl_cli.run_figures import by_load, mark_knee
@@ -430,26 +468,37 @@ def _run_sweep(
                 if flags["flush_cache"]:
                     await _flush(client, engine if client is None else None)
                 before = await _hits(client, target)
+                tally = ErrorTally(limit) if limit is not None else None
                 try:
                     with LiveView(f"{load.label} ({i + 1}/{planned})", len(items), live, flags["quiet"]):
                         results = await drive(
-                            items, send, load.max_concurrency, load.closed_loop, flags["duration"], live=live
+                            items,
+                            send,
+                            load.max_concurrency,
+                            load.closed_loop,
+                            flags["duration"],
+                            live=live,
+                            until=tally,
                         )
                 except asyncio.CancelledError:
                     results, stopped = sorted(live.done, key=lambda r: r.index), "interrupted"
                 t0 = live.started
                 duration = time.perf_counter() - t0
-                row = _row(load, results, len(items), duration, t0, slo, flags, check, cut=stopped is not None)
+                reason = stopped or ("max_errors" if tally is not None and tally.reached else None)
+                row = _row(load, results, len(items), duration, t0, slo, flags, check, cut=reason is not None)
+                row["stop_reason"] = reason  # Ctrl-C ("interrupted") or --max-errors ("max_errors") cut it short
+                row["sent_requests"] = live.sent  # of planned_requests; those ended, and those cancelled in flight
                 # a closed loop that sent its whole drawn supply stopped before its --duration was up (it ended
                 # early without a word): its figures cover a shorter run than asked (--num-requests draws more)
                 row["ran_out"] = (
                     load.closed_loop
                     and flags["duration"] is not None
                     and flags["num_requests"] is None
-                    and stopped is None
+                    and reason is None
                     and len(results) == len(items)
                 )
-                # sent but unfinished when Ctrl-C cut the load (guidellm's "incomplete"): in no figure or array
+                # sent but unfinished when Ctrl-C or --max-errors cut the load (guidellm's "incomplete"; cancelled,
+                # so neither completed nor failed): in no figure or array
                 row["incomplete"] = live.sent - len(live.done)
                 row["cache_hit_rate"] = _hit_rate(before, await _hits(client, target), target)
                 row["repeated_prompts"] = sum(r.index >= first_repeat for r in results)
@@ -466,6 +515,10 @@ def _run_sweep(
                     return
                 i += 1
                 if sweep is not None and i == len(plans) < planned:
+                    if short := next((r["load"] for r in rows if r["stop_reason"] == "max_errors"), None):
+                        # a load cut short measured no rate of its own: rates placed from it would be made up
+                        stopped = f"{short} reached --max-errors: its measured rate cannot place the sweep's rate loads"
+                        return
                     try:
                         plans.extend(planner.plan(load, i + j) for j, load in enumerate(sweep.next_loads(rows)))
                     except (typer.BadParameter, ValueError) as e:  # drawn mid-run: the loads run so far are kept
@@ -499,6 +552,7 @@ def _run_sweep(
             row["knee"], row["knee_reason"] = False, None
     out = _result(target, rows, singles, slo, flags, check, served, stopped)
     out["planned_loads"] = planned
+    out["max_errors"] = limit.value if limit is not None else None
     if sweep is not None:
         out["profile"] = sweep.as_dict()
     return out
@@ -560,7 +614,8 @@ def _hit_rate(before, after, target: Target) -> float | None:
 def _row(
     load, results, planned: int, duration: float, t0: float, slo, flags: dict[str, Any], check, cut: bool
 ) -> dict[str, Any]:
-    """One load's figures; `cut`: Ctrl-C stopped it, so its figures cover only the requests finished by then."""
+    """One load's figures; `cut`: Ctrl-C or --max-errors stopped it, so its figures cover only the requests finished
+    by then."""
     from minisgl_cli.run_figures import client_usage, per_request, summarize
 
     row: dict[str, Any] = {
@@ -673,6 +728,15 @@ def _report(console, result: dict[str, Any], flags: dict[str, Any]) -> None:
                 f"{sent:.1f} s into its --duration {flags['duration']:g} s, and stopped there: pass --num-requests "
                 "to draw more"
             )
+    for row in result["sweep"]:
+        if row["stop_reason"] == "max_errors":
+            ended = row["completed"] + row["failed"]
+            console.print(
+                f"[yellow]note:[/yellow] {row['load']} reached --max-errors {result['max_errors']:g} "
+                f"({row['failed']:,} of {ended:,} ended requests failed): stopped sending after "
+                f"{_sent(row, flags['duration'] is not None)} requests; "
+                f"{row['incomplete']:,} then in flight cancelled, in no figure (guidellm's incomplete)"
+            )
     if result["stopped"] == "interrupted":
         from minisgl_cli.report import interrupted_note
 
@@ -698,7 +762,9 @@ def _report(console, result: dict[str, Any], flags: dict[str, Any]) -> None:
         from minisgl_cli.plots import plot_sweep, plot_timeline
 
         where = result["url"] or f"{result['model_id']} in-process"
-        cut = f" (partial: {result['stopped']})" if result["stopped"] else ""  # as the table and the JSON say
+        limited = any(row["stop_reason"] == "max_errors" for row in result["sweep"])
+        why = result["stopped"] or ("a load reached --max-errors" if limited else None)
+        cut = f" (partial: {why})" if why else ""  # as the table and the JSON say
         if len(result["sweep"]) > 1:
             plot_sweep(result["sweep"], flags["plot"], f"bench-serve -> {where}{cut}")
         else:
@@ -718,6 +784,20 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         w = csv.DictWriter(f, fields, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
+
+
+def _sent(row: dict[str, Any], timed: bool) -> str:
+    """How many of a load's requests went out: of those planned, unless `timed` (a load bounded by --duration draws
+    more than its time sends, so its planned count means nothing)."""
+    return f"{row['sent_requests']:,}" + ("" if timed else f" of {row['planned_requests']:,}")
+
+
+def _stop_cell(row: dict[str, Any], timed: bool) -> str:
+    """Why a load stopped early, and how many of its requests went out."""
+    if row["stop_reason"] is None:
+        return ""
+    why = "max errors" if row["stop_reason"] == "max_errors" else row["stop_reason"]
+    return f"{why}: {_sent(row, timed)} sent"
 
 
 def _table(res: dict[str, Any]):
@@ -749,6 +829,9 @@ def _table(res: dict[str, Any]):
                 *(f"{pct(r['client_used_fraction'])} / {pct(r['client_peak_used_fraction'])}" for r in rows),
             )
         )
+    if any(r["stop_reason"] for r in rows):
+        timed = res["workload"]["duration_limit"] is not None
+        lines.append(("stopped early", *(_stop_cell(r, timed) for r in rows)))
     if len(rows) > 1:
         lines.append(("knee", *((r["knee_reason"] if r["knee"] else "") for r in rows)))
     where = res["url"] or f"{res['model_id']} on {res.get('device')}"

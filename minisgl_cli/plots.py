@@ -109,6 +109,15 @@ def plot_sweep(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
         _log_if_wide(ax, [r.get(f"{s}_{key}_ms") for r in rows for s in ("median", "p99")])
         ax.legend(loc="upper left")
     for i, r in enumerate(rows):
+        if r.get("stop_reason") == "max_errors":  # cut short: its points are no measurement of that load
+            axes[0].annotate(
+                "max errors",
+                (i, r["output_throughput"]),
+                color="tab:orange",
+                textcoords="offset points",
+                xytext=(0, 8),
+                ha="center",
+            )
         if r.get("knee"):
             for ax in axes:
                 ax.axvline(i, color="red", alpha=0.4, linestyle=":")

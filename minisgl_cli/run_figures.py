@@ -133,9 +133,14 @@ def client_usage(row: dict[str, Any], results: list[RequestResult], absorb: floa
 
 def mark_knee(rows: list[dict[str, Any]]) -> int | None:
     """Index of the knee of a sweep (rows in increasing load): the last load before output throughput stops growing
-    (the next step adds < 10%) or before the SLO attainment falls under 90%. Sets row['knee'] and its reason."""
+    (the next step adds < 10%), before the SLO attainment falls under 90%, or before a load that reached
+    --max-errors (its figures cover a run cut short, no measurement of that load: the loads past it are not
+    compared). Sets row['knee'] and its reason."""
     knee, why = None, None
     for i, row in enumerate(rows):
+        if row.get("stop_reason") == "max_errors":
+            knee, why = (i - 1, "max_errors") if i else (None, "max_errors")
+            break
         attain = row.get("goodput_fraction")
         if attain is not None and attain < SLO_ATTAINMENT:
             knee, why = (i - 1, "slo") if i else (None, "slo")

@@ -395,6 +395,19 @@ def test_bad_input_is_named(tmp_path):
     assert "--max-concurrency must be >= 1" in fails("--max-concurrency", "4,0", "--url", "http://127.0.0.1:1")
     assert "--slo takes" in fails("--slo", "latency=3", "--url", "http://127.0.0.1:1")
     assert "--slo names ttft twice" in fails("--slo", "ttft=10ms,ttft=1s", "--url", "http://127.0.0.1:1")
+    # --max-errors: a count (a whole number >= 1) or a share (0 < F < 1), one that a load could reach
+    what = (
+        "a count of failed requests (a whole number >= 1) or a share of the requests ended (a number between 0 and 1)"
+    )
+    for bad in ("0", "-2", "many", "nan", "inf", "1e999"):
+        assert f"Invalid value for --max-errors: takes {what} (got '{bad}')" in fails("--max-errors", bad, *NOWHERE)
+    out = fails("--max-errors", "1.5", *NOWHERE)
+    assert "--max-errors: above 1 is a count of failed requests, a whole number; a share is below 1 (got '1.5')" in out
+    out = fails("--max-errors", "0.1", "--num-requests", "20", *NOWHERE)
+    assert "--max-errors: 0.1 judges the share of failed requests once 30 of a load's have ended" in out
+    assert "each load sends at most 20: give a count" in out
+    out = fails("--max-errors", "201", *NOWHERE)  # 200 requests a load by default
+    assert "Invalid value for --max-errors: counts 201 failed requests, and each load sends at most 200" in out
     # a gap the gamma draw cannot make was a traceback once the model had loaded (inf itself: options' own check)
     tiny = ["--model", "dummy:tiny-llama", "--device", "cpu", "--num-requests", "2", "--rate", "10"]
     out = fails(*tiny, "--burstiness", "1e308")  # click's range check: its wording moves between versions
@@ -758,6 +771,92 @@ def test_ctrl_c_in_a_sweeps_first_load_keeps_it(tmp_path, mock):
     assert [r["load"] for r in res["sweep"]] == ["synchronous"] and res["planned_loads"] == 10
     assert "in load synchronous (1 of 10 loads; 1 in flight not counted)" in out, out
     assert res["profile"]["rates"] == [] and res["profile"]["synchronous_rate"] is None
+
+
+# ---- --max-errors: a load stops once too many of its requests failed -------------------------------------------------
+@pytest.mark.parametrize("mock", [MockConfig(tpot=0.02, fail_every=2)], indirect=True)
+def test_max_errors_stops_the_load_and_cancels_the_requests_in_flight(tmp_path, mock):
+    """A closed loop of 2 against a mock that fails every 2nd request at once and streams the others for ~2 s
+    (100 tokens, 20 ms apart): one failure at once, then at ~2 s the two streams end (2 completed) and their slots
+    send the 4th to 6th requests, two failing at once: the 3rd failure. The one then streaming (the 5th) is cancelled:
+    in no count but `incomplete`, and the load ends at ~2 s, not when it would have ended (~4 s). Nothing more is
+    sent (6 of 20); the row, the table, the CSV and the exit status say so."""
+    csv_path = tmp_path / "cut.csv"
+    args = ["--url", mock, *URL_FLAGS, "--num-requests", "20", "--output-len", "100", "--max-concurrency", "2"]
+    res, out = bench(tmp_path, *args, "--max-errors", "3", "--csv", str(csv_path), env={"COLUMNS": "200"}, code=1)
+    assert (res["completed"], res["failed"], res["incomplete"]) == (2, 3, 1)
+    assert (res["sent_requests"], res["planned_requests"], res["stop_reason"]) == (6, 20, "max_errors")
+    assert 1.9 < res["duration"] < 3.5  # the 5th request's stream was dropped, not waited for
+    assert res["max_errors"] == 3 and res["partial"] and res["stopped"] is None
+    # the cancelled request is in no per-request array: they hold the 5 that ended, 2 of them successes
+    assert len(res["success"]) == len(res["indices"]) == 5 and sum(res["success"]) == 2 and len(res["errors"]) == 3
+    assert "stopped early" in flat(out) and "max errors: 6 of 20 sent" in flat(out)
+    note = "concurrency 2 reached --max-errors 3 (3 of 5 ended requests failed): stopped sending after 6 of 20"
+    assert note in flat(out) and "requests; 1 then in flight cancelled" in flat(out)
+    assert "error: concurrency 2 reached --max-errors 3 and stopped early" in flat(out)
+    with csv_path.open() as f:
+        (row,) = csv.DictReader(f)
+    assert (row["stop_reason"], row["sent_requests"], row["incomplete"]) == ("max_errors", "6", "1")
+
+
+@pytest.mark.parametrize("mock", [MockConfig(tpot=0.001, fail_every=4)], indirect=True)
+def test_max_errors_as_a_count_or_a_share_of_the_requests_ended(tmp_path, mock):
+    """One request at a time against a mock failing every 4th (the mock numbers requests across runs; each run here
+    starts on a multiple of 4, so each sees the same pattern): a share of 0.24 is reached at the 32nd request (8 of 32
+    failed), not at the 4th (1 of 4, 25%: judged only from 30 ended requests on, as guidellm's); a share of 0.3 never
+    is (25% at most from 30 on): all 40 run and the command succeeds; a count of 8 is reached at the 32nd as well."""
+    args = ["--url", mock, *URL_FLAGS, "--num-requests", "40", "--output-len", "2", "--max-concurrency", "1"]
+    res, out = bench(tmp_path, *args, "--max-errors", "0.24", code=1)
+    assert (res["completed"], res["failed"], res["sent_requests"], res["incomplete"]) == (24, 8, 32, 0)
+    assert res["stop_reason"] == "max_errors" and res["max_errors"] == 0.24
+    assert "reached --max-errors 0.24 (8 of 32 ended requests failed)" in flat(out)
+    res, out = bench(tmp_path, *args, "--max-errors", "0.3")
+    assert (res["completed"], res["failed"], res["sent_requests"], res["stop_reason"]) == (30, 10, 40, None)
+    assert "stopped early" not in flat(out)
+    res, _ = bench(tmp_path, *args, "--max-errors", "8", code=1)
+    assert (res["completed"], res["failed"], res["sent_requests"], res["stop_reason"]) == (24, 8, 32, "max_errors")
+
+
+def test_a_sweep_goes_on_past_a_load_that_reached_max_errors_but_places_no_rate_from_one(tmp_path):
+    """Each load has its own --max-errors, as each guidellm benchmark its own constraints: a load that reaches it
+    stops, and the next load runs. The knee is found before the first such load (a load cut short is no measurement
+    of itself, and its throughput was no point to compare). A --rate sweep whose throughput load reached it stops
+    there: its rate loads would be placed by a rate measured on a run cut short."""
+    common = [*URL_FLAGS, "--num-requests", "10", "--output-len", "10", "--max-errors", "2"]
+    # every 7th request fails: concurrency 1 has request 7, 2 has 14, 4 has 21 and 28 (reached at 28), 8 runs after
+    with mock_server_process(MockConfig(tpot=0.01, fail_every=7), free_port()) as url:
+        res, out = bench(tmp_path, "--url", url, *common, "--max-concurrency", "1,2,4,8", code=1)
+    rows = res["sweep"]
+    assert [r["max_concurrency"] for r in rows] == [1, 2, 4, 8]
+    assert [r["stop_reason"] for r in rows[:3]] == [None, None, "max_errors"] and rows[2]["failed"] == 2
+    assert [(r["completed"], r["failed"]) for r in rows[:2]] == [(9, 1), (9, 1)]
+    assert [(r["knee"], r["knee_reason"]) for r in rows[:2]] == [(False, None), (True, "max_errors")]
+    assert "error: concurrency 4" in flat(out) and "reached --max-errors 2 and stopped early" in flat(out)
+    # --rate sweep:3 capped at 2: the synchronous load has request 6, the throughput load 12 and 18 (reached)
+    with mock_server_process(MockConfig(tpot=0.01, fail_every=6), free_port()) as url:
+        res, out = bench(tmp_path, "--url", url, *common, "--rate", "sweep:3", "--max-concurrency", "2", code=1)
+    rows = res["sweep"]
+    assert [(r["load"], r["stop_reason"]) for r in rows] == [("synchronous", None), ("throughput", "max_errors")]
+    assert res["planned_loads"] == 3 and res["profile"]["rates"] == [] and rows[1]["failed"] == 2
+    assert res["stopped"] == "throughput reached --max-errors: its measured rate cannot place the sweep's rate loads"
+    assert (rows[0]["knee"], rows[0]["knee_reason"]) == (True, "max_errors")
+    assert "its measured rate cannot place the sweep's rate loads" in flat(out)
+
+
+def test_max_errors_in_process(tmp_path):
+    """The in-process engine: prompts drawn below --vocab-size 1024 from a 512-token vocabulary, one id each, so about
+    half are refused at once (ids outside the vocabulary). One at a time (seed 0: requests 0, 3 and 6 are refused),
+    the 3rd failure stops the load after 7 of 20; four at a time with 300-token outputs, the 2nd refusal comes while
+    the others still generate: they are aborted, counted as incomplete, and the load ends long before they would."""
+    args = [*IN_PROCESS[:4], "--quiet", "--input-len", "1", "--vocab-size", "1024", "--num-requests", "20"]
+    res, out = bench(tmp_path, *args, "--output-len", "4", "--max-concurrency", "1", "--max-errors", "3", code=1)
+    assert (res["completed"], res["failed"], res["sent_requests"], res["incomplete"]) == (4, 3, 7, 0)
+    assert res["success"] == [False, True, True, False, True, True, False] and res["stop_reason"] == "max_errors"
+    assert "outside the vocabulary" in res["errors"][0]["error"]
+    res, out = bench(tmp_path, *args, "--output-len", "300", "--max-concurrency", "4", "--max-errors", "2", code=1)
+    assert (res["completed"], res["failed"], res["stop_reason"]) == (0, 2, "max_errors")
+    assert res["incomplete"] >= 2 and res["sent_requests"] == 2 + res["incomplete"] < 20
+    assert "error: concurrency 4 reached --max-errors 2 and stopped early" in flat(out)
 
 
 # ---- the URL sender's timing, event by event (no network) ----------------------------------------------------------
