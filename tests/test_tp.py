@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
+import random
 import re
 import signal
 import subprocess
@@ -21,7 +23,10 @@ from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from tests.conftest import free_port, subprocess_env, torchrun_cmd, wait_healthy
+from tests.fuzz_workloads import Reference
+from tests.test_engine import tiny_dir  # noqa: F401  (the peaked-weight tiny Llama fixture)
 from tests.tp_cases import ENGINE, PARAMS, prompts
+from tests.tp_fuzz import SETTINGS, Plan, draw_workloads
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,6 +96,58 @@ def tp1_greedy() -> list[list[int]]:
     llm = LLM(EngineConfig(model="dummy:tiny-llama", device="cpu", page_size=4, num_pages=256))
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     return [list(o.token_ids) for o in llm.generate([[1, 2, 3], [4, 5, 6, 7]], params)]
+
+
+# Per engine setting of tests/tp_fuzz.py: 8 are ~1,500 TP=2 steps, ~25 s of this test on a 2-core CPU.
+TP_FUZZ_WORKLOADS = 100 if os.environ.get("MINISGL_SLOW") else 8
+
+
+def test_random_workloads_at_tp2_keep_every_promise_on_every_rank(tiny_dir, tmp_path):  # noqa: F811
+    """The fuzz of tests/test_fuzz_engine.py at TP=2 (tests/tp_fuzz.py under torchrun): seeded workloads (arrivals at
+    random steps, shared prefixes, twins, aborts, stops, a request refused at admission) through one engine per
+    setting; every request ends once with its TP=1 tokens run alone, and every rank's page accounting holds after
+    every step, equals rank 0's, and is back to nothing in use after each workload. MINISGL_TP_FUZZ_SEED=N draws
+    other workloads (a failure names the seed, engine and workload)."""
+    seed = int(os.environ.get("MINISGL_TP_FUZZ_SEED", "0"))
+    rng = random.Random(seed)
+    engines = [(name, s, draw_workloads(rng, s, TP_FUZZ_WORKLOADS)) for name, s in SETTINGS.items()]
+    reference = Reference(tiny_dir)  # TP=1, computed here: a torchrun rank cannot start a TP=1 engine
+    for _, _, workloads in engines:
+        for arrivals, _ in workloads:
+            for a in arrivals:
+                reference.run(a.prompt, reference.params(a))
+    plan = tmp_path / "plan.pickle"
+    plan.write_bytes(pickle.dumps(Plan(tiny_dir, seed, engines, reference.memo)))
+    out = tmp_path / "fuzz"
+    env = subprocess_env(OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT="60")
+    cmd = torchrun_cmd(2, str(ROOT / "tests" / "tp_fuzz.py"), str(plan), str(out))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60 * TP_FUZZ_WORKLOADS, cwd=ROOT)
+    if proc.returncode != 0:
+        case = Path(f"{out}.case").read_text() if Path(f"{out}.case").exists() else "the start"
+        failure = Path(f"{out}.failure")  # rank 0's failed check; else a rank left the group (a check of its own)
+        ranks = [line for line in proc.stderr.splitlines() if line.startswith("minisgl: rank")]
+        why = failure.read_text() if failure.exists() else "\n".join(ranks) or proc.stderr[-4000:]
+        pytest.fail(f"TP fuzz (MINISGL_TP_FUZZ_SEED={seed}) failed at {case}:\n{why}")
+    rank0, rank1 = (json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in (0, 1))
+    labels = [(name, i) for name, _, workloads in engines for i in range(len(workloads))]
+    assert len(rank0["boundaries"]) == len(labels)
+
+    def at(step: int) -> str:  # the workload a step belongs to (or an engine's shutdown, between two engines' runs)
+        k = next((k for k, b in enumerate(rank0["boundaries"]) if step < b), None)
+        if k is None:
+            return f"seed {seed}, the last engine's shutdown"
+        shutdown = " (or the shutdown of the engine before)" if k and labels[k][1] == 0 else ""
+        return f"seed {seed}, engine {labels[k][0]!r}, workload {labels[k][1]}{shutdown}"
+
+    assert len(rank1["steps"]) == len(rank0["steps"]), "the ranks ran different numbers of steps"
+    for i, (r0, r1) in enumerate(zip(rank0["steps"], rank1["steps"])):
+        # [free, evictable, in use, live, requests known, digest of the queues, pages, tokens and endings]
+        assert r1 == r0, f"step {i}: rank 1's pages and requests {r1} != rank 0's {r0}, at {at(i)}"
+    for rank in (rank0, rank1):  # after each workload, on every rank: nothing runs, no page is in use
+        for b in rank0["boundaries"]:
+            assert rank["steps"][b - 1][2:5] == [0, 0, 0], f"pages or requests left after {at(b - 1)}"
+    for what in rank0["stats"][0]:  # the draws made each case happen (the seed is fixed: a change of draws shows)
+        assert any(s[what] for s in rank0["stats"]), f"no workload {what}"
 
 
 def test_tp_size_must_match_world_and_divide_heads(monkeypatch):
