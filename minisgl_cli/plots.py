@@ -72,6 +72,10 @@ def plot_timeline(results: Sequence[Any], path: Path, title: str) -> None:
     _save(fig, path)
 
 
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _log_if_wide(ax, values: list[float | None]) -> None:
     v = [x for x in values if x]
     if v and min(v) > 0 and max(v) / min(v) > 20:
@@ -183,22 +187,26 @@ def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
         ("itl", "TBT p50 / p99 (ms)", True),  # the gap between tokens (chunks), where one stall shows
     )
     if sweeps:
+        # Each load at the request rate it achieved: sweeps of other loads (rates against concurrencies, another
+        # list, guidellm's derived rates) then share one axis. At their place in order they did not: the axis was
+        # labelled with the longest sweep's loads, which named other loads than the other sweeps' points.
         for run in sweeps:
-            xs = list(range(len(run["rows"])))
+            rows = [row for row in run["rows"] if _finite(row.get("request_throughput"))]
+            xs = [row["request_throughput"] for row in rows]
             for ax, (key, unit, pct) in zip(axes, panels):
                 if pct:
-                    (line,) = ax.plot(xs, [row.get(f"median_{key}_ms") for row in run["rows"]], "o-", label=run["name"])
-                    ax.plot(xs, [row.get(f"p99_{key}_ms") for row in run["rows"]], "s--", color=line.get_color())
+                    (line,) = ax.plot(xs, [row.get(f"median_{key}_ms") for row in rows], "o-", label=run["name"])
+                    ax.plot(xs, [row.get(f"p99_{key}_ms") for row in rows], "s--", color=line.get_color())
                     _log_if_wide(
                         ax, [row.get(f"{s}_{key}_ms") for r in sweeps for row in r["rows"] for s in ("median", "p99")]
                     )
                 else:
-                    ax.plot(xs, [row.get(key) for row in run["rows"]], "o-", label=run["name"])
+                    ax.plot(xs, [row.get(key) for row in rows], "o-", label=run["name"])
                 ax.set_ylabel(unit)
-        longest = max(sweeps, key=lambda r: len(r["rows"]))
-        for ax in axes:
-            ax.set_xticks(range(len(longest["rows"])), [row["load"] for row in longest["rows"]], rotation=20)
-        axes[-1].set_xlabel("load (points of each sweep, in order)")
+            for x, row in zip(xs, rows):  # which load each point is
+                if _finite(y := row.get("output_throughput")):
+                    axes[0].annotate(str(row["load"]), (x, y), xytext=(3, 3), textcoords="offset points", fontsize=7)
+        axes[-1].set_xlabel("requests/s achieved (one point per load; the loads named in the top panel)")
     singles = [r for r in runs if r not in sweeps]
     if singles:
         if sweeps:  # both kinds: single runs as horizontal lines across the sweep axes

@@ -253,6 +253,29 @@ def test_a_figure_a_run_lacks_is_no_zero_bar(tmp_path, monkeypatch):
     assert not tput.texts
 
 
+def test_sweeps_of_other_loads_share_one_axis_of_achieved_rate(tmp_path, monkeypatch):
+    """Two sweeps over different loads were drawn at their points' places in order (0, 1, 2) under the longest
+    sweep's load names, so the other sweep's points stood under loads they were not run at. Each point now stands at
+    the request rate its load achieved, named in the top panel."""
+    from minisgl_cli import plots
+
+    figs: list = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig))
+
+    def sweep(name: str, loads: list[tuple[str, float]]) -> dict:
+        rows = [{"load": load, "request_throughput": rps, "output_throughput": 100 * rps} for load, rps in loads]
+        return {"name": name, "rows": [{**r, "median_ttft_ms": 10.0, "p99_ttft_ms": 20.0} for r in rows]}
+
+    a = sweep("a", [("rate 1", 1.0), ("rate 2", 2.0), ("rate 4", 3.9), ("rate 8", 5.1)])
+    b = sweep("b", [("concurrency 1", 0.7), ("concurrency 16", 6.0)])
+    plots.plot_compare([a, b], tmp_path / "sweeps.png")
+    tput = figs[0].axes[0]
+    assert [list(line.get_xdata()) for line in tput.lines] == [[1.0, 2.0, 3.9, 5.1], [0.7, 6.0]]
+    named = {t.get_text(): t.xy for t in tput.texts}
+    assert named["rate 4"] == (3.9, 390.0) and named["concurrency 16"] == (6.0, 600.0)
+    assert "requests/s achieved" in figs[0].axes[-1].get_xlabel()
+
+
 def test_malformed_results_are_refused_by_name(tmp_path):
     cases = {
         "text.json": ("throughput: fast", "cannot read"),
