@@ -76,6 +76,25 @@ def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _point_names(
+    xs: Sequence[float], ys: Sequence[float | None], rows: Sequence[dict[str, Any]]
+) -> list[tuple[float, float, str]]:
+    """Which load each point is, once per place: loads past saturation achieve about the same rate, and their names
+    written on top of each other could not be read, so points within 2% of the widest rate on both axes share one
+    name ("rate 32 / rate inf")."""
+    named: list[tuple[float, float, str]] = []
+    xspan = max(xs, default=0.0) or 1.0
+    yspan = max((y for y in ys if y is not None and _finite(y)), default=0.0) or 1.0
+    for x, y, row in zip(xs, ys, rows):
+        if y is None or not _finite(y):
+            continue
+        if named and abs(x - named[-1][0]) < 0.02 * xspan and abs(y - named[-1][1]) < 0.02 * yspan:
+            named[-1] = (*named[-1][:2], f"{named[-1][2]} / {row['load']}")
+        else:
+            named.append((x, y, str(row["load"])))
+    return named
+
+
 def _log_if_wide(ax, values: list[float | None]) -> None:
     v = [x for x in values if x]
     if v and min(v) > 0 and max(v) / min(v) > 20:
@@ -190,7 +209,7 @@ def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
         # Each load at the request rate it achieved: sweeps of other loads (rates against concurrencies, another
         # list, guidellm's derived rates) then share one axis. At their place in order they did not: the axis was
         # labelled with the longest sweep's loads, which named other loads than the other sweeps' points.
-        for run in sweeps:
+        for k, run in enumerate(sweeps):
             rows = [row for row in run["rows"] if _finite(row.get("request_throughput"))]
             xs = [row["request_throughput"] for row in rows]
             for ax, (key, unit, pct) in zip(axes, panels):
@@ -203,9 +222,11 @@ def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
                 else:
                     ax.plot(xs, [row.get(key) for row in rows], "o-", label=run["name"])
                 ax.set_ylabel(unit)
-            for x, row in zip(xs, rows):  # which load each point is
-                if _finite(y := row.get("output_throughput")):
-                    axes[0].annotate(str(row["load"]), (x, y), xytext=(3, 3), textcoords="offset points", fontsize=7)
+            for x, y, name in _point_names(xs, [row.get("output_throughput") for row in rows], rows):
+                # every other sweep's names below its points: two sweeps' first loads often meet at low rates
+                axes[0].annotate(
+                    name, (x, y), xytext=(3, 3 if k % 2 == 0 else -10), textcoords="offset points", fontsize=7
+                )
         axes[-1].set_xlabel("requests/s achieved (one point per load; the loads named in the top panel)")
     singles = [r for r in runs if r not in sweeps]
     if singles:

@@ -266,13 +266,14 @@ def test_sweeps_of_other_loads_share_one_axis_of_achieved_rate(tmp_path, monkeyp
         rows = [{"load": load, "request_throughput": rps, "output_throughput": 100 * rps} for load, rps in loads]
         return {"name": name, "rows": [{**r, "median_ttft_ms": 10.0, "p99_ttft_ms": 20.0} for r in rows]}
 
-    a = sweep("a", [("rate 1", 1.0), ("rate 2", 2.0), ("rate 4", 3.9), ("rate 8", 5.1)])
+    a = sweep("a", [("rate 1", 1.0), ("rate 2", 2.0), ("rate 4", 3.9), ("rate 8", 5.1), ("rate inf", 5.15)])
     b = sweep("b", [("concurrency 1", 0.7), ("concurrency 16", 6.0)])
     plots.plot_compare([a, b], tmp_path / "sweeps.png")
     tput = figs[0].axes[0]
-    assert [list(line.get_xdata()) for line in tput.lines] == [[1.0, 2.0, 3.9, 5.1], [0.7, 6.0]]
+    assert [list(line.get_xdata()) for line in tput.lines] == [[1.0, 2.0, 3.9, 5.1, 5.15], [0.7, 6.0]]
     named = {t.get_text(): t.xy for t in tput.texts}
     assert named["rate 4"] == (3.9, 390.0) and named["concurrency 16"] == (6.0, 600.0)
+    assert named["rate 8 / rate inf"] == pytest.approx((5.1, 510.0))  # saturated loads at one place: one name, readable
     assert "requests/s achieved" in figs[0].axes[-1].get_xlabel()
 
 
