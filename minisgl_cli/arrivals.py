@@ -4,7 +4,8 @@ Poisson arrivals with vLLM's burstiness: gaps drawn from a gamma distribution of
 (burstiness 1: exponential gaps, a Poisson process; < 1 burstier, > 1 more regular; constant gaps with
 `--arrival constant`). A rate of inf sends everything at once (or, with a concurrency limit, a closed loop).
 `--rate sweep[:N]` is guidellm's sweep profile: a synchronous load, a throughput load, then N - 2 rates between the
-request rates those two measured."""
+request rates those two measured. `--ramp-up-strategy` is vLLM's ramp-up: one load whose rate grows from a start rate
+to an end rate over its requests."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ class Load:
     max_concurrency: int | None
     # a sweep's load: guidellm's strategy type (synchronous, throughput, constant, poisson), which names it
     strategy: str | None = None
+    # a ramped load (rate: the ramp's end rate, the highest it sends at)
+    ramp: Ramp | None = None
 
     @property
     def closed_loop(self) -> bool:
@@ -35,6 +38,9 @@ class Load:
 
     @property
     def label(self) -> str:
+        if self.ramp is not None:
+            cap = "" if self.max_concurrency is None else f", conc {self.max_concurrency}"
+            return self.ramp.label + cap
         if self.strategy in ("synchronous", "throughput"):
             return self.strategy
         if self.strategy is not None:  # guidellm's name, constant@2.35 (2 decimals hide a slow server's steps)
@@ -66,6 +72,108 @@ def parse_rates(text: str) -> list[float]:
             raise ValueError(f"--rate must be a finite number > 0 requests/s, or inf for no pacing (got {part!r})")
         out.append(r)
     return out
+
+
+RAMPS = ("linear", "exponential")
+
+
+def _positive_rate(flag: str, rate: float) -> None:
+    # a rate so small that 1/rate is inf would wait forever, as --rate's (parse_rates)
+    if not (rate > 0 and math.isfinite(rate) and math.isfinite(1 / rate)):
+        raise ValueError(f"{flag} must be a finite number > 0 requests/s (got {rate:g})")
+
+
+@dataclass(frozen=True, slots=True)
+class Ramp:
+    """vLLM bench serve's ramp-up (--ramp-up-strategy, its get_request): the rate grows from `start` to `end`
+    requests/s over a load's `requests`, request by request: request i of n goes out at start + (end - start) * p
+    (linear) or start * (end / start) ** p (exponential), p = i / (n - 1), the gap before it drawn at that rate. Being
+    by request, not by time, it sends as many requests at each step of the rate (linear) or of its logarithm
+    (exponential): every part of the range is measured by as many requests."""
+
+    strategy: str
+    start: float
+    end: float
+    requests: int
+
+    @classmethod
+    def parse(
+        cls, strategy: str, start: float | None, end: float | None, requests: int | None, duration: float | None
+    ) -> Ramp:
+        """The ramp the flags ask for, over `requests` (--num-requests), else as many as span less than `duration`
+        (--duration alone: the ramp ends as the load's time does). Anything it cannot run is refused, naming the
+        flag."""
+        if strategy not in RAMPS:
+            raise ValueError(f"--ramp-up-strategy must be one of {', '.join(RAMPS)} (got {strategy!r})")
+        if start is None or end is None:
+            raise ValueError("--ramp-up-strategy needs both --ramp-up-start-rps and --ramp-up-end-rps")
+        if strategy == "exponential" and start == 0:
+            raise ValueError("--ramp-up-start-rps must be above 0 for an exponential ramp: from 0 it stays at 0")
+        _positive_rate("--ramp-up-start-rps", start)
+        _positive_rate("--ramp-up-end-rps", end)
+        if end <= start:
+            raise ValueError(
+                f"--ramp-up-end-rps must be above --ramp-up-start-rps (got {start:g} to {end:g}): the rate ramps up "
+                "(one rate is --rate R)"
+            )
+        if requests is None:
+            assert duration is not None, "a ramp spans --num-requests or --duration"
+            if 1 / end >= duration:  # two requests: the one gap, at the end rate
+                raise ValueError(
+                    f"--duration {duration:g} s is too short for a ramp: even its first two requests, 1/{end:g} s "
+                    "apart, do not fit"
+                )
+            return cls(strategy, start, end, _requests_within(strategy, start, end, duration))
+        if requests < 2:
+            raise ValueError(f"a ramp needs at least 2 requests, one at each end (got --num-requests {requests})")
+        return cls(strategy, start, end, requests)
+
+    def rate(self, i: int) -> float:
+        """The rate request i goes out at (vLLM's _get_current_request_rate)."""
+        progress = i / max(self.requests - 1, 1)
+        if self.strategy == "linear":
+            return self.start + (self.end - self.start) * progress
+        return self.start * (self.end / self.start) ** progress
+
+    def span(self) -> float:
+        """Seconds from the first request to the last as planned: every gap at its mean, 1 / its rate."""
+        return math.fsum(1 / self.rate(i) for i in range(1, self.requests))
+
+    @property
+    def label(self) -> str:
+        return ramp_label(self.strategy, self.start, self.end)
+
+    def as_dict(self) -> dict[str, Any]:
+        """vLLM's result fields, and what it does not write: the requests the ramp is spread over (request i's rate
+        is rate(i) of them) and the seconds it spans."""
+        return {
+            "ramp_up_strategy": self.strategy,
+            "ramp_up_start_rps": self.start,
+            "ramp_up_end_rps": self.end,
+            "ramp_up_requests": self.requests,
+            "ramp_up_span_s": self.span(),
+        }
+
+
+def ramp_label(strategy: str, start: float, end: float) -> str:
+    """A ramped load's name (bench-compare names a vLLM ramp's file so too)."""
+    return f"{strategy} ramp {start:g}->{end:g}"
+
+
+def _requests_within(strategy: str, start: float, end: float, duration: float) -> int:
+    """The most requests whose ramp spans less than `duration`. Its span over g gaps, the sum of 1/rate(i/g) for i = 1
+    to g, grows with g and is about g times the integral of 1/rate over the ramp less half the first gap's excess over
+    the last's (a right Riemann sum of a falling function); counted exactly from that estimate."""
+    if strategy == "linear":
+        integral = math.log(end / start) / (end - start)
+    else:
+        integral = (1 / start - 1 / end) / math.log(end / start)
+    gaps = max(1, int((duration + (1 / start - 1 / end) / 2) / integral))
+    while Ramp(strategy, start, end, gaps + 2).span() < duration:
+        gaps += 1
+    while gaps > 1 and Ramp(strategy, start, end, gaps + 1).span() >= duration:
+        gaps -= 1
+    return gaps + 1
 
 
 # guidellm's default number of loads in a sweep (its --rate with --profile sweep)
@@ -162,23 +270,39 @@ def check_gaps(rate: float, burstiness: float) -> None:
 
 
 def arrival_times(
-    n: int, rate: float, burstiness: float = 1.0, kind: str = "poisson", seed: int = 0, duration: float | None = None
+    n: int,
+    rate: float,
+    burstiness: float = 1.0,
+    kind: str = "poisson",
+    seed: int = 0,
+    duration: float | None = None,
+    ramp: Ramp | None = None,
 ) -> list[float]:
     """Send offsets in seconds (the first at 0) of at most n requests, and only those before `duration`. Gamma gaps
     are scaled so that the n requests span (n - 1) / rate, as vLLM's bench serve scales its delays to n / rate: the
-    run sends at the rate asked for, not at a draw's (20 requests at --rate 8 went out at 6.6/s)."""
+    run sends at the rate asked for, not at a draw's (20 requests at --rate 8 went out at 6.6/s).
+
+    With a `ramp` (of n requests; `rate` unused), the gap before request i is drawn at the ramp's rate for it, as
+    vLLM's get_request draws it, and gamma gaps are scaled to the ramp's planned span (vLLM leaves a ramp's unscaled:
+    a slow draw's last requests, the fastest, would fall past a --duration)."""
     if kind not in ARRIVALS:
         raise ValueError(f"--arrival must be one of {', '.join(ARRIVALS)} (got {kind!r})")
-    check_gaps(rate, burstiness)
-    if math.isinf(rate):
-        return [0.0] * n
+    if ramp is None:
+        check_gaps(rate, burstiness)
+        if math.isinf(rate):
+            return [0.0] * n
+    else:
+        assert n == ramp.requests, "a ramp is drawn over its own requests"
+        check_gaps(ramp.start, burstiness)  # the gamma scale is monotonic in the rate: its two ends bound it
+        check_gaps(ramp.end, burstiness)
     rng = random.Random(seed)
-    theta = 1.0 / (rate * burstiness)
     times, t = [], 0.0
-    for _ in range(n):
+    for i in range(n):
+        if i:
+            r = rate if ramp is None else ramp.rate(i)
+            t += 1.0 / r if kind == "constant" else rng.gammavariate(burstiness, 1.0 / (r * burstiness))
         times.append(t)
-        t += 1.0 / rate if kind == "constant" else rng.gammavariate(burstiness, theta)
     if kind != "constant" and n > 1 and times[-1] > 0:
-        scale = (n - 1) / rate / times[-1]
+        scale = ((n - 1) / rate if ramp is None else ramp.span()) / times[-1]
         times = [x * scale for x in times]
     return times if duration is None else [x for x in times if x < duration]

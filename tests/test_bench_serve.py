@@ -917,3 +917,22 @@ def test_reasoning_content_is_output_for_ttft():
     # an answer cut off while it still thinks (max_tokens reached) completed, timed from its first thought
     res = _timed([events[0], events[1], Event(1.2, "", None, "length"), Event(1.2, "", usage)], 4)
     assert res.ok and res.ttft == pytest.approx(1.0)
+
+
+# ---- --ramp-up-strategy: one load whose rate grows request by request (vLLM's ramp-up) ------------------------------
+def test_ramped_poisson_gaps_are_exponential_at_each_requests_rate():
+    """Poisson (gamma) arrivals at the ramp's rate for each request: a gap times the rate it was drawn at is Exp(1)
+    (gamma of CV 2 at burstiness 0.25) all along the ramp, and the draw spans the ramp's planned span."""
+    from minisgl_cli.arrivals import Ramp
+
+    ramp = Ramp("linear", 10.0, 100.0, 20_000)
+    for burstiness, cv in ((1.0, 1.0), (0.25, 2.0)):
+        t = arrival_times(ramp.requests, 0, burstiness, seed=1, ramp=ramp)
+        assert t[0] == 0 and t[-1] == pytest.approx(ramp.span(), rel=1e-12)
+        unit = [(b - a) * ramp.rate(i) for i, (a, b) in enumerate(zip(t, t[1:]), 1)]
+        for part in (unit[:5000], unit[-5000:]):  # the slow start and the fast end alike
+            assert statistics.fmean(part) == pytest.approx(1.0, rel=0.06)
+            assert statistics.pstdev(part) / statistics.fmean(part) == pytest.approx(cv, rel=0.08)
+        if burstiness == 1.0:
+            mean = statistics.fmean(unit)
+            assert sum(x < mean for x in unit) / len(unit) == pytest.approx(1 - math.exp(-1), abs=0.015)
