@@ -42,6 +42,8 @@ def _save(fig, path: Path) -> None:
 
 def plot_timeline(results: Sequence[Any], path: Path, title: str) -> None:
     """One run: each request's TTFT at its scheduled send time, and every inter-token gap at its arrival time."""
+    from minisgl_cli.run_figures import token_times
+
     plt = _pyplot()
     ok = [r for r in results if r.ttft is not None]
     t0 = min((r.scheduled for r in results), default=0.0)
@@ -53,13 +55,8 @@ def plot_timeline(results: Sequence[Any], path: Path, title: str) -> None:
         a1.legend(loc="upper left")
     a1.set_ylabel("TTFT (ms)")
     a1.set_title(title)
-    xs, ys = [], []
-    for r in ok:
-        t = r.scheduled + r.ttft
-        for gap in r.itls:
-            t += gap
-            xs.append(t - t0)
-            ys.append(gap * 1000)
+    xs = [t - t0 for r in ok for t in token_times(r)[1:]]  # each gap where it ended
+    ys = [gap * 1000 for r in ok for gap in r.itls]
     step = max(1, len(xs) // MAX_POINTS)
     a2.scatter(xs[::step], ys[::step], s=2, alpha=0.4, color="tab:orange")
     a2.set_ylabel("TBT (ms, per token or chunk)")

@@ -103,18 +103,25 @@ def per_request(results: list[RequestResult], t0: float, detailed: bool = False)
     return out
 
 
+def token_times(r: RequestResult) -> list[float]:
+    """When each of a request's tokens (or chunks) arrived, on its scheduled time's clock."""
+    if r.ttft is None:
+        return []
+    t = r.scheduled + r.ttft
+    out = [t]
+    for gap in r.itls:
+        t += gap
+        out.append(t)
+    return out
+
+
 def token_rate_peak(results: list[RequestResult], window: float = 1.0) -> float:
     """Tokens (or events) per second received in the busiest `window` seconds of the run."""
     bins: dict[int, int] = {}
     start = min((r.scheduled for r in results), default=0.0)
     for r in results:
-        if r.ttft is None:
-            continue
-        t = r.scheduled + r.ttft - start
-        for i in range(len(r.itls) + 1):
-            if i:
-                t += r.itls[i - 1]
-            k = int(t // window)
+        for t in token_times(r):
+            k = int((t - start) // window)
             bins[k] = bins.get(k, 0) + 1
     return max(bins.values(), default=0) / window
 
