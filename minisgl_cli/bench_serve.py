@@ -5,8 +5,10 @@ targets; table, JSON (vLLM `bench serve` names), CSV and plots."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -19,7 +21,7 @@ from minisgl_cli import options as o
 from minisgl_cli.arrivals import MAX_BURSTINESS
 
 if TYPE_CHECKING:
-    from minisgl_cli.arrivals import Sweep
+    from minisgl_cli.arrivals import Ramp, Sweep
     from minisgl_cli.error_limit import ErrorLimit
 
 
@@ -99,6 +101,20 @@ def register(app: typer.Typer) -> None:
             ),
         ] = 1.0,
         arrival: Annotated[str, typer.Option(help="poisson (gamma gaps, see --burstiness) | constant")] = "poisson",
+        ramp_up_strategy: Annotated[
+            str | None,
+            typer.Option(
+                help="linear | exponential: one load whose rate grows from --ramp-up-start-rps to --ramp-up-end-rps"
+                " over its requests (vLLM's: request i of N at start + (end - start) * i/(N-1), or start *"
+                " (end/start)^(i/(N-1))); over --num-requests, else as many as --duration S holds; instead of --rate"
+            ),
+        ] = None,
+        ramp_up_start_rps: Annotated[
+            float | None, typer.Option(help="the ramp's first request's rate, requests/s (> 0)")
+        ] = None,
+        ramp_up_end_rps: Annotated[
+            float | None, typer.Option(help="the ramp's last request's rate, requests/s (above the start)")
+        ] = None,
         slo: Annotated[
             str | None, typer.Option(help="goodput targets, e.g. ttft=200ms,tpot=40ms,e2e=5s (every one must be met)")
         ] = None,
@@ -121,7 +137,11 @@ def register(app: typer.Typer) -> None:
         csv_path: Annotated[Path | None, typer.Option("--csv", help="write one row per load to this CSV file")] = None,
         plot: Annotated[
             Path | None,
-            typer.Option("--plot", help="PNG: throughput and TTFT/TPOT p50/p99 against load, or one run over time"),
+            typer.Option(
+                "--plot",
+                help="PNG: throughput and TTFT/TPOT p50/p99 against load, one run over time, or a ramp against the"
+                " rate each request was sent at",
+            ),
         ] = None,
         save_detailed: Annotated[
             bool, typer.Option("--save-detailed", help="also store every request's inter-token gaps in the JSON")
@@ -139,8 +159,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Load-test a server or the engine: arrivals at --rate (Poisson, gamma with --burstiness, or constant) and/or
         at most --max-concurrency in flight; a list of rates or concurrencies runs a sweep, one row per load, the knee
-        marked. Latencies count from each request's scheduled send time (the client's own queueing included). With
-        --url, the client's absorption rate is measured first and each run says how much of it it used."""
+        marked; --ramp-up-strategy runs one load at a rate that grows request by request (vLLM's ramp-up). Latencies
+        count from each request's scheduled send time (the client's own queueing included). With --url, the client's
+        absorption rate is measured first and each run says how much of it it used."""
         flags = dict(locals())
         flags.update(flags.pop("engine_flags"))
         flags.pop("api_key")
@@ -171,6 +192,12 @@ def register(app: typer.Typer) -> None:
             o.refuse_given(
                 ctx, "is the length of each --prefix-groups group's shared prefix, and there are none", "prefix_len"
             )
+        if ramp_up_strategy is not None:
+            why = "sets one rate, and --ramp-up-strategy sends at its ramp's rates (vLLM refuses the two together too)"
+            o.refuse_given(ctx, why, "rate")
+        else:
+            why = "is a --ramp-up-strategy's rate, and there is no --ramp-up-strategy"
+            o.refuse_given(ctx, why, "ramp_up_start_rps", "ramp_up_end_rps")
         loads, slo_targets, sweep = _parse_load(flags)
         limit = _error_limit(flags, loads[0])
         if sweep is None and all(math.isinf(load.rate) for load in loads):
@@ -237,19 +264,44 @@ def _print_client_check(console, json_path: Path | None) -> None:
 
 
 def _parse_load(flags: dict[str, Any]):
-    from minisgl_cli.arrivals import ARRIVALS, Load, Sweep, check_gaps, parse_concurrency, parse_rates, parse_sweep
+    from minisgl_cli.arrivals import (
+        ARRIVALS,
+        Load,
+        Ramp,
+        Sweep,
+        check_gaps,
+        parse_concurrency,
+        parse_rates,
+        parse_sweep,
+    )
     from minisgl_cli.run_figures import load_sort_key, parse_slo
 
+    ramp = None
     try:
         size = parse_sweep(flags["rate"])
         rates = parse_rates(flags["rate"]) if size is None else []
         concs: list[int | None] = (
             list(parse_concurrency(flags["max_concurrency"])) if flags["max_concurrency"] else [None]
         )
+        if flags["ramp_up_strategy"] is not None:  # --rate was refused beside it: its default is no load
+            requests = flags["num_requests"]
+            if requests is None and flags["duration"] is None:
+                requests = DEFAULT_REQUESTS
+            ramp = Ramp.parse(
+                flags["ramp_up_strategy"],
+                flags["ramp_up_start_rps"],
+                flags["ramp_up_end_rps"],
+                requests,
+                flags["duration"],
+            )
+            rates = [ramp.start, ramp.end]
         for r in rates:  # here, not once the model has loaded and the arrivals are drawn
             check_gaps(r, flags["burstiness"])
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
+    if ramp is not None and len(concs) > 1:
+        why = "a ramp is one load, run under one cap (a list would run the ramp again under each)"
+        raise typer.BadParameter(f"{why} (got {flags['max_concurrency']!r})", param_hint="--max-concurrency")
     sweep = None
     if size is not None:
         if len(concs) > 1:
@@ -277,13 +329,15 @@ def _parse_load(flags: dict[str, Any]):
             raise typer.BadParameter(str(e), param_hint="--slo") from e
     if sweep is not None:
         return sweep.first_loads(), slo, sweep
+    if ramp is not None:
+        return [Load(ramp.end, concs[0], ramp=ramp)], slo, None
     loads = sorted({Load(r, c) for r in rates for c in concs}, key=lambda x: load_sort_key(x.rate, x.max_concurrency))
     return loads, slo, None
 
 
 def _error_limit(flags: dict[str, Any], load) -> ErrorLimit | None:
     """--max-errors, refused where no load could ever reach it (a load's most requests: --num-requests, else 200;
-    with --duration alone, as many as its time allows, unknown here)."""
+    with --duration alone, as many as its time allows, unknown here but for a ramp's)."""
     from minisgl_cli.error_limit import ErrorLimit
 
     if flags["max_errors"] is None:
@@ -292,7 +346,7 @@ def _error_limit(flags: dict[str, Any], load) -> ErrorLimit | None:
         limit = ErrorLimit.parse(flags["max_errors"])
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--max-errors") from e
-    if flags["duration"] is None or flags["num_requests"] is not None:
+    if flags["duration"] is None or flags["num_requests"] is not None or load.ramp is not None:
         if why := limit.never_reached(_sizes(load, flags)):
             raise typer.BadParameter(why, param_hint="--max-errors")
     return limit
@@ -363,12 +417,18 @@ def _workload(target: Target, flags: dict[str, Any], n: int, seed: int, skip: in
 CLOSED_LOOP_SUPPLY = 10_000
 
 
+# requests a load sends when neither --num-requests nor --duration bounds it
+DEFAULT_REQUESTS = 200
+
+
 def _sizes(load, flags: dict[str, Any]) -> int:
+    if load.ramp is not None:  # its own count: --num-requests, or what --duration holds
+        return load.ramp.requests
     n = flags["num_requests"]
     if n is not None:
         return n
     if flags["duration"] is None:
-        return 200
+        return DEFAULT_REQUESTS
     if math.isinf(load.rate):  # closed loop, or everything at once: a generous supply for the duration
         return CLOSED_LOOP_SUPPLY
     return int(load.rate * flags["duration"] * 1.5) + 50
@@ -394,7 +454,13 @@ class _Planner:
         self.drawn += n
         self.served["source"] = w.source
         times = arrival_times(
-            len(items), load.rate, flags["burstiness"], flags["arrival"], flags["seed"] + index, flags["duration"]
+            len(items),
+            load.rate,
+            flags["burstiness"],
+            flags["arrival"],
+            flags["seed"] + index,
+            flags["duration"],
+            load.ramp,
         )
         for item, t in zip(items, times):
             item.arrival = t
@@ -470,7 +536,8 @@ def _run_sweep(
                 before = await _hits(client, target)
                 tally = ErrorTally(limit) if limit is not None else None
                 try:
-                    with LiveView(f"{load.label} ({i + 1}/{planned})", len(items), live, flags["quiet"]):
+                    title = f"{load.label} ({i + 1}/{planned})"
+                    with LiveView(title, len(items), live, flags["quiet"], _ramp_now(load, items)):
                         results = await drive(
                             items,
                             send,
@@ -500,6 +567,8 @@ def _run_sweep(
                 # sent but unfinished when Ctrl-C or --max-errors cut the load (guidellm's "incomplete"; cancelled,
                 # so neither completed nor failed): in no figure or array
                 row["incomplete"] = live.sent - len(live.done)
+                if load.ramp is not None:
+                    _ramp_fields(row, load.ramp, items, live.sent, t0)
                 row["cache_hit_rate"] = _hit_rate(before, await _hits(client, target), target)
                 row["repeated_prompts"] = sum(r.index >= first_repeat for r in results)
                 row["truncated_prompts"] = sum(r.index in cut for r in results)
@@ -556,6 +625,35 @@ def _run_sweep(
     if sweep is not None:
         out["profile"] = sweep.as_dict()
     return out
+
+
+def _ramp_now(load, items) -> Callable[[float], float] | None:
+    """A ramp's rate at t seconds into its load, for the live view: that of the last request due by then."""
+    ramp = load.ramp
+    if ramp is None or not items:
+        return None
+    due = [item.arrival for item in items]
+    return lambda t: ramp.rate(items[max(bisect.bisect_right(due, t) - 1, 0)].index)
+
+
+def _ramp_fields(row: dict[str, Any], ramp: Ramp, items, sent: int, t0: float) -> None:
+    """A ramped load's row: the rate it reached, vLLM's rps_change_events, and each request's rate (vLLM's
+    get_request yields it with the request) beside the other per-request arrays."""
+    # requests go out in the order they are due (a cap queues them in that order): the sent ones are the first
+    row["ramp_up_reached_rps"] = ramp.rate(items[sent - 1].index) if sent else None
+    # when the rate first reached each whole number of requests/s (vLLM's timestamps: when the request went out;
+    # here when it was due, on the wall clock)
+    wall = time.time() - time.perf_counter() + t0
+    last = int(ramp.start)
+    events = [{"rps": last, "timestamp": datetime.fromtimestamp(wall).isoformat()}]
+    for item in items[:sent]:
+        now = int(ramp.rate(item.index))
+        if now > last:
+            at = datetime.fromtimestamp(wall + item.arrival).isoformat()
+            events += [{"rps": v, "timestamp": at} for v in range(last + 1, now + 1)]
+            last = now
+    row["rps_change_events"] = events
+    row["requests"]["request_rates"] = [ramp.rate(i) for i in row["requests"]["indices"]]
 
 
 async def _connect(target: Target, flags: dict[str, Any], api_key: str | None, served: dict[str, Any]):
@@ -620,7 +718,8 @@ def _row(
 
     row: dict[str, Any] = {
         "load": load.label,
-        "request_rate": "inf" if math.isinf(load.rate) else load.rate,
+        # a ramp has no one rate (vLLM writes its --request-rate, inf: it must be left unset beside a ramp)
+        "request_rate": None if load.ramp is not None else "inf" if math.isinf(load.rate) else load.rate,
         "max_concurrency": load.max_concurrency,
         # constant gaps are gamma gaps of infinite shape (vLLM has no constant arrivals: its burstiness stands for both)
         "burstiness": "inf" if flags["arrival"] == "constant" else flags["burstiness"],
@@ -629,6 +728,8 @@ def _row(
     }
     if load.strategy is not None:  # a sweep's load: guidellm's strategy type
         row["strategy"] = load.strategy
+    if load.ramp is not None:
+        row.update(load.ramp.as_dict())
     row.update(summarize(results, duration, "e2el", slo))
     if flags["url"] is not None:
         row.update(client_usage(row, results, check.tok_per_s if check else None))
@@ -699,6 +800,9 @@ def _report(console, result: dict[str, Any], flags: dict[str, Any]) -> None:
 
     results = result.pop("_results")
     console.print(_table(result))
+    ramped = result["sweep"][0] if result["sweep"][0].get("ramp_up_strategy") else None
+    if ramped is not None:
+        _print_ramp(console, ramped, results, flags["duration"])
     if (profile := result.get("profile")) and profile["rates"]:
         rates = ", ".join(f"{r:.3g}" for r in profile["rates"])
         console.print(
@@ -731,10 +835,11 @@ def _report(console, result: dict[str, Any], flags: dict[str, Any]) -> None:
     for row in result["sweep"]:
         if row["stop_reason"] == "max_errors":
             ended = row["completed"] + row["failed"]
+            at = f" (the ramp at {row['ramp_up_reached_rps']:.3g} req/s)" if row.get("ramp_up_strategy") else ""
             console.print(
                 f"[yellow]note:[/yellow] {row['load']} reached --max-errors {result['max_errors']:g} "
                 f"({row['failed']:,} of {ended:,} ended requests failed): stopped sending after "
-                f"{_sent(row, flags['duration'] is not None)} requests; "
+                f"{_sent(row, flags['duration'] is not None)} requests{at}; "
                 f"{row['incomplete']:,} then in flight cancelled, in no figure (guidellm's incomplete)"
             )
     if result["stopped"] == "interrupted":
@@ -767,12 +872,61 @@ def _report(console, result: dict[str, Any], flags: dict[str, Any]) -> None:
         cut = f" (partial: {why})" if why else ""  # as the table and the JSON say
         if len(result["sweep"]) > 1:
             plot_sweep(result["sweep"], flags["plot"], f"bench-serve -> {where}{cut}")
+        elif ramped is not None:
+            from minisgl_cli.plots import plot_ramp
+
+            title = f"bench-serve {ramped['load']} req/s -> {where}{cut}"
+            log_rate = ramped["ramp_up_strategy"] == "exponential"
+            plot_ramp(results, _rates_of(ramped, results), flags["plot"], title, log_rate)
         else:
             plot_timeline(results, flags["plot"], f"bench-serve {result['sweep'][0]['load']} -> {where}{cut}")
         console.print(f"plot written to {flags['plot']}")
 
 
-CSV_SKIP = ("requests", "errors")
+RAMP_TABLE_BANDS = 5  # the console's groups of a ramp's requests
+
+
+def _rates_of(row: dict[str, Any], results) -> list[float]:
+    """Each result's rate: the row's per-request arrays are the results', in their order."""
+    assert len(row["requests"]["request_rates"]) == len(results)
+    return row["requests"]["request_rates"]
+
+
+def _print_ramp(console, row: dict[str, Any], results, duration: float | None) -> None:
+    """What the ramp was and how far it got, and the latencies along it (the row's p50/p99 mix every rate it sent
+    at)."""
+    from minisgl_cli.report import fmt, kv_table
+    from minisgl_cli.run_figures import rate_bands
+
+    linear = row["ramp_up_strategy"] == "linear"
+    formula = "start + (end - start) * i/(N-1)" if linear else "start * (end/start)^(i/(N-1))"
+    reached = row["ramp_up_reached_rps"]
+    console.print(
+        f"ramp (vLLM's --ramp-up-strategy {row['ramp_up_strategy']}): {row['ramp_up_start_rps']:g} to "
+        f"{row['ramp_up_end_rps']:g} req/s over N = {row['ramp_up_requests']:,} requests, request i sent at "
+        f"{formula} req/s, over {row['ramp_up_span_s']:.3g} s as planned; reached {fmt(reached, 3)} req/s"
+    )
+    if duration is not None and row["stop_reason"] is None and row["sent_requests"] < row["ramp_up_requests"]:
+        console.print(
+            f"[yellow]note:[/yellow] --duration {duration:g} s ended the ramp at request {row['sent_requests']:,} "
+            f"of {row['ramp_up_requests']:,}, before its end rate (without --num-requests a ramp is spread over as "
+            "many requests as --duration holds)"
+        )
+    bands = rate_bands(results, _rates_of(row, results), RAMP_TABLE_BANDS)
+    lines = [
+        (
+            f"{b['from_rps']:.3g}" + (f"-{b['to_rps']:.3g}" if b["to_rps"] != b["from_rps"] else ""),
+            f"{b['completed']:,} / {b['failed']:,}",
+            f"{fmt(b['median_ttft_ms'])} / {fmt(b['p99_ttft_ms'])}",
+            f"{fmt(b['median_tpot_ms'])} / {fmt(b['p99_tpot_ms'])}",
+        )
+        for b in bands
+    ]
+    cols = ("sent at req/s", "done / failed", "TTFT p50 / p99 (ms)", "TPOT p50 / p99 (ms)")
+    console.print(kv_table("along the ramp (groups of as many requests)", lines, cols))
+
+
+CSV_SKIP = ("requests", "errors", "rps_change_events")
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -788,7 +942,8 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 def _sent(row: dict[str, Any], timed: bool) -> str:
     """How many of a load's requests went out: of those planned, unless `timed` (a load bounded by --duration draws
-    more than its time sends, so its planned count means nothing)."""
+    more than its time sends, so its planned count means nothing; but a ramp's, drawn to fit its time)."""
+    timed = timed and not row.get("ramp_up_strategy")
     return f"{row['sent_requests']:,}" + ("" if timed else f" of {row['planned_requests']:,}")
 
 

@@ -1,5 +1,6 @@
 """PNG plots of benchmark results (matplotlib, the optional `plot` extra): a sweep against load, one run's
-per-request TTFT and TBT over time, bench-offline's steps over time, and several runs side by side."""
+per-request TTFT and TBT over time, a ramped load against the rate each request was sent at, bench-offline's steps
+over time, and several runs side by side."""
 
 from __future__ import annotations
 
@@ -66,6 +67,72 @@ def plot_timeline(results: Sequence[Any], path: Path, title: str) -> None:
         a2.set_yscale("symlog", linthresh=0.1)  # within one decade symlog has no tick to label: stay linear there
     for a in (a1, a2):
         a.grid(alpha=0.3)
+    _save(fig, path)
+
+
+RAMP_BANDS = 10  # a ramp's plot: p50/p99 over 10 groups of as many requests along its rate, throughput in 10 windows
+RAMP_WINDOW_MIN = 5  # sends in a throughput window at the least (fewer windows for a short ramp)
+
+
+def plot_ramp(results: Sequence[Any], rates: Sequence[float], path: Path, title: str, log_rate: bool) -> None:
+    """One ramped load against the rate each request was sent at (`rates`, one per result; a log axis for an
+    exponential ramp): the requests and output tokens per second that ended in each window of its sending time
+    against the ramp's mean rate in it (on the diagonal: finishing as fast as it sends), then each request's TTFT and
+    TPOT with the p50 and p99 of groups of as many requests along the ramp."""
+    from minisgl_cli.run_figures import rate_bands, token_times
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(3, 1, figsize=(8, 9.5), sharex=True)
+    sent = sorted(zip((r.scheduled for r in results), rates))
+    a = axes[0]
+    # windows of the sending time, each as many sends (a window of a fixed width holds few at the ramp's start)
+    k = min(RAMP_BANDS, len(sent) // RAMP_WINDOW_MIN)
+    edges = [sent[j * len(sent) // k][0] for j in range(k)] + [sent[-1][0]] if k else []
+    windows = []
+    for j in range(k):
+        lo, hi = edges[j], edges[j + 1]
+        if hi <= lo:
+            continue
+        offered = [rate for t, rate in sent[j * len(sent) // k : (j + 1) * len(sent) // k]]
+        ended = sum(r.ok and r.e2e is not None and lo <= r.scheduled + r.e2e < hi for r in results)
+        tokens = sum(lo <= t < hi for r in results if r.ok for t in token_times(r))
+        windows.append((sum(offered) / len(offered), ended / (hi - lo), tokens / (hi - lo)))
+    if windows:
+        x = [w[0] for w in windows]
+        a.plot(x, x, ":", color="tab:gray", label="the ramp's rate")
+        a.plot(x, [w[1] for w in windows], "o-", ms=3, label="requests finished/s")
+        b2 = a.twinx()
+        b2.plot(x, [w[2] for w in windows], "s--", ms=3, color="tab:orange", label="output tok/s")
+        b2.set_ylabel("output tok/s")
+        b2.legend(loc="lower right")
+        a.legend(loc="upper left")
+    a.set_ylabel("requests/s")
+    a.set_title(title)
+    bands = rate_bands(list(results), list(rates), RAMP_BANDS)
+    # each group's middle rate, on the axis' own scale
+    mids = [math.sqrt(b["from_rps"] * b["to_rps"]) if log_rate else (b["from_rps"] + b["to_rps"]) / 2 for b in bands]
+    for ax, key, unit in ((axes[1], "ttft", "TTFT (ms)"), (axes[2], "tpot", "TPOT (ms)")):
+        points = [(rate, getattr(r, key) * 1000) for r, rate in zip(results, rates) if getattr(r, key) is not None]
+        ax.scatter([p[0] for p in points], [p[1] for p in points], s=6, alpha=0.35, color="tab:blue")
+        for stat, style in (("median", "o-"), ("p99", "s--")):
+            ax.plot(mids, [b[f"{stat}_{key}_ms"] for b in bands], style, label="p50" if stat == "median" else stat)
+        ax.set_ylabel(unit)
+        _log_if_wide(ax, [p[1] for p in points])
+        ax.legend(loc="upper left")
+    failed = [rate for r, rate in zip(results, rates) if not r.ok]
+    if failed:
+        axes[1].scatter(failed, [0] * len(failed), marker="x", color="red", s=20, label=f"failed ({len(failed)})")
+        axes[1].legend(loc="upper left")
+    if log_rate:
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+        axes[-1].set_xscale("log")  # plain numbers at 1, 2, 5 per decade: 2x10^0 labels ran into each other
+        axes[-1].xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axes[-1].xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axes[-1].xaxis.set_minor_formatter(NullFormatter())
+    axes[-1].set_xlabel("the ramp's rate when the request was sent (requests/s)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
     _save(fig, path)
 
 

@@ -103,6 +103,34 @@ def per_request(results: list[RequestResult], t0: float, detailed: bool = False)
     return out
 
 
+def rate_bands(results: list[RequestResult], rates: list[float], bands: int) -> list[dict[str, Any]]:
+    """A ramp's requests in `bands` groups of (nearly) as many requests, in the order of the rate each was sent at
+    (`rates`, one per result): each group's range of rates, its completed and failed counts and its TTFT and TPOT
+    p50/p99 (ms, of the completed), so where along the ramp latency turned up shows. A vLLM ramp sends as many
+    requests at each step of its rate (or of its logarithm): the groups are equal steps along it."""
+    order = sorted(range(len(results)), key=lambda k: (rates[k], results[k].index))
+    k = min(bands, len(order))
+    out = []
+    for b in range(k):
+        group = order[b * len(order) // k : (b + 1) * len(order) // k]
+        ok = [results[j] for j in group if results[j].ok]
+        ttft = latency_stats(r.ttft for r in ok if r.ttft is not None)
+        tpot = latency_stats(r.tpot for r in ok if r.tpot is not None)
+        out.append(
+            {
+                "from_rps": rates[group[0]],
+                "to_rps": rates[group[-1]],
+                "completed": len(ok),
+                "failed": len(group) - len(ok),
+                "median_ttft_ms": ttft["p50"],
+                "p99_ttft_ms": ttft["p99"],
+                "median_tpot_ms": tpot["p50"],
+                "p99_tpot_ms": tpot["p99"],
+            }
+        )
+    return out
+
+
 def token_times(r: RequestResult) -> list[float]:
     """When each of a request's tokens (or chunks) arrived, on its scheduled time's clock."""
     if r.ttft is None:

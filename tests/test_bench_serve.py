@@ -920,6 +920,15 @@ def test_reasoning_content_is_output_for_ttft():
 
 
 # ---- --ramp-up-strategy: one load whose rate grows request by request (vLLM's ramp-up) ------------------------------
+RAMP = ["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "4", "--ramp-up-end-rps", "40"]
+
+
+def vllm_rate(strategy: str, start: float, end: float, i: int, n: int) -> float:
+    """vLLM's _get_current_request_rate, written out again here."""
+    p = i / max(n - 1, 1)
+    return start + (end - start) * p if strategy == "linear" else start * (end / start) ** p
+
+
 def test_ramped_poisson_gaps_are_exponential_at_each_requests_rate():
     """Poisson (gamma) arrivals at the ramp's rate for each request: a gap times the rate it was drawn at is Exp(1)
     (gamma of CV 2 at burstiness 0.25) all along the ramp, and the draw spans the ramp's planned span."""
@@ -936,3 +945,174 @@ def test_ramped_poisson_gaps_are_exponential_at_each_requests_rate():
         if burstiness == 1.0:
             mean = statistics.fmean(unit)
             assert sum(x < mean for x in unit) / len(unit) == pytest.approx(1 - math.exp(-1), abs=0.015)
+
+
+@pytest.mark.parametrize("mock", [MockConfig(ttft=0.005, tpot=0.002)], indirect=True)
+def test_a_ramp_sends_each_request_at_vllms_rate_for_it(tmp_path, mock):
+    """--ramp-up-strategy linear 4 -> 40 over 12 requests, constant arrivals: request i goes out 1/rate(i) after the
+    one before it, rate(i) = 4 + 36 * i/11 (vLLM's), so the gaps shrink from 1/7.3 s to 1/40 s; the JSON records
+    each request's rate, how the load was ramped (vLLM's ramp_up_* fields) and vLLM's rps_change_events, and the
+    warm-up is no part of it. Exponential: rate(i) = 4 * 10^(i/11), the same ratio between neighbours."""
+    args = ["--url", mock, *URL_FLAGS, "--num-requests", "12", "--output-len", "2", "--arrival", "constant"]
+    res, out = bench(tmp_path, *args, *RAMP, "--warmup", "2", env={"COLUMNS": "250"})
+    rates = [vllm_rate("linear", 4, 40, i, 12) for i in range(12)]
+    assert res["indices"] == list(range(12)) and res["completed"] == 12  # the warm-up's 2 are in no array
+    assert res["request_rates"] == pytest.approx(rates, rel=1e-12)
+    gaps = [b - a for a, b in zip(res["send_times"], res["send_times"][1:])]
+    assert gaps == pytest.approx([1 / r for r in rates[1:]], abs=2e-6)  # send_times keep 6 decimals
+    assert all(b < a for a, b in zip(gaps, gaps[1:]))
+    span = sum(1 / r for r in rates[1:])
+    ramp = {"ramp_up_strategy": "linear", "ramp_up_start_rps": 4.0, "ramp_up_end_rps": 40.0, "ramp_up_requests": 12}
+    assert {k: res[k] for k in ramp} == ramp and res["ramp_up_span_s"] == pytest.approx(span)
+    assert res["ramp_up_reached_rps"] == 40.0 and res["request_rate"] is None  # a ramp has no one rate
+    assert res["duration"] >= span and res["sweep"][0]["load"] == "linear ramp 4->40" and res["burstiness"] == "inf"
+    assert res["sweep"][0]["requests"]["request_rates"] == res["request_rates"]
+    events = res["rps_change_events"]  # vLLM's: each whole req/s the rate passed, when
+    assert [e["rps"] for e in events] == list(range(4, 41))
+    assert [e["timestamp"] for e in events] == sorted(e["timestamp"] for e in events)
+    said = flat(out)
+    assert "ramp (vLLM's --ramp-up-strategy linear): 4 to 40 req/s over N = 12 requests" in said
+    assert "reached 40.000 req/s" in said and "along the ramp" in said and "linear ramp 4->40" in said
+    res, _ = bench(tmp_path, *args, *RAMP[:1], "exponential", *RAMP[2:])
+    rates = [vllm_rate("exponential", 4, 40, i, 12) for i in range(12)]
+    assert res["request_rates"] == pytest.approx(rates, rel=1e-12)
+    assert [b / a for a, b in zip(rates, rates[1:])] == pytest.approx([10 ** (1 / 11)] * 11)
+    gaps = [b - a for a, b in zip(res["send_times"], res["send_times"][1:])]
+    assert gaps == pytest.approx([1 / r for r in rates[1:]], abs=2e-6)
+
+
+@pytest.mark.parametrize("mock", [MockConfig(ttft=0.05, tpot=0.002)], indirect=True)
+def test_a_ramp_under_a_cap_and_its_seed(tmp_path, mock):
+    """--max-concurrency still caps a ramp (vLLM's semaphore): one request at a time, each ~55 ms, against arrivals
+    up to 50/s, so requests queue in the client and their latency (from when each was due) grows along the ramp.
+    Poisson arrivals are drawn from --seed: the same seed sends at the same times, another at others over the same
+    span."""
+    args = ["--url", mock, *URL_FLAGS, "--num-requests", "10", "--output-len", "2", "--ramp-up-strategy", "linear"]
+    args += ["--ramp-up-start-rps", "5", "--ramp-up-end-rps", "50"]
+    res, _ = bench(tmp_path, *args, "--max-concurrency", "1", "--arrival", "constant")
+    assert (
+        res["sweep"][0]["load"] == "linear ramp 5->50, conc 1"
+        and res["max_concurrency"] == 1
+        and res["completed"] == 10
+    )
+    rates = [vllm_rate("linear", 5, 50, i, 10) for i in range(10)]
+    assert [b - a for a, b in zip(res["send_times"], res["send_times"][1:])] == pytest.approx(
+        [1 / r for r in rates[1:]], abs=2e-6
+    )  # when each was due: the cap delays the sending, not the schedule
+    assert res["ttfts"][-1] > res["ttfts"][0] + 0.1 and res["p99_queue_ms"] > 50
+    first, _ = bench(tmp_path, *args, "--seed", "3")
+    again, _ = bench(tmp_path, *args, "--seed", "3")
+    other, _ = bench(tmp_path, *args, "--seed", "4")
+    assert first["send_times"] == again["send_times"] != other["send_times"]
+    assert first["send_times"][-1] == other["send_times"][-1] == pytest.approx(sum(1 / r for r in rates[1:]), abs=2e-6)
+    assert first["request_rates"] == other["request_rates"] == pytest.approx(rates)
+
+
+def test_a_ramp_bounded_by_duration_spans_it_in_process(tmp_path):
+    """--duration alone: the ramp is spread over as many requests as span less than it (N with span(N) < S <=
+    span(N + 1), span(N) the sum of 1/rate(i) for i = 1 to N - 1), so it ends at its end rate as the time does; the
+    in-process engine is driven as a server is."""
+    args = [*IN_PROCESS[:4], "--quiet", "--output-len", "2", "--input-len", "4", "--duration", "1.2"]
+    args += ["--ramp-up-strategy", "exponential", "--ramp-up-start-rps", "2", "--ramp-up-end-rps", "20"]
+    res, out = bench(tmp_path, *args)
+
+    def span(n: int) -> float:
+        return sum(1 / vllm_rate("exponential", 2, 20, i, n) for i in range(1, n))
+
+    n = res["ramp_up_requests"]
+    assert span(n) < 1.2 <= span(n + 1) and res["completed"] == res["sent_requests"] == res["planned_requests"] == n
+    assert res["send_times"][-1] == pytest.approx(span(n), abs=2e-6) and max(res["send_times"]) < 1.2
+    assert res["request_rates"] == pytest.approx([vllm_rate("exponential", 2, 20, i, n) for i in res["indices"]])
+    assert res["request_rates"][-1] == res["ramp_up_reached_rps"] == 20 and res["mode"] == "in-process"
+
+
+def test_a_ramp_cut_short_by_duration_says_where_it_stopped(tmp_path):
+    """--num-requests and --duration, whichever comes first: a ramp over 40 requests whose time runs out first ends
+    below its end rate, and the run says at which rate (a ramp that never reached its top measured none of it)."""
+    args = [*IN_PROCESS[:4], "--quiet", "--output-len", "2", "--input-len", "4", "--num-requests", "40"]
+    res, out = bench(tmp_path, *args, *RAMP, "--arrival", "constant", "--duration", "0.5", env={"COLUMNS": "250"})
+    rates = [vllm_rate("linear", 4, 40, i, 40) for i in range(40)]
+    sent = sum(t < 0.5 for t in [sum(1 / r for r in rates[1:k]) for k in range(1, 41)])
+    assert res["sent_requests"] == sent < 40 and res["ramp_up_reached_rps"] == pytest.approx(rates[sent - 1])
+    assert f"--duration 0.5 s ended the ramp at request {sent} of 40, before its end rate" in flat(out)
+
+
+@pytest.mark.parametrize("mock", [MockConfig(tpot=0.002, fail_from=7)], indirect=True)
+def test_max_errors_stops_a_ramp_at_the_rate_it_reached(tmp_path, mock, monkeypatch):
+    """A server failing every request from the 7th on: --max-errors 3 stops the ramp at its 9th request (or the
+    10th, due before the 9th's failure came back), and the note, the row and the plot say at which rate; --plot
+    draws the load against the rate each request was sent at."""
+    from minisgl_cli import plots
+
+    drawn: list = []
+    real = plots.plot_ramp
+    monkeypatch.setattr(plots, "plot_ramp", lambda results, rates, *a: (drawn.append(rates), real(results, rates, *a)))
+    png = tmp_path / "ramp.png"
+    args = ["--url", mock, *URL_FLAGS, "--num-requests", "30", "--output-len", "2", "--arrival", "constant"]
+    res, out = bench(tmp_path, *args, *RAMP, "--max-errors", "3", "--plot", str(png), env={"COLUMNS": "250"}, code=1)
+    assert res["stop_reason"] == "max_errors" and res["failed"] == 3 and res["sent_requests"] in (9, 10)
+    reached = vllm_rate("linear", 4, 40, res["sent_requests"] - 1, 30)
+    assert res["ramp_up_reached_rps"] == pytest.approx(reached)
+    assert f"stopped sending after {res['sent_requests']} of 30 requests (the ramp at {reached:.3g} req/s)" in flat(out)
+    assert drawn == [res["request_rates"]] and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([*RAMP, "--rate", "4"], "Invalid value for --rate: sets one rate, and --ramp-up-strategy sends at its ramp"),
+        ([*RAMP, "--rate", "sweep"], "Invalid value for --rate: sets one rate"),
+        ([*RAMP, "--rate", "2,8"], "Invalid value for --rate: sets one rate"),
+        (RAMP[2:], "--ramp-up-start-rps, --ramp-up-end-rps: is a --ramp-up-strategy's rate, and there is no"),
+        (RAMP[:2], "--ramp-up-strategy needs both --ramp-up-start-rps and --ramp-up-end-rps"),
+        (
+            ["--ramp-up-strategy", "step", *RAMP[2:]],
+            "--ramp-up-strategy must be one of linear, exponential (got 'step')",
+        ),
+        (
+            [*RAMP[:3], "40", "--ramp-up-end-rps", "4"],
+            "--ramp-up-end-rps must be above --ramp-up-start-rps (got 40 to 4)",
+        ),
+        (
+            [*RAMP[:3], "4", "--ramp-up-end-rps", "4"],
+            "--ramp-up-end-rps must be above --ramp-up-start-rps (got 4 to 4)",
+        ),
+        (
+            ["--ramp-up-strategy", "exponential", "--ramp-up-start-rps", "0", *RAMP[4:]],
+            "--ramp-up-start-rps must be above 0 for an exponential ramp: from 0 it stays at 0",
+        ),
+        ([*RAMP[:3], "0", *RAMP[4:]], "--ramp-up-start-rps must be a finite number > 0 requests/s (got 0)"),
+        ([*RAMP[:3], "-1", *RAMP[4:]], "--ramp-up-start-rps must be a finite number > 0 requests/s (got -1)"),
+        ([*RAMP[:5], "nan"], "--ramp-up-end-rps"),
+        ([*RAMP[:5], "inf"], "--ramp-up-end-rps"),
+        ([*RAMP, "--max-concurrency", "1,2"], "Invalid value for --max-concurrency: a ramp is one load"),
+        ([*RAMP, "--num-requests", "1"], "a ramp needs at least 2 requests, one at each end (got --num-requests 1)"),
+        ([*RAMP, "--duration", "0.02"], "--duration 0.02 s is too short for a ramp"),
+        ([*RAMP, "--max-errors", "201"], "counts 201 failed requests, and each load sends at most 200"),
+        ([*RAMP, "--duration", "2", "--max-errors", "60"], "counts 60 failed requests, and each load sends at most 33"),
+        ([*RAMP, "--arrival", "constant", "--burstiness", "2"], "Invalid value for --burstiness: shapes Poisson"),
+    ],
+)
+def test_ramps_that_make_no_sense_are_refused(args, message):
+    """Refused by name before anything loads or connects (--rate beside a ramp too: vLLM refuses both); the ramp's
+    count of requests is known up front, --duration's too, so a --max-errors no load could reach is refused."""
+    r = CliRunner().invoke(app, ["bench-serve", *NOWHERE, *URL_FLAGS, *args], env={"COLUMNS": "300"})
+    assert r.exit_code == 2 and message in flat(r.output) and "Traceback" not in r.output, r.output
+
+
+def test_the_live_view_shows_the_ramps_rate_by_then():
+    """The live view's ramp req/s: the rate of the last request due by then, on the run's own clock."""
+    import time
+
+    from minisgl_cli.arrivals import Load, Ramp
+    from minisgl_cli.bench_serve import _ramp_now
+    from minisgl_cli.live_view import LiveView
+    from minisgl_cli.replay import LiveCounters, ReplayItem
+
+    ramp = Ramp("linear", 1.0, 10.0, 4)
+    items = [ReplayItem(i, 0, t, [1], 1) for i, t in enumerate((0.0, 0.25, 0.4, 10.0))]
+    rate_at = _ramp_now(Load(10.0, None, ramp=ramp), items)
+    assert rate_at is not None and [rate_at(t) for t in (0.1, 0.3, 5.0, 11.0)] == [1.0, 4.0, 7.0, 10.0]
+    counters = LiveCounters(started=time.perf_counter() - 0.3)
+    table = LiveView("ramp", 4, counters, quiet=True, rate_at=rate_at).render()
+    assert table.columns[0].header == "ramp req/s" and list(table.columns[0].cells) == ["4"]
