@@ -96,10 +96,16 @@ def _figures(d: dict[str, Any]) -> dict[str, Any]:
 
 def _save_result_load(d: dict[str, Any]) -> str | None:
     """The load a vLLM/SGLang `--save-result` file was run at (it has no `load`): its request rate ("inf" or a
-    number) and concurrency cap, so that two such runs at different loads are told apart."""
+    number), or its ramp (vLLM's ramp_up_* fields; its request_rate is then "inf", which it requires), and
+    concurrency cap, so that two such runs at different loads are told apart."""
+    from minisgl_cli.arrivals import ramp_label
+
     parts = []
     rate, cap = d.get("request_rate"), d.get("max_concurrency")
-    if _is_number(rate) or isinstance(rate, str) and rate:
+    strategy = d.get("ramp_up_strategy")
+    if isinstance(strategy, str) and _is_number(d.get("ramp_up_start_rps")) and _is_number(d.get("ramp_up_end_rps")):
+        parts.append(ramp_label(strategy, d["ramp_up_start_rps"], d["ramp_up_end_rps"]))
+    elif _is_number(rate) or isinstance(rate, str) and rate:
         parts.append(f"rate {rate:g}" if _is_number(rate) else f"rate {rate}")
     if _is_number(cap):
         parts.append(f"concurrency {cap}")

@@ -379,3 +379,25 @@ def test_json_nested_too_deeply_is_refused(tmp_path):
     deep.write_text("[" * 200_000)
     r = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["bench-compare", str(deep)])
     assert r.exit_code == 2 and f"cannot read {deep}: JSON nested too deeply" in flat(r.output), r.output
+
+
+def test_ramped_runs_are_named_by_their_ramp(tmp_path):
+    """A ramped bench-serve run (one row, request_rate null) reads as one run named by its ramp; a `vllm bench serve
+    --ramp-up-strategy` file (request_rate "inf", which vLLM requires beside a ramp) was named "rate inf", the name
+    of everything sent at once."""
+    ours, theirs, png = tmp_path / "ramp.json", tmp_path / "vllm.json", tmp_path / "cmp.png"
+    ramp = ["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "2", "--ramp-up-end-rps", "20"]
+    run(
+        "bench-serve", *TINY, "--num-requests", "6", "--output-len", "2", "--input-len", "4", *ramp, "--json", str(ours)
+    )
+    vllm = {"backend": "vllm", "request_rate": "inf", "max_concurrency": 8, "output_throughput": 900.0}
+    vllm |= {"ramp_up_strategy": "exponential", "ramp_up_start_rps": 1, "ramp_up_end_rps": 32}
+    theirs.write_text(json.dumps(vllm))
+    assert [r["rows"][0]["load"] for r in load_runs(ours) + load_runs(theirs)] == [
+        "linear ramp 2->20",
+        "exponential ramp 1->32, concurrency 8",
+    ]
+    out = run("bench-compare", str(ours), str(theirs), "--plot", str(png))
+    assert "#1 linear ramp 2->20" in out and "#2 exponential ramp 1->32, concurrency 8" in out
+    assert "--ramp-up-strategy linear --ramp-up-start-rps 2.0 --ramp-up-end-rps 20.0" in out
+    assert png.read_bytes()[:8] == PNG
