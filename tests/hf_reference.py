@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import torch
@@ -39,16 +40,19 @@ def save_hf(model, path: Path) -> Path:
 @torch.no_grad()
 def hf_greedy(model, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
     """Greedy continuation with HF's own KV cache; also returns the first step's logits."""
+    # transformers 5.2x calls the KV cache `cache` (`past_key_values`, deprecated, goes in 5.40); 5.17 (the GPU
+    # machine's) `past_key_values`
+    kv = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     ids = torch.tensor([prompt])
     out = model(input_ids=ids, use_cache=True)
     first = out.logits[0, -1].float()
-    past, tokens = out.past_key_values, []
+    past, tokens = getattr(out, kv), []
     nxt = int(first.argmax())
     for _ in range(n):
         tokens.append(nxt)
         if len(tokens) == n:
             break
-        out = model(input_ids=torch.tensor([[nxt]]), past_key_values=past, use_cache=True)
-        past = out.past_key_values
+        out = model(input_ids=torch.tensor([[nxt]]), use_cache=True, **{kv: past})
+        past = getattr(out, kv)
         nxt = int(out.logits[0, -1].argmax())
     return tokens, first
