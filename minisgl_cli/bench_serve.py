@@ -231,7 +231,7 @@ def register(app: typer.Typer) -> None:
             from minisgl_cli.report import INTERRUPTED_EXIT
 
             raise typer.Exit(INTERRUPTED_EXIT)  # once the partial results are out
-        dead = any(row["failed"] and not row["completed"] for row in result["sweep"])
+        dead = any(row["failed"] and not row["completed"] and not row["incomplete"] for row in result["sweep"])
         if dead:  # as bench-trace
             console.print("[red]error:[/red] every request of a load failed")
         if cut := [row["load"] for row in result["sweep"] if row["stop_reason"] == "max_errors"]:
@@ -576,7 +576,10 @@ def _run_sweep(
                 singles[:] = results
                 if stopped:
                     return
-                if results and not any(r.ok for r in results):
+                # every request sent failed: a dead server, no load after it would fare better. Not a load that
+                # --max-errors cut with requests in flight: its failures came back first (a refusal is quicker
+                # than a stream), and the requests it cancelled had not failed
+                if results and not any(r.ok for r in results) and not row["incomplete"]:
                     stopped = f"every request of {load.label} failed ({results[0].error})"
                     if flags["url"] and "outside the vocabulary" in (results[0].error or ""):
                         hint = "give the served model as --model, or --vocab-size"

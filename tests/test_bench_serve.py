@@ -843,6 +843,21 @@ def test_a_sweep_goes_on_past_a_load_that_reached_max_errors_but_places_no_rate_
     assert "its measured rate cannot place the sweep's rate loads" in flat(out)
 
 
+@pytest.mark.parametrize("mock", [MockConfig(tpot=0.01, fail_every=3)], indirect=True)
+def test_a_load_cut_with_requests_in_flight_is_no_dead_server(tmp_path, mock):
+    """A server refusing every 3rd request at once and streaming the others for 0.3 s, --max-errors 1: at concurrency
+    4 the refusal comes back first and the 3 streams are cancelled (0 completed, 1 failed, 3 incomplete). That was
+    taken for "every request of concurrency 4 failed": the sweep stopped there (concurrency 8 never ran) and the
+    command said every request of a load had failed, where 3 of its 4 were streaming when cancelled."""
+    args = ["--url", mock, *URL_FLAGS, "--num-requests", "10", "--output-len", "30", "--max-errors", "1"]
+    res, out = bench(tmp_path, *args, "--max-concurrency", "1,4,8", code=1)
+    rows = res["sweep"]
+    assert [r["max_concurrency"] for r in rows] == [1, 4, 8] and res["stopped"] is None
+    assert all(r["stop_reason"] == "max_errors" for r in rows)
+    assert [(r["completed"], r["failed"], r["incomplete"]) for r in rows[:2]] == [(2, 1, 0), (0, 1, 3)]
+    assert "every request of" not in flat(out) and "error: concurrency 1, concurrency 4, concurrency 8" in flat(out)
+
+
 def test_max_errors_in_process(tmp_path):
     """The in-process engine: prompts drawn below --vocab-size 1024 from a 512-token vocabulary, one id each, so about
     half are refused at once (ids outside the vocabulary). One at a time (seed 0: requests 0, 3 and 6 are refused),
