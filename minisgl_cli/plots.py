@@ -123,7 +123,7 @@ def plot_ramp(results: Sequence[Any], rates: Sequence[float], path: Path, title:
     if failed:
         axes[1].scatter(failed, [0] * len(failed), marker="x", color="red", s=20, label=f"failed ({len(failed)})")
         axes[1].legend(loc="upper left")
-    if log_rate:
+    if log_rate and results:  # no request ended (Ctrl-C early): no point, and a log axis of none cannot be drawn
         from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
         axes[-1].set_xscale("log")  # plain numbers at 1, 2, 5 per decade: 2x10^0 labels ran into each other

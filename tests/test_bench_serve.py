@@ -1072,6 +1072,20 @@ def test_max_errors_stops_a_ramp_at_the_rate_it_reached(tmp_path, mock, monkeypa
     assert drawn == [res["request_rates"]] and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("mock", [MockConfig(ttft=0.01, tpot=0.05)], indirect=True)
+def test_ctrl_c_before_a_ramps_first_request_ended_still_plots(tmp_path, mock):
+    """Ctrl-C a second into an exponential ramp whose requests stream 5 s each: none has ended, so the plot has no
+    point, and its log rate axis (matplotlib: "Data cannot be log-scaled because all values are <= 0") crashed the
+    command with a traceback and exit 1 after the JSON was written, instead of the partial run's plot and 130."""
+    png = tmp_path / "ramp.png"
+    ramp = ["--ramp-up-strategy", "exponential", "--ramp-up-start-rps", "2", "--ramp-up-end-rps", "20"]
+    args = ["--num-requests", "20", "--output-len", "100", *ramp, "--plot", str(png)]
+    rc, out, err, res = _interrupted(tmp_path, mock, *args)
+    assert rc == 130 and "Traceback" not in err, out + err
+    assert res is not None and res["completed"] == res["failed"] == 0 and res["incomplete"] >= 1
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
