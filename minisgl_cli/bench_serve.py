@@ -193,7 +193,11 @@ def register(app: typer.Typer) -> None:
                 ctx, "is the length of each --prefix-groups group's shared prefix, and there are none", "prefix_len"
             )
         if ramp_up_strategy is not None:
-            why = "sets one rate, and --ramp-up-strategy sends at its ramp's rates (vLLM refuses the two together too)"
+            # vLLM refuses every --request-rate beside a ramp but its default, inf; here inf is a load of its own
+            why = (
+                "sets one rate, and --ramp-up-strategy sends at its ramp's rates (vLLM refuses any --request-rate"
+                " but its default inf beside a ramp; here --rate inf is no pacing: leave --rate out)"
+            )
             o.refuse_given(ctx, why, "rate")
         else:
             why = "is a --ramp-up-strategy's rate, and there is no --ramp-up-strategy"

@@ -1092,6 +1092,8 @@ def test_ctrl_c_before_a_ramps_first_request_ended_still_plots(tmp_path, mock):
         ([*RAMP, "--rate", "4"], "Invalid value for --rate: sets one rate, and --ramp-up-strategy sends at its ramp"),
         ([*RAMP, "--rate", "sweep"], "Invalid value for --rate: sets one rate"),
         ([*RAMP, "--rate", "2,8"], "Invalid value for --rate: sets one rate"),
+        # vLLM takes --request-rate inf beside a ramp (its default): the refusal said vLLM refused it too
+        ([*RAMP, "--rate", "inf"], "vLLM refuses any --request-rate but its default inf beside a ramp"),
         (RAMP[2:], "--ramp-up-start-rps, --ramp-up-end-rps: is a --ramp-up-strategy's rate, and there is no"),
         (RAMP[:2], "--ramp-up-strategy needs both --ramp-up-start-rps and --ramp-up-end-rps"),
         (
