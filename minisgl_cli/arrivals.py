@@ -168,12 +168,31 @@ def _requests_within(strategy: str, start: float, end: float, duration: float) -
         integral = math.log(end / start) / (end - start)
     else:
         integral = (1 / start - 1 / end) / math.log(end / start)
-    gaps = max(1, int((duration + (1 / start - 1 / end) / 2) / integral))
-    while Ramp(strategy, start, end, gaps + 2).span() < duration:
-        gaps += 1
-    while gaps > 1 and Ramp(strategy, start, end, gaps + 1).span() >= duration:
-        gaps -= 1
-    return gaps + 1
+
+    def fits(gaps: int) -> bool:
+        return Ramp(strategy, start, end, gaps + 1).span() < duration
+
+    # 1 gap fits (1/end < duration, checked before); no gap's mean is below 1/end, so `most` gaps do not. The estimate
+    # is within a few of the count for most ramps, but far off for a start near 0 (its first gap's excess is huge:
+    # 0.00001 -> 10 req/s over 60 s guessed 300,000 gaps of 114), so from it the count is bracketed by steps that
+    # double, then bisected: a few spans, where stepping by one took as many spans as the guess was off.
+    lo, hi = 1, max(2, math.ceil(duration * end))
+    guess = min(max(1, int((duration + (1 / start - 1 / end) / 2) / integral)), hi)
+    step = 1
+    if fits(guess):
+        lo = guess
+        while lo + step < hi and fits(lo + step):
+            lo, step = lo + step, step * 2
+        hi = min(hi, lo + step)
+    else:
+        hi = guess
+        while hi - step > lo and not fits(hi - step):
+            hi, step = hi - step, step * 2
+        lo = max(lo, hi - step)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo + 1
 
 
 # guidellm's default number of loads in a sweep (its --rate with --profile sweep)

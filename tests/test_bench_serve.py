@@ -1131,6 +1131,24 @@ def test_ramps_that_make_no_sense_are_refused(args, message):
     assert r.exit_code == 2 and message in flat(r.output) and "Traceback" not in r.output, r.output
 
 
+@pytest.mark.timeout(60)
+def test_a_ramp_from_near_zero_over_a_duration_is_counted_at_once():
+    """--duration alone: the ramp's count was found by stepping one request at a time from an estimate, each step
+    summing the whole ramp. From a start near 0 the estimate is far off (0.00001 -> 10 req/s over 60 s: 300,000
+    against 114), and bench-serve hung before sending anything (2.4 s from 0.0001, hours from 0.000001). The count is
+    checked here through the --max-errors refusal that names it."""
+    from minisgl_cli.arrivals import Ramp
+
+    ramp = ["--ramp-up-strategy", "linear", "--ramp-up-end-rps", "10", "--duration", "60", "--max-errors", "5000"]
+    for start in ("0.00001", "0.000001"):
+        r = CliRunner().invoke(
+            app, ["bench-serve", *NOWHERE, *URL_FLAGS, *ramp, "--ramp-up-start-rps", start], env={"COLUMNS": "300"}
+        )
+        assert r.exit_code == 2 and "each load sends at most " in flat(r.output), r.output
+        n = int(flat(r.output).split("each load sends at most ")[1].split()[0])
+        assert Ramp("linear", float(start), 10, n).span() < 60 <= Ramp("linear", float(start), 10, n + 1).span()
+
+
 def test_the_live_view_shows_the_ramps_rate_by_then():
     """The live view's ramp req/s: the rate of the last request due by then, on the run's own clock."""
     import time
