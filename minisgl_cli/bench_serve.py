@@ -882,7 +882,7 @@ def _report(console, result: dict[str, Any], flags: dict[str, Any]) -> None:
         elif ramped is not None:
             from minisgl_cli.plots import plot_ramp
 
-            title = f"bench-serve {ramped['load']} req/s -> {where}{cut}"
+            title = f"bench-serve {ramped['load']} -> {where}{cut}"  # "linear ramp 2->20, conc 4": no unit to add
             log_rate = ramped["ramp_up_strategy"] == "exponential"
             plot_ramp(results, _rates_of(ramped, results), flags["plot"], title, log_rate)
         else:

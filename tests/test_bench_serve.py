@@ -1086,6 +1086,23 @@ def test_ctrl_c_before_a_ramps_first_request_ended_still_plots(tmp_path, mock):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.parametrize("mock", [MockConfig(ttft=0.005, tpot=0.002)], indirect=True)
+def test_a_capped_ramps_plot_is_titled_by_its_load(tmp_path, mock, monkeypatch):
+    """The ramp plot's title put "req/s" after the load's name, which ends with its cap: "linear ramp 4->40, conc 2
+    req/s", a concurrency in requests per second."""
+    from minisgl_cli import plots
+
+    titles: list[str] = []
+    real = plots.plot_ramp
+    monkeypatch.setattr(
+        plots, "plot_ramp", lambda r, rates, path, title, *a: (titles.append(title), real(r, rates, path, title, *a))
+    )
+    png = tmp_path / "ramp.png"
+    args = ["--url", mock, *URL_FLAGS, "--num-requests", "6", "--output-len", "2", *RAMP, "--max-concurrency", "2"]
+    bench(tmp_path, *args, "--plot", str(png))
+    assert titles == [f"bench-serve linear ramp 4->40, conc 2 -> {mock}"] and png.read_bytes()[:4] == b"\x89PNG"
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
