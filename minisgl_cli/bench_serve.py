@@ -590,11 +590,13 @@ def _run_sweep(
                         stopped += f"; prompts drew ids below {target.vocab}: {hint}"
                     return
                 i += 1
+                if sweep is not None and reason == "max_errors" and len(plans) < planned:
+                    # a measured load (synchronous, throughput) cut short measured no rate of its own: rates placed
+                    # from it would be made up, so the sweep stops here, before the other one runs for nothing
+                    stopped = f"{load.label} reached --max-errors: its measured rate cannot place the sweep's rate"
+                    stopped += " loads"
+                    return
                 if sweep is not None and i == len(plans) < planned:
-                    if short := next((r["load"] for r in rows if r["stop_reason"] == "max_errors"), None):
-                        # a load cut short measured no rate of its own: rates placed from it would be made up
-                        stopped = f"{short} reached --max-errors: its measured rate cannot place the sweep's rate loads"
-                        return
                     try:
                         plans.extend(planner.plan(load, i + j) for j, load in enumerate(sweep.next_loads(rows)))
                     except (typer.BadParameter, ValueError) as e:  # drawn mid-run: the loads run so far are kept

@@ -841,6 +841,11 @@ def test_a_sweep_goes_on_past_a_load_that_reached_max_errors_but_places_no_rate_
     assert res["stopped"] == "throughput reached --max-errors: its measured rate cannot place the sweep's rate loads"
     assert (rows[0]["knee"], rows[0]["knee_reason"]) == (True, "max_errors")
     assert "its measured rate cannot place the sweep's rate loads" in flat(out)
+    # the synchronous load cut (requests 3, 6): the sweep stops there; the throughput load ran for nothing before
+    with mock_server_process(MockConfig(tpot=0.01, fail_every=3), free_port()) as url:
+        res, out = bench(tmp_path, "--url", url, *common, "--rate", "sweep:3", "--max-concurrency", "2", code=1)
+    assert [(r["load"], r["stop_reason"]) for r in res["sweep"]] == [("synchronous", "max_errors")]
+    assert res["stopped"] == "synchronous reached --max-errors: its measured rate cannot place the sweep's rate loads"
 
 
 @pytest.mark.parametrize("mock", [MockConfig(tpot=0.01, fail_every=3)], indirect=True)
