@@ -155,6 +155,30 @@ def test_a_save_that_works_makes_up_for_the_failed_ones_before_it(tmp_path):
     assert info.messages == 4  # both turns, saved by the second save
 
 
+def test_a_chat_left_unsaved_by_reset_still_makes_a_piped_chat_exit_1(tmp_path):
+    """A save that works makes up for the failed ones before it only for its own chat: after `/reset` the saves write
+    the new chat, and the one left behind, whose saves all failed, is lost. Its failures were forgotten (the reset's
+    save of the new empty chat, which writes nothing, counted as one that worked): the piped chat exited 0."""
+    from minisgl_cli.tui.store import ChatStore, StoreError
+    from tests.test_chat_thinking import ScriptedBackend
+
+    class LockedForTheFirstChat(ChatStore):  # its saves meet a locked database, the next chat's do not
+        def save(self, session, inputs):
+            if session.history and session.history[0].content == "hello":
+                raise StoreError("cannot save to chat.db: database is locked")
+            return super().save(session, inputs)
+
+    store = LockedForTheFirstChat(tmp_path / "chat.db")
+    for typed, chats in (("hello\n/reset\n", []), ("hello\n/reset\nanother\n", ["another"])):
+        err = io.StringIO()
+        session = ChatSession(max_tokens=64, model="scripted-qwen3")
+        piped = io.StringIO(typed)
+        code = run_plain(ScriptedBackend(thinking_switch=None), session, store, None, piped, io.StringIO(), err)
+        assert code == 1, err.getvalue()
+        assert err.getvalue().endswith("minisgl chat: 2 saves failed (exit status 1)\n"), err.getvalue()
+        assert [i.title for i in store.sessions()] == chats  # "hello" was never saved
+
+
 def test_stop_flags_end_the_answer_and_come_back_with_the_chat(tmp_path):
     """`--stop` (each one string, with /set stop's escapes) ends the local engine's answer before the string, /stats
     shows it as /set takes it, `/set stop off` clears it, and `--resume` brings a chat's stop strings back. The tiny

@@ -57,10 +57,11 @@ def run_plain(
     stderr: TextIO = sys.stderr,
 ) -> int:
     """The chat until end of input. Returns 0, or 1 when input came from a pipe or file and a turn failed, a command
-    was refused or the chat is left unsaved (its last saves failed; each said so on an `error:` line), so that a script
-    can tell; at a terminal the person saw them."""
+    was refused or a chat is left unsaved (its last saves failed, or those of a chat left by /reset; each said so on an
+    `error:` line), so that a script can tell; at a terminal the person saw them."""
     interactive = stdin.isatty()
     failed_turns = refused_commands = failed_saves = 0
+    lost_saves = 0  # the failed saves of chats left by /reset (no later save writes them)
     inputs = list(inputs or [])
 
     def save() -> None:
@@ -107,6 +108,7 @@ def run_plain(
                 if session.id is None and not session.history:  # /reset: a new session, its own input history
                     inputs[:] = [line]
                     turn = TurnStats()  # and no last turn: /stats showed the left chat's
+                    lost_saves, failed_saves = lost_saves + failed_saves, 0
                 save()
                 continue
             try:
@@ -142,7 +144,7 @@ def run_plain(
     counts = (
         (failed_turns, "turn", "failed"),
         (refused_commands, "command", "refused"),
-        (failed_saves, "save", "failed"),
+        (lost_saves + failed_saves, "save", "failed"),
     )
     if interactive or not any(n for n, _, _ in counts):
         return 0
