@@ -53,8 +53,8 @@ MemoKey = tuple[tuple[int, ...], int, tuple[str, ...], tuple[int, ...]]
 
 class Reference:
     """Each request run alone on a large pool (no radix cache, one request at a time), memoized. With `margin`, each
-    run also reports its top two log-probabilities per token, and sure_of() counts the leading tokens that won by at
-    least that much: in bf16 a batch of another size may round a near-tie the other way (docs/gpu.md)."""
+    run also reports its top two log-probabilities per token, and near_tie() says which tokens won by less than that:
+    in bf16 a batch of another size may round a near-tie the other way (docs/gpu.md)."""
 
     def __init__(
         self, model: str | LLM | None, memo: dict[MemoKey, RequestOutput] | None = None, margin: float | None = None
@@ -76,13 +76,14 @@ class Reference:
             self.memo[key] = dataclasses.replace(self.llm.generate([list(prompt)], asked)[0], token_texts=None)
         return self.memo[key]
 
-    def sure_of(self, out: RequestOutput) -> int:
-        """How many of out's leading tokens any batch must reproduce."""
+    def near_tie(self, out: RequestOutput, i: int) -> bool:
+        """Whether out's token i won by less than the margin (a batch may pick the runner-up there); never without
+        one."""
         if self.margin is None:
-            return len(out.token_ids)
+            return False
         assert out.logprobs is not None
-        close = (i for i, lp in enumerate(out.logprobs) if lp.top[0][1] - lp.top[1][1] < self.margin)
-        return next(close, len(out.token_ids))
+        top = out.logprobs[i].top
+        return top[0][1] - top[1][1] < self.margin
 
     def params(self, a: Arrival) -> SamplingParams:
         """Greedy, with a stop token id or stop string picked from what this prompt generates."""
@@ -158,9 +159,12 @@ def drive(llm: LLM, arrivals: list[Arrival], too_big: Arrival | None, reference:
     return run
 
 
-def check_outputs(run: Run, arrivals: list[Arrival], reference: Reference, setting: Setting) -> None:
+def check_outputs(run: Run, arrivals: list[Arrival], reference: Reference, setting: Setting) -> int:
     """Every request ended exactly once, its outputs only appended, with the tokens, text and finish reason of the
-    same request run alone (a prefix of them if aborted); cache hits are whole pages."""
+    same request run alone (a prefix of them if aborted); cache hits are whole pages. With the reference's margin,
+    a request's tokens may part from those run alone at a near-tie of the reference's, and are compared up to there.
+    Returns how many parted so."""
+    parted = 0
     assert len(run.outputs) == len(arrivals)
     for rid, outs in run.outputs.items():
         a = run.arrival[rid]
@@ -171,20 +175,25 @@ def check_outputs(run: Run, arrivals: list[Arrival], reference: Reference, setti
             assert o.token_ids[: len(seen)] == seen and o.delta_token_ids == o.token_ids[len(seen) :], rid
             seen = o.token_ids
         want = reference.run(a.prompt, reference.params(a))
-        sure = reference.sure_of(want)
+        # The first token where the two part, which only a near-tie of the reference's may excuse: past it they go on
+        # from other tokens. Compared up to the reference's first near-tie instead, the GPU fuzz's bf16 requests were
+        # compared over a token or two (a near-tie within 0.5 nats is that close in most of them).
+        part = next((i for i, (x, y) in enumerate(zip(final.token_ids, want.token_ids)) if x != y), None)
         if rid in run.aborted:
             assert final.finish_reason == "abort", (rid, final.finish_reason)
-            n = min(len(final.token_ids), sure)
-            assert final.token_ids[:n] == want.token_ids[:n], f"{rid}: aborted with wrong tokens"
-        elif sure == len(want.token_ids):
+            assert part is not None or len(final.token_ids) <= len(want.token_ids), f"{rid}: aborted with more tokens"
+        if part is not None:
+            assert reference.near_tie(want, part), f"{rid}: token {part} differs from it run alone (no near-tie there)"
+            assert final.error is None, (rid, final.error)
+            parted += 1
+        elif rid not in run.aborted:
             got = (final.finish_reason, final.error, final.token_ids, final.text)
             assert got == (want.finish_reason, None, want.token_ids, want.text), f"{rid} differs from it run alone"
-        else:  # past a near-tie of the reference's, the two may part: the tokens before it must agree
-            assert final.error is None and final.token_ids[:sure] == want.token_ids[:sure], f"{rid}: wrong tokens"
         assert final.text == "".join(o.delta_text for o in outs)
         hit = final.cache_hit_tokens
         assert hit % setting.page_size == 0 and 0 <= hit < len(a.prompt), (rid, hit)
         assert setting.radix_cache or hit == 0
+    return parted
 
 
 def check_drained(llm: LLM, setting: Setting, finished: int) -> None:

@@ -129,6 +129,36 @@ def test_random_workloads_keep_every_promise(tiny_dir, reference, case):  # noqa
         event(f"{what}: {happened}")  # pytest --hypothesis-show-statistics shows how often each case came up
 
 
+def test_tokens_are_compared_up_to_where_they_part_not_to_the_first_near_tie():
+    """The GPU fuzz excuses a request whose tokens part from the reference's at a near-tie of the reference's. It
+    compared them only up to the reference's first near-tie, which this model's bf16 logits have within a token or
+    two in most requests: a request that went the same way at its first token's near-tie and then differed anywhere
+    (a wrong token where the reference's pick won by nats) passed, and so did most requests whatever their tokens."""
+    from engine.logprobs import TokenLogprob
+    from engine.text import RequestOutput
+    from tests.fuzz_workloads import Run, greedy
+
+    def output(tokens: list[int], reason: str = "length") -> RequestOutput:
+        return RequestOutput("req-0", [1, 2, 3], tokens, "", "", list(tokens), True, reason)
+
+    a = Arrival(0, (1, 2, 3), 4, None)
+    want = output([10, 11, 12, 13])
+    gaps = [0.1, 3.0, 3.0, 0.2]  # the reference's best token won by 0.1 nats at token 0 and 0.2 at token 3
+    want.logprobs = [TokenLogprob(t, -1.0, 1, ((t, -1.0), (t + 1, -1.0 - g))) for t, g in zip(want.token_ids, gaps)]
+    reference = Reference(None, {(a.prompt, 4, (), ()): want}, margin=0.5)
+    assert reference.params(a) == greedy(4)
+    setting = Setting(16, 4, 64, False, False, 1, True, None, 1024)
+
+    def check(tokens: list[int]) -> int:
+        return check_outputs(Run({"req-0": a}, {"req-0": [output(tokens)]}, set()), [a], reference, setting)
+
+    with pytest.raises(AssertionError, match="token 2 differs from it run alone"):
+        check([10, 11, 77, 13])  # token 0 went the reference's way; token 2 won by 3 nats there
+    assert check([10, 11, 12, 13]) == 0
+    assert check([99, 98, 97, 96]) == 1  # parted at token 0's near-tie: what follows may differ
+    assert check([10, 11, 12, 77]) == 1  # and at token 3's
+
+
 # ---- the same on a GPU: CUDA graphs (decode and piecewise), overlap, FlashInfer, the fused kernels, bf16 ----------
 
 # Engines built once each (a GPU engine's start captures graphs) and drawn per example; each example must leave its
@@ -143,7 +173,9 @@ GPU_ENGINES: dict[str, dict[str, Any]] = {
     "3 running, tight, chunks of 7": dict(num_pages=9, max_running_requests=3, max_batch_tokens=7),
     "fp8 pool, tight, chunks of 16": dict(kv_cache_dtype="fp8", num_pages=12, max_batch_tokens=16),
 }
-GPU_MARGIN = 0.5  # nats between the reference's two best tokens, far above bf16's rounding of these logits
+# nats between the reference's two best tokens, far above bf16's rounding of these logits: where a request's tokens
+# part from the reference's, the reference's pick must have won by less
+GPU_MARGIN = 0.5
 
 
 def gpu_engine_config(model: str, name: str = "defaults", **kw: Any) -> EngineConfig:
@@ -225,17 +257,16 @@ def test_random_workloads_keep_every_promise_on_the_gpu(gpu_engines, gpu_referen
     setting, before = setting_of(llm.engine.config), llm.metrics()
     reference = gpu_references(llm.engine.config.kv_cache_dtype)
     run = drive(llm, arrivals, too_big, reference)
-    check_outputs(run, arrivals, reference, setting)
+    parted = check_outputs(run, arrivals, reference, setting)
     check_drained(llm, setting, finished=before.finished_requests + len(arrivals))
     m = llm.metrics()
-    wants = [reference.run(a.prompt, reference.params(a)) for a in arrivals]  # (memoized)
     for what, happened in (
         ("preempted", m.preemptions > before.preemptions),
         ("radix hit", m.cache_hit_tokens > before.cache_hit_tokens),
         ("aborted", bool(run.aborted)),
         ("refused one", too_big is not None),
         ("stopped", any(o[-1].finish_reason == "stop" for o in run.outputs.values())),
-        ("compared in full", all(reference.sure_of(w) == len(w.token_ids) for w in wants)),
+        ("parted at a near-tie", parted > 0),
     ):
         event(f"{what}: {happened}")
     event(f"engine: {name}")
