@@ -276,15 +276,18 @@ def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
         for k, run in enumerate(sweeps):
             rows = [row for row in run["rows"] if _finite(row.get("request_throughput"))]
             xs = [row["request_throughput"] for row in rows]
+            label = run["name"]
+            if len(rows) < len(run["rows"]):  # a file without the figure (bench-compare reads it as optional)
+                label += f" ({len(run['rows']) - len(rows)} of {len(run['rows'])} loads without requests/s, not drawn)"
             for ax, (key, unit, pct) in zip(axes, panels):
                 if pct:
-                    (line,) = ax.plot(xs, [row.get(f"median_{key}_ms") for row in rows], "o-", label=run["name"])
+                    (line,) = ax.plot(xs, [row.get(f"median_{key}_ms") for row in rows], "o-", label=label)
                     ax.plot(xs, [row.get(f"p99_{key}_ms") for row in rows], "s--", color=line.get_color())
                     _log_if_wide(
                         ax, [row.get(f"{s}_{key}_ms") for r in sweeps for row in r["rows"] for s in ("median", "p99")]
                     )
                 else:
-                    ax.plot(xs, [row.get(key) for row in rows], "o-", label=run["name"])
+                    ax.plot(xs, [row.get(key) for row in rows], "o-", label=label)
                 ax.set_ylabel(unit)
             for x, y, name in _point_names(xs, [row.get("output_throughput") for row in rows], rows):
                 # every other sweep's names below its points: two sweeps' first loads often meet at low rates

@@ -277,6 +277,24 @@ def test_sweeps_of_other_loads_share_one_axis_of_achieved_rate(tmp_path, monkeyp
     assert "requests/s achieved" in figs[0].axes[-1].get_xlabel()
 
 
+def test_a_sweep_without_request_rates_says_it_is_not_drawn(tmp_path, monkeypatch):
+    """Sweeps stand at the request rate each load achieved, a figure bench-compare reads as optional: a sweep file
+    without it (its loads' TTFT, TPOT, ...) vanished from the plot, its name in the legend over no point."""
+    from minisgl_cli import plots
+
+    figs: list = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig))
+    bare = {"name": "bare", "rows": [{"load": f"rate {r}", "output_throughput": 100.0 * r} for r in (1, 2)]}
+    some = {"name": "some", "rows": [{"load": "rate 1", "output_throughput": 90.0, "request_throughput": 1.0}]}
+    some["rows"] += [{"load": "rate 2", "output_throughput": 170.0}]
+    plots.plot_compare([bare, some], tmp_path / "sweeps.png")
+    legend = [t.get_text() for t in figs[0].axes[0].get_legend().get_texts()]
+    assert legend == [
+        "bare (2 of 2 loads without requests/s, not drawn)",
+        "some (1 of 2 loads without requests/s, not drawn)",
+    ]
+
+
 def test_malformed_results_are_refused_by_name(tmp_path):
     cases = {
         "text.json": ("throughput: fast", "cannot read"),
