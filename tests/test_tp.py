@@ -11,6 +11,7 @@ import random
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
-from tests.conftest import free_port, subprocess_env, torchrun_cmd, wait_healthy
+from tests.conftest import free_port, run_with_children, subprocess_env, torchrun_cmd, wait_healthy
 from tests.fuzz_workloads import Reference
 from tests.test_engine import tiny_dir  # noqa: F401  (the peaked-weight tiny Llama fixture)
 from tests.tp_cases import ENGINE, PARAMS, prompts
@@ -121,7 +122,7 @@ def test_random_workloads_at_tp2_keep_every_promise_on_every_rank(tiny_dir, tmp_
     out = tmp_path / "fuzz"
     env = subprocess_env(OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT="60")
     cmd = torchrun_cmd(2, str(ROOT / "tests" / "tp_fuzz.py"), str(plan), str(out))
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60 * TP_FUZZ_WORKLOADS, cwd=ROOT)
+    proc = run_with_children(cmd, timeout=60 * TP_FUZZ_WORKLOADS, env=env, cwd=ROOT)
     if proc.returncode != 0:
         case = Path(f"{out}.case").read_text() if Path(f"{out}.case").exists() else "the start"
         failure = Path(f"{out}.failure")  # rank 0's failed check; else a rank left the group (a check of its own)
@@ -148,6 +149,33 @@ def test_random_workloads_at_tp2_keep_every_promise_on_every_rank(tiny_dir, tmp_
             assert rank["steps"][b - 1][2:5] == [0, 0, 0], f"pages or requests left after {at(b - 1)}"
     for what in rank0["stats"][0]:  # the draws made each case happen (the seed is fixed: a change of draws shows)
         assert any(s[what] for s in rank0["stats"]), f"no workload {what}"
+
+
+def test_a_run_out_of_time_leaves_no_process_it_started_behind(tmp_path):
+    """The TP fuzz's torchrun runs under run_with_children: torchrun starts each rank in a session of its own, and
+    subprocess.run's timeout killed torchrun alone, leaving the ranks running on after the test."""
+    pid_file = tmp_path / "child.pid"
+    script = (  # a child in a session of its own, as torchrun's ranks are
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
+        "open(sys.argv[1], 'w').write(str(p.pid))\n"
+        "time.sleep(120)\n"
+    )
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_with_children([sys.executable, "-c", script, str(pid_file)], timeout=8)
+    child = psutil.Process(int(pid_file.read_text()))
+
+    def gone() -> bool:  # or dead, not yet reaped by whoever adopted it
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return child.status() == psutil.STATUS_ZOMBIE
+        return True
+
+    deadline = time.monotonic() + 10
+    while not gone() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not gone():
+        child.kill()
+        pytest.fail("the child in a session of its own outlived the run's timeout")
 
 
 def test_tp_size_must_match_world_and_divide_heads(monkeypatch):
