@@ -265,26 +265,31 @@ def gpu_references(peaked_model: str) -> Iterator[Callable[[str], Reference]]:
 
 
 @st.composite
-def gpu_workloads(draw) -> tuple[str, list[Arrival], Arrival | None]:
-    name = draw(st.sampled_from(sorted(GPU_ENGINES)))
+def gpu_workloads(draw, capacity: int) -> tuple[list[Arrival], Arrival | None]:
     arrivals = draw_arrivals(draw, draw(st.sampled_from([0, 0, 6, 40])))
-    setting = setting_of(gpu_engine_config("unused", name))
-    capacity = setting.num_pages * setting.page_size
     too_big = draw(st.none() | token_lists(1, 8).map(lambda p: Arrival(1, p, capacity, None)))
-    return name, arrivals, too_big
+    return arrivals, too_big
 
 
+def gpu_capacity(name: str) -> int:
+    setting = setting_of(gpu_engine_config("unused", name))
+    return setting.num_pages * setting.page_size
+
+
+# One test per engine, each with its own examples: drawn as part of the example, hypothesis' derandomized draws gave
+# one of the seven settings 1 example of 175 (an H200 at a7f9271)
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(GPU_ENGINES))
 @settings(
-    max_examples=1000 if SLOW else 175,
+    max_examples=150 if SLOW else 25,
     deadline=None,
     derandomize=not SLOW,
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-@given(case=gpu_workloads())
-def test_random_workloads_keep_every_promise_on_the_gpu(peaked_model, gpu_engines, gpu_references, case):
-    name, arrivals, too_big = case
+@given(data=st.data())
+def test_random_workloads_keep_every_promise_on_the_gpu(peaked_model, gpu_engines, gpu_references, name, data):
+    arrivals, too_big = data.draw(gpu_workloads(gpu_capacity(name)))
     build = lambda: LLM(gpu_engine_config(peaked_model, name, check_invariants=True))  # noqa: E731
     with kept_engine(gpu_engines, name, build) as llm:
         setting, before = setting_of(llm.engine.config), llm.metrics()
@@ -302,4 +307,3 @@ def test_random_workloads_keep_every_promise_on_the_gpu(peaked_model, gpu_engine
         ("parted at a near-tie", parted > 0),
     ):
         event(f"{what}: {happened}")
-    event(f"engine: {name}")
