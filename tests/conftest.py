@@ -159,15 +159,17 @@ def torchrun_cmd(nproc: int, *args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone", *args]
 
 
-def run_with_children(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
-    """subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw), but out of time (or interrupted)
-    it kills every process `cmd` started too: torchrun starts each rank in a session of its own, and subprocess.run
-    killed torchrun alone, so a timed-out TP run's ranks ran on after the test (rank 0 of the TP fuzz for minutes)."""
+def run_with_children(cmd: list[str], timeout: float, input: str | None = None, **kw) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, **kw), but out of time (or
+    interrupted) it kills every process `cmd` started too: torchrun starts each rank in a session of its own, and
+    subprocess.run killed torchrun alone, so a timed-out TP run's ranks ran on after the test (rank 0 of the TP fuzz
+    for minutes)."""
     import psutil
 
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    stdin = subprocess.PIPE if input is not None else None
+    proc = subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(input, timeout=timeout)
     except BaseException:
         with contextlib.suppress(psutil.NoSuchProcess):
             for child in psutil.Process(proc.pid).children(recursive=True):

@@ -34,7 +34,7 @@ from engine.model_source import embedded_default_path
 from engine.sampling_params import SamplingParams
 from minisgl_cli.app import app
 from minisgl_cli.trace_reader import TraceError, read_trace
-from tests.conftest import make_llm, subprocess_env, torchrun_cmd
+from tests.conftest import make_llm, run_with_children, subprocess_env, torchrun_cmd
 from tests.hf_reference import hf_model_from_config, save_hf
 from tests.server_harness import live_server
 from tests.test_bench_offline import flat
@@ -174,7 +174,7 @@ def test_tp_that_does_not_divide_the_heads_under_torchrun():
     cmd = torchrun_cmd(2, "-m", "minisgl_cli", *SERVE[:1], "--model", "dummy:SmolLM2-135M", "--device", "cpu")
     cmd += ["--tp", "2"]
     env = subprocess_env(OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT="60", COLUMNS="300")
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    p = run_with_children(cmd, 300, cwd=ROOT, env=env)
     out = p.stdout + p.stderr
     assert p.returncode != 0
     # The first rank to fail leaves through the clean CLI exit (2); torchrun may then stop the other one.

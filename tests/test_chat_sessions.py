@@ -782,14 +782,20 @@ def test_the_open_chat_is_deleted_on_a_second_press(db):
     assert store.db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 1  # the deleted chats' messages went too
 
 
-def test_the_sessions_filter_ignores_case_beyond_ascii(db):
-    """SQLite's LIKE folds ASCII letters only: "émile" did not find a chat titled "Émile", "STRASSE" not "Straße"."""
+def saved_chats(db, turns: tuple[tuple[str, str], ...]) -> ChatStore:
+    """A store holding one saved chat per (question, answer), titled by its question."""
     store = ChatStore(db)
-    for title, answer in (("Émile's chat", "hello"), ("other", "Die Straße ist lang"), ("ΣΟΦΙΑ", "x")):
+    for question, answer in turns:
         s = ChatSession(max_tokens=64, model="scripted-qwen3")
-        s.add(ChatMessage("user", title))
+        s.add(ChatMessage("user", question))
         s.add(ChatMessage("assistant", answer))
         store.save(s, [])
+    return store
+
+
+def test_the_sessions_filter_ignores_case_beyond_ascii(db):
+    """SQLite's LIKE folds ASCII letters only: "émile" did not find a chat titled "Émile", "STRASSE" not "Straße"."""
+    store = saved_chats(db, (("Émile's chat", "hello"), ("other", "Die Straße ist lang"), ("ΣΟΦΙΑ", "x")))
     assert [i.title for i in store.sessions("émile")] == ["Émile's chat"]
     assert [i.title for i in store.sessions("ÉMILE")] == ["Émile's chat"]
     assert [i.title for i in store.sessions("STRASSE")] == ["other"]
@@ -800,12 +806,7 @@ def test_the_sessions_filter_ignores_case_beyond_ascii(db):
 def test_the_sessions_list_filters_by_title_and_message_text(db):
     """A filter in the saved-chats list, as a long list needs: `/`, then what is typed narrows the rows to the chats
     whose title or a message holds it; open, rename and delete work on the rows shown."""
-    store = ChatStore(db)
-    for title, answer in (("alpha chat", "about 50% of cats"), ("beta chat", "dogs"), ("gamma chat", "CATS again")):
-        s = ChatSession(max_tokens=64, model="scripted-qwen3")
-        s.add(ChatMessage("user", title))
-        s.add(ChatMessage("assistant", answer))
-        store.save(s, [])
+    store = saved_chats(db, (("alpha chat", "about 50% of cats"), ("beta chat", "dogs"), ("gamma chat", "CATS again")))
 
     async def scenario(app: ChatApp, pilot) -> None:
         screen = await open_sessions(app, pilot)

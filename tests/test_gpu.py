@@ -764,10 +764,9 @@ def test_tp2_ranks_exit_when_the_command_ends(tmp_path):
     """NCCL + CUDA graphs: every rank must leave once rank 0 is done. They once hung in destroy_process_group
     while graphs holding captured all-reduces were still alive (pytorch/pytorch#115388)."""
     import json
-    import subprocess
     from pathlib import Path
 
-    from tests.conftest import subprocess_env, torchrun_cmd
+    from tests.conftest import run_with_children, subprocess_env, torchrun_cmd
 
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "result.json"
@@ -790,7 +789,7 @@ def test_tp2_ranks_exit_when_the_command_ends(tmp_path):
         "--json",
         str(out),
     )
-    proc = subprocess.run(cmd, env=subprocess_env(), cwd=root, capture_output=True, text=True, timeout=300)
+    proc = run_with_children(cmd, 300, env=subprocess_env(), cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(out.read_text())["completed"] == 8
 

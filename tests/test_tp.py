@@ -36,7 +36,7 @@ def tp_run(model: str, n: int, tmp_path: Path, kv_cache_dtype: str = "auto") -> 
     out = tmp_path / f"tp{n}.json"
     env = subprocess_env(OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT="120")
     cmd = torchrun_cmd(n, str(ROOT / "tests" / "tp_generate.py"), model, str(out), kv_cache_dtype)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = run_with_children(cmd, 600, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -80,7 +80,7 @@ def test_the_python_api_at_tp2_refuses_what_would_mix_ranks_and_starts_twice(tmp
     on both ranks, naming it (they fell out of lockstep at the first prefix hit), and leave the group."""
     env = subprocess_env(OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT="60")
     cmd = torchrun_cmd(2, str(ROOT / "tests" / "tp_api.py"), str(tmp_path / "api"))
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = run_with_children(cmd, 300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rank0, rank1 = (json.loads((tmp_path / f"api.rank{r}.json").read_text()) for r in (0, 1))
     assert "rank 1 of a tensor-parallel group takes no requests: submit them on rank 0 only" in rank1["refused"]
@@ -329,7 +329,7 @@ def test_chat_at_tp2_answers_from_rank_0_and_ends_the_group():
     cmd = torchrun_cmd(2, "-m", "minisgl_cli")
     cmd += ["chat", "--no-tui", "--no-save", "--model", "dummy:tiny-llama", "--device", "cpu", "--tp", "2"]
     cmd += ["--max-tokens", "6", "--num-pages", "256"]
-    p = subprocess.run(cmd, input="hello\nsecond\n", capture_output=True, text=True, timeout=300, env=env)
+    p = run_with_children(cmd, 300, input="hello\nsecond\n", env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "TP 2" in p.stderr
     assert p.stderr.count("[length · TTFT") == 2, p.stderr[-3000:]
