@@ -120,8 +120,11 @@ def plot_ramp(results: Sequence[Any], rates: Sequence[float], path: Path, title:
         _log_if_wide(ax, [p[1] for p in points])
         ax.legend(loc="upper left")
     failed = [rate for r, rate in zip(results, rates) if not r.ok]
-    if failed:
-        axes[1].scatter(failed, [0] * len(failed), marker="x", color="red", s=20, label=f"failed ({len(failed)})")
+    if failed:  # at the axis' foot whatever its scale: at TTFT 0 they vanished from a log axis, their legend kept
+        foot = axes[1].get_xaxis_transform()  # x in requests/s, y in the axes' height
+        axes[1].scatter(
+            failed, [0.03] * len(failed), marker="x", color="red", s=20, label=f"failed ({len(failed)})", transform=foot
+        )
         axes[1].legend(loc="upper left")
     if log_rate and results:  # no request ended (Ctrl-C early): no point, and a log axis of none cannot be drawn
         from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
