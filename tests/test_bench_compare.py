@@ -295,30 +295,6 @@ def test_a_sweep_without_request_rates_says_it_is_not_drawn(tmp_path, monkeypatc
     ]
 
 
-def test_a_ramps_failed_requests_show_on_a_log_ttft_axis(tmp_path, monkeypatch):
-    """A ramp's failed requests were drawn at TTFT 0, which a log axis (TTFTs 20x apart) cannot show: the legend said
-    "failed (2)" over no mark. They stand at the axis' foot now, at the rate they were sent at."""
-    from minisgl_cli import plots
-    from minisgl_cli.replay import RequestResult
-
-    figs: list = []
-    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig))
-    results, rates = [], []
-    for i in range(40):
-        ttft = 0.01 if i < 20 else 0.5  # 10 ms early in the ramp, 500 ms late: a log TTFT axis
-        r = RequestResult(i, i, 8, 8, scheduled=i * 0.1, ttft=ttft, e2e=ttft + 0.1, output_tokens=8, itls=[0.01] * 7)
-        if i in (5, 30):
-            r = RequestResult(i, i, 8, 8, scheduled=i * 0.1, error="HTTP 500")
-        results.append(r)
-        rates.append(1.0 + i)
-    plots.plot_ramp(results, rates, tmp_path / "ramp.png", "linear ramp 1->40", False)
-    ttft_ax = figs[0].axes[1]
-    assert ttft_ax.get_yscale() == "log"
-    [marks] = [c for c in ttft_ax.collections if c.get_label() == "failed (2)"]
-    xs, ys = zip(*marks.get_offsets())
-    assert xs == (6.0, 31.0) and all(0 < y < 0.1 for y in ys)  # in the axes' height: at its foot, on any scale
-
-
 def test_malformed_results_are_refused_by_name(tmp_path):
     cases = {
         "text.json": ("throughput: fast", "cannot read"),

@@ -1091,6 +1091,30 @@ def test_ctrl_c_before_a_ramps_first_request_ended_still_plots(tmp_path, mock):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_ramps_failed_requests_show_on_a_log_ttft_axis(tmp_path, monkeypatch):
+    """A ramp's failed requests were drawn at TTFT 0, which a log axis (TTFTs 20x apart) cannot show: the legend said
+    "failed (2)" over no mark. They stand at the axis' foot now, at the rate they were sent at."""
+    from minisgl_cli import plots
+    from minisgl_cli.replay import RequestResult
+
+    figs: list = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig))
+    results, rates = [], []
+    for i in range(40):
+        ttft = 0.01 if i < 20 else 0.5  # 10 ms early in the ramp, 500 ms late: a log TTFT axis
+        r = RequestResult(i, i, 8, 8, scheduled=i * 0.1, ttft=ttft, e2e=ttft + 0.1, output_tokens=8, itls=[0.01] * 7)
+        if i in (5, 30):
+            r = RequestResult(i, i, 8, 8, scheduled=i * 0.1, error="HTTP 500")
+        results.append(r)
+        rates.append(1.0 + i)
+    plots.plot_ramp(results, rates, tmp_path / "ramp.png", "linear ramp 1->40", False)
+    ttft_ax = figs[0].axes[1]
+    assert ttft_ax.get_yscale() == "log"
+    [marks] = [c for c in ttft_ax.collections if c.get_label() == "failed (2)"]
+    xs, ys = zip(*marks.get_offsets())
+    assert xs == (6.0, 31.0) and all(0 < y < 0.1 for y in ys)  # in the axes' height: at its foot, on any scale
+
+
 @pytest.mark.parametrize("mock", [MockConfig(ttft=0.005, tpot=0.002)], indirect=True)
 def test_a_capped_ramps_plot_is_titled_by_its_load(tmp_path, mock, monkeypatch):
     """The ramp plot's title put "req/s" after the load's name, which ends with its cap: "linear ramp 4->40, conc 2
