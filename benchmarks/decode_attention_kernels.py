@@ -27,7 +27,8 @@ Qwen3-0.6B's 16/8 by default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B
                xqa-hnd  on HND. The bundle of the twenty-third session lacks its sources: it does not build there
   cuda         benchmarks/paged_decode.cu (bf16/fp16 pools), one span per request; cuda-spans on the fp8
                decode's span plan (cuda-spans-pN: N programs per SM); -wW -sS: W warps, S pipeline stages; -l1: the
-               rows copied by the copy engine (cp.async.bulk) instead of cp.async; -desc: CTAs take the items longest
+               rows copied by the copy engine (cp.async.bulk) instead of cp.async.cg, -l2 by cp.async.ca, -l3 by plain
+               loads and shared stores (4 warps, 3 stages); -desc: CTAs take the items longest
                first; -fused: a request's spans merged inside the kernel by the last to finish
   triton       the engine's decode over an fp8 pool (kernels/attention/fp8_decode.py; e4m3 only), one span per
                request; triton-spans with the engine's split (fp8_decode_plan.fp8_decode_work: spans of one length,

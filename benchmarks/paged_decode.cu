@@ -27,6 +27,15 @@ constexpr int STAGE_BYTES = 2 * PAGE_BYTES;  // K and V
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
+__device__ __forceinline__ void cp_async16_ca(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+// COPY 3: a plain 16-byte load and shared store, to tell the L2 traffic of cp.async from that of the addresses
+__device__ __forceinline__ void ld_st16(uint32_t dst, const void* src, int src_bytes) {
+  uint4 r = make_uint4(0, 0, 0, 0);
+  if (src_bytes) r = __ldg(reinterpret_cast<const uint4*>(src));
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(r.x), "r"(r.y), "r"(r.z), "r"(r.w));
+}
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_wait() {
@@ -87,7 +96,7 @@ struct Args {
   int heads;
 };
 
-template <typename T, int G, int WARPS, int STAGES, int BULK>
+template <typename T, int G, int WARPS, int STAGES, int COPY>
 __global__ void __launch_bounds__(WARPS * 32) paged_decode(const Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int item = a.order ? a.order[blockIdx.x] : blockIdx.x, kvh = blockIdx.y;
@@ -117,11 +126,11 @@ __global__ void __launch_bounds__(WARPS * 32) paged_decode(const Args a) {
   const char* vbase = static_cast<const char*>(a.v) + kvh * a.stride_kh * 2;
   int pid_reg = 0;  // lane i: the page id of this warp's page 32 * (i / 32) + lane
 
-  // BULK: the copy engine brings each row (one lane per K or V row of the page) and signals the stage's mbarrier;
+  // COPY 1: the copy engine brings each row (one lane per K or V row of the page) and signals the stage's mbarrier;
   // else cp.async, 16 bytes a lane, in commit groups.
   const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + WARPS * STAGES * STAGE_BYTES +
                         warp * STAGES * 8;
-  if (BULK) {
+  if (COPY == 1) {
     if (lane == 0) {
 #pragma unroll
       for (int st = 0; st < STAGES; ++st) mbar_init(bars + 8 * st, 1);
@@ -139,7 +148,7 @@ __global__ void __launch_bounds__(WARPS * 32) paged_decode(const Args a) {
       const int tok0 = (first_page + warp + i * WARPS) * PAGE;
       const uint32_t dst = ring + (i % STAGES) * STAGE_BYTES;
       const long long page_off = static_cast<long long>(pid) * a.stride_kp * 2;
-      if constexpr (BULK != 0) {
+      if constexpr (COPY == 1) {
         const int lo = max(start - tok0, 0), hi = min(end - tok0, PAGE);  // the page's rows in the span
         const uint32_t bar = bars + 8 * (i % STAGES);
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -161,12 +170,21 @@ __global__ void __launch_bounds__(WARPS * 32) paged_decode(const Args a) {
           const int chunk = lane + 32 * c, tok = chunk >> 4, col = chunk & 15;
           const bool valid = tok0 + tok >= start && tok0 + tok < end;
           const long long off = page_off + (valid ? tok : 0) * a.stride_ks * 2 + col * 16;
-          cp_async16(dst + tok * ROW_BYTES + col * 16, kbase + off, valid ? 16 : 0);
-          cp_async16(dst + PAGE_BYTES + tok * ROW_BYTES + col * 16, vbase + off, valid ? 16 : 0);
+          const uint32_t kd = dst + tok * ROW_BYTES + col * 16, vd = kd + PAGE_BYTES;
+          if constexpr (COPY == 2) {
+            cp_async16_ca(kd, kbase + off, valid ? 16 : 0);
+            cp_async16_ca(vd, vbase + off, valid ? 16 : 0);
+          } else if constexpr (COPY == 3) {
+            ld_st16(kd, kbase + off, valid ? 16 : 0);
+            ld_st16(vd, vbase + off, valid ? 16 : 0);
+          } else {
+            cp_async16(kd, kbase + off, valid ? 16 : 0);
+            cp_async16(vd, vbase + off, valid ? 16 : 0);
+          }
         }
       }
     }
-    if (!BULK) cp_commit();  // an empty group past the end keeps the wait count uniform
+    if (COPY != 1) cp_commit();  // an empty group past the end keeps the wait count uniform
   };
 
   float m[G], l[G], acc[G][16];
@@ -182,7 +200,7 @@ __global__ void __launch_bounds__(WARPS * 32) paged_decode(const Args a) {
   for (int s = 0; s < STAGES - 1; ++s) issue(s);
   for (int i = 0; i < mine; ++i) {
     issue(i + STAGES - 1);
-    if (BULK) {
+    if (COPY == 1) {
       mbar_wait(bars + 8 * (i % STAGES), (i / STAGES) & 1);
     } else {
       cp_wait<STAGES - 1>();
@@ -240,7 +258,7 @@ __global__ void __launch_bounds__(WARPS * 32) paged_decode(const Args a) {
     }
     __syncwarp();  // the next issue overwrites this stage
   }
-  if (!BULK) cp_wait<0>();
+  if (COPY != 1) cp_wait<0>();
 
   // the four token groups of the warp (t4) into one state per warp
 #pragma unroll
@@ -323,19 +341,19 @@ __global__ void __launch_bounds__(WARPS * 32) paged_decode(const Args a) {
   }
 }
 
-template <typename T, int G, int WARPS, int STAGES, int BULK>
+template <typename T, int G, int WARPS, int STAGES, int COPY>
 int launch(const Args& a, int items, int kv_heads, cudaStream_t stream) {
   constexpr int ring = WARPS * STAGES * (STAGE_BYTES + 8);  // + the mbarriers
   constexpr int merge = (WARPS * G * D + 2 * WARPS * G) * 4;
   constexpr int bytes = ring > merge ? ring : merge;
   static bool ready = false;
   if (!ready) {
-    const cudaError_t e = cudaFuncSetAttribute(paged_decode<T, G, WARPS, STAGES, BULK>,
+    const cudaError_t e = cudaFuncSetAttribute(paged_decode<T, G, WARPS, STAGES, COPY>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (e != cudaSuccess) return e;
     ready = true;
   }
-  paged_decode<T, G, WARPS, STAGES, BULK><<<dim3(items, kv_heads), WARPS * 32, bytes, stream>>>(a);
+  paged_decode<T, G, WARPS, STAGES, COPY><<<dim3(items, kv_heads), WARPS * 32, bytes, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -343,7 +361,7 @@ template <typename T, int G>
 int by_shape(const Args& a, int items, int kv_heads, int warps, int stages, int hint, cudaStream_t s) {
 #define SHAPE(W, S, P) \
   if (warps == W && stages == S && hint == P) return launch<T, G, W, S, P>(a, items, kv_heads, s);
-  SHAPE(4, 3, 0) SHAPE(4, 3, 1) SHAPE(4, 2, 1) SHAPE(4, 4, 1) SHAPE(8, 3, 1) SHAPE(8, 3, 0)
+  SHAPE(4, 3, 0) SHAPE(4, 3, 1) SHAPE(4, 2, 1) SHAPE(4, 4, 1) SHAPE(8, 3, 1) SHAPE(8, 3, 0) SHAPE(4, 3, 2) SHAPE(4, 3, 3)
 #undef SHAPE
   return -1;
 }

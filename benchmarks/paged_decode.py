@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 SOURCE = Path(__file__).with_name("paged_decode.cu")
-# the defaults; paged_decode.cu's by_shape lists the (warps, stages, bulk) built, for head dim 128 and page 16 only
+# the defaults; paged_decode.cu's by_shape lists the (warps, stages, copy) built, for head dim 128 and page 16 only
 WARPS, STAGES = 4, 3
 
 _lib: ctypes.CDLL | None = None
@@ -62,7 +62,7 @@ def decode(
     order: torch.Tensor | None = None,  # int32 [items]: the item each CTA takes (longest_first)
     warps: int = WARPS,
     stages: int = STAGES,
-    bulk: int = 0,  # 1: the copy engine brings the rows (cp.async.bulk), 0: cp.async
+    bulk: int = 0,  # rows to shared memory by: 0 cp.async.cg, 1 the copy engine (bulk), 2 cp.async.ca, 3 ld + st
 ) -> torch.Tensor:
     from kernels.attention.fp8_decode import LOG2E, merge_spans
 
