@@ -28,8 +28,8 @@ Qwen3-0.6B's 16/8 by default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B
   cuda         benchmarks/paged_decode.cu (bf16/fp16 pools), one span per request; cuda-spans on the fp8
                decode's span plan (cuda-spans-pN: N programs per SM); -wW -sS: W warps, S pipeline stages; -l1: the
                rows copied by the copy engine (cp.async.bulk) instead of cp.async.cg, -l2 by cp.async.ca, -l3 by plain
-               loads and shared stores (4 warps, 3 stages); -desc: CTAs take the items longest
-               first; -fused: a request's spans merged inside the kernel by the last to finish
+               loads and shared stores (4 warps, 3 stages; -l2 also at w4 s2/s4 and w8 s2/s3); -desc: CTAs take the
+               items longest first; -fused: a request's spans merged inside the kernel by the last to finish
   triton       the engine's decode over an fp8 pool (kernels/attention/fp8_decode.py; e4m3 only), one span per
                request; triton-spans with the engine's split (fp8_decode_plan.fp8_decode_work: spans of one length,
                about FP8_PROGRAMS_PER_SM programs per SM; triton-spans-pN: N per SM); triton-uniform with the split

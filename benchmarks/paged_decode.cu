@@ -362,6 +362,7 @@ int by_shape(const Args& a, int items, int kv_heads, int warps, int stages, int 
 #define SHAPE(W, S, P) \
   if (warps == W && stages == S && hint == P) return launch<T, G, W, S, P>(a, items, kv_heads, s);
   SHAPE(4, 3, 0) SHAPE(4, 3, 1) SHAPE(4, 2, 1) SHAPE(4, 4, 1) SHAPE(8, 3, 1) SHAPE(8, 3, 0) SHAPE(4, 3, 2) SHAPE(4, 3, 3)
+  SHAPE(4, 2, 2) SHAPE(4, 4, 2) SHAPE(8, 3, 2) SHAPE(8, 2, 2)
 #undef SHAPE
   return -1;
 }
