@@ -4,6 +4,10 @@
 # KERNELS), after torch's sum over the same bytes; then Nsight Compute on NCU_KERNELS / NCU_METRIC_KERNELS
 # (STAGES=none: only those).
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_cuda_decode.sh
+# The library may be built here (nvcc 13.0, sm_90a, named as cuda_lib.build names it) and carried in .whl/cuda; beside
+# the bundle and FlashInfer's JIT cache it puts a call over 64 MiB, so carry it xz-compressed in .whl/cudaxz and start
+# the command with: mkdir -p .whl/cuda && for f in .whl/cudaxz/*.xz; do xz -dc "$f" > .whl/cuda/$(basename "$f" .xz); done
+# (fifty-fifth session). -l2 (cp.async.ca) at -w8 -s2 is the kernel's fastest: docs/gpu.md.
 set -u
 bash benchmarks/fi_cache.sh restore
 # kernels built here beforehand (the same nvcc 13.0): skips the build there
