@@ -342,10 +342,12 @@ def _figures_table(runs: list[dict[str, Any]]):
             f"{fmt(ok)} / [red]{fmt(failed)}[/red]" if _is_number(failed) and failed else f"{fmt(ok)} / {fmt(failed)}"
         )
 
+    from minisgl_cli.run_figures import load_name
+
     lines = []
     for i, r in enumerate(runs, 1):
         for row in r["rows"]:
-            load = str(row["load"]) + (" ◀ knee" if row.get("knee") else "")
+            load = load_name(row) + (" ◀ knee" if row.get("knee") else "")
             lines.append(
                 (
                     f"#{i} {load}",

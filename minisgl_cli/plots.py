@@ -148,7 +148,9 @@ def _point_names(
 ) -> list[tuple[float, float, str]]:
     """Which load each point is, once per place: loads past saturation achieve about the same rate, and their names
     written on top of each other could not be read, so points within 2% of the widest rate on both axes share one
-    name ("rate 32 / rate inf")."""
+    name ("rate 32 / rate inf"). A load cut short says so ("rate inf (max errors)")."""
+    from minisgl_cli.run_figures import load_name
+
     named: list[tuple[float, float, str]] = []
     xspan = max(xs, default=0.0) or 1.0
     yspan = max((y for y in ys if y is not None and _finite(y)), default=0.0) or 1.0
@@ -156,9 +158,9 @@ def _point_names(
         if y is None or not _finite(y):
             continue
         if named and abs(x - named[-1][0]) < 0.02 * xspan and abs(y - named[-1][1]) < 0.02 * yspan:
-            named[-1] = (*named[-1][:2], f"{named[-1][2]} / {row['load']}")
+            named[-1] = (*named[-1][:2], f"{named[-1][2]} / {load_name(row)}")
         else:
-            named.append((x, y, str(row["load"])))
+            named.append((x, y, load_name(row)))
     return named
 
 

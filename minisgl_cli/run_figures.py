@@ -189,6 +189,13 @@ def mark_knee(rows: list[dict[str, Any]]) -> int | None:
     return knee
 
 
+def load_name(row: dict[str, Any]) -> str:
+    """A load's name, with why it stopped early where it did (--max-errors, Ctrl-C): its figures then cover a run cut
+    short, no measurement of that load, which a table or plot that shows them must say."""
+    why = {"max_errors": "max errors", "interrupted": "interrupted"}.get(str(row.get("stop_reason")))
+    return f"{row['load']} ({why})" if why else str(row["load"])
+
+
 SWEEP_ORDER = {"synchronous": 0, "throughput": 2}  # a --rate sweep's rate loads lie between, by rate
 
 

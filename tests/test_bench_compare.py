@@ -419,3 +419,30 @@ def test_ramped_runs_are_named_by_their_ramp(tmp_path):
     assert "#1 linear ramp 2->20" in out and "#2 exponential ramp 1->32, concurrency 8" in out
     assert "--ramp-up-strategy linear --ramp-up-start-rps 2.0 --ramp-up-end-rps 20.0" in out
     assert png.read_bytes()[:8] == PNG
+
+
+def test_a_load_cut_short_is_marked_in_the_table_and_the_plot(tmp_path, monkeypatch):
+    """A --rate sweep whose throughput load reached --max-errors: bench-serve marks that load (its table's "stopped
+    early" row, its plot's "max errors") and finds the knee before it, its figures measuring no load. bench-compare
+    showed it as any other load: "throughput 0 / 2" in the table and a point at 0 requests/s in the plot, the
+    sweep's line falling to it, with nothing to say it was cut short. It now says so in both."""
+    from minisgl_cli import plots
+
+    figs: list = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig))
+    result, png = tmp_path / "sweep.json", tmp_path / "cmp.png"
+    common = ["--vocab-size", "1000", "--max-model-len", "4096", "--quiet", "--no-client-check"]
+    # the synchronous load has requests 1-10, the throughput load fails from its 2nd (12) on: cut at 2 failures
+    with mock_server_process(MockConfig(ttft=0.2, fail_from=12), free_port()) as url:
+        r = CliRunner(env={"COLUMNS": "300"}).invoke(
+            app,
+            ["bench-serve", "--url", url, *common, "--rate", "sweep:3", "--num-requests", "10", "--output-len", "2"]
+            + ["--max-errors", "2", "--json", str(result)],
+        )
+    assert r.exit_code == 1, r.output
+    rows = json.loads(result.read_text())["sweep"]
+    assert [(row["load"], row["stop_reason"]) for row in rows] == [("synchronous", None), ("throughput", "max_errors")]
+    out = run("bench-compare", str(result), "--plot", str(png))
+    assert "#1 synchronous ◀ knee" in out and "#1 throughput (max errors)" in out
+    named = [t.get_text() for t in figs[0].axes[0].texts]
+    assert named == ["synchronous", "throughput (max errors)"]
