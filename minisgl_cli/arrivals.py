@@ -247,6 +247,13 @@ class Sweep:
         self.rates = sweep_rates(self.synchronous_rate, self.throughput_rate, self.loads)
         return [Load(r, self.cap, self.arrival) for r in self.rates]
 
+    def measured(self, rows: list[dict[str, Any]]) -> None:
+        """The rates of those of the two measured loads that ran whole, for a sweep stopped before its rate loads (a
+        load cut short measured no rate: it stays None)."""
+        for row, attr in zip(rows, ("synchronous_rate", "throughput_rate")):
+            if row.get("stop_reason") is None:
+                setattr(self, attr, row["request_throughput"])
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "type": "sweep",

@@ -591,6 +591,7 @@ def _run_sweep(
                     return
                 i += 1
                 if sweep is not None and reason == "max_errors" and len(plans) < planned:
+                    sweep.measured(rows)
                     # a measured load (synchronous, throughput) cut short measured no rate of its own: rates placed
                     # from it would be made up, so the sweep stops here, before the other one runs for nothing
                     stopped = f"{load.label} reached --max-errors: its measured rate cannot place the sweep's rate"

@@ -838,6 +838,8 @@ def test_a_sweep_goes_on_past_a_load_that_reached_max_errors_but_places_no_rate_
     rows = res["sweep"]
     assert [(r["load"], r["stop_reason"]) for r in rows] == [("synchronous", None), ("throughput", "max_errors")]
     assert res["planned_loads"] == 3 and res["profile"]["rates"] == [] and rows[1]["failed"] == 2
+    profile = res["profile"]  # the synchronous load ran whole: its rate is the profile's; the cut one measured none
+    assert (profile["synchronous_rate"], profile["throughput_rate"]) == (rows[0]["request_throughput"], None)
     assert res["stopped"] == "throughput reached --max-errors: its measured rate cannot place the sweep's rate loads"
     assert (rows[0]["knee"], rows[0]["knee_reason"]) == (True, "max_errors")
     assert "its measured rate cannot place the sweep's rate loads" in flat(out)
