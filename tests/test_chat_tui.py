@@ -86,7 +86,13 @@ def test_real_model_streams_answer_and_reuses_prefix(smollm, monkeypatch):
     assert parts_until_paris >= 3, appended
 
 
-def test_metrics_panel_updates_during_generation(tiny):
+def test_metrics_panel_updates_during_generation(tiny, monkeypatch):
+    # The tiny model's 1,500 tokens can come faster than the app renders them: on a loaded machine (CI at 6b0e512) the
+    # engine had finished, its pages no longer in use, while the app still streamed the answer, and no metrics read
+    # saw pages in use. A step of at least 2 ms keeps the engine in the answer while the app reads.
+    step = tiny.step
+    monkeypatch.setattr(tiny, "step", lambda: (time.sleep(0.002), step())[1])
+
     async def scenario(app: ChatApp, pilot) -> None:
         await wait_for(pilot, lambda: app.last_metrics is not None, what="first metrics read")
         assert load(app).kv_pages_in_use == 0 and re.search(r"running\s+0", panel_text(app, "sched"))
