@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import re
 import time
 
@@ -89,9 +90,10 @@ def test_real_model_streams_answer_and_reuses_prefix(smollm, monkeypatch):
 def test_metrics_panel_updates_during_generation(tiny, monkeypatch):
     # The tiny model's 1,500 tokens can come faster than the app renders them: on a loaded machine (CI at 6b0e512) the
     # engine had finished, its pages no longer in use, while the app still streamed the answer, and no metrics read
-    # saw pages in use. A step of at least 2 ms keeps the engine in the answer while the app reads.
-    step = tiny.step
-    monkeypatch.setattr(tiny, "step", lambda: (time.sleep(0.002), step())[1])
+    # saw pages in use. Past its first 60 steps the engine takes 20 ms a step, so the answer lasts ~30 s, in which the
+    # app catches up and reads (metrics are served between steps; esc ends the answer at the next one).
+    step, steps = tiny.step, itertools.count()
+    monkeypatch.setattr(tiny, "step", lambda: (time.sleep(0.02 if next(steps) > 60 else 0), step())[1])
 
     async def scenario(app: ChatApp, pilot) -> None:
         await wait_for(pilot, lambda: app.last_metrics is not None, what="first metrics read")
