@@ -5,7 +5,6 @@ run (engine, GPU, commit, flags)."""
 from __future__ import annotations
 
 import json
-import math
 import reprlib
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -13,6 +12,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+from minisgl_cli.report import finite_number
 
 # not shown: output switches, and bench-trace's vllm_args (derived from --vllm-arg, which is shown when given)
 FLAG_SKIP = {
@@ -155,13 +156,6 @@ def _refuse(path: Source, problem: str) -> typer.BadParameter:
     return typer.BadParameter(f"{path}: {problem}", param_hint="FILES")
 
 
-def _is_finite(v: Any) -> bool:
-    try:
-        return _is_number(v) and math.isfinite(v)
-    except OverflowError:  # an int too large for a float
-        return False
-
-
 def _check_fields(path: Source, d: dict[str, Any]) -> None:
     """Refuse, naming the field, a result whose fields are not of the types bench-compare reads them as."""
     for key in TEXT_FIELDS:
@@ -185,7 +179,7 @@ def _check_fields(path: Source, d: dict[str, Any]) -> None:
             got = reprlib.repr(row.get("output_throughput"))
             raise _refuse(path, f"{where} has no numeric output_throughput (got {got})")
         for key in ("output_throughput", *FIGURES):  # NaN and Infinity parse as JSON, and print as nan / inf
-            if row.get(key) is not None and not _is_finite(row[key]):
+            if row.get(key) is not None and not finite_number(row[key]):
                 raise _refuse(path, f"'{at}{key}' must be a finite number (got {reprlib.repr(row[key])})")
         if row.get("load") is not None and not isinstance(row["load"], str) and not _is_number(row["load"]):
             raise _refuse(path, f"'{at}load' must be a string or a number (got {reprlib.repr(row['load'])})")
@@ -211,7 +205,7 @@ def _runs(src: Source, d: Any) -> list[dict[str, Any]]:
     for i, peer in enumerate(peers):
         if not isinstance(peer, dict) or not _is_number(peer.get("output_throughput")):
             raise _refuse(src, f"peers[{i}] has no numeric output_throughput")
-        if not _is_finite(peer["output_throughput"]):
+        if not finite_number(peer["output_throughput"]):
             raise _refuse(src, f"'peers[{i}].output_throughput' must be a finite number")
         engine = peer.get("engine") if isinstance(peer.get("engine"), str) else f"peer {i + 1}"
         # its child got the workload's flags and its own, not minisgl's engine flags nor the parent's --compare

@@ -11,6 +11,8 @@ from typing import Any
 
 import typer
 
+from minisgl_cli.report import finite_number
+
 MAX_POINTS = 40_000  # TBT scatter points drawn (evenly thinned beyond this)
 
 
@@ -139,10 +141,6 @@ def plot_ramp(results: Sequence[Any], rates: Sequence[float], path: Path, title:
     _save(fig, path)
 
 
-def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _point_names(
     xs: Sequence[float], ys: Sequence[float | None], rows: Sequence[dict[str, Any]]
 ) -> list[tuple[float, float, str]]:
@@ -153,9 +151,9 @@ def _point_names(
 
     named: list[tuple[float, float, str]] = []
     xspan = max(xs, default=0.0) or 1.0
-    yspan = max((y for y in ys if y is not None and _finite(y)), default=0.0) or 1.0
+    yspan = max((y for y in ys if y is not None and finite_number(y)), default=0.0) or 1.0
     for x, y, row in zip(xs, ys, rows):
-        if y is None or not _finite(y):
+        if y is None or not finite_number(y):
             continue
         if named and abs(x - named[-1][0]) < 0.02 * xspan and abs(y - named[-1][1]) < 0.02 * yspan:
             named[-1] = (*named[-1][:2], f"{named[-1][2]} / {load_name(row)}")
@@ -279,7 +277,7 @@ def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
         # list, guidellm's derived rates) then share one axis. At their place in order they did not: the axis was
         # labelled with the longest sweep's loads, which named other loads than the other sweeps' points.
         for k, run in enumerate(sweeps):
-            rows = [row for row in run["rows"] if _finite(row.get("request_throughput"))]
+            rows = [row for row in run["rows"] if finite_number(row.get("request_throughput"))]
             xs = [row["request_throughput"] for row in rows]
             label = run["name"]
             if len(rows) < len(run["rows"]):  # a file without the figure (bench-compare reads it as optional)

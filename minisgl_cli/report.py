@@ -23,6 +23,14 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
+def finite_number(v: Any) -> bool:
+    """A figure that is a number (not a bool) and finite; an int too large for a float is none."""
+    try:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    except OverflowError:
+        return False
+
+
 def latency_stats(values: Iterable[float]) -> dict[str, float | None]:
     """mean/std/p50/p90/p99/max in milliseconds (None when there are no values); std as numpy's (population)."""
     v = sorted(x * 1000 for x in values)
