@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import re
 import runpy
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import pytest
 
@@ -23,6 +25,20 @@ def tiny_async(**kw) -> AsyncLLM:
     """A dummy tiny-llama engine, CPU, checking its page accounting after every step, built as vLLM's is."""
     kw = {"model": "dummy:tiny-llama", "device": "cpu", "dtype": "float32", "check_invariants": True, **kw}
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
+
+
+T = TypeVar("T")
+
+
+def run_and_count(a: AsyncLLM, main: Callable[[], Coroutine[Any, Any, T]]) -> tuple[T, int, int]:
+    """main()'s result, then the engine's generated tokens and finished requests in all; `a` shut down either way."""
+    try:
+        got = asyncio.run(main())
+        tokens = a.call(lambda llm: llm.engine.stats["generation_tokens"])
+        finished = a.call(lambda llm: llm.metrics().finished_requests)
+    finally:
+        a.shutdown()
+    return got, tokens, finished
 
 
 async def settled(a: AsyncLLM) -> None:
@@ -265,12 +281,7 @@ def test_abort_and_a_consumer_gone_end_their_requests_with_every_page_back():
         await settled(a)
         return got
 
-    try:
-        got = asyncio.run(main())
-        tokens = a.call(lambda llm: llm.engine.stats["generation_tokens"])
-        finished = a.call(lambda llm: llm.metrics().finished_requests)
-    finally:
-        a.shutdown()
+    got, tokens, finished = run_and_count(a, main)
     last = got["aborted"][-1]
     assert last.finished and last.outputs[0].finish_reason == "abort" and last.request_id == "aborted"
     assert [o.finished for o in got["aborted"][:-1]] == [False] * (len(got["aborted"]) - 1)
@@ -469,12 +480,7 @@ def test_aborting_or_leaving_an_n_choice_request_ends_every_choice_with_every_pa
         await settled(a)
         return got
 
-    try:
-        got = asyncio.run(main())
-        tokens = a.call(lambda llm: llm.engine.stats["generation_tokens"])
-        finished = a.call(lambda llm: llm.metrics().finished_requests)
-    finally:
-        a.shutdown()
+    got, tokens, finished = run_and_count(a, main)
     last = got["aborted"][-1]
     assert last.finished and [c.finish_reason for c in last.outputs] == ["abort"] * 3 and last.request_id == "fam"
     assert not any(o.finished for o in got["aborted"][:-1])
