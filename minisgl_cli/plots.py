@@ -4,6 +4,7 @@ over time, and several runs side by side."""
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -91,13 +92,14 @@ def plot_ramp(results: Sequence[Any], rates: Sequence[float], path: Path, title:
     k = min(RAMP_BANDS, len(sent) // RAMP_WINDOW_MIN)
     edges = [sent[j * len(sent) // k][0] for j in range(k)] + [sent[-1][0]] if k else []
     windows = []
+    arrived = sorted(t for r in results if r.ok for t in token_times(r))  # once, each window counts its part
     for j in range(k):
         lo, hi = edges[j], edges[j + 1]
         if hi <= lo:
             continue
         offered = [rate for t, rate in sent[j * len(sent) // k : (j + 1) * len(sent) // k]]
         ended = sum(r.ok and r.e2e is not None and lo <= r.scheduled + r.e2e < hi for r in results)
-        tokens = sum(lo <= t < hi for r in results if r.ok for t in token_times(r))
+        tokens = bisect.bisect_left(arrived, hi) - bisect.bisect_left(arrived, lo)
         windows.append((sum(offered) / len(offered), ended / (hi - lo), tokens / (hi - lo)))
     if windows:
         x = [w[0] for w in windows]
