@@ -25,13 +25,15 @@ Qwen3-0.6B's 16/8 by default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B
                decode); FA4 loads pages by TMA at page 128 (one key tile), by cp.async at other sizes
   xqa          FlashInfer's XQA decode kernel (TensorRT-LLM's GQA decode; over e4m3 on sm90 its Hopper fp8 kernel), NHD;
                xqa-hnd  on HND. The bundle of the twenty-third session lacks its sources: it does not build there
-  cuda         benchmarks/paged_decode.cu (bf16/fp16 pools), one span per request; cuda-spans on the fp8
-               decode's span plan (cuda-spans-pN: N programs per SM); -wW -sS: W warps, S pipeline stages; -l1: the
-               rows copied by the copy engine (cp.async.bulk) instead of cp.async.cg, -l2 by cp.async.ca, -l3 by plain
-               loads and shared stores (4 warps, 3 stages; -l2 also at w4 s2/s4 and w8 s2/s3); -desc: CTAs take the
-               items longest first; -fused: a request's spans merged inside the kernel by the last to finish
+  cuda         the engine's decode over a bf16/fp16 pool (kernels/attention/cuda_decode.py, kernels/cuda/
+               paged_decode.cu) as its wrapper plans it, without the split: its default shape, 8 warps, 2 stages, rows
+               copied by cp.async.ca; -spans with the engine's split (span_decode_work; -pN: N programs per SM, else
+               flashinfer_backend.CUDA_PROGRAMS_PER_SM); -wW -sS: W warps, S pipeline stages; -l0: the rows copied
+               by cp.async.cg, -l1 by the copy engine (cp.async.bulk), -l2 by cp.async.ca, -l3 by plain loads and
+               shared stores (the shapes built: paged_decode.cu's by_shape); -desc: CTAs take the items longest first;
+               -fused: a request's spans merged inside the kernel by the last to finish
   triton       the engine's decode over an fp8 pool (kernels/attention/fp8_decode.py; e4m3 only), one span per
-               request; triton-spans with the engine's split (fp8_decode_plan.fp8_decode_work: spans of one length,
+               request; triton-spans with the engine's split (span_decode.span_decode_work: spans of one length,
                about FP8_PROGRAMS_PER_SM programs per SM; triton-spans-pN: N per SM); triton-uniform with the split
                before the spans (every request in the same number of parts, from the batch size alone). The
                candidates the kernel was chosen from (K/V widened in
@@ -52,7 +54,10 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from engine.cache_paths import cache_root
 
 DIM = 128
 LENS = {"offline": ((100, 1025), (0, 1025)), "replay": ((1200, 5801), (0, 1))}
@@ -84,6 +89,13 @@ def time_us(fn: Callable[[], torch.Tensor], iters: int = 30, graph: bool = False
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) * 1e3 / iters
+
+
+def longest_first(work: np.ndarray) -> np.ndarray:
+    """The order in which CTAs take the work items [3, items] (request, first key, end key): the longest first, so
+    that no long read starts last and runs alone at the end; unused items (request -1) last."""
+    length = np.where(work[0] >= 0, work[2] - work[1], -1)
+    return np.argsort(-length, kind="stable").astype(np.int32)
 
 
 def reference(q, k, v, table: list[list[int]], lens: list[int], scale: float) -> torch.Tensor:
@@ -143,7 +155,7 @@ def case(
 ) -> list[dict]:
     import flashinfer
 
-    from kernels.attention.fp8_decode_plan import FP8_PROGRAMS_PER_SM, Fp8DecodeWrapper, Fp8Scratch
+    from kernels.attention.span_decode import FP8_PROGRAMS_PER_SM, SpanDecodeWrapper, SpanScratch
 
     g = torch.Generator().manual_seed(0)
     if lens_name == "shared":
@@ -219,38 +231,44 @@ def case(
         name, _, per_sm = name.partition("-p")
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         slots = int(per_sm or FP8_PROGRAMS_PER_SM) * sms  # as flashinfer_backend's
-        w = Fp8DecodeWrapper(slots, Fp8Scratch(dev))
+        w = SpanDecodeWrapper(slots, SpanScratch(dev))
         w.plan(indptr, indices, last, heads, kv_heads, DIM, page, sm_scale=scale, disable_split_kv=name == "triton")
         if name == "triton-uniform":  # the split before the spans: every request in the same number of equal parts
-            splits = min(Fp8DecodeWrapper.MAX_SPANS, max(2, -(-2 * sms // (batch * kv_heads))))
+            splits = min(SpanDecodeWrapper.MAX_SPANS, max(2, -(-2 * sms // (batch * kv_heads))))
             per = [-(-int(n) // splits) for n in lens]
             chunk = [-(-c // 128) * 128 for c in per]  # as the kernel cut them: whole steps of 128 keys
             work = [(r, a, min(int(n), a + chunk[r])) for r, n in enumerate(lens) for a in range(0, int(n), chunk[r])]
             w.work = torch.tensor(work, dtype=torch.int32, device=dev).T.contiguous()
             counts = torch.bincount(w.work[0], minlength=batch)
             w.work_ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
-            buf = Fp8Scratch(dev).get(len(work) * heads * (DIM + 1))
+            buf = SpanScratch(dev).get(len(work) * heads * (DIM + 1))
             w.part, w.lse = buf[: len(work) * heads * DIM], buf[len(work) * heads * DIM :]
 
         return lambda: w.run(q, (k_nhd, v_nhd))
 
     def cuda_kernel(name: str) -> Callable[[], torch.Tensor]:
-        # cuda[-spans][-pN][-wW][-sS][-lL][-desc][-fused]: paged_decode.cu on Fp8DecodeWrapper's span plan
-        import paged_decode  # this script's folder is on sys.path when run as a script
+        # cuda[-spans][-pN][-wW][-sS][-lL][-desc][-fused]: the engine's CUDA decode on SpanDecodeWrapper's plan
+        from kernels.attention import cuda_decode
+        from kernels.attention.flashinfer_backend import CUDA_PROGRAMS_PER_SM
 
         opts = name.split("-")[1:]
         val = {o[0]: int(o[1:]) for o in opts if o[:1] in "pwsl" and o[1:].isdigit()}
+        shape: dict = dict(warps=val.get("w", cuda_decode.WARPS), stages=val.get("s", cuda_decode.STAGES))
+        shape["copy"] = val.get("l", cuda_decode.COPY)
+        engines = (cuda_decode.WARPS, cuda_decode.STAGES, cuda_decode.COPY)
+        if (shape["warps"], shape["stages"], shape["copy"]) != engines:
+            shape["flags"] = cuda_decode.ALL_SHAPES
+        if why := cuda_decode.load(cache_root() / "cuda", dev, shape.get("flags", ())):
+            raise RuntimeError(why)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        w = Fp8DecodeWrapper(val.get("p", FP8_PROGRAMS_PER_SM) * sms, Fp8Scratch(dev))
+        w = SpanDecodeWrapper(val.get("p", CUDA_PROGRAMS_PER_SM) * sms, SpanScratch(dev), kernel="cuda")
         w.plan(indptr, indices, last, heads, kv_heads, DIM, page, sm_scale=scale, disable_split_kv="spans" not in opts)
-        shape: dict = dict(warps=val.get("w", paged_decode.WARPS), stages=val.get("s", paged_decode.STAGES))
-        shape["bulk"] = val.get("l", 0)
         spans = (w.work, w.work_ptr, w.sm_scale, w.part, w.lse)
         if "desc" in opts:  # CTAs take the items longest first
-            shape["order"] = torch.from_numpy(paged_decode.longest_first(w.work.cpu().numpy())).to(dev)
+            shape["order"] = torch.from_numpy(longest_first(w.work.cpu().numpy())).to(dev)
         if "fused" in opts:  # the spans merged inside the kernel
             shape["counters"] = torch.zeros(batch * kv_heads, dtype=torch.int32, device=dev)
-        return lambda: paged_decode.decode(q, k_nhd, v_nhd, w.indptr, w.indices, *spans, **shape)
+        return lambda: cuda_decode.decode(q, k_nhd, v_nhd, w.indptr, w.indices, *spans, **shape)
 
     def fa4(splits: int) -> Callable[[], torch.Tensor]:
         from kernels.attention.fa_backend import import_fa4

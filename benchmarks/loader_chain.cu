@@ -13,7 +13,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "async_copy.cuh"
+#include "../kernels/cuda/async_copy.cuh"
 
 namespace {
 

@@ -29,10 +29,12 @@ import ctypes
 import json
 from pathlib import Path
 
-import cuda_lib  # this script's folder is on sys.path
 import torch
 from layer_chain import LAYERS, interleaved_step_ms
 from phase_boundaries import cublas_chain, measure_read_rate, phases, weight_chain
+
+from engine.cache_paths import cache_root
+from kernels import cuda_build
 
 SOURCE = Path(__file__).with_name("loader_chain.cu")
 CONSUMER_WARPS = 4
@@ -40,7 +42,7 @@ MAX_STAGES = 16  # loader_chain.cu's
 
 
 def library() -> ctypes.CDLL:
-    lib = cuda_lib.build(SOURCE)
+    lib = cuda_build.build(SOURCE, cache_root() / "cuda")
     p, i32 = ctypes.c_void_p, ctypes.c_int
     lib.loader_chain_launch.argtypes = [p, p, p, i32, i32, p, p, p, i32, i32, i32, i32, i32, i32, i32, p]
     lib.loader_chain_launch.restype = i32

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The CUDA decode kernel over a bf16 pool (benchmarks/paged_decode.cu) beside FlashInfer's tensor-core decode,
+# The CUDA decode kernel over a bf16 pool (kernels/cuda/paged_decode.cu) beside FlashInfer's tensor-core decode,
 # one layer at Qwen3-0.6B's heads (benchmarks/decode_attention_kernels.py, CUDA-graph replays; LENS, BATCHES,
 # KERNELS), after torch's sum over the same bytes; then Nsight Compute on NCU_KERNELS / NCU_METRIC_KERNELS
 # (STAGES=none: only those).
 # Usage there: source .whl/use-bundle.sh && bash benchmarks/run_gpu_cuda_decode.sh
-# The library may be built here (nvcc 13.0, sm_90a, named as cuda_lib.build names it) and carried in .whl/cuda; beside
+# The library may be built here (nvcc 13.0, sm_90a, named as kernels/cuda_build.library_path names it; the benchmark's
+# shapes other than the engine's need the ALL_SHAPES build) and carried in .whl/cuda; beside
 # the bundle and FlashInfer's JIT cache it puts a call over 64 MiB, so carry it xz-compressed in .whl/cudaxz and start
 # the command with: mkdir -p .whl/cuda && for f in .whl/cudaxz/*.xz; do xz -dc "$f" > .whl/cuda/$(basename "$f" .xz); done
-# (fifty-fifth session). -l2 (cp.async.ca) at -w8 -s2 is the kernel's fastest: docs/gpu.md.
+# (fifty-fifth session). -l2 (cp.async.ca) at -w8 -s2 is the kernel's fastest (docs/gpu.md): the engine's, `cuda`.
 set -u
 bash benchmarks/fi_cache.sh restore
 # kernels built here beforehand (the same nvcc 13.0): skips the build there
@@ -17,7 +18,13 @@ for stage in ${STAGES:-kernels}; do
   case $stage in
     kernels)
       t0=$(date +%s)
-      python -c "import sys; sys.path.insert(0, 'benchmarks'); import paged_decode as p; p.library(); print('built')" || exit 1
+      python -c "
+import torch
+from engine.cache_paths import cache_root
+from kernels.attention import cuda_decode as c
+for flags in ((), c.ALL_SHAPES):
+    assert c.load(cache_root() / 'cuda', torch.device('cuda'), flags) is None
+print('built')" || exit 1
       echo "build $(( $(date +%s) - t0 )) s"
       # what a plain streaming read of the same bytes costs: torch's sum over contiguous bf16, CUDA graphs
       python - <<'PY'
@@ -39,7 +46,7 @@ for mb in (1117, 549, 288, 135, 62):
 PY
       python benchmarks/decode_attention_kernels.py --kv-dtypes bf16 --graph --lens "${LENS:-offline}" \
         --heads "${HEADS:-16/8}" --batches "${BATCHES:-256,128,64,32,16}" \
-        --kernels "${KERNELS:-fi-tc,fi-tc-nosplit,cuda,cuda-spans,cuda-w4s2,cuda-w4s4,cuda-w8s2,cuda-w8s3}" \
+        --kernels "${KERNELS:-fi-tc,fi-tc-nosplit,cuda,cuda-spans,cuda-spans-p1,cuda-spans-p4}" \
         --out "$OUT/cuda_decode_kernels.json" 2>&1 | grep -v "^$" | tail -n 90 ;;
   esac
 done

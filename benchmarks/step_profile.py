@@ -14,7 +14,8 @@ Variants switch one optimisation off to measure what it buys: `unfused` (separat
 `logits-fp32` (a float32 copy of the logits before sampling); or try one change: `decode-fa3` / `prefill-fa3`
 (FlashInfer's Hopper kernels for that wrapper instead of fa2), `page32` / `page64` (KV page size), `blaslt` (torch's
 cuBLASLt GEMM path instead of its default), `split-always` (decode always splits the KV over CTAs and merges the
-parts, FlashInfer's choice in CUDA-graph mode, instead of only for batches too small or too uneven to fill the GPU).
+parts, FlashInfer's choice in CUDA-graph mode, instead of only for batches too small or too uneven to fill the GPU),
+`fi-decode` (FlashInfer's tensor-core decode over the bf16 pool instead of the project's CUDA kernel).
 A fresh GPU machine runs slower for its first ~30 s:
 repeat variants, interleaved, and compare the later runs.
 """
@@ -41,7 +42,7 @@ from minisgl_cli.roofline import bandwidth_for, gpu_floor, weight_bytes_per_step
 from minisgl_cli.workload import random_workload
 
 KERNEL_KINDS = [  # (category, regex on the kernel name), first match wins
-    ("attention", r"BatchPrefill|BatchDecode|Persistent|MergeState|VariableLengthMerge|flashinfer"),
+    ("attention", r"BatchPrefill|BatchDecode|Persistent|MergeState|VariableLengthMerge|flashinfer|paged_decode|_merge"),
     ("qkv-fused", r"_qkv_kernel"),
     ("moe-gemm", r"_moe_gemm"),  # kernels/fused_moe.py
     ("moe-routing", r"[Ss]oftmax|topk|[Ss]ort|scatter_add|searchsorted|cumsum|[Ss]can"),
@@ -75,6 +76,7 @@ VARIANTS = (
     "page64",
     "blaslt",
     "split-always",
+    "fi-decode",
 )
 
 
@@ -92,6 +94,7 @@ def apply_variant(name: str) -> dict:
     flashinfer_backend.DECODE_KERNELS = "fa3" if name == "decode-fa3" else "fa2"
     flashinfer_backend.PREFILL_KERNELS = "fa3" if name == "prefill-fa3" else "fa2"
     flashinfer_backend.NO_SPLIT_WHEN_BALANCED = name != "split-always"
+    flashinfer_backend.CUDA_DECODE = name != "fi-decode"
     torch.backends.cuda.preferred_blas_library("cublaslt" if name == "blaslt" else DEFAULT_BLAS)
     return {"page_size": int(name[4:])} if name.startswith("page") else {}
 
@@ -215,12 +218,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="dummy:Qwen3-0.6B")
     ap.add_argument("--variant", action="append", help=f"{' | '.join(VARIANTS)} (repeatable)")
-    ap.add_argument("--kernels", action="store_true", help="also sum kernel time by category (base variant only)")
+    ap.add_argument("--kernels", action="store_true", help="also sum kernel time by category (each variant)")
     ap.add_argument("--out", default="step_profile.json")
     args = ap.parse_args()
     results = []
     for name in args.variant or ["base"]:
-        r = run_variant(args.model, name, args.kernels and name == (args.variant or ["base"])[0])
+        r = run_variant(args.model, name, args.kernels)
         results.append(r)
         print(f"{name}: {r['output_throughput']:.0f} tok/s in {r['duration']:.2f} s", flush=True)
         with open(args.out, "w") as f:
@@ -245,8 +248,9 @@ def main() -> None:
             f"{k:<18}{n:>6.0f}{b['gpu_ms']:>9.0f}{b['gpu_ms'] / n:>12.2f}{b['gap_ms']:>9.0f}"
             f"{b['launch_cpu_ms'] / n:>19.2f}{floor}"
         )
-    if "kernels_ms" in base:
-        print("\nkernel ms by category:", json.dumps(base["kernels_ms"]["by_category"], indent=1))
+    for r in results:
+        if "kernels_ms" in r:
+            print(f"\nkernel ms by category, {r['variant']}:", json.dumps(r["kernels_ms"]["by_category"], indent=1))
 
 
 if __name__ == "__main__":

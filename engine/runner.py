@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from engine import cpu_graph
+from engine.cache_paths import cache_root
 from engine.distributed import TP
 from engine.layers import CPU_MATMUL_MAX_ROWS
 from engine.models.llama import LlamaForCausalLM
@@ -83,6 +84,7 @@ class ModelRunner:
             cfg.head_dim,
             device,
             cfg.sliding_window,
+            kernel_cache=cache_root() / "cuda" if device.type == "cuda" else None,
         )
         if scratch_page >= 0:
             self._warm_up_prefill_attention()

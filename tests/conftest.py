@@ -239,14 +239,25 @@ def serve_subprocess(
                 os.killpg(proc.pid, signal.SIGKILL)  # whatever else the server started
 
 
-@pytest.fixture(scope="module")
-def peaked_model(tmp_path_factory) -> str:
-    """SmolLM2's shapes, 4 layers, weights large enough that greedy picks are not bf16 near-ties
-    (dummy weights give near-flat logits, where any change of summation order may flip a token)."""
+def _peaked(tmp_path_factory, name: str, **shape: int) -> str:
     from dataclasses import replace
 
     from engine.model_config import PRESETS
     from tests.hf_reference import hf_model_from_config, save_hf
 
-    cfg = replace(PRESETS["SmolLM2-135M"], num_layers=4)
-    return str(save_hf(hf_model_from_config(cfg, seed=5, std=0.08), tmp_path_factory.mktemp("peaked") / "m"))
+    cfg = replace(PRESETS["SmolLM2-135M"], num_layers=4, **shape)  # type: ignore[arg-type]
+    return str(save_hf(hf_model_from_config(cfg, seed=5, std=0.08), tmp_path_factory.mktemp(name) / "m"))
+
+
+@pytest.fixture(scope="module")
+def peaked_model(tmp_path_factory) -> str:
+    """SmolLM2's shapes, 4 layers, weights large enough that greedy picks are not bf16 near-ties
+    (dummy weights give near-flat logits, where any change of summation order may flip a token)."""
+    return _peaked(tmp_path_factory, "peaked")
+
+
+@pytest.fixture(scope="module")
+def peaked_model_d128(tmp_path_factory) -> str:
+    """peaked_model with heads of 128 dims, two query heads per KV head (Qwen3-0.6B's head shape): the shapes the
+    GPU's bf16 decode runs through the project's CUDA kernel (kernels/attention/cuda_decode.py), not FlashInfer's."""
+    return _peaked(tmp_path_factory, "peaked_d128", num_heads=6, num_kv_heads=3, head_dim=128)

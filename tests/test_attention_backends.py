@@ -3,6 +3,7 @@ split backend that hands each batch to the backend of its kind (torch for both h
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -305,11 +306,11 @@ def test_stored_kv_is_not_written_again() -> None:
     assert torch.equal(pool.k[0], written)
 
 
-def test_fp8_decode_work_cuts_every_request_into_spans_of_one_length() -> None:
-    """fp8_decode_plan.fp8_decode_work, the fp8 decode's split: the spans tile each request's keys exactly, have one
+def test_span_decode_work_cuts_every_request_into_spans_of_one_length() -> None:
+    """span_decode.span_decode_work, the fp8 decode's split: the spans tile each request's keys exactly, have one
     length (aligned to the kernel's step) but each request's last, number at most programs + requests and at most
     max_spans per request, so a lone long request is shared out among many programs; without a split, one span each."""
-    from kernels.attention.fp8_decode_plan import FP8_SPAN_ALIGN, fp8_decode_work
+    from kernels.attention.span_decode import SPAN_ALIGN, span_decode_work
 
     def spans(work: np.ndarray, ptr: np.ndarray, r: int) -> list[tuple[int, int]]:
         assert (work[0, ptr[r] : ptr[r + 1]] == r).all()
@@ -319,7 +320,7 @@ def test_fp8_decode_work_cuts_every_request_into_spans_of_one_length() -> None:
     cases = [np.array([21, 16, 33]), np.array([32_768] + [300] * 7), rng.integers(1, 5000, 200), np.array([1])]
     for lens in cases:
         for programs, max_spans in ((33, 32), (132, 32), (4, 2), (10_000, 32)):
-            work, ptr = fp8_decode_work(lens, programs, True, max_spans)
+            work, ptr = span_decode_work(lens, programs, True, max_spans)
             assert work.dtype == np.int32 and work.shape == (3, ptr[-1]) and len(ptr) == len(lens) + 1
             assert ptr[-1] <= programs + len(lens)
             span = work[2, 0] - work[1, 0] if ptr[1] > 1 else None
@@ -327,40 +328,40 @@ def test_fp8_decode_work_cuts_every_request_into_spans_of_one_length() -> None:
                 cut = spans(work, ptr, r)
                 assert cut[0][0] == 0 and cut[-1][1] == n and all(a < b for a, b in cut)
                 assert all(b == c for (_, b), (c, _) in zip(cut, cut[1:]))  # contiguous, no gap or overlap
-                assert len(cut) <= max_spans and all(a % FP8_SPAN_ALIGN == 0 for a, _ in cut)
+                assert len(cut) <= max_spans and all(a % SPAN_ALIGN == 0 for a, _ in cut)
                 if len(cut) > 1:
                     span = span or cut[0][1] - cut[0][0]
                     assert all(b - a == span for a, b in cut[:-1]) and cut[-1][1] - cut[-1][0] <= span
-        work, ptr = fp8_decode_work(lens, 33, False, 32)
+        work, ptr = span_decode_work(lens, 33, False, 32)
         assert ptr.tolist() == list(range(len(lens) + 1)) and work[1].tolist() == [0] * len(lens)
         assert work[2].tolist() == lens.tolist()
     # the long request among seven short ones, 33 programs: spans of 1,152 keys, 29 of them the long request's
-    work, ptr = fp8_decode_work(np.array([32_768] + [300] * 7), 33, True, 32)
+    work, ptr = span_decode_work(np.array([32_768] + [300] * 7), 33, True, 32)
     assert work[2, 0] == 1152 and ptr[1] - ptr[0] == 29 and (np.diff(ptr)[1:] == 1).all()
 
 
 def test_fp8_decode_wrapper_plans_spans_and_graph_buffers() -> None:
-    """kernels/attention/fp8_decode_plan.Fp8DecodeWrapper, the fp8 decode kernel's planner (the kernel itself runs
+    """kernels/attention/span_decode.SpanDecodeWrapper, the fp8 decode kernel's planner (the kernel itself runs
     on Hopper only: tests/test_gpu.py): context lengths from FlashInfer's page metadata, the spans and page table in one
     device buffer, merge scratch only where a request has several spans; a graph wrapper's fixed buffer refilled in
     place, its spans padded to the most a plan can make (request -1), the merge kept with a split, and the copy's
     shared page-id buffer refilled up to the batch's pages."""
-    from kernels.attention.fp8_decode_plan import Fp8DecodeWrapper, Fp8Scratch
+    from kernels.attention.span_decode import SpanDecodeWrapper, SpanScratch
 
     indptr = torch.tensor([0, 2, 3, 6], dtype=torch.int32)  # 2, 1 and 3 pages of 16
     last = torch.tensor([5, 16, 1], dtype=torch.int32)
     indices = torch.tensor([7, 3, 9, 1, 2, 4], dtype=torch.int32)
     args = (indptr, indices, last, 4, 2, 8, 16)  # 4 query heads, 2 KV heads, dim 8, page 16
 
-    def spans(w: Fp8DecodeWrapper, n: int) -> list[list[int]]:
+    def spans(w: SpanDecodeWrapper, n: int) -> list[list[int]]:
         """The plan's first n spans; the rest pad the stride to 16 with request -1, and every section of the metadata
         starts on 16 bytes (Triton compiles a kernel per alignment and per int divisibility by 16)."""
         assert w.work.shape[1] % 16 == 0 and (w.work[0, n:] == -1).all() and w.work.stride(1) == 1
         assert all(t.data_ptr() % 16 == 0 for t in (w.indptr, w.work_ptr, w.work))
         return w.work[:, :n].tolist()
 
-    scratch = Fp8Scratch(CPU)
-    eager = Fp8DecodeWrapper(slots=64, scratch=scratch)
+    scratch = SpanScratch(CPU)
+    eager = SpanDecodeWrapper(slots=64, scratch=scratch)
     eager.plan(*args, sm_scale=0.5, disable_split_kv=True, q_data_type=torch.bfloat16)
     assert spans(eager, 3) == [[0, 1, 2], [0, 0, 0], [21, 16, 33]] and eager.work_ptr.tolist() == [0, 1, 2, 3]
     assert eager.indptr.tolist() == [0, 2, 3, 6] and eager.indices is indices and eager.sm_scale == 0.5
@@ -385,7 +386,7 @@ def test_fp8_decode_wrapper_plans_spans_and_graph_buffers() -> None:
         assert spans(eager, rows) == [list(range(rows)), [0] * rows, [7] * rows]
 
     shared_ids = torch.full((40,), -1, dtype=torch.int32)
-    graph = Fp8DecodeWrapper(slots=64, scratch=Fp8Scratch(CPU), graph_indices=shared_ids, graph_rows=3)
+    graph = SpanDecodeWrapper(slots=64, scratch=SpanScratch(CPU), graph_indices=shared_ids, graph_rows=3)
     graph.plan(*args, sm_scale=0.5)
     buf = graph.graph_meta
     assert buf is not None and graph.indices is shared_ids
@@ -399,6 +400,63 @@ def test_fp8_decode_wrapper_plans_spans_and_graph_buffers() -> None:
     assert shared_ids[:30].tolist() == list(range(30))
 
 
+@pytest.fixture(scope="module")
+def kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("kernels")
+
+
+@pytest.mark.parametrize("case", ["hopper", "fp16", "ampere", "turned-off", "no-cache", "head-dim-64", "no-nvcc"])
+def test_flashinfer_16_bit_pool_decodes_through_the_cuda_kernel_where_it_builds(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], kernel_cache: Path, tmp_path: Path, case: str
+) -> None:
+    """On Hopper, given a kernel cache (the engine names its own), heads of 128 dims, pages of 16 and a bf16 or fp16
+    pool, the backend's decode wrappers (eager, and each CUDA-graph copy) are the CUDA decode's, built with the
+    toolkit's real nvcc (the CPU machines have one; no GPU is needed to build) into that cache; its split follows
+    FlashInfer's rule (decode_split_kv). Elsewhere, turned off (MINISGL_CUDA_DECODE=0), or without nvcc (said on
+    stderr, once), FlashInfer's wrappers."""
+    from kernels import cuda_build
+    from kernels.attention import cuda_decode
+    from kernels.attention.span_decode import SpanDecodeWrapper
+
+    if case != "no-nvcc" and cuda_build.nvcc() is None:
+        pytest.skip("needs the CUDA toolkit's nvcc")
+    fib = _stub_flashinfer(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0) if case == "ampere" else (9, 0))
+    if case == "turned-off":
+        monkeypatch.setenv("MINISGL_CUDA_DECODE", "0")
+    cache: Path | None = None if case == "no-cache" else kernel_cache
+    if case == "no-nvcc":  # a machine without the toolkit: a fresh cache, nothing built in this process
+        monkeypatch.setattr(cuda_decode, "_libs", {})
+        monkeypatch.setattr(fib, "_cuda_decode_refused", set())
+        monkeypatch.setenv("PATH", str(tmp_path))
+        monkeypatch.setenv("CUDA_HOME", str(tmp_path / "none"))
+        cache = tmp_path / "cache"
+    H, KVH, D, PS = 4, 2, 64 if case == "head-dim-64" else 128, 16
+    dtype = torch.float16 if case == "fp16" else torch.bfloat16
+    pool = KVPool.create(1, 64, PS, KVH, D, dtype, "cpu")
+    be = fib.FlashInferBackend(pool, H, KVH, D, CPU, kernel_cache=cache)
+    runs = case in ("hopper", "fp16")
+    assert be.cuda_decode == runs and be.span_kernel == ("cuda" if runs else None)
+    graph = be.graph_wrapper(4, 0, True, max_pages=16)
+    for w in (*be.decode, graph):
+        assert isinstance(w, SpanDecodeWrapper) == runs and (not runs or w.kernel == "cuda")
+    if runs:
+        assert cuda_build.library_path(cuda_decode.SOURCE, kernel_cache).exists()
+        # FlashInfer's split rule (2 slots per SM, 4 SMs): a request over a slot's share of the KV splits
+        assert not be.split_kv([100] * 8) and be.split_kv([100] * 7 + [2000])
+        tables = [[1 + i] for i in range(7)] + [list(range(8, 8 + 125))]
+        meta = AttnMeta(True, [1] * 8, [10] * 7 + [2000], tables, torch.arange(8))
+        be.plan(meta)
+        spans = be.active.work_ptr.diff().tolist()
+        assert spans[:7] == [1] * 7 and spans[7] > 1
+    err = capfd.readouterr().err
+    assert ("the CUDA decode cannot be built" in err) == (case == "no-nvcc")
+    if case == "no-nvcc":
+        assert "nvcc" in err
+        fib.FlashInferBackend(pool, H, KVH, D, CPU, kernel_cache=cache)  # said once
+        assert "cannot be built" not in capfd.readouterr().err
+
+
 @pytest.mark.parametrize("capability, enabled", [((9, 0), True), ((9, 0), False), ((8, 0), True)])
 def test_flashinfer_fp8_pool_decodes_through_the_triton_kernel_on_hopper(
     monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], enabled: bool
@@ -407,7 +465,7 @@ def test_flashinfer_fp8_pool_decodes_through_the_triton_kernel_on_hopper(
     kernel's, and a mixed batch's decode rows go to it at any group (here 2), since FlashInfer's paged pass widens
     their fp8 KV as its decode does; elsewhere, or with TRITON_FP8_DECODE off, FlashInfer's wrappers and the bf16 rule
     (decode rows apart from a group of 4)."""
-    from kernels.attention.fp8_decode_plan import FP8_PROGRAMS_PER_SM, Fp8DecodeWrapper
+    from kernels.attention.span_decode import FP8_PROGRAMS_PER_SM, SpanDecodeWrapper
     from kvcache.pool import FP8
 
     fib = _stub_flashinfer(monkeypatch)
@@ -420,20 +478,20 @@ def test_flashinfer_fp8_pool_decodes_through_the_triton_kernel_on_hopper(
     be = fib.FlashInferBackend(pool, H, KVH, D, CPU)
     triton = enabled and capability == (9, 0)
     assert be.fp8_decode == triton
-    assert all(isinstance(w, Fp8DecodeWrapper if triton else _Decode) for w in be.decode)
+    assert all(isinstance(w, SpanDecodeWrapper if triton else _Decode) for w in be.decode)
     be.plan(meta)
     assert be.parts is not None
     kinds = [type(w) for w, *_ in be.parts]
-    assert kinds == ([Fp8DecodeWrapper, _Paged, _Ragged] if triton else [_Paged, _Ragged])
+    assert kinds == ([SpanDecodeWrapper, _Paged, _Ragged] if triton else [_Paged, _Ragged])
     graph = be.graph_wrapper(2, 0, True, max_pages=16)
-    assert isinstance(graph, Fp8DecodeWrapper if triton else _Decode)
+    assert isinstance(graph, SpanDecodeWrapper if triton else _Decode)
     if triton:  # the graph copy's buffers: the copy's shared page-id buffer and its own indptr / lengths
-        assert isinstance(graph, Fp8DecodeWrapper)
+        assert isinstance(graph, SpanDecodeWrapper)
         decode = AttnMeta(True, [1, 1], [5, 12], tables[:2], torch.tensor([4, 11]))
         be.plan_graph(2, 16, decode, decode.out_slots, turn=0, split=True)
         assert graph.indices is be.graph_indices[0] and graph.work[:, :2].tolist() == [[0, 1], [0, 0], [5, 12]]
         # the split: wherever the spans cut some request (FP8_PROGRAMS_PER_SM per SM; 4 SMs here), not FlashInfer's rule
-        assert be.fp8_slots == FP8_PROGRAMS_PER_SM * 4
-        be.fp8_slots = 64  # 8 programs per KV head: spans of a multiple of 128 keys near an eighth of them all
+        assert be.span_slots == FP8_PROGRAMS_PER_SM * 4
+        be.span_slots = 64  # 8 programs per KV head: spans of a multiple of 128 keys near an eighth of them all
         assert not be.split_kv([100] * 64) and not be.split_kv([100] * 63 + [1024])  # spans of 896 and 1,024
         assert be.split_kv([100] * 63 + [1100]) and be.split_kv([100] * 8 + [5000])  # 1,024 and 768

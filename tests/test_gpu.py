@@ -4,6 +4,7 @@ CUDA graphs and overlap scheduling give the same tokens, and bf16 logits vs tran
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -119,7 +120,8 @@ def test_fused_qk_norm_rope_store_matches_torch(dtype, qk_norm, fp8):
 
 def _llm(**kw) -> LLM:
     kw.setdefault("kv_cache_gb", 4)
-    return LLM(EngineConfig(model="dummy:SmolLM2-135M", check_invariants=True, **kw))
+    kw.setdefault("model", "dummy:SmolLM2-135M")
+    return LLM(EngineConfig(check_invariants=True, **kw))
 
 
 def _prompts(n: int = 24, seed: int = 0) -> list[list[int]]:
@@ -167,31 +169,58 @@ def _matches_torch_backend(backend: str, **kw: Any) -> None:
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_flashinfer_matches_torch_backend(kv_cache_dtype: str):
+@pytest.mark.parametrize("model", ["dummy:SmolLM2-135M", "dummy:Qwen3-0.6B"])  # Qwen3's bf16 decode: the CUDA kernel
+def test_flashinfer_matches_torch_backend(kv_cache_dtype: str, model: str):
     """With fp8 both read the same e4m3 K/V (the fused kernel stores them; the ragged part reads them back too)."""
-    _matches_torch_backend("flashinfer", kv_cache_dtype=kv_cache_dtype)
+    _matches_torch_backend("flashinfer", kv_cache_dtype=kv_cache_dtype, model=model)
 
 
 @pytest.mark.parametrize("heads, kv_heads, dim", [(16, 8, 128), (32, 8, 128), (16, 2, 128), (9, 3, 64), (8, 8, 64)])
 @pytest.mark.parametrize("split", [False, True])
 def test_fp8_decode_kernel_matches_exact_attention(heads: int, kv_heads: int, dim: int, split: bool) -> None:
     """kernels/attention/fp8_decode.py, behind the backend's plan/run as the engine calls it, against exact attention
-    in fp32 over the same stored e4m3 K/V: contexts of 1 token to several key blocks (not multiples of one), pages
-    scattered, one span per request or the engine's split (spans of one length: the merge, and requests in one span
-    written directly; fp8_decode_plan.fp8_decode_work). Its error stays at FlashInfer's fp8 decode's (2.1e-3 at
-    Qwen3-0.6B's heads, benchmarks/decode_attention_kernels.py)."""
+    in fp32 over the same stored e4m3 K/V (_span_decode_against_exact). Its error stays at FlashInfer's fp8 decode's
+    (2.1e-3 at Qwen3-0.6B's heads, benchmarks/decode_attention_kernels.py)."""
+    from kernels.attention.span_decode import fp8_decode_supported
+    from kvcache.pool import FP8
+
+    if not fp8_decode_supported(torch.device("cuda"), dim, None):
+        pytest.skip("the fp8 decode kernel runs on Hopper only")
+    _span_decode_against_exact("fp8", heads, kv_heads, dim, split, torch.bfloat16, FP8)
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(16, 8), (32, 8), (8, 8)])  # groups of 2, 4 and 1
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("split", [False, True])
+def test_cuda_decode_kernel_matches_exact_attention(
+    tmp_path: Path, heads: int, kv_heads: int, dtype: torch.dtype, split: bool
+) -> None:
+    """kernels/attention/cuda_decode.py (built here with nvcc, as the engine's start builds it), behind the backend's
+    plan/run, against exact attention in fp32 over the same stored K/V (_span_decode_against_exact)."""
+    from kernels.attention import cuda_decode
+
+    if not cuda_decode.supported(torch.device("cuda"), heads, kv_heads, 128, 16, dtype, None):
+        pytest.skip("the CUDA decode runs on Hopper only")
+    _span_decode_against_exact("cuda", heads, kv_heads, 128, split, dtype, None, kernel_cache=tmp_path)
+
+
+def _span_decode_against_exact(
+    kernel: str, heads: int, kv_heads: int, dim: int, split: bool, dtype: torch.dtype, kv_dtype, **backend_kw: Any
+) -> None:
+    """The backend's decode through `kernel` (span_decode.SpanDecodeWrapper) against exact attention in fp32 over the
+    stored K/V: contexts of 1 token to several key blocks (not multiples of one), pages scattered, one span per
+    request or the engine's split (spans of one length: the merge, and requests in one span written directly;
+    span_decode.span_decode_work)."""
     from kernels.attention.base import AttnMeta
     from kernels.attention.flashinfer_backend import FlashInferBackend
-    from kernels.attention.fp8_decode_plan import Fp8DecodeWrapper, fp8_decode_supported
-    from kvcache.pool import FP8, KVPool
+    from kernels.attention.span_decode import SpanDecodeWrapper
+    from kvcache.pool import KVPool
 
     dev, PS = torch.device("cuda"), 16
-    if not fp8_decode_supported(dev, dim, None):
-        pytest.skip("the fp8 decode kernel runs on Hopper only")
     g = torch.Generator().manual_seed(heads + kv_heads + dim)
     kv_lens = [1, 2, 127, 128, 129, 3000] + torch.randint(1, 1200, (34,), generator=g).tolist()
     pages = [-(-kv // PS) for kv in kv_lens]
-    pool = KVPool.create(1, sum(pages) + 1, PS, kv_heads, dim, torch.bfloat16, dev, FP8)
+    pool = KVPool.create(1, sum(pages) + 1, PS, kv_heads, dim, dtype, dev, kv_dtype)
     for cache in (pool.k[0], pool.v[0]):
         cache.copy_((torch.randn(cache.shape, generator=g) * 1.5).to(cache.dtype))
     perm = (torch.randperm(sum(pages), generator=g) + 1).tolist()
@@ -201,14 +230,16 @@ def test_fp8_decode_kernel_matches_exact_attention(heads: int, kv_heads: int, di
         at += p
     slots = torch.tensor([t[(kv - 1) // PS] * PS + (kv - 1) % PS for t, kv in zip(tables, kv_lens)], device=dev)
     meta = AttnMeta(True, [1] * len(kv_lens), kv_lens, tables, slots)
-    q = (torch.randn(len(kv_lens), heads, dim, generator=g) * 2).to(dev, torch.bfloat16)
-    fi = FlashInferBackend(pool, heads, kv_heads, dim, dev)
-    assert isinstance(fi.decode[0], Fp8DecodeWrapper)
-    fi._plan(fi.decode[0], meta, split)
-    spans = fi.decode[0].work_ptr.diff().tolist()
+    q = (torch.randn(len(kv_lens), heads, dim, generator=g) * 2).to(dev, dtype)
+    fi = FlashInferBackend(pool, heads, kv_heads, dim, dev, **backend_kw)
+    wrapper = fi.decode[0]
+    assert isinstance(wrapper, SpanDecodeWrapper) and wrapper.kernel == kernel
+    fi._plan(wrapper, meta, split)
+    spans = wrapper.work_ptr.diff().tolist()
     # with the split: the 3000-token request in several spans (the merge), the shortest in one (written directly)
     assert (spans[5] > 1 and spans[0] == 1) if split else set(spans) == {1}
     got = fi.forward(0, q, None, None, stored=True)
+    assert got.dtype == dtype
     for i, (t, kv) in enumerate(zip(tables, kv_lens)):
         idx = torch.tensor(t, device=dev)
         k = pool.k[0][idx].flatten(0, 1)[:kv].float().repeat_interleave(heads // kv_heads, 1)
@@ -216,6 +247,33 @@ def test_fp8_decode_kernel_matches_exact_attention(heads: int, kv_heads: int, di
         scores = torch.einsum("hd,nhd->hn", q[i].float(), k) * dim**-0.5
         want = torch.einsum("hn,nhd->hd", scores.softmax(-1), v)
         assert rel_err(got[i], want) < 1e-2, (i, kv)
+
+
+def test_engine_decodes_a_16_bit_pool_through_the_cuda_kernel(peaked_model_d128: str, monkeypatch) -> None:
+    """Where the CUDA decode runs (Hopper, heads of 128 dims, pages of 16), the engine's start builds it into its
+    kernel cache and every decode wrapper, eager and each decode graph's, is its; MINISGL_CUDA_DECODE=0 keeps
+    FlashInfer's. (The token checks with CUDA graphs and overlap run on this model too.)"""
+    from kernels.attention import cuda_decode
+    from kernels.attention.flashinfer_backend import FlashInferBackend
+    from kernels.attention.span_decode import SpanDecodeWrapper
+
+    if not cuda_decode.supported(torch.device("cuda"), 6, 3, 128, 16, torch.bfloat16, None):
+        pytest.skip("the CUDA decode runs on Hopper only")
+    llm = LLM(EngineConfig(model=peaked_model_d128, kv_cache_gb=2, dtype="bfloat16", cuda_graph_max_bs=8))
+    be = llm.engine.runner.backend.decode_backend()
+    assert isinstance(be, FlashInferBackend)
+    wrappers = [*be.decode, *be.graph_wrappers.values()]
+    assert be.graph_wrappers and all(isinstance(w, SpanDecodeWrapper) and w.kernel == "cuda" for w in wrappers)
+    out = llm.generate([[1, 2, 3]] * 3, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    assert all(len(o.token_ids) == 8 for o in out)
+    del llm
+    gc.collect()
+    monkeypatch.setenv("MINISGL_CUDA_DECODE", "0")
+    llm = LLM(EngineConfig(model=peaked_model_d128, kv_cache_gb=2, dtype="bfloat16", cuda_graph_max_bs=8))
+    be = llm.engine.runner.backend.decode_backend()
+    assert isinstance(be, FlashInferBackend) and not any(isinstance(w, SpanDecodeWrapper) for w in be.decode)
+    del llm
+    gc.collect()
 
 
 def test_fp8_decode_compiles_once_for_every_batch_shape() -> None:
@@ -227,7 +285,7 @@ def test_fp8_decode_compiles_once_for_every_batch_shape() -> None:
     from kernels.attention import fp8_decode
     from kernels.attention.base import AttnMeta
     from kernels.attention.flashinfer_backend import FlashInferBackend
-    from kernels.attention.fp8_decode_plan import Fp8DecodeWrapper, fp8_decode_supported
+    from kernels.attention.span_decode import SpanDecodeWrapper, fp8_decode_supported
     from kvcache.pool import FP8, KVPool
 
     dev, H, KVH, D, PS = torch.device("cuda"), 16, 8, 128, 16
@@ -237,7 +295,7 @@ def test_fp8_decode_compiles_once_for_every_batch_shape() -> None:
     pool = KVPool.create(1, 2048, PS, KVH, D, torch.bfloat16, dev, FP8)
     fi = FlashInferBackend(pool, H, KVH, D, dev)
     wrapper = fi.decode[0]
-    assert isinstance(wrapper, Fp8DecodeWrapper)
+    assert isinstance(wrapper, SpanDecodeWrapper)
     caches = [k.device_caches[torch.cuda.current_device()][0] for k in (fp8_decode._decode, fp8_decode._merge)]
     before = [set(c) for c in caches]
     for rows in range(1, 41):
@@ -349,7 +407,9 @@ def _greedy_tokens(model: str, prompts, graphs: int, overlap: bool, **kw) -> lis
     return out
 
 
-def test_cuda_graphs_and_overlap_give_identical_tokens(peaked_model):
+@pytest.mark.parametrize("model", ["peaked_model", "peaked_model_d128"])  # FlashInfer's decode; the CUDA decode
+def test_cuda_graphs_and_overlap_give_identical_tokens(request, model):
+    peaked_model = request.getfixturevalue(model)
     # 48 requests: a captured batch size, so graph and eager decode run the same GEMM shapes and must agree
     # bit for bit. (A padded batch, e.g. 40 -> 48, runs the GEMMs at another M, where cuBLAS may pick another
     # kernel and bf16 rounding differs; docs/gpu.md.)
@@ -436,7 +496,9 @@ def test_fp8_kv_tokens_identical_with_cuda_graphs_and_overlap(peaked_model):
     assert sum(a != b for a, b in zip(graphs, bf16)) > 0  # the rounding shows: the fp8 pool is in use
 
 
-def test_overlap_gives_identical_tokens_on_padded_graphs(peaked_model):
+@pytest.mark.parametrize("model", ["peaked_model", "peaked_model_d128"])
+def test_overlap_gives_identical_tokens_on_padded_graphs(request, model):
+    peaked_model = request.getfixturevalue(model)
     prompts = _prompts(40, seed=1)  # padded to the 48 graph
     assert _greedy_tokens(peaked_model, prompts, 64, True) == _greedy_tokens(peaked_model, prompts, 64, False)
 

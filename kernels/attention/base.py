@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -140,6 +141,7 @@ def _create_one(
     head_dim: int,
     device: torch.device,
     sliding_window: int | None,
+    kernel_cache: Path | None,
 ) -> AttentionBackend:
     if name == "torch":
         from kernels.attention.torch_backend import TorchBackend
@@ -157,7 +159,7 @@ def _create_one(
             )
         from kernels.attention.flashinfer_backend import FlashInferBackend
 
-        return FlashInferBackend(pool, num_heads, num_kv_heads, head_dim, device, sliding_window)
+        return FlashInferBackend(pool, num_heads, num_kv_heads, head_dim, device, sliding_window, kernel_cache)
     if name == "fa":
         if pool.quantized:
             raise ValueError("the fa (FlashAttention-4) attention backend reads no fp8 KV cache; use flashinfer")
@@ -177,10 +179,11 @@ def create_backend(
     head_dim: int,
     device: torch.device,
     sliding_window: int | None = None,
+    kernel_cache: Path | None = None,  # where the project's CUDA kernels are built (the engine's cache); None: not
 ) -> AttentionBackend:
     """`name` as parse_backend takes it, resolved by resolve_backends."""
     prefill, decode = resolve_backends(name, device)
-    args = (pool, num_heads, num_kv_heads, head_dim, device, sliding_window)
+    args = (pool, num_heads, num_kv_heads, head_dim, device, sliding_window, kernel_cache)
     if prefill == decode:
         return _create_one(prefill, *args)
     return SplitBackend(_create_one(prefill, *args), _create_one(decode, *args))

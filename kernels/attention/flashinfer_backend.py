@@ -24,9 +24,14 @@ ms, output 1.06x). At Qwen3-0.6B's heads (16, 8) the same batch took 1,216 again
 calls cost each mixed step 2.8 ms more host time, and its saturated replay lost at TBT p99 (52.6 against 40.7 ms):
 there the decode rows stay in the paged pass (over a bf16 pool; over fp8, below, they go apart at any group).
 
+Over a bf16 / fp16 pool on Hopper (head dim 128, pages of 16), decode rows go through this project's CUDA kernel
+(kernels/attention/cuda_decode.py, behind the same plan/run calls: span_decode.py), built at the backend's start when
+the engine names a kernel cache: on an H200 0.7-5.3% faster than FlashInfer's tensor-core decode from 16 to 256 rows.
+It splits a request's keys by the rule FlashInfer's decode does here (decode_split_kv), into spans of one length.
+
 Over an fp8 pool on Hopper, decode rows go through this project's Triton kernel instead (kernels/attention/
-fp8_decode.py, behind the same plan/run calls: fp8_decode_plan.py): FlashInfer's widens fp8 K/V through shared memory
-and was no faster than bf16 on an H200. Its split cuts every request into spans of one length (fp8_decode_work), so a
+fp8_decode.py, behind the same plan/run calls: span_decode.py): FlashInfer's widens fp8 K/V through shared memory
+and was no faster than bf16 on an H200. Its split cuts every request into spans of one length (span_decode_work), so a
 long context beside short ones is shared out among the GPU's programs (H200: 655 -> 78 us per layer for a 32,768-token
 request beside seven short ones).
 
@@ -41,19 +46,22 @@ step may not have started, so reusing one wrapper would overwrite a schedule bef
 
 from __future__ import annotations
 
+import sys
 from itertools import chain
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from kernels.attention import cuda_decode
 from kernels.attention.base import AttentionBackend, AttnMeta
-from kernels.attention.fp8_decode_plan import (
+from kernels.attention.span_decode import (
     FP8_PROGRAMS_PER_SM,
-    Fp8DecodeWrapper,
-    Fp8Scratch,
+    SpanDecodeWrapper,
+    SpanScratch,
     fp8_decode_supported,
-    fp8_span,
+    span_length,
 )
 from kvcache.pool import KVPool
 
@@ -76,6 +84,12 @@ SPLIT_MIN_GROUP = 4
 NO_SPLIT_WHEN_BALANCED = True
 # Decode over an fp8 pool through kernels/attention/fp8_decode.py where it runs (fp8_decode_supported); off: FlashInfer.
 TRITON_FP8_DECODE = True
+# Decode over a 16-bit pool through kernels/attention/cuda_decode.py where it runs (cuda_decode.supported, and the
+# engine passed a kernel cache to build it in); off (or MINISGL_CUDA_DECODE=0): FlashInfer.
+CUDA_DECODE = True
+# Programs per SM the CUDA decode's spans aim for when a batch splits (span_decode_work); its CTA of 8 warps takes
+# 131 KB of shared memory, one per SM at once.
+CUDA_PROGRAMS_PER_SM = 2
 # A decode batch that fills the GPU (fixed_split_pages) with one request far longer than the rest runs FlashInfer with
 # each request's KV cut into chunks of this many pages, eagerly (FlashInfer refuses a fixed split in CUDA-graph mode);
 # 0: FlashInfer's own choice (benchmarks/decode_attention_kernels.py's fi-tc-graph against fi-tc-split32).
@@ -177,6 +191,7 @@ class FlashInferBackend(AttentionBackend):
         head_dim: int,
         device: torch.device,
         sliding_window: int | None = None,
+        kernel_cache: Path | None = None,  # where the CUDA decode is built; None: FlashInfer's decode over 16 bits
     ):
         super().__init__(pool, num_heads, num_kv_heads, head_dim, sliding_window)
         # FlashInfer's window_left counts the keys left of the query's own: W visible positions is W - 1. It is a plan
@@ -206,8 +221,21 @@ class FlashInferBackend(AttentionBackend):
         self.fp8_decode = (
             TRITON_FP8_DECODE and pool.quantized and fp8_decode_supported(device, head_dim, sliding_window)
         )
-        self.fp8_scratch = Fp8Scratch(device)
-        self.fp8_slots = FP8_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+        self.cuda_decode = (
+            CUDA_DECODE
+            and kernel_cache is not None
+            and not pool.quantized
+            and cuda_decode.enabled()
+            and cuda_decode.supported(
+                device, num_heads, num_kv_heads, head_dim, pool.page_size, pool.dtype, sliding_window
+            )
+            and _cuda_decode_built(kernel_cache, device)
+        )
+        # the decode through span_decode.SpanDecodeWrapper: one of the project's own kernels
+        self.span_kernel = "fp8" if self.fp8_decode else "cuda" if self.cuda_decode else None
+        self.span_scratch = SpanScratch(device)
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        self.span_slots = (FP8_PROGRAMS_PER_SM if self.fp8_decode else CUDA_PROGRAMS_PER_SM) * sms
         self.decode: list[_Wrapper] = [self._decode_wrapper() for _ in range(2)]
         self.graph_wrappers: dict[tuple[int, int, bool], _Wrapper] = {}
         self.graph_indices: dict[int, torch.Tensor] = {}  # per copy: one page-id buffer for every batch size
@@ -217,9 +245,9 @@ class FlashInferBackend(AttentionBackend):
         self.parts: list[tuple[_Wrapper, int, int, bool]] | None = None
 
     def _decode_wrapper(self) -> _Wrapper:
-        """An eager decode wrapper: the fp8 kernel's or FlashInfer's."""
-        if self.fp8_decode:
-            return Fp8DecodeWrapper(self.fp8_slots, self.fp8_scratch)
+        """An eager decode wrapper: the project's own kernel's (fp8 or CUDA) or FlashInfer's."""
+        if self.span_kernel is not None:
+            return SpanDecodeWrapper(self.span_slots, self.span_scratch, kernel=self.span_kernel)
         eager: _Wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores, backend=DECODE_KERNELS
         )
@@ -229,14 +257,14 @@ class FlashInferBackend(AttentionBackend):
         if not NO_SPLIT_WHEN_BALANCED:
             return True
         if self.fp8_decode:  # whether its spans cut some request: else the plan without the merge
-            programs = -(-self.fp8_slots // self.num_kv_heads)
-            return max(kv_lens) > fp8_span(np.asarray(kv_lens), programs, Fp8DecodeWrapper.MAX_SPANS)
+            programs = -(-self.span_slots // self.num_kv_heads)
+            return max(kv_lens) > span_length(np.asarray(kv_lens), programs, SpanDecodeWrapper.MAX_SPANS)
         return decode_split_kv(kv_lens, self.num_kv_heads, self.split_slots)
 
     def fixed_split(self, kv_lens: list[int]) -> int:
-        """fixed_split_pages for a decode batch here (0 over fp8, whose kernel shares out long requests by itself, and
-        with a sliding window); such a batch runs eagerly, not from a CUDA graph."""
-        if self.fp8_decode or self.window_left >= 0:
+        """fixed_split_pages for a decode batch here (0 for the project's own kernels, whose spans share out long
+        requests, and with a sliding window); such a batch runs eagerly, not from a CUDA graph."""
+        if self.span_kernel is not None or self.window_left >= 0:
             return 0
         return fixed_split_pages(kv_lens, self.num_kv_heads, self.split_slots)
 
@@ -308,8 +336,10 @@ class FlashInferBackend(AttentionBackend):
             # refills it with a copy queued on the stream behind the replays before it.
             if turn not in self.graph_indices or self.graph_indices[turn].numel() < max_pages:
                 self.graph_indices[turn] = torch.zeros(max_pages, dtype=torch.int32, device=self.device)
-            if self.fp8_decode:
-                wrapper: _Wrapper = Fp8DecodeWrapper(self.fp8_slots, self.fp8_scratch, self.graph_indices[turn], bs)
+            if self.span_kernel is not None:
+                wrapper: _Wrapper = SpanDecodeWrapper(
+                    self.span_slots, self.span_scratch, self.graph_indices[turn], bs, kernel=self.span_kernel
+                )
             else:
                 indptr, last = (torch.zeros(n, dtype=torch.int32, device=self.device) for n in (bs + 1, bs))
                 wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(
@@ -370,3 +400,15 @@ class FlashInferBackend(AttentionBackend):
             else:
                 wrapper.run(q[a:b], k[a:b], v[a:b], out=out[a:b])
         return out
+
+
+_cuda_decode_refused: set[str] = set()
+
+
+def _cuda_decode_built(cache: Path, device: torch.device) -> bool:
+    """cuda_decode.load; why it cannot be built is said once per process (FlashInfer's decode runs instead)."""
+    why = cuda_decode.load(cache, device)
+    if why is not None and why not in _cuda_decode_refused:
+        _cuda_decode_refused.add(why)
+        print(f"minisgl: FlashInfer's decode attention (the CUDA decode cannot be built: {why[:300]})", file=sys.stderr)
+    return why is None

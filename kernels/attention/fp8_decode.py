@@ -11,8 +11,8 @@ registers.
 
 One program per (work item, KV head): a work item is a span of one request's keys, its query heads the N side of the
 MMA (padded to 16). A request cut into several spans gets a second kernel that merges them by their log-sum-exp. The
-engine calls it through fp8_decode_plan.Fp8DecodeWrapper, which cuts the spans so that every program reads about as
-many keys (fp8_decode_work) and keeps their metadata in fixed buffers for CUDA graphs.
+engine calls it through span_decode.SpanDecodeWrapper, which cuts the spans so that every program reads about as
+many keys (span_decode_work) and keeps their metadata in fixed buffers for CUDA graphs.
 
 H200, Qwen3-0.6B's heads (16 query, 8 KV), one layer (`benchmarks/decode_attention_kernels.py`; docs/gpu.md): 212
 against 299 us (FlashInfer fp8) and 273 us (FlashInfer bf16) at 256 rows of the offline workload; 662 against 783
@@ -24,8 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention.fp8_decode_plan import KEYS_PER_STEP as BLOCK_N
-from kernels.attention.fp8_decode_plan import MERGE_SPANS as MERGE_BLOCK
+from kernels.attention.span_decode import KEYS_PER_STEP as BLOCK_N
+from kernels.attention.span_decode import MERGE_SPANS as MERGE_BLOCK
 
 LOG2E = 1.4426950408889634
 NUM_STAGES = 3

@@ -1,5 +1,5 @@
-// Shared-memory mbarriers and the copy engine's bulk copy (sm90), for the benchmarks' CUDA kernels
-// (paged_decode.cu, loader_chain.cu). Addresses are shared-memory addresses (smem()).
+// Shared-memory mbarriers and the copy engine's bulk copy (sm90), for the CUDA kernels (kernels/cuda/paged_decode.cu,
+// benchmarks/loader_chain.cu). Addresses are shared-memory addresses (smem()).
 #pragma once
 #include <stdint.h>
 

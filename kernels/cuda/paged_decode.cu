@@ -1,10 +1,15 @@
-// A decode attention kernel over a bf16/fp16 paged KV pool [pages, 16, kv_heads, 128], one CTA per (work item, KV
-// head); a benchmark, not in the engine (benchmarks/paged_decode.py says why). A work item is a span of one request's
-// keys (flashinfer_backend.fp8_decode_work). Each warp of the CTA takes every
+// The engine's decode attention over a bf16/fp16 paged KV pool [pages, 16, kv_heads, 128]
+// (kernels/attention/cuda_decode.py builds and calls it), one CTA per (work item, KV head). A work item is a span of
+// one request's keys (span_decode.span_decode_work). Each warp of the CTA takes every
 // WARPS-th page of the span and streams it through its own STAGES-deep ring of shared memory with cp.async; the
 // products run on the CUDA cores (a KV head serves a few query heads: the tensor cores' tile would sit mostly
 // empty). At the end the warps' partial softmax states are merged in shared memory: a request in one span writes its
 // output, one cut into several writes each span's normalized output and log-sum-exp for the merge kernel.
+//
+// The engine's build has one shape, 8 warps, 2 stages, cp.async.ca (COPY 2): on an H200 0.7-5.3% faster than
+// FlashInfer's tensor-core decode from 16 to 256 rows (docs/gpu.md, fifty-fifth session). `.cg` (COPY 0) asked L2
+// for every sector twice. -DPAGED_DECODE_ALL_SHAPES builds the others the benchmarks compare
+// (benchmarks/decode_attention_kernels.py).
 //
 // Lane layout for a page: lane = t4 * 8 + j; the lane reads tokens t4, t4 + 4, t4 + 8, t4 + 12 of the page and of
 // each token the dims [8j, 8j + 8) and [64 + 8j, 64 + 8j + 8), so each quarter warp reads 128 contiguous bytes of one
@@ -361,8 +366,11 @@ template <typename T, int G>
 int by_shape(const Args& a, int items, int kv_heads, int warps, int stages, int hint, cudaStream_t s) {
 #define SHAPE(W, S, P) \
   if (warps == W && stages == S && hint == P) return launch<T, G, W, S, P>(a, items, kv_heads, s);
+  SHAPE(8, 2, 2)
+#ifdef PAGED_DECODE_ALL_SHAPES
   SHAPE(4, 3, 0) SHAPE(4, 3, 1) SHAPE(4, 2, 1) SHAPE(4, 4, 1) SHAPE(8, 3, 1) SHAPE(8, 3, 0) SHAPE(4, 3, 2) SHAPE(4, 3, 3)
-  SHAPE(4, 2, 2) SHAPE(4, 4, 2) SHAPE(8, 3, 2) SHAPE(8, 2, 2)
+  SHAPE(4, 2, 2) SHAPE(4, 4, 2) SHAPE(8, 3, 2)
+#endif
 #undef SHAPE
   return -1;
 }
@@ -373,7 +381,7 @@ int by_group(const Args& a, int items, int kv_heads, int group, int warps, int s
     case 1: return by_shape<T, 1>(a, items, kv_heads, warps, stages, hint, s);
     case 2: return by_shape<T, 2>(a, items, kv_heads, warps, stages, hint, s);
     case 4: return by_shape<T, 4>(a, items, kv_heads, warps, stages, hint, s);
-      }
+  }
   return -1;
 }
 

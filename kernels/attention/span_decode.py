@@ -1,14 +1,16 @@
-"""The plan side of the fp8 decode (kernels/attention/fp8_decode.py): where it runs, how a batch's requests are cut
-into spans, and the wrapper that gives the kernel FlashInfer's decode-wrapper calls (plan, run), so the FlashInfer
-backend drives it as one of its own. No Triton here: the plan runs on the host, and CPU tests check it."""
+"""The plan side of the project's own decode kernels, the fp8 decode (kernels/attention/fp8_decode.py, Triton) and
+the bf16 CUDA decode (kernels/attention/cuda_decode.py): how a batch's requests are cut into spans, and the wrapper
+that gives either kernel FlashInfer's decode-wrapper calls (plan, run), so the FlashInfer backend drives it as one of
+its own. Both kernels take the same work items and share the fp8 decode's merge. No Triton or CUDA here: the plan runs
+on the host, and CPU tests check it."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-# The kernel's shapes, fixed here and read by the kernel: keys per step of its loop (64 and 256 were 10-43% slower on
-# an H200, as were 8 warps), and the most spans of one request its merge takes.
+# The fp8 kernel's shapes, fixed here and read by the kernel: keys per step of its loop (64 and 256 were 10-43% slower
+# on an H200, as were 8 warps), and the most spans of one request its merge takes.
 KEYS_PER_STEP = 128
 MERGE_SPANS = 32
 
@@ -19,27 +21,28 @@ def fp8_decode_supported(device: torch.device, head_dim: int, sliding_window: in
     return torch.cuda.get_device_capability(device)[0] == 9 and head_dim in (16, 32, 64, 128) and sliding_window is None
 
 
-# A span of the fp8 decode starts at a multiple of the kernel's keys per step: no step straddles two spans.
-FP8_SPAN_ALIGN = KEYS_PER_STEP
-# Programs per SM the spans aim for (fp8_decode_work). The kernel holds 3 per SM at once; with 2, a batch of 16-64
+# A span starts at a multiple of the fp8 kernel's keys per step (no step straddles two spans; a multiple of the CUDA
+# kernel's page, too).
+SPAN_ALIGN = KEYS_PER_STEP
+# Programs per SM the spans aim for (span_decode_work). The kernel holds 3 per SM at once; with 2, a batch of 16-64
 # rows ran its last wave nearly alone. 8 (H100, graphs): 7-20% faster at 32-64 rows, 20-32% on a batch with one long
 # context, 1.7% slower at 256 rows of shared prefixes (docs/gpu.md, twenty-fifth session).
 FP8_PROGRAMS_PER_SM = 8
 
 
-def fp8_span(lens: np.ndarray, programs: int, max_spans: int) -> int:
-    """The fp8 decode's span length with the split (fp8_decode_work)."""
+def span_length(lens: np.ndarray, programs: int, max_spans: int) -> int:
+    """The span length with the split (span_decode_work)."""
     span = max(-(-int(lens.sum()) // max(1, programs)), -(-int(lens.max()) // max_spans), 1)
-    return -(-span // FP8_SPAN_ALIGN) * FP8_SPAN_ALIGN
+    return -(-span // SPAN_ALIGN) * SPAN_ALIGN
 
 
-def fp8_decode_work(lens: np.ndarray, programs: int, split: bool, max_spans: int) -> tuple[np.ndarray, np.ndarray]:
-    """The fp8 decode's work items: each request's keys cut into spans of one length, so that a lone long request is
+def span_decode_work(lens: np.ndarray, programs: int, split: bool, max_spans: int) -> tuple[np.ndarray, np.ndarray]:
+    """The decode's work items: each request's keys cut into spans of one length, so that a lone long request is
     shared out as evenly as many short ones. With `split`, the length is chosen for about `programs` spans in all (the
     GPU's programs per KV head; never more than programs + requests), at most `max_spans` per request, and aligned to
-    FP8_SPAN_ALIGN; without, one span per request. Returns the items, int32 [3, items] (request, first key, end key),
+    SPAN_ALIGN; without, one span per request. Returns the items, int32 [3, items] (request, first key, end key),
     and where each request's items start, int32 [requests + 1]."""
-    span = fp8_span(lens, programs, max_spans) if split else max(int(lens.max()), 1)
+    span = span_length(lens, programs, max_spans) if split else max(int(lens.max()), 1)
     counts = -(-lens // span)
     work_ptr = np.zeros(len(lens) + 1, dtype=np.int32)
     np.cumsum(counts, out=work_ptr[1:])
@@ -48,7 +51,7 @@ def fp8_decode_work(lens: np.ndarray, programs: int, split: bool, max_spans: int
     return np.stack([req, start, np.minimum(lens[req], start + span)]).astype(np.int32), work_ptr
 
 
-class Fp8Scratch:
+class SpanScratch:
     """fp32 scratch for the spans' outputs and log-sum-exps, one for every fp8 decode wrapper of a backend: attention
     kernels run in stream order, so one buffer serves them all. It only grows, and keeps every buffer it handed out:
     a captured CUDA graph holds its address."""
@@ -64,9 +67,10 @@ class Fp8Scratch:
         return self.kept[-1]
 
 
-class Fp8DecodeWrapper:
-    """FlashInfer's decode-wrapper calls (plan, run) over kernels/attention/fp8_decode.py. Each plan cuts the batch into
-    spans (fp8_decode_work) and sends their metadata to the device in one copy. A graph wrapper (`graph_rows` set)
+class SpanDecodeWrapper:
+    """FlashInfer's decode-wrapper calls (plan, run) over `kernel`: "fp8" (kernels/attention/fp8_decode.py) or "cuda"
+    (kernels/attention/cuda_decode.py, a bf16 / fp16 pool). Each plan cuts the batch into
+    spans (span_decode_work) and sends their metadata to the device in one copy. A graph wrapper (`graph_rows` set)
     keeps it in fixed buffers sized for its batch size, the spans padded to the most a plan can make, and the page ids
     in the copy's shared buffer (`graph_indices`): each plan refills them with copies queued on the stream, behind the
     replays before it."""
@@ -76,12 +80,15 @@ class Fp8DecodeWrapper:
     def __init__(
         self,
         slots: int,
-        scratch: Fp8Scratch,
+        scratch: SpanScratch,
         graph_indices: torch.Tensor | None = None,
         graph_rows: int | None = None,
+        kernel: str = "fp8",
     ):
-        self.slots = slots  # the programs the spans aim for (FP8_PROGRAMS_PER_SM per SM)
+        assert kernel in ("fp8", "cuda")
+        self.slots = slots  # the programs the spans aim for (the kernel's programs per SM times the SMs)
         self.scratch = scratch
+        self.kernel = kernel
         self.graph_indices, self.graph_rows = graph_indices, graph_rows
         self.graph_meta: torch.Tensor | None = None  # the graph wrapper's: indptr, work_ptr, work
         self.sm_scale = 1.0
@@ -107,7 +114,7 @@ class Fp8DecodeWrapper:
         ptr = indptr.numpy()
         lens = (ptr[1:] - ptr[:-1] - 1) * page_size + last_page_len.numpy()
         programs = -(-self.slots // num_kv_heads)
-        work, work_ptr = fp8_decode_work(lens, programs, not disable_split_kv, self.MAX_SPANS)
+        work, work_ptr = span_decode_work(lens, programs, not disable_split_kv, self.MAX_SPANS)
         spans = work.shape[1]
         # Triton compiles a kernel per alignment of its pointers and per divisibility of its ints by 16, so every
         # section of the metadata starts on 16 bytes and the spans (the rows' stride) are padded to a multiple of 16
@@ -141,7 +148,10 @@ class Fp8DecodeWrapper:
     def run(
         self, q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor | None = None
     ) -> torch.Tensor:
-        from kernels.attention.fp8_decode import decode  # Triton: on GPU machines only
+        if self.kernel == "cuda":
+            from kernels.attention.cuda_decode import decode
+        else:
+            from kernels.attention.fp8_decode import decode  # type: ignore[assignment]  # Triton: GPU machines only
 
         spans = (self.work, self.work_ptr, self.sm_scale, self.part, self.lse)
         return decode(q, cache[0], cache[1], self.indptr, self.indices, *spans, out)

@@ -1,0 +1,154 @@
+"""Decode attention over a bf16 / fp16 paged KV pool in CUDA (kernels/cuda/paged_decode.cu), the FlashInfer backend's
+decode where it runs (`supported`): Hopper, head dim 128, pages of 16 tokens, 1, 2 or 4 query heads per KV head.
+
+It is built once per machine with the CUDA toolkit's nvcc (as FlashInfer's JIT builds its kernels) into the engine's
+kernel cache (`load`), and called through ctypes on torch's current stream, so the decode CUDA graphs capture it. The
+backend drives it through span_decode.SpanDecodeWrapper, the fp8 decode's planner: a request's keys in one span, or
+cut into spans of one length when the batch is unbalanced, whose outputs the fp8 decode's merge kernel combines.
+
+H200, Qwen3-0.6B's heads (16 query, 8 KV), one layer of the offline workload's lengths, CUDA-graph replays
+(benchmarks/decode_attention_kernels.py, `cuda-w8-s2-l2`; docs/gpu.md, fifty-fifth session): 270.3-270.9 / 138.9-139.1
+/ 79.8-79.9 / 23.9 us at 256 / 128 / 64 / 16 rows against FlashInfer's tensor-core decode's 272.1-272.8 / 142.0-142.2 /
+82.2 / 25.2-25.3. Its products and softmax run in fp32 on the CUDA cores: error against exact attention 1.66e-3
+(FlashInfer's 2.1e-3). `MINISGL_CUDA_DECODE=0` turns it off (FlashInfer's decode then)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import torch
+
+from kernels import cuda_build
+
+SOURCE = Path(__file__).resolve().parent.parent / "cuda" / "paged_decode.cu"
+# The engine's shape: warps per CTA, pipeline stages per warp, and how rows reach shared memory (2: cp.async.ca);
+# paged_decode.cu builds only this one unless ALL_SHAPES is asked for (the benchmarks' other shapes).
+WARPS, STAGES, COPY = 8, 2, 2
+ALL_SHAPES = ("-DPAGED_DECODE_ALL_SHAPES",)
+HEAD_DIM, PAGE_SIZE, GROUPS = 128, 16, (1, 2, 4)
+LOG2E = 1.4426950408889634
+
+_libs: dict[tuple[str, ...], ctypes.CDLL] = {}
+
+
+def enabled() -> bool:
+    return os.environ.get("MINISGL_CUDA_DECODE", "1") != "0"
+
+
+def supported(
+    device: torch.device,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    dtype: torch.dtype,
+    sliding_window: int | None,
+) -> bool:
+    """Whether the kernel reads this pool on this CUDA device: the shapes it is built for, a 16-bit pool, no sliding
+    window, Hopper (the GPUs it was measured on)."""
+    return (
+        torch.cuda.get_device_capability(device)[0] == 9
+        and head_dim == HEAD_DIM
+        and page_size == PAGE_SIZE
+        and dtype in (torch.bfloat16, torch.float16)
+        and sliding_window is None
+        and num_heads % num_kv_heads == 0
+        and num_heads // num_kv_heads in GROUPS
+    )
+
+
+def load(cache_dir: Path, device: torch.device | None = None, flags: tuple[str, ...] = ()) -> str | None:
+    """Build (once per source, flags and GPU architecture, in `cache_dir`) and load the kernel; returns why it cannot
+    run here, or None."""
+    if flags in _libs:
+        return None
+    try:
+        lib = cuda_build.build(SOURCE, cache_dir, device, flags)
+    except RuntimeError as e:
+        return str(e)
+    fn = lib.paged_decode_launch
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int
+    fn.argtypes = [p] * 12 + [ctypes.c_float] + [i64] * 5 + [i32] * 8 + [p]
+    fn.restype = i32
+    _libs[flags] = lib
+    return None
+
+
+def decode(
+    q: torch.Tensor,  # [rows, heads, 128], last dim contiguous, rows 16-byte aligned
+    k_cache: torch.Tensor,  # [pages, 16, kv_heads, 128], q's dtype
+    v_cache: torch.Tensor,
+    indptr: torch.Tensor,  # int32 [rows + 1] into indices (device)
+    indices: torch.Tensor,  # int32 page ids (device)
+    work: torch.Tensor,  # int32 [3, items] (device): request (-1: none), first key, end key
+    work_ptr: torch.Tensor,  # int32 [rows + 1] (device)
+    sm_scale: float,
+    part: torch.Tensor | None,  # fp32, at least items * heads * dim (None: no request has several spans)
+    lse: torch.Tensor | None,  # fp32, at least items * heads
+    out: torch.Tensor | None = None,  # contiguous [rows, heads, dim]
+    *,
+    counters: torch.Tensor | None = None,  # int32 [rows * kv_heads], zero: the spans merged inside the kernel
+    order: torch.Tensor | None = None,  # int32 [items]: the item each CTA takes
+    warps: int = WARPS,
+    stages: int = STAGES,
+    copy: int = COPY,  # rows to shared memory by: 0 cp.async.cg, 1 the copy engine (bulk), 2 cp.async.ca, 3 ld + st
+    flags: tuple[str, ...] = (),  # the build load() made (ALL_SHAPES for shapes other than the engine's)
+) -> torch.Tensor:
+    from kernels.attention.fp8_decode import merge_spans  # Triton: on GPU machines only
+
+    rows, heads, dim = q.shape
+    kv_heads = k_cache.shape[2]
+    out = torch.empty_like(q) if out is None else out
+    if not (
+        out.is_contiguous()
+        and q.stride(2) == 1
+        and q.data_ptr() % 16 == 0
+        and q.stride(0) % 8 == 0
+        and q.stride(1) % 8 == 0
+        and work.stride(1) == 1
+        and k_cache.stride() == v_cache.stride()
+        and k_cache.stride(3) == 1
+        and (dim, k_cache.shape[1]) == (HEAD_DIM, PAGE_SIZE)
+        and q.dtype == k_cache.dtype == out.dtype
+        and (part is None) == (lse is None)
+    ):
+        raise ValueError(f"the CUDA decode cannot take q {tuple(q.shape)} {q.dtype} over K/V {tuple(k_cache.shape)}")
+    lib = _libs.get(flags)
+    if lib is None:
+        raise RuntimeError("the CUDA decode is not built: call cuda_decode.load first")
+    err = lib.paged_decode_launch(
+        q.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        indptr.data_ptr(),
+        indices.data_ptr(),
+        work.data_ptr(),
+        work_ptr.data_ptr(),
+        None if order is None else order.data_ptr(),
+        out.data_ptr(),
+        None if part is None else part.data_ptr(),
+        None if lse is None else lse.data_ptr(),
+        None if part is None or counters is None else counters.data_ptr(),
+        sm_scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        work.stride(0),
+        work.shape[1],
+        heads,
+        kv_heads,
+        int(q.dtype == torch.float16),
+        warps,
+        stages,
+        copy,
+        torch.cuda.current_stream(q.device).cuda_stream,
+    )
+    if err:
+        raise RuntimeError(f"paged_decode_launch: error {err} (rows {rows}, heads {heads}/{kv_heads}, dim {dim})")
+    if part is not None and lse is not None and counters is None:
+        merge_spans(out, part, lse, work_ptr, rows, heads)
+    return out
