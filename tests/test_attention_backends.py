@@ -411,8 +411,8 @@ def test_flashinfer_16_bit_pool_decodes_through_the_cuda_kernel_where_it_builds(
 ) -> None:
     """On Hopper, given a kernel cache (the engine names its own), heads of 128 dims, pages of 16 and a bf16 or fp16
     pool, the backend's decode wrappers (eager, and each CUDA-graph copy) are the CUDA decode's, built with the
-    toolkit's real nvcc (the CPU machines have one; no GPU is needed to build) into that cache; its split follows
-    FlashInfer's rule (decode_split_kv). Elsewhere, turned off (MINISGL_CUDA_DECODE=0), or without nvcc (said on
+    toolkit's real nvcc (the CPU machines have one; no GPU is needed to build) into that cache; its split is
+    cuda_decode_split's. Elsewhere, turned off (MINISGL_CUDA_DECODE=0), or without nvcc (said on
     stderr, once), FlashInfer's wrappers."""
     from kernels import cuda_build
     from kernels.attention import cuda_decode
@@ -442,10 +442,13 @@ def test_flashinfer_16_bit_pool_decodes_through_the_cuda_kernel_where_it_builds(
         assert isinstance(w, SpanDecodeWrapper) == runs and (not runs or w.kernel == "cuda")
     if runs:
         assert cuda_build.library_path(cuda_decode.SOURCE, kernel_cache).exists()
-        # FlashInfer's split rule (2 slots per SM, 4 SMs): a request over a slot's share of the KV splits
-        assert not be.split_kv([100] * 8) and be.split_kv([100] * 7 + [2000])
-        tables = [[1 + i] for i in range(7)] + [list(range(8, 8 + 125))]
-        meta = AttnMeta(True, [1] * 8, [10] * 7 + [2000], tables, torch.arange(8))
+        # cuda_decode_split (4 SMs, 2 KV heads): one CTA per (request, KV head) unless they leave half the SMs
+        # empty (one request) or a request is over 3 times a slot's share of the KV (2 slots per SM)
+        assert be.split_kv([100]) and not be.split_kv([100] * 2) and not be.split_kv([100] * 7 + [2000])
+        assert be.split_kv([100] * 7 + [3000])
+        assert be.graph_splits(1) == (True,) and be.graph_splits(2) == (True, False)
+        tables = [[1 + i] for i in range(7)] + [list(range(8, 8 + 188))]
+        meta = AttnMeta(True, [1] * 8, [10] * 7 + [3000], tables, torch.arange(8))
         be.plan(meta)
         spans = be.active.work_ptr.diff().tolist()
         assert spans[:7] == [1] * 7 and spans[7] > 1

@@ -27,7 +27,8 @@ there the decode rows stay in the paged pass (over a bf16 pool; over fp8, below,
 Over a bf16 / fp16 pool on Hopper (head dim 128, pages of 16), decode rows go through this project's CUDA kernel
 (kernels/attention/cuda_decode.py, behind the same plan/run calls: span_decode.py), built at the backend's start when
 the engine names a kernel cache: on an H200 0.7-5.3% faster than FlashInfer's tensor-core decode from 16 to 256 rows.
-It splits a request's keys by the rule FlashInfer's decode does here (decode_split_kv), into spans of one length.
+It splits the requests' keys into spans of one length only where one CTA per (request, KV head) leaves the GPU half
+empty or one request is far longer than the rest (cuda_decode_split).
 
 Over an fp8 pool on Hopper, decode rows go through this project's Triton kernel instead (kernels/attention/
 fp8_decode.py, behind the same plan/run calls: span_decode.py): FlashInfer's widens fp8 K/V through shared memory
@@ -122,6 +123,16 @@ def decode_split_kv(kv_lens: list[int], num_kv_heads: int, slots: int) -> bool:
     decode steps of 129-256 rows 2-4% faster, docs/gpu.md); a lone long request would keep one CTA busy while the
     rest idle. FlashInfer splits by itself when it sees fit; in CUDA-graph mode it always splits."""
     return max(kv_lens) * slots > sum(kv_lens) * num_kv_heads
+
+
+def cuda_decode_split(kv_lens: list[int], num_kv_heads: int, sms: int, slots: int) -> bool:
+    """Whether the CUDA decode (kernels/attention/cuda_decode.py) cuts this decode batch's requests into spans. Its CTA
+    of 8 warps takes an SM alone, and one per (request, KV head) was the faster plan while they fill at least half the
+    SMs: on an H200 at the offline workload's lengths (Qwen3-0.6B's 8 KV heads) 23.9 against 26.0 us at 16 rows, 41.9
+    against 44.1 at 32; at 8 rows, 64 CTAs, 20.8 against 15.4 (docs/gpu.md, fifty-sixth session). A request far
+    longer than the rest splits as FlashInfer's fixed split does (fixed_split_pages' margin, `slots` as there)."""
+    lone = max(kv_lens) * slots > FIXED_SPLIT_MARGIN * sum(kv_lens) * num_kv_heads
+    return 2 * len(kv_lens) * num_kv_heads <= sms or lone
 
 
 def fixed_split_pages(kv_lens: list[int], num_kv_heads: int, slots: int) -> int:
@@ -234,8 +245,8 @@ class FlashInferBackend(AttentionBackend):
         # the decode through span_decode.SpanDecodeWrapper: one of the project's own kernels
         self.span_kernel = "fp8" if self.fp8_decode else "cuda" if self.cuda_decode else None
         self.span_scratch = SpanScratch(device)
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        self.span_slots = (FP8_PROGRAMS_PER_SM if self.fp8_decode else CUDA_PROGRAMS_PER_SM) * sms
+        self.sms = torch.cuda.get_device_properties(device).multi_processor_count
+        self.span_slots = (FP8_PROGRAMS_PER_SM if self.fp8_decode else CUDA_PROGRAMS_PER_SM) * self.sms
         self.decode: list[_Wrapper] = [self._decode_wrapper() for _ in range(2)]
         self.graph_wrappers: dict[tuple[int, int, bool], _Wrapper] = {}
         self.graph_indices: dict[int, torch.Tensor] = {}  # per copy: one page-id buffer for every batch size
@@ -259,6 +270,8 @@ class FlashInferBackend(AttentionBackend):
         if self.fp8_decode:  # whether its spans cut some request: else the plan without the merge
             programs = -(-self.span_slots // self.num_kv_heads)
             return max(kv_lens) > span_length(np.asarray(kv_lens), programs, SpanDecodeWrapper.MAX_SPANS)
+        if self.cuda_decode:
+            return cuda_decode_split(kv_lens, self.num_kv_heads, self.sms, self.split_slots)
         return decode_split_kv(kv_lens, self.num_kv_heads, self.split_slots)
 
     def fixed_split(self, kv_lens: list[int]) -> int:
@@ -326,8 +339,11 @@ class FlashInferBackend(AttentionBackend):
     def graph_splits(self, bs: int) -> tuple[bool, ...]:
         """The split_kv choices a decode graph of `bs` rows is captured for, each with its own wrapper and graph: with
         a split the graph holds the merge kernel, and FlashInfer's plan lays out its int workspace differently (the
-        merge index before the block mask). Below split_slots / KV heads rows every batch splits."""
-        return (True, False) if NO_SPLIT_WHEN_BALANCED and bs * self.num_kv_heads >= self.split_slots else (True,)
+        merge index before the block mask). Below split_slots / KV heads rows every batch splits (FlashInfer's rule),
+        at most half the SMs' CTAs with the CUDA decode (cuda_decode_split)."""
+        ctas = bs * self.num_kv_heads
+        fills = 2 * ctas > self.sms if self.cuda_decode else ctas >= self.split_slots
+        return (True, False) if NO_SPLIT_WHEN_BALANCED and fills else (True,)
 
     def graph_wrapper(self, bs: int, turn: int, split: bool, max_pages: int) -> _Wrapper:
         """A decode wrapper whose metadata lives in fixed buffers, so a captured graph can replay it."""
