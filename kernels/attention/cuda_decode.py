@@ -10,7 +10,9 @@ H200, Qwen3-0.6B's heads (16 query, 8 KV), one layer of the offline workload's l
 (benchmarks/decode_attention_kernels.py, `cuda-w8-s2-l2`; docs/gpu.md, fifty-fifth session): 270.3-270.9 / 138.9-139.1
 / 79.8-79.9 / 23.9 us at 256 / 128 / 64 / 16 rows against FlashInfer's tensor-core decode's 272.1-272.8 / 142.0-142.2 /
 82.2 / 25.2-25.3. Its products and softmax run in fp32 on the CUDA cores: error against exact attention 1.66e-3
-(FlashInfer's 2.1e-3). `MINISGL_CUDA_DECODE=0` turns it off (FlashInfer's decode then)."""
+(FlashInfer's 2.1e-3). It is launched with programmatic dependent launch, as FlashInfer's attention is: the fused
+q/k/rope/KV kernel before it lets it launch early (without, the engine lost the kernel's gain: docs/gpu.md, fifty-sixth
+session). `MINISGL_CUDA_DECODE=0` turns it off (FlashInfer's decode then)."""
 
 from __future__ import annotations
 
@@ -70,7 +72,7 @@ def load(cache_dir: Path, device: torch.device | None = None, flags: tuple[str, 
         return str(e)
     fn = lib.paged_decode_launch
     p, i64, i32 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int
-    fn.argtypes = [p] * 12 + [ctypes.c_float] + [i64] * 5 + [i32] * 8 + [p]
+    fn.argtypes = [p] * 12 + [ctypes.c_float] + [i64] * 5 + [i32] * 9 + [p]
     fn.restype = i32
     _libs[flags] = lib
     return None
@@ -95,6 +97,7 @@ def decode(
     stages: int = STAGES,
     copy: int = COPY,  # rows to shared memory by: 0 cp.async.cg, 1 the copy engine (bulk), 2 cp.async.ca, 3 ld + st
     flags: tuple[str, ...] = (),  # the build load() made (ALL_SHAPES for shapes other than the engine's)
+    pdl: bool = True,  # launched with programmatic dependent launch: its launch overlaps the kernel before it
 ) -> torch.Tensor:
     from kernels.attention.fp8_decode import merge_spans  # Triton: on GPU machines only
 
@@ -145,6 +148,7 @@ def decode(
         warps,
         stages,
         copy,
+        int(pdl),
         torch.cuda.current_stream(q.device).cuda_stream,
     )
     if err:

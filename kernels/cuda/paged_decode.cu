@@ -112,6 +112,10 @@ __global__ void __launch_bounds__(WARPS * 32) paged_decode(const Args a) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t4 = lane >> 3, j = lane & 7;
   const int* pages = a.indices + a.indptr[b];
+  // Launched with programmatic dependent launch, this CTA may start while the kernel before it (the fused q/k norm,
+  // rope and KV store) still runs: its work metadata came by copies queued before that kernel, but q and the KV pool
+  // are that kernel's writes, so they are read only after it (a no-op when launched without PDL).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
 
   float qf[G][16];
 #pragma unroll
@@ -347,7 +351,7 @@ __global__ void __launch_bounds__(WARPS * 32) paged_decode(const Args a) {
 }
 
 template <typename T, int G, int WARPS, int STAGES, int COPY>
-int launch(const Args& a, int items, int kv_heads, cudaStream_t stream) {
+int launch(const Args& a, int items, int kv_heads, int pdl, cudaStream_t stream) {
   constexpr int ring = WARPS * STAGES * (STAGE_BYTES + 8);  // + the mbarriers
   constexpr int merge = (WARPS * G * D + 2 * WARPS * G) * 4;
   constexpr int bytes = ring > merge ? ring : merge;
@@ -358,14 +362,23 @@ int launch(const Args& a, int items, int kv_heads, cudaStream_t stream) {
     if (e != cudaSuccess) return e;
     ready = true;
   }
-  paged_decode<T, G, WARPS, STAGES, COPY><<<dim3(items, kv_heads), WARPS * 32, bytes, stream>>>(a);
-  return cudaGetLastError();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(items, kv_heads);
+  cfg.blockDim = dim3(WARPS * 32);
+  cfg.dynamicSmemBytes = bytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = pdl;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, paged_decode<T, G, WARPS, STAGES, COPY>, a);
 }
 
 template <typename T, int G>
-int by_shape(const Args& a, int items, int kv_heads, int warps, int stages, int hint, cudaStream_t s) {
+int by_shape(const Args& a, int items, int kv_heads, int warps, int stages, int hint, int pdl, cudaStream_t s) {
 #define SHAPE(W, S, P) \
-  if (warps == W && stages == S && hint == P) return launch<T, G, W, S, P>(a, items, kv_heads, s);
+  if (warps == W && stages == S && hint == P) return launch<T, G, W, S, P>(a, items, kv_heads, pdl, s);
   SHAPE(8, 2, 2)
 #ifdef PAGED_DECODE_ALL_SHAPES
   SHAPE(4, 3, 0) SHAPE(4, 3, 1) SHAPE(4, 2, 1) SHAPE(4, 4, 1) SHAPE(8, 3, 1) SHAPE(8, 3, 0) SHAPE(4, 3, 2) SHAPE(4, 3, 3)
@@ -376,27 +389,29 @@ int by_shape(const Args& a, int items, int kv_heads, int warps, int stages, int 
 }
 
 template <typename T>
-int by_group(const Args& a, int items, int kv_heads, int group, int warps, int stages, int hint, cudaStream_t s) {
+int by_group(const Args& a, int items, int kv_heads, int group, int warps, int stages, int hint, int pdl,
+             cudaStream_t s) {
   switch (group) {
-    case 1: return by_shape<T, 1>(a, items, kv_heads, warps, stages, hint, s);
-    case 2: return by_shape<T, 2>(a, items, kv_heads, warps, stages, hint, s);
-    case 4: return by_shape<T, 4>(a, items, kv_heads, warps, stages, hint, s);
+    case 1: return by_shape<T, 1>(a, items, kv_heads, warps, stages, hint, pdl, s);
+    case 2: return by_shape<T, 2>(a, items, kv_heads, warps, stages, hint, pdl, s);
+    case 4: return by_shape<T, 4>(a, items, kv_heads, warps, stages, hint, pdl, s);
   }
   return -1;
 }
 
 }  // namespace
 
-// Returns a cudaError_t, or -1 for a shape this build has no kernel for.
+// Returns a cudaError_t, or -1 for a shape this build has no kernel for. pdl: launched with programmatic dependent
+// launch (as FlashInfer's attention is), so the launch overlaps the kernel before it.
 extern "C" int paged_decode_launch(const void* q, const void* k, const void* v, const int* indptr, const int* indices,
                                    const int* work, const int* work_ptr, const int* order, void* out, float* part,
                                    float* lse, int* counters, float qk_scale, long long stride_qb, long long stride_qh, long long stride_kp,
                                    long long stride_ks, long long stride_kh, int stride_w, int items, int heads,
-                                   int kv_heads, int fp16, int warps, int stages, int hint, void* stream) {
+                                   int kv_heads, int fp16, int warps, int stages, int hint, int pdl, void* stream) {
   const Args a{q, k, v, indptr, indices, work, work_ptr, order, out, part, lse, counters, qk_scale,
                stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_w, heads};
   const int group = heads / kv_heads;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  return fp16 ? by_group<__half>(a, items, kv_heads, group, warps, stages, hint, s)
-              : by_group<__nv_bfloat16>(a, items, kv_heads, group, warps, stages, hint, s);
+  return fp16 ? by_group<__half>(a, items, kv_heads, group, warps, stages, hint, pdl, s)
+              : by_group<__nv_bfloat16>(a, items, kv_heads, group, warps, stages, hint, pdl, s);
 }
