@@ -47,7 +47,11 @@ def locations() -> list[CacheDir]:
     triton = os.environ.get("TRITON_CACHE_DIR") or Path(os.environ.get("TRITON_HOME") or home) / ".triton" / "cache"
     fi_base = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE") or home)
     out = [
-        CacheDir("minisgl", cache_root(), "dequantized GGUF weights (a GGUF's second start), compiled CPU kernels"),
+        CacheDir(
+            "minisgl",
+            cache_root(),
+            "dequantized GGUF weights (a GGUF's second start), compiled CPU kernels, the CUDA decode",
+        ),
         CacheDir("flashinfer", fi_base / ".cache" / "flashinfer", "FlashInfer's JIT-compiled attention kernels"),
         CacheDir("triton", Path(triton), "Triton's compiled kernels (fused norm, rope + KV store, SiLU, MoE)"),
     ]

@@ -193,7 +193,10 @@ GPU_ENGINES: dict[str, dict[str, Any]] = {
     "eager overlap, token cap": dict(cuda_graph_max_bs=0, piecewise_graph_tokens=0, max_running_tokens=40),
     "3 running, tight, chunks of 7": dict(num_pages=9, max_running_requests=3, max_batch_tokens=7),
     "fp8 pool, tight, chunks of 16": dict(kv_cache_dtype="fp8", num_pages=12, max_batch_tokens=16),
+    "heads of 128, tight, chunks of 16, mixed": dict(num_pages=12, max_batch_tokens=16, mixed_prefill_tokens=3),
 }
+# Settings run on peaked_model_d128, whose heads the CUDA decode takes on Hopper (the others: FlashInfer's decode)
+D128_ENGINES = {"heads of 128, tight, chunks of 16, mixed"}
 # nats between the reference's two best tokens, far above bf16's rounding of these logits: where a request's tokens
 # part from the reference's, the reference's pick must have won by less
 GPU_MARGIN = 0.5
@@ -221,7 +224,7 @@ def setting_of(cfg: EngineConfig) -> Setting:
 
 
 @pytest.fixture(scope="module")
-def gpu_engines(peaked_model: str) -> Iterator[dict[str, LLM]]:
+def gpu_engines() -> Iterator[dict[str, LLM]]:
     """The engines by GPU_ENGINES' name, each built when an example first draws it (and again after one failed)."""
     built: dict[str, LLM] = {}
     yield built
@@ -246,17 +249,16 @@ def kept_engine(engines: dict[str, LLM], name: str, build: Callable[[], LLM]) ->
 
 
 @pytest.fixture(scope="module")
-def gpu_references(peaked_model: str) -> Iterator[Callable[[str], Reference]]:
-    """The reference for an engine's KV dtype (an fp8 pool rounds every K and V it stores, prompts' included)."""
-    built: dict[str, Reference] = {}
+def gpu_references() -> Iterator[Callable[[str, str], Reference]]:
+    """The reference for an engine's model and KV dtype (an fp8 pool rounds every K and V it stores, prompts'
+    included)."""
+    built: dict[tuple[str, str], Reference] = {}
 
-    def get(kv_cache_dtype: str) -> Reference:
-        if kv_cache_dtype not in built:
-            cfg = gpu_engine_config(
-                peaked_model, radix_cache=False, max_running_requests=1, kv_cache_dtype=kv_cache_dtype
-            )
-            built[kv_cache_dtype] = Reference(LLM(cfg), margin=GPU_MARGIN)
-        return built[kv_cache_dtype]
+    def get(model: str, kv_cache_dtype: str) -> Reference:
+        if (model, kv_cache_dtype) not in built:
+            cfg = gpu_engine_config(model, radix_cache=False, max_running_requests=1, kv_cache_dtype=kv_cache_dtype)
+            built[model, kv_cache_dtype] = Reference(LLM(cfg), margin=GPU_MARGIN)
+        return built[model, kv_cache_dtype]
 
     yield get
     for ref in built.values():
@@ -277,7 +279,7 @@ def gpu_capacity(name: str) -> int:
 
 
 # One test per engine, each with its own examples: drawn as part of the example, hypothesis' derandomized draws gave
-# one of the seven settings 1 example of 175 (an H200 at a7f9271)
+# one of the settings 1 example of 175 (an H200 at a7f9271)
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(GPU_ENGINES))
 @settings(
@@ -288,12 +290,13 @@ def gpu_capacity(name: str) -> int:
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(data=st.data())
-def test_random_workloads_keep_every_promise_on_the_gpu(peaked_model, gpu_engines, gpu_references, name, data):
+def test_random_workloads_keep_every_promise_on_the_gpu(request, gpu_engines, gpu_references, name, data):
+    model = request.getfixturevalue("peaked_model_d128" if name in D128_ENGINES else "peaked_model")
     arrivals, too_big = data.draw(gpu_workloads(gpu_capacity(name)))
-    build = lambda: LLM(gpu_engine_config(peaked_model, name, check_invariants=True))  # noqa: E731
+    build = lambda: LLM(gpu_engine_config(model, name, check_invariants=True))  # noqa: E731
     with kept_engine(gpu_engines, name, build) as llm:
         setting, before = setting_of(llm.engine.config), llm.metrics()
-        reference = gpu_references(llm.engine.config.kv_cache_dtype)
+        reference = gpu_references(model, llm.engine.config.kv_cache_dtype)
         run = drive(llm, arrivals, too_big, reference)
         parted = check_outputs(run, arrivals, reference, setting)
         check_drained(llm, setting, finished=before.finished_requests + len(arrivals))

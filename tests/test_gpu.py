@@ -324,12 +324,17 @@ def test_fp8_decode_compiles_once_for_every_batch_shape() -> None:
     ]
     + [(None, kv_heads, "long", True) for kv_heads in (8, 2)],
 )
-def test_flashinfer_mixed_batch_parts_match_torch(kv_heads: int, window: int | None, chunks: str, fp8: bool) -> None:
+def test_flashinfer_mixed_batch_parts_match_torch(
+    tmp_path: Path, kv_heads: int, window: int | None, chunks: str, fp8: bool
+) -> None:
     """A mixed batch as the scheduler lays it out (decode rows, chunks after KV of their own, then fresh prompts)
     attends in parts (flashinfer_backend.batch_parts): the decode rows through the decode kernel at a group of 4 or 8
     query heads per KV head, in the paged pass at 2; the paged pass on fa3 when every request in it brings 128 tokens or
     more, else fa2 (always fa2 over an fp8 pool); fresh prompts ragged. With a sliding window: one paged fa2 pass.
-    Every row within bf16 tolerance of the torch reference, with K/V passed or read back from the pool."""
+    The decode kernel is the engine's: the CUDA decode at a group of 4 on Hopper (built in a kernel cache, as the
+    engine's start builds it), FlashInfer's at 8, the Triton kernel over fp8. Every row within bf16 tolerance of the
+    torch reference, with K/V passed or read back from the pool."""
+    from kernels.attention import cuda_decode
     from kernels.attention.base import AttnMeta
     from kernels.attention.flashinfer_backend import FlashInferBackend
     from kernels.attention.torch_backend import TorchBackend
@@ -356,7 +361,9 @@ def test_flashinfer_mixed_batch_parts_match_torch(kv_heads: int, window: int | N
     T = sum(q_lens)
     q = torch.randn(T, H, D, generator=g).to(dev, torch.bfloat16)
     k, v = pool.gather(0, meta.out_slots)
-    fi = FlashInferBackend(pool, H, kv_heads, D, dev, sliding_window=window)
+    fi = FlashInferBackend(pool, H, kv_heads, D, dev, sliding_window=window, kernel_cache=tmp_path)
+    hopper = torch.cuda.get_device_capability(dev)[0] == 9
+    assert fi.cuda_decode == (hopper and not fp8 and window is None and H // kv_heads in cuda_decode.GROUPS)
     fi.plan(meta)
     if window is not None:
         assert fi.parts is None and fi.active is fi.prefill[0]
