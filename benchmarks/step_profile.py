@@ -15,8 +15,7 @@ Variants switch one optimisation off to measure what it buys: `unfused` (separat
 (FlashInfer's Hopper kernels for that wrapper instead of fa2), `page32` / `page64` (KV page size), `blaslt` (torch's
 cuBLASLt GEMM path instead of its default), `split-always` (decode always splits the KV over CTAs and merges the
 parts, FlashInfer's choice in CUDA-graph mode, instead of only for batches too small or too uneven to fill the GPU),
-`fi-decode` (FlashInfer's tensor-core decode over the bf16 pool instead of the project's CUDA kernel),
-`prefetch` (the CUDA decode requests its first pages of older keys before its wait for the kernel before it).
+`fi-decode` (FlashInfer's tensor-core decode over the bf16 pool instead of the project's CUDA kernel).
 A fresh GPU machine runs slower for its first ~30 s:
 repeat variants, interleaved, and compare the later runs.
 """
@@ -78,7 +77,6 @@ VARIANTS = (
     "blaslt",
     "split-always",
     "fi-decode",
-    "prefetch",
 )
 
 
@@ -88,7 +86,7 @@ DEFAULT_BLAS = torch.backends.cuda.preferred_blas_library()
 def apply_variant(name: str) -> dict:
     """Switch the variant's one change on (and every other off); returns EngineConfig fields it changes."""
     from engine.models import llama
-    from kernels.attention import cuda_decode, flashinfer_backend
+    from kernels.attention import flashinfer_backend
 
     if name not in VARIANTS:
         raise SystemExit(f"unknown variant {name!r}: choose one of {', '.join(VARIANTS)}")
@@ -97,7 +95,6 @@ def apply_variant(name: str) -> dict:
     flashinfer_backend.PREFILL_KERNELS = "fa3" if name == "prefill-fa3" else "fa2"
     flashinfer_backend.NO_SPLIT_WHEN_BALANCED = name != "split-always"
     flashinfer_backend.CUDA_DECODE = name != "fi-decode"
-    cuda_decode.PREFETCH = name == "prefetch"
     torch.backends.cuda.preferred_blas_library("cublaslt" if name == "blaslt" else DEFAULT_BLAS)
     return {"page_size": int(name[4:])} if name.startswith("page") else {}
 

@@ -30,10 +30,6 @@ SOURCE = Path(__file__).resolve().parent.parent / "cuda" / "paged_decode.cu"
 WARPS, STAGES, COPY = 8, 2, 2
 ALL_SHAPES = ("-DPAGED_DECODE_ALL_SHAPES",)
 HEAD_DIM, PAGE_SIZE, GROUPS = 128, 16, (1, 2, 4)
-# With PDL: each warp's first pages of older keys (none of the kernel before's writes) requested before the wait for
-# that kernel, so that its last moments overlap the KV read's start. Off (every read after the wait) until measured
-# end to end and run under the GPU tests (benchmarks/step_profile.py's `prefetch` variant).
-PREFETCH = False
 LOG2E = 1.4426950408889634
 
 _libs: dict[tuple[str, ...], ctypes.CDLL] = {}
@@ -76,7 +72,7 @@ def load(cache_dir: Path, device: torch.device | None = None, flags: tuple[str, 
         return str(e)
     fn = lib.paged_decode_launch
     p, i64, i32 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int
-    fn.argtypes = [p] * 12 + [ctypes.c_float] + [i64] * 5 + [i32] * 10 + [p]
+    fn.argtypes = [p] * 12 + [ctypes.c_float] + [i64] * 5 + [i32] * 9 + [p]
     fn.restype = i32
     _libs[flags] = lib
     return None
@@ -102,7 +98,6 @@ def decode(
     copy: int = COPY,  # rows to shared memory by: 0 cp.async.cg, 1 the copy engine (bulk), 2 cp.async.ca, 3 ld + st
     flags: tuple[str, ...] = (),  # the build load() made (ALL_SHAPES for shapes other than the engine's)
     pdl: bool = True,  # launched with programmatic dependent launch: its launch overlaps the kernel before it
-    prefetch: bool | None = None,  # PREFETCH unless given
 ) -> torch.Tensor:
     from kernels.attention.fp8_decode import merge_spans  # Triton: on GPU machines only
 
@@ -154,7 +149,6 @@ def decode(
         stages,
         copy,
         int(pdl),
-        int(PREFETCH if prefetch is None else prefetch),
         torch.cuda.current_stream(q.device).cuda_stream,
     )
     if err:

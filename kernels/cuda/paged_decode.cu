@@ -99,7 +99,6 @@ struct Args {
   long long stride_qb, stride_qh, stride_kp, stride_ks, stride_kh;  // elements
   int stride_w;
   int heads;
-  int prefetch;        // the first pages of older keys issued before griddepcontrol.wait (PDL launches only)
 };
 
 template <typename T, int G, int WARPS, int STAGES, int COPY>
@@ -113,6 +112,20 @@ __global__ void __launch_bounds__(WARPS * 32) paged_decode(const Args a) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t4 = lane >> 3, j = lane & 7;
   const int* pages = a.indices + a.indptr[b];
+  // Launched with programmatic dependent launch, this CTA may start while the kernel before it (the fused q/k norm,
+  // rope and KV store) still runs: its work metadata came by copies queued before that kernel, but q and the KV pool
+  // are that kernel's writes, so they are read only after it (a no-op when launched without PDL).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+
+  float qf[G][16];
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    const T* qp = static_cast<const T*>(a.q) + b * a.stride_qb + (kvh * G + h) * a.stride_qh;
+    widen8<T>(*reinterpret_cast<const uint4*>(qp + 8 * j), qf[h]);
+    widen8<T>(*reinterpret_cast<const uint4*>(qp + 64 + 8 * j), qf[h] + 8);
+#pragma unroll
+    for (int d = 0; d < 16; ++d) qf[h][d] *= a.qk_scale;
+  }
 
   const int first_page = start / PAGE;
   const int npages = (end - 1) / PAGE - first_page + 1;
@@ -192,29 +205,8 @@ __global__ void __launch_bounds__(WARPS * 32) paged_decode(const Args a) {
     for (int d = 0; d < 16; ++d) acc[h][d] = 0.f;
   }
 
-  // Launched with programmatic dependent launch, this CTA may start while the kernel before it (the fused q/k norm,
-  // rope and KV store) still runs: its work metadata came by copies queued before that kernel, but q and the new
-  // token's K/V are that kernel's writes, read only after griddepcontrol.wait (a no-op without PDL). With `prefetch`
-  // the first pages of older keys are on their way before it: a page short of the span's last key is none of that
-  // kernel's writes (a decode row brings one new token, the last).
-  int s0 = 0;
-  if (a.prefetch) {
-    const int last_page = (end - 1) / PAGE;
-    for (; s0 < STAGES - 1 && first_page + warp + s0 * WARPS < last_page; ++s0) issue(s0);
-  }
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-
-  float qf[G][16];
 #pragma unroll
-  for (int h = 0; h < G; ++h) {
-    const T* qp = static_cast<const T*>(a.q) + b * a.stride_qb + (kvh * G + h) * a.stride_qh;
-    widen8<T>(*reinterpret_cast<const uint4*>(qp + 8 * j), qf[h]);
-    widen8<T>(*reinterpret_cast<const uint4*>(qp + 64 + 8 * j), qf[h] + 8);
-#pragma unroll
-    for (int d = 0; d < 16; ++d) qf[h][d] *= a.qk_scale;
-  }
-
-  for (int s = s0; s < STAGES - 1; ++s) issue(s);
+  for (int s = 0; s < STAGES - 1; ++s) issue(s);
   for (int i = 0; i < mine; ++i) {
     issue(i + STAGES - 1);
     if (COPY == 1) {
@@ -415,10 +407,9 @@ extern "C" int paged_decode_launch(const void* q, const void* k, const void* v, 
                                    const int* work, const int* work_ptr, const int* order, void* out, float* part,
                                    float* lse, int* counters, float qk_scale, long long stride_qb, long long stride_qh, long long stride_kp,
                                    long long stride_ks, long long stride_kh, int stride_w, int items, int heads,
-                                   int kv_heads, int fp16, int warps, int stages, int hint, int pdl, int prefetch,
-                                   void* stream) {
+                                   int kv_heads, int fp16, int warps, int stages, int hint, int pdl, void* stream) {
   const Args a{q, k, v, indptr, indices, work, work_ptr, order, out, part, lse, counters, qk_scale,
-               stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_w, heads, pdl && prefetch};
+               stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_w, heads};
   const int group = heads / kv_heads;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   return fp16 ? by_group<__half>(a, items, kv_heads, group, warps, stages, hint, pdl, s)
