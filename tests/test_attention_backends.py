@@ -307,9 +307,10 @@ def test_stored_kv_is_not_written_again() -> None:
 
 
 def test_span_decode_work_cuts_every_request_into_spans_of_one_length() -> None:
-    """span_decode.span_decode_work, the fp8 decode's split: the spans tile each request's keys exactly, have one
-    length (aligned to the kernel's step) but each request's last, number at most programs + requests and at most
-    max_spans per request, so a lone long request is shared out among many programs; without a split, one span each."""
+    """span_decode.span_decode_work, the split of the project's decode kernels (fp8 and CUDA): the spans tile each
+    request's keys exactly, have one length (aligned to the kernel's step) but each request's last, number at most
+    programs + requests and at most max_spans per request, so a lone long request is shared out among many programs;
+    without a split, one span each."""
     from kernels.attention.span_decode import SPAN_ALIGN, span_decode_work
 
     def spans(work: np.ndarray, ptr: np.ndarray, r: int) -> list[tuple[int, int]]:
@@ -340,8 +341,8 @@ def test_span_decode_work_cuts_every_request_into_spans_of_one_length() -> None:
     assert work[2, 0] == 1152 and ptr[1] - ptr[0] == 29 and (np.diff(ptr)[1:] == 1).all()
 
 
-def test_fp8_decode_wrapper_plans_spans_and_graph_buffers() -> None:
-    """kernels/attention/span_decode.SpanDecodeWrapper, the fp8 decode kernel's planner (the kernel itself runs
+def test_span_decode_wrapper_plans_spans_and_graph_buffers() -> None:
+    """kernels/attention/span_decode.SpanDecodeWrapper, the planner of the fp8 and CUDA decodes (the kernels run
     on Hopper only: tests/test_gpu.py): context lengths from FlashInfer's page metadata, the spans and page table in one
     device buffer, merge scratch only where a request has several spans; a graph wrapper's fixed buffer refilled in
     place, its spans padded to the most a plan can make (request -1), the merge kept with a split, and the copy's

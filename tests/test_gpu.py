@@ -204,6 +204,25 @@ def test_cuda_decode_kernel_matches_exact_attention(
     _span_decode_against_exact("cuda", heads, kv_heads, 128, split, dtype, None, kernel_cache=tmp_path)
 
 
+def test_cuda_decode_names_a_shape_its_build_lacks(tmp_path: Path) -> None:
+    """A shape of paged_decode.cu that the engine's build does not instantiate (the benchmarks' other shapes need the
+    ALL_SHAPES build) is a ValueError naming it, not a bare error code."""
+    from kernels.attention import cuda_decode
+
+    dev = torch.device("cuda")
+    if not cuda_decode.supported(dev, 16, 8, 128, 16, torch.bfloat16, None):
+        pytest.skip("the CUDA decode runs on Hopper only")
+    assert cuda_decode.load(tmp_path, dev) is None
+    q = torch.zeros(2, 16, 128, dtype=torch.bfloat16, device=dev)
+    kv = torch.zeros(4, 16, 8, 128, dtype=torch.bfloat16, device=dev)
+    ints = torch.tensor([0, 1, 2], dtype=torch.int32, device=dev)
+    work = torch.tensor([[0, 1], [0, 0], [5, 5]], dtype=torch.int32, device=dev)
+    with pytest.raises(ValueError, match="no kernel for 4 warps, 3 stages, copy 0"):
+        cuda_decode.decode(q, kv, kv, ints, ints, work, ints, 0.1, None, None, warps=4, stages=3, copy=0)
+    out = cuda_decode.decode(q, kv, kv, ints, ints, work, ints, 0.1, None, None)  # the engine's shape runs
+    assert out.shape == q.shape and not out.isnan().any()
+
+
 def _span_decode_against_exact(
     kernel: str, heads: int, kv_heads: int, dim: int, split: bool, dtype: torch.dtype, kv_dtype, **backend_kw: Any
 ) -> None:

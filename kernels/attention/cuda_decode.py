@@ -63,13 +63,19 @@ def supported(
 
 def load(cache_dir: Path, device: torch.device | None = None, flags: tuple[str, ...] = ()) -> str | None:
     """Build (once per source, flags and GPU architecture, in `cache_dir`) and load the kernel; returns why it cannot
-    run here, or None."""
+    run here, or None. On a CUDA device its kernels are loaded too: a toolkit newer than the driver builds a library
+    that fails only at its first launch."""
     if flags in _libs:
         return None
     try:
         lib = cuda_build.build(SOURCE, cache_dir, device, flags)
     except RuntimeError as e:
         return str(e)
+    lib.paged_decode_probe.restype = ctypes.c_char_p
+    if device is not None and device.type == "cuda":  # a CPU device: built only (the tests that build it on CPUs)
+        with torch.cuda.device(device):
+            if why := lib.paged_decode_probe():
+                return f"its kernels do not load on {torch.cuda.get_device_name(device)}: {why.decode()}"
     fn = lib.paged_decode_launch
     p, i64, i32 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int
     fn.argtypes = [p] * 12 + [ctypes.c_float] + [i64] * 5 + [i32] * 9 + [p]
@@ -106,16 +112,23 @@ def decode(
     out = torch.empty_like(q) if out is None else out
     if not (
         out.is_contiguous()
+        and out.shape == q.shape
         and q.stride(2) == 1
         and q.data_ptr() % 16 == 0
         and q.stride(0) % 8 == 0
         and q.stride(1) % 8 == 0
         and work.stride(1) == 1
         and k_cache.stride() == v_cache.stride()
+        and k_cache.shape == v_cache.shape
         and k_cache.stride(3) == 1
+        and all(x % 8 == 0 for x in k_cache.stride()[:3])
+        and k_cache.data_ptr() % 16 == 0
+        and v_cache.data_ptr() % 16 == 0
+        and work.dtype == work_ptr.dtype == indptr.dtype == indices.dtype == torch.int32
         and (dim, k_cache.shape[1]) == (HEAD_DIM, PAGE_SIZE)
-        and q.dtype == k_cache.dtype == out.dtype
+        and q.dtype == k_cache.dtype == v_cache.dtype == out.dtype
         and (part is None) == (lse is None)
+        and (part is None or part.dtype == lse.dtype == torch.float32)  # type: ignore[union-attr]
     ):
         raise ValueError(f"the CUDA decode cannot take q {tuple(q.shape)} {q.dtype} over K/V {tuple(k_cache.shape)}")
     lib = _libs.get(flags)
@@ -151,8 +164,14 @@ def decode(
         int(pdl),
         torch.cuda.current_stream(q.device).cuda_stream,
     )
+    if err == -1:
+        raise ValueError(
+            f"the CUDA decode's build {' '.join(flags) or 'for the engine'} has no kernel for {warps} warps, {stages} "
+            f"stages, "
+            f"copy {copy} and {heads // kv_heads} query heads per KV head"
+        )
     if err:
-        raise RuntimeError(f"paged_decode_launch: error {err} (rows {rows}, heads {heads}/{kv_heads}, dim {dim})")
+        raise RuntimeError(f"paged_decode_launch: CUDA error {err} (rows {rows}, heads {heads}/{kv_heads}, dim {dim})")
     if part is not None and lse is not None and counters is None:
         merge_spans(out, part, lse, work_ptr, rows, heads)
     return out

@@ -52,7 +52,7 @@ def span_decode_work(lens: np.ndarray, programs: int, split: bool, max_spans: in
 
 
 class SpanScratch:
-    """fp32 scratch for the spans' outputs and log-sum-exps, one for every fp8 decode wrapper of a backend: attention
+    """fp32 scratch for the spans' outputs and log-sum-exps, one for every span decode wrapper of a backend: attention
     kernels run in stream order, so one buffer serves them all. It only grows, and keeps every buffer it handed out:
     a captured CUDA graph holds its address."""
 
@@ -108,7 +108,7 @@ class SpanDecodeWrapper:
         *,
         disable_split_kv: bool = False,
         sm_scale: float,
-        **_: object,  # FlashInfer's dtypes and window: fixed for this kernel (fp8_decode_supported)
+        **_: object,  # FlashInfer's dtypes and window: fixed for the kernel (fp8_decode_supported, cuda_decode's)
     ) -> None:
         rows = len(indptr) - 1
         ptr = indptr.numpy()

@@ -401,6 +401,14 @@ int by_group(const Args& a, int items, int kv_heads, int group, int warps, int s
 
 }  // namespace
 
+// Whether this library's kernels load on the current device: nullptr, or why not. A toolkit newer than the driver
+// builds a library that loads (the runtime is linked statically) and fails at its first launch.
+extern "C" const char* paged_decode_probe() {
+  cudaFuncAttributes attr;
+  const cudaError_t e = cudaFuncGetAttributes(&attr, paged_decode<__nv_bfloat16, 2, 8, 2, 2>);
+  return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
+}
+
 // Returns a cudaError_t, or -1 for a shape this build has no kernel for. pdl: launched with programmatic dependent
 // launch (as FlashInfer's attention is), so the launch overlaps the kernel before it.
 extern "C" int paged_decode_launch(const void* q, const void* k, const void* v, const int* indptr, const int* indices,
