@@ -72,13 +72,16 @@ def build(
                "-Xcompiler", "-fPIC", *flags, "-o", str(tmp), str(source)]  # fmt: skip
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+            if done.returncode == 0:
+                tmp.replace(target)
         except subprocess.TimeoutExpired as e:
-            tmp.unlink(missing_ok=True)
             raise RuntimeError(f"building {source.name} took over {BUILD_TIMEOUT_S} s") from e
-        if done.returncode:
+        except OSError as e:  # nvcc not executable, the cache full or read-only
+            raise RuntimeError(f"building {source.name} into {target.parent}: {e}") from e
+        finally:
             tmp.unlink(missing_ok=True)
+        if done.returncode:
             raise RuntimeError(f"building {source.name} failed:\n{done.stderr.strip()[-2000:]}")
-        tmp.replace(target)
     try:
         return ctypes.CDLL(str(target))
     except OSError as e:

@@ -406,7 +406,10 @@ def kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("kernels")
 
 
-@pytest.mark.parametrize("case", ["hopper", "fp16", "ampere", "turned-off", "no-cache", "head-dim-64", "no-nvcc"])
+@pytest.mark.parametrize(
+    "case",
+    ["hopper", "fp16", "ampere", "turned-off", "no-cache", "head-dim-64", "no-nvcc", "nvcc-broken", "cache-is-a-file"],
+)
 def test_flashinfer_16_bit_pool_decodes_through_the_cuda_kernel_where_it_builds(
     monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], kernel_cache: Path, tmp_path: Path, case: str
 ) -> None:
@@ -426,12 +429,21 @@ def test_flashinfer_16_bit_pool_decodes_through_the_cuda_kernel_where_it_builds(
     if case == "turned-off":
         monkeypatch.setenv("MINISGL_CUDA_DECODE", "0")
     cache: Path | None = None if case == "no-cache" else kernel_cache
-    if case == "no-nvcc":  # a machine without the toolkit: a fresh cache, nothing built in this process
+    refused = case in ("no-nvcc", "nvcc-broken", "cache-is-a-file")
+    if refused:  # nothing built in this process yet
         monkeypatch.setattr(cuda_decode, "_libs", {})
         monkeypatch.setattr(fib, "_cuda_decode_refused", set())
+        cache = tmp_path / "cache"
+    if case == "no-nvcc":  # a machine without the toolkit
         monkeypatch.setenv("PATH", str(tmp_path))
         monkeypatch.setenv("CUDA_HOME", str(tmp_path / "none"))
-        cache = tmp_path / "cache"
+    if case == "nvcc-broken":  # $CUDA_HOME/bin/nvcc there but not a program
+        (tmp_path / "cuda" / "bin").mkdir(parents=True)
+        (tmp_path / "cuda" / "bin" / "nvcc").write_text("")
+        monkeypatch.setenv("PATH", str(tmp_path))
+        monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    if case == "cache-is-a-file":  # a kernel cache that cannot be created
+        (tmp_path / "cache").write_text("")
     H, KVH, D, PS = 4, 2, 64 if case == "head-dim-64" else 128, 16
     dtype = torch.float16 if case == "fp16" else torch.bfloat16
     pool = KVPool.create(1, 64, PS, KVH, D, dtype, "cpu")
@@ -454,9 +466,11 @@ def test_flashinfer_16_bit_pool_decodes_through_the_cuda_kernel_where_it_builds(
         spans = be.active.work_ptr.diff().tolist()
         assert spans[:7] == [1] * 7 and spans[7] > 1
     err = capfd.readouterr().err
-    assert ("the CUDA decode cannot be built" in err) == (case == "no-nvcc")
-    if case == "no-nvcc":
-        assert "nvcc" in err
+    assert ("the CUDA decode cannot be built" in err) == refused
+    if refused:
+        assert {"no-nvcc": "needs the CUDA toolkit's nvcc", "nvcc-broken": "Permission denied"}.get(
+            case, "cannot create the kernel cache"
+        ) in err
         fib.FlashInferBackend(pool, H, KVH, D, CPU, kernel_cache=cache)  # said once
         assert "cannot be built" not in capfd.readouterr().err
 

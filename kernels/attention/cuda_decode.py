@@ -166,9 +166,8 @@ def decode(
     )
     if err == -1:
         raise ValueError(
-            f"the CUDA decode's build {' '.join(flags) or 'for the engine'} has no kernel for {warps} warps, {stages} "
-            f"stages, "
-            f"copy {copy} and {heads // kv_heads} query heads per KV head"
+            f"the CUDA decode's build {' '.join(flags) or 'for the engine'} has no kernel for {warps} warps, "
+            f"{stages} stages, copy {copy} and {heads // kv_heads} query heads per KV head"
         )
     if err:
         raise RuntimeError(f"paged_decode_launch: CUDA error {err} (rows {rows}, heads {heads}/{kv_heads}, dim {dim})")
