@@ -193,12 +193,14 @@ def test_fp8_decode_kernel_matches_exact_attention(heads: int, kv_heads: int, di
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("split", [False, True])
 def test_cuda_decode_kernel_matches_exact_attention(
-    tmp_path: Path, heads: int, kv_heads: int, dtype: torch.dtype, split: bool
+    tmp_path: Path, monkeypatch, heads: int, kv_heads: int, dtype: torch.dtype, split: bool
 ) -> None:
     """kernels/attention/cuda_decode.py (built here with nvcc, as the engine's start builds it), behind the backend's
-    plan/run, against exact attention in fp32 over the same stored K/V (_span_decode_against_exact)."""
+    plan/run, against exact attention in fp32 over the same stored K/V (_span_decode_against_exact); every group the
+    kernel takes, as the engine would run it if it decoded that group through it (ENGINE_GROUPS)."""
     from kernels.attention import cuda_decode
 
+    monkeypatch.setattr(cuda_decode, "ENGINE_GROUPS", cuda_decode.GROUPS)
     if not cuda_decode.supported(torch.device("cuda"), heads, kv_heads, 128, 16, dtype, None):
         pytest.skip("the CUDA decode runs on Hopper only")
     _span_decode_against_exact("cuda", heads, kv_heads, 128, split, dtype, None, kernel_cache=tmp_path)
@@ -344,20 +346,23 @@ def test_fp8_decode_compiles_once_for_every_batch_shape() -> None:
     + [(None, kv_heads, "long", True) for kv_heads in (8, 2)],
 )
 def test_flashinfer_mixed_batch_parts_match_torch(
-    tmp_path: Path, kv_heads: int, window: int | None, chunks: str, fp8: bool
+    tmp_path: Path, monkeypatch, kv_heads: int, window: int | None, chunks: str, fp8: bool
 ) -> None:
     """A mixed batch as the scheduler lays it out (decode rows, chunks after KV of their own, then fresh prompts)
     attends in parts (flashinfer_backend.batch_parts): the decode rows through the decode kernel at a group of 4 or 8
     query heads per KV head, in the paged pass at 2; the paged pass on fa3 when every request in it brings 128 tokens or
     more, else fa2 (always fa2 over an fp8 pool); fresh prompts ragged. With a sliding window: one paged fa2 pass.
-    The decode kernel is the engine's: the CUDA decode at a group of 4 on Hopper (built in a kernel cache, as the
-    engine's start builds it), FlashInfer's at 8, the Triton kernel over fp8. Every row within bf16 tolerance of the
+    The decode kernel: the CUDA decode at a group of 4 on Hopper (built in a kernel cache, as the engine's start builds
+    it; the engine keeps FlashInfer's there until measured, cuda_decode.ENGINE_GROUPS, so this runs it as the engine
+    would with 4 among them), FlashInfer's at 8, the Triton kernel over fp8. Every row within bf16 tolerance of the
     torch reference, with K/V passed or read back from the pool."""
     from kernels.attention import cuda_decode
     from kernels.attention.base import AttnMeta
     from kernels.attention.flashinfer_backend import FlashInferBackend
     from kernels.attention.torch_backend import TorchBackend
     from kvcache.pool import FP8, KVPool
+
+    monkeypatch.setattr(cuda_decode, "ENGINE_GROUPS", cuda_decode.GROUPS)
 
     dev, H, D, PS = torch.device("cuda"), 16, 128, 16
     g = torch.Generator().manual_seed(0)
@@ -382,7 +387,7 @@ def test_flashinfer_mixed_batch_parts_match_torch(
     k, v = pool.gather(0, meta.out_slots)
     fi = FlashInferBackend(pool, H, kv_heads, D, dev, sliding_window=window, kernel_cache=tmp_path)
     hopper = torch.cuda.get_device_capability(dev)[0] == 9
-    assert fi.cuda_decode == (hopper and not fp8 and window is None and H // kv_heads in cuda_decode.GROUPS)
+    assert fi.cuda_decode == (hopper and not fp8 and window is None and H // kv_heads in cuda_decode.ENGINE_GROUPS)
     fi.plan(meta)
     if window is not None:
         assert fi.parts is None and fi.active is fi.prefill[0]

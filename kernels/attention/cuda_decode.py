@@ -1,5 +1,6 @@
 """Decode attention over a bf16 / fp16 paged KV pool in CUDA (kernels/cuda/paged_decode.cu), the FlashInfer backend's
-decode where it runs (`supported`): Hopper, head dim 128, pages of 16 tokens, 1, 2 or 4 query heads per KV head.
+decode where it runs (`supported`): Hopper, head dim 128, pages of 16 tokens, 2 query heads per KV head (the kernel
+takes 1, 2 or 4; only 2 has been measured against FlashInfer).
 
 It is built once per machine with the CUDA toolkit's nvcc (as FlashInfer's JIT builds its kernels) into the engine's
 kernel cache (`load`), and called through ctypes on torch's current stream, so the decode CUDA graphs capture it. The
@@ -30,6 +31,10 @@ SOURCE = Path(__file__).resolve().parent.parent / "cuda" / "paged_decode.cu"
 WARPS, STAGES, COPY = 8, 2, 2
 ALL_SHAPES = ("-DPAGED_DECODE_ALL_SHAPES",)
 HEAD_DIM, PAGE_SIZE, GROUPS = 128, 16, (1, 2, 4)
+# The query heads per KV head the engine decodes through it: those measured faster than FlashInfer's decode (Qwen3's
+# 16/8 on an H200). At 4 (Llama-3.1-8B's 32/8) each byte of K/V costs it twice the CUDA-core FMAs, where FlashInfer's
+# tensor cores fill better: not measured, so FlashInfer's there.
+ENGINE_GROUPS = (2,)
 LOG2E = 1.4426950408889634
 
 _libs: dict[tuple[str, ...], ctypes.CDLL] = {}
@@ -48,8 +53,8 @@ def supported(
     dtype: torch.dtype,
     sliding_window: int | None,
 ) -> bool:
-    """Whether the kernel reads this pool on this CUDA device: the shapes it is built for, a 16-bit pool, no sliding
-    window, Hopper (the GPUs it was measured on)."""
+    """Whether the engine decodes this pool through the kernel on this CUDA device: the shapes it is built for, a group
+    of ENGINE_GROUPS, a 16-bit pool, no sliding window, Hopper (the GPUs it was measured on)."""
     return (
         torch.cuda.get_device_capability(device)[0] == 9
         and head_dim == HEAD_DIM
@@ -57,7 +62,7 @@ def supported(
         and dtype in (torch.bfloat16, torch.float16)
         and sliding_window is None
         and num_heads % num_kv_heads == 0
-        and num_heads // num_kv_heads in GROUPS
+        and num_heads // num_kv_heads in ENGINE_GROUPS
     )
 
 

@@ -24,9 +24,10 @@ ms, output 1.06x). At Qwen3-0.6B's heads (16, 8) the same batch took 1,216 again
 calls cost each mixed step 2.8 ms more host time, and its saturated replay lost at TBT p99 (52.6 against 40.7 ms):
 there the decode rows stay in the paged pass (over a bf16 pool; over fp8, below, they go apart at any group).
 
-Over a bf16 / fp16 pool on Hopper (head dim 128, pages of 16), decode rows go through this project's CUDA kernel
-(kernels/attention/cuda_decode.py, behind the same plan/run calls: span_decode.py), built at the backend's start when
-the engine names a kernel cache: on an H200 0.7-5.3% faster than FlashInfer's tensor-core decode from 16 to 256 rows.
+Over a bf16 / fp16 pool on Hopper (head dim 128, pages of 16, 2 query heads per KV head), decode rows go through this
+project's CUDA kernel (kernels/attention/cuda_decode.py, behind the same plan/run calls: span_decode.py), built at the
+backend's start when the engine names a kernel cache: on an H200 0.7-8% faster than FlashInfer's tensor-core decode
+from 16 to 256 rows.
 It splits the requests' keys into spans of one length only where one CTA per (request, KV head) leaves the GPU half
 empty or one request is far longer than the rest (cuda_decode_split).
 
