@@ -131,9 +131,13 @@ def cuda_decode_split(kv_lens: list[int], num_kv_heads: int, sms: int, slots: in
     of 8 warps takes an SM alone, and one per (request, KV head) was the faster plan while they fill at least half the
     SMs: on an H200 at the offline workload's lengths (Qwen3-0.6B's 8 KV heads) 23.9 against 26.0 us at 16 rows, 41.9
     against 44.1 at 32; at 8 rows, 64 CTAs, 20.8 against 15.4 (docs/gpu.md, fifty-sixth session). A request far
-    longer than the rest splits as FlashInfer's fixed split does (fixed_split_pages' margin, `slots` as there)."""
-    lone = max(kv_lens) * slots > FIXED_SPLIT_MARGIN * sum(kv_lens) * num_kv_heads
-    return 2 * len(kv_lens) * num_kv_heads <= sms or lone
+    longer than the rest splits as FlashInfer's fixed split does (far_longer, `slots` as there)."""
+    return 2 * len(kv_lens) * num_kv_heads <= sms or far_longer(kv_lens, num_kv_heads, slots)
+
+
+def far_longer(kv_lens: list[int], num_kv_heads: int, slots: int) -> bool:
+    """Whether one request's KV is over FIXED_SPLIT_MARGIN times one slot's share of the batch's."""
+    return max(kv_lens) * slots > FIXED_SPLIT_MARGIN * sum(kv_lens) * num_kv_heads
 
 
 def fixed_split_pages(kv_lens: list[int], num_kv_heads: int, slots: int) -> int:
@@ -145,7 +149,7 @@ def fixed_split_pages(kv_lens: list[int], num_kv_heads: int, slots: int) -> int:
     engine replays, took 658, its eager choice 651); 64 such rows 116 against 481 (docs/gpu.md)."""
     if FIXED_SPLIT_PAGES <= 0 or len(kv_lens) * num_kv_heads < slots:
         return 0
-    return FIXED_SPLIT_PAGES if max(kv_lens) * slots > FIXED_SPLIT_MARGIN * sum(kv_lens) * num_kv_heads else 0
+    return FIXED_SPLIT_PAGES if far_longer(kv_lens, num_kv_heads, slots) else 0
 
 
 def fresh_tail(meta: AttnMeta) -> int:
@@ -228,8 +232,9 @@ class FlashInferBackend(AttentionBackend):
             flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=RAGGED_KERNELS)
             for _ in range(2)
         ]
+        self.sms = torch.cuda.get_device_properties(device).multi_processor_count
         # Enough CTAs to fill the GPU: a no-split decode runs one CTA per (request, KV head), about two per SM.
-        self.split_slots = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+        self.split_slots = 2 * self.sms
         self.fp8_decode = (
             TRITON_FP8_DECODE and pool.quantized and fp8_decode_supported(device, head_dim, sliding_window)
         )
@@ -246,7 +251,6 @@ class FlashInferBackend(AttentionBackend):
         # the decode through span_decode.SpanDecodeWrapper: one of the project's own kernels
         self.span_kernel = "fp8" if self.fp8_decode else "cuda" if self.cuda_decode else None
         self.span_scratch = SpanScratch(device)
-        self.sms = torch.cuda.get_device_properties(device).multi_processor_count
         self.span_slots = (FP8_PROGRAMS_PER_SM if self.fp8_decode else CUDA_PROGRAMS_PER_SM) * self.sms
         self.decode: list[_Wrapper] = [self._decode_wrapper() for _ in range(2)]
         self.graph_wrappers: dict[tuple[int, int, bool], _Wrapper] = {}
