@@ -77,15 +77,28 @@ VARIANTS = (
     "blaslt",
     "split-always",
     "fi-decode",
+    "no-qkv",
 )
 
 
 DEFAULT_BLAS = torch.backends.cuda.preferred_blas_library()
+_QKV_STORE: Callable | None = None
+
+
+def _no_qkv_in_decode(q: torch.Tensor, *args: object) -> None:
+    """An ablation, wrong by design: decode batches (256 rows at most) skip the fused q/k/rope/KV kernel, so the
+    attention reads unroped q and stale K/V; prefill runs it. Timing only: the offline workload ignores EOS, so its
+    schedule does not depend on the tokens. What folding that kernel into the attention could save at most."""
+    if q.shape[0] > 256:
+        assert _QKV_STORE is not None
+        _QKV_STORE(q, *args)
 
 
 def apply_variant(name: str) -> dict:
     """Switch the variant's one change on (and every other off); returns EngineConfig fields it changes."""
+    global _QKV_STORE
     from engine.models import llama
+    from kernels import triton_ops
     from kernels.attention import flashinfer_backend
 
     if name not in VARIANTS:
@@ -96,6 +109,8 @@ def apply_variant(name: str) -> dict:
     flashinfer_backend.NO_SPLIT_WHEN_BALANCED = name != "split-always"
     flashinfer_backend.CUDA_DECODE = name != "fi-decode"
     torch.backends.cuda.preferred_blas_library("cublaslt" if name == "blaslt" else DEFAULT_BLAS)
+    _QKV_STORE = _QKV_STORE or triton_ops.qk_norm_rope_store
+    triton_ops.qk_norm_rope_store = _no_qkv_in_decode if name == "no-qkv" else _QKV_STORE  # type: ignore[assignment]
     return {"page_size": int(name[4:])} if name.startswith("page") else {}
 
 

@@ -1,6 +1,6 @@
 """Decode attention over a bf16 / fp16 paged KV pool in CUDA (kernels/cuda/paged_decode.cu), the FlashInfer backend's
 decode where it runs (`supported`): Hopper, head dim 128, pages of 16 tokens, 2 query heads per KV head (the kernel
-takes 1, 2 or 4; only 2 has been measured against FlashInfer).
+takes 1, 2 or 4; at 4 it is slower than FlashInfer's, at 1 not measured).
 
 It is built once per machine with the CUDA toolkit's nvcc (as FlashInfer's JIT builds its kernels) into the engine's
 kernel cache (`load`), and called through ctypes on torch's current stream, so the decode CUDA graphs capture it. The
@@ -32,8 +32,9 @@ WARPS, STAGES, COPY = 8, 2, 2
 ALL_SHAPES = ("-DPAGED_DECODE_ALL_SHAPES",)
 HEAD_DIM, PAGE_SIZE, GROUPS = 128, 16, (1, 2, 4)
 # The query heads per KV head the engine decodes through it: those measured faster than FlashInfer's decode (Qwen3's
-# 16/8 on an H200). At 4 (Llama-3.1-8B's 32/8) each byte of K/V costs it twice the CUDA-core FMAs, where FlashInfer's
-# tensor cores fill better: not measured, so FlashInfer's there.
+# 16/8 on an H200). At 4 (Llama-3.1-8B's 32/8, and its 16/4 per rank under TP=2) it is 8-10% slower at 16-256 rows on an
+# H200 (benchmarks/results/session57/): each byte of K/V costs it twice the CUDA-core FMAs, where FlashInfer's tensor
+# cores take the group. So FlashInfer's there.
 ENGINE_GROUPS = (2,)
 LOG2E = 1.4426950408889634
 
