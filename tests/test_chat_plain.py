@@ -352,6 +352,9 @@ def test_a_signal_mid_answer_saves_the_partial_answer_as_stopped(tmp_path, sig):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # a group of its own, as a terminal's session: SIGHUP goes to the whole group
+        # SIGHUP at its default action, as in a terminal's session: an ignored one (a runner under nohup) is
+        # inherited, and the chat keeps it ignored (nohup's choice)
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
     )
     try:
         assert p.stdin is not None and p.stdout is not None
