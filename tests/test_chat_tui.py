@@ -91,9 +91,11 @@ def test_metrics_panel_updates_during_generation(tiny, monkeypatch):
     # The tiny model's 1,500 tokens can come faster than the app renders them: on a loaded machine (CI at 6b0e512) the
     # engine had finished, its pages no longer in use, while the app still streamed the answer, and no metrics read
     # saw pages in use. Past its first 60 steps the engine takes 20 ms a step, so the answer lasts ~30 s, in which the
-    # app catches up and reads (metrics are served between steps; esc ends the answer at the next one).
-    step, steps = tiny.step, itertools.count()
-    monkeypatch.setattr(tiny, "step", lambda: (time.sleep(0.02 if next(steps) > 60 else 0), step())[1])
+    # app catches up and reads (metrics are served between steps; esc ends the answer at the next one). The engine's
+    # step, not the LLM's: the chat's engine loop steps llm.engine (the LLM's step, patched here until the fifty-seventh
+    # session, was never called, and the flake stayed).
+    step, steps = tiny.engine.step, itertools.count()
+    monkeypatch.setattr(tiny.engine, "step", lambda: (time.sleep(0.02 if next(steps) > 60 else 0), step())[1])
 
     async def scenario(app: ChatApp, pilot) -> None:
         await wait_for(pilot, lambda: app.last_metrics is not None, what="first metrics read")
@@ -133,6 +135,7 @@ def test_metrics_panel_updates_during_generation(tiny, monkeypatch):
         assert re.search(r"in use\s+0\b", panel_text(app, "kv")) and re.search(r"running\s+0", panel_text(app, "sched"))
 
     run_app(tiny, scenario, max_tokens=1500)
+    assert next(steps) > 60  # the slowed step is the one the loop ran
 
 
 def test_second_turn_reports_cache_hits(tiny):
