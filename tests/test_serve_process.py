@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -25,20 +26,21 @@ SERVE = ["--model", "dummy:SmolLM2-135M", "--device", "cpu", "--num-pages", "256
 
 
 @contextlib.contextmanager
-def serve(*extra: str) -> Iterator[tuple[subprocess.Popen, psutil.Process, str]]:
-    """The command, its front-end child and the URL; everything is killed on the way out whatever happened."""
+def serve(*extra: str, sighup: Any = signal.SIG_DFL) -> Iterator[tuple[subprocess.Popen, psutil.Process, str]]:
+    """The command, its front-end child and the URL; everything is killed on the way out whatever happened.
+    `sighup`: the SIGHUP disposition it starts with (SIG_IGN: started under nohup)."""
     port = free_port()
     cmd = [sys.executable, "-m", "minisgl_cli", "serve", *SERVE, "--port", str(port), *extra]
     # a session of its own: a test can signal the server's process group as a closing terminal does. SIGHUP at its
-    # default action, as in a terminal's session: an ignored SIGHUP is inherited, and serve keeps it ignored (nohup's
-    # choice), so a runner that ignores it (nohup, some CI agents) would see streams run to their end instead.
+    # default action unless asked, as in a terminal's session: an ignored SIGHUP is inherited, and serve keeps it
+    # ignored (nohup's choice), so under a runner that ignores it (nohup, some CI agents) streams ran to their end.
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, sighup),
     )
     url = f"http://127.0.0.1:{port}"
     started: list[psutil.Process] = []
@@ -149,6 +151,22 @@ def test_sighup_to_the_process_group_ends_open_streams_with_the_reason():
         assert proc.wait(timeout=10) == 0
         assert gone_within(front, 5)
         assert not os.path.exists(ipc), ipc
+
+
+def test_serve_started_under_nohup_outlives_the_terminal_closing():
+    """`nohup minisgl serve ...`: SIGHUP is ignored from the start, and the server keeps it so (its own handler would
+    have ended it): the open stream goes on, new requests are served; Ctrl-C still ends it."""
+    with serve(sighup=signal.SIG_IGN) as (proc, front, url):
+        chunks = streaming(url)
+        os.killpg(proc.pid, signal.SIGHUP)
+        for _ in range(20):  # tokens keep coming well after the signal
+            next(chunks)
+        time.sleep(1.5)  # past the engine loop's and the front end's watch periods
+        assert proc.poll() is None and front.is_running()
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+        proc.send_signal(signal.SIGINT)
+        assert "engine shut down" in stream_error(chunks)
+        assert proc.wait(timeout=10) == 0
 
 
 def test_sigterm_to_the_front_end_of_a_stuck_engine_ends_open_streams_with_the_reason():
