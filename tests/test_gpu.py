@@ -451,6 +451,38 @@ def test_cuda_graphs_and_overlap_give_identical_tokens(request, model):
     assert all(n == 0 for n in differing.values()), differing
 
 
+def test_graphs_and_overlap_agree_where_the_cuda_decode_splits_long_contexts(peaked_model_d128, monkeypatch):
+    """Few rows over long contexts: the CUDA decode cuts each request's keys into spans and merges their parts, from
+    the decode graphs and eagerly, with overlap and without; the tokens agree bit for bit (8 rows: a captured size,
+    the same GEMMs and the same spans). The other token checks run 40-48 rows, which the kernel takes unsplit, and the
+    GPU fuzz's contexts stay within one span."""
+    from kernels.attention import cuda_decode, span_decode
+
+    if not cuda_decode.supported(torch.device("cuda"), 6, 3, 128, 16, torch.bfloat16, None):
+        pytest.skip("the CUDA decode runs on Hopper only")
+    split_plans: list[bool] = []
+    work = span_decode.span_decode_work
+
+    def counted(lens, programs: int, split: bool, max_spans: int):
+        items, ptr = work(lens, programs, split, max_spans)
+        split_plans.append(items.shape[1] > len(lens))
+        return items, ptr
+
+    monkeypatch.setattr(span_decode, "span_decode_work", counted)
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.randint(300, 900, (8,), generator=g)
+    prompts = [torch.randint(0, 10000, (int(n),), generator=g).tolist() for n in lengths]
+    results = {}
+    for graphs in (64, 0):
+        for overlap in (True, False):
+            split_plans.clear()
+            results[graphs, overlap] = _greedy_tokens(peaked_model_d128, prompts, graphs, overlap)
+            assert sum(split_plans) >= 40, (graphs, overlap, sum(split_plans))  # the decode steps ran in spans
+    base = results[64, True]
+    differing = {k: sum(a != b for a, b in zip(v, base)) for k, v in results.items()}
+    assert all(n == 0 for n in differing.values()), differing
+
+
 def test_no_collection_runs_inside_a_graph_capture():
     """A cyclic collection inside a capture can free another engine's graphs (one dropped without shutdown(), in a
     reference cycle), which is not permitted while a stream captures: the capture failed with
