@@ -4,20 +4,18 @@
 // waits for the kernel before it (`wait_on_dependent_grids`) before its first load, so it may be launched with
 // programmatic dependent launch (`pdl`), which cuBLAS's may not (forty-fourth session).
 //
-// STATE: compile-tested only (fifty-seventh session: nvcc 13.0, sm_90a, ~40 s on the 2-core CPU machine, a 1 MB
-// library); never run on a GPU, no result checked. Build:
-//   I=<site-packages>/flashinfer/data/cutlass/include
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -shared -Xcompiler -fPIC \
-//        -DCUTLASS_ENABLE_GDC_FOR_SM90 -DNDEBUG -I$I --expt-relaxed-constexpr -o cutlass_gemm.so benchmarks/cutlass_gemm.cu
-// Next: check it against torch.matmul, time it beside cuBLAS in resident_gemm.py's chain with and without PDL, then
-// the weights requested into L2 before the wait (a kernel layer of our own around CUTLASS's collectives).
+// STATE: compile-tested only (fifty-seventh session: nvcc 13.0, sm_90a, 35-65 s on the 2-core CPU machine, a 1 MB
+// library, built and loaded by kernels/cuda_build.py there); never run on a GPU, no result checked yet.
+// Built and timed by resident_gemm.py (`cutlass_lib`, `--kinds cublas,cutlass,cutlass-pdl`): each projection against
+// cuBLAS at 1, 37 and 256 rows, then the 28-layer chain with and without PDL. Next: the weights requested into L2
+// before the wait (a kernel layer of our own around CUTLASS's collectives).
 #include <cuda_runtime.h>
-#include "cutlass/cutlass.h"
-#include "cute/tensor.hpp"
-#include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include <cutlass/cutlass.h>
+#include <cute/tensor.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
 
 using namespace cute;
 using T = cutlass::bfloat16_t;
@@ -38,9 +36,12 @@ using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
 using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-extern "C" int gemm_bf16(const void* x, const void* w, void* y, int M, int N, int K, void* workspace, int pdl,
+// y [M, N] (contiguous) = x [M, K] (rows `lda` apart) times W [N, K]^T (contiguous), on `stream`; `pdl`: launched with
+// programmatic dependent launch. Returns 0, or where it stopped: 1 a shape it cannot take, 2 its setup, 3 the launch,
+// 4 a shape that would need a workspace (none is passed).
+extern "C" int gemm_bf16(const void* x, const void* w, void* y, int M, int N, int K, long long lda, int pdl,
                          cudaStream_t stream) {
-  typename Kernel::StrideA sa = make_stride(int64_t(K), _1{}, int64_t(M) * K);
+  typename Kernel::StrideA sa = make_stride(int64_t(lda), _1{}, int64_t(M) * int64_t(lda));
   typename Kernel::StrideB sb = make_stride(int64_t(K), _1{}, int64_t(N) * K);
   typename Kernel::StrideC sc = make_stride(int64_t(N), _1{}, int64_t(M) * N);
   typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
@@ -49,6 +50,7 @@ extern "C" int gemm_bf16(const void* x, const void* w, void* y, int M, int N, in
                                 {{1.0f, 0.0f}, static_cast<const T*>(y), sc, static_cast<T*>(y), sc}};
   Gemm gemm;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return 1;
-  if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) return 2;
+  if (Gemm::get_workspace_size(args) > 0) return 4;
+  if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return 2;
   return gemm.run(stream, nullptr, pdl != 0) == cutlass::Status::kSuccess ? 0 : 3;
 }

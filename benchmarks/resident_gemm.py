@@ -15,6 +15,9 @@ a matrix when its turn comes), chained as in a decode step at M rows, one CUDA g
   cp.async before the wait, x streamed through shared memory, mma.sync), with or without PDL; `-b16` 16 rows per
   pass at every M (else 32 above 16 rows), `-s2` two stages of x instead of three, `-sall` a whole pass of x at
   once (16 rows), `-rot` each CTA starting at its own chunk of x (32-row passes, so above 16 rows only).
+- `cutlass[-pdl]`: `cutlass_gemm.cu`, a CUTLASS 4.5 Hopper GEMM (TMA, warp-specialized, clusters of 2 sharing x) built
+  with GDC against the headers in FlashInfer's wheel, without or with PDL (it waits before its first load, weights
+  included). Added in the fifty-seventh session, compile-tested there; not yet run.
 The question: do kernel boundaries stop costing once the weights no longer wait for the input? (The streaming read
 alone: `phase_boundaries.py`.) Outputs are checked against cuBLAS's, and each CUDA GEMM alone at 1 and 37 rows.
 H100 (docs/gpu.md): PDL takes ~6 us per layer off. Up to 16 rows the CUDA chain under PDL is 17% faster than cuBLAS
@@ -25,6 +28,7 @@ since every CTA reads all of x from L2 (cuBLAS's cluster kernels share it): 52.5
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 from pathlib import Path
 
@@ -95,6 +99,36 @@ def cuda_ext():
     return load(name="resident_gemm_cuda", sources=[str(src)], extra_cuda_cflags=["-O3"], verbose=False)
 
 
+def cutlass_lib() -> ctypes.CDLL:
+    """benchmarks/cutlass_gemm.cu built by kernels/cuda_build.py (nvcc, ~40 s the first time) against the CUTLASS
+    headers FlashInfer's wheel carries."""
+    import flashinfer
+
+    from engine.cache_paths import cache_root
+    from kernels import cuda_build
+
+    include = Path(flashinfer.__file__).parent / "data" / "cutlass" / "include"
+    flags = (f"-I{include}", "-DCUTLASS_ENABLE_GDC_FOR_SM90", "-DNDEBUG", "--expt-relaxed-constexpr")
+    src = Path(__file__).with_name("cutlass_gemm.cu")
+    lib = cuda_build.build(src, cache_root() / "cuda", torch.device("cuda"), flags)
+    p, i32 = ctypes.c_void_p, ctypes.c_int
+    lib.gemm_bf16.argtypes = [p, p, p, i32, i32, i32, ctypes.c_longlong, i32, p]
+    lib.gemm_bf16.restype = i32
+    return lib
+
+
+def cutlass_linear(lib: ctypes.CDLL, x: torch.Tensor, w: torch.Tensor, pdl: bool) -> torch.Tensor:
+    """x [M, K] (rows may be strided) times w [N, K]^T through cutlass_gemm.cu, on torch's current stream."""
+    (m, k), n = x.shape, w.shape[0]
+    assert x.stride(1) == 1 and w.is_contiguous() and w.shape[1] == k and x.dtype == w.dtype == torch.bfloat16
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    rc = lib.gemm_bf16(x.data_ptr(), w.data_ptr(), y.data_ptr(), m, n, k, x.stride(0), int(pdl), stream)
+    if rc:
+        raise RuntimeError(f"cutlass_gemm.cu stopped at step {rc} on {m}x{n}x{k} (its gemm_bf16 says which)")
+    return y
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ms", default="1,16,32,64", help="rows")
@@ -111,6 +145,7 @@ def main() -> None:
     bns = [int(v) for v in args.bn.split(",")]
     kinds = args.kinds.split(",")
     ext = cuda_ext() if any(k.startswith("cuda") for k in kinds) else None
+    cl = cutlass_lib() if any(k.startswith("cutlass") for k in kinds) else None
 
     single_gemm_err = {}
     if ext is not None:  # each shape once against cuBLAS, at row counts that leave partial 16- and 32-row blocks
@@ -122,6 +157,14 @@ def main() -> None:
                     got = ext.resident_linear(x, w, False, bm, 3, bm == 32).float()
                     single_gemm_err[f"{n}x{k} M={m} bm={bm}"] = ((got - ref).abs().max() / ref.abs().max()).item()
         print("one GEMM against cuBLAS (max rel. err.):", max(single_gemm_err.values()), flush=True)
+    if cl is not None:  # the same for the CUTLASS GEMM, x strided as the chain slices it
+        for (n, k), w in zip(shapes, mats[0]):
+            for m in (1, 37, 256):
+                x = torch.randn(m, 2 * k, device=dev, dtype=torch.bfloat16)[:, :k]
+                ref = F.linear(x, w).float()
+                got = cutlass_linear(cl, x, w, False).float()
+                single_gemm_err[f"cutlass {n}x{k} M={m}"] = ((got - ref).abs().max() / ref.abs().max()).item()
+        print("one CUTLASS GEMM against cuBLAS (max rel. err.):", max(single_gemm_err.values()), flush=True)
 
     def step(mode: str, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
         h = x[: int(mode.rsplit("-", 1)[1])]
@@ -130,6 +173,12 @@ def main() -> None:
                 qkv = F.linear(h, qkv_w)
                 gu = F.linear(F.linear(qkv[:, :Q], o_w), gu_w)
                 h = F.linear(gu[:, :INTER], down_w)
+            elif mode.startswith("cutlass"):
+                assert cl is not None
+                pdl = "-pdl" in mode
+                qkv = cutlass_linear(cl, h, qkv_w, pdl)
+                gu = cutlass_linear(cl, cutlass_linear(cl, qkv[:, :Q], o_w, pdl), gu_w, pdl)
+                h = cutlass_linear(cl, gu[:, :INTER], down_w, pdl)
             elif mode.startswith("cuda"):
                 assert ext is not None
                 # cuda[-pdl][-b16][-s2|-sall][-rot]: PDL; 16 rows per pass at every M (less shared memory); 2
