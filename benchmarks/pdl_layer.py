@@ -14,6 +14,8 @@ lengths; `layer_ablation.py`'s setup), one CUDA graph per mode, modes interleave
   wait, so it must not start early); FlashInfer's decode launches with PDL as it always does (it waits at its
   start and lets the next kernel launch after its last writes).
 Prints ms per step and the difference per layer, and each mode's largest difference from `base`'s output.
+`--gemm clswap` (any of resident_gemm.py's `CUTLASS_CONFIGS`) runs `gemm-pdl` and `all-pdl` with that CUTLASS GEMM
+instead of `resident_gemm.cu`'s (fifty-eighth session).
 """
 
 from __future__ import annotations
@@ -34,14 +36,14 @@ from layer_chain import (  # this script's folder is on sys.path
     rmsnorm_pdl,
     silu_pdl,
 )
-from resident_gemm import cuda_ext
+from resident_gemm import CUTLASS_CONFIGS, cuda_ext, cutlass_libs, cutlass_linear
 
 from kernels import triton_ops
 
 MODES = ["base", "gemm-pdl", "all-pdl"]
 
 
-def run_batch(batch: int, weights: list[dict], dev: torch.device, ext) -> dict:
+def run_batch(batch: int, weights: list[dict], dev: torch.device, ext, cutlass) -> dict:
     bf = torch.bfloat16
     db = DecodeBatch.draw(batch, torch.Generator().manual_seed(batch), dev)
     store, attn, kv, lens = db.rope_store(dev), db.wrapper(dev), db.kv, db.lens
@@ -51,7 +53,11 @@ def run_batch(batch: int, weights: list[dict], dev: torch.device, ext) -> dict:
         small_pdl = mode == "all-pdl"
 
         def linear(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-            return F.linear(a, w) if mode == "base" else ext.resident_linear(a, w, True, bm, stages, False)
+            if mode == "base":
+                return F.linear(a, w)
+            if cutlass is not None:
+                return cutlass_linear(cutlass, a, w, True)
+            return ext.resident_linear(a, w, True, bm, stages, False)
 
         def norm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             return rmsnorm_pdl(a, w, res, True) if small_pdl else triton_ops.rmsnorm(a, w, EPS, res)
@@ -83,15 +89,18 @@ def run_batch(batch: int, weights: list[dict], dev: torch.device, ext) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,16,32,64")
+    ap.add_argument("--gemm", default="cuda", choices=["cuda", *CUTLASS_CONFIGS], help="the GEMM the PDL modes run")
     ap.add_argument("--out", default="pdl_layer.json")
     args = ap.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)
     weights = layer_weights(dev)
-    ext = cuda_ext()
-    rows = [run_batch(int(b), weights, dev, ext) for b in args.batches.split(",")]
+    ext = cuda_ext() if args.gemm == "cuda" else None
+    cutlass = None if args.gemm == "cuda" else cutlass_libs([args.gemm])[args.gemm]
+    rows = [run_batch(int(b), weights, dev, ext, cutlass) for b in args.batches.split(",")]
     with open(args.out, "w") as f:
-        json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
+        result = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, gemm=args.gemm, rows=rows)
+        json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,13 @@ a matrix when its turn comes), chained as in a decode step at M rows, one CUDA g
   cp.async before the wait, x streamed through shared memory, mma.sync), with or without PDL; `-b16` 16 rows per
   pass at every M (else 32 above 16 rows), `-s2` two stages of x instead of three, `-sall` a whole pass of x at
   once (16 rows), `-rot` each CTA starting at its own chunk of x (32-row passes, so above 16 rows only).
-- `cutlass[-pdl]`: `cutlass_gemm.cu`, a CUTLASS 4.5 Hopper GEMM (TMA, warp-specialized, clusters of 2 sharing x) built
-  with GDC against the headers in FlashInfer's wheel, without or with PDL (it waits before its first load, weights
-  included). Added in the fifty-seventh session, compile-tested there; not yet run.
+- `cutlass[-pdl]`, `cl64x64[-pdl]`, ...: `cutlass_gemm.cu`, CUTLASS 4.5 Hopper GEMMs (TMA, warp-specialized) built with
+  GDC against the headers in FlashInfer's wheel, one library per configuration (`CUTLASS_CONFIGS`: tiles, clusters,
+  ping-pong, stream-K, W and x swapped), without or with PDL (they wait before their first load, weights included);
+- `cublaspf[2]`: cuBLAS, with a side branch of the graph asking L2 for the next (or the second next) GEMM's weights
+  when each GEMM starts (`l2_prefetch.cu`), so the GEMM after it finds them there;
+- `cublashot`: cuBLAS with every layer's weights the first layer's, so they sit in L2: the bound on what loading a
+  GEMM's weights into L2 ahead of it could give.
 The question: do kernel boundaries stop costing once the weights no longer wait for the input? (The streaming read
 alone: `phase_boundaries.py`.) Outputs are checked against cuBLAS's, and each CUDA GEMM alone at 1 and 37 rows.
 H100 (docs/gpu.md): PDL takes ~6 us per layer off. Up to 16 rows the CUDA chain under PDL is 17% faster than cuBLAS
@@ -99,21 +103,53 @@ def cuda_ext():
     return load(name="resident_gemm_cuda", sources=[str(src)], extra_cuda_cflags=["-O3"], verbose=False)
 
 
-def cutlass_lib() -> ctypes.CDLL:
-    """benchmarks/cutlass_gemm.cu built by kernels/cuda_build.py (nvcc, ~40 s the first time) against the CUTLASS
-    headers FlashInfer's wheel carries."""
+# cutlass_gemm.cu's configurations by kind (its -D flags): tile rows x columns x depth, cluster, schedule (0
+# warp-specialized, 1 ping-pong, 3 cooperative with stream-K), SWAP (y^T = W x^T: W's rows on the wide side)
+CUTLASS_CONFIGS: dict[str, dict[str, int]] = {
+    "cutlass": {},  # 64 x 128 x 64, clusters of 2, warp-specialized (the file's defaults)
+    "cl64x64": dict(TM=64, TN=64, TK=128, CLN=1),
+    "cl64x32": dict(TM=64, TN=32, TK=128, CLN=1),
+    "clpp": dict(TM=64, TN=64, TK=128, CLN=1, SCHED=1),
+    "clsk": dict(TM=128, TN=64, TK=64, CLN=1, SCHED=3),
+    "clswap": dict(TM=64, TN=64, TK=128, CLN=1, SWAP=1),
+    "clswapsk": dict(TM=128, TN=64, TK=64, CLN=1, SCHED=3, SWAP=1),
+}
+
+
+def cutlass_libs(names: list[str]) -> dict[str, ctypes.CDLL]:
+    """benchmarks/cutlass_gemm.cu built by kernels/cuda_build.py (nvcc, ~40 s each the first time, in parallel) in each
+    named configuration, against the CUTLASS headers FlashInfer's wheel carries."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import flashinfer
 
     from engine.cache_paths import cache_root
     from kernels import cuda_build
 
     include = Path(flashinfer.__file__).parent / "data" / "cutlass" / "include"
-    flags = (f"-I{include}", "-DCUTLASS_ENABLE_GDC_FOR_SM90", "-DNDEBUG", "--expt-relaxed-constexpr")
     src = Path(__file__).with_name("cutlass_gemm.cu")
-    lib = cuda_build.build(src, cache_root() / "cuda", torch.device("cuda"), flags)
-    p, i32 = ctypes.c_void_p, ctypes.c_int
-    lib.gemm_bf16.argtypes = [p, p, p, i32, i32, i32, ctypes.c_longlong, i32, p]
-    lib.gemm_bf16.restype = i32
+
+    def build(name: str) -> ctypes.CDLL:
+        defines = tuple(f"-D{k}={v}" for k, v in CUTLASS_CONFIGS[name].items())
+        flags = (f"-I{include}", "-DCUTLASS_ENABLE_GDC_FOR_SM90", "-DNDEBUG", "--expt-relaxed-constexpr", *defines)
+        lib = cuda_build.build(src, cache_root() / "cuda", torch.device("cuda"), flags)
+        p, i32 = ctypes.c_void_p, ctypes.c_int
+        lib.gemm_bf16.argtypes = [p, p, p, i32, i32, i32, ctypes.c_longlong, i32, p]
+        lib.gemm_bf16.restype = i32
+        return lib
+
+    with ThreadPoolExecutor(max_workers=len(names) or 1) as pool:
+        return dict(zip(names, pool.map(build, names)))
+
+
+def prefetch_lib() -> ctypes.CDLL:
+    """benchmarks/l2_prefetch.cu built by kernels/cuda_build.py (a few seconds)."""
+    from engine.cache_paths import cache_root
+    from kernels import cuda_build
+
+    lib = cuda_build.build(Path(__file__).with_name("l2_prefetch.cu"), cache_root() / "cuda", torch.device("cuda"))
+    lib.prefetch_l2.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_int, ctypes.c_void_p]
+    lib.prefetch_l2.restype = ctypes.c_int
     return lib
 
 
@@ -145,7 +181,34 @@ def main() -> None:
     bns = [int(v) for v in args.bn.split(",")]
     kinds = args.kinds.split(",")
     ext = cuda_ext() if any(k.startswith("cuda") for k in kinds) else None
-    cl = cutlass_lib() if any(k.startswith("cutlass") for k in kinds) else None
+    cls = cutlass_libs(sorted({k.split("-")[0] for k in kinds if k.split("-")[0] in CUTLASS_CONFIGS}))
+
+    pf = prefetch_lib() if any(k.startswith("cublaspf") for k in kinds) else None
+    side = torch.cuda.Stream()
+
+    def chain_pf(h: torch.Tensor, dist: int) -> torch.Tensor:
+        """The cuBLAS chain with the weights `dist` GEMMs ahead requested into L2 on a side stream as each starts."""
+        assert pf is not None
+        flat = [w for layer in mats for w in layer]
+        main = torch.cuda.current_stream()
+
+        def fetch(w: torch.Tensor) -> None:
+            rc = pf.prefetch_l2(w.data_ptr(), w.numel() * w.element_size(), 32, side.cuda_stream)
+            assert rc == 0, f"l2_prefetch.cu's launch failed ({rc})"
+
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            for w in flat[:dist]:
+                fetch(w)
+        for j, w in enumerate(flat):
+            side.wait_stream(main)  # from the end of GEMM j - 1: runs beside GEMM j
+            if j + dist < len(flat):
+                with torch.cuda.stream(side):
+                    fetch(flat[j + dist])
+            h = F.linear(h, w)
+            h = h[:, :Q] if j % 4 == 0 else h[:, :INTER] if j % 4 == 2 else h
+        main.wait_stream(side)
+        return h
 
     single_gemm_err = {}
     if ext is not None:  # each shape once against cuBLAS, at row counts that leave partial 16- and 32-row blocks
@@ -157,25 +220,28 @@ def main() -> None:
                     got = ext.resident_linear(x, w, False, bm, 3, bm == 32).float()
                     single_gemm_err[f"{n}x{k} M={m} bm={bm}"] = ((got - ref).abs().max() / ref.abs().max()).item()
         print("one GEMM against cuBLAS (max rel. err.):", max(single_gemm_err.values()), flush=True)
-    if cl is not None:  # the same for the CUTLASS GEMM, x strided as the chain slices it
+    for name, cl in cls.items():  # the same for each CUTLASS GEMM, x strided as the chain slices it
         for (n, k), w in zip(shapes, mats[0]):
             for m in (1, 37, 256):
                 x = torch.randn(m, 2 * k, device=dev, dtype=torch.bfloat16)[:, :k]
                 ref = F.linear(x, w).float()
                 got = cutlass_linear(cl, x, w, False).float()
-                single_gemm_err[f"cutlass {n}x{k} M={m}"] = ((got - ref).abs().max() / ref.abs().max()).item()
-        print("one CUTLASS GEMM against cuBLAS (max rel. err.):", max(single_gemm_err.values()), flush=True)
+                single_gemm_err[f"{name} {n}x{k} M={m}"] = ((got - ref).abs().max() / ref.abs().max()).item()
+        print(f"one {name} GEMM against cuBLAS (max rel. err.):", max(single_gemm_err.values()), flush=True)
 
     def step(mode: str, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
         h = x[: int(mode.rsplit("-", 1)[1])]
-        for qkv_w, o_w, gu_w, down_w in mats:
+        if mode.startswith("cublaspf"):
+            return chain_pf(h, 2 if mode.startswith("cublaspf2") else 1)
+        # `cublashot`: every layer with the first layer's weights, which stay in L2 (31.5 MB of its 50-60): the
+        # chain as it would run were each GEMM's weights already in L2 when it starts
+        for qkv_w, o_w, gu_w, down_w in [mats[0]] * LAYERS if mode.startswith("cublashot") else mats:
             if mode.startswith("cublas"):
                 qkv = F.linear(h, qkv_w)
                 gu = F.linear(F.linear(qkv[:, :Q], o_w), gu_w)
                 h = F.linear(gu[:, :INTER], down_w)
-            elif mode.startswith("cutlass"):
-                assert cl is not None
-                pdl = "-pdl" in mode
+            elif mode.split("-")[0] in cls:
+                cl, pdl = cls[mode.split("-")[0]], "-pdl" in mode
                 qkv = cutlass_linear(cl, h, qkv_w, pdl)
                 gu = cutlass_linear(cl, cutlass_linear(cl, qkv[:, :Q], o_w, pdl), gu_w, pdl)
                 h = cutlass_linear(cl, gu[:, :INTER], down_w, pdl)
