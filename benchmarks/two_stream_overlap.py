@@ -10,7 +10,10 @@ as the offline workload mid-run, pages scattered), captured in one CUDA graph:
 - `two`: the batch cut in two halves, each with its own attention plan, each half's layers on its own stream
   (forked and joined inside the graph), so one half's latency-bound GEMMs can run while the other half's
   bandwidth-bound attention streams KV;
-- `two-prio`: the same with the second stream at a higher priority.
+- `two-prio`: the same with the second stream at a higher priority;
+- `two-pipe`: the two halves offset by half a layer and held there by events: each half's attention waits for the
+  other half's attention of the layer before it, so the attentions run one at a time, each beside the other half's
+  GEMMs and small kernels (a two-batch pipeline; fifty-eighth session).
 Prints ms per step and the ratio to `one`; checks both give the same output. (The modes ran one after the other
 until the twenty-eighth session; now in turn, through layer_chain.interleaved_step_ms.)
 H100 (benchmarks/results/throughput_h100/two_stream.txt): `two` 1.016-1.017x the time of `one` at 64-256 rows,
@@ -49,24 +52,48 @@ def run_batch(batch: int, weights: list[dict], dev: torch.device) -> dict:
     full = db.wrapper(dev)
     halves = (db.wrapper(dev, 0, batch // 2), db.wrapper(dev, batch // 2, batch))
 
+    def layer(i: int, x: torch.Tensor, res: torch.Tensor, attn, wait=None, done=None) -> torch.Tensor:
+        """Layer i; the current stream waits for event `wait` before the attention and records `done` after it."""
+        w = weights[i]
+        h = triton_ops.rmsnorm(x, w["n1"], EPS, res)
+        qkv = F.linear(h, w["qkv"])
+        q = qkv[:, :Q].reshape(-1, HEADS, DIM)
+        if wait is not None:
+            torch.cuda.current_stream().wait_event(wait)
+        o = attn.run(q, kv[i]).reshape(-1, Q)
+        if done is not None:
+            done.record()
+        h = triton_ops.rmsnorm(F.linear(o, w["o"]), w["n2"], EPS, res)
+        return F.linear(triton_ops.silu_and_mul(F.linear(h, w["gu"])), w["down"])
+
     def layers(x: torch.Tensor, res: torch.Tensor, attn) -> torch.Tensor:
-        for i, w in enumerate(weights):
-            h = triton_ops.rmsnorm(x, w["n1"], EPS, res)
-            qkv = F.linear(h, w["qkv"])
-            q = qkv[:, :Q].reshape(-1, HEADS, DIM)
-            o = attn.run(q, kv[i]).reshape(-1, Q)
-            h = triton_ops.rmsnorm(F.linear(o, w["o"]), w["n2"], EPS, res)
-            x = F.linear(triton_ops.silu_and_mul(F.linear(h, w["gu"])), w["down"])
+        for i in range(len(weights)):
+            x = layer(i, x, res, attn)
         return x
+
+    def pipelined(x: torch.Tensor, res: torch.Tensor, side: torch.cuda.Stream) -> torch.Tensor:
+        """Half A on the current stream, half B on `side`; attention order A0 B0 A1 B1 ... enforced by events."""
+        a_done = [torch.cuda.Event() for _ in weights]
+        b_done = [torch.cuda.Event() for _ in weights]
+        side.wait_stream(torch.cuda.current_stream())
+        xa, ra, xb, rb = x[:h], res[:h], x[h:], res[h:]
+        for i in range(len(weights)):
+            xa = layer(i, xa, ra, halves[0], b_done[i - 1] if i else None, a_done[i])
+            with torch.cuda.stream(side):
+                xb = layer(i, xb, rb, halves[1], a_done[i], b_done[i])
+        torch.cuda.current_stream().wait_stream(side)
+        return torch.cat([xa, xb])
 
     x0, r0 = rnd(batch, HIDDEN, scale=1.0), rnd(batch, HIDDEN, scale=1.0)
     h = batch // 2
-    s2 = {"two": torch.cuda.Stream(), "two-prio": torch.cuda.Stream(priority=-1)}
+    s2 = {"two": torch.cuda.Stream(), "two-prio": torch.cuda.Stream(priority=-1), "two-pipe": torch.cuda.Stream()}
 
     def step(mode: str, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
         if mode == "one":
             return layers(x, res, full)
         side = s2[mode]
+        if mode == "two-pipe":
+            return pipelined(x, res, side)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             yb = layers(x[h:], res[h:], halves[1])
@@ -74,7 +101,7 @@ def run_batch(batch: int, weights: list[dict], dev: torch.device) -> dict:
         torch.cuda.current_stream().wait_stream(side)
         return torch.cat([ya, yb])
 
-    ms, outs = interleaved_step_ms(step, ("one", "two", "two-prio"), x0, r0, rounds=12, skip=2)
+    ms, outs = interleaved_step_ms(step, ("one", "two", "two-prio", "two-pipe"), x0, r0, rounds=12, skip=2)
     err = {m: ((out - outs["one"]).norm() / outs["one"].norm()).item() for m, out in outs.items()}
     res_row = dict(batch=batch, kv_tokens=int(lens.sum()), ms=ms, rel_err=err)
     print(
