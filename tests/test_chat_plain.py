@@ -66,8 +66,9 @@ def test_piped_chat_with_slash_commands():
     assert "error: /temp: 'nope' is not a number" in p.stderr
     assert "error: max_tokens must be >= 1" in p.stderr and "max tokens = 8" in p.stderr
     assert "error: unknown command '/bogus'" in p.stderr
-    # /help marks what only the TUI does (it listed /regen etc. as if they worked here)
-    assert re.search(r"/regen +answer the last message again \(TUI only\)", p.stderr), p.stderr
+    # /help marks what only the TUI does (it listed /copy etc. as if they worked here)
+    assert re.search(r"/copy \[code \[n\]\] +copy the last answer.* \(TUI only\)\n", p.stderr), p.stderr
+    assert re.search(r"/regen +answer the last message again\n", p.stderr), p.stderr
     assert re.search(r"/export md\|json \[path\] +write the conversation to a file\n", p.stderr), p.stderr
     assert re.search(r"KV pages\s+0 in use, \d+ cached", p.stderr) and re.search(r"cache hit\s+0 / \d+", p.stderr)
     assert re.search(r"system prompt\s+be brief\n", p.stderr) and re.search(r"max tokens\s+8\n", p.stderr)
@@ -464,6 +465,43 @@ def test_two_signals_held_through_a_save_are_both_acted_on(tmp_path):
     assert [m.role for m in session.history] == ["user", "assistant"]
     assert session.history[1].stats is not None and session.history[1].stats.finish_reason == "abort"
     assert len(store.sessions()) == 1
+
+
+def test_regen_and_edit_in_the_plain_mode():
+    """/regen and /edit were TUI only: the plain mode said so and did nothing. /regen answers the last message again
+    in place of its answer (or answers a message left without one); /edit <text> sends the text in place of the last
+    message and its answer, over several lines between triple quotes as /system does."""
+    llm = make_llm("dummy:tiny-llama", num_pages=128)
+    engine = LocalEngine(llm)
+    session = ChatSession(max_tokens=6, temperature=0.0, max_tokens_limit=llm.engine.max_model_len)
+    out, err = io.StringIO(), io.StringIO()
+    lines = ["/regen", "/edit", "one", "/regen", "/regen again", "/edit", "/edit two", '"""/edit three', 'lines"""']
+    try:
+        code = run_plain(engine.backend(), session, None, None, io.StringIO("\n".join(lines) + "\n"), out, err)
+        said = err.getvalue()
+        assert code == 1 and said.endswith("minisgl chat: 4 commands refused (exit status 1)\n"), said
+        assert "error: nothing to answer again yet" in said and "error: no message to edit yet" in said
+        assert "error: /regen takes nothing (got 'again')" in said and "error: /edit needs the new message" in said
+        assert "for the TUI" not in said
+        turns = [m.groups() for m in TURN.finditer(said)]
+        assert len(turns) == 4, said
+        # /regen sent the same conversation again: the same prompt, its cached prefix reused, the same greedy answer
+        assert turns[1][5] == turns[0][5] and int(turns[1][4]) > 0 and int(turns[0][4]) == 0
+        answers = out.getvalue().split("\n")
+        assert answers[0] == answers[1] and answers[0], answers
+        assert [(m.role, m.content) for m in session.history] == [("user", "three\nlines"), ("assistant", answers[3])]
+        assert session.title == "three lines"  # named after the message edited in (the first, not renamed)
+
+        left = ChatSession(max_tokens=6, temperature=0.0, max_tokens_limit=llm.engine.max_model_len)
+        left.add(ChatMessage("user", "unanswered"))  # as after a failed turn
+        out = io.StringIO()
+        assert run_plain(engine.backend(), left, None, None, io.StringIO("/regen\n"), out, io.StringIO()) == 0
+        assert [m.role for m in left.history] == ["user", "assistant"]
+        assert left.history[1].content == out.getvalue()[:-1]
+        m = engine.call(lambda llm: checked(llm).metrics())
+        assert m.kv_pages_in_use == 0 and m.finished_requests == 5
+    finally:
+        engine.shutdown()
 
 
 def test_stats_shows_this_chats_last_turn():

@@ -175,11 +175,18 @@ def test_regenerate_and_edit_replace_the_last_turn(tiny, db):
         assert [(m.role, m.content) for m in app.session.history][0] == ("user", "tell me more")
         assert len(app.session.history) == 2 and [w.index for w in app.query(UserMessage)] == [0]
         assert len(app.query(AssistantMessage)) == 1
+        await send(pilot, "/edit tell me less")  # the text given: in the box, under edit, in place of the last
+        await pilot.pause()
+        assert box.value == "tell me less" and app.query_one(UserMessage).has_class("-editing")
+        await pilot.press("enter")
+        await idle(app, pilot)
+        assert [(m.role, m.content) for m in app.session.history][0] == ("user", "tell me less")
+        assert len(app.session.history) == 2 and len(app.query(AssistantMessage)) == 1
 
     store = ChatStore(db)
     app = run_app(tiny, scenario, store, max_tokens=4)
     rows = sqlite3.connect(db).execute("SELECT role, content FROM messages ORDER BY seq").fetchall()
-    assert rows == [("user", "tell me more"), ("assistant", app.session.history[1].content)]
+    assert rows == [("user", "tell me less"), ("assistant", app.session.history[1].content)]
 
 
 def test_copy_answer_and_code_blocks(tiny):

@@ -23,7 +23,7 @@ from textual.widgets.markdown import MarkdownStream
 from minisgl_cli.tui.backend import Answer, BackendError, ChatBackend
 from minisgl_cli.tui.commands import HELP, CommandError, is_command, model_command, run_command, takes_lines
 from minisgl_cli.tui.export import code_blocks, export
-from minisgl_cli.tui.session import ChatMessage, ChatSession, go_on_with, title_of
+from minisgl_cli.tui.session import ChatMessage, ChatSession, go_on_with
 from minisgl_cli.tui.sessions_screen import Renamed, SessionsScreen
 from minisgl_cli.tui.stats import Load, load_rows, settings_rows, turn_rows
 from minisgl_cli.tui.store import ChatStore, StoreError
@@ -199,7 +199,7 @@ class ChatApp(App):
 
     async def drop_from(self, index: int) -> None:
         """Remove history[index:] from the session and the screen."""
-        del self.session.history[index:]
+        self.session.cut(index)
         for w in list(self.query(UserMessage)) + list(self.query(AssistantMessage)):
             if w.index >= index:
                 await w.remove()
@@ -269,7 +269,7 @@ class ChatApp(App):
         elif result.action == "regen":
             await self.action_regenerate()
         elif result.action == "edit":
-            self.action_edit_last()
+            self.action_edit_last(*result.args)
         elif result.action == "copy":
             self.copy(*result.args)
         elif result.action == "export":
@@ -314,8 +314,6 @@ class ChatApp(App):
         if answer is None:
             return False
         if self.editing is not None:
-            if keep == 0 and self.session.title == title_of(self.session.history[0].content):
-                self.session.title = ""  # named after the message edited away (not renamed): the new one names it
             self.end_edit(self.input_box.value)  # after what it held before ctrl+g, anything typed since enter
             await self.drop_from(keep)
         self.session.add(ChatMessage("user", text, created=time.time()))
@@ -529,7 +527,8 @@ class ChatApp(App):
         self.save()
         await self.follow(answer)
 
-    def action_edit_last(self) -> None:
+    def action_edit_last(self, text: str = "") -> None:
+        """ctrl+g, /edit: the last message into the box to edit and send in its place (/edit <text>: that text)."""
         if self.generating:
             self.say("still answering: press Esc to stop it first", severity="warning")
             return
@@ -543,7 +542,7 @@ class ChatApp(App):
         self.editing = i
         for w in self.query(UserMessage):
             w.set_class(w.index == i, "-editing")
-        box.value = self.session.history[i].content
+        box.value = text or self.session.history[i].content
         box.focus()
         self.say("editing your last message: enter sends it in its place, esc cancels")
 

@@ -23,7 +23,7 @@ HELP: list[tuple[str, str]] = [
     ("/think on|off", "thinking of reasoning models (chat templates with enable_thinking)"),
     ("/model [name|n]", "the models the server serves, or answer with this one (--url)"),
     ("/regen", "answer the last message again"),
-    ("/edit", "edit the last message and send it again"),
+    ("/edit [text]", "edit the last message and send it again (with text: send that in its place)"),
     (
         "/copy [code [n]]",
         "copy the last answer, or its n-th code block (default: the last); a click copies any message",
@@ -55,9 +55,9 @@ def is_command(line: str) -> bool:
 
 
 def takes_lines(line: str) -> bool:
-    """A command whose argument may span lines (a system prompt typed with ctrl+j or pasted); any other text of
-    several lines that starts with "/" (a pasted path, code) is a message."""
-    return line.split(maxsplit=1)[0] == "/system"
+    """A command whose argument may span lines (a system prompt or an edited message typed with ctrl+j or pasted);
+    any other text of several lines that starts with "/" (a pasted path, code) is a message."""
+    return line.split(maxsplit=1)[0] in ("/system", "/edit")
 
 
 def run_command(line: str, session: ChatSession, thinking_switch: bool | None = None) -> CommandResult:
@@ -104,7 +104,11 @@ def run_command(line: str, session: ChatSession, thinking_switch: bool | None = 
         if what not in ("", "code") or (n and not (n.isascii() and n.isdigit() and int(n) >= 1)):
             raise CommandError(f"/copy takes nothing, code, or code <n> with n >= 1 (got {arg!r})")
         return CommandResult("copy", args=(what, n))
-    if name in ("/regen", "/edit", "/sessions", "/delete"):
+    if name == "/edit":
+        return CommandResult("edit", args=(arg,) if arg else ())
+    if name in ("/regen", "/sessions", "/delete"):
+        if arg:  # "/regen please" ran /regen and dropped the rest without a word
+            raise CommandError(f"{name} takes nothing (got {arg!r})")
         return CommandResult(name[1:])  # type: ignore[arg-type]  # one of these action names, checked above
     if name == "/model":
         return CommandResult("model", args=(arg,))  # the front end awaits model_command: it asks the backend

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from minisgl_cli.tui.backend import Answer, BackendError, ChatBackend
@@ -103,16 +104,21 @@ def run_plain(
             if not line.strip():
                 continue
             inputs.append(line)
+            text: str | None = line
+            keep = len(session.history)
             if is_command(line) and (not block or takes_lines(line)):
-                refused_commands += not _command(line, loop, backend, session, turn, stderr)
-                if session.id is None and not session.history:  # /reset: a new session, its own input history
-                    inputs[:] = [line]
-                    turn = TurnStats()  # and no last turn: /stats showed the left chat's
-                    lost_saves, failed_saves = lost_saves + failed_saves, 0
-                save()
-                continue
+                done = _command(line, loop, backend, session, turn, stderr)
+                if not isinstance(done, Resend):
+                    refused_commands += not done
+                    if session.id is None and not session.history:  # /reset: a new session, its own input history
+                        inputs[:] = [line]
+                        turn = TurnStats()  # and no last turn: /stats showed the left chat's
+                        lost_saves, failed_saves = lost_saves + failed_saves, 0
+                    save()
+                    continue
+                text, keep = done.text, done.keep  # /regen, /edit: a turn in place of the last
             try:
-                turn = _answer(loop, backend, session, line, stdout, stderr, save)
+                turn = _answer(loop, backend, session, text, stdout, stderr, save, keep)
             except (ValueError, BackendError) as e:
                 print(f"error: {e}", file=stderr)
                 if isinstance(e, BackendError):
@@ -159,7 +165,8 @@ BLOCK = '"""'  # ollama's multi-line input
 def _read_block(first: str, stdin: TextIO, prompt: Callable[[], object] | None) -> str:
     """A message of several lines, as ollama's prompt takes it: from a line starting with \"\"\" to the line ending
     with \"\"\" (or the end of input), those marks left out; one line per input line otherwise. Text of several
-    lines that starts with "/" is a message, except /system (as in the TUI); `prompt` shows a continuation prompt."""
+    lines that starts with "/" is a message, except /system and /edit (as in the TUI); `prompt` shows a continuation
+    prompt."""
     rest = first[len(BLOCK) :]
     if rest.endswith(BLOCK):  # all on one line
         return rest[: -len(BLOCK)]
@@ -262,21 +269,40 @@ def _save(store: ChatStore | None, session: ChatSession, inputs: list[str], err:
     return True
 
 
+@dataclass(frozen=True, slots=True)
+class Resend:
+    """/regen or /edit: a turn that answers the conversation's first `keep` messages followed by `text` (None: they
+    end with the user's message); the messages after them go once the backend takes the request."""
+
+    keep: int
+    text: str | None
+
+
 def _answer(
-    loop: LoopThread, backend: ChatBackend, session: ChatSession, text: str, stdout: TextIO, stderr: TextIO, save
+    loop: LoopThread,
+    backend: ChatBackend,
+    session: ChatSession,
+    text: str | None,
+    stdout: TextIO,
+    stderr: TextIO,
+    save: Callable[[], None],
+    keep: int,
 ) -> TurnStats:
-    """Stream one answer to stdout (its thinking to stderr); Ctrl-C stops it (the partial answer stays). The answer
-    streams on the loop thread; the session is saved on this one, where the store's SQLite connection lives."""
+    """Stream the answer to history[:keep] and `text` (a new message; None: the kept history ends with the user's) to
+    stdout, its thinking to stderr; Ctrl-C stops it (the partial answer stays). The answer streams on the loop thread;
+    the session is saved on this one, where the store's SQLite connection lives."""
     started: list[Answer] = []
     stopping: list[bool] = []  # a signal asked to stop the answer (maybe before the backend took it)
     begun: concurrent.futures.Future[None] = concurrent.futures.Future()  # the request was taken, or refused
 
     def start() -> Answer:
         try:
-            answer = backend.start(
-                session.messages() + [{"role": "user", "content": text}], session.params(), session.thinking
-            )
-            session.add(ChatMessage("user", text, created=time.time()))
+            sent = session.messages()[: keep + (1 if session.system else 0)]
+            new = [] if text is None else [{"role": "user", "content": text}]
+            answer = backend.start(sent + new, session.params(), session.thinking)
+            session.cut(keep)  # the answer (and message) this turn replaces, once the backend took it
+            if text is not None:
+                session.add(ChatMessage("user", text, created=time.time()))
             started.append(answer)
             if stopping:  # asked before it was taken: stop it now
                 answer.stop()
@@ -326,10 +352,13 @@ def _answer(
 
 def _command(
     line: str, loop: LoopThread, backend: ChatBackend, session: ChatSession, turn: TurnStats, out: TextIO
-) -> bool:
-    """Run a slash command, its feedback on `out`; False if it was refused (or could not do what it says)."""
+) -> bool | Resend:
+    """Run a slash command, its feedback on `out`; False if it was refused (or could not do what it says), a Resend
+    for the turn /regen or /edit asks for."""
     try:
         result = run_command(line, session, backend.thinking_switch)
+        if result.action in ("regen", "edit"):
+            return _resend(result.action, result.args, session)
     except CommandError as e:
         print(f"error: {e}", file=out)
         return False
@@ -338,7 +367,7 @@ def _command(
         load: Load | None = loop.run(backend.load())
         rows = settings_rows(session) + turn_rows(turn) + (load_rows(load) if load else [])
     elif result.action == "help":
-        tui_only = {"/regen", "/edit", "/copy", "/sessions", "/delete"}
+        tui_only = {"/copy", "/sessions", "/delete"}
         rows = [(k, f"{v} (TUI only)" if k.split()[0] in tui_only else v) for k, v in HELP]
         rows += [(BLOCK, f"a message of several lines: from a line starting with {BLOCK} to one ending with it")]
         rows += [("Ctrl-C", "stop the answer"), ("Ctrl-D", "quit")]
@@ -353,7 +382,7 @@ def _command(
         except CommandError as e:
             said, done = f"error: {e}", False
         rows = said if isinstance(said, list) else [("", said)]
-    elif result.action in ("regen", "edit", "copy", "sessions", "delete"):  # the "(TUI only)" of /help
+    elif result.action in ("copy", "sessions", "delete"):  # the "(TUI only)" of /help
         rows, done = [("", f"error: {line.split()[0]} is for the TUI (run without --no-tui)")], False
     else:
         rows = [("", result.message)]
@@ -361,3 +390,21 @@ def _command(
     for key, value in rows:
         print(f"{key:<{width}}  {value}".rstrip() if key else value, file=out)
     return done
+
+
+def _resend(action: str, args: tuple[str, ...], session: ChatSession) -> Resend:
+    """/regen: the last answer again (or the answer to a message whose turn failed); /edit <text>: `text` in place of
+    the last message, which /edit alone cannot edit here (no box to put it in), so it says how."""
+    if action == "regen":
+        if session.awaiting_answer:
+            return Resend(len(session.history), None)
+        last = session.last("assistant")
+        if last is None or last != len(session.history) - 1:
+            raise CommandError("nothing to answer again yet")
+        return Resend(last, None)
+    i = session.last("user")
+    if i is None:
+        raise CommandError("no message to edit yet")
+    if not args:
+        raise CommandError('/edit needs the new message: /edit <text> (several lines: """/edit ...""")')
+    return Resend(i, args[0])

@@ -180,6 +180,13 @@ class ChatSession:
         """Index of the last message of `role`."""
         return next((i for i in range(len(self.history) - 1, -1, -1) if self.history[i].role == role), None)
 
+    def cut(self, index: int) -> None:
+        """Drop history[index:] (an answer asked again, a message edited). A title named after the first message (not
+        renamed) goes with it, so that the message sent in its place names the chat."""
+        if index == 0 and self.history and self.title == title_of(self.history[0].content):
+            self.title = ""
+        del self.history[index:]
+
     def reset(self) -> None:
         """A new, unsaved conversation with the same settings."""
         self.history.clear()
