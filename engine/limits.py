@@ -36,6 +36,16 @@ class RequestLimits:
         within it. At least 1, so that a prompt too long by itself is refused for its own length."""
         return max(self.max_request_tokens - prompt_tokens, 1)
 
+    def check_prompt(self, prompt_ids: list[int]) -> None:
+        """ValueError for an empty prompt or an id outside the vocabulary (before anything decodes the ids: the
+        tokenizer raises OverflowError on a negative or huge one)."""
+        if not prompt_ids:
+            raise ValueError("prompt is empty")
+        fast = set(map(type, prompt_ids)) <= {int} and min(prompt_ids) >= 0 and max(prompt_ids) < self.vocab_size
+        bad = [] if fast else [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})")
+
     def check(self, prompt_ids: list[int], params: SamplingParams) -> SamplingParams:
         """The request's own copy of `params`, checked (ValueError if this engine cannot run it). Every submission
         (LLM, AsyncLLM, RemoteLLM) runs the request with that copy: with the caller's object, a field it edited after
@@ -49,12 +59,7 @@ class RequestLimits:
             raise ValueError(
                 f"n={params.n}: a request is one choice; LLM.generate() and chat() run n choices (one request each)"
             )
-        if not prompt_ids:
-            raise ValueError("prompt is empty")
-        fast = set(map(type, prompt_ids)) <= {int} and min(prompt_ids) >= 0 and max(prompt_ids) < self.vocab_size
-        bad = [] if fast else [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})")
+        self.check_prompt(prompt_ids)
         params.logprobs = self.check_logprobs("logprobs", params.logprobs)
         params.prompt_logprobs = self.check_logprobs("prompt_logprobs", params.prompt_logprobs)
         for name, ids in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids)):

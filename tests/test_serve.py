@@ -1315,6 +1315,58 @@ def test_the_responses_api_as_openais_client_reads_it(smol):
     assert server.live_requests() == 0
 
 
+def test_responses_take_earlier_output_items_as_the_sdk_dumps_them(smol):
+    """`input += [o.model_dump() for o in response.output]` (history stored as JSON, agent frameworks) was a 400 that
+    named no field: the SDK writes keys newer than this server ("phase": null), which the input items forbade. They
+    are ignored now, as chat messages' unknown keys are (and as vLLM, whose input types are the SDK's); a field that
+    is wrong is named with its path."""
+    server, _ = smol
+    client = server.openai()
+    turn = [{"role": "user", "content": "Say hi"}]
+    first = client.responses.create(model=server.model, input=turn, max_output_tokens=5, temperature=0)
+    dumped = [o.model_dump() for o in first.output]
+    assert "phase" in dumped[0], dumped  # what made it a 400: a key this server's items did not list
+    turn += [*dumped, {"role": "user", "content": "again"}]
+    again = client.responses.create(model=server.model, input=turn, max_output_tokens=5, temperature=0)
+    as_chat = client.chat.completions.create(
+        model=server.model,
+        messages=[
+            {"role": "user", "content": "Say hi"},
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "again"},
+        ],
+        max_tokens=5,
+        temperature=0,
+    )
+    assert again.output_text == as_chat.choices[0].message.content
+    assert again.usage.input_tokens == as_chat.usage.prompt_tokens
+    for item, says in [
+        ({"role": "user", "content": [{"type": "input_text", "text": 5}]}, "input[0].content[0].text: Input should"),
+        ({"role": "bot", "content": "x"}, "input[0].role: Input should be 'user', 'assistant', 'system'"),
+        ({"role": "user"}, "input[0].content: Field required"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model=server.model, input=[item], max_output_tokens=2)
+        assert e.value.body["message"].startswith(says) and e.value.body["param"] == "input", e.value.body
+    assert server.live_requests() == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_token_ids_a_fast_tokenizer_cannot_decode_are_a_400(smol, stream):
+    """A token-id prompt with a negative or huge id was a 500 ("OverflowError: number too small to fit in target
+    type") on the real model: its fast tokenizer decoded the ids (for echo) before the vocabulary check. The byte
+    tokenizer of the tiny models decodes anything, so tests/test_bad_input.py never saw it."""
+    server, _ = smol
+    for prompt, bad in [([5, -3], -3), ([[-5, 3]], -5), ([2**64], 2**64)]:
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2, "stream": stream})
+        body = r.json()["error"]
+        assert r.status_code == 400 and body["param"] == "prompt", body
+        assert body["message"].startswith(f"prompt token id {bad} is outside the vocabulary [0, 49152)"), body
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2, "echo": True})
+        assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"]["message"], r.text
+    assert server.live_requests() == 0
+
+
 def test_sglangs_generate_endpoint_as_its_bench_serving_reads_it(tiny):
     """SGLang's native POST /generate (a 404 before): `text` or `input_ids`, one or a list, `sampling_params` in
     SGLang's names; streamed as SGLang streams it, each event the whole text so far with meta_info's counts (what

@@ -168,6 +168,8 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Pro
             encoded = [client.encode(p) for p in prompts]
         else:
             encoded = await asyncio.to_thread(lambda: [client.encode(p) for p in prompts])
+        for ids in encoded:  # ids given by the client: checked before the echo decodes them (an OverflowError, a 500)
+            client.limits.check_prompt(ids)
     except ValueError as e:
         raise _refusal(e, chat) from e
     max_name, max_tokens = "max_tokens", body.max_tokens

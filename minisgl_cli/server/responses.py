@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from engine.streams import EngineDeadError
 from engine.text import ChatPrompt, RequestOutput
@@ -26,8 +26,11 @@ from minisgl_cli.server.protocol import refuse_unsupported
 router = APIRouter()
 
 
+# Items and parts ignore keys they do not know, as chat completions' messages do (and vLLM, whose models are the openai
+# SDK's): the SDK's own model_dump() of an earlier output writes keys newer than this server ("phase": null), and
+# `input += [o.model_dump() for o in response.output]` was a 400.
 class InputPart(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+    model_config = ConfigDict(strict=True, extra="ignore")
 
     type: Literal["input_text", "output_text"]
     text: str
@@ -36,7 +39,7 @@ class InputPart(BaseModel):
 
 
 class InputMessage(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+    model_config = ConfigDict(strict=True, extra="ignore")
 
     type: Literal["message"] | None = None
     role: Literal["user", "assistant", "system", "developer"]
@@ -48,6 +51,15 @@ class InputMessage(BaseModel):
         """The content's parts a line each, as chat's (engine.tokenizer.message_text: vLLM joins both alike)."""
         parts = self.content if isinstance(self.content, str) else [p.model_dump() for p in self.content]
         return message_text(parts, "input")
+
+
+def _where(e: ValidationError) -> str:
+    """The deepest of pydantic's errors as `.content[0].text: <why> (got <value>)`, without the union members' names
+    pydantic puts in the path (`str`, `list[InputPart]`)."""
+    err = max(e.errors(), key=lambda d: len(d["loc"]))
+    path = [k for k in err["loc"] if not (isinstance(k, str) and (k == "str" or "[" in k))]
+    where = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in path)
+    return f"{where}: {err['msg']} (got {err['input']!r:.60})"
 
 
 class ResponsesRequest(BaseModel):
@@ -126,6 +138,11 @@ class ResponsesRequest(BaseModel):
                     raise APIError(
                         400, why + " by this server (send input_text parts)", "input", "unsupported_parameter"
                     )
+            if isinstance(item, dict):  # the field at fault, named (pydantic's union error named none)
+                try:
+                    InputMessage.model_validate(item)
+                except ValidationError as e:
+                    raise APIError(400, f"input[{i}]{_where(e)}", "input") from None
         return value
 
     def chat(self) -> ChatPrompt:
