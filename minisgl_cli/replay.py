@@ -157,7 +157,9 @@ async def _drive(
                     return
                 out.append(await run(item, now))
 
-        sends = asyncio.gather(*(worker() for _ in range(max_concurrency)))
+        # no more workers than requests: a cap of 300,000 meant as "no cap" started as many tasks, which kept the
+        # event loop from the streams it times (TTFT 51.7 ms at a cap of 4 against 1,525 ms at 1,000,000)
+        sends = asyncio.gather(*(worker() for _ in range(min(max_concurrency, len(items)))))
     else:
         slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 

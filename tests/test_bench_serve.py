@@ -573,6 +573,31 @@ def test_a_sweep_over_a_dataset_gives_each_load_its_own_prompts(tmp_path):
     assert res["completed"] > 5 and res["workload"]["repeated_prompts"] == res["completed"] - 5
 
 
+def test_a_cap_above_the_request_count_runs_as_that_count():
+    """A closed loop started one worker per slot of --max-concurrency: a cap of 300,000, meant as "no cap", started
+    300,000 tasks beside 4 requests' streams, and the event loop they shared charged its time to the server (TTFT
+    51.7 ms at a cap of 4, 1,525 ms at 1,000,000, against a mock server answering in 50 ms)."""
+    import asyncio
+
+    from minisgl_cli import replay
+
+    items = [replay.ReplayItem(i, i + 1, 0.0, [1, 2, 3], 2) for i in range(4)]
+    tasks: list[int] = []
+    in_flight: list[int] = [0, 0]  # now, most
+
+    async def send(item, result, live) -> None:
+        tasks.append(len(asyncio.all_tasks()))
+        in_flight[0] += 1
+        in_flight[1] = max(in_flight)
+        await asyncio.sleep(0.01)
+        in_flight[0] -= 1
+        result.output_tokens = item.output_len
+
+    done = asyncio.run(replay.drive(items, send, max_concurrency=100_000, closed_loop=True))
+    assert [r.index for r in done] == [0, 1, 2, 3] and all(r.ok and r.output_tokens == 2 for r in done)
+    assert in_flight[1] == 4 and max(tasks) <= 4 + 1, (in_flight, max(tasks))  # the workers and the run's own task
+
+
 def test_the_warm_up_goes_through_the_concurrency_cap(tmp_path, monkeypatch):
     """--warmup N sent all N at once whatever --max-concurrency said; vLLM's warm-up goes through its cap."""
     from minisgl_cli import replay
