@@ -942,12 +942,15 @@ CSV_SKIP = ("requests", "errors", "rps_change_events")
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     import csv
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from minisgl_cli.report import writing
+
     fields = [k for k in rows[0] if k not in CSV_SKIP]
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fields, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fields, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
 
 
 def _sent(row: dict[str, Any], timed: bool) -> str:

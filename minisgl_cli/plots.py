@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from minisgl_cli.report import finite_number
+from minisgl_cli.report import finite_number, writing
 
 MAX_POINTS = 40_000  # TBT scatter points drawn (evenly thinned beyond this)
 
@@ -38,9 +38,10 @@ def _pyplot():
 
 
 def _save(fig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
     _pyplot().close(fig)
 
 

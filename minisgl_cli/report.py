@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import platform
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -170,9 +171,15 @@ def output_problem(path: Path) -> str | None:
     return None
 
 
+# The image formats matplotlib writes (its Agg backend's and the vector ones), by the --plot file's extension
+PLOT_FORMATS = ("png", "svg", "svgz", "pdf", "jpg", "jpeg", "webp", "tif", "tiff", "eps", "ps")
+
+
 def check_outputs(**paths: Path | None) -> None:
     """Fail with a CLI error (exit 2) naming the flag, before anything runs, when one of the output files given
-    (flag name -> path, e.g. json=Path(...), step_log=...) cannot be written, or two flags name the same file."""
+    (flag name -> path, e.g. json=Path(...), step_log=...) cannot be written, or two flags name the same file. A plot
+    needs an image format's extension: matplotlib refused .txt only once the run was over, and added .png to a name
+    without one, so the file written was not the one reported."""
     import typer
 
     seen: dict[Path, str] = {}
@@ -186,6 +193,11 @@ def check_outputs(**paths: Path | None) -> None:
         if key in seen:
             raise typer.BadParameter(f"{path} is also given to {seen[key]}", param_hint=flag)
         seen[key] = flag
+        if name == "plot" and path.suffix.lower().lstrip(".") not in PLOT_FORMATS:
+            what = f"its extension {path.suffix!r}" if path.suffix else "no extension"
+            formats = ", ".join("." + f for f in PLOT_FORMATS)
+            why = f"{path} has {what}: an image file's name ends in one of {formats}"
+            raise typer.BadParameter(why, param_hint=flag)
 
 
 # Ctrl-C's exit status (128 + SIGINT): a benchmark cut short by it exits so once its partial results are out.
@@ -202,9 +214,23 @@ def interrupted_note(done: int, planned: int, what: str, note: str = "") -> str:
     return f"[yellow]partial results:[/yellow] interrupted after {done:,} of {planned:,} {what} finished{note}"
 
 
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """An output file written once the run is over: a failure then (a full disk, a file system gone read-only) ends
+    the command with one line naming the file and exit status 1, not a traceback."""
+    import typer
+
+    try:
+        yield
+    except OSError as e:
+        typer.echo(f"error: cannot write {path}: {e.strerror or e}", err=True)
+        raise typer.Exit(1) from None
+
+
 def write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2, default=str) + "\n")
 
 
 def command_flags(flags: dict[str, Any]) -> dict[str, Any]:

@@ -514,6 +514,33 @@ def test_bench_compare_and_cache_export_check_their_output_paths(tmp_path):
     assert r.exit_code == 2 and "is a file, not a directory" in flat(r.output), r.output
 
 
+@pytest.mark.parametrize("command", [["bench-offline"], TRACE_ARGS, ["bench-serve"]], ids=lambda c: c[0])
+@pytest.mark.parametrize("name, says", [("p.txt", "has its extension '.txt'"), ("pnoext", "has no extension")])
+def test_a_plot_file_name_without_an_image_extension_fails_before_the_run(tmp_path, monkeypatch, command, name, says):
+    """--plot p.txt ran the whole benchmark, then matplotlib's ValueError ended it in a traceback (exit 1); --plot
+    pnoext said "plot written to pnoext" while matplotlib wrote pnoext.png."""
+    import minisgl_cli.options as o
+
+    def no_load(*a, **k):
+        raise AssertionError("the model loaded before the output paths were checked")
+
+    monkeypatch.setattr(o, "load_llm", no_load)
+    r = CliRunner(env={"COLUMNS": "300"}).invoke(app, [*command, *TINY, "--plot", str(tmp_path / name)])
+    out = flat(r.output)
+    assert r.exit_code == 2 and f"Invalid value for --plot: {tmp_path / name} {says}: an image file" in out, out
+    assert ".png, .svg" in out and not list(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_an_output_that_fails_as_it_is_written_is_one_line_and_exit_1(tmp_path):
+    """--json /dev/full (a full disk) passed the check before the run and failed as the result was written: a
+    traceback (OSError: No space left on device). Now one line naming the file, exit status 1, the table shown."""
+    r = CliRunner().invoke(app, ["bench-offline", *TINY, "--json", "/dev/full"])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output + repr(r.exception)
+    out = flat(r.output)
+    assert "error: cannot write /dev/full: No space left on device" in out and "output tok/s" in out, out
+
+
 def test_one_file_for_two_outputs_is_refused(tmp_path):
     out = str(tmp_path / "r.json")
     r = CliRunner().invoke(app, ["bench-offline", *TINY, "--json", out, "--plot", out])
