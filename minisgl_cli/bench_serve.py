@@ -116,7 +116,11 @@ def register(app: typer.Typer) -> None:
             float | None, typer.Option(help="the ramp's last request's rate, requests/s (above the start)")
         ] = None,
         slo: Annotated[
-            str | None, typer.Option(help="goodput targets, e.g. ttft=200ms,tpot=40ms,e2e=5s (every one must be met)")
+            str | None,
+            typer.Option(
+                help="goodput targets, e.g. ttft=200ms,tpot=40ms,e2e=5s (every one must be met); a number without a "
+                "unit is milliseconds, as vLLM's --goodput ttft:200 reads it"
+            ),
         ] = None,
         seed: Annotated[int, typer.Option(help="seed of the workload, the arrivals and the in-process engine")] = 0,
         temperature: Annotated[float, typer.Option(help="sampling temperature (0: greedy)", min=0.0)] = 0.0,
@@ -1003,6 +1007,6 @@ def _table(res: dict[str, Any]):
     if len(rows) > 1:
         lines.append(("knee", *((r["knee_reason"] if r["knee"] else "") for r in rows)))
     where = res["url"] or f"{res['model_id']} on {res.get('device')}"
-    slo = ", ".join(f"{k} <= {fmt(v, 0)} ms" for k, v in (res["slo"] or {}).items())
+    slo = ", ".join(f"{k} <= {v:g} ms" for k, v in (res["slo"] or {}).items())  # as given: 0.2 ms showed as 0
     title = f"bench-serve -> {where} ({res['workload']['source']}{'; SLO ' + slo if slo else ''})"
     return kv_table(title, lines, ("", *(r["load"] for r in rows)))

@@ -16,13 +16,15 @@ SLO_ATTAINMENT = 0.90  # a load misses its targets when fewer than 90% of its re
 
 
 def parse_slo(text: str) -> dict[str, float]:
-    """'ttft=200ms,tpot=40ms,e2e=2s' -> seconds per metric."""
+    """'ttft=200ms,tpot=40ms,e2e=2s' -> seconds per metric; a number without a unit is milliseconds (vLLM's
+    `--goodput ttft:200`)."""
     out: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         m = re.fullmatch(r"(\w+)\s*[=:]\s*([0-9.]+(?:e-?\d+)?)\s*(ms|s)?", part)
         if not m or m.group(1) not in SLO_METRICS:
             raise ValueError(
-                f"--slo takes {'/'.join(SLO_METRICS)}=<number>ms|s separated by commas, e.g. ttft=200ms,tpot=40ms "
+                f"--slo takes {'/'.join(SLO_METRICS)}=<number>ms|s (no unit: ms) separated by commas, e.g. "
+                "ttft=200ms,tpot=40ms "
                 f"(got {part!r})"
             )
         try:

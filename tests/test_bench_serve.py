@@ -161,8 +161,11 @@ def test_measures_what_the_mock_was_told(tmp_path, mock):
     assert res["burstiness"] == "inf"  # constant gaps: gamma's shape at infinity (it said 1.0, Poisson's)
     assert len(res["ttfts"]) == len(res["input_lens"]) == 30
     # a target the mock cannot meet: no request is good
-    res, _ = bench(tmp_path, *args, "--rate", "inf", "--slo", "ttft=50ms")
+    res, out = bench(tmp_path, *args, "--rate", "inf", "--slo", "ttft=50ms")
     assert res["completed"] == 30 and res["goodput_fraction"] == 0 and res["request_goodput"] == 0
+    # a bare number is milliseconds (vLLM's --goodput ttft:200), and the title shows it as given (0.2 ms read "0 ms")
+    res, out = bench(tmp_path, *args, "--num-requests", "2", "--slo", "ttft=0.2,e2e=2s")
+    assert res["slo"] == pytest.approx({"ttft": 0.2, "e2e": 2000}) and "SLO ttft <= 0.2 ms, e2e <= 2000 ms" in flat(out)
 
 
 @pytest.mark.parametrize("mock", [MockConfig(ttft=0.01, tpot=0.002)], indirect=True)
