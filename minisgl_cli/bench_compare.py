@@ -53,7 +53,9 @@ def register(app: typer.Typer) -> None:
         console.print(_figures_table(runs))
         for what, key in (("benchmarks", "kind"), ("models", "model")):
             values = list(dict.fromkeys(str(r[key] or "?") for r in runs))
-            if len(values) > 1:
+            # bench-serve writes vLLM's benchmark_serving fields so that its result and a `vllm bench serve` one
+            # compare: the same kind of run, though told apart in the table
+            if len({OTHER_SERVE if v == "bench-serve" else v for v in values}) > 1:
                 console.print(
                     f"[yellow]note:[/yellow] these runs are of different {what} ({', '.join(values)}): their figures "
                     "are not like for like"
