@@ -271,6 +271,10 @@ def _report(console, result: dict[str, Any], results: list[dict[str, Any]], work
     steps = result.pop("_steps", None)
     for r in results:
         r.pop("_steps", None)
+    if os.environ.get(PEER_CHILD_ENV) == "1":  # a --compare peer: its parent shows every table and writes the files
+        if flags["json_path"] is not None:  # (its table showed twice, and "results written to" a deleted file)
+            write_json(flags["json_path"], result)
+        return
     console.print(_table(results, workload))
     if workload.repeated:
         console.print(

@@ -168,12 +168,16 @@ def test_the_cache_and_preemption_counters_are_the_median_runs(tmp_path):
     assert res["cache_hit_tokens"] == hits[0] and "preemptions" in res["runs"][0]
 
 
-def test_compare_runs_transformers_on_the_same_workload(tmp_path):
+def test_compare_runs_transformers_on_the_same_workload(tmp_path, capfd):
     """Bare --compare (transformers, as before the list): the peer runs as a child `bench-offline --engine
-    transformers --json ...` given this run's flags, and its JSON is merged after a check of the workload's digest."""
+    transformers --json ...` given this run's flags, and its JSON is merged after a check of the workload's digest.
+    The child shows no table of its own (the combined one has its row) and names no temporary file: under --quiet it
+    printed its whole table, then "results written to /tmp/minisgl-peer-.../transformers.json", deleted by then."""
     args = ("--num-seqs", "6", "--input-len", "16:48", "--output-len", "4:16", "--seed", "5", "--temperature", "0")
     # minisgl's --max-running-requests is not passed on: the child would refuse it as a flag it does not read
     res = bench(tmp_path, *TINY, *args, "--max-running-requests", "4", "--compare")
+    child = capfd.readouterr()  # the child writes to the file descriptors, which CliRunner does not capture
+    assert "minisgl-peer-" not in child.out and "output tok/s" not in child.out, child.out
     w = random_workload(6, (16, 48), (4, 16), seed=5, vocab_size=512)
     peer = res["peer"]
     assert (peer["engine"], peer["api"], peer["completed"]) == ("transformers", "generate_batch", 6)
