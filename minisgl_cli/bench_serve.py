@@ -380,7 +380,7 @@ def _target(config: EngineConfig, flags: dict[str, Any]) -> Target:
 def _workload(target: Target, flags: dict[str, Any], n: int, seed: int, skip: int):
     """`n` requests; a dataset's prompts from its `skip`-th on."""
     from minisgl_cli.replay import ReplayItem
-    from minisgl_cli.workload import parse_range, serve_workload
+    from minisgl_cli.workload import dataset_bars, parse_range, serve_workload
 
     try:
         in_range = parse_range(flags["input_len"], "--input-len")
@@ -390,20 +390,21 @@ def _workload(target: Target, flags: dict[str, Any], n: int, seed: int, skip: in
     text = flags["prompt_format"] == "text" or flags["endpoint"] == "chat"
     groups = flags["prefix_groups"]
     try:
-        w = serve_workload(
-            n,
-            in_range,
-            out_range,
-            seed,
-            target.vocab,
-            target.tokenizer,
-            text,
-            flags["dataset"],
-            groups,
-            flags["prefix_len"] if groups else 0,
-            target.context,
-            skip,
-        )
+        with dataset_bars(not flags["quiet"]):
+            w = serve_workload(
+                n,
+                in_range,
+                out_range,
+                seed,
+                target.vocab,
+                target.tokenizer,
+                text,
+                flags["dataset"],
+                groups,
+                flags["prefix_len"] if groups else 0,
+                target.context,
+                skip,
+            )
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--dataset") from e
     longest = max(len(p) + out for p, out in zip(w.prompts, w.output_lens))

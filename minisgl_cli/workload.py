@@ -4,8 +4,9 @@ text)."""
 
 from __future__ import annotations
 
+import contextlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,6 +86,22 @@ def warmup_like(workload: Workload, vocab_size: int, seed: int = 12345) -> Workl
     return Workload(prompts, [min(8 + i, n) for i, n in enumerate(workload.output_lens)], "warm-up")
 
 
+@contextlib.contextmanager
+def dataset_bars(shown: bool) -> Iterator[None]:
+    """datasets' own progress bars (its "Generating train split" as it reads a file the first time) off while a
+    command under --quiet reads a dataset (`shown` False), and back as they were after."""
+    import datasets
+
+    was = datasets.is_progress_bar_enabled()
+    if was and not shown:
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was and not shown:
+            datasets.enable_progress_bars()
+
+
 def read_dataset_prompts(path: Path, limit: int) -> list[str]:
     """The first `limit` prompts of a local JSON/JSONL/Parquet file: the first user turn of ShareGPT
     `conversations`, or a text column."""
@@ -92,6 +109,8 @@ def read_dataset_prompts(path: Path, limit: int) -> list[str]:
 
     if not path.is_file():
         raise ValueError(f"dataset {path} is not a file")
+    if path.stat().st_size < 64 and not path.read_bytes().strip():  # datasets' error for it had no words
+        raise ValueError(f"dataset {path} is empty")
     kind = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}.get(path.suffix.lower())
     if kind is None:
         raise ValueError(f"dataset {path}: use a .json, .jsonl or .parquet file")
@@ -101,7 +120,7 @@ def read_dataset_prompts(path: Path, limit: int) -> list[str]:
         root: BaseException = e  # datasets wraps the parser's error in "An error occurred while generating ..."
         while root.__cause__ is not None or root.__context__ is not None:
             root = root.__cause__ or root.__context__  # type: ignore[assignment]
-        why = str(e) if root is e else f"{e}: {type(root).__name__}: {root}"
+        why = (str(e) or type(e).__name__) if root is e else f"{e}: {type(root).__name__}: {root}"
         hint = " (expected JSON lines, or a JSON list, of objects)" if kind == "json" else ""
         raise ValueError(f"cannot read dataset {path}: {why}{hint}") from e
 

@@ -561,15 +561,37 @@ def test_one_file_for_two_outputs_is_refused(tmp_path):
         ("numbers.json", "[1, 2, 3]", "'text' must be text, got int '1'"),
         ("prompt.jsonl", '{"prompt": 5}', "'prompt' must be text, got int '5'"),
         ("value.jsonl", '{"conversations": [{"from": "human", "value": [1]}]}', "a user turn's 'value' or 'content'"),
+        ("empty.jsonl", "", "empty.jsonl is empty"),  # was "cannot read dataset empty.jsonl:  (expected ...)"
+        ("blank.json", "\n\n", "blank.json is empty"),
     ],
 )
 def test_malformed_datasets_are_clear_errors(tmp_path, name, text, message):
-    (tmp_path / name).write_text(text + "\n")
+    (tmp_path / name).write_text(text + "\n" if text else "")
     r = CliRunner(env={"COLUMNS": "300"}).invoke(
         app, ["bench-offline", *TINY, "--num-seqs", "2", "--dataset", str(tmp_path / name)]
     )
     assert r.exit_code == 2, r.output + repr(r.exception)
     assert "Invalid value for --dataset" in flat(r.output) and message in flat(r.output)
+
+
+@pytest.mark.parametrize("command", ["bench-offline", "bench-serve"])
+def test_quiet_silences_the_datasets_bars_too(tmp_path, command):
+    """--quiet left datasets' own bar ("Generating train split: 2 examples") as it read a dataset file the first time
+    (each test's file is new to its cache, so it reads it)."""
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"prompt number {i}"}) for i in range(3)) + "\n")
+    args = [command, *TINY, "--dataset", str(data), "--output-len", "2:2"]
+    args += ["--num-seqs", "2"] if command == "bench-offline" else ["--num-requests", "2"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    assert "Generating train split" not in r.output and "examples" not in r.output, r.output
+    assert datasets_bars_enabled()  # and back as they were
+
+
+def datasets_bars_enabled() -> bool:
+    import datasets
+
+    return datasets.is_progress_bar_enabled()
 
 
 def _start_bench(tmp_path: Path, *args: str):
