@@ -63,7 +63,7 @@ class FakeEngine:
         changed, self.ended = self.ended, []
         for req in list(self.reqs.values()):
             req.output_ids.append(300 + len(req.output_ids) % 1000)  # ids >= 256 decode as "<id>" (ByteTokenizer)
-            if len(req.output_ids) >= req.params.max_tokens:
+            if len(req.output_ids) >= req.max_tokens:
                 req.status, req.finish_reason = Status.FINISHED, "length"
                 del self.reqs[req.rid]
             changed.append(req)

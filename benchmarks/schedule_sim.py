@@ -147,7 +147,7 @@ def replay(
                 if sample and req.status is not Status.FINISHED:
                     req.output_ids.append(0)
                     req.token_times.append(now)
-                    if len(req.output_ids) >= req.params.max_tokens:
+                    if len(req.output_ids) >= req.max_tokens:
                         sched.finish(req, "length")
         inflight = (batch, done) if batch is not None else None
         if inflight is None and sched.has_work() and batch is None:

@@ -66,6 +66,13 @@ class RequestLimits:
             bad = [t for t in ids if t >= self.vocab_size]
             if bad:
                 raise ValueError(f"{name}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        if params.max_tokens is None:  # vLLM's None: what the context (and the KV cache) leaves after the prompt
+            params.max_tokens = self.room(len(prompt_ids))
+            if params.min_tokens > params.max_tokens:
+                raise ValueError(
+                    f"min_tokens ({params.min_tokens}) is more than the {params.max_tokens} tokens the context leaves "
+                    f"after the prompt ({len(prompt_ids)} tokens)"
+                )
         total = len(prompt_ids) + params.max_tokens
         asked = f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total}"
         if total > self.max_model_len:

@@ -63,7 +63,8 @@ class LLM:
         if params is not None:
             return params
         defaults = self.get_default_sampling_params()
-        defaults.max_tokens = min(defaults.max_tokens, self.engine.limits.room(len(prompt_ids)))
+        room = self.engine.limits.room(len(prompt_ids))
+        defaults.max_tokens = room if defaults.max_tokens is None else min(defaults.max_tokens, room)
         return defaults
 
     def get_tokenizer(self) -> Any:
@@ -172,8 +173,10 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        use_tqdm: bool = True,  # vLLM's order: generate(prompts, sampling_params, use_tqdm)
+        use_tqdm: bool | Callable[..., Any] = True,  # vLLM's order: generate(prompts, sampling_params, use_tqdm)
         *,
+        lora_request: None = None,
+        priority: int | None = None,
         on_output: Callable[[RequestOutput], object] | None = None,
         on_step: Callable[[list[RequestOutput]], object] | None = None,
         on_progress: Callable[[int, int], object] | None = None,
@@ -189,14 +192,22 @@ class LLM:
         stream loop): the engine steps for all of them, and each call sees the outputs of its own requests only."""
         # a string, token ids or one conversation: a batch of one
         batch = [cast(Prompt, prompts)] if _one_prompt(prompts) else cast(Sequence[Prompt], prompts)
-        if not isinstance(use_tqdm, bool):  # vLLM also takes a tqdm factory: a bar of another kind is not drawn here
-            raise TypeError(f"use_tqdm must be True or False (got {type(use_tqdm).__name__})")
+        if not isinstance(use_tqdm, bool) and not callable(use_tqdm):
+            raise TypeError(f"use_tqdm must be True, False or a tqdm factory (got {type(use_tqdm).__name__})")
+        # vLLM's tqdm factory draws its own bar; here it means a bar (ours), as True does: no result depends on it
+        _no_lora_no_priority(lora_request, priority, "generate")
         params = sampling_params
         plist: list[SamplingParams | None]
         if params is None or isinstance(params, SamplingParams):
             plist = [params] * len(batch)  # None: each prompt's defaults (params_for)
-        else:  # any sequence, not only a list or tuple
+        elif isinstance(params, Sequence) and not isinstance(params, (str, bytes)):  # any sequence, not only a list
             plist = list(params)
+        else:  # a dict of fields (as an OpenAI body has them) was iterated as its keys
+            hint = ": SamplingParams(**fields) takes a dict" if isinstance(params, dict) else ""
+            raise TypeError(
+                "sampling_params must be a SamplingParams, a list of them (one per prompt) or None "
+                f"(got {type(params).__name__}{hint})"
+            )
         if len(plist) != len(batch):
             raise ValueError(f"{len(batch)} prompts but {len(plist)} sampling params")
         final: dict[str, RequestOutput] = {}
@@ -249,19 +260,32 @@ class LLM:
         self,
         messages: list[Message] | Sequence[list[Message]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        use_tqdm: bool = True,
+        use_tqdm: bool | Callable[..., Any] = True,
         *,
-        chat_template_kwargs: dict[str, Any] | None = None,
+        lora_request: None = None,
+        chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
-        chat_template: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """vLLM's LLM.chat: one conversation or a list of them, laid out by the model's chat template (or the Jinja
         `chat_template` given) with the assistant's turn opened (or, with continue_final_message, the last message
         left open to be continued); generate() with the conversations, plus the template's own variables (Qwen3's
-        enable_thinking=False)."""
+        enable_thinking=False). vLLM's keywords at the values this engine has (no LoRA; no tools: they would change
+        the answer; content parts read as text: `auto` or `string`) are taken, any other is refused."""
+        _no_lora_no_priority(lora_request, None, "chat")
+        if tools:
+            raise ValueError("tools are not supported (tool calling would change the answer): leave tools out")
+        if chat_template_content_format not in ("auto", "string"):
+            why = "content parts are read as their text here ('auto' or 'string')"
+            raise ValueError(f"chat_template_content_format {chat_template_content_format!r}: {why}")
         convs = [messages] if _one_prompt(messages) else messages
-        kw = chat_template_kwargs or {}
+        kw = dict(chat_template_kwargs or {})
+        # vLLM lays its call's switches out first and chat_template_kwargs over them: they may set these two
+        add_generation_prompt = kw.pop("add_generation_prompt", add_generation_prompt)
+        continue_final_message = kw.pop("continue_final_message", continue_final_message)
         layout = (kw, add_generation_prompt, continue_final_message, chat_template)
         ids = [ChatPrompt(cast(list[Message], c), *layout).encode(self.tokenizer) for c in convs]
         outs = self.generate(ids, sampling_params, use_tqdm=use_tqdm)
@@ -356,7 +380,17 @@ VLLM_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
     "download_dir": ((None,), LOCAL),
     "hf_token": ((None, False), LOCAL),
     "revision": ((None,), f"{LOCAL}, of that revision"),
+    "enable_chunked_prefill": ((None, True), "max_batch_tokens (prompts are always prefilled in chunks here)"),
+    "pipeline_parallel_size": ((None, 1), "tp= over the GPUs (no pipeline parallelism here)"),
 }
+
+
+def _no_lora_no_priority(lora_request: object, priority: object, method: str) -> None:
+    """vLLM's generate()/chat() keywords at the values that mean this engine's way (as AsyncLLM.generate takes them)."""
+    if lora_request is not None:
+        raise TypeError(f"{method}() takes lora_request=None only: there are no LoRA adapters here")
+    if priority not in (None, 0):
+        raise TypeError(f"{method}() takes priority=0 (or None) only: requests are served in arrival order here")
 
 
 def engine_config(
@@ -380,6 +414,10 @@ def engine_config(
             f"defaults); got {generation_config!r}"
         )
     overrides = _engine_names(overrides, who)
+    known = {f.name for f in dataclasses.fields(EngineConfig)}
+    for name in overrides:  # the TypeError named EngineConfig.__init__, which the caller never called
+        if name not in known:
+            raise TypeError(f"{who} got an unexpected keyword argument {name!r} (neither vLLM's nor this engine's)")
     # beside a config, the keywords change it (they were dropped without a word: num_pages=8 ran with the config's)
     fields = EngineConfig(**overrides) if config is None else dataclasses.replace(config, **overrides)
     return fields, generation_config

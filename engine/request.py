@@ -57,12 +57,16 @@ class Req:
     cache_hit_tokens: int = 0  # prompt tokens served from the radix cache at first admission
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token, if params.logprobs is set
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt tokens 1.. (params.prompt_logprobs)
+    max_tokens: int = field(init=False, default=0)  # params.max_tokens, resolved (never None here)
     # timing (time.perf_counter seconds)
     arrival: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.params.max_tokens is None:
+            raise ValueError("a request's max_tokens None is resolved at submission (RequestLimits.check), not here")
+        self.max_tokens = self.params.max_tokens
         seed = self.params.seed
         if seed is not None:
             self.noise_key = seed_key(seed)
@@ -80,7 +84,7 @@ class Req:
     @property
     def max_device_len(self) -> int:
         """KV is never needed for the last token a request may emit."""
-        return len(self.prompt_ids) + self.params.max_tokens - 1
+        return len(self.prompt_ids) + self.max_tokens - 1
 
     @property
     def finished(self) -> bool:
@@ -98,6 +102,6 @@ class Req:
                 return "stop"
             if token in self.params.stop_token_ids:
                 return "stop"
-        if len(self.output_ids) >= self.params.max_tokens:
+        if len(self.output_ids) >= self.max_tokens:
             return "length"
         return None

@@ -22,7 +22,8 @@ class RequestOutputKind(IntEnum):
 
 @dataclass(slots=True)
 class SamplingParams:
-    max_tokens: int = 128
+    # None: as many as the context leaves after the prompt (vLLM's None), resolved at submission (RequestLimits.check)
+    max_tokens: int | None = 128
     temperature: float = 1.0  # 0 means greedy
     top_k: int = -1  # -1 or 0: off
     top_p: float = 1.0
@@ -62,6 +63,13 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.seed == -1 and _integer(self.seed):
             self.seed = None  # as vLLM (and its OpenAI server): -1 asks for no seed, a fresh draw each time
+        # vLLM declares these Optional: None (what ported code passes through from its own options) is none
+        if self.stop is None:
+            self.stop = []
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        if self.logit_bias is None:
+            self.logit_bias = {}
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if isinstance(self.stop, tuple):
@@ -104,7 +112,7 @@ class SamplingParams:
             # which ends the engine for every request
             setattr(self, name, float(getattr(self, name)))
         for name in ("max_tokens", "top_k", "min_tokens", "n"):
-            if not _integer(getattr(self, name)):
+            if not _integer(getattr(self, name)) and not (name == "max_tokens" and self.max_tokens is None):
                 raise ValueError(f"{name} must be an integer (got {getattr(self, name)!r})")
         switches = (
             "ignore_eos",
@@ -124,7 +132,7 @@ class SamplingParams:
         if not isinstance(self.stop, list) or not isinstance(self.stop_token_ids, list):
             raise ValueError(f"stop and stop_token_ids must be lists (got {self.stop!r}, {self.stop_token_ids!r})")
         checks = [
-            (self.max_tokens >= 1, "max_tokens", "must be an integer >= 1"),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "must be an integer >= 1"),
             (1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}]"),
             (self.temperature >= 0, "temperature", "must be >= 0"),
             (-1 <= self.top_k < 2**63, "top_k", "must be -1 (off) or a positive 64-bit integer"),
@@ -150,7 +158,11 @@ class SamplingParams:
                 "stop_token_ids",
                 "must be non-negative integers",
             ),
-            (0 <= self.min_tokens <= max(self.max_tokens, 0), "min_tokens", "must be an integer in [0, max_tokens]"),
+            (
+                0 <= self.min_tokens <= max(self.max_tokens if self.max_tokens is not None else self.min_tokens, 0),
+                "min_tokens",
+                "must be an integer in [0, max_tokens]",
+            ),
             (
                 isinstance(self.logit_bias, dict)
                 and all(

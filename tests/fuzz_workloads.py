@@ -48,7 +48,7 @@ class Setting:
         return dataclasses.asdict(self)
 
 
-MemoKey = tuple[tuple[int, ...], int, tuple[str, ...], tuple[int, ...]]
+MemoKey = tuple[tuple[int, ...], int | None, tuple[str, ...], tuple[int, ...]]
 
 
 class Reference:

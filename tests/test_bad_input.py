@@ -1236,7 +1236,7 @@ def test_engine_config_values_of_the_wrong_type_are_refused_by_name(kw, message)
         ({"max_tokens": True}, "max_tokens must be an integer (got True)"),
         ({"min_tokens": 1.0}, "min_tokens must be an integer (got 1.0)"),
         ({"ignore_eos": "false"}, "ignore_eos must be true or false (got 'false')"),  # truthy: EOS was ignored
-        ({"stop": None}, "stop and stop_token_ids must be lists"),
+        ({"stop": 5}, "stop and stop_token_ids must be lists"),  # None is vLLM's "none" (tests/test_llm_api.py)
         ({"stop_token_ids": [True]}, "stop_token_ids must be non-negative integers"),
         # the most is the engine's max_logprobs, checked at submission (tests/test_llm_api.py)
         ({"logprobs": -2}, "logprobs must be an integer >= 0, or -1 for the whole vocabulary (got -2)"),

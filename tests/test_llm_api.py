@@ -780,6 +780,59 @@ def test_chat_as_in_vllm(smollm, monkeypatch):
     assert cont.prompt is not None and cont.prompt.endswith("Hello! How")
     with pytest.raises(ValueError, match="cannot both be true"):
         smollm.chat(started, greedy, continue_final_message=True)
+    # vLLM lays chat_template_kwargs over its call's switches: they may set these two (refused by name before)
+    over = smollm.chat(started, greedy, chat_template_kwargs=kw)[0]
+    assert over.prompt_token_ids == cont.prompt_token_ids
+
+
+def test_vllms_optional_fields_and_keywords_at_their_defaults_as_in_vllm(smollm):
+    """Ported vLLM code passes its own options through: SamplingParams(stop=None, stop_token_ids=None,
+    logit_bias=None, max_tokens=None) was a ValueError, generate(..., lora_request=None) and chat(..., tools=None)
+    a TypeError (AsyncLLM.generate took them), a dict as sampling_params was iterated as its keys ("got str
+    'max_tokens'"), use_tqdm=tqdm refused, and LLM(enable_chunked_prefill=True) named EngineConfig.__init__."""
+    from engine.llm import LLM
+
+    greedy = SamplingParams(max_tokens=4, temperature=0, stop=None, stop_token_ids=None, logit_bias=None)
+    assert (greedy.stop, greedy.stop_token_ids, greedy.logit_bias) == ([], [], {})
+    ref = smollm.generate("Hi", SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)[0]
+    got = smollm.generate("Hi", greedy, False, lora_request=None, priority=0)[0]
+    assert got.token_ids == ref.token_ids
+    hi = [{"role": "user", "content": "Hi"}]
+    kw: dict = dict(lora_request=None, tools=None, chat_template_content_format="string")
+    chatted = smollm.chat(hi, greedy, use_tqdm=lambda it, **_: it, **kw)[0]
+    assert chatted.token_ids == smollm.chat(hi, greedy)[0].token_ids
+    # max_tokens None: as many as the context leaves after the prompt (vLLM's), resolved per prompt
+    until = SamplingParams(max_tokens=None, temperature=0, ignore_eos=True)
+    tiny = make_llm(max_model_len=40)
+    try:
+        outs = tiny.generate([[1] * 30, [1] * 10], until)
+        assert [len(o.token_ids) for o in outs] == [10, 30] and {o.finish_reason for o in outs} == {"length"}
+        assert until.max_tokens is None  # the caller's object is left as it was
+        with pytest.raises(ValueError, match="min_tokens .20. is more than the 10 tokens the context leaves"):
+            tiny.generate([[1] * 30], SamplingParams(max_tokens=None, min_tokens=20))
+        assert tiny.metrics().kv_pages_in_use == 0
+    finally:
+        tiny.shutdown()
+    for bad, says in [
+        (dict(lora_request=object()), "no LoRA adapters"),
+        (dict(priority=3), "priority=0"),
+    ]:
+        with pytest.raises(TypeError, match=says):
+            smollm.generate("Hi", greedy, **bad)
+    with pytest.raises(ValueError, match="tools are not supported"):
+        smollm.chat(hi, greedy, tools=[{"type": "function", "function": {"name": "f"}}])
+    with pytest.raises(ValueError, match="chat_template_content_format 'openai'"):
+        smollm.chat(hi, greedy, chat_template_content_format="openai")
+    with pytest.raises(TypeError, match=r"got dict: SamplingParams\(\*\*fields\) takes a dict"):
+        smollm.generate("Hi", {"max_tokens": 3})
+    with pytest.raises(TypeError, match="sampling_params must be a SamplingParams.*got int"):
+        smollm.generate("Hi", 5)
+    with pytest.raises(TypeError, match="LLM.. got an unexpected keyword argument 'nonsense'"):
+        LLM("dummy:tiny-llama", device="cpu", nonsense=1)
+    with pytest.raises(TypeError, match="enable_chunked_prefill=False .vLLM's.: use max_batch_tokens"):
+        LLM("dummy:tiny-llama", device="cpu", enable_chunked_prefill=False)
+    llm = LLM("dummy:tiny-llama", device="cpu", num_pages=8, enable_chunked_prefill=True, pipeline_parallel_size=1)
+    llm.shutdown()
 
 
 def test_chat_with_a_template_of_its_own_as_in_vllm(smollm):
@@ -1096,8 +1149,8 @@ def test_vllms_quickstart_runs_with_its_progress_bar_in_a_terminal(tmp_path):
     )
     assert piped.returncode == 0 and piped.stdout.count("Prompt: ") == 4, piped.stderr
     assert "Processed prompts" not in piped.stderr
-    with pytest.raises(TypeError, match="use_tqdm must be True or False"):
-        make_llm().generate("hi", use_tqdm=lambda x: x)
+    with pytest.raises(TypeError, match="use_tqdm must be True, False or a tqdm factory .got int"):
+        make_llm().generate("hi", use_tqdm=5)
 
 
 def test_vllms_engine_keywords_and_get_tokenizer(smollm):
