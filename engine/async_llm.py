@@ -112,6 +112,19 @@ class AsyncLLM(StepLoop):
     def errored(self) -> bool:  # vLLM's: the engine loop crashed
         return self.error is not None
 
+    @property
+    def is_stopped(self) -> bool:  # vLLM's: no request can run any more (shut down, or crashed)
+        return not self.alive
+
+    @property
+    def dead_error(self) -> EngineDeadError:  # vLLM's: what a request to a stopped engine raises
+        return EngineDeadError(f"engine is not running: {self.error or 'stopped'}", self.error is None)
+
+    async def check_health(self) -> None:
+        """vLLM's: raises dead_error once the engine is not running (what a server's /health polls)."""
+        if not self.alive:
+            raise self.dead_error
+
     async def get_tokenizer(self) -> Any:
         """vLLM's: the model's Hugging Face tokenizer (LLM.get_tokenizer)."""
         return self.llm.get_tokenizer()
@@ -198,7 +211,7 @@ class AsyncLLM(StepLoop):
         """submit() of a family: every choice checked, then all ids (the parent's and each child's) taken at once or
         none. Each child's outputs arrive on `arrived` as (j, item)."""
         if not self.alive:
-            raise EngineDeadError(f"engine is not running: {self.error or 'stopped'}")
+            raise self.dead_error
         ids = self.llm.encode(prompt)
         checked = [self.llm.engine.validate(ids, self.llm.params_for(ids, c)) for c in choices]
         rids = [f"{j}_{rid}" for j in range(len(choices))]
@@ -233,7 +246,7 @@ class AsyncLLM(StepLoop):
         A consumer that stops iterating the stream before its end (break, an exception, its task cancelled) aborts
         the request: its KV pages go back at the next step."""
         if not self.alive:
-            raise EngineDeadError(f"engine is not running: {self.error or 'stopped'}")
+            raise self.dead_error
         ids = self.llm.encode(prompt)
         # the request's own copy: later edits of the caller's miss it
         params = self.llm.engine.validate(ids, self.llm.params_for(ids, params))
@@ -252,7 +265,7 @@ class AsyncLLM(StepLoop):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise EngineDeadError(f"engine is not running: {self.error or 'stopped'}")
+            raise self.dead_error
 
     async def abort(self, request_id: str | Iterable[str]) -> None:
         """vLLM's: ends the requests at the engine's next step (their pages go back then); each one's generate() yields

@@ -322,6 +322,16 @@ class LLM:
                 self.abort(rid)
             self._drain([rid])  # also when a stop string ended it
 
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's: the prefix cache's pages that no request holds are dropped now (a benchmark's next run starts
+        cold; running requests keep theirs). True once done, False for an engine that has stopped."""
+        with self._lock:
+            if self.engine.failed is not None:
+                return False
+            self.engine.clear_cache()
+            self.step()  # applied at a step's start: this one (any running request takes its step too)
+        return True
+
     def shutdown(self) -> None:
         """Ends the engine (and, under TP, its follower ranks): requests still running end as aborted, later ones
         are refused."""

@@ -539,6 +539,11 @@ def test_shutdown_ends_open_generators_and_refuses_later_ones():
         with pytest.raises(EngineDeadError, match="engine is not running: stopped"):
             await a.generate([1, 2, 3], SamplingParams(max_tokens=2), "later").__anext__()
 
+        # vLLM's health API, which servers poll: is_stopped, dead_error, check_health() raising it
+        assert a.is_stopped and a.dead_error.stopped and "stopped" in str(a.dead_error)
+        with pytest.raises(EngineDeadError, match="engine is not running: stopped"):
+            await a.check_health()
+
     asyncio.run(main())
     assert not a.is_running and not a.errored
     assert a.llm.engine.reqs == {} and a.llm.metrics().kv_pages_free == 64
@@ -591,6 +596,7 @@ def test_async_engine_args_take_llms_keywords_as_vllm_names_them():
         async def main() -> list:
             tokenizer = await a.get_tokenizer()
             ids = tokenizer.encode("hi")
+            assert await a.check_health() is None and not a.is_stopped  # running: healthy
             return [o async for o in a.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=3), "p")]
 
         outs = asyncio.run(main())

@@ -832,7 +832,15 @@ def test_vllms_optional_fields_and_keywords_at_their_defaults_as_in_vllm(smollm)
     with pytest.raises(TypeError, match="enable_chunked_prefill=False .vLLM's.: use max_batch_tokens"):
         LLM("dummy:tiny-llama", device="cpu", enable_chunked_prefill=False)
     llm = LLM("dummy:tiny-llama", device="cpu", num_pages=8, enable_chunked_prefill=True, pipeline_parallel_size=1)
-    llm.shutdown()
+    try:  # vLLM's reset_prefix_cache(): the cached pages dropped at once, the next run cold
+        first = llm.generate([list(range(1, 40))], SamplingParams(max_tokens=2))[0]
+        assert llm.metrics().kv_pages_cached > 0 and first.num_cached_tokens == 0
+        assert llm.reset_prefix_cache() is True
+        m = llm.metrics()
+        assert (m.kv_pages_cached, m.kv_pages_in_use, m.kv_pages_free) == (0, 0, 8)
+        assert llm.generate([list(range(1, 40))], SamplingParams(max_tokens=2))[0].num_cached_tokens == 0
+    finally:
+        llm.shutdown()
 
 
 def test_chat_with_a_template_of_its_own_as_in_vllm(smollm):
