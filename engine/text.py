@@ -124,7 +124,7 @@ class CompletionOutput:
 
     index: int
     text: str
-    token_ids: Sequence[int]
+    token_ids: list[int]
     cumulative_logprob: float | None  # the chosen tokens' log-probabilities summed; None without logprobs
     logprobs: list[dict[int, Logprob]] | None
     finish_reason: str | None = None
@@ -206,6 +206,9 @@ class RequestOutput:
             records = None if records is None else records[len(self.token_ids) - len(ids) :]
         lps = None if records is None else vllm_logprobs(records, self.token_texts)
         cumulative = None if self.logprobs is None else sum(r.logprob for r in self.logprobs)  # vLLM's: all of them
+        # vLLM's token_ids is a list: a running request's Prefix (kept for the engine's own readers, which never
+        # copy it) is copied here, where code written for vLLM reads it (json.dumps, `ids + [x]`)
+        ids = ids if isinstance(ids, list) else list(ids)
         return CompletionOutput(index, text, ids, cumulative, lps, self.finish_reason, self.stop_reason)
 
     @property

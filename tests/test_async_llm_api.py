@@ -5,6 +5,7 @@ is left running or holding KV pages behind an abort, a consumer that left, or an
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import runpy
 from collections.abc import Callable, Coroutine
@@ -187,6 +188,11 @@ def test_output_kinds_join_to_the_text_llm_generate_gives(smollm):
     assert len(cumulative) > 5 and len(final) == 1
     texts = [o.outputs[0].text for o in cumulative]
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    # each a list, as vLLM's, of the tokens so far at that output (a running request's were a Prefix: `ids + [x]`
+    # and json.dumps failed)
+    ids = [o.outputs[0].token_ids for o in cumulative]
+    assert all(type(t) is list for t in ids) and [len(t) for t in ids] == list(range(1, len(ids) + 1))
+    assert json.loads(json.dumps(ids[-1] + [])) == list(ref.token_ids)
     for last in (cumulative[-1].outputs[0], final[0].outputs[0]):
         assert (last.text, list(last.token_ids)) == (ref.text, ref.token_ids)
         assert_same_logprobs(last.logprobs, ref.logprobs)
