@@ -130,6 +130,8 @@ class CompletionOutput:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
 
+    lora_request = property(lambda self: None)  # vLLM's: no LoRA here
+
     def finished(self) -> bool:
         return self.finish_reason is not None
 
@@ -178,6 +180,14 @@ class RequestOutput:
     @property
     def num_cached_tokens(self) -> int:
         return self.cache_hit_tokens
+
+    # vLLM's fields for what this engine never has: None, as vLLM's own outputs give them without stats logging, LoRA,
+    # an encoder-decoder model or KV transfer (logging code reads `if output.metrics:`)
+    metrics = property(lambda self: None)
+    lora_request = property(lambda self: None)
+    encoder_prompt = property(lambda self: None)
+    encoder_prompt_token_ids = property(lambda self: None)
+    kv_transfer_params = property(lambda self: None)
 
     @property
     def outputs(self) -> list[CompletionOutput]:

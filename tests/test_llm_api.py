@@ -797,6 +797,9 @@ def test_vllms_optional_fields_and_keywords_at_their_defaults_as_in_vllm(smollm)
     ref = smollm.generate("Hi", SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)[0]
     got = smollm.generate("Hi", greedy, False, lora_request=None, priority=0)[0]
     assert got.token_ids == ref.token_ids
+    # vLLM's fields for what this engine never has, None as vLLM gives them (logging code reads `if out.metrics:`)
+    assert (got.metrics, got.lora_request, got.encoder_prompt, got.kv_transfer_params) == (None,) * 4
+    assert got.outputs[0].lora_request is None
     hi = [{"role": "user", "content": "Hi"}]
     kw: dict = dict(lora_request=None, tools=None, chat_template_content_format="string")
     chatted = smollm.chat(hi, greedy, use_tqdm=lambda it, **_: it, **kw)[0]
