@@ -234,7 +234,8 @@ class ChatApp(App):
         if not line:
             return  # blanks alone send nothing (the box emptied itself on enter)
         box = event.box
-        if is_command(line) and ("\n" not in line or takes_lines(line)):
+        edit_text = line.split(maxsplit=1)[0] == "/edit" and len(line.split(maxsplit=1)) > 1
+        if is_command(line) and ("\n" not in line or takes_lines(line)) and not (edit_text and self.generating):
             box.remember(line)
             await self.command(line)
         elif self.generating:
@@ -268,8 +269,10 @@ class ChatApp(App):
             await self.action_help()
         elif result.action == "regen":
             await self.action_regenerate()
+        elif result.action == "edit" and result.args:
+            await self.send_in_place(result.args[0])
         elif result.action == "edit":
-            self.action_edit_last(*result.args)
+            self.action_edit_last()
         elif result.action == "copy":
             self.copy(*result.args)
         elif result.action == "export":
@@ -527,8 +530,19 @@ class ChatApp(App):
         self.save()
         await self.follow(answer)
 
+    async def send_in_place(self, text: str) -> None:
+        """/edit <text>: `text` sent in place of the last message (as the plain mode does); refused, it waits in the
+        box under edit, to be fixed and sent with enter."""
+        i = self.session.last("user")
+        if i is None:
+            self.say("no message to edit yet", severity="warning")
+            return
+        self.editing, self.draft = i, ""
+        if not await self.send(text):
+            self.action_edit_last(text)
+
     def action_edit_last(self, text: str = "") -> None:
-        """ctrl+g, /edit: the last message into the box to edit and send in its place (/edit <text>: that text)."""
+        """ctrl+g, /edit: the last message into the box to edit and send in its place (`text`: that text)."""
         if self.generating:
             self.say("still answering: press Esc to stop it first", severity="warning")
             return

@@ -23,7 +23,7 @@ HELP: list[tuple[str, str]] = [
     ("/think on|off", "thinking of reasoning models (chat templates with enable_thinking)"),
     ("/model [name|n]", "the models the server serves, or answer with this one (--url)"),
     ("/regen", "answer the last message again"),
-    ("/edit [text]", "edit the last message and send it again (with text: send that in its place)"),
+    ("/edit [text]", "edit the last message and send it again; /edit <text> sends the text in its place"),
     (
         "/copy [code [n]]",
         "copy the last answer, or its n-th code block (default: the last); a click copies any message",
