@@ -184,8 +184,10 @@ def test_regenerate_and_edit_replace_the_last_turn(tiny, db):
         await send(pilot, "/max-tokens 1500")
         await send(pilot, "tell me a long story")
         await wait_for(pilot, lambda: app.generating, what="an answer streaming")
-        await send(pilot, "/edit tell me about cats")
+        box.value = "/edit tell me about cats"  # set, not typed: typing it can outlast the answer on a busy machine
+        await pilot.press("enter")
         assert box.value == "/edit tell me about cats" and app.editing is None
+        assert "still answering: press Esc to stop it first" in notices(app)
         await pilot.press("escape")
         await idle(app, pilot)
 
@@ -432,6 +434,30 @@ def test_a_chat_changed_or_deleted_by_another_chat_is_saved_as_a_new_one(tiny, d
     assert [m.content for m in mine.history if m.role == "user"] == ["shared", "mine", "after delete"]
     assert len(mine.history) == 6 and typed == ["shared", "mine", "after delete"]
     assert [s.id for s in ChatStore(db).sessions()] == [app.session.id, first.id]
+
+
+def test_a_rename_by_another_chat_stands(db):
+    """A rename in another terminal's saved-chats list (ctrl+o, r) leaves the row's `updated` as it was, so the open
+    chat's next save wrote its own title over it without a word. It now takes the new name; its own /rename since
+    then wins (the last one)."""
+    store, other = ChatStore(db), ChatStore(db)
+    s = ChatSession(max_tokens=3)
+    s.add(ChatMessage("user", "first msg"))
+    store.save(s, ["first msg"])
+    other.rename(s.id, "Renamed elsewhere")
+    s.add(ChatMessage("assistant", "answer"))
+    assert store.save(s, ["first msg"]) is None  # the same chat, not saved anew
+    assert [i.title for i in store.sessions()] == ["Renamed elsewhere"] and s.title == "Renamed elsewhere"
+    assert len(store.load(s.id)[0].history) == 2
+    other.rename(s.id, "theirs again")
+    s.title = "mine"  # /rename here, after theirs
+    store.save(s, ["first msg"])
+    assert [i.title for i in store.sessions()] == ["mine"] and s.title == "mine"
+    resumed, _ = store.load(s.id)
+    other.rename(s.id, "from the list")
+    resumed.add(ChatMessage("user", "more"))
+    store.save(resumed, [])
+    assert resumed.title == "from the list" == store.sessions()[0].title
 
 
 def test_a_database_path_that_is_a_directory_is_named_as_one(tmp_path):

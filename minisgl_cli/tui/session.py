@@ -118,6 +118,7 @@ class ChatSession:
     history: list[ChatMessage] = field(default_factory=list)
     id: int | None = None  # row in the session store, once saved
     saved_at: float | None = None  # the row's `updated` as this chat last read or wrote it (store.ChatStore.save)
+    saved_title: str | None = None  # the row's title as this chat last read or wrote it (a rename elsewhere stands)
     title: str = ""
     model: str = ""
 
@@ -190,7 +191,7 @@ class ChatSession:
     def reset(self) -> None:
         """A new, unsaved conversation with the same settings."""
         self.history.clear()
-        self.id, self.title, self.saved_at = None, "", None
+        self.id, self.title, self.saved_at, self.saved_title = None, "", None, None
 
     @property
     def turns(self) -> int:

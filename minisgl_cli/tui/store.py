@@ -148,19 +148,25 @@ class ChatStore:
         """Write the session (assigning s.id the first time), all its messages and its input history. Another chat
         may have the same session open (`--resume` in two terminals) or have deleted it: when its row is not as this
         chat last read or wrote it, the session is saved as a new chat instead of over the other's messages (or
-        into a row that is gone), and the returned notice says so; None otherwise."""
+        into a row that is gone), and the returned notice says so; None otherwise. A rename (which leaves `updated`
+        as it was) by another chat's saved-chats list stands: this chat takes that title, unless it renamed the
+        chat itself since (its own /rename, the last, wins)."""
         now = time.time()
         sampling = json.dumps(s.sampling)
-        row = (s.title or "untitled", s.model, s.system, s.temperature, s.max_tokens, s.thinking, sampling, now)
         notice: str | None = None
+        title = s.title
         with self._errors("save to"), self._transaction():
             id = s.id
             if id is not None:
-                found = self.db.execute("SELECT updated FROM sessions WHERE id=?", (id,)).fetchone()
+                found = self.db.execute("SELECT updated, title FROM sessions WHERE id=?", (id,)).fetchone()
                 if found is None or found[0] != s.saved_at:
                     why = "deleted" if found is None else "changed"
                     notice = f"chat {id} was {why} by another minisgl chat using {self.path}; this conversation"
                     id = None
+                elif (s.title or "untitled") == s.saved_title and found[1] != s.saved_title:
+                    title = found[1]  # renamed elsewhere: overwriting it lost the new name without a word
+            written = title or "untitled"
+            row = (written, s.model, s.system, s.temperature, s.max_tokens, s.thinking, sampling, now)
             if id is None:
                 cur = self.db.execute(
                     "INSERT INTO sessions (title, model, system, temperature, max_tokens, thinking, sampling,"
@@ -182,6 +188,7 @@ class ChatStore:
             self.db.execute("DELETE FROM inputs WHERE session_id=?", (id,))
             self.db.executemany("INSERT INTO inputs VALUES (?, ?, ?)", [(id, i, x) for i, x in enumerate(inputs)])
         s.id, s.saved_at = id, now  # only once committed: a failed save leaves the session as it was
+        s.title, s.saved_title = title, written
         return None if notice is None else f"{notice} is saved anew as chat {id}"
 
     def rename(self, id: int, title: str) -> None:
@@ -252,6 +259,7 @@ class ChatStore:
             title=title,
             model=model,
             saved_at=updated,
+            saved_title=title,
         )
         s.history = [_message(r) for r in messages]
         return s, inputs
