@@ -227,6 +227,35 @@ def test_a_message_of_several_lines_between_triple_quotes_as_in_ollama():
         engine.shutdown()
 
 
+def test_ctrl_c_in_a_message_of_several_lines_drops_it_and_the_chat_goes_on():
+    """At a terminal, Ctrl-C at the `... ` prompt of a \"\"\" message quit the whole chat (exit 130), the lines typed
+    lost with it; ollama drops the message and stays. Ctrl-C at the `> ` prompt still ends the chat."""
+
+    class Typed(io.StringIO):  # a person at a terminal, pressing Ctrl-C where a line reads ^C
+        def isatty(self) -> bool:
+            return True
+
+        def readline(self, *args) -> str:
+            line = super().readline(*args)
+            if line == "^C\n":
+                raise KeyboardInterrupt
+            return line
+
+    llm = make_llm("dummy:tiny-llama", num_pages=128)
+    engine = LocalEngine(llm)
+    try:
+        session = ChatSession(max_tokens=2, max_tokens_limit=llm.engine.max_model_len)
+        err = io.StringIO()
+        typed = Typed('"""\nhalf a paste\n^C\nafter\n')
+        assert run_plain(engine.backend(), session, None, None, typed, io.StringIO(), err) == 0
+        assert [m.content for m in session.history if m.role == "user"] == ["after"], err.getvalue()
+        assert "(message dropped)" in err.getvalue()
+        with pytest.raises(KeyboardInterrupt):  # at the prompt: the caller's (exit 130)
+            run_plain(engine.backend(), session, None, None, Typed("^C\n"), io.StringIO(), io.StringIO())
+    finally:
+        engine.shutdown()
+
+
 def test_plain_mode_is_automatic_when_not_a_terminal():
     # an OPENAI_API_KEY set for every shell is no --api-key given without --url (refused below): the chat runs
     p = chat(*TINY, "--max-tokens", "4", stdin="hi\n", OPENAI_API_KEY="sk-global")

@@ -100,7 +100,14 @@ def run_plain(
             line = line.strip()
             block = line.startswith(BLOCK)
             if block:
-                line = _read_block(line, stdin, more if interactive else None)
+                try:
+                    line = _read_block(line, stdin, more if interactive else None)
+                except KeyboardInterrupt:
+                    if not interactive:
+                        raise
+                    # as ollama's: Ctrl-C in a message of several lines drops it, the chat goes on (it quit it)
+                    stderr.write("\n(message dropped)\n")
+                    continue
             if not line.strip():
                 continue
             inputs.append(line)
