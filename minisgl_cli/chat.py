@@ -130,8 +130,10 @@ def chat(
         refuse_given(ctx, "set the local engine, which --url does not start", *ENGINE_FLAG_NAMES, "seed")
     resume_id = None if resume in (None, RESUME_LAST) else _session_id(resume)
     store, notice = None, None
+    created = False  # the database file is this start's: a start refused before the chat leaves none behind
     if not no_save:
         path = db or default_db_path()
+        created = not path.exists()
         if resume is not None and not path.exists():  # opening it would create an empty database to find nothing in
             raise typer.BadParameter(f"no saved chat in {path}: the file does not exist", param_hint="--resume")
         try:
@@ -157,21 +159,19 @@ def chat(
 
     plain = no_tui or not (sys.stdin.isatty() and sys.stdout.isatty())
     if url is not None:
+        started = False
         try:
             from minisgl_cli.tui.frontend import run_chat
 
             backend = _connect(url, api_key, served_model, session.model if session else None)
-            code = run_chat(
-                backend,
-                _fit(session, backend.context_limit, system, temperature, max_tokens, sampling),
-                store,
-                inputs,
-                notice,
-                plain,
-            )
+            fitted = _fit(session, backend.context_limit, system, temperature, max_tokens, sampling)
+            started = True
+            code = run_chat(backend, fitted, store, inputs, notice, plain)
         finally:
             if store is not None:
                 store.close()
+                if created and not started:
+                    _remove_unused(store.path)
         if code:
             raise typer.Exit(code)
         return
@@ -195,6 +195,9 @@ def chat(
     except BaseException as e:
         if front is not None:
             front.abandon(interrupted=isinstance(e, KeyboardInterrupt))
+        if store is not None and created:
+            store.close()
+            _remove_unused(store.path)
         raise
     finally:
         if store is not None:
@@ -280,6 +283,24 @@ class _ChatProcess:
             pipe.write(json.dumps(info.to_wire()) + "\n")
         end = run_beside_front_end(llm.engine, info, self.addrs, self.proc, "the chat", interactive=True)
         return chat_exit_code(end)
+
+
+def _remove_unused(path: Path) -> None:
+    """The database file a refused start created (`--max-tokens 100000`, `--num-pages 3`), removed if it holds no chat
+    (another chat may have saved one since)."""
+    from minisgl_cli.tui.store import ChatStore, StoreError
+
+    try:
+        again = ChatStore(path)
+        try:
+            if again.last_id() is not None:
+                return
+        finally:
+            again.close()
+        for f in (path, Path(f"{path}-journal"), Path(f"{path}-wal"), Path(f"{path}-shm")):
+            f.unlink(missing_ok=True)
+    except (OSError, StoreError):
+        pass  # a file left behind is no error of the start's
 
 
 def chat_exit_code(end: LoopEnd) -> int:

@@ -51,10 +51,12 @@ def test_piped_chat_with_slash_commands():
         "12",
         "--system",
         "be brief",
-        stdin="hello\n/temp nope\n/max-tokens 0\n/max-tokens 8\n/bogus\n/stats\n/help\nsecond turn\n",
+        stdin="hello\n/temp nope\n/max-tokens 0\n/max-tokens 8\n/bogus\n/temp 1_0\n/stats\n/help\nsecond turn\n",
     )
     # piped input: the refused commands make the exit status 1 once the input is done (a script can tell)
-    assert p.returncode == 1 and p.stderr.endswith("minisgl chat: 3 commands refused (exit status 1)\n"), p.stderr
+    assert p.returncode == 1 and p.stderr.endswith("minisgl chat: 4 commands refused (exit status 1)\n"), p.stderr
+    assert "error: /temp: '1_0' is not a number" in p.stderr  # read as 10 (Python's digit groups), then refused
+    assert '"""/system ...""" for more lines' in p.stderr and "ctrl+j" not in p.stderr  # the TUI's key
     assert "tiny-llama · cpu · float32" in p.stderr
     turns = [m.groups() for m in TURN.finditer(p.stderr)]
     assert [(t[0], int(t[3])) for t in turns] == [("length", 12), ("length", 8)], p.stderr
@@ -235,8 +237,8 @@ def test_ctrl_c_in_a_message_of_several_lines_drops_it_and_the_chat_goes_on():
         def isatty(self) -> bool:
             return True
 
-        def readline(self, *args) -> str:
-            line = super().readline(*args)
+        def readline(self, size: int = -1, /) -> str:  # type: ignore[override]  # StringIO's, typed as IOBase's
+            line = super().readline(size)
             if line == "^C\n":
                 raise KeyboardInterrupt
             return line
@@ -254,6 +256,20 @@ def test_ctrl_c_in_a_message_of_several_lines_drops_it_and_the_chat_goes_on():
             run_plain(engine.backend(), session, None, None, Typed("^C\n"), io.StringIO(), io.StringIO())
     finally:
         engine.shutdown()
+
+
+def test_a_start_refused_after_the_database_opened_leaves_no_file(tmp_path):
+    """`chat --max-tokens 100000` (past the model's context, found once the model is known) exited 2 and left an
+    empty database behind at --db; a database that was there before is left as it was."""
+    db = tmp_path / "chat.db"
+    p = chat("--no-tui", *TINY, "--db", str(db), "--max-tokens", "100000", stdin="hi\n")
+    assert p.returncode == 2 and "max_tokens must be >= 1 and below the context" in flat(p.stderr), p.stderr
+    assert not db.exists() and list(tmp_path.iterdir()) == []
+    p = chat("--no-tui", *TINY, "--db", str(db), "--max-tokens", "4", stdin="hi\n")
+    assert p.returncode == 0 and db.exists(), p.stderr
+    p = chat("--no-tui", *TINY, "--db", str(db), "--max-tokens", "100000", stdin="hi\n")
+    assert p.returncode == 2 and db.exists() and "1 messages" not in p.stderr
+    assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM sessions").fetchone() == (1,)
 
 
 def test_plain_mode_is_automatic_when_not_a_terminal():

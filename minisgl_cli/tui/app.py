@@ -21,7 +21,15 @@ from textual.widgets import Footer, Header, Markdown
 from textual.widgets.markdown import MarkdownStream
 
 from minisgl_cli.tui.backend import Answer, BackendError, ChatBackend
-from minisgl_cli.tui.commands import HELP, CommandError, is_command, model_command, run_command, takes_lines
+from minisgl_cli.tui.commands import (
+    HELP,
+    CommandError,
+    is_command,
+    messages_count,
+    model_command,
+    run_command,
+    takes_lines,
+)
 from minisgl_cli.tui.export import code_blocks, export
 from minisgl_cli.tui.session import ChatMessage, ChatSession, go_on_with
 from minisgl_cli.tui.sessions_screen import Renamed, SessionsScreen
@@ -673,7 +681,7 @@ class ChatApp(App):
         await self.query_one("#conversation").remove_children()
         await self.show_history()
         self.save()  # now the last chat: --resume comes back to it
-        self.say(f"opened {session.title!r} ({len(session.history)} messages)")
+        self.say(f"opened {session.title!r} ({messages_count(len(session.history))})")
         if model_notice:
             self.say(model_notice, severity="warning", timeout=10)
 

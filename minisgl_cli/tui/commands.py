@@ -193,9 +193,15 @@ def _number(name: str, arg: str, kind: type, current: float) -> float:
     if not arg:
         raise CommandError(f"{name} needs a value, e.g. {name} {current:g} (now {current:g})")
     try:
+        if "_" in arg:  # Python's digit grouping: "1_0" read as 10 was refused as "got 10.0"
+            raise ValueError(arg)
         return kind(arg)
     except ValueError:
         raise CommandError(f"{name}: {arg!r} is not {'an integer' if kind is int else 'a number'}") from None
+
+
+def messages_count(n: int) -> str:
+    return f"{n} message{'' if n == 1 else 's'}"
 
 
 def _apply(setter, value) -> None:

@@ -15,7 +15,15 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from minisgl_cli.tui.backend import Answer, BackendError, ChatBackend
-from minisgl_cli.tui.commands import HELP, CommandError, is_command, model_command, run_command, takes_lines
+from minisgl_cli.tui.commands import (
+    HELP,
+    CommandError,
+    is_command,
+    messages_count,
+    model_command,
+    run_command,
+    takes_lines,
+)
 from minisgl_cli.tui.export import export
 from minisgl_cli.tui.session import ChatMessage, ChatSession, go_on_with
 from minisgl_cli.tui.stats import Load, load_rows, ms, settings_rows, turn_rows
@@ -73,7 +81,7 @@ def run_plain(
     other_model = go_on_with(session, backend.model)  # saved with the chat and in its exports, as the TUI does
     print(f"minisgl chat · {backend.title}   (/help for commands, Ctrl-D to quit)", file=stderr)
     if session.id is not None:
-        print(f"resumed chat {session.id}: {session.title} ({len(session.history)} messages)", file=stderr)
+        print(f"resumed chat {session.id}: {session.title} ({messages_count(len(session.history))})", file=stderr)
         save()  # now the last chat, as in the TUI
     if other_model:
         print(f"warning: {other_model}", file=stderr)
@@ -376,6 +384,8 @@ def _command(
     elif result.action == "help":
         tui_only = {"/copy", "/sessions", "/delete"}
         rows = [(k, f"{v} (TUI only)" if k.split()[0] in tui_only else v) for k, v in HELP]
+        # the TUI's ctrl+j is a new line in its box; here a message of several lines goes between triple quotes
+        rows = [(k, v.replace("ctrl+j for more lines", f"{BLOCK}/system ...{BLOCK} for more lines")) for k, v in rows]
         rows += [(BLOCK, f"a message of several lines: from a line starting with {BLOCK} to one ending with it")]
         rows += [("Ctrl-C", "stop the answer"), ("Ctrl-D", "quit")]
     elif result.action == "export":
