@@ -128,14 +128,14 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from minisgl_cli.report import INTERRUPTED_EXIT, check_outputs
-        from minisgl_cli.workload import dataset_bars
+        from minisgl_cli.workload import no_dataset_bars
 
         check_outputs(json=json_path, plot=plot)
         console = Console()
         engine, peers, config, overrides = _checked(ctx, flags)
         main_engine = "minisgl" if peers else engine
         try:
-            with dataset_bars(not quiet):
+            with no_dataset_bars(quiet and dataset is not None):
                 workload = _build_workload(config, num_seqs, input_len, output_len, seed, dataset)
             # Peers first: one that cannot run fails in seconds, and each finds the GPU free (vLLM claims 90% of it).
             peer_results = [_run_child(name, ctx, workload, vllm_env if name == "vllm" else None) for name in peers]

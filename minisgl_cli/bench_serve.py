@@ -380,7 +380,7 @@ def _target(config: EngineConfig, flags: dict[str, Any]) -> Target:
 def _workload(target: Target, flags: dict[str, Any], n: int, seed: int, skip: int):
     """`n` requests; a dataset's prompts from its `skip`-th on."""
     from minisgl_cli.replay import ReplayItem
-    from minisgl_cli.workload import dataset_bars, parse_range, serve_workload
+    from minisgl_cli.workload import no_dataset_bars, parse_range, serve_workload
 
     try:
         in_range = parse_range(flags["input_len"], "--input-len")
@@ -390,7 +390,7 @@ def _workload(target: Target, flags: dict[str, Any], n: int, seed: int, skip: in
     text = flags["prompt_format"] == "text" or flags["endpoint"] == "chat"
     groups = flags["prefix_groups"]
     try:
-        with dataset_bars(not flags["quiet"]):
+        with no_dataset_bars(flags["quiet"] and flags["dataset"] is not None):
             w = serve_workload(
                 n,
                 in_range,

@@ -87,18 +87,22 @@ def warmup_like(workload: Workload, vocab_size: int, seed: int = 12345) -> Workl
 
 
 @contextlib.contextmanager
-def dataset_bars(shown: bool) -> Iterator[None]:
+def no_dataset_bars(hidden: bool) -> Iterator[None]:
     """datasets' own progress bars (its "Generating train split" as it reads a file the first time) off while a
-    command under --quiet reads a dataset (`shown` False), and back as they were after."""
+    command under --quiet reads a dataset (`hidden`), and back as they were after. datasets is imported only then:
+    a run without a dataset never needs it (the GPU machine's bundle has none)."""
+    if not hidden:
+        yield
+        return
     import datasets
 
     was = datasets.is_progress_bar_enabled()
-    if was and not shown:
+    if was:
         datasets.disable_progress_bars()
     try:
         yield
     finally:
-        if was and not shown:
+        if was:
             datasets.enable_progress_bars()
 
 
