@@ -101,7 +101,7 @@ def test_a_sweeps_rate_loads_take_no_prompt_of_the_warm_up(tmp_path):
     data.write_text("".join(json.dumps({"text": f"prompt number {i}"}) + "\n" for i in range(40)))
     flags = dict(
         num_requests=4, duration=None, input_len="8", output_len="4", prompt_format="ids", endpoint="completions",
-        prefix_groups=0, prefix_len=0, dataset=data, seed=0, burstiness=1.0, arrival="poisson", warmup=3,
+        prefix_groups=0, prefix_len=0, dataset=data, seed=0, burstiness=1.0, arrival="poisson", warmup=3, quiet=False,
     )  # fmt: skip
     planner = _Planner(Target(1000, 4096, Chars(), "m"), flags, {})
     loads = [planner.plan(Load(math.inf, 1, "synchronous"), 0), planner.plan(Load(math.inf, None, "throughput"), 1)]
