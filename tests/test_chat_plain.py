@@ -37,6 +37,13 @@ def chat(*args: str, stdin: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+class Typed(io.StringIO):
+    """Input typed by a person at a terminal (the plain mode prompts, and a failed turn is no failure at exit)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 TURN = re.compile(
     r"\[(\w+) · TTFT (\d+\.\d) ms · (\d+\.\d) tok/s · (\d+) tokens · cache hit (\d+)/(\d+) · "
     r"KV (\d+) in use, (\d+) cached, (\d+) free\]"
@@ -85,10 +92,7 @@ def test_a_piped_chat_exits_1_after_a_failed_turn_and_0_at_a_terminal():
     assert "error: message too long" in p.stderr and len(TURN.findall(p.stderr)) == 1  # "hi" was answered
     assert p.stderr.endswith("minisgl chat: 1 turn failed (exit status 1)\n")
 
-    class Typed(io.StringIO):  # a person at a terminal saw the error: leaving is no failure
-        def isatty(self) -> bool:
-            return True
-
+    # at a terminal (Typed) the person saw the error: leaving is no failure
     llm = make_llm("dummy:tiny-llama", num_pages=128)
     engine = LocalEngine(llm)
     try:
@@ -233,10 +237,7 @@ def test_ctrl_c_in_a_message_of_several_lines_drops_it_and_the_chat_goes_on():
     """At a terminal, Ctrl-C at the `... ` prompt of a \"\"\" message quit the whole chat (exit 130), the lines typed
     lost with it; ollama drops the message and stays. Ctrl-C at the `> ` prompt still ends the chat."""
 
-    class Typed(io.StringIO):  # a person at a terminal, pressing Ctrl-C where a line reads ^C
-        def isatty(self) -> bool:
-            return True
-
+    class CtrlC(Typed):  # a person at a terminal, pressing Ctrl-C where a line reads ^C
         def readline(self, size: int = -1, /) -> str:  # type: ignore[override]  # StringIO's, typed as IOBase's
             line = super().readline(size)
             if line == "^C\n":
@@ -248,12 +249,12 @@ def test_ctrl_c_in_a_message_of_several_lines_drops_it_and_the_chat_goes_on():
     try:
         session = ChatSession(max_tokens=2, max_tokens_limit=llm.engine.max_model_len)
         err = io.StringIO()
-        typed = Typed('"""\nhalf a paste\n^C\nafter\n')
+        typed = CtrlC('"""\nhalf a paste\n^C\nafter\n')
         assert run_plain(engine.backend(), session, None, None, typed, io.StringIO(), err) == 0
         assert [m.content for m in session.history if m.role == "user"] == ["after"], err.getvalue()
         assert "(message dropped)" in err.getvalue()
         with pytest.raises(KeyboardInterrupt):  # at the prompt: the caller's (exit 130)
-            run_plain(engine.backend(), session, None, None, Typed("^C\n"), io.StringIO(), io.StringIO())
+            run_plain(engine.backend(), session, None, None, CtrlC("^C\n"), io.StringIO(), io.StringIO())
     finally:
         engine.shutdown()
 
@@ -350,10 +351,6 @@ def test_run_plain_keeps_history_and_resets():
         run_plain(engine.backend(), session, None, None, io.StringIO("/reset\nthree\n"), out, err)
         assert [m.content for m in session.history if m.role == "user"] == ["three"]
         assert "new conversation" in err.getvalue()
-
-        class Typed(io.StringIO):  # a person at a terminal
-            def isatty(self) -> bool:
-                return True
 
         out, err = io.StringIO(), io.StringIO()
         run_plain(engine.backend(), session, None, None, Typed("four\n"), out, err)
