@@ -258,6 +258,10 @@ def url_sender(client, model: str, temperature: float, chat: bool = False) -> Se
         try:
             async with asyncio.timeout(client.timeout), aclosing(client.stream(path, body)) as events:
                 async for ev in events:
+                    # chunks read in one burst never give the loop back, so asyncio's timeout could not fire: a
+                    # request whose last tokens came after its deadline completed (E2E 1.55 s under a 1 s timeout)
+                    if ev.time - res.sent > client.timeout:
+                        raise TimeoutError
                     # a thinking model's reasoning_content is output too (vLLM's bench serve times every chunk)
                     if ev.text or ev.reasoning:
                         times.append(ev.time)
