@@ -320,7 +320,7 @@ class ChatApp(App):
     async def send(self, text: str) -> bool:
         """Send a new user message (in place of the one being edited, if any); False if it was refused."""
         keep = self.editing if self.editing is not None else len(self.session.history)
-        messages = self.session.messages()[: keep + (1 if self.session.system else 0)]
+        messages = self.session.messages(keep)
         answer = self.start(messages + [{"role": "user", "content": text}])
         if answer is None:
             return False
@@ -519,19 +519,16 @@ class ChatApp(App):
         if self.generating:
             self.say("still answering: press Esc to stop it first", severity="warning")
             return
-        if not self.session.awaiting_answer:
-            last = self.session.last("assistant")
-            if last is None or last != len(self.session.history) - 1:
-                self.say("nothing to answer again yet", severity="warning")
-                return
-            answer = self.start(self.session.messages()[:-1])
-            if answer is None:
-                return
-            await self.drop_from(last)
+        keep = self.session.answer_again_from()
+        if keep is None:
+            self.say("nothing to answer again yet", severity="warning")
+            return
+        answer = self.start(self.session.messages(keep))
+        if answer is None:
+            return
+        if keep < len(self.session.history):
+            await self.drop_from(keep)
         else:
-            answer = self.start(self.session.messages())
-            if answer is None:
-                return
             for w in self.query(AssistantMessage):  # the failed attempt's empty bubble
                 if w.index >= len(self.session.history):
                     await w.remove()

@@ -312,9 +312,8 @@ def _answer(
 
     def start() -> Answer:
         try:
-            sent = session.messages()[: keep + (1 if session.system else 0)]
             new = [] if text is None else [{"role": "user", "content": text}]
-            answer = backend.start(sent + new, session.params(), session.thinking)
+            answer = backend.start(session.messages(keep) + new, session.params(), session.thinking)
             session.cut(keep)  # the answer (and message) this turn replaces, once the backend took it
             if text is not None:
                 session.add(ChatMessage("user", text, created=time.time()))
@@ -413,12 +412,10 @@ def _resend(action: str, args: tuple[str, ...], session: ChatSession) -> Resend:
     """/regen: the last answer again (or the answer to a message whose turn failed); /edit <text>: `text` in place of
     the last message, which /edit alone cannot edit here (no box to put it in), so it says how."""
     if action == "regen":
-        if session.awaiting_answer:
-            return Resend(len(session.history), None)
-        last = session.last("assistant")
-        if last is None or last != len(session.history) - 1:
+        keep = session.answer_again_from()
+        if keep is None:
             raise CommandError("nothing to answer again yet")
-        return Resend(last, None)
+        return Resend(keep, None)
     i = session.last("user")
     if i is None:
         raise CommandError("no message to edit yet")

@@ -159,10 +159,20 @@ class ChatSession:
         SamplingParams(**{name: value})  # type: ignore[arg-type]  # the engine's range check, its message
         self.sampling[name] = value
 
-    def messages(self) -> list[dict[str, str]]:
-        """What the next turn sends: the system prompt and the conversation so far (ending with the user's turn)."""
+    def messages(self, keep: int | None = None) -> list[dict[str, str]]:
+        """What the next turn sends: the system prompt and the conversation so far (ending with the user's turn), or
+        its first `keep` messages (a turn in place of the later ones: /regen, /edit)."""
         system = [{"role": "system", "content": self.system}] if self.system else []
-        return system + [{"role": m.role, "content": m.content} for m in self.history]
+        return system + [{"role": m.role, "content": m.content} for m in self.history[:keep]]
+
+    def answer_again_from(self) -> int | None:
+        """Where /regen's turn starts (the messages from there are replaced): the whole conversation when it ends with
+        the user's message (a failed turn left it unanswered), else before the last answer; None when there is none
+        to answer again."""
+        if self.awaiting_answer:
+            return len(self.history)
+        last = self.last("assistant")
+        return last if last is not None and last == len(self.history) - 1 else None
 
     def params(self) -> SamplingParams:
         return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, **self.sampling)  # type: ignore[arg-type]
