@@ -17,7 +17,7 @@ from minisgl_cli.chat import resume_flag
 from minisgl_cli.tui.app import ChatApp
 from minisgl_cli.tui.session import ChatMessage, ChatSession
 from minisgl_cli.tui.sessions_screen import SessionsScreen
-from minisgl_cli.tui.store import ChatStore, default_db_path
+from minisgl_cli.tui.store import META, SCHEMA, ChatStore, default_db_path
 from minisgl_cli.tui.turn import TurnStats
 from minisgl_cli.tui.widgets import AssistantMessage, MetricsPanel, NoteMessage, PromptBox, UserMessage
 from tests.chat_pilot import errors, idle, known, notices, panel_text, run_app, run_pilot, send, wait_for
@@ -819,6 +819,43 @@ def test_the_open_chat_is_deleted_on_a_second_press(db):
     run_pilot(ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens=64), store), scenario)
     assert [i.title for i in store.sessions()] == ["older chat"] and store.last_id() == older.id
     assert store.db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 1  # the deleted chats' messages went too
+
+
+def test_a_deleted_chats_id_is_never_handed_out_again(db):
+    """sessions.id is SQLite's INTEGER PRIMARY KEY, which takes the highest id + 1: once the newest chat was deleted,
+    the next one got its id, and a `--resume 2` kept in a shell's history or a note opened that other chat."""
+    store = saved_chats(db, (("first", "a"), ("second", "b")))
+    second = store.last_id()
+    assert second == 2
+    store.delete(second)
+    store.close()
+    store = saved_chats(db, (("third", "c"),))  # another connection: the highest id is kept in the file
+    assert store.last_id() == 3 and [i.id for i in store.sessions()] == [3, 1]
+    with pytest.raises(KeyError):
+        store.load(second)
+    store.delete(3)
+    store.delete(1)  # every chat gone
+    assert saved_chats(db, (("fourth", "d"),)).last_id() == 4
+
+
+def test_a_database_written_before_the_highest_id_was_kept_hands_out_no_id_twice(db):
+    """A file of schema 2 as minisgl wrote it before (no meta table): it opens as it was, at the same schema (an
+    older minisgl still opens it), and its newest chat deleted, the next chat still gets a new id."""
+    old = sqlite3.connect(db, isolation_level=None)
+    old.executescript(SCHEMA.replace(META, "") + "PRAGMA user_version = 2;")
+    for title in ("one", "two"):
+        old.execute(
+            "INSERT INTO sessions (title, model, system, temperature, max_tokens, thinking, created, updated)"
+            " VALUES (?, 'm', NULL, 0.5, 100, NULL, 1, 1)",
+            (title,),
+        )
+    old.execute("INSERT INTO messages (session_id, seq, role, content, created) VALUES (2, 0, 'user', 'two', 1)")
+    old.close()
+    store = ChatStore(db)
+    assert [m.content for m in store.load(2)[0].history] == ["two"]
+    store.delete(2)
+    assert saved_chats(db, (("three", "c"),)).last_id() == 3
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == 2
 
 
 def saved_chats(db, turns: tuple[tuple[str, str], ...]) -> ChatStore:

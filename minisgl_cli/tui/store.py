@@ -17,6 +17,12 @@ from minisgl_cli.tui.session import ChatMessage, ChatSession
 from minisgl_cli.tui.turn import TurnStats
 
 SCHEMA_VERSION = 2
+# The highest chat id ever handed out (key 'last_id'): sessions.id takes the highest id left + 1, so deleting the newest
+# chat gave its id to the next one, and a `--resume N` kept in a note opened another chat. A table of its own, not a
+# rebuilt `id ... AUTOINCREMENT`, so the schema stays 2: an older minisgl still opens the file (and ignores it).
+META = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
     id INTEGER PRIMARY KEY,
@@ -56,6 +62,7 @@ CREATE TABLE IF NOT EXISTS inputs (
     PRIMARY KEY (session_id, seq)
 );
 """
+SCHEMA += META
 # From each older schema to the next one, in order (a database of schema 1 runs MIGRATIONS[0], then the rest).
 MIGRATIONS = [
     "ALTER TABLE sessions ADD COLUMN sampling TEXT NOT NULL DEFAULT '{}';",  # 1 -> 2: the chat's /set fields (JSON)
@@ -168,12 +175,13 @@ class ChatStore:
             written = title or "untitled"
             row = (written, s.model, s.system, s.temperature, s.max_tokens, s.thinking, sampling, now)
             if id is None:
-                cur = self.db.execute(
+                id = self._last_id() + 1
+                self.db.execute(
                     "INSERT INTO sessions (title, model, system, temperature, max_tokens, thinking, sampling,"
-                    " updated, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (*row, now),
+                    " updated, id, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (*row, id, now),
                 )
-                id = cur.lastrowid
+                self._last_id()  # noted now too: an older minisgl deleting this chat would note nothing
             else:
                 self.db.execute(
                     "UPDATE sessions SET title=?, model=?, system=?, temperature=?, max_tokens=?, thinking=?,"
@@ -196,8 +204,20 @@ class ChatStore:
             self.db.execute("UPDATE sessions SET title=? WHERE id=?", (title, id))
 
     def delete(self, id: int) -> None:
-        with self._errors("delete from"):
+        with self._errors("delete from"), self._transaction():
+            self._last_id()  # before the row goes: it may be the newest
             self.db.execute("DELETE FROM sessions WHERE id=?", (id,))
+
+    def _last_id(self) -> int:
+        """The highest chat id ever handed out, noted in `meta` as it is now (inside the caller's transaction). The
+        rows count too: a file written before `meta` was, or chats an older minisgl added, which it does not note."""
+        self.db.execute(META)  # a file of an earlier minisgl, at the same schema, has no such table
+        self.db.execute(
+            "INSERT INTO meta VALUES ('last_id', (SELECT IFNULL(MAX(id), 0) FROM sessions))"
+            " ON CONFLICT (key) DO UPDATE SET value = MAX(value, excluded.value)"
+        )
+        last: int = self.db.execute("SELECT value FROM meta WHERE key = 'last_id'").fetchone()[0]
+        return last
 
     # ---- reading --------------------------------------------------------------------------------------------
     def sessions(self, match: str = "") -> list[SessionInfo]:
