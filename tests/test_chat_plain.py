@@ -78,7 +78,7 @@ def test_piped_chat_with_slash_commands():
     # /help marks what only the TUI does (it listed /copy etc. as if they worked here)
     assert re.search(r"/copy \[code \[n\]\] +copy the last answer.* \(TUI only\)\n", p.stderr), p.stderr
     assert re.search(r"/regen +answer the last message again\n", p.stderr), p.stderr
-    assert re.search(r"/export md\|json \[path\] +write the conversation to a file\n", p.stderr), p.stderr
+    assert re.search(r"/export md\|json \[path\] +write the conversation to a file \(/export! writes over", p.stderr)
     assert re.search(r"KV pages\s+0 in use, \d+ cached", p.stderr) and re.search(r"cache hit\s+0 / \d+", p.stderr)
     assert re.search(r"system prompt\s+be brief\n", p.stderr) and re.search(r"max tokens\s+8\n", p.stderr)
     assert p.stdout.count("\n") >= 2 and "Traceback" not in p.stderr
@@ -337,6 +337,22 @@ def test_flags_the_chat_would_not_read_are_refused(flags, message):
     r = CliRunner().invoke(app, ["chat", "--no-tui", *flags], env={"COLUMNS": "300"})
     assert r.exit_code == 2, r.output
     assert f"Invalid value for {message}" in flat(r.output), r.output
+
+
+def test_export_in_the_plain_mode_refuses_to_write_over_a_file(tmp_path):
+    """The plain mode wrote over a file that existed as the TUI did (the same shared export): refused, saying how to
+    write over it. (It reads a command only between turns: an export always has the last answer.)"""
+    from tests.test_chat_thinking import ScriptedBackend
+
+    notes = tmp_path / "notes.md"
+    notes.write_text("my notes\n")
+    err = io.StringIO()
+    lines = f"what is 6*7?\n/export md {notes}\n/export! md {notes}\n"
+    session = ChatSession(max_tokens=64, max_tokens_limit=4096)
+    assert run_plain(ScriptedBackend(None), session, None, None, io.StringIO(lines), io.StringIO(), err) == 1
+    assert f"error: cannot export: {notes} exists: /export! md {notes} writes over it\n" in err.getvalue()
+    assert f"exported to {notes}\n" in err.getvalue() and "</details>\n\nIt is **42**.\n" in notes.read_text()
+    assert err.getvalue().endswith("minisgl chat: 1 command refused (exit status 1)\n")
 
 
 def test_run_plain_keeps_history_and_resets():

@@ -3,6 +3,7 @@ export, regenerate, edit, copy, the sessions list, and a locked or corrupted dat
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sqlite3
@@ -143,6 +144,39 @@ def test_export_markdown_and_json(tiny, tmp_path):
     stats = doc["messages"][1]["stats"]
     assert stats["output_tokens"] == 5 and stats["ttft"] == pytest.approx(answer.stats.ttft)
     assert stats["finish_reason"] == "length" and stats["tbt_p50"] > 0
+
+
+def test_export_refuses_to_write_over_a_file_or_mid_answer(tmp_path, monkeypatch):
+    """`/export md notes.md` wrote over the notes without a word, and an export while the answer streamed wrote the
+    question alone, as if it had no answer. A file that exists is refused, saying how to write over it (`/export!`,
+    as vim's `:w!`); mid-answer the export is refused until the answer is done."""
+    monkeypatch.chdir(tmp_path)
+    backend = ScriptedBackend(thinking_switch=None)
+    notes, md = tmp_path / "notes.md", tmp_path / "chat.md"
+    notes.write_text("my notes\n")
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        backend.hold = asyncio.Event()  # the answer streams until the test lets it end
+        await send(pilot, "what is 6*7?")
+        assert app.generating
+        await send(pilot, f"/export md {md}")
+        assert notices(app)[-1] == "still answering: /export once the answer is done (esc stops it)"
+        assert not md.exists()
+        backend.hold.set()
+        await idle(app, pilot)
+        await send(pilot, f"/export md {notes}")
+        assert errors(app)[-1] == f"cannot export: {notes} exists: /export! md {notes} writes over it"
+        assert notes.read_text() == "my notes\n"
+        await send(pilot, f"/export! md {notes}")
+        assert notices(app)[-1] == f"exported to {notes}"
+        await send(pilot, "/export json")
+        await send(pilot, "/export json")  # the default file, there from the first
+        assert errors(app)[-1] == "cannot export: minisgl-chat-1.json exists: /export! json writes over it"
+
+    store = ChatStore(tmp_path / "chat.db")
+    run_pilot(ChatApp(backend, ChatSession(max_tokens=64, max_tokens_limit=4096), store), scenario)
+    assert "</details>\n\nIt is **42**.\n" in notes.read_text()
+    assert json.loads((tmp_path / "minisgl-chat-1.json").read_text())["messages"][1]["content"] == "It is **42**."
 
 
 def test_regenerate_and_edit_replace_the_last_turn(tiny, db):

@@ -636,9 +636,14 @@ class ChatApp(App):
         self.copy_to_clipboard(text)
         self.say(f"copied {label} ({len(text)} characters)")
 
-    def export(self, fmt: str, path: str) -> None:
+    def export(self, fmt: str, path: str, overwrite: str) -> None:
+        if self.generating:
+            # the answer joins the session when it ends: the file held the question alone, as if it had none (the
+            # plain mode reads a command only between turns)
+            self.say("still answering: /export once the answer is done (esc stops it)", severity="warning")
+            return
         try:
-            target = export(self.session, fmt, path)
+            target = export(self.session, fmt, path, overwrite=bool(overwrite))
         except (OSError, ValueError) as e:
             self.say(f"cannot export: {e}", title="export", severity="error")
             return

@@ -28,7 +28,7 @@ HELP: list[tuple[str, str]] = [
         "/copy [code [n]]",
         "copy the last answer, or its n-th code block (default: the last); a click copies any message",
     ),
-    ("/export md|json [path]", "write the conversation to a file"),
+    ("/export md|json [path]", "write the conversation to a file (/export! writes over one that exists)"),
     ("/sessions", "saved conversations: open, rename, delete"),
     ("/rename <title>", "rename this conversation"),
     ("/delete", "delete this conversation (run twice, as ctrl+delete)"),
@@ -92,11 +92,11 @@ def run_command(line: str, session: ChatSession, thinking_switch: bool | None = 
             raise CommandError("/rename needs a title")
         session.title = arg
         return CommandResult("info", f"renamed to {arg}")
-    if name == "/export":
+    if name in ("/export", "/export!"):  # as vim's :w!, the "!" writes over a file that exists
         fmt, _, path = arg.partition(" ")
         if fmt not in FORMATS:
-            raise CommandError(f"/export takes md or json, then an optional path (got {fmt!r})")
-        return CommandResult("export", args=(fmt, path.strip()))
+            raise CommandError(f"{name} takes md or json, then an optional path (got {fmt!r})")
+        return CommandResult("export", args=(fmt, path.strip(), "overwrite" if name == "/export!" else ""))
     if name == "/copy":
         what, _, n = arg.partition(" ")
         n = n.strip()

@@ -1,4 +1,4 @@
-"""A conversation as Markdown or JSON (`/export md|json [path]`)."""
+"""A conversation as Markdown or JSON (`/export md|json [path]`, `/export!` to write over a file)."""
 
 from __future__ import annotations
 
@@ -69,15 +69,22 @@ def to_json(s: ChatSession) -> str:
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
 
-def export(s: ChatSession, fmt: str, path: str = "") -> Path:
-    """Write the conversation; the default file is minisgl-chat-<id or time>.<fmt> in the current directory.
-    OSError when it cannot be written."""
+def export(s: ChatSession, fmt: str, path: str = "", overwrite: bool = False) -> Path:
+    """Write the conversation; the default file is minisgl-chat-<id or time>.<fmt> in the current directory. A file
+    that exists is written over only with `overwrite` (`/export!`): FileExistsError says so. OSError when it cannot
+    be written."""
     if fmt not in FORMATS:
         raise ValueError(f"export format must be md or json (got {fmt!r})")
     target = Path(path).expanduser() if path else Path(f"minisgl-chat-{s.id or time.strftime('%Y%m%d-%H%M%S')}.{fmt}")
     if target.is_dir():
         raise IsADirectoryError(f"{target} is a directory")
-    target.write_text(to_markdown(s) if fmt == "md" else to_json(s), encoding="utf-8")
+    text = to_markdown(s) if fmt == "md" else to_json(s)
+    try:
+        with target.open("w" if overwrite else "x", encoding="utf-8") as f:  # "x": the check and the write at once
+            f.write(text)
+    except FileExistsError:
+        again = " ".join(["/export!", fmt] + ([path] if path else []))
+        raise FileExistsError(f"{target} exists: {again} writes over it") from None
     return target
 
 

@@ -388,8 +388,9 @@ def _command(
         rows += [(BLOCK, f"a message of several lines: from a line starting with {BLOCK} to one ending with it")]
         rows += [("Ctrl-C", "stop the answer"), ("Ctrl-D", "quit")]
     elif result.action == "export":
+        fmt, path, overwrite = result.args
         try:
-            rows = [("", f"exported to {export(session, *result.args)}")]
+            rows = [("", f"exported to {export(session, fmt, path, overwrite=bool(overwrite))}")]
         except (OSError, ValueError) as e:
             rows, done = [("", f"error: cannot export: {e}")], False
     elif result.action == "model":
