@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 from rich.console import Console
+from textual import events
 from textual.pilot import Pilot
 from textual.widgets import Static
 
@@ -121,6 +122,14 @@ async def send(pilot, text: str, typed: bool = False) -> None:
     else:
         pilot.app.query_one(PromptBox).value = text
     await pilot.press("enter")
+
+
+async def burst(pilot: Pilot, *keys: str) -> None:
+    """Keys as a terminal hands over a paste or fast typing: all queued before the app handles the first. pilot.press
+    waits until the app is idle after each key, so what a key sets going (a focus change) is done before the next."""
+    for key in keys:
+        pilot.app.post_message(events.Key(key, key if len(key) == 1 else None))
+    await pilot.pause()
 
 
 def rendered(renderable) -> str:

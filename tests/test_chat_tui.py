@@ -28,6 +28,7 @@ from minisgl_cli.tui.turn import TurnReader, TurnStats
 from minisgl_cli.tui.widgets import AnswerMarkdown, AssistantMessage, MetricsPanel, NoteMessage, PromptBox, UserMessage
 from tests.chat_pilot import (
     LocalEngine,
+    burst,
     engine,
     errors,
     idle,
@@ -691,6 +692,34 @@ def test_typing_after_a_click_on_a_message_goes_to_the_input():
         await pilot.press("enter")
         await idle(app, pilot)
         assert [m.content for m in app.session.history if m.role == "user"] == ["hi", "next one?"]
+
+    run_pilot(
+        ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario
+    )
+
+
+def test_enter_in_the_same_burst_as_the_text_typed_into_the_conversation_goes_to_the_input():
+    """Keys typed while the conversation has the focus go to the input box, which takes the focus back; in a burst (a
+    paste ending in a newline, a fast typist) the Enter came before the focus had moved, reached the conversation and
+    was lost: the text waited in the box, unsent. It now does what it does in the box: sends (f2 mode: a new line)."""
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        box = app.query_one(PromptBox)
+        await send(pilot, "hi")
+        await idle(app, pilot)
+        await pilot.click(AssistantMessage)
+        await pilot.pause()
+        assert app.focused is app.query_one("#conversation")
+        await burst(pilot, *"next one", "enter")
+        await wait_for(pilot, lambda: len(app.session.history) == 4, what="the burst's message answered")
+        assert [m.content for m in app.session.history if m.role == "user"] == ["hi", "next one"]
+        assert box.value == "" and app.focused is box
+        await pilot.press("f2")  # multi-line mode: enter adds a line there
+        await pilot.click(AssistantMessage)
+        await pilot.pause()
+        assert app.focused is app.query_one("#conversation")
+        await burst(pilot, "a", "enter", "b", "ctrl+j", "c")
+        assert box.value == "a\nb\nc" and app.focused is box and len(app.session.history) == 4
 
     run_pilot(
         ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario

@@ -583,13 +583,24 @@ class ChatApp(App):
     def on_key(self, event: events.Key) -> None:
         """A character typed while the conversation or the panel has the focus (a click on a message, which copies it,
         gives it to the conversation; so does tab, to scroll with the keys) goes into the input box, which takes the
-        focus back: it was lost, and so was the next question typed after a click. Keys the focused widget handled
-        (its bindings: pageup, home...) and those on another screen (the saved chats, the palette) never get here."""
+        focus back: it was lost, and so was the next question typed after a click. Enter and the new-line keys follow
+        it there and do what they do in the box: in a burst (a paste ending in a newline, a fast typist) the Enter
+        comes before the box has the focus, and was lost, the text left unsent. Keys the focused widget handled (its
+        bindings: pageup, home...) and those on another screen (the saved chats, the palette) never get here."""
         box = self.input_box
-        if event.is_printable and event.character and self.screen is box.screen and self.focused is not box:
+        if self.screen is not box.screen or self.focused is box:
+            return
+        if event.is_printable and event.character:
             event.stop()
             box.focus()
             box.insert(event.character)
+        elif event.key == "enter" or event.key in box.NEWLINE_KEYS:
+            event.stop()
+            box.focus()
+            if event.key == "enter" and not box.multiline:
+                box.action_send()
+            else:
+                box.action_newline()
 
     def on_click(self, event: events.Click) -> None:
         """A click on a message copies it (oterm's way): any question or answer, not only the last answer. Not after
