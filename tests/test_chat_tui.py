@@ -698,6 +698,30 @@ def test_typing_after_a_click_on_a_message_goes_to_the_input():
     )
 
 
+def test_a_paste_while_the_conversation_has_the_focus_goes_to_the_input():
+    """A terminal's bracketed paste comes as one Paste event, not keys: with the conversation focused (after a click
+    on a message, or tab) it went there and was lost. It goes into the input box now, its newlines lines of the
+    message as when pasted there (nothing sent)."""
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        box = app.query_one(PromptBox)
+        await send(pilot, "hi")
+        await idle(app, pilot)
+        await pilot.click(AssistantMessage)
+        await pilot.pause()
+        assert app.focused is app.query_one("#conversation")
+        app.post_message(events.Paste("pasted\nlines\n"))  # as the terminal's driver posts it
+        await pilot.pause()
+        assert box.value == "pasted\nlines\n" and app.focused is box and len(app.session.history) == 2
+        app.post_message(events.Paste(" and more"))  # in the box now: pasted once, by the box itself
+        await pilot.pause()
+        assert box.value == "pasted\nlines\n and more"
+
+    run_pilot(
+        ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario
+    )
+
+
 def test_enter_in_the_same_burst_as_the_text_typed_into_the_conversation_goes_to_the_input():
     """Keys typed while the conversation has the focus go to the input box, which takes the focus back; in a burst (a
     paste ending in a newline, a fast typist) the Enter came before the focus had moved, reached the conversation and

@@ -602,6 +602,16 @@ class ChatApp(App):
             else:
                 box.action_newline()
 
+    def on_paste(self, event: events.Paste) -> None:
+        """A paste (a terminal's bracketed paste is one event, not keys) while the conversation or the panel has the
+        focus goes into the input box, as typed characters do: it was lost. Its newlines are lines of the message, as
+        when pasted in the box. (The box's own pastes bubble here too, handled: it has the focus then.)"""
+        box = self.input_box
+        if event.text and self.screen is box.screen and self.focused is not box:
+            event.stop()
+            box.focus()
+            box.insert(event.text)
+
     def on_click(self, event: events.Click) -> None:
         """A click on a message copies it (oterm's way): any question or answer, not only the last answer. Not after
         a drag (the mouse selected text, which ctrl+c copies), not on a thinking block (its title folds it), and not
