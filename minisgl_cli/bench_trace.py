@@ -140,6 +140,9 @@ def register(app: typer.Typer) -> None:
         from minisgl_cli.trace_reader import FORMATS, TraceError, read_trace
 
         check_outputs(json=json_path, plot=plot, step_log=step_log)
+        for flag, out in (("--json", json_path), ("--plot", plot), ("--step-log", step_log)):
+            if out is not None and out.resolve() == trace.resolve():  # the results would replace the trace itself
+                raise typer.BadParameter(f"{out} is the TRACE being replayed; give another file", param_hint=flag)
         if json_path is None:
             o.refuse_given(ctx, "is written to the --json file, and there is no --json", "save_detailed")
         console = Console()
@@ -306,9 +309,15 @@ def _run_local(config: EngineConfig, window, flags: dict[str, Any], quiet: bool)
             return await drive_or_interrupted(p.items, send, live)
         finally:
             # The requests a Ctrl-C cut off are aborted: the engine's counters then cover what was replayed.
-            after = engine.call(lambda x: x.metrics())
-            records = engine.call(lambda x: x.engine.step_records or []) if flags["step_log"] else None
-            engine.shutdown()
+            # After a Ctrl-C the engine may still be inside one long step (a CPU prefill of 8,000 tokens took 63 s):
+            # AsyncLLM.call's 30 s default raised queue.Empty there, a traceback that lost the partial results.
+            try:
+                after = engine.call(lambda x: x.metrics(), timeout=None)
+                records = None
+                if flags["step_log"]:
+                    records = engine.call(lambda x: x.engine.step_records or [], timeout=None)
+            finally:
+                engine.shutdown()
             state.update(after=after, records=records)
 
     state: dict[str, Any] = {}
@@ -438,7 +447,13 @@ def _run_url(
                     p.items, url_sender(client, name, flags["temperature"]), live
                 )
                 duration = time.perf_counter() - live.started
-            after = await scrape_metrics(client)
+            # after a Ctrl-C (often given because the server stopped answering) the scrape must not wait for
+            # --request-timeout (600 s by default) before the partial results come out
+            try:
+                async with asyncio.timeout(5.0 if interrupted else None):
+                    after = await scrape_metrics(client)
+            except TimeoutError:
+                after = None
             return name, engine, results, duration, cache_hit_rate(before, after), interrupted, live.started
 
     name, engine, results, duration, hit_rate, interrupted, t0 = asyncio.run(main())

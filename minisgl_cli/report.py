@@ -189,7 +189,7 @@ def check_outputs(**paths: Path | None) -> None:
         flag = name if name.isupper() else "--" + name.replace("_", "-")
         if why := output_problem(path):
             raise typer.BadParameter(why, param_hint=flag)
-        key = path.absolute()
+        key = path.resolve()  # `a/../b.json` and a symlink name the file they reach
         if key in seen:
             raise typer.BadParameter(f"{path} is also given to {seen[key]}", param_hint=flag)
         seen[key] = flag

@@ -191,7 +191,8 @@ class PromptSynth:
     def _draw(self, *key: int) -> list[int]:
         import numpy as np
 
-        rng = np.random.default_rng([self.seed, *(k & (2**64 - 1) for k in key)])
+        # --seed may be negative (the engine takes any 64-bit seed); SeedSequence takes only non-negative words
+        rng = np.random.default_rng([self.seed & (2**64 - 1), *(k & (2**64 - 1) for k in key)])
         return rng.integers(0, self.vocab, self.bs).tolist()
 
     def block(self, hash_id: int) -> list[int]:

@@ -407,3 +407,28 @@ def test_the_command_line_in_a_results_file_hides_the_api_key(monkeypatch):
     monkeypatch.setattr(sys, "argv", argv)
     line = command_line()
     assert line is not None and "K1" not in line and "K2" not in line and "--url http://h" in line, line
+
+
+def test_a_negative_seed_draws_prompts_of_its_own():
+    """--seed -5 reached numpy's SeedSequence, which takes no negative word: a traceback after the model loaded. Any
+    64-bit seed is taken (as the engine's), and another seed draws other tokens for the same hash id."""
+    from minisgl_cli.trace_reader import PromptSynth
+
+    minus, plus = PromptSynth(512, 16, seed=-5), PromptSynth(512, 16, seed=5)
+    assert minus.block(7) == PromptSynth(512, 16, seed=-5).block(7)
+    assert minus.block(7) != plus.block(7) and len(minus.block(7)) == 16
+
+
+def test_an_output_that_is_the_trace_or_another_output_by_another_path_is_refused(tmp_path):
+    """`--json t.jsonl` replaced the replayed trace with the results, and `a/../x.json` or a link to the file given
+    to another flag passed the check that one file goes to one flag."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(QWEN.read_text())
+    (tmp_path / "sub").mkdir()
+    r = CliRunner().invoke(app, ["bench-trace", str(trace), *TINY, "--json", str(tmp_path / "sub" / ".." / "t.jsonl")])
+    assert r.exit_code == 2 and "is the TRACE being replayed" in flat(r.output), r.output
+    assert trace.read_text() == QWEN.read_text()
+    (tmp_path / "link.json").symlink_to(tmp_path / "x.json")
+    args = ["--json", str(tmp_path / "x.json"), "--step-log", str(tmp_path / "link.json")]
+    r = CliRunner().invoke(app, ["bench-trace", str(trace), *TINY, *args])
+    assert r.exit_code == 2 and "is also given to --json" in flat(r.output), r.output
