@@ -140,7 +140,8 @@ def import_(src: Path) -> tuple[dict[str, int], dict]:
     try:
         tar = tarfile.open(src, "r:*")
     except (tarfile.TarError, OSError, EOFError) as e:
-        raise CacheArchiveError(f"{src}: not a cache archive ({e})") from e
+        # tarfile lists each compression it tried on a line of its own: one line here
+        raise CacheArchiveError(f"{src}: not a cache archive ({' '.join(str(e).split())})") from e
     with tar:
         try:
             members = tar.getmembers()  # reads the archive to its end: a truncated one fails here
@@ -210,6 +211,12 @@ def _check_members(
         parts = PurePosixPath(m.name).parts
         if not m.isfile() or PurePosixPath(m.name).is_absolute() or ".." in parts or len(parts) < 2:
             raise CacheArchiveError(f"{src}: refusing member {m.name!r} (only files under a cache folder)")
+        if parts[0] == "fa4" and "fa4" not in where:  # FA4 keeps a cache only where this variable says
+            raise CacheArchiveError(
+                f"{src}: it holds FlashAttention-4's cache ({m.name!r}), which this machine keeps nowhere: set "
+                "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR to a folder for it (as on the machine that exported it) and "
+                "import again; nothing was imported"
+            )
         if parts[0] not in where:
             known = ", ".join(where)
             raise CacheArchiveError(f"{src}: member {m.name!r} belongs to no cache this machine has ({known})")
@@ -319,7 +326,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Unpack an exported archive into this machine's cache directories (same GPU and versions, or the caches
         simply miss: each owner keys its entries by GPU architecture and version)."""
-        if not archive.is_file():
+        if archive.is_dir():
+            raise typer.BadParameter(
+                f"{archive} is a directory: give the archive `minisgl cache export` wrote", param_hint="ARCHIVE"
+            )
+        if not archive.exists():
             raise typer.BadParameter(f"{archive} does not exist", param_hint="ARCHIVE")
         try:
             counts, manifest = import_(archive)

@@ -185,6 +185,13 @@ def test_not_an_archive(caches, tmp_path):
     assert r.exit_code == 2 and "not a cache archive" in flat(r.output)
     r = CliRunner().invoke(app, ["cache", "import", str(tmp_path / "missing.tar.gz")])
     assert r.exit_code == 2 and "does not exist" in flat(r.output)
+    r = CliRunner().invoke(app, ["cache", "import", str(tmp_path)])  # was "does not exist"
+    assert r.exit_code == 2 and "is a directory: give the archive" in flat(r.output), r.output
+    from minisgl_cli.cache import CacheArchiveError, import_
+
+    with pytest.raises(CacheArchiveError, match="not a cache archive") as e:  # tarfile lists its tries line by line
+        import_(junk)
+    assert "\n" not in str(e.value) and "method gz" in str(e.value)
 
 
 def test_export_creates_a_missing_parent_and_leaves_no_partial_file(caches, tmp_path):
@@ -362,3 +369,17 @@ def test_export_into_a_cache_folder_is_refused(caches, tmp_path):
     assert r.exit_code == 2, r.output + repr(r.exception)
     assert f"{archive} is inside the triton cache ({caches['triton']}): write it elsewhere" in flat(r.output)
     assert not (caches["triton"] / "new").exists()
+
+
+def test_an_fa4_cache_where_this_machine_keeps_none_names_the_variable(caches, tmp_path, monkeypatch):
+    """FlashAttention-4 keeps a cache only where FLASH_ATTENTION_CUTE_DSL_CACHE_DIR says: an archive exported with it
+    was refused on a machine without it as 'belongs to no cache this machine has (minisgl, flashinfer, triton)',
+    which did not say how to import it. Nothing is written; with the variable set it imports."""
+    archive = _archive(tmp_path / "a.tgz", {"triton/x": b"1", "fa4/k.o": b"2"})
+    monkeypatch.delenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")
+    r = CliRunner().invoke(app, ["cache", "import", str(archive)])
+    assert r.exit_code == 2 and "set FLASH_ATTENTION_CUTE_DSL_CACHE_DIR to a folder for it" in flat(r.output), r.output
+    assert read_back(caches) == {}
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(caches["fa4"]))
+    r = CliRunner().invoke(app, ["cache", "import", str(archive)])
+    assert r.exit_code == 0 and read_back(caches) == {"triton/x": b"1", "fa4/k.o": b"2"}, r.output
