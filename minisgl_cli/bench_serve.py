@@ -680,7 +680,7 @@ async def _connect(target: Target, flags: dict[str, Any], api_key: str | None, s
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--url") from e
     try:
-        served["name"], served["engine"] = await served_model(client, flags["served_model"])
+        served["name"], served["engine"], _ = await served_model(client, flags["served_model"])
     except (OSError, ValueError, KeyError, HTTPStatusError, TimeoutError) as e:
         await client.close()
         # a server that accepts the connection but never answers times out, and a TimeoutError's text is empty

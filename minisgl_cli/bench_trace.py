@@ -153,6 +153,7 @@ def register(app: typer.Typer) -> None:
         if engine != "minisgl" and url is not None:
             raise typer.BadParameter("picks the in-process engine: it does not go with --url", param_hint="--engine")
         flags["vllm_args"] = o.vllm_args(vllm_arg)
+        flags["model_given"] = bool(o.given(ctx, "model"))
         if flags["vllm_args"] and engine != "vllm":
             raise typer.BadParameter("is for --engine vllm", param_hint="--vllm-arg")
         reads_model = vocab_size is None or config.max_model_len is None  # _run_url's vocabulary and context
@@ -423,8 +424,7 @@ def _run_url(
     )
     from minisgl_cli.run_figures import client_usage
 
-    vocab, context, _ = o.served_shape(config, flags["vocab_size"])
-    p = plan(window, vocab, context, flags)
+    vocab, context, _ = o.served_shape(config, flags["vocab_size"])  # --model's, and a readable --model checked
     check = None if flags["no_client_check"] else client_check_or_none(quiet)
 
     async def main():
@@ -434,12 +434,13 @@ def _run_url(
             raise typer.BadParameter(str(e), param_hint="--url") from e
         async with client:
             try:
-                name, engine = await served_model(client, flags["served_model"])
+                name, engine, listed_context = await served_model(client, flags["served_model"])
             except (OSError, ValueError, KeyError, HTTPStatusError) as e:  # OSError holds TimeoutError
                 # a server that accepts the connection but never answers times out, and a TimeoutError's text is empty
                 why = failure(e, client.timeout) if isinstance(e, TimeoutError) else e
                 where = f"{api_base(flags['url'])}/models"
                 raise typer.BadParameter(f"cannot reach {where}: {why}", param_hint="--url") from e
+            p = plan(window, *_served_vocab_context(config, flags, name, listed_context, vocab, context, quiet), flags)
             before = await scrape_metrics(client)
             live = LiveCounters()
             with LiveView("replaying", len(p.items), live, quiet):
@@ -454,13 +455,40 @@ def _run_url(
                     after = await scrape_metrics(client)
             except TimeoutError:
                 after = None
-            return name, engine, results, duration, cache_hit_rate(before, after), interrupted, live.started
+            return name, engine, results, duration, cache_hit_rate(before, after), interrupted, live.started, p
 
-    name, engine, results, duration, hit_rate, interrupted, t0 = asyncio.run(main())
+    name, engine, results, duration, hit_rate, interrupted, t0, p = asyncio.run(main())
     out = summarize(results, duration, p, hit_rate, t0, interrupted, flags["save_detailed"])
     out.update(mode="url", url=flags["url"], model=name, engine=engine)
     out.update(client_usage(out, results, check.tok_per_s if check else None), client_check=check and check.as_dict())
     return out, results
+
+
+def _served_vocab_context(
+    config: EngineConfig, flags: dict[str, Any], name: str, listed: int | None, vocab: int, context: int, quiet: bool
+) -> tuple[int, int]:
+    """The prompts' vocabulary and context against the served model `name`: --vocab-size and --max-model-len where
+    given; else, without --model, the served model's own config where this machine can read it (a dummy preset, a
+    local path), and the context the server lists (`listed`) where it is shorter. With the default model's
+    vocabulary, a server with a smaller one refused every prompt, and one serving a shorter context the longest."""
+    from rich.console import Console
+
+    from engine.weights import model_config_for
+
+    if not flags["model_given"]:
+        try:
+            mc = model_config_for(name)
+            vocab = flags["vocab_size"] or mc.vocab_size
+            context = config.max_model_len or mc.max_position_embeddings
+        except (ValueError, FileNotFoundError):
+            if flags["vocab_size"] is None and not quiet:
+                Console(stderr=True).print(
+                    f"note: the served model {name!r} is not one this machine can read: its prompts draw from"
+                    f" {config.model}'s vocabulary ({vocab:,} ids); --model or --vocab-size names the served one's"
+                )
+    if config.max_model_len is None and listed is not None:
+        context = min(context, listed)
+    return vocab, context
 
 
 def summarize(

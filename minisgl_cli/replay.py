@@ -296,22 +296,25 @@ def url_sender(client, model: str, temperature: float, chat: bool = False) -> Se
 KNOWN_OWNERS = ("minisgl", "vllm", "sglang")
 
 
-async def served_model(client, name: str | None = None) -> tuple[str, str | None]:
-    """The model to send (`name`, else the first /v1/models lists) and the engine behind it by that listing's
-    `owned_by` (KNOWN_OWNERS; None when it names none), from one request. With `name` given, a server without
+async def served_model(client, name: str | None = None) -> tuple[str, str | None, int | None]:
+    """The model to send (`name`, else the first /v1/models lists), the engine behind it by that listing's
+    `owned_by` (KNOWN_OWNERS; None when it names none) and the context it lists (`max_model_len`, as vLLM's and
+    minisgl's servers do; None when it lists none), from one request. With `name` given, a server without
     /v1/models is fine."""
     try:
         listed = await client.models()
     except (OSError, ValueError, HTTPStatusError):
         if name is None:
             raise
-        return name, None
+        return name, None, None
     if name is None:
         if not listed:
             raise ValueError(f"{client.url} /v1/models lists no model: pass --served-model")
         name = str(listed[0]["id"])
-    owner = next((m.get("owned_by") for m in listed if m.get("id") == name), None)
-    return name, owner if owner in KNOWN_OWNERS else None
+    entry: dict[str, Any] = next((m for m in listed if m.get("id") == name), {})
+    owner, context = entry.get("owned_by"), entry.get("max_model_len")
+    context = context if isinstance(context, int) and not isinstance(context, bool) and context > 0 else None
+    return name, owner if owner in KNOWN_OWNERS else None, context
 
 
 async def scrape_metrics(client) -> dict[str, float] | None:

@@ -432,3 +432,15 @@ def test_an_output_that_is_the_trace_or_another_output_by_another_path_is_refuse
     args = ["--json", str(tmp_path / "x.json"), "--step-log", str(tmp_path / "link.json")]
     r = CliRunner().invoke(app, ["bench-trace", str(trace), *TINY, *args])
     assert r.exit_code == 2 and "is also given to --json" in flat(r.output), r.output
+
+
+def test_url_mode_without_model_reads_the_served_models_vocabulary_and_context(tmp_path):
+    """Without --model, the prompts were drawn for the default model (SmolLM2's 49,152 ids, an 8,192-token
+    context): a server of the tiny model (512 ids) refused every one ('outside the vocabulary'), and one serving
+    --max-model-len 256 the longest. Now the served model's config where this machine can read it (here the dummy
+    preset /v1/models names), and the context the server lists."""
+    with serve_subprocess(tmp_path, "--max-model-len", "256") as (url, _):
+        args = ["--url", url, "--num-requests", "6", "--time-scale", "0", "--no-client-check", "--quiet"]
+        res = replay(tmp_path, QWEN, *args)
+    assert (res["model"], res["completed"], res["failed"]) == ("dummy:tiny-llama", 6, 0), res["errors"]
+    assert res["context_tokens"] == 256 and res["clamped_requests"] > 0
