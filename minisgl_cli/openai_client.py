@@ -111,6 +111,11 @@ class OpenAIClient:
         base = urlsplit(api_base(url))
         if base.scheme not in ("http", "https") or not base.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
+        if base.username is not None or base.password is not None:  # went into the Host header and the results
+            raise ValueError(
+                f"{base.scheme}://{base.hostname}...: a user or password in the URL is not sent by this client; give"
+                " the server's key with --api-key (or OPENAI_API_KEY)"
+            )
         self.url = url
         self.host = base.hostname
         self.port = base.port or (443 if base.scheme == "https" else 80)

@@ -144,6 +144,7 @@ def read_trace(
         raise TraceError(f"cannot read trace {path}: {e}") from e
     if raw[:2] == b"\x1f\x8b":
         raise TraceError(f"{path} is gzip-compressed: decompress it first (gunzip -k {path})")
+    raw = raw.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark, as Windows tools write UTF-8 (json refused it)
     reqs: list[TraceRequest] = []
     skipped: list[tuple[int, str]] = []
     for lineno, line in enumerate(raw.splitlines(), 1):  # bytes: only \n, \r and \r\n end a line

@@ -444,3 +444,14 @@ def test_url_mode_without_model_reads_the_served_models_vocabulary_and_context(t
         res = replay(tmp_path, QWEN, *args)
     assert (res["model"], res["completed"], res["failed"]) == ("dummy:tiny-llama", 6, 0), res["errors"]
     assert res["context_tokens"] == 256 and res["clamped_requests"] > 0
+
+
+def test_a_url_with_credentials_is_refused_before_they_go_anywhere(tmp_path):
+    """`http://user:pass@host` was neither sent as credentials nor stripped: it went into the Host header, the JSON's
+    url and command line and the table's title. The key has its flag."""
+    url = "http://alice:sekret@127.0.0.1:9"
+    args = ["--url", url, "--vocab-size", "512", "--max-model-len", "256", "--no-client-check", "--quiet"]
+    r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *args, "--json", str(tmp_path / "o.json")])
+    out = flat(r.output)
+    assert r.exit_code == 2 and "a user or password in the URL is not sent by this client" in out, r.output
+    assert "sekret" not in r.output and not (tmp_path / "o.json").exists()

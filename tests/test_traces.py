@@ -120,6 +120,17 @@ def test_binary_or_gzip_trace_names_the_line_or_says_what_it_is(tmp_path):
         read_trace(tmp_path)
 
 
+def test_a_byte_order_mark_is_read_past(tmp_path):
+    """A trace saved by a Windows tool starts with UTF-8's byte-order mark: its first line was refused ('Unexpected
+    UTF-8 BOM'). A mark anywhere else is still a bad line."""
+    p = write(tmp_path, [qwen(0.0), qwen(1.0)])
+    p.write_bytes(b"\xef\xbb\xbf" + p.read_bytes())
+    assert len(read_trace(p).requests) == 2
+    p.write_bytes(p.read_bytes().replace(b"\n{", b"\n\xef\xbb\xbf{", 1))
+    with pytest.raises(TraceError, match=":2: invalid JSON"):
+        read_trace(p)
+
+
 def test_window_rebases_time_and_slices(tmp_path):
     t = read_trace(write(tmp_path, [mooncake(i * 1000) for i in range(10)]))
     w = t.window(start=3, num_requests=4)
