@@ -247,7 +247,8 @@ def case(
         return lambda: w.run(q, (k_nhd, v_nhd))
 
     def cuda_kernel(name: str) -> Callable[[], torch.Tensor]:
-        # cuda[-spans][-pN][-wW][-sS][-lL][-desc][-fused]: the engine's CUDA decode on SpanDecodeWrapper's plan
+        # cuda[-spans][-pN][-wW][-sS][-lL][-desc][-ht][-fused]: the CUDA decode on SpanDecodeWrapper's plan (the
+        # engine's: cuda-ht, span_decode.CUDA_HEADS_TOGETHER)
         from kernels.attention import cuda_decode
         from kernels.attention.flashinfer_backend import CUDA_PROGRAMS_PER_SM
 
@@ -266,6 +267,8 @@ def case(
         spans = (w.work, w.work_ptr, w.sm_scale, w.part, w.lse)
         if "desc" in opts:  # CTAs take the items longest first
             shape["order"] = torch.from_numpy(longest_first(w.work.cpu().numpy())).to(dev)
+        if "ht" in opts:  # a work item's KV heads in consecutive CTAs (a flat grid)
+            shape["heads_together"] = True
         if "fused" in opts:  # the spans merged inside the kernel
             shape["counters"] = torch.zeros(batch * kv_heads, dtype=torch.int32, device=dev)
         return lambda: cuda_decode.decode(q, k_nhd, v_nhd, w.indptr, w.indices, *spans, **shape)

@@ -78,6 +78,7 @@ VARIANTS = (
     "split-always",
     "fi-decode",
     "no-qkv",
+    "item-order",
 )
 
 
@@ -99,7 +100,7 @@ def apply_variant(name: str) -> dict:
     global _QKV_STORE
     from engine.models import llama
     from kernels import triton_ops
-    from kernels.attention import flashinfer_backend
+    from kernels.attention import flashinfer_backend, span_decode
 
     if name not in VARIANTS:
         raise SystemExit(f"unknown variant {name!r}: choose one of {', '.join(VARIANTS)}")
@@ -108,6 +109,8 @@ def apply_variant(name: str) -> dict:
     flashinfer_backend.PREFILL_KERNELS = "fa3" if name == "prefill-fa3" else "fa2"
     flashinfer_backend.NO_SPLIT_WHEN_BALANCED = name != "split-always"
     flashinfer_backend.CUDA_DECODE = name != "fi-decode"
+    # the CUDA decode's CTAs in item order with a KV head's items together (before the fifty-ninth session)
+    span_decode.CUDA_HEADS_TOGETHER = name != "item-order"
     torch.backends.cuda.preferred_blas_library("cublaslt" if name == "blaslt" else DEFAULT_BLAS)
     _QKV_STORE = _QKV_STORE or triton_ops.qk_norm_rope_store
     triton_ops.qk_norm_rope_store = _no_qkv_in_decode if name == "no-qkv" else _QKV_STORE  # type: ignore[assignment]

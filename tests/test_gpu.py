@@ -192,15 +192,18 @@ def test_fp8_decode_kernel_matches_exact_attention(heads: int, kv_heads: int, di
 @pytest.mark.parametrize("heads, kv_heads", [(16, 8), (32, 8), (8, 8)])  # groups of 2, 4 and 1
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("heads_together", [True, False])
 def test_cuda_decode_kernel_matches_exact_attention(
-    tmp_path: Path, monkeypatch, heads: int, kv_heads: int, dtype: torch.dtype, split: bool
+    tmp_path: Path, monkeypatch, heads: int, kv_heads: int, dtype: torch.dtype, split: bool, heads_together: bool
 ) -> None:
     """kernels/attention/cuda_decode.py (built here with nvcc, as the engine's start builds it), behind the backend's
     plan/run, against exact attention in fp32 over the same stored K/V (_span_decode_against_exact); every group the
-    kernel takes, as the engine would run it if it decoded that group through it (ENGINE_GROUPS)."""
-    from kernels.attention import cuda_decode
+    kernel takes, as the engine would run it if it decoded that group through it (ENGINE_GROUPS). Its CTAs as the
+    engine lays them out (a work item's KV heads together, a flat grid) and a KV head's items together."""
+    from kernels.attention import cuda_decode, span_decode
 
     monkeypatch.setattr(cuda_decode, "ENGINE_GROUPS", cuda_decode.GROUPS)
+    monkeypatch.setattr(span_decode, "CUDA_HEADS_TOGETHER", heads_together)
     if not cuda_decode.supported(torch.device("cuda"), heads, kv_heads, 128, 16, dtype, None):
         pytest.skip("the CUDA decode runs on Hopper only")
     _span_decode_against_exact("cuda", heads, kv_heads, 128, split, dtype, None, kernel_cache=tmp_path)

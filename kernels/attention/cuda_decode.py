@@ -84,7 +84,7 @@ def load(cache_dir: Path, device: torch.device | None = None, flags: tuple[str, 
                 return f"its kernels do not load on {torch.cuda.get_device_name(device)}: {why.decode()}"
     fn = lib.paged_decode_launch
     p, i64, i32 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int
-    fn.argtypes = [p] * 12 + [ctypes.c_float] + [i64] * 5 + [i32] * 9 + [p]
+    fn.argtypes = [p] * 12 + [ctypes.c_float] + [i64] * 5 + [i32] * 9 + [p, i32]
     fn.restype = i32
     _libs[flags] = lib
     return None
@@ -104,12 +104,13 @@ def decode(
     out: torch.Tensor | None = None,  # contiguous [rows, heads, dim]
     *,
     counters: torch.Tensor | None = None,  # int32 [rows * kv_heads], zero: the spans merged inside the kernel
-    order: torch.Tensor | None = None,  # int32 [items]: the item each CTA takes
+    order: torch.Tensor | None = None,  # int32 [items]: the item each CTA (group) takes
     warps: int = WARPS,
     stages: int = STAGES,
     copy: int = COPY,  # rows to shared memory by: 0 cp.async.cg, 1 the copy engine (bulk), 2 cp.async.ca, 3 ld + st
     flags: tuple[str, ...] = (),  # the build load() made (ALL_SHAPES for shapes other than the engine's)
     pdl: bool = True,  # launched with programmatic dependent launch: its launch overlaps the kernel before it
+    heads_together: bool = False,  # a work item's KV heads in consecutive CTAs (a flat grid)
 ) -> torch.Tensor:
     from kernels.attention.fp8_decode import merge_spans  # Triton: on GPU machines only
 
@@ -169,6 +170,7 @@ def decode(
         copy,
         int(pdl),
         torch.cuda.current_stream(q.device).cuda_stream,
+        int(heads_together),
     )
     if err == -1:
         raise ValueError(

@@ -28,6 +28,12 @@ SPAN_ALIGN = KEYS_PER_STEP
 # rows ran its last wave nearly alone. 8 (H100, graphs): 7-20% faster at 32-64 rows, 20-32% on a batch with one long
 # context, 1.7% slower at 256 rows of shared prefixes (docs/gpu.md, twenty-fifth session).
 FP8_PROGRAMS_PER_SM = 8
+# The CUDA decode's CTAs: a work item's KV heads in consecutive CTAs of a flat grid, so they run at once and read each
+# token's heads (one contiguous run of the pool's row) together; before, a KV head's items were consecutive. One H200,
+# the offline run in one process (benchmarks/results/session59/): the attention kernels 3,469-3,477 ms against
+# 3,604-3,609, 26,469 / 26,626 tok/s against 25,951 / 25,920 (+2.2%). The items longest first as well lost (25,718 /
+# 25,799), though a layer's call alone at the offline lengths ran faster so at 32-96 rows.
+CUDA_HEADS_TOGETHER = True
 
 
 def span_length(lens: np.ndarray, programs: int, max_spans: int) -> int:
@@ -154,4 +160,7 @@ class SpanDecodeWrapper:
             from kernels.attention.fp8_decode import decode  # type: ignore[assignment]  # Triton: GPU machines only
 
         spans = (self.work, self.work_ptr, self.sm_scale, self.part, self.lse)
+        if self.kernel == "cuda":
+            args = (q, cache[0], cache[1], self.indptr, self.indices, *spans, out)
+            return decode(*args, heads_together=CUDA_HEADS_TOGETHER)
         return decode(q, cache[0], cache[1], self.indptr, self.indices, *spans, out)

@@ -90,7 +90,7 @@ struct Args {
   const int* indices;  // page ids
   const int* work;     // [3, stride_w]: request (-1: no work), first key, end key
   const int* work_ptr; // [rows + 1]: each request's items
-  const int* order;    // [items]: the item each CTA takes, longest first; null: CTA i takes item i
+  const int* order;    // [items]: the item each CTA (group) takes, longest first; null: in item order
   void* out;           // [rows, heads, D]
   float* part;         // [items, heads, D]
   float* lse;          // [items, heads], base 2
@@ -99,12 +99,17 @@ struct Args {
   long long stride_qb, stride_qh, stride_kp, stride_ks, stride_kh;  // elements
   int stride_w;
   int heads;
+  int heads_together;  // the grid: flat, a work item's KV heads in consecutive CTAs; else (items, KV heads)
 };
 
 template <typename T, int G, int WARPS, int STAGES, int COPY>
 __global__ void __launch_bounds__(WARPS * 32) paged_decode(const Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const int item = a.order ? a.order[blockIdx.x] : blockIdx.x, kvh = blockIdx.y;
+  // heads_together: a work item's KV heads in consecutive CTAs of a flat grid, so they run at once and read each
+  // token's heads (one contiguous run of the pool's row) together (span_decode.CUDA_HEADS_TOGETHER: the engine's)
+  const int kv_heads = a.heads_together ? a.heads / G : gridDim.y;
+  const int slot = a.heads_together ? blockIdx.x / kv_heads : blockIdx.x;
+  const int item = a.order ? a.order[slot] : slot, kvh = a.heads_together ? blockIdx.x % kv_heads : blockIdx.y;
   const int b = a.work[item];
   if (b < 0) return;
   const int start = a.work[a.stride_w + item], end = a.work[2 * a.stride_w + item];
@@ -328,7 +333,7 @@ __global__ void __launch_bounds__(WARPS * 32) paged_decode(const Args a) {
   __syncthreads();
   const int first = a.work_ptr[b], n = a.work_ptr[b + 1] - first;
   if (threadIdx.x == 0) {
-    int* counter = a.counters + b * gridDim.y + kvh;
+    int* counter = a.counters + b * kv_heads + kvh;
     last = atomicAdd(counter, 1) == n - 1;
     if (last) *counter = 0;  // ready for the next call (a CUDA graph replays this buffer)
     __threadfence();
@@ -363,7 +368,7 @@ int launch(const Args& a, int items, int kv_heads, int pdl, cudaStream_t stream)
     ready = true;
   }
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(items, kv_heads);
+  cfg.gridDim = a.heads_together ? dim3(items * kv_heads, 1) : dim3(items, kv_heads);
   cfg.blockDim = dim3(WARPS * 32);
   cfg.dynamicSmemBytes = bytes;
   cfg.stream = stream;
@@ -415,9 +420,10 @@ extern "C" int paged_decode_launch(const void* q, const void* k, const void* v, 
                                    const int* work, const int* work_ptr, const int* order, void* out, float* part,
                                    float* lse, int* counters, float qk_scale, long long stride_qb, long long stride_qh, long long stride_kp,
                                    long long stride_ks, long long stride_kh, int stride_w, int items, int heads,
-                                   int kv_heads, int fp16, int warps, int stages, int hint, int pdl, void* stream) {
+                                   int kv_heads, int fp16, int warps, int stages, int hint, int pdl, void* stream,
+                                   int heads_together) {
   const Args a{q, k, v, indptr, indices, work, work_ptr, order, out, part, lse, counters, qk_scale,
-               stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_w, heads};
+               stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_w, heads, heads_together};
   const int group = heads / kv_heads;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   return fp16 ? by_group<__half>(a, items, kv_heads, group, warps, stages, hint, pdl, s)
