@@ -22,6 +22,9 @@ class TPContext:
     size: int = 1
     # gloo group for the control plane (commands), so it never waits on the GPU stream
     cpu_group: dist.ProcessGroup | None = None
+    # the group's rendezvous store (torchrun's, under this group's prefix), while this rank is in the group: a rank
+    # whose engine start failed leaves its reason there for the others (leave_failed_start)
+    store: dist.Store | None = None
 
     @property
     def enabled(self) -> bool:
@@ -63,17 +66,17 @@ def init_tp(size: int, device: str) -> TPContext:
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         global _GROUPS_JOINED
-        if _GROUPS_JOINED == 0:
-            dist.init_process_group(backend, timeout=timeout)
-        else:
+        store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+        store.set_timeout(timeout)
+        if _GROUPS_JOINED > 0:
             # A later engine in this process (the previous one's shutdown destroyed its group). torch names the
             # default group's rendezvous keys by a count that destroy_process_group resets, so a second
             # init_process_group on torchrun's store read the first group's stale addresses: a gloo connect
             # timeout or "Connection refused", or a hang for MINISGL_DIST_TIMEOUT. A prefix of its own avoids them.
-            store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
             store = dist.PrefixStore(f"minisgl-{_GROUPS_JOINED}", store)
-            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         _GROUPS_JOINED += 1
+        TP.store = store
         TP.cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else dist.group.WORLD
     TP.rank = dist.get_rank() if size > 1 else 0
     TP.size = size
@@ -127,7 +130,47 @@ def leave_tp_group() -> None:
     if dist.is_initialized():
         dist.barrier(group=TP.cpu_group)
         dist.destroy_process_group()
-    TP.cpu_group = None
+    TP.cpu_group = TP.store = None
+
+
+class TPStartFailed(RuntimeError):
+    """Another rank of the tensor-parallel group failed to start its engine (named, with its error); this rank has
+    left the group too."""
+
+
+_START_FAILED = "minisgl-start-failed"  # the store key of the first rank whose start failed, and why
+
+
+def start_checkpoint() -> None:
+    """Every rank's start got this far: a rank whose start failed before it has left the group, so the others' wait
+    here ends at once in an error (leave_failed_start names that rank), not in a later collective that no rank whose
+    start failed would reach (over NCCL, one inside a CUDA graph capture)."""
+    if TP.size > 1:
+        dist.barrier(group=TP.cpu_group)
+
+
+def leave_failed_start(err: BaseException) -> TPStartFailed | None:
+    """This rank's engine start failed under tensor parallelism, while the other ranks may still be in theirs (a
+    failure every rank makes alike has left the group already: refused_on_every_rank). If another rank's start failed
+    first (the error here was that rank leaving: "Connection closed by peer"), returns a TPStartFailed naming it;
+    otherwise this rank's failure is the first: it tells the others why through the group's store. Either way this
+    rank leaves the group now, without meeting the others: its sockets close, so the others' collectives fail at
+    once. A rank that kept its group held them in the start's all-reduce for MINISGL_DIST_TIMEOUT (600 s), and if
+    it ended first they died of a bare gloo error naming no rank."""
+    store, TP.store, TP.cpu_group = TP.store, None, None
+    first = None
+    try:
+        if store is not None and store.check([_START_FAILED]):
+            first = store.get(_START_FAILED).decode()
+        elif store is not None:
+            why = f"{type(err).__name__}: {err}".splitlines()[0] if str(err) else type(err).__name__
+            store.set(_START_FAILED, f"rank {TP.rank} failed to start its engine ({why})")
+    except Exception:  # the store is gone with torchrun: the others learn of it from torchrun, or their timeout
+        pass
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    # a Ctrl-C reaches every rank under torchrun: each one's stays a KeyboardInterrupt
+    return TPStartFailed(first) if first is not None and isinstance(err, Exception) else None
 
 
 def broadcast_objects(obj: T) -> T:

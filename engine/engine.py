@@ -20,8 +20,10 @@ from engine.distributed import (
     ctrl_c_after_step,
     init_tp,
     leave_failed_group,
+    leave_failed_start,
     leave_tp_group,
     refused_on_every_rank,
+    start_checkpoint,
 )
 from engine.gc_heap import collect_if_idle, frozen_heap
 from engine.limits import RequestLimits
@@ -42,12 +44,18 @@ class Engine:
         try:
             self._start(config, progress)
         except BaseException as e:
+            in_group = TP.store is not None  # a failure every rank made alike has left the group already
+            if in_group and "runner" in self.__dict__:
+                self.runner.release_graphs()  # before the group goes (_leave_group)
             # The start's frames in the traceback hold the weights and the KV pool (85% of free GPU memory) for as
             # long as the error lives: a REPL's last error, a test's pytest.raises. Another engine started in the same
             # process found no memory for its KV cache. Its locals go now (the executing frames keep theirs: this one's
             # only `self`, emptied here).
             self.__dict__.clear()
             traceback.clear_frames(e.__traceback__)
+            first = leave_failed_start(e) if in_group else None
+            if first is not None:
+                raise first from e
             raise
 
     def _start(self, config: EngineConfig, progress: Progress | None) -> None:
@@ -93,6 +101,7 @@ class Engine:
             self.kv_dtype,
         )
         self.cache = CacheManager(num_pages, config.page_size, config.radix_cache)
+        start_checkpoint()  # the pools are there on every rank: the runner's warm-up and graphs run collectives
         # -1: the whole vocabulary, as vLLM's; a larger setting allows no more than it (top-k of the vocabulary)
         max_logprobs = mc.vocab_size if config.max_logprobs == -1 else min(config.max_logprobs, mc.vocab_size)
         self.limits = RequestLimits(mc.vocab_size, self.max_model_len, num_pages * config.page_size, max_logprobs)
@@ -117,6 +126,7 @@ class Engine:
             piecewise_max_tokens=min(config.piecewise_graph_tokens, config.max_batch_tokens),
             cpu_ops=self.loaded.cpu_ops,
         )
+        start_checkpoint()  # every rank started: none returns to run a step that a failed rank would never join
         self.startup_seconds = {"load": self.loaded.load_seconds, "runner": time.perf_counter() - t0}
         self.overlap = config.use_overlap(self.device)
         self.reqs: dict[str, Req] = {}
@@ -144,8 +154,8 @@ class Engine:
         """The pages the allocator hands out: --num-pages, or what the memory budget holds; one count on every rank."""
         num_pages = self.config.num_pages or self._pages_from_budget(mc)
         if TP.size > 1:  # all ranks must agree on the pool size (free memory may differ slightly)
-            t = torch.tensor([num_pages], device=self.device if self.device.type == "cuda" else "cpu")
-            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            t = torch.tensor([num_pages])  # gloo: a rank that left ends it at once (NCCL may wait for its timeout)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=TP.cpu_group)
             num_pages = int(t.item())
         if num_pages < 2:  # the ranks' smallest count: every rank is here
             raise refused_on_every_rank(

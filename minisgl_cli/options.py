@@ -358,13 +358,18 @@ def load_llm(config: EngineConfig, quiet: bool = False):
     """Build the LLM with a rich progress bar for the model load; model errors exit cleanly.
     Under torchrun (--tp N) ranks > 0 never return: they mirror rank 0's engine steps until it exits."""
     import atexit
+    import os
 
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from engine.distributed import TP, TPStartFailed
     from engine.llm import LLM
 
     console = Console(stderr=True)
+    # under torchrun every rank says which it is: one rank's start may fail alone (its file, its GPU's memory)
+    rank = f"rank {launcher_rank()}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -381,10 +386,16 @@ def load_llm(config: EngineConfig, quiet: bool = False):
 
         try:
             llm = LLM(config, progress=progress)
-        except (ValueError, OSError) as e:  # OSError: an unreadable file (PermissionError), a disk error
-            console.print(f"[red]error:[/red] {e}")
+        except (ValueError, OSError, TPStartFailed) as e:  # OSError: an unreadable file (PermissionError), a disk error
+            console.print(f"[red]error:[/red] {escape(rank + str(e))}", soft_wrap=True)
             raise typer.Exit(2) from e
-    from engine.distributed import TP
+        except Exception as e:
+            if not rank:
+                raise
+            # under torchrun, what ended the start on this rank in one line (CUDA out of memory on one GPU), not a
+            # traceback that each rank's output interleaves with the others'
+            console.print(f"[red]error:[/red] {escape(f'{rank}{type(e).__name__}: {e}')}", soft_wrap=True)
+            raise typer.Exit(1) from e
 
     if TP.size > 1 and TP.rank != 0:
         from engine.tp_follower import run_tp_follower

@@ -10,6 +10,7 @@ import pickle
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -184,6 +185,56 @@ def test_tp_size_must_match_world_and_divide_heads(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun's 2 processes, --tp left out: it said "--tp 1 needs exactly 1"
     with pytest.raises(ValueError, match=r"this run has 2 processes \(torchrun, WORLD_SIZE=2\): add --tp 2"):
         LLM(EngineConfig(model="dummy:tiny-llama", device="cpu"))
+
+
+def _left_running(out: Path) -> list[int]:
+    """The ranks of tests/tp_start_fail.py (pids it wrote to OUT.rankN.pid) still running."""
+    pids = [int(p.read_text()) for p in out.parent.glob(f"{out.name}.rank*.pid")]
+    assert len(pids) == 2, pids
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+START_FAILED = "cannot read model.safetensors: Permission denied (injected)"  # tests/tp_start_fail.py's
+
+
+@pytest.mark.parametrize("fail_rank", [1, 0])
+def test_a_start_that_fails_on_one_rank_is_raised_on_every_rank_naming_it(fail_rank, tmp_path):
+    """The Python API under torchrun: one rank's model load raises and its script goes on (catches the error). That
+    rank kept its group, so the other waited in the start's all-reduce for MINISGL_DIST_TIMEOUT (600 s here, the
+    default) and then raised a bare gloo timeout. Now the failing rank leaves the group, the other raises at once
+    naming the rank and its error, and both have left their group: a later engine starts on both."""
+    out = tmp_path / "start"
+    env = subprocess_env(OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT="600")
+    cmd = torchrun_cmd(2, str(ROOT / "tests" / "tp_start_fail.py"), str(fail_rank), str(out), "api")
+    proc = run_with_children(cmd, 60, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    failed, other = (json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in (fail_rank, 1 - fail_rank))
+    assert failed["error"] == f"OSError: {START_FAILED}"
+    assert other["error"] == f"TPStartFailed: rank {fail_rank} failed to start its engine (OSError: {START_FAILED})"
+    assert failed["left"] and other["left"]
+    assert other["seconds"] < 30, other
+    assert (failed.get("second") or other.get("second")) == tp1_greedy()[0][:4]  # a later engine starts and computes
+    assert not _left_running(out)
+
+
+@pytest.mark.parametrize("fail_rank", [1, 0])
+def test_serve_tp2_whose_start_fails_on_one_rank_ends_naming_it_and_frees_the_port(fail_rank, tmp_path):
+    """`serve --tp 2` whose model load fails on one rank: it said `error: ...` without the rank, and the other rank
+    died of a gloo "Connection closed by peer" traceback. Now the failing rank says which it is and why in one line,
+    exits 2, torchrun ends the group, no rank is left and rank 0's HTTP port is free again."""
+    out, port = tmp_path / "serve", free_port()
+    env = subprocess_env(OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT="600")
+    cmd = torchrun_cmd(2, str(ROOT / "tests" / "tp_start_fail.py"), str(fail_rank), str(out))
+    cmd += ["serve", "--model", "dummy:tiny-llama", "--device", "cpu", "--tp", "2", "--num-pages", "64"]
+    cmd += ["--port", str(port), "--log-level", "warning"]
+    proc = run_with_children(cmd, 60, env=env, cwd=ROOT)
+    assert proc.returncode != 0
+    said = proc.stdout + proc.stderr
+    assert f"error: rank {fail_rank}: {START_FAILED}\n" in said, said[-3000:]
+    assert "]: Traceback" not in said, said[-3000:]  # a rank's traceback ([rank0]: ...), not torchrun's own
+    assert not _left_running(out)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
 
 
 # ---- a rank that dies or stops answering ends the whole group ------------------------------------------------------
