@@ -89,17 +89,7 @@ class Engine:
             raise refused_on_every_rank(too_long)
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         num_pages = self._num_pages(mc)
-        # One page more than the allocator hands out: a scratch page for padded CUDA-graph rows.
-        self.pool = KVPool.create(
-            mc.num_layers,
-            num_pages + 1,
-            config.page_size,
-            mc.num_kv_heads // TP.size,
-            mc.head_dim,
-            self.dtype,
-            self.device,
-            self.kv_dtype,
-        )
+        self.pool = self._create_pool(mc, num_pages)
         self.cache = CacheManager(num_pages, config.page_size, config.radix_cache)
         start_checkpoint()  # the pools are there on every rank: the runner's warm-up and graphs run collectives
         # -1: the whole vocabulary, as vLLM's; a larger setting allows no more than it (top-k of the vocabulary)
@@ -162,6 +152,29 @@ class Engine:
                 ValueError("not enough memory for a KV cache: raise --kv-cache-gb / --memory-fraction")
             )
         return num_pages
+
+    def _create_pool(self, mc: ModelConfig, num_pages: int) -> KVPool:
+        """The KV pool, with one page more than the allocator hands out: a scratch page for padded CUDA-graph rows.
+        A pool this machine cannot hold (--kv-cache-gb 100000, --num-pages 10000000000) is refused naming the flags:
+        it was numpy's MemoryError (or torch's OutOfMemoryError) with a traceback."""
+        try:
+            return KVPool.create(
+                mc.num_layers,
+                num_pages + 1,
+                self.config.page_size,
+                mc.num_kv_heads // TP.size,
+                mc.head_dim,
+                self.dtype,
+                self.device,
+                self.kv_dtype,
+            )
+        except (MemoryError, torch.OutOfMemoryError) as e:
+            per_token = mc.kv_bytes_per_token(self.kv_dtype.itemsize, TP.size)
+            gib = (num_pages + 1) * self.config.page_size * per_token / 2**30
+            raise ValueError(
+                f"not enough memory for a KV cache of {num_pages:,} pages ({gib:,.1f} GiB on {self.device}): "
+                "lower --kv-cache-gb / --num-pages"
+            ) from e
 
     def _pages_from_budget(self, mc: ModelConfig) -> int:
         per_token = mc.kv_bytes_per_token(self.kv_dtype.itemsize, TP.size)

@@ -61,6 +61,10 @@ def invoke(*args: str) -> tuple[int, str]:
         (["--num-pages", "-1"], "Invalid value for '--num-pages'"),
         (["--num-pages", "1"], "Invalid value for '--num-pages'"),  # --help said x>=1
         (["--kv-cache-gb", "0"], "Invalid value for '--kv-cache-gb'"),
+        # a pool no machine holds (beyond any address space, so no overcommit setting maps it) was numpy's
+        # MemoryError with a traceback (exit 1)
+        (["--kv-cache-gb", "1000000000"], "not enough memory for a KV cache of"),
+        (["--num-pages", "100000000000000"], "not enough memory for a KV cache of"),
         (["--memory-fraction", "1.5"], "Invalid value for '--memory-fraction'"),
         (["--max-running-requests", "0"], "Invalid value for '--max-running-requests'"),
         (["--max-batch-tokens", "-5"], "Invalid value for '--max-batch-tokens'"),
