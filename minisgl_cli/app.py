@@ -12,6 +12,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's plain help: rich's boxed table cut long flag names to "--repetition-pen…" in an 80-column terminal
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},  # -h as vLLM's and SGLang's commands take it
 )
 

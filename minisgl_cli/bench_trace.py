@@ -153,7 +153,6 @@ def register(app: typer.Typer) -> None:
         if engine != "minisgl" and url is not None:
             raise typer.BadParameter("picks the in-process engine: it does not go with --url", param_hint="--engine")
         flags["vllm_args"] = o.vllm_args(vllm_arg)
-        flags["model_given"] = bool(o.given(ctx, "model"))
         if flags["vllm_args"] and engine != "vllm":
             raise typer.BadParameter("is for --engine vllm", param_hint="--vllm-arg")
         reads_model = vocab_size is None or config.max_model_len is None  # _run_url's vocabulary and context
@@ -190,7 +189,7 @@ def register(app: typer.Typer) -> None:
         elif url is None:
             result, results = _run_local(config, window, flags, quiet)
         else:
-            result, results = _run_url(config, window, flags, quiet, api_key)
+            result, results = _run_url(config, window, flags, quiet, api_key, bool(o.given(ctx, "model")))
         result.update(
             benchmark="bench-trace",
             trace=str(trace),
@@ -406,7 +405,12 @@ def _gpu_name(device) -> str | None:
 
 
 def _run_url(
-    config: EngineConfig, window, flags: dict[str, Any], quiet: bool, api_key: str | None = None
+    config: EngineConfig,
+    window,
+    flags: dict[str, Any],
+    quiet: bool,
+    api_key: str | None = None,
+    model_given: bool = True,  # --model on the command line; else the served model's own config where readable
 ) -> tuple[dict[str, Any], list]:
     import asyncio
 
@@ -440,7 +444,8 @@ def _run_url(
                 why = failure(e, client.timeout) if isinstance(e, TimeoutError) else e
                 where = f"{api_base(flags['url'])}/models"
                 raise typer.BadParameter(f"cannot reach {where}: {why}", param_hint="--url") from e
-            p = plan(window, *_served_vocab_context(config, flags, name, listed_context, vocab, context, quiet), flags)
+            shape = _served_vocab_context(config, flags, model_given, name, listed_context, vocab, context, quiet)
+            p = plan(window, *shape, flags)
             before = await scrape_metrics(client)
             live = LiveCounters()
             with LiveView("replaying", len(p.items), live, quiet):
@@ -465,7 +470,14 @@ def _run_url(
 
 
 def _served_vocab_context(
-    config: EngineConfig, flags: dict[str, Any], name: str, listed: int | None, vocab: int, context: int, quiet: bool
+    config: EngineConfig,
+    flags: dict[str, Any],
+    model_given: bool,
+    name: str,
+    listed: int | None,
+    vocab: int,
+    context: int,
+    quiet: bool,
 ) -> tuple[int, int]:
     """The prompts' vocabulary and context against the served model `name`: --vocab-size and --max-model-len where
     given; else, without --model, the served model's own config where this machine can read it (a dummy preset, a
@@ -475,7 +487,7 @@ def _served_vocab_context(
 
     from engine.weights import model_config_for
 
-    if not flags["model_given"]:
+    if not model_given:
         try:
             mc = model_config_for(name)
             vocab = flags["vocab_size"] or mc.vocab_size
