@@ -537,15 +537,30 @@ def test_a_long_step_keeps_the_last_load_shown(tiny, monkeypatch):
 
 
 def test_the_metrics_panel_gives_way_on_a_narrow_terminal():
+    """Below 90 columns the panel is hidden, and a notice says where it went (it vanished without a word in an 80-column
+    terminal), once each time the terminal turns narrow."""
+
     async def scenario(app: ChatApp, pilot) -> None:
+        def said() -> int:
+            return sum("the live metrics panel shows from 90 columns" in n for n in notices(app))
+
         panel, conversation = app.query_one(MetricsPanel), app.query_one("#conversation")
         assert panel.display and panel.region.width == 40
+        await pilot.pause(0.5)
+        assert said() == 0
         await pilot.resize_terminal(60, 15)
         await pilot.pause()
         assert not panel.display and conversation.region.width == 60
+        await wait_for(pilot, lambda: said() == 1, what="the narrow notice")
+        assert "(this terminal: 60): widen it, or /stats" in notices(app)[-1]
+        await pilot.pause(0.5)
+        assert said() == 1  # once, not at every poll
         await pilot.resize_terminal(120, 40)
         await pilot.pause()
         assert panel.display and panel.region.width == 40
+        await pilot.pause(0.5)
+        await pilot.resize_terminal(80, 24)
+        await wait_for(pilot, lambda: said() == 2, what="the notice again")
 
     run_pilot(ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens_limit=4096)), scenario)
 

@@ -91,8 +91,9 @@ class ChatApp(App):
     Screen.-narrow #metrics { display: none; }
     """
     # Below 90 columns the 40-column metrics panel would leave the conversation too little room: it is hidden
-    # until the terminal is wider again (/stats shows the same numbers).
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (90, "-wide")]
+    # until the terminal is wider again (/stats shows the same numbers), and a notice says so.
+    METRICS_MIN_WIDTH = 90
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (METRICS_MIN_WIDTH, "-wide")]
     BINDINGS = [
         Binding("escape", "stop", "Stop"),
         Binding("ctrl+n", "new_conversation", "New chat"),
@@ -127,6 +128,7 @@ class ChatApp(App):
         self._reading: tuple[Answer, TurnReader] | None = None  # an answer not yet in the session
         self.turn = TurnStats()
         self.last_metrics: Load | None = None
+        self._narrow_noted = False  # the narrow terminal's notice shown since it last was wide enough
         self.editing: int | None = None  # history index of the user message being edited
         self.draft = ""  # what the input box held when the edit began (ctrl+g); end_edit puts it back
         self.save_error: str | None = None
@@ -444,6 +446,14 @@ class ChatApp(App):
     # ---- metrics ---------------------------------------------------------------------------------------
     def refresh_metrics(self) -> None:
         """Read the load without blocking the UI loop; skip if a read is pending."""
+        narrow = self.size.width < self.METRICS_MIN_WIDTH
+        if narrow and not self._narrow_noted:  # the panel the chat is about vanished without a word in 80 columns
+            self.say(
+                f"the live metrics panel shows from {self.METRICS_MIN_WIDTH} columns (this terminal: "
+                f"{self.size.width}): widen it, or /stats for the numbers",
+                timeout=8,
+            )
+        self._narrow_noted = narrow
         if not self._polling:
             self._polling = True
             # the method, not a coroutine: a worker the closing app never starts leaves none un-awaited behind
