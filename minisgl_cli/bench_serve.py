@@ -814,7 +814,7 @@ def _report(console, result: dict[str, Any], flags: dict[str, Any]) -> None:
     from minisgl_cli.report import write_json
 
     results = result.pop("_results")
-    console.print(_table(result))
+    console.print(_table(result, console.width))
     ramped = result["sweep"][0] if result["sweep"][0].get("ramp_up_strategy") else None
     if ramped is not None:
         _print_ramp(console, ramped, results, flags["duration"])
@@ -973,8 +973,12 @@ def _stop_cell(row: dict[str, Any], timed: bool) -> str:
     return f"{why}: {_sent(row, timed)} sent"
 
 
-def _table(res: dict[str, Any]):
-    """One column per load (as bench-offline's one per engine), one row per figure."""
+def _table(res: dict[str, Any], width: int = 200):
+    """One column per load (as bench-offline's one per engine), one row per figure; the knee's column is marked, its
+    reason under the table. Loads that do not fit `width` columns go on into a second table (and a third...): ten
+    loads in one table of 80 columns cut every figure to "13.…"."""
+    from rich.console import Group
+
     from minisgl_cli.report import fmt, kv_table
 
     rows = res["sweep"]
@@ -1005,9 +1009,25 @@ def _table(res: dict[str, Any]):
     if any(r["stop_reason"] for r in rows):
         timed = res["workload"]["duration_limit"] is not None
         lines.append(("stopped early", *(_stop_cell(r, timed) for r in rows)))
-    if len(rows) > 1:
-        lines.append(("knee", *((r["knee_reason"] if r["knee"] else "") for r in rows)))
     where = res["url"] or f"{res['model_id']} on {res.get('device')}"
     slo = ", ".join(f"{k} <= {v:g} ms" for k, v in (res["slo"] or {}).items())  # as given: 0.2 ms showed as 0
     title = f"bench-serve -> {where} ({res['workload']['source']}{'; SLO ' + slo if slo else ''})"
-    return kv_table(title, lines, ("", *(r["load"] for r in rows)))
+    knee = next((i for i, r in enumerate(rows) if r["knee"]), None) if len(rows) > 1 else None
+    heads = [f"{r['load']} ◀ knee" if i == knee else str(r["load"]) for i, r in enumerate(rows)]
+    cells = [[fmt(v) for v in line[1:]] for line in lines]
+    need = [max(len(h), *(len(c[i]) for c in cells)) + 3 for i, h in enumerate(heads)]  # with padding and border
+    label_w = max(len(line[0]) for line in lines) + 4
+    chunks: list[list[int]] = [[]]
+    for i, n in enumerate(need):
+        if chunks[-1] and label_w + sum(need[j] for j in chunks[-1]) + n > width:
+            chunks.append([])
+        chunks[-1].append(i)
+    tables = []
+    for k, cols in enumerate(chunks):
+        part = [(line[0], *(cells[li][i] for i in cols)) for li, line in enumerate(lines)]
+        table = kv_table(title if k == 0 else f"{title}, continued", part, ("", *(heads[i] for i in cols)))
+        tables.append(table)
+    if knee is not None:
+        tables[-1].caption = f"knee at {rows[knee]['load']}: {rows[knee]['knee_reason']}"
+        tables[-1].caption_justify = "left"
+    return Group(*tables)

@@ -231,6 +231,18 @@ def test_concurrency_sweep_finds_the_knee(tmp_path, mock):
     assert float(table[1]["output_throughput"]) == pytest.approx(tput[1])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "knee" in flat(out)
+    # The table in a narrow terminal: the loads that do not fit go on in a second table, none cut to "13.…" (rich
+    # cut every cell of a ten-load sweep in 80 columns); the knee's column is marked and its reason said under it.
+    from rich.console import Console
+
+    from minisgl_cli.bench_serve import _table
+
+    console = Console(width=60, record=True, color_system=None)
+    console.print(_table(res, console.width))
+    shown = console.export_text()
+    assert "…" not in shown and "continued" in shown, shown
+    assert "◀ knee" in shown and "knee at " in shown and "throughput" in shown.split("knee at ")[1], shown
+    assert f"{tput[1]:,.2f}" in shown
 
 
 @pytest.mark.parametrize("mock", [MockConfig(tpot=0.001, fail_from=9)], indirect=True)
