@@ -713,6 +713,15 @@ def test_typing_after_a_click_on_a_message_goes_to_the_input():
     )
 
 
+async def answered_then_conversation_focused(app: ChatApp, pilot) -> None:
+    """One turn ("hi"), then a click on its answer: the conversation, not the input box, has the focus."""
+    await send(pilot, "hi")
+    await idle(app, pilot)
+    await pilot.click(AssistantMessage)
+    await pilot.pause()
+    assert app.focused is app.query_one("#conversation")
+
+
 def test_a_paste_while_the_conversation_has_the_focus_goes_to_the_input():
     """A terminal's bracketed paste comes as one Paste event, not keys: with the conversation focused (after a click
     on a message, or tab) it went there and was lost. It goes into the input box now, its newlines lines of the
@@ -720,11 +729,7 @@ def test_a_paste_while_the_conversation_has_the_focus_goes_to_the_input():
 
     async def scenario(app: ChatApp, pilot) -> None:
         box = app.query_one(PromptBox)
-        await send(pilot, "hi")
-        await idle(app, pilot)
-        await pilot.click(AssistantMessage)
-        await pilot.pause()
-        assert app.focused is app.query_one("#conversation")
+        await answered_then_conversation_focused(app, pilot)
         app.post_message(events.Paste("pasted\nlines\n"))  # as the terminal's driver posts it
         await pilot.pause()
         assert box.value == "pasted\nlines\n" and app.focused is box and len(app.session.history) == 2
@@ -744,11 +749,7 @@ def test_enter_in_the_same_burst_as_the_text_typed_into_the_conversation_goes_to
 
     async def scenario(app: ChatApp, pilot) -> None:
         box = app.query_one(PromptBox)
-        await send(pilot, "hi")
-        await idle(app, pilot)
-        await pilot.click(AssistantMessage)
-        await pilot.pause()
-        assert app.focused is app.query_one("#conversation")
+        await answered_then_conversation_focused(app, pilot)
         await burst(pilot, *"next one", "enter")
         await wait_for(pilot, lambda: len(app.session.history) == 4, what="the burst's message answered")
         assert [m.content for m in app.session.history if m.role == "user"] == ["hi", "next one"]
