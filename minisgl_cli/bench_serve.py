@@ -221,7 +221,7 @@ def register(app: typer.Typer) -> None:
             from minisgl_cli.plots import require_matplotlib
 
             require_matplotlib()
-        target = _target(config, flags)
+        target = _target(config, flags, api_key, bool(o.given(ctx, "model")))
         served: dict[str, Any] = {}
         planner = _Planner(target, flags, served)
         plans = [planner.plan(load, i) for i, load in enumerate(loads)]
@@ -365,7 +365,9 @@ def _needs_text(flags: dict[str, Any]) -> bool:
     return flags["prompt_format"] == "text" or flags["endpoint"] == "chat" or flags["dataset"] is not None
 
 
-def _target(config: EngineConfig, flags: dict[str, Any]) -> Target:
+def _target(
+    config: EngineConfig, flags: dict[str, Any], api_key: str | None = None, model_given: bool = True
+) -> Target:
     needs_text = _needs_text(flags)
     if flags["url"] is None:
         llm = o.load_llm(config, quiet=flags["quiet"])
@@ -373,8 +375,33 @@ def _target(config: EngineConfig, flags: dict[str, Any]) -> Target:
         context = min(e.max_model_len, e.cache.num_pages * e.cache.page_size)
         vocab = flags["vocab_size"] or e.model_cfg.vocab_size
         return Target(vocab, context, llm.tokenizer, llm.describe()["model"], llm=llm)
-    vocab, context, tokenizer = o.served_shape(config, flags["vocab_size"], needs_text)
+    o.served_shape(config, flags["vocab_size"], needs_text)  # a --model it cannot read is refused before asking
+    name = listed = None
+    if (not model_given and flags["vocab_size"] is None) or config.max_model_len is None:
+        name, listed = _served_listing(flags, api_key)
+    vocab, context, tokenizer = o.served_model_shape(
+        config, flags["vocab_size"], model_given, name, listed, needs_text, flags["quiet"]
+    )
     return Target(vocab, context, tokenizer, str(config.model), url=flags["url"])
+
+
+def _served_listing(flags: dict[str, Any], api_key: str | None) -> tuple[str | None, int | None]:
+    """The served model's name and the context its /v1/models lists, asked before the workload is drawn for it;
+    (None, None) when the server cannot be asked now (the run's own connection then says why)."""
+    import asyncio
+
+    from minisgl_cli.openai_client import HTTPStatusError, OpenAIClient
+    from minisgl_cli.replay import served_model
+
+    async def ask() -> tuple[str | None, int | None]:
+        async with OpenAIClient(flags["url"], timeout=min(flags["request_timeout"], 30.0), api_key=api_key) as client:
+            name, _, listed = await served_model(client, flags["served_model"])
+            return name, listed
+
+    try:
+        return asyncio.run(ask())
+    except (OSError, ValueError, KeyError, HTTPStatusError):
+        return None, None
 
 
 def _workload(target: Target, flags: dict[str, Any], n: int, seed: int, skip: int):

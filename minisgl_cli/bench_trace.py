@@ -428,7 +428,7 @@ def _run_url(
     )
     from minisgl_cli.run_figures import client_usage
 
-    vocab, context, _ = o.served_shape(config, flags["vocab_size"])  # --model's, and a readable --model checked
+    o.served_shape(config, flags["vocab_size"])  # a --model it cannot read is refused before anything is sent
     check = None if flags["no_client_check"] else client_check_or_none(quiet)
 
     async def main():
@@ -444,8 +444,10 @@ def _run_url(
                 why = failure(e, client.timeout) if isinstance(e, TimeoutError) else e
                 where = f"{api_base(flags['url'])}/models"
                 raise typer.BadParameter(f"cannot reach {where}: {why}", param_hint="--url") from e
-            shape = _served_vocab_context(config, flags, model_given, name, listed_context, vocab, context, quiet)
-            p = plan(window, *shape, flags)
+            vocab, context, _ = o.served_model_shape(
+                config, flags["vocab_size"], model_given, name, listed_context, quiet=quiet
+            )
+            p = plan(window, vocab, context, flags)
             before = await scrape_metrics(client)
             live = LiveCounters()
             with LiveView("replaying", len(p.items), live, quiet):
@@ -467,40 +469,6 @@ def _run_url(
     out.update(mode="url", url=flags["url"], model=name, engine=engine)
     out.update(client_usage(out, results, check.tok_per_s if check else None), client_check=check and check.as_dict())
     return out, results
-
-
-def _served_vocab_context(
-    config: EngineConfig,
-    flags: dict[str, Any],
-    model_given: bool,
-    name: str,
-    listed: int | None,
-    vocab: int,
-    context: int,
-    quiet: bool,
-) -> tuple[int, int]:
-    """The prompts' vocabulary and context against the served model `name`: --vocab-size and --max-model-len where
-    given; else, without --model, the served model's own config where this machine can read it (a dummy preset, a
-    local path), and the context the server lists (`listed`) where it is shorter. With the default model's
-    vocabulary, a server with a smaller one refused every prompt, and one serving a shorter context the longest."""
-    from rich.console import Console
-
-    from engine.weights import model_config_for
-
-    if not model_given:
-        try:
-            mc = model_config_for(name)
-            vocab = flags["vocab_size"] or mc.vocab_size
-            context = config.max_model_len or mc.max_position_embeddings
-        except (ValueError, FileNotFoundError):
-            if flags["vocab_size"] is None and not quiet:
-                Console(stderr=True).print(
-                    f"note: the served model {name!r} is not one this machine can read: its prompts draw from"
-                    f" {config.model}'s vocabulary ({vocab:,} ids); --model or --vocab-size names the served one's"
-                )
-    if config.max_model_len is None and listed is not None:
-        context = min(context, listed)
-    return vocab, context
 
 
 def summarize(

@@ -296,6 +296,43 @@ def served_shape(config: EngineConfig, vocab_size: int | None, with_tokenizer: b
     return vocab, context, tokenizer
 
 
+def served_model_shape(
+    config: EngineConfig,
+    vocab_size: int | None,
+    model_given: bool,
+    name: str | None,
+    listed_context: int | None,
+    with_tokenizer: bool = False,
+    quiet: bool = False,
+) -> tuple[int, int, Any]:
+    """served_shape against a server that serves `name` and lists `listed_context` (its /v1/models' max_model_len;
+    None when not known): without --model, the served model's own config and tokenizer where this machine can read
+    that id (a dummy preset, a local path), else --model's default with a note; the context capped at the listed
+    one unless --max-model-len is given. With the default model's vocabulary, a server of a smaller one refused every
+    prompt, and one serving a shorter context the longest (bench-trace, bench-serve)."""
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from engine.weights import model_config_for
+
+    if not model_given and name is not None:
+        try:
+            model_config_for(name)
+            config = replace(config, model=name)
+        except (ValueError, FileNotFoundError):
+            if vocab_size is None and not quiet:
+                Console(stderr=True).print(
+                    f"note: the served model {name!r} is not one this machine can read: its prompts draw from"
+                    f" {config.model or 'the default model'}'s vocabulary; --model or --vocab-size names the served"
+                    " one's"
+                )
+    vocab, context, tokenizer = served_shape(config, vocab_size, with_tokenizer)
+    if config.max_model_len is None and listed_context is not None:
+        context = min(context, listed_context)
+    return vocab, context, tokenizer
+
+
 def refuse_unread_engine_flags(ctx: typer.Context, config: EngineConfig) -> None:
     """Refuse the engine flags given on the command line that minisgl's engine, as `config` sets it up, would not
     read: a KV budget beside the pool's size in pages, mixed-batch settings without mixed batches, CUDA settings on

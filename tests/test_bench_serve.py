@@ -1253,3 +1253,15 @@ def test_the_live_view_shows_the_ramps_rate_by_then():
     counters = LiveCounters(started=time.perf_counter() - 0.3)
     table = LiveView("ramp", 4, counters, quiet=True, rate_at=rate_at).render()
     assert table.columns[0].header == "ramp req/s" and list(table.columns[0].cells) == ["4"]
+
+
+def test_url_without_model_draws_for_the_served_model(tmp_path):
+    """Without --model the prompts were drawn from the default model's 49,152 ids for whatever was served: against
+    the tiny model (512 ids) every request failed ('outside the vocabulary'). Now the served model's own config where
+    this machine can read the id /v1/models lists, and the context it lists (here --max-model-len 256)."""
+    with serve_subprocess(tmp_path, "--max-model-len", "256") as (url, _):
+        flags = ["--url", url, "--num-requests", "6", "--input-len", "32:64", "--output-len", "4:4", "--quiet"]
+        res, _ = bench(tmp_path, *flags, "--no-client-check")
+        assert (res["completed"], res["failed"]) == (6, 0), res.get("errors")
+        r = CliRunner().invoke(app, ["bench-serve", *flags, "--no-client-check", "--input-len", "300:300"])
+        assert r.exit_code == 2 and "exceeds the context length 256" in flat(r.output), r.output
