@@ -142,8 +142,9 @@ class ModelConfig:
             raise ValueError(f"unsupported architecture {archs[0]!r} (supported: {', '.join(HF_MODEL_TYPES)})")
         arch = archs[0]
         _refuse_unsupported(d, arch)
-        # transformers' MistralConfig turns the window on (4096) when config.json names none
-        window = d.get("sliding_window", 4096) if arch == "MistralForCausalLM" else d.get("sliding_window")
+        # transformers' MistralConfig turns the window on (4096) when config.json names none. Its Llama has no
+        # window: a sliding_window in a Llama config.json (a "llamafied" Mistral or Phi-3) is not read, by it or here.
+        window = d.get("sliding_window", 4096) if arch == "MistralForCausalLM" else None
         layer_types = d.get("layer_types")
         if arch == "MistralForCausalLM" and isinstance(layer_types, list):
             # transformers loads a Mistral config with layer_types as Ministral: the window only on the layers

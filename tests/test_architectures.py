@@ -36,6 +36,8 @@ def _build(name: str):
         return tf.Qwen2ForCausalLM(tf.Qwen2Config(**dict(TINY, rope_theta=1e6, tie_word_embeddings=False)))
     if name == "qwen2-tied":  # the small Qwen2.5 models tie the LM head to the embedding
         return tf.Qwen2ForCausalLM(tf.Qwen2Config(**dict(TINY, rope_theta=1e6, tie_word_embeddings=True)))
+    if name == "llama":
+        return tf.LlamaForCausalLM(tf.LlamaConfig(**TINY))
     if name == "mistral":
         return tf.MistralForCausalLM(tf.MistralConfig(**dict(TINY, head_dim=16, sliding_window=WINDOW)))
     if name == "qwen3-moe":  # 3 of 8 experts per token, renormalised; layer 1 dense through mlp_only_layers
@@ -178,6 +180,35 @@ def test_config_fields_read_as_transformers_reads_them(name, changes, hf_dirs, t
     prompts = _prompts(2, seed=4, lo=20, hi=30)  # longer than the window (8)
     for prompt, out in zip(prompts, llm.generate(prompts, GREEDY)):
         assert out.token_ids == hf_greedy(hf, prompt, GREEDY.max_tokens)[0]
+
+
+def test_a_sliding_window_in_a_llama_config_is_not_read(hf_dirs, tmp_path):
+    """transformers' Llama has no sliding window (nor has vLLM's): a sliding_window in a Llama config.json (a
+    "llamafied" Mistral or Phi-3 carries one) leaves every layer attending to the whole context. It was applied here:
+    other logits from the first step on. (transformers 5's DynamicCache does read the field, and drops keys from its
+    cache that its model's attention mask still attends to, so the reference is the model run on the whole sequence
+    at each step, without a cache.)"""
+    from transformers import AutoModelForCausalLM
+
+    path = _edited(hf_dirs, "llama", tmp_path, sliding_window=WINDOW)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    llm = make_llm(path, page_size=4, num_pages=128, max_batch_tokens=6)  # chunked prefill, then the prefix cache
+    prompts = _prompts(2, seed=4, lo=20, hi=30, shared=12)  # longer than the window (8)
+    refs = []
+    with torch.no_grad():
+        for prompt in prompts:
+            seq = list(prompt)
+            for _ in range(GREEDY.max_tokens):
+                seq.append(int(hf(torch.tensor([seq]), use_cache=False).logits[0, -1].argmax()))
+            refs.append(seq[len(prompt) :])
+    for _ in range(2):
+        assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == refs
+    llm.engine.runner.keep_logits = True
+    llm.generate(prompts[:1], SamplingParams(max_tokens=1, temperature=0))
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompts[0]]), use_cache=False).logits[0, -1]
+    torch.testing.assert_close(llm.engine.runner.last_logits[0], ref, rtol=1e-4, atol=1e-4)
+    assert llm.engine.model_cfg.sliding_window is None
 
 
 def test_config_fields_transformers_reads_otherwise_are_read_so_or_refused(hf_dirs, tmp_path):
