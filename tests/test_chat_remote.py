@@ -408,3 +408,18 @@ def test_a_servers_context_refusal_gives_the_hint_its_numbers_allow():
     assert "/max-tokens 48 or less leaves room" in too_long("r", user, *overflow_counts(refusal(2000, 100)))
     alone = too_long("r", user, *overflow_counts(refusal(3000, 20)))
     assert "/max-tokens" not in alone and "a shorter message" in alone
+
+
+def test_decode_rate_counts_tokens_not_chunks():
+    """A server's chunk may carry several tokens (an emoji is 3 of SmolLM2's: `minisgl serve` held them back until the
+    character was whole and sent 60 tokens in 20 chunks); the decode rate is the usage's tokens over the decode time,
+    not the chunks (which showed 42.9 tok/s for 300 tokens streamed at ~130 tok/s)."""
+    from minisgl_cli.tui.turn import Piece, TurnReader
+
+    reader = TurnReader(started=0.0)
+    for i in range(20):  # 20 chunks of 3 tokens each, 30 ms apart: 60 tokens, 100 tok/s
+        reader.add(Piece("🌙", token_times=[0.1 + 0.03 * i]))
+    reader.add(Piece(finished=True, finish_reason="length", prompt_tokens=56, output_tokens=60))
+    t = reader.stats
+    assert t.output_tokens == 60 and len(t.itls) == 19
+    assert t.decode_tps == pytest.approx(59 / 0.57)  # was 19 / 0.57 = 33.3 tok/s
