@@ -330,11 +330,13 @@ def _build_workload(
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e), param_hint="--model") from e
     context = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
-    longest = (0 if dataset else in_range[1]) + out_range[1]
+    # a dataset's prompt cut to fit keeps at least its first token: an --output-len of the whole context left it
+    # none, and the engine refused the request with a traceback (prompt (1 tokens) + max_tokens (64) = 65 ...)
+    longest = (1 if dataset else in_range[1]) + out_range[1]
     if longest > context:
+        lower = "--output-len (a dataset's prompt keeps at least 1 token)" if dataset else "--input-len / --output-len"
         raise typer.BadParameter(
-            f"the longest request ({longest} tokens) exceeds the model's context length "
-            f"{context}: lower --input-len / --output-len"
+            f"the longest request ({longest} tokens) exceeds the model's context length {context}: lower {lower}"
         )
     if dataset is None:
         return random_workload(num_seqs, in_range, out_range, seed, mc.vocab_size)

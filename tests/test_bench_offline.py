@@ -792,3 +792,14 @@ def test_the_transformers_peer_under_quiet_prints_nothing(tmp_path, temperature,
     assert r.stderr == ""
     res = json.loads(out.read_text())
     assert (res["engine"], res["api"], res["completed"]) == ("transformers", "generate_batch", 4)
+
+
+def test_dataset_output_len_of_the_whole_context_is_a_cli_error(tmp_path):
+    """With --dataset only the output length is checked against the context before the run; an --output-len equal
+    to it left a cut prompt no room, and its first token went over: a traceback (ContextOverflow, exit 1)."""
+    (tmp_path / "d.json").write_text(json.dumps([{"prompt": "tell me a story about a dragon"}]))
+    args = ["--dataset", str(tmp_path / "d.json"), "--num-seqs", "2", "--max-model-len", "64"]
+    out = bench(tmp_path, *TINY, *args, "--output-len", "64:64", code=2)["output"]
+    assert "exceeds the model's context length 64: lower --output-len" in flat(out), out
+    assert "--input-len" not in flat(out)
+    assert bench(tmp_path, *TINY, *args, "--output-len", "63:63")["total_input_tokens"] == 2  # one token each
