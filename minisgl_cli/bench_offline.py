@@ -284,6 +284,12 @@ def _report(console, result: dict[str, Any], results: list[dict[str, Any]], work
             f"prompts: {workload.repeated:,} of the {workload.num_seqs:,} requests were given one again (as vLLM's "
             "benchmarks oversample), and a prefix cache keeps what an earlier request of the same prompt computed"
         )
+    if workload.truncated:  # only the JSON said so: the table's input tokens were fewer than the file's
+        console.print(
+            f"[yellow]note:[/yellow] {workload.truncated:,} of the {workload.num_seqs:,} requests' prompts were too "
+            "long for the context beside their output length and keep only their first tokens "
+            "(workload.truncated_prompts)"
+        )
     for r in results:
         if r.get("settings"):
             console.print(f"{r['engine']} settings: " + ", ".join(f"{k} {v}" for k, v in r["settings"].items()))

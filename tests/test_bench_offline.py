@@ -803,3 +803,15 @@ def test_dataset_output_len_of_the_whole_context_is_a_cli_error(tmp_path):
     assert "exceeds the model's context length 64: lower --output-len" in flat(out), out
     assert "--input-len" not in flat(out)
     assert bench(tmp_path, *TINY, *args, "--output-len", "63:63")["total_input_tokens"] == 2  # one token each
+
+
+def test_truncated_dataset_prompts_are_noted_under_the_table(tmp_path):
+    """A prompt cut to fit the context was counted in the JSON alone (workload.truncated_prompts): the table's input
+    tokens were silently fewer than the file's."""
+    (tmp_path / "d.json").write_text(json.dumps([{"prompt": "short"}, {"prompt": "x " * 400}]))
+    out = tmp_path / "r.json"
+    args = ["--dataset", str(tmp_path / "d.json"), "--num-seqs", "2", "--output-len", "4:4", "--max-model-len", "100"]
+    r = CliRunner().invoke(app, ["bench-offline", *TINY, *args, "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["workload"]["truncated_prompts"] == 1
+    assert "1 of the 2 requests' prompts were too long for the context" in flat(r.output), r.output
