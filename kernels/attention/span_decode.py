@@ -160,7 +160,7 @@ class SpanDecodeWrapper:
             from kernels.attention.fp8_decode import decode  # type: ignore[assignment]  # Triton: GPU machines only
 
         spans = (self.work, self.work_ptr, self.sm_scale, self.part, self.lse)
+        args = (q, cache[0], cache[1], self.indptr, self.indices, *spans, out)
         if self.kernel == "cuda":
-            args = (q, cache[0], cache[1], self.indptr, self.indices, *spans, out)
             return decode(*args, heads_together=CUDA_HEADS_TOGETHER)
-        return decode(q, cache[0], cache[1], self.indptr, self.indices, *spans, out)
+        return decode(*args)
