@@ -68,12 +68,12 @@ def init_tp(size: int, device: str) -> TPContext:
         global _GROUPS_JOINED
         store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
         store.set_timeout(timeout)
-        if _GROUPS_JOINED > 0:
-            # A later engine in this process (the previous one's shutdown destroyed its group). torch names the
-            # default group's rendezvous keys by a count that destroy_process_group resets, so a second
-            # init_process_group on torchrun's store read the first group's stale addresses: a gloo connect
-            # timeout or "Connection refused", or a hang for MINISGL_DIST_TIMEOUT. A prefix of its own avoids them.
-            store = dist.PrefixStore(f"minisgl-{_GROUPS_JOINED}", store)
+        # The first group's keys under the prefix init_process_group's own env:// path gives them ("default_pg"). A
+        # later engine in this process (the previous one's shutdown destroyed its group) takes one of its own: torch
+        # names the default group's rendezvous keys by a count that destroy_process_group resets, so a second group
+        # on torchrun's store read the first group's stale addresses (a gloo connect timeout or "Connection
+        # refused", or a hang for MINISGL_DIST_TIMEOUT).
+        store = dist.PrefixStore("default_pg" if _GROUPS_JOINED == 0 else f"minisgl-{_GROUPS_JOINED}", store)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         _GROUPS_JOINED += 1
         TP.store = store
