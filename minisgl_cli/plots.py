@@ -263,11 +263,18 @@ def _bars(ax, xs: Sequence[float], values: Sequence[float | None], width: float,
 def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
     """Several runs: sweeps as lines against their load points, single runs as bars (output tok/s, TTFT, TPOT and
     TBT p50/p99)."""
-    from minisgl_cli.run_figures import by_load
+    from minisgl_cli.run_figures import by_load, stop_why
 
     plt = _pyplot()
     runs = [{**r, "rows": by_load(r["rows"])} if r["rows"] else r for r in runs]  # a --rate sweep's in load order
     sweeps = [r for r in runs if r["rows"] and len(r["rows"]) > 1]
+
+    def single_name(run: dict[str, Any]) -> str:
+        """A single run's name, with why its one load stopped early (as the figures table names it): its bar or line
+        then measures no load."""
+        why = stop_why(run["rows"][0]) if run["rows"] else None
+        return f"{run['name']} ({why})" if why else run["name"]
+
     fig, axes = plt.subplots(4, 1, figsize=(9, 12))
     panels = (
         ("output_throughput", "output tok/s", False),
@@ -309,10 +316,11 @@ def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
                 for ax, (key, _, pct) in zip(axes, panels):
                     v = row.get(f"median_{key}_ms" if pct else key)
                     if v is not None:
-                        what = f"{run['name']} (p50)" if pct else run["name"]  # throughput is no percentile
+                        name = single_name(run)
+                        what = f"{name} (p50)" if pct else name  # throughput is no percentile
                         ax.axhline(v, linestyle=":", color=f"C{len(sweeps) + k}", label=what)
         else:
-            names = [r["name"] for r in singles]
+            names = [single_name(r) for r in singles]
             xs = list(range(len(singles)))
             for ax, (key, unit, pct) in zip(axes, panels):
                 if pct:

@@ -191,10 +191,15 @@ def mark_knee(rows: list[dict[str, Any]]) -> int | None:
     return knee
 
 
+def stop_why(row: dict[str, Any]) -> str | None:
+    """Why a load stopped early (--max-errors, Ctrl-C), in words; None for a load that ran to its end."""
+    return {"max_errors": "max errors", "interrupted": "interrupted"}.get(str(row.get("stop_reason")))
+
+
 def load_name(row: dict[str, Any]) -> str:
     """A load's name, with why it stopped early where it did (--max-errors, Ctrl-C): its figures then cover a run cut
     short, no measurement of that load, which a table or plot that shows them must say."""
-    why = {"max_errors": "max errors", "interrupted": "interrupted"}.get(str(row.get("stop_reason")))
+    why = stop_why(row)
     return f"{row['load']} ({why})" if why else str(row["load"])
 
 

@@ -448,3 +448,26 @@ def test_a_load_cut_short_is_marked_in_the_table_and_the_plot(tmp_path, monkeypa
     assert "#1 synchronous ◀ knee" in out and "#1 throughput (max errors)" in out
     named = [t.get_text() for t in figs[0].axes[0].texts]
     assert named == ["synchronous", "throughput (max errors)"]
+
+
+@pytest.mark.parametrize("sweep_beside", [False, True])
+def test_a_single_run_cut_short_is_named_so_in_the_plot(tmp_path, monkeypatch, sweep_beside):
+    """A single run that --max-errors or Ctrl-C cut short is "rate 50 (max errors)" in the figures table, but the plot
+    drew it under its bare name (a bar, or a reference line beside sweeps), as a measurement of its load."""
+    from minisgl_cli import plots
+
+    figs: list = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig))
+    cut = {"name": "cut", "rows": [{"load": "rate 50", "stop_reason": "max_errors", "output_throughput": 500.0}]}
+    whole = {"name": "whole", "rows": [{"load": "rate inf", "stop_reason": None, "output_throughput": 900.0}]}
+    runs = [cut, whole]
+    if sweep_beside:
+        rows = [{"load": f"rate {r}", "request_throughput": r, "output_throughput": 10.0 * r} for r in (1, 2)]
+        runs.append({"name": "sweep", "rows": rows})
+    plots.plot_compare(runs, tmp_path / "cmp.png")
+    tput = figs[0].axes[0]
+    if sweep_beside:
+        names = [t.get_text() for t in tput.get_legend().get_texts()]
+    else:
+        names = [t.get_text() for t in tput.get_xticklabels()]
+    assert "cut (max errors)" in names and "whole" in names
