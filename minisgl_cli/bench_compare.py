@@ -60,6 +60,8 @@ def register(app: typer.Typer) -> None:
                     f"[yellow]note:[/yellow] these runs are of different {what} ({', '.join(values)}): their figures "
                     "are not like for like"
                 )
+        if note := _workloads_note(runs):
+            console.print(note)
         if plot is not None:
             from minisgl_cli.plots import plot_compare
 
@@ -81,6 +83,45 @@ def _kind(d: dict[str, Any]) -> str:
     if "workload" in d and "num_seqs" in (d.get("workload") or {}):
         return "bench-offline"
     return OTHER_SERVE if "backend" in d or "model_id" in d else "unknown"
+
+
+# what a bench-serve workload's fields say of its requests; not the load (arrival, duration), the run's procedure
+# (warm-up, cache flush) nor what came of it (truncated/repeated prompts)
+SERVE_WORKLOAD = ("source", "input_len", "output_len", "prompt_format", "prefix_groups", "prefix_len", "seed")
+
+
+def _workload(kind: str, d: dict[str, Any]) -> Any:
+    """What identifies a result's requests, to tell runs on different workloads apart (None: not recorded). A
+    bench-offline run's digest of its prompts and output lengths; bench-serve's fields describing its requests;
+    bench-trace's trace file and the part of it replayed, scaled as it was."""
+    wl = d.get("workload") if isinstance(d.get("workload"), dict) else {}
+    if kind == "bench-offline":
+        if wl.get("digest") is not None:
+            return ("digest", str(wl["digest"]))
+        keys = ("source", "num_seqs", "input_len", "output_len", "seed", "temperature")
+        return ("offline", *(repr(wl.get(k)) for k in keys)) if wl else None
+    if kind == "bench-serve":
+        return ("serve", *(repr(wl.get(k)) for k in SERVE_WORKLOAD)) if wl else None
+    if kind == "bench-trace" and isinstance(d.get("trace"), str):
+        keys = ("start", "planned_requests", "length_scale", "time_scale", "seed")
+        return ("trace", Path(d["trace"]).name, *(repr(d.get(k)) for k in keys))
+    return None
+
+
+def _workloads_note(runs: list[dict[str, Any]]) -> str | None:
+    """A note naming the runs (by #) of each workload, where runs of one benchmark that record theirs differ."""
+    groups: dict[Any, list[int]] = {}
+    for i, r in enumerate(runs, 1):
+        if r.get("workload") is not None:
+            groups.setdefault((r["kind"], r["workload"]), []).append(i)
+    kinds = [kind for kind, _ in groups]
+    differ = {key: ids for key, ids in groups.items() if kinds.count(key[0]) > 1}
+    if not differ:
+        return None
+    parts = "; ".join(", ".join(f"#{i}" for i in ids) for ids in differ.values())
+    return (
+        f"[yellow]note:[/yellow] these runs are of different workloads ({parts}): their figures are not like for like"
+    )
 
 
 def _is_number(v: Any) -> bool:
@@ -281,6 +322,7 @@ def _run(path: Source, d: Any) -> dict[str, Any]:
         "commit": (env.get("commit") or "") + (" (dirty)" if env.get("dirty") else "") or None,
         "flags": _shown_flags(flags, kind),
         "partial": bool(d.get("partial")),
+        "workload": _workload(kind, d),
         "rows": rows,
     }
 

@@ -471,3 +471,32 @@ def test_a_single_run_cut_short_is_named_so_in_the_plot(tmp_path, monkeypatch, s
     else:
         names = [t.get_text() for t in tput.get_xticklabels()]
     assert "cut (max errors)" in names and "whole" in names
+
+
+def test_runs_of_different_workloads_are_noted(tmp_path):
+    """bench-offline writes its workload's digest (of the prompts and output lengths) so that runs can be checked to
+    be on the same workload, but bench-compare put two runs of one model on different workloads (another --seed,
+    other lengths) side by side with no word: their tok/s read as like for like."""
+    off = json.loads(
+        (
+            Path(__file__).resolve().parent.parent / "benchmarks/results/bench_offline_vllm_qwen3-0.6b_h200.json"
+        ).read_text()
+    )
+    same, other = tmp_path / "same.json", tmp_path / "other.json"
+    same.write_text(json.dumps(off))
+    other.write_text(json.dumps(off | {"workload": off["workload"] | {"seed": 1, "digest": "0123456789abcdef"}}))
+    first = tmp_path / "first.json"
+    first.write_text(json.dumps(off))
+    out = run("bench-compare", str(first), str(same))  # minisgl and its vLLM peer twice: one workload
+    assert "workloads" not in out
+    out = run("bench-compare", str(first), str(other))
+    assert "note: these runs are of different workloads" in out and "#1, #2" in out and "#3, #4" in out
+    # bench-serve: other prompt lengths are another workload; other loads (rates) are not
+    base = {"benchmark": "bench-serve", "model_id": "m", "output_throughput": 1.0, "request_rate": "inf"}
+    wl = {"source": "random", "input_len": "16:32", "output_len": "8:16", "seed": 0, "arrival": "poisson"}
+    a, b, c = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    a.write_text(json.dumps(base | {"workload": wl}))
+    b.write_text(json.dumps(base | {"workload": wl | {"arrival": "constant"}, "request_rate": 4.0}))
+    c.write_text(json.dumps(base | {"workload": wl | {"input_len": "100:1024"}}))
+    assert "workloads" not in run("bench-compare", str(a), str(b))
+    assert "different workloads" in run("bench-compare", str(a), str(c))
