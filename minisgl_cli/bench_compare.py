@@ -94,17 +94,18 @@ def _workload(kind: str, d: dict[str, Any]) -> Any:
     """What identifies a result's requests, to tell runs on different workloads apart (None: not recorded). A
     bench-offline run's digest of its prompts and output lengths; bench-serve's fields describing its requests;
     bench-trace's trace file and the part of it replayed, scaled as it was."""
-    wl = d.get("workload") if isinstance(d.get("workload"), dict) else {}
+    found = d.get("workload")
+    wl: dict[str, Any] = found if isinstance(found, dict) else {}
     if kind == "bench-offline":
         if wl.get("digest") is not None:
             return ("digest", str(wl["digest"]))
-        keys = ("source", "num_seqs", "input_len", "output_len", "seed", "temperature")
-        return ("offline", *(repr(wl.get(k)) for k in keys)) if wl else None
+        fields: tuple[str, ...] = ("source", "num_seqs", "input_len", "output_len", "seed", "temperature")
+        return ("offline", *(repr(wl.get(k)) for k in fields)) if wl else None
     if kind == "bench-serve":
         return ("serve", *(repr(wl.get(k)) for k in SERVE_WORKLOAD)) if wl else None
     if kind == "bench-trace" and isinstance(d.get("trace"), str):
-        keys = ("start", "planned_requests", "length_scale", "time_scale", "seed")
-        return ("trace", Path(d["trace"]).name, *(repr(d.get(k)) for k in keys))
+        fields = ("start", "planned_requests", "length_scale", "time_scale", "seed")
+        return ("trace", Path(d["trace"]).name, *(repr(d.get(k)) for k in fields))
     return None
 
 
