@@ -165,9 +165,10 @@ class Sampler:
             return logits.argmax(-1)
         greedy = _dev([p.greedy for p in params], self.device)
         temps = _dev([p.temperature if not p.greedy else 1.0 for p in params], self.device)
-        probs = torch.softmax(logits / temps[:, None], dim=-1)
+        scaled = logits / temps[:, None]
+        probs = torch.softmax(scaled, dim=-1)
         if any(p.has_filters for p in params):
-            probs = self._filter(probs, params)
+            probs = self._filter(scaled, probs, params)
         # Exp(1) noise as -log(U): on a CPU 4x faster than exponential_ (5.4 vs 20.5 ms for 16 x 49152).
         noise = torch.empty_like(probs).uniform_()
         for i, r in enumerate(reqs):  # seeded requests draw from their own generator: batch-independent
@@ -214,19 +215,28 @@ class Sampler:
             req.rng.manual_seed(req.noise_key)  # called for seeded requests only
         return req.rng
 
-    def _filter(self, probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    def _filter(self, scaled: torch.Tensor, probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """probs = softmax(scaled), scaled the logits over the temperature. vLLM's order (apply_top_k_top_p, after
+        min-p): min-p and top-k first (they commute), then top-p over what they left, renormalised; transformers'
+        TopK -> TopP warpers too."""
         top_k = _dev([p.top_k if p.top_k > 0 else probs.shape[-1] for p in params], self.device)
         top_p = _dev([p.top_p for p in params], self.device)
         min_p = _dev([p.min_p for p in params], self.device)
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        rank = torch.arange(probs.shape[-1], device=self.device)[None, :]
-        # min-p and top-k first (they commute), then top-p over what they left, renormalised: vLLM's order
-        # (temperature -> min_p -> top_k -> top_p on the top-k renormalised distribution) and HF's top_k -> top_p.
-        drop = rank >= top_k[:, None]
+        # sorted by the logits, not the probabilities, whose exp can round two logits into one value
+        sorted_l, order = scaled.sort(dim=-1, descending=True)
+        sorted_p = probs.gather(-1, order)
+        # top-k keeps every token tied with the k-th (vLLM's `logits_sort < kth`, transformers' TopK): kept by its
+        # sort position alone, one of two tied tokens (bf16 logits tie often) was never drawn
+        kth = sorted_l.gather(-1, (top_k.clamp(max=probs.shape[-1]) - 1)[:, None])
+        drop = sorted_l < kth
         drop |= sorted_p < (min_p[:, None] * sorted_p[:, :1])
         kept = sorted_p.masked_fill(drop, 0.0)
-        mass = kept.sum(-1, keepdim=True)
-        drop |= (kept.cumsum(-1) - kept) > top_p[:, None] * mass  # keep the smallest set reaching top_p of it
+        # top-p: drop a token once the less likely ones and itself hold at most 1 - top_p of what is left (vLLM's
+        # `cumsum <= 1 - p` over the ascending sort, transformers' too): the smallest set reaching top_p. Summed from
+        # the tail, as there, the small probabilities are not lost in a float32 sum already near 1 (summed from the
+        # head, a top_p 1 row dropped tail tokens); and a token whose predecessors hold exactly top_p goes
+        rest = kept.flip(-1).cumsum(-1).flip(-1)
+        drop |= rest <= (1 - top_p[:, None]) * rest[:, :1]
         drop[:, 0] = False
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         return torch.zeros_like(probs).scatter_(-1, order, sorted_p)

@@ -596,3 +596,57 @@ def test_unseeded_requests_draw_their_noise_keys_from_the_engine_seed():
     assert keys(5) == first and len(set(first[:3])) == 3
     assert keys(6)[:3] != first[:3]
     assert first[3] == seed_key(7)  # a request's own seed keys its noise as before
+
+
+def _cpu_draws(logits: torch.Tensor, n: int = 4000, **kw) -> torch.Tensor:
+    """The CPU sampler's token frequencies over n rows of the same logits."""
+    from engine.request import Req
+    from engine.sampler import Sampler
+
+    v = logits.numel()
+    params = SamplingParams(max_tokens=1, **kw)
+    reqs = [Req(f"r{i}", [0], params) for i in range(n)]
+    tokens = Sampler(v, n, torch.device("cpu")).sample(logits.expand(n, v).clone(), reqs)
+    return torch.bincount(tokens, minlength=v).float() / n
+
+
+def test_top_k_keeps_the_tokens_tied_with_the_kth():
+    """vLLM (apply_top_k_top_p: `logits_sort < kth value`) and transformers' TopKLogitsWarper keep every token whose
+    logit equals the k-th's; the sampler kept exactly k by sort position, so of two tied tokens one was never drawn.
+    With bf16 logits ties are everywhere (a tiny model's top 60 held one at most k), top_k=2 of [.4, .3, .3] drew
+    token 1 42% of the time and token 2 never, where both references draw each 30%."""
+    from transformers.generation.logits_process import TopKLogitsWarper
+
+    logits = torch.tensor([0.4, 0.3, 0.3, 0.0001]).log()
+    want = torch.softmax(TopKLogitsWarper(2)(None, logits[None].clone())[0], -1)
+    freq = _cpu_draws(logits, temperature=1.0, top_k=2)
+    assert freq[3] == 0 and (freq - want).abs().max() < 0.03, (freq, want)
+    # a bf16 row tied at the boundary, through temperature: the tie is the logits', kept after scaling
+    bf16 = torch.tensor([2.0, 1.5, 1.0, 1.0, 0.5], dtype=torch.bfloat16).float()
+    freq = _cpu_draws(bf16, temperature=0.7, top_k=3)
+    want = torch.softmax(TopKLogitsWarper(3)(None, (bf16 / 0.7)[None].clone())[0], -1)
+    assert freq[4] == 0 and freq[3] > 0.05 and (freq - want).abs().max() < 0.03, (freq, want)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_it():
+    """A token is dropped once the tokens before it already hold top_p of the mass, as vLLM (`cumsum <= 1 - p` over
+    the ascending sort) and transformers' TopPLogitsWarper: top_p=0.5 of [.5, .25, .25] keeps the first token alone.
+    The sampler kept a token whose predecessors held exactly top_p (`>` where both drop on equality): 32% token 1."""
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    logits = torch.tensor([0.5, 0.25, 0.25]).log()
+    assert torch.softmax(logits, -1).tolist() == [0.5, 0.25, 0.25]  # exact: the equality is the case
+    want = torch.softmax(TopPLogitsWarper(0.5)(None, logits[None].clone())[0], -1)
+    assert want.tolist() == [1.0, 0.0, 0.0]
+    assert _cpu_draws(logits, temperature=1.0, top_p=0.5).tolist() == [1.0, 0.0, 0.0]
+    # summed from the tail, as vLLM sums: a top_p 1 row (filtered by top_k) keeps every token of 150,000 (summed from
+    # the head, the float32 sum near 1 lost the tail: 149,999), and top_p 0.999 keeps what transformers keeps
+    from engine.sampler import Sampler
+
+    v = 150_000
+    probs = torch.softmax(torch.cat([torch.zeros(1), torch.full((v - 1,), -14.0)]), -1)[None]
+    sampler = Sampler(v, 1, torch.device("cpu"))
+    for top_p in (1.0, 0.999):
+        kept = sampler._filter(probs.log(), probs, [SamplingParams(top_k=v, top_p=top_p)])
+        want = int(TopPLogitsWarper(top_p)(None, probs.log()).isfinite().sum())
+        assert abs(int((kept > 0).sum()) - want) <= 2 and (top_p < 1 or want == v), (top_p, int((kept > 0).sum()), want)
