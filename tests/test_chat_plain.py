@@ -510,6 +510,11 @@ def test_two_signals_held_through_a_save_are_both_acted_on(tmp_path):
     session = ChatSession(max_tokens=2000, max_tokens_limit=llm.engine.max_model_len)
 
     def both() -> None:
+        # once the engine made a token: an answer stopped before its first has nothing to keep, and none is saved
+        # (CI at 7fa20ad, loaded: the save of the question outran the first token)
+        end = time.monotonic() + 30
+        while not any(r.output_ids for r in list(llm.engine.reqs.values())) and time.monotonic() < end:
+            time.sleep(0.002)
         for sig in (signal.SIGINT, signal.SIGTERM):
             os.kill(os.getpid(), sig)
 
