@@ -8,7 +8,9 @@ is the offline workload mid-run (prompt 100-1024 plus 0-1024 generated tokens), 
 replay (1,200-5,800 tokens), `shared` that replay's running set with its shared system prompts (three groups of
 rows on one prefix's pages each, as benchmarks/shared_prefix_attention.py; the KV read rate counts every row's
 tokens, so it exceeds the memory's where L2 serves a repeated page), `skewed` the offline lengths with the first
-request at 32,768 tokens, `offline-desc` the offline rows sorted longest first. Heads (`--heads Q/KV`):
+request at 32,768 tokens, `offline-desc` the offline rows sorted longest first, `offline-runN` the offline rows
+with each request's pages in runs of N consecutive page ids (the runs scattered; `offline` scatters single
+pages). Heads (`--heads Q/KV`):
 Qwen3-0.6B's 16/8 by default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B at TP=4. Kernels:
   fi-tc        FlashInfer's tensor-core decode (the engine's choice), NHD pool [pages, page, heads, dim]
   fi-tc-nosplit  the same with disable_split_kv: no KV split across CTAs, so no merge kernel after it
@@ -31,7 +33,8 @@ Qwen3-0.6B's 16/8 by default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B
                flashinfer_backend.CUDA_PROGRAMS_PER_SM); -wW -sS: W warps, S pipeline stages; -l0: the rows copied
                by cp.async.cg, -l1 by the copy engine (cp.async.bulk), -l2 by cp.async.ca, -l3 by plain loads and
                shared stores (the shapes built: paged_decode.cu's by_shape); -desc: CTAs take the items longest first;
-               -fused: a request's spans merged inside the kernel by the last to finish
+               -fused: a request's spans merged inside the kernel by the last to finish; -hnd: over an HND pool
+               ([pages, kv_heads, page, 128]: a page's rows of one KV head contiguous), through its strides
   triton       the engine's decode over an fp8 pool (kernels/attention/fp8_decode.py; e4m3 only), one span per
                request; triton-spans with the engine's split (span_decode.span_decode_work: spans of one length,
                about FP8_PROGRAMS_PER_SM programs per SM; triton-spans-pN: N per SM); triton-uniform with the split
@@ -164,7 +167,9 @@ def case(
         perm = torch.tensor([p for t in table_rows for p in t], dtype=torch.int32)
         pages_per = [len(t) for t in table_rows]
     else:
-        (plo, phi), (glo, ghi) = LENS["offline" if lens_name in ("skewed", "offline-desc") else lens_name]
+        run = int(lens_name.partition("-run")[2] or 1)  # offline-runN: each request's pages in runs of N ids
+        base_lens = "offline" if lens_name in ("skewed", "offline-desc") or "-run" in lens_name else lens_name
+        (plo, phi), (glo, ghi) = LENS[base_lens]
         lens = torch.randint(plo, phi, (batch,), generator=g) + torch.randint(glo, ghi, (batch,), generator=g)
         if lens_name == "skewed":  # one long context among short ones: a chat on a long document beside others
             lens[0] = 32_768
@@ -174,6 +179,16 @@ def case(
         total_pages = sum(pages_per)
         pool_pages = int(total_pages * 1.25) + 8
         perm = torch.randperm(pool_pages, generator=g)[:total_pages].to(torch.int32)
+        if run > 1:  # runs of `run` consecutive page ids, the runs scattered over the pool
+            runs = [torch.arange(n) for n in pages_per]
+            pool_pages = max(pool_pages, (total_pages // run + batch + 1) * run)
+            order = torch.randperm(pool_pages // run, generator=g)
+            ids, k = [], 0
+            for r in runs:
+                for a in range(0, len(r), run):
+                    ids += range(int(order[k]) * run, int(order[k]) * run + min(run, len(r) - a))
+                    k += 1
+            perm = torch.tensor(ids, dtype=torch.int32)
     dev = torch.device("cuda")
     dtype = DTYPES[kv]
     k_nhd = torch.randn(pool_pages, page, kv_heads, DIM, device=dev, dtype=torch.bfloat16).to(dtype)
@@ -247,8 +262,8 @@ def case(
         return lambda: w.run(q, (k_nhd, v_nhd))
 
     def cuda_kernel(name: str) -> Callable[[], torch.Tensor]:
-        # cuda[-spans][-pN][-wW][-sS][-lL][-desc][-ht][-fused]: the CUDA decode on SpanDecodeWrapper's plan (the
-        # engine's: cuda-ht, span_decode.CUDA_HEADS_TOGETHER)
+        # cuda[-spans][-pN][-wW][-sS][-lL][-desc][-ht][-fused][-hnd]: the CUDA decode on SpanDecodeWrapper's
+        # plan (the engine's: cuda-ht, span_decode.CUDA_HEADS_TOGETHER)
         from kernels.attention import cuda_decode
         from kernels.attention.flashinfer_backend import CUDA_PROGRAMS_PER_SM
 
@@ -271,7 +286,8 @@ def case(
             shape["heads_together"] = True
         if "fused" in opts:  # the spans merged inside the kernel
             shape["counters"] = torch.zeros(batch * kv_heads, dtype=torch.int32, device=dev)
-        return lambda: cuda_decode.decode(q, k_nhd, v_nhd, w.indptr, w.indices, *spans, **shape)
+        kv = (k_hnd.transpose(1, 2), v_hnd.transpose(1, 2)) if "hnd" in opts else (k_nhd, v_nhd)  # -hnd: HND pool
+        return lambda: cuda_decode.decode(q, *kv, w.indptr, w.indices, *spans, **shape)
 
     def fa4(splits: int) -> Callable[[], torch.Tensor]:
         from kernels.attention.fa_backend import import_fa4
@@ -317,11 +333,14 @@ def case(
             row["rel_err"] = float((out - ref).norm() / ref.norm())
             us = time_us(fn, graph=graph)
             row.update(us=us, tb_per_s=kv_bytes / us / 1e6)
+            after = fn().float()  # a call after the timed ones (a kernel's counters must be back to zero)
+            row["rel_err_after"] = float((after - ref).norm() / ref.norm())
         except Exception as e:  # noqa: BLE001  # a kernel that does not build or run here is reported, not fatal
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         rows.append(row)
         label = f"{kv} {lens_name:7} {heads}/{kv_heads} batch {batch:4} page {page:3} {name:18}"
-        print(label, f"{row['us']:8.1f} us {row['tb_per_s']:5.2f} TB/s err {row['rel_err']:.2e}" if "us" in row
+        print(label, f"{row['us']:8.1f} us {row['tb_per_s']:5.2f} TB/s err {row['rel_err']:.2e} "
+              f"{row['rel_err_after']:.2e}" if "us" in row
               else row["error"], flush=True)  # fmt: skip
     return rows
 
