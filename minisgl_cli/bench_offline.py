@@ -72,7 +72,8 @@ def register(app: typer.Typer) -> None:
         dataset: Annotated[
             Path | None,
             typer.Option(
-                help="real prompts from a local .json/.jsonl/.parquet file (ShareGPT `conversations` or a text column)"
+                help="real prompts from a local .json/.jsonl/.csv/.parquet file "
+                "(ShareGPT `conversations` or a text column)"
             ),
         ] = None,
         engine: Annotated[str, typer.Option(help="minisgl | transformers | vllm")] = "minisgl",
@@ -128,15 +129,13 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from minisgl_cli.report import INTERRUPTED_EXIT, check_outputs
-        from minisgl_cli.workload import no_dataset_bars
 
         check_outputs(json=json_path, plot=plot)
         console = Console()
         engine, peers, config, overrides = _checked(ctx, flags)
         main_engine = "minisgl" if peers else engine
         try:
-            with no_dataset_bars(quiet and dataset is not None):
-                workload = _build_workload(config, num_seqs, input_len, output_len, seed, dataset)
+            workload = _build_workload(config, num_seqs, input_len, output_len, seed, dataset)
             # Peers first: one that cannot run fails in seconds, and each finds the GPU free (vLLM claims 90% of it).
             peer_results = [_run_child(name, ctx, workload, vllm_env if name == "vllm" else None) for name in peers]
             if main_engine == "minisgl":
@@ -257,6 +256,7 @@ def _result(
         "folded_ids": workload.folded_ids,
         "truncated_prompts": workload.truncated,
         "repeated_prompts": workload.repeated,
+        "skipped_rows": workload.skipped_rows,  # a dataset's rows with an empty prompt, passed over
         "digest": workload_digest(workload),
     }
     result["environment"] = environment()
@@ -278,6 +278,8 @@ def _report(console, result: dict[str, Any], results: list[dict[str, Any]], work
             write_json(flags["json_path"], result)
         return
     console.print(_table(results, workload))
+    if workload.skipped:
+        console.print(f"[yellow]note:[/yellow] {workload.skipped} (workload.skipped_rows)")
     if workload.repeated:
         console.print(
             f"[yellow]note:[/yellow] {workload.source} holds {workload.num_seqs - workload.repeated:,} non-empty "

@@ -77,7 +77,7 @@ def register(app: typer.Typer) -> None:
         dataset: Annotated[
             Path | None,
             typer.Option(
-                help="prompts from a local .json/.jsonl/.parquet file (ShareGPT `conversations` or a text column)"
+                help="prompts from a local .json/.jsonl/.csv/.parquet file (ShareGPT `conversations` or a text column)"
             ),
         ] = None,
         prefix_groups: Annotated[int, typer.Option(help="G groups of requests sharing a prefix (0: none)", min=0)] = 0,
@@ -407,7 +407,7 @@ def _served_listing(flags: dict[str, Any], api_key: str | None) -> tuple[str | N
 def _workload(target: Target, flags: dict[str, Any], n: int, seed: int, skip: int):
     """`n` requests; a dataset's prompts from its `skip`-th on."""
     from minisgl_cli.replay import ReplayItem
-    from minisgl_cli.workload import no_dataset_bars, parse_range, serve_workload
+    from minisgl_cli.workload import parse_range, serve_workload
 
     try:
         in_range = parse_range(flags["input_len"], "--input-len")
@@ -417,21 +417,20 @@ def _workload(target: Target, flags: dict[str, Any], n: int, seed: int, skip: in
     text = flags["prompt_format"] == "text" or flags["endpoint"] == "chat"
     groups = flags["prefix_groups"]
     try:
-        with no_dataset_bars(flags["quiet"] and flags["dataset"] is not None):
-            w = serve_workload(
-                n,
-                in_range,
-                out_range,
-                seed,
-                target.vocab,
-                target.tokenizer,
-                text,
-                flags["dataset"],
-                groups,
-                flags["prefix_len"] if groups else 0,
-                target.context,
-                skip,
-            )
+        w = serve_workload(
+            n,
+            in_range,
+            out_range,
+            seed,
+            target.vocab,
+            target.tokenizer,
+            text,
+            flags["dataset"],
+            groups,
+            flags["prefix_len"] if groups else 0,
+            target.context,
+            skip,
+        )
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--dataset") from e
     longest = max(len(p) + out for p, out in zip(w.prompts, w.output_lens))
@@ -489,6 +488,7 @@ class _Planner:
         items, w = _workload(self.target, flags, n, flags["seed"] + index, self.drawn)
         self.drawn += n
         self.served["source"] = w.source
+        self._note_skipped(w)
         times = arrival_times(
             len(items),
             load.rate,
@@ -514,7 +514,14 @@ class _Planner:
         # which the server's prefix cache still held)
         self.drawn += self.flags["warmup"]
         self.served["warm_repeated"] = w.repeated
+        self._note_skipped(w)
         return warm
+
+    def _note_skipped(self, w) -> None:
+        """The dataset's rows skipped for an empty prompt; each load reads the file from its start, so the read
+        that went furthest counts them all."""
+        if w.skipped_rows >= self.served.get("skipped_rows", 0):
+            self.served["skipped_rows"], self.served["skipped"] = w.skipped_rows, w.skipped
 
 
 def _run_sweep(
@@ -812,6 +819,8 @@ def _result(target: Target, rows, results, slo, flags, check, served, stopped) -
             "truncated_prompts": sum(r["truncated_prompts"] for r in rows),
             # requests sent with a dataset's prompt given again (the warm-up's too)
             "repeated_prompts": served.get("warm_repeated", 0) + sum(r["repeated_prompts"] for r in rows),
+            # a dataset's rows with an empty prompt, passed over
+            "skipped_rows": served.get("skipped_rows", 0),
         },
         "slo": {k: v * 1000 for k, v in slo.items()} if slo else None,
         "client_check": check.as_dict() if check else None,
@@ -825,6 +834,7 @@ def _result(target: Target, rows, results, slo, flags, check, served, stopped) -
         out.update({k: v for k, v in rows[0].items() if k not in ("requests", "load", "partial")})
         out.update(rows[0]["requests"])
     out["_results"] = results  # for the timeline plot; not written
+    out["_skipped"] = served.get("skipped")  # the note on a dataset's rows skipped; not written
     return out
 
 
@@ -840,7 +850,7 @@ def _gpu(llm) -> str | None:
 def _report(console, result: dict[str, Any], flags: dict[str, Any]) -> None:
     from minisgl_cli.report import write_json
 
-    results = result.pop("_results")
+    results, skipped = result.pop("_results"), result.pop("_skipped")
     console.print(_table(result, console.width))
     ramped = result["sweep"][0] if result["sweep"][0].get("ramp_up_strategy") else None
     if ramped is not None:
@@ -860,6 +870,8 @@ def _report(console, result: dict[str, Any], flags: dict[str, Any]) -> None:
             f"client absorbed {check['tok_per_s']:,.0f} tok/s max (mock SSE server, {check['streams']} streams); "
             f"this run used {peak:.1%} of it in its busiest second{note}"
         )
+    if skipped:
+        console.print(f"[yellow]note:[/yellow] {skipped} (workload.skipped_rows)")
     if repeated := result["workload"]["repeated_prompts"]:
         console.print(
             f"[yellow]note:[/yellow] {result['workload']['source']} holds fewer prompts than the run sent: "

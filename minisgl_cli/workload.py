@@ -4,15 +4,19 @@ text)."""
 
 from __future__ import annotations
 
-import contextlib
+import codecs
+import csv
+import io
+import json
 import random
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 # nano-vllm / mini-sglang draw prompt ids with randint(0, 10000); the range is part of the published workload.
 PUBLISHED_MAX_ID = 10000
 TEXT_COLUMNS = ("prompt", "text", "question", "instruction", "input", "content")
+TURN_COLUMNS = ("conversations", "messages")  # ShareGPT's turns, OpenAI chat's messages
 
 
 @dataclass(slots=True)
@@ -25,7 +29,8 @@ class Workload:
     repeated: int = 0  # requests given a dataset prompt again: the file holds fewer prompts than requests asked for
     # a dataset's prompts as text, in request order; None where a prompt was cut to fit (only its ids were kept)
     texts: list[str | None] | None = None
-    meta: dict = field(default_factory=dict)
+    skipped: str | None = None  # a dataset's rows skipped for an empty prompt: DatasetPrompts.skipped_note()
+    skipped_rows: int = 0
 
     @property
     def num_seqs(self) -> int:
@@ -38,6 +43,24 @@ class Workload:
     @property
     def output_tokens(self) -> int:
         return sum(self.output_lens)
+
+
+@dataclass(slots=True)
+class DatasetPrompts:
+    """The prompts read from a dataset file, and the rows passed over for an empty or missing prompt."""
+
+    texts: list[str]
+    column: str  # where the prompts came from
+    skipped: int = 0  # rows read whose prompt was empty, blank or missing (or a conversation with no user turn)
+    first_skipped: str = ""  # the first of them: "line 3" (JSON lines, CSV) or "row 3" (a JSON list, Parquet)
+
+    def skipped_note(self, path: Path) -> str | None:
+        if not self.skipped:
+            return None
+        what = f"no user turn in {self.column!r}" if self.column in TURN_COLUMNS else f"no text in {self.column!r}"
+        if self.skipped == 1:
+            return f"{path}: {self.first_skipped} has {what} and was skipped"
+        return f"{path}: {self.skipped:,} rows with {what} were skipped (the first: {self.first_skipped})"
 
 
 def parse_range(text: str, name: str) -> tuple[int, int]:
@@ -86,92 +109,148 @@ def warmup_like(workload: Workload, vocab_size: int, seed: int = 12345) -> Workl
     return Workload(prompts, [min(8 + i, n) for i, n in enumerate(workload.output_lens)], "warm-up")
 
 
-@contextlib.contextmanager
-def no_dataset_bars(hidden: bool) -> Iterator[None]:
-    """datasets' own progress bars (its "Generating train split" as it reads a file the first time) off while a
-    command under --quiet reads a dataset (`hidden`), and back as they were after. datasets is imported only then:
-    a run without a dataset never needs it (the GPU machine's bundle has none)."""
-    if not hidden:
-        yield
-        return
-    import datasets
+def read_dataset_prompts(path: Path, limit: int) -> DatasetPrompts:
+    """The first `limit` prompts of a local JSON/JSONL/CSV/Parquet file: the first user turn of ShareGPT
+    `conversations` (or OpenAI `messages`), or a text column.
 
-    was = datasets.is_progress_bar_enabled()
-    if was:
-        datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        if was:
-            datasets.enable_progress_bars()
-
-
-def read_dataset_prompts(path: Path, limit: int) -> list[str]:
-    """The first `limit` prompts of a local JSON/JSONL/Parquet file: the first user turn of ShareGPT
-    `conversations`, or a text column."""
-    from datasets import load_dataset
-
+    The prompt column is the file's, as guidellm picks it: the first of TURN_COLUMNS + TEXT_COLUMNS that any row
+    has, or a file's only column; a row whose value there is empty or missing is skipped and counted (as vLLM's
+    ShareGPT reader drops a conversation with no reply), never filled from another column."""
+    if not path.exists():
+        raise ValueError(f"dataset {path} does not exist")
     if not path.is_file():
-        raise ValueError(f"dataset {path} is not a file")
-    if path.stat().st_size < 64 and not path.read_bytes().strip():  # datasets' error for it had no words
-        raise ValueError(f"dataset {path} is empty")
-    kind = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}.get(path.suffix.lower())
-    if kind is None:
-        raise ValueError(f"dataset {path}: use a .json, .jsonl or .parquet file")
-    try:
-        ds = load_dataset(kind, data_files=str(path), split="train")
-    except Exception as e:
-        root: BaseException = e  # datasets wraps the parser's error in "An error occurred while generating ..."
-        while root.__cause__ is not None or root.__context__ is not None:
-            root = root.__cause__ or root.__context__  # type: ignore[assignment]
-        why = (str(e) or type(e).__name__) if root is e else f"{e}: {type(root).__name__}: {root}"
-        hint = " (expected JSON lines, or a JSON list, of objects)" if kind == "json" else ""
-        raise ValueError(f"cannot read dataset {path}: {why}{hint}") from e
-
-    def as_text(value: object, what: str) -> str:
-        # str() of a number or a list made prompts of "5" or "[1, 2]" (a JSON list of numbers is read as a column)
-        if value is not None and not isinstance(value, str):
-            raise ValueError(f"dataset {path}: {what} must be text, got {type(value).__name__} {str(value)[:40]!r}")
-        return value or ""
-
-    if "conversations" in ds.column_names:
-
-        def first_turn(conv) -> str:
-            if conv is not None and not isinstance(conv, list):
-                raise ValueError(
-                    f"dataset {path}: 'conversations' must be a list of turns ({{'from' or 'role', 'value' or "
-                    f"'content'}}), got {type(conv).__name__} {str(conv)[:40]!r}"
-                )
-            for turn in conv or []:
-                if not isinstance(turn, dict):
-                    raise ValueError(f"dataset {path}: a 'conversations' turn must be an object, got {turn!r:.40}")
-                role = turn.get("from", turn.get("role"))
-                if role in ("human", "user"):
-                    return as_text(turn.get("value", turn.get("content")), "a user turn's 'value' or 'content'")
-            return ""
-
-        def get(row: dict) -> str:
-            return first_turn(row["conversations"])
+        raise ValueError(f"dataset {path} is {'a directory, not a file' if path.is_dir() else 'not a regular file'}")
+    kind = path.suffix.lower()
+    if kind not in (".json", ".jsonl", ".csv", ".parquet"):
+        raise ValueError(f"dataset {path}: use a .json, .jsonl, .csv or .parquet file")
+    if kind == ".parquet":
+        columns, rows = _parquet_rows(path)
     else:
-        col = next((c for c in TEXT_COLUMNS if c in ds.column_names), None)
-        if col is None:
+        text = _text(path)
+        if not text.strip():
+            raise ValueError(f"dataset {path} is empty")
+        columns, rows = _csv_rows(path, text) if kind == ".csv" else _json_rows(path, text)
+    if not rows:
+        raise ValueError(f"dataset {path} holds no rows")
+    col = next((c for c in (*TURN_COLUMNS, *TEXT_COLUMNS) if c in columns), columns[0] if len(columns) == 1 else None)
+    if col is None:
+        raise ValueError(
+            f"dataset {path} has no 'conversations', 'messages' or text column "
+            f"({', '.join(TEXT_COLUMNS)}); its columns: {', '.join(map(str, columns)) or 'none'}"
+        )
+    out = DatasetPrompts([], col)
+    for where, row in rows:
+        value, what = row.get(col), repr(col)
+        if col in TURN_COLUMNS:
+            value, what = _first_user_turn(value, f"dataset {path}: {where}: {col!r}"), f"the user turn in {col!r}"
+        if value is not None and not isinstance(value, str):
+            # str() of a number or a list made prompts of "5" or "[1, 2]"
             raise ValueError(
-                f"dataset {path} has no 'conversations' or text column "
-                f"({', '.join(TEXT_COLUMNS)}); its columns: {', '.join(ds.column_names)}"
+                f"dataset {path}: {where}: {what} must be text, got {type(value).__name__} {str(value)[:40]!r}"
             )
-
-        def get(row: dict) -> str:
-            return as_text(row[col], repr(col))
-
-    prompts: list[str] = []
-    for row in ds:
-        if text := get(row).strip():
-            prompts.append(text)
-            if len(prompts) == limit:
+        if prompt := (value or "").strip():
+            out.texts.append(prompt)
+            if len(out.texts) == limit:
                 break
-    if not prompts:
-        raise ValueError(f"dataset {path} holds no non-empty prompts")
-    return prompts
+        else:
+            out.skipped += 1
+            out.first_skipped = out.first_skipped or where
+    if not out.texts:
+        raise ValueError(f"dataset {path} holds no non-empty prompts (in its {col!r} column)")
+    return out
+
+
+def _text(path: Path) -> str:
+    """A text file's contents: UTF-8 (a byte-order mark dropped), or UTF-16 with its mark (PowerShell's `>`)."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot read dataset {path}: {e.strerror or e}") from None
+    utf16 = data[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+    data = data.removeprefix(codecs.BOM_UTF8)
+    try:
+        return data.decode("utf-16" if utf16 else "utf-8")
+    except UnicodeDecodeError as e:
+        line, line_start = data.count(b"\n", 0, e.start) + 1, data.rfind(b"\n", 0, e.start) + 1
+        raise ValueError(
+            f"dataset {path}: line {line} is not {e.encoding.upper()} (byte 0x{data[e.start]:02x} at "
+            f"byte {e.start - line_start + 1} of the line): save the file as UTF-8"
+        ) from None
+
+
+Rows = list[tuple[str, dict]]  # (where the row is, for messages: "line 3" or "row 3"; its fields)
+
+
+def _json_rows(path: Path, text: str) -> tuple[list[str], Rows]:
+    """JSON lines (a .jsonl, or a .json that holds them), a JSON list of objects (or of strings: a 'text' column),
+    or one object."""
+    items: list[tuple[str, object]] | None = None
+    if path.suffix.lower() == ".json":
+        try:
+            doc = json.loads(text)
+            items = [(f"row {i}", r) for i, r in enumerate(doc, 1)] if isinstance(doc, list) else [("row 1", doc)]
+        except json.JSONDecodeError as e:
+            if e.msg != "Extra data" or not text.lstrip().startswith("{"):
+                raise ValueError(f"dataset {path}: line {e.lineno} column {e.colno}: invalid JSON: {e.msg}") from None
+    if items is None:
+        items = []
+        for no, line in enumerate(text.split("\n"), 1):  # not splitlines(): U+2028 may stand in a JSON string
+            try:
+                if line.strip():
+                    items.append((f"line {no}", json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"dataset {path}: line {no} column {e.colno}: invalid JSON: {e.msg}") from None
+    rows: Rows = []
+    for where, item in items:
+        if not isinstance(item, dict | str):
+            raise ValueError(
+                f"dataset {path}: {where} is {type(item).__name__} {str(item)[:40]!r}, not an object "
+                "(expected JSON lines, or a JSON list, of objects)"
+            )
+        rows.append((where, item if isinstance(item, dict) else {"text": item}))
+    return list(dict.fromkeys(k for _, r in rows for k in r)), rows
+
+
+def _csv_rows(path: Path, text: str) -> tuple[list[str], Rows]:
+    csv.field_size_limit(1 << 30)  # a prompt longer than the default 131,072 characters was an error
+    reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)  # an unclosed quote is an error
+    try:
+        rows = [(f"line {reader.line_num}", row) for row in reader]
+    except csv.Error as e:
+        raise ValueError(f"dataset {path}: after line {reader.line_num}: {e}") from None
+    return [c for c in reader.fieldnames or [] if c], rows
+
+
+def _parquet_rows(path: Path) -> tuple[list[str], Rows]:
+    """The rows' prompt columns only (a file's other columns can be large)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ValueError(f"dataset {path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+    try:
+        f = pq.ParquetFile(path)
+        names = f.schema_arrow.names
+        known = [c for c in names if c in (*TURN_COLUMNS, *TEXT_COLUMNS) or len(names) == 1]
+        table = f.read(columns=known)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise ValueError(f"cannot read dataset {path} as Parquet: {e}") from None
+    return names, [(f"row {i}", r) for i, r in enumerate(table.to_pylist(), 1)]
+
+
+def _first_user_turn(conv: object, what: str) -> str | None:
+    """The first turn from 'human' or 'user' (ShareGPT's 'from'/'value', OpenAI's 'role'/'content'); None when
+    there is none."""
+    if conv is not None and not isinstance(conv, list):
+        raise ValueError(
+            f"{what} must be a list of turns ({{'from' or 'role', 'value' or 'content'}}), "
+            f"got {type(conv).__name__} {str(conv)[:40]!r}"
+        )
+    for turn in conv or []:
+        if not isinstance(turn, dict):
+            raise ValueError(f"{what}: a turn must be an object, got {turn!r:.40}")
+        if turn.get("from", turn.get("role")) in ("human", "user"):
+            return turn.get("value", turn.get("content"))
+    return None
 
 
 def dataset_workload(
@@ -187,7 +266,8 @@ def dataset_workload(
     a prompt too long for the context keeps its first tokens. The requests take the file's prompts from the
     `skip`-th on (a bench-serve sweep gives each load prompts of its own); past the file's last prompt they start
     again from its first, as vLLM's benchmarks oversample (`repeated` counts those requests)."""
-    read = read_dataset_prompts(path, skip + num_seqs)
+    dataset = read_dataset_prompts(path, skip + num_seqs)
+    read = dataset.texts
     rng = random.Random(seed)
     output_lens = [rng.randint(*output_len) for _ in range(num_seqs)]
     encoded: dict[int, list[int]] = {}
@@ -203,7 +283,16 @@ def dataset_workload(
         texts.append(None if cut else read[k])
     truncated = sum(t is None for t in texts)
     repeated = max(0, min(num_seqs, skip + num_seqs - len(read)))
-    return Workload(prompts, output_lens, str(path), truncated=truncated, repeated=repeated, texts=texts)
+    return Workload(
+        prompts,
+        output_lens,
+        str(path),
+        truncated=truncated,
+        repeated=repeated,
+        texts=texts,
+        skipped=dataset.skipped_note(path),
+        skipped_rows=dataset.skipped,
+    )
 
 
 @dataclass(slots=True)
@@ -217,6 +306,8 @@ class ServeWorkload:
     source: str
     repeated: int = 0  # requests given a dataset's prompt again (the last ones)
     cut: frozenset[int] = frozenset()  # the indices of the requests whose dataset prompt was cut to fit
+    skipped: str | None = None  # Workload's
+    skipped_rows: int = 0
 
 
 def _cut_text(tokenizer, ids: list[int]) -> str:
@@ -248,7 +339,7 @@ def serve_workload(
     prompt on); with prefix groups, request i starts with group i % G's shared random prefix of `prefix_len`
     tokens. Text prompts are the dataset's own (a prompt cut to fit, its kept tokens' text), or random ids decoded
     by the tokenizer."""
-    repeated = 0
+    repeated, skipped, skipped_rows = 0, None, 0
     cut: frozenset[int] = frozenset()
     if dataset is not None:
         assert tokenizer is not None
@@ -259,6 +350,7 @@ def serve_workload(
             texts = [t if t is not None else _cut_text(tokenizer, p) for t, p in zip(base.texts, prompts)]
         source, repeated = str(dataset), base.repeated
         cut = frozenset(i for i, t in enumerate(base.texts or []) if t is None)
+        skipped, skipped_rows = base.skipped, base.skipped_rows
     else:
         base = random_workload(n, input_len, output_len, seed, vocab_size)
         prompts, output_lens, texts, source = base.prompts, base.output_lens, None, "random"
@@ -277,4 +369,4 @@ def serve_workload(
         source += f" + {prefix_groups} prefix groups of {prefix_len} tokens"
     if texts is not None:
         prompts = [tokenizer.encode(t) for t in texts]  # what the server will count
-    return ServeWorkload(prompts, output_lens, texts, source, repeated, cut)
+    return ServeWorkload(prompts, output_lens, texts, source, repeated, cut, skipped, skipped_rows)

@@ -473,7 +473,7 @@ def test_values_from_the_environment_are_not_flags_given(tmp_path, monkeypatch):
 def test_dataset_without_prompts_is_a_clear_error(tmp_path):
     (tmp_path / "d.json").write_text(json.dumps([{"a": 1, "b": "x"}]))
     r = CliRunner().invoke(app, ["bench-offline", *TINY, "--dataset", str(tmp_path / "d.json")])
-    assert r.exit_code == 2 and "no 'conversations' or text column" in flat(r.output)
+    assert r.exit_code == 2 and "no 'conversations', 'messages' or text column" in flat(r.output)
 
 
 TRACE_ARGS = ["bench-trace", str(Path(__file__).parent.parent / "traces" / "qwen_sample.jsonl")]
@@ -551,33 +551,131 @@ def test_one_file_for_two_outputs_is_refused(tmp_path):
     assert r.exit_code == 2 and "is also given to --json" in flat(r.output), r.output
 
 
+def _parquet(path: Path, **columns: list) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table(columns), path)
+
+
 @pytest.mark.parametrize(
-    "name, text, message",
+    "name, data, message",
     [
-        ("broken.jsonl", '{"prompt": "hi"', "Unexpected character found"),  # the parser's words, not only datasets'
-        ("conv.jsonl", '{"conversations": "hello"}', "'conversations' must be a list of turns"),
-        ("turns.jsonl", '{"conversations": [["human", "hi"]]}', "a 'conversations' turn must be an object"),
-        # str() of anything made it a prompt: a JSON list of numbers is read as a 'text' column of them
-        ("numbers.json", "[1, 2, 3]", "'text' must be text, got int '1'"),
-        ("prompt.jsonl", '{"prompt": 5}', "'prompt' must be text, got int '5'"),
-        ("value.jsonl", '{"conversations": [{"from": "human", "value": [1]}]}', "a user turn's 'value' or 'content'"),
-        ("empty.jsonl", "", "empty.jsonl is empty"),  # was "cannot read dataset empty.jsonl:  (expected ...)"
-        ("blank.json", "\n\n", "blank.json is empty"),
+        # the parser's words and where, not datasets' "An error occurred while generating the dataset" chain
+        ("broken.jsonl", b'{"prompt": "hi"}\n{"prompt": "ok"\n', "line 2 column 16: invalid JSON: Expecting ','"),
+        ("list.json", b'[\n {"prompt": "a"},\n {"prompt": "b",}\n]', "line 3 column 17: invalid JSON: Expecting prop"),
+        ("trailing.json", b'[{"prompt": "a"}] x', "line 1 column 19: invalid JSON: Extra data"),
+        ("conv.jsonl", b'{"conversations": "hello"}', "line 1: 'conversations' must be a list of turns"),
+        ("turns.jsonl", b'{"conversations": [["human", "hi"]]}', "'conversations': a turn must be an object"),
+        # str() of anything made it a prompt
+        ("numbers.json", b"[1, 2, 3]", "row 1 is int '1', not an object (expected JSON lines, or a JSON list"),
+        ("prompt.jsonl", b'{"prompt": "a"}\n\n{"prompt": 5}', "line 3: 'prompt' must be text, got int '5'"),
+        ("value.jsonl", b'{"conversations": [{"from": "human", "value": [1]}]}', "the user turn in 'conversations'"),
+        ("parts.jsonl", b'{"messages": [{"role": "user", "content": [{"type": "text"}]}]}', "in 'messages' must be"),
+        ("empty.jsonl", b"", "empty.jsonl is empty"),  # was "cannot read dataset empty.jsonl:  (expected ...)"
+        ("blank.json", b"\n\n", "blank.json is empty"),
+        ("latin1.jsonl", b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}', "line 2 is not UTF-8 (byte 0xe9 at byte 16 of"),
+        ("object.json", b'{"data": [{"prompt": "a"}], "v": 1}', "no 'conversations', 'messages' or text column ("),
+        ("quote.csv", b'id,prompt\n1,"open\n', "quote.csv: after line 1: unexpected end of data"),
+        ("none.json", b"[]", "none.json holds no rows"),
+        ("header.csv", b"id,prompt\n", "header.csv holds no rows"),
+        ("numbers.parquet", None, "numbers.parquet: row 1: 'text' must be text, got int '7'"),
+        ("notext.parquet", None, "notext.parquet has no 'conversations', 'messages' or text column (prompt, text,"),
+        ("bad.parquet", b"PAR1 not really", "as Parquet: Parquet magic bytes not found in footer"),
+        ("prompts.txt", b"hi", "prompts.txt: use a .json, .jsonl, .csv or .parquet file"),
+        ("missing.jsonl", None, "missing.jsonl does not exist"),
+        ("folder.json", None, "folder.json is a directory, not a file"),
     ],
 )
-def test_malformed_datasets_are_clear_errors(tmp_path, name, text, message):
-    (tmp_path / name).write_text(text + "\n" if text else "")
+def test_malformed_datasets_are_clear_errors(tmp_path, name, data, message):
+    path = tmp_path / name
+    if name == "numbers.parquet":
+        _parquet(path, text=[7, 8])
+    elif name == "notext.parquet":
+        _parquet(path, id=[1], score=[0.5])
+    elif name == "folder.json":
+        path.mkdir()
+    elif data is not None:
+        path.write_bytes(data)
     r = CliRunner(env={"COLUMNS": "300"}).invoke(
-        app, ["bench-offline", *TINY, "--num-seqs", "2", "--dataset", str(tmp_path / name)]
+        app, ["bench-offline", *TINY, "--num-seqs", "2", "--dataset", str(path)]
     )
     assert r.exit_code == 2, r.output + repr(r.exception)
-    assert "Invalid value for --dataset" in flat(r.output) and message in flat(r.output)
+    assert "Invalid value for --dataset: " in flat(r.output) and message in flat(r.output), flat(r.output)
+
+
+def test_a_broken_dataset_is_one_message_on_stderr(tmp_path):
+    """datasets logged its own "Failed to load JSON from file ... JSON parse error ... in row 1" on stderr before
+    ours, which named no line ("Trailing data at position 16"). The whole stderr is now click's usage lines and one
+    error naming the file, the line and the column; nothing on stdout; exit status 2."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "broken.jsonl"
+    path.write_text('{"prompt": "hi"}\n{"prompt": "ok"\n')
+    cmd = [sys.executable, "-m", "minisgl_cli", "bench-offline", *TINY, "--output-len", "2:2", "--dataset", str(path)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stdout) == (2, ""), p.stderr
+    assert p.stderr.splitlines() == [
+        "Usage: python -m minisgl_cli bench-offline [OPTIONS]",
+        "Try 'python -m minisgl_cli bench-offline -h' for help.",
+        "",
+        f"Error: Invalid value for --dataset: dataset {path}: line 2 column 16: invalid JSON: Expecting ',' delimiter",
+    ]
+
+
+def test_the_prompt_column_is_the_files_and_rows_without_a_prompt_are_counted(tmp_path):
+    """The prompt is the file's first column of TEXT_COLUMNS (guidellm's rule: one column for the whole file, never
+    another column's text for one row); a row whose prompt is empty, blank or missing is skipped, as vLLM's ShareGPT
+    reader drops a conversation without a reply, and the run says how many (the table's note, the JSON's
+    workload.skipped_rows)."""
+    rows = [{"prompt": "first prompt", "text": "t"}, {"prompt": "", "text": "not this"}, {"text": "nor this"}]
+    rows += [{"prompt": " \n "}, {"prompt": None}, {"prompt": "second prompt"}]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["bench-offline", *TINY, "--dataset", str(path), "--num-seqs", "2", "--output-len", "2:2"]
+    r = CliRunner(env={"COLUMNS": "300"}).invoke(app, [*args, "--json", str(tmp_path / "o.json")])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    res = json.loads((tmp_path / "o.json").read_text())
+    # the byte tokenizer: one id per byte of the two prompts the file holds, each once
+    assert res["total_input_tokens"] == len("first prompt") + len("second prompt")
+    assert (res["workload"]["skipped_rows"], res["workload"]["repeated_prompts"]) == (4, 0)
+    assert f"note: {path}: 4 rows with no text in 'prompt' were skipped (the first: line 2)" in flat(r.output)
+
+
+def test_dataset_files_that_read(tmp_path):
+    """What a user may hand in besides ShareGPT JSON: a byte-order mark, UTF-16 (PowerShell's `>`), CRLF lines,
+    U+2028 inside a JSON string, JSON lines in a .json, OpenAI `messages` after a system turn, a JSON list of strings,
+    a file of one column of another name (guidellm's rule), CSV with quoted commas, newlines and a cell longer than
+    the csv module's default limit of 131,072 characters, and a Parquet file of conversations."""
+    from minisgl_cli.workload import read_dataset_prompts
+
+    def prompts(name: str, data: bytes, limit: int = 10) -> list[str]:
+        (tmp_path / name).write_bytes(data)
+        return read_dataset_prompts(tmp_path / name, limit).texts
+
+    assert prompts("bom.jsonl", b'\xef\xbb\xbf{"prompt": "a"}\n{"prompt": "b"}') == ["a", "b"]
+    assert prompts("ps.jsonl", '{"prompt": "sixteen"}\r\n'.encode("utf-16")) == ["sixteen"]
+    assert prompts("crlf.jsonl", b'{"prompt": "a"}\r\n{"prompt": "b"}\r\n') == ["a", "b"]
+    assert prompts("ls.jsonl", '{"text": "a\u2028b"}\n{"text": "c"}'.encode()) == ["a\u2028b", "c"]
+    assert prompts("lines.json", b'{"question": "q1"}\n{"question": "q2"}\n') == ["q1", "q2"]
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}, {"role": "user", "content": "2"}]
+    assert prompts("chat.jsonl", json.dumps({"messages": msgs}).encode()) == ["hi"]
+    assert prompts("strings.json", b'["one", "", "two"]') == ["one", "two"]
+    assert prompts("query.jsonl", b'{"query": "q"}') == ["q"]
+    long = "y" * 200_000
+    assert prompts("p.csv", f'id,prompt\n1,"a, b"\n2,"c\nd"\n3,{long}\n'.encode()) == ["a, b", "c\nd", long]
+    assert prompts("p.csv", f'id,prompt\n1,"a, b"\n2,"c\nd"\n3,{long}\n'.encode(), limit=1) == ["a, b"]
+    conv = [[{"from": "gpt", "value": "x"}], [{"from": "human", "value": "pq"}]]
+    _parquet(tmp_path / "c.parquet", conversations=conv)
+    read = read_dataset_prompts(tmp_path / "c.parquet", 5)
+    assert (read.texts, read.skipped, read.first_skipped) == (["pq"], 1, "row 1")
 
 
 @pytest.mark.parametrize("command", ["bench-offline", "bench-serve"])
-def test_quiet_silences_the_datasets_bars_too(tmp_path, command):
-    """--quiet left datasets' own bar ("Generating train split: 2 examples") as it read a dataset file the first time
-    (each test's file is new to its cache, so it reads it)."""
+def test_quiet_shows_no_dataset_reader_output(tmp_path, command):
+    """--quiet left datasets' own bar ("Generating train split: 2 examples") as it read a dataset file the first
+    time; the files are now read without it."""
     data = tmp_path / "d.jsonl"
     data.write_text("\n".join(json.dumps({"prompt": f"prompt number {i}"}) for i in range(3)) + "\n")
     args = [command, *TINY, "--dataset", str(data), "--output-len", "2:2"]
@@ -585,13 +683,6 @@ def test_quiet_silences_the_datasets_bars_too(tmp_path, command):
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output + repr(r.exception)
     assert "Generating train split" not in r.output and "examples" not in r.output, r.output
-    assert datasets_bars_enabled()  # and back as they were
-
-
-def datasets_bars_enabled() -> bool:
-    import datasets
-
-    return datasets.is_progress_bar_enabled()
 
 
 def _start_bench(tmp_path: Path, *args: str):

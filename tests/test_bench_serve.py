@@ -536,11 +536,12 @@ def test_plot_without_matplotlib_is_a_clear_error(monkeypatch):
 def test_in_process_dataset_run(tmp_path):
     data = tmp_path / "sharegpt.json"
     turns = ["Why is the sky blue?", "Write a haiku about caches.", "What is 2+2?", "Name three rivers."]
-    data.write_text(
-        json.dumps([{"conversations": [{"from": "human", "value": t}, {"from": "gpt", "value": "x"}]} for t in turns])
-    )
+    rows = [{"conversations": [{"from": "human", "value": t}, {"from": "gpt", "value": "x"}]} for t in turns]
+    # passed over and counted, never given another row's prompt: no user turn, an empty one
+    rows[1:1] = [{"conversations": [{"from": "system", "value": "be brief"}]}, {"conversations": [{"from": "human"}]}]
+    data.write_text(json.dumps(rows))
     png = tmp_path / "run.png"
-    res, _ = bench(
+    res, out = bench(
         tmp_path,
         "--model",
         "dummy:tiny-llama",
@@ -562,6 +563,8 @@ def test_in_process_dataset_run(tmp_path):
     assert res["total_input_tokens"] == sum(len(t.encode()) for t in turns)  # byte tokenizer: one id per byte
     assert res["total_output_tokens"] == 24 and res["workload"]["source"] == str(data)
     assert png.read_bytes()[:4] == b"\x89PNG"
+    assert res["workload"]["skipped_rows"] == 2 and res["workload"]["repeated_prompts"] == 0
+    assert "2 rows with no user turn in 'conversations' were skipped (the first: row 2)" in " ".join(out.split())
 
 
 def test_a_sweep_over_a_dataset_gives_each_load_its_own_prompts(tmp_path):
