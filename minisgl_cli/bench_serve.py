@@ -518,10 +518,8 @@ class _Planner:
         return warm
 
     def _note_skipped(self, w) -> None:
-        """The dataset's rows skipped for an empty prompt; each load reads the file from its start, so the read
-        that went furthest counts them all."""
-        if w.skipped_rows >= self.served.get("skipped_rows", 0):
-            self.served["skipped_rows"], self.served["skipped"] = w.skipped_rows, w.skipped
+        """The dataset's rows skipped for an empty prompt (the file's: each load's read says the same)."""
+        self.served["skipped_rows"], self.served["skipped"] = w.skipped_rows, w.skipped
 
 
 def _run_sweep(

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import codecs
 import csv
+import functools
 import io
 import json
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # nano-vllm / mini-sglang draw prompt ids with randint(0, 10000); the range is part of the published workload.
@@ -45,13 +46,13 @@ class Workload:
         return sum(self.output_lens)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class DatasetPrompts:
     """The prompts read from a dataset file, and the rows passed over for an empty or missing prompt."""
 
     texts: list[str]
     column: str  # where the prompts came from
-    skipped: int = 0  # rows read whose prompt was empty, blank or missing (or a conversation with no user turn)
+    skipped: int = 0  # the file's rows whose prompt is empty, blank or missing (or a conversation with no user turn)
     first_skipped: str = ""  # the first of them: "line 3" (JSON lines, CSV) or "row 3" (a JSON list, Parquet)
 
     def skipped_note(self, path: Path) -> str | None:
@@ -120,6 +121,15 @@ def read_dataset_prompts(path: Path, limit: int) -> DatasetPrompts:
         raise ValueError(f"dataset {path} does not exist")
     if not path.is_file():
         raise ValueError(f"dataset {path} is {'a directory, not a file' if path.is_dir() else 'not a regular file'}")
+    st = path.stat()
+    read = _read_file(path, st.st_mtime_ns, st.st_size)
+    return read if len(read.texts) <= limit else replace(read, texts=read.texts[:limit])
+
+
+# A bench-serve sweep reads the file once per load point: ShareGPT's 650 MB JSON takes ~10 s to parse each time.
+@functools.lru_cache(maxsize=2)
+def _read_file(path: Path, mtime_ns: int, size: int) -> DatasetPrompts:
+    """All the prompts of the file as it is at `mtime_ns` and `size`."""
     kind = path.suffix.lower()
     if kind not in (".json", ".jsonl", ".csv", ".parquet"):
         raise ValueError(f"dataset {path}: use a .json, .jsonl, .csv or .parquet file")
@@ -138,7 +148,8 @@ def read_dataset_prompts(path: Path, limit: int) -> DatasetPrompts:
             f"dataset {path} has no 'conversations', 'messages' or text column "
             f"({', '.join(TEXT_COLUMNS)}); its columns: {', '.join(map(str, columns)) or 'none'}"
         )
-    out = DatasetPrompts([], col)
+    texts: list[str] = []
+    skipped: list[str] = []
     for where, row in rows:
         value, what = row.get(col), repr(col)
         if col in TURN_COLUMNS:
@@ -149,15 +160,12 @@ def read_dataset_prompts(path: Path, limit: int) -> DatasetPrompts:
                 f"dataset {path}: {where}: {what} must be text, got {type(value).__name__} {str(value)[:40]!r}"
             )
         if prompt := (value or "").strip():
-            out.texts.append(prompt)
-            if len(out.texts) == limit:
-                break
+            texts.append(prompt)
         else:
-            out.skipped += 1
-            out.first_skipped = out.first_skipped or where
-    if not out.texts:
+            skipped.append(where)
+    if not texts:
         raise ValueError(f"dataset {path} holds no non-empty prompts (in its {col!r} column)")
-    return out
+    return DatasetPrompts(texts, col, len(skipped), skipped[0] if skipped else "")
 
 
 def _text(path: Path) -> str:

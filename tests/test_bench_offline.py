@@ -655,6 +655,7 @@ def test_dataset_files_that_read(tmp_path):
         return read_dataset_prompts(tmp_path / name, limit).texts
 
     assert prompts("bom.jsonl", b'\xef\xbb\xbf{"prompt": "a"}\n{"prompt": "b"}') == ["a", "b"]
+    assert prompts("bom.jsonl", b'{"prompt": "changed"}') == ["changed"]  # a file's prompts are kept until it changes
     assert prompts("ps.jsonl", '{"prompt": "sixteen"}\r\n'.encode("utf-16")) == ["sixteen"]
     assert prompts("crlf.jsonl", b'{"prompt": "a"}\r\n{"prompt": "b"}\r\n') == ["a", "b"]
     assert prompts("ls.jsonl", '{"text": "a\u2028b"}\n{"text": "c"}'.encode()) == ["a\u2028b", "c"]
