@@ -220,10 +220,23 @@ def _json_rows(path: Path, text: str) -> tuple[list[str], Rows]:
 
 
 def _csv_rows(path: Path, text: str) -> tuple[list[str], Rows]:
+    """Comma-separated, or by the ';', tab or '|' its header row uses (a ';' file read with commas was one column,
+    'id;prompt', whose cells, ids and all, became the prompts)."""
     csv.field_size_limit(1 << 30)  # a prompt longer than the default 131,072 characters was an error
-    reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)  # an unclosed quote is an error
     try:
-        rows = [(f"line {reader.line_num}", row) for row in reader]
+        sep = csv.Sniffer().sniff(text.split("\n", 1)[0], delimiters=",;\t|").delimiter
+    except csv.Error:  # a header of one column
+        sep = ","
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=sep, strict=True)  # strict: an unclosed quote
+    rows: Rows = []
+    try:
+        for row in reader:
+            if None in row:  # DictReader's key for the cells past the header's: `hello, world` lost its `world`
+                raise ValueError(
+                    f"dataset {path}: line {reader.line_num} has more cells than the header's "
+                    f"{len(reader.fieldnames or [])} (quote a cell that holds {sep!r})"
+                )
+            rows.append((f"line {reader.line_num}", row))
     except csv.Error as e:
         raise ValueError(f"dataset {path}: after line {reader.line_num}: {e}") from None
     return [c for c in reader.fieldnames or [] if c], rows

@@ -579,6 +579,7 @@ def _parquet(path: Path, **columns: list) -> None:
         ("quote.csv", b'id,prompt\n1,"open\n', "quote.csv: after line 1: unexpected end of data"),
         ("none.json", b"[]", "none.json holds no rows"),
         ("header.csv", b"id,prompt\n", "header.csv holds no rows"),
+        ("cells.csv", b"prompt\nhi\nhello, world\n", "line 3 has more cells than the header's 1 (quote a cell"),
         ("numbers.parquet", None, "numbers.parquet: row 1: 'text' must be text, got int '7'"),
         ("notext.parquet", None, "notext.parquet has no 'conversations', 'messages' or text column (prompt, text,"),
         ("bad.parquet", b"PAR1 not really", "as Parquet: Parquet magic bytes not found in footer"),
@@ -667,6 +668,8 @@ def test_dataset_files_that_read(tmp_path):
     long = "y" * 200_000
     assert prompts("p.csv", f'id,prompt\n1,"a, b"\n2,"c\nd"\n3,{long}\n'.encode()) == ["a, b", "c\nd", long]
     assert prompts("p.csv", f'id,prompt\n1,"a, b"\n2,"c\nd"\n3,{long}\n'.encode(), limit=1) == ["a, b"]
+    assert prompts("semi.csv", b'id;prompt\n1;"a; b, c"\n') == ["a; b, c"]  # was the one column 'id;prompt'
+    assert prompts("tabs.csv", b"prompt\tid\nhello\t1\n") == ["hello"]
     conv = [[{"from": "gpt", "value": "x"}], [{"from": "human", "value": "pq"}]]
     _parquet(tmp_path / "c.parquet", conversations=conv)
     read = read_dataset_prompts(tmp_path / "c.parquet", 5)
