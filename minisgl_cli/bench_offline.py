@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
         dataset: Annotated[
             Path | None,
             typer.Option(
-                help="real prompts from a local .json/.jsonl/.csv/.parquet file "
+                help="real prompts from a local .json/.jsonl/.csv/.parquet file or a directory `datasets` saved "
                 "(ShareGPT `conversations` or a text column)"
             ),
         ] = None,

@@ -77,7 +77,8 @@ def register(app: typer.Typer) -> None:
         dataset: Annotated[
             Path | None,
             typer.Option(
-                help="prompts from a local .json/.jsonl/.csv/.parquet file (ShareGPT `conversations` or a text column)"
+                help="prompts from a local .json/.jsonl/.csv/.parquet file or a directory `datasets` saved (ShareGPT "
+                "`conversations` or a text column)"
             ),
         ] = None,
         prefix_groups: Annotated[int, typer.Option(help="G groups of requests sharing a prefix (0: none)", min=0)] = 0,

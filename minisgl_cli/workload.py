@@ -111,7 +111,8 @@ def warmup_like(workload: Workload, vocab_size: int, seed: int = 12345) -> Workl
 
 
 def read_dataset_prompts(path: Path, limit: int) -> DatasetPrompts:
-    """The first `limit` prompts of a local JSON/JSONL/CSV/Parquet file: the first user turn of ShareGPT
+    """The first `limit` prompts of a local JSON/JSONL/CSV/Parquet file, or of a directory `datasets` saved
+    (save_to_disk): the first user turn of ShareGPT
     `conversations` (or OpenAI `messages`), or a text column.
 
     The prompt column is the file's, as guidellm picks it: the first of TURN_COLUMNS + TEXT_COLUMNS that any row
@@ -119,9 +120,12 @@ def read_dataset_prompts(path: Path, limit: int) -> DatasetPrompts:
     ShareGPT reader drops a conversation with no reply), never filled from another column."""
     if not path.exists():
         raise ValueError(f"dataset {path} does not exist")
-    if not path.is_file():
-        raise ValueError(f"dataset {path} is {'a directory, not a file' if path.is_dir() else 'not a regular file'}")
-    st = path.stat()
+    if path.is_dir() and not any((path / f).is_file() for f in SAVED_MARKERS):
+        raise ValueError(f"dataset {path} is a directory, not a file (nor a dataset that `datasets` saved)")
+    if not path.is_file() and not path.is_dir():
+        raise ValueError(f"dataset {path} is not a regular file")
+    # a saved directory's newest file says whether it changed
+    st = path.stat() if path.is_file() else max((f.stat() for f in path.rglob("*")), key=lambda s: s.st_mtime_ns)
     read = _read_file(path, st.st_mtime_ns, st.st_size)
     return read if len(read.texts) <= limit else replace(read, texts=read.texts[:limit])
 
@@ -131,9 +135,11 @@ def read_dataset_prompts(path: Path, limit: int) -> DatasetPrompts:
 def _read_file(path: Path, mtime_ns: int, size: int) -> DatasetPrompts:
     """All the prompts of the file as it is at `mtime_ns` and `size`."""
     kind = path.suffix.lower()
-    if kind not in (".json", ".jsonl", ".csv", ".parquet"):
-        raise ValueError(f"dataset {path}: use a .json, .jsonl, .csv or .parquet file")
-    if kind == ".parquet":
+    if path.is_dir():
+        columns, rows = _saved_rows(path)
+    elif kind not in (".json", ".jsonl", ".csv", ".parquet"):
+        raise ValueError(f"dataset {path}: use a .json, .jsonl, .csv or .parquet file, or a directory `datasets` saved")
+    elif kind == ".parquet":
         columns, rows = _parquet_rows(path)
     else:
         text = _text(path)
@@ -240,6 +246,35 @@ def _csv_rows(path: Path, text: str) -> tuple[list[str], Rows]:
     except csv.Error as e:
         raise ValueError(f"dataset {path}: after line {reader.line_num}: {e}") from None
     return [c for c in reader.fieldnames or [] if c], rows
+
+
+# What `datasets`' save_to_disk leaves in its directory: a Dataset's, a DatasetDict's
+SAVED_MARKERS = ("state.json", "dataset_dict.json")
+
+
+def _saved_rows(path: Path) -> tuple[list[str], Rows]:
+    """A dataset saved by `datasets` (Dataset.save_to_disk; of a DatasetDict, its 'train' split or its only one), read
+    through `datasets` itself (Arrow files, memory-mapped)."""
+    import datasets
+
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # its "Loading dataset from disk" bar, under --quiet too
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except (OSError, ValueError) as e:  # a damaged or partial save: FileNotFoundError, json's or Arrow's ValueError
+        raise ValueError(f"cannot read dataset {path} as a directory `datasets` saved: {e}") from None
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
+    if isinstance(ds, datasets.DatasetDict):
+        if "train" not in ds and len(ds) != 1:
+            raise ValueError(
+                f"dataset {path} holds the splits {', '.join(ds)}: none is 'train' (give the split's folder)"
+            )
+        ds = ds["train" if "train" in ds else next(iter(ds))]
+    names = ds.column_names
+    known = [c for c in names if c in (*TURN_COLUMNS, *TEXT_COLUMNS) or len(names) == 1]
+    return names, [(f"row {i}", r) for i, r in enumerate(ds.select_columns(known).to_list(), 1)]
 
 
 def _parquet_rows(path: Path) -> tuple[list[str], Rows]:

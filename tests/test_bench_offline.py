@@ -676,6 +676,33 @@ def test_dataset_files_that_read(tmp_path):
     assert (read.texts, read.skipped, read.first_skipped) == (["pq"], 1, "row 1")
 
 
+def test_a_dataset_saved_by_datasets_reads(tmp_path):
+    """A directory `datasets` saved (save_to_disk) is read through `datasets`: a Dataset's, a DatasetDict's 'train'
+    split; a dict of other splits, a damaged save and a plain directory are errors naming the problem."""
+    import datasets
+
+    from minisgl_cli.workload import read_dataset_prompts
+
+    datasets.Dataset.from_dict({"id": [1, 2, 3], "prompt": ["a", "", "b"]}).save_to_disk(tmp_path / "one")
+    read = read_dataset_prompts(tmp_path / "one", 10)
+    assert (read.texts, read.column, read.skipped, read.first_skipped) == (["a", "b"], "prompt", 1, "row 2")
+    splits = {s: datasets.Dataset.from_dict({"text": [s]}) for s in ("test", "train")}
+    datasets.DatasetDict(splits).save_to_disk(tmp_path / "dict")
+    assert read_dataset_prompts(tmp_path / "dict", 10).texts == ["train"]
+    datasets.DatasetDict({s: splits[s] for s in ("test",)}).save_to_disk(tmp_path / "only")
+    assert read_dataset_prompts(tmp_path / "only", 10).texts == ["test"]
+    datasets.DatasetDict({"a": splits["test"], "b": splits["train"]}).save_to_disk(tmp_path / "ab")
+    with pytest.raises(ValueError, match="holds the splits a, b: none is 'train'"):
+        read_dataset_prompts(tmp_path / "ab", 10)
+    for arrow in (tmp_path / "one").glob("*.arrow"):
+        arrow.unlink()
+    with pytest.raises(ValueError, match="cannot read dataset .*one as a directory `datasets` saved"):
+        read_dataset_prompts(tmp_path / "one", 10)
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(ValueError, match="plain is a directory, not a file"):
+        read_dataset_prompts(tmp_path / "plain", 10)
+
+
 @pytest.mark.parametrize("command", ["bench-offline", "bench-serve"])
 def test_quiet_shows_no_dataset_reader_output(tmp_path, command):
     """--quiet left datasets' own bar ("Generating train split: 2 examples") as it read a dataset file the first
