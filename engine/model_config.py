@@ -8,16 +8,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Supported architectures and their transformers model_type. All run through one decoder (engine/models/llama.py);
-# the differences are the flags below: q/k/v bias (Qwen2), per-head q/k norm (Qwen3), a sliding window (Mistral),
-# mixture-of-experts MLPs (Qwen3-MoE).
-HF_MODEL_TYPES = {
-    "LlamaForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-    "MistralForCausalLM": "mistral",
-    "Qwen3ForCausalLM": "qwen3",
-    "Qwen3MoeForCausalLM": "qwen3_moe",
+
+@dataclass(frozen=True, slots=True)
+class _HFDefaults:
+    """An architecture's transformers model_type, and what its config class takes for a field that config.json leaves
+    out where the classes differ (every class: rope_theta 10000, rms_norm_eps 1e-6, untied, SiLU). An explicit null
+    num_key_value_heads or head_dim is derived in every class, as None here is."""
+
+    model_type: str
+    max_position_embeddings: int
+    num_key_value_heads: int | None = None  # None: num_attention_heads
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+
+# Supported architectures. All run through one decoder (engine/models/llama.py); the differences are the flags below:
+# q/k/v bias (Qwen2), per-head q/k norm (Qwen3), a sliding window (Mistral), mixture-of-experts MLPs (Qwen3-MoE).
+# tests/test_config_defaults.py checks each default against the transformers class.
+HF_DEFAULTS = {
+    "LlamaForCausalLM": _HFDefaults("llama", 2048, bos_token_id=1, eos_token_id=2),
+    "Qwen2ForCausalLM": _HFDefaults("qwen2", 32768, num_key_value_heads=32),
+    "MistralForCausalLM": _HFDefaults("mistral", 131072, num_key_value_heads=8, bos_token_id=1, eos_token_id=2),
+    "Qwen3ForCausalLM": _HFDefaults("qwen3", 32768, num_key_value_heads=32, head_dim=128),
+    "Qwen3MoeForCausalLM": _HFDefaults("qwen3_moe", 32768, num_key_value_heads=4),
 }
+HF_MODEL_TYPES = {arch: d.model_type for arch, d in HF_DEFAULTS.items()}
 _QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
 
@@ -168,11 +184,19 @@ class ModelConfig:
         heads = _int(d, "num_attention_heads")
         if heads < 1:
             raise ValueError(f"num_attention_heads must be >= 1 (got {heads})")
-        eos = d.get("eos_token_id")
+        hf = HF_DEFAULTS[arch]  # a field config.json leaves out takes its transformers class's value; a null is kept
+        kv_heads = d.get("num_key_value_heads", hf.num_key_value_heads)
+        if "num_key_value_heads" not in d and kv_heads is not None and heads % kv_heads:
+            raise ValueError(
+                f"config.json names no num_key_value_heads, and transformers' {hf.model_type} config takes "
+                f"{kv_heads}, which {heads} attention heads do not divide into: set num_key_value_heads"
+            )
+        head_dim = d.get("head_dim", hf.head_dim)
+        eos = d.get("eos_token_id", hf.eos_token_id)
         eos_list = eos if isinstance(eos, list) else ([] if eos is None else [eos])
         if not all(_is_int(t) and t >= 0 for t in eos_list):
             raise ValueError(f"eos_token_id must be a token id or a list of them (got {eos!r})")
-        bos = d.get("bos_token_id")
+        bos = d.get("bos_token_id", hf.bos_token_id)
         if bos is not None and not (_is_int(bos) and bos >= 0):
             raise ValueError(f"bos_token_id must be a token id (got {bos!r})")
         # transformers 5's order: rope_scaling (the old name), when given, is the rope parameters, else
@@ -191,8 +215,8 @@ class ModelConfig:
             intermediate_size=_int(d, "intermediate_size"),
             num_layers=_int(d, "num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=_int(d, "num_key_value_heads") if d.get("num_key_value_heads") else heads,
-            head_dim=_int(d, "head_dim") if d.get("head_dim") else _int(d, "hidden_size") // heads,
+            num_kv_heads=heads if kv_heads is None else _int({"num_key_value_heads": kv_heads}, "num_key_value_heads"),
+            head_dim=_int(d, "hidden_size") // heads if head_dim is None else _int({"head_dim": head_dim}, "head_dim"),
             rope_theta=10000.0 if rope_theta is None else float(rope_theta),
             # {"rope_type": "default"} is no scaling; a dict naming no type is refused (ModelConfig checks it)
             rope_scaling=rope_scaling
@@ -200,7 +224,9 @@ class ModelConfig:
             else None,
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=_bool(d, "tie_word_embeddings"),
-            max_position_embeddings=_int(d, "max_position_embeddings") if "max_position_embeddings" in d else 4096,
+            max_position_embeddings=_int(
+                {"max_position_embeddings": hf.max_position_embeddings} | d, "max_position_embeddings"
+            ),
             eos_token_ids=tuple(int(t) for t in eos_list),
             bos_token_id=None if bos is None else int(bos),
             name=name,
@@ -263,10 +289,9 @@ class ModelConfig:
             )
         if self.rope_scaling:
             d["rope_scaling"] = dict(self.rope_scaling)
-        if self.eos_token_ids:
-            d["eos_token_id"] = list(self.eos_token_ids)
-        if self.bos_token_id is not None:
-            d["bos_token_id"] = self.bos_token_id
+        # null, not left out: left out, a Llama's would read as transformers' default (1 and 2)
+        d["eos_token_id"] = list(self.eos_token_ids) or None
+        d["bos_token_id"] = self.bos_token_id
         return d
 
 
@@ -372,7 +397,7 @@ def _moe_fields(d: dict[str, Any]) -> dict[str, Any]:
     # the same checks as every other field (_int, _bool): int() cut 2.9 to 2 and bool("false") was True
     return dict(
         num_experts=_int({"num_experts": experts}, "num_experts"),
-        num_experts_per_tok=_int(d, "num_experts_per_tok"),
+        num_experts_per_tok=_int({"num_experts_per_tok": 8} | d, "num_experts_per_tok"),  # Qwen3MoeConfig's default
         moe_intermediate_size=_int(d, "moe_intermediate_size"),
         norm_topk_prob=_bool(d, "norm_topk_prob"),
         decoder_sparse_step=_int(d, "decoder_sparse_step") if "decoder_sparse_step" in d else 1,

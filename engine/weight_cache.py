@@ -26,8 +26,9 @@ if TYPE_CHECKING:  # imported where used: finding an entry (a front end's tokeni
 # Bump when what is stored changes (3: gguf-blocks/; 4: entry.json; 5: keyed by content, not mtime; 6: by all of
 # it, not by samples). A GGUF's rope_freqs.weight, stored as config.json's rope_scaling {"rope_type":
 # "freq_factors", ...}, needed none: such files were refused until then (no older entry is of one), and every other
-# file's entry is written as before.
-FORMAT = 6
+# file's entry is written as before. 7: config.json names a GGUF's missing BOS / EOS as null (left out, a Llama's now
+# reads as transformers' default, 1 / 2).
+FORMAT = 7
 QUANT_FILE = "gguf-blocks/blocks.safetensors"
 MANIFEST = "entry.json"  # written last: every other file of the entry with its size
 HASHES = "hashes"  # beside the entries: a file's content hash by what its inode says of it (see fingerprint)
