@@ -39,7 +39,7 @@ _QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    architecture: str  # HF `architectures[0]`, the model registry key
+    architecture: str  # the HF class name (see _architecture), the model registry key
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -151,12 +151,7 @@ class ModelConfig:
 
     @staticmethod
     def from_hf_dict(d: dict[str, Any], name: str = "") -> ModelConfig:
-        archs = d.get("architectures") or []
-        if not archs or not isinstance(archs, list):
-            raise ValueError(f"config of {name or 'model'} has no 'architectures' list")
-        if archs[0] not in HF_MODEL_TYPES:  # before the fields: another architecture names them differently
-            raise ValueError(f"unsupported architecture {archs[0]!r} (supported: {', '.join(HF_MODEL_TYPES)})")
-        arch = archs[0]
+        arch = _architecture(d)  # before the fields: another architecture names them differently
         _refuse_unsupported(d, arch)
         # transformers' MistralConfig turns the window on (4096) when config.json names none. Its Llama has no
         # window: a sliding_window in a Llama config.json (a "llamafied" Mistral or Phi-3) is not read, by it or here.
@@ -209,7 +204,7 @@ class ModelConfig:
         if rope_scaling is not None and not isinstance(rope_scaling, dict):
             raise ValueError(f"rope_scaling must be an object (got {rope_scaling!r})")
         return ModelConfig(
-            architecture=archs[0],
+            architecture=arch,
             vocab_size=_int(d, "vocab_size"),
             hidden_size=_int(d, "hidden_size"),
             intermediate_size=_int(d, "intermediate_size"),
@@ -342,6 +337,35 @@ _ACTIVATIONS = ("silu", "swish")
 # them (llama.cpp's form of llama3 scaling); {"rope_type": "freq_factors", "factors": [...]}
 ROPE_TYPES = ("default", "llama3", "freq_factors")
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _architecture(d: dict[str, Any]) -> str:
+    """The model a config.json names: the first of its `architectures` this engine runs (vLLM's rule), or without
+    that list its `model_type`'s (transformers' AutoModelForCausalLM's). Where both are given they must name one
+    model: transformers builds model_type's (and takes the defaults of its config class), vLLM architectures'."""
+    archs, model_type = d.get("architectures"), d.get("model_type")
+    supported = ", ".join(HF_MODEL_TYPES)
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise ValueError(f"architectures must be a list of model class names (got {archs!r})")
+    if not archs:
+        by_type = {t: a for a, t in HF_MODEL_TYPES.items()}
+        if model_type is None:
+            raise ValueError(f"config.json names neither architectures nor model_type (supported: {supported})")
+        if model_type not in by_type:
+            raise ValueError(
+                f"unsupported model_type {model_type!r}, and no architectures (supported: {', '.join(by_type)})"
+            )
+        return by_type[model_type]
+    ours: list[str] = [a for a in archs if a in HF_MODEL_TYPES]
+    if not ours:
+        named = f"architecture {archs[0]!r}" if len(archs) == 1 else f"architectures {archs}"
+        raise ValueError(f"unsupported {named} (supported: {supported})")
+    if model_type is not None and model_type != HF_MODEL_TYPES[ours[0]]:
+        raise ValueError(
+            f"architectures {archs} and model_type {model_type!r} name different models (vLLM runs {ours[0]}, "
+            f"transformers the {model_type!r} model): {ours[0]} goes with model_type {HF_MODEL_TYPES[ours[0]]!r}"
+        )
+    return ours[0]
 
 
 def _refuse_unsupported(d: dict[str, Any], arch: str) -> None:

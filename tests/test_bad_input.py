@@ -695,6 +695,9 @@ def broken_model(kind: str, good: Path, tmp: Path) -> tuple[Path, str, str]:
     if kind == "a GPT-2 config.json":
         cfg.write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "n_head": 4, "n_embd": 64, "n_layer": 2}))
         return d, str(cfg), "unsupported architecture 'GPT2LMHeadModel'"
+    if kind == "architectures and model_type disagree":  # transformers would build a Qwen3, vLLM a Llama
+        _edit_config(d, model_type="qwen3")
+        return d, str(cfg), "architectures ['LlamaForCausalLM'] and model_type 'qwen3' name different models"
     if kind == "no weights":
         st_file.unlink()
         return d, str(d), "has no .safetensors files"
@@ -975,6 +978,7 @@ HF_CASES = [
     "heads as a string",
     "unsupported architecture",
     "a GPT-2 config.json",
+    "architectures and model_type disagree",
     "no weights",
     "truncated safetensors",
     "safetensors cut inside its header",

@@ -144,15 +144,47 @@ def _optional_fields(arch: str) -> list[str]:
 
 @pytest.mark.parametrize("arch", list(HF_MODEL_TYPES))
 def test_each_field_left_out_reads_as_transformers_reads_it(arch, tmp_path):
-    """The full config, then that config less each optional field in turn, then with none of them."""
+    """The full config, then that config less each optional field in turn, then with none of them; and without
+    `architectures`, where transformers' AutoModelForCausalLM builds model_type's model (as it always does)."""
     full = _config(arch)
     cases = {"full": full, "none": _config(arch, optional=False)}
+    cases |= {"no-architectures": {k: v for k, v in full.items() if k != "architectures"}}
     cases |= {f"no-{k}": {f: v for f, v in full.items() if f != k} for k in _optional_fields(arch)}
     for name, d in cases.items():
         ours, theirs = _both_views(d, tmp_path, name)
         assert ours == theirs, f"{arch} {name}: " + ", ".join(
             f"{k} {ours[k]!r} here, {theirs[k]!r} in transformers" for k in ours if ours[k] != theirs[k]
         )
+
+
+def test_architectures_and_model_type_name_one_model():
+    """architectures picks the model (vLLM's rule: the first class listed that the engine runs); without it
+    model_type does (transformers' AutoModelForCausalLM, which reads only model_type); where they disagree,
+    transformers and vLLM would run different models: refused, naming both fields."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    for arch, model_type in HF_MODEL_TYPES.items():
+        assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type] == arch  # the pairs are transformers'
+        d = _config(arch, optional=False)
+        assert ModelConfig.from_hf_dict(d | {"architectures": []}).architecture == arch
+        assert ModelConfig.from_hf_dict(d | {"architectures": ["GPT2LMHeadModel", arch]}).architecture == arch
+        assert ModelConfig.from_hf_dict({k: v for k, v in d.items() if k != "model_type"}).architecture == arch
+        for other in HF_MODEL_TYPES.values():
+            if other != model_type:
+                says = rf"architectures \['{arch}'\] and model_type '{other}' name different models \(vLLM runs {arch}"
+                with pytest.raises(ValueError, match=says + f".* goes with model_type '{model_type}'"):
+                    ModelConfig.from_hf_dict(d | {"model_type": other})
+        with pytest.raises(ValueError, match="model_type 'gpt2' name different models"):
+            ModelConfig.from_hf_dict(d | {"model_type": "gpt2"})
+    neither = {k: v for k, v in d.items() if k not in ("architectures", "model_type")}
+    with pytest.raises(ValueError, match="names neither architectures nor model_type"):
+        ModelConfig.from_hf_dict(neither)
+    with pytest.raises(ValueError, match="unsupported model_type 'gpt2', and no architectures"):
+        ModelConfig.from_hf_dict(neither | {"model_type": "gpt2"})
+    with pytest.raises(ValueError, match=r"unsupported architectures \['GPT2LMHeadModel', 'BertModel'\]"):
+        ModelConfig.from_hf_dict(d | {"architectures": ["GPT2LMHeadModel", "BertModel"]})
+    with pytest.raises(ValueError, match="architectures must be a list of model class names"):
+        ModelConfig.from_hf_dict(d | {"architectures": "LlamaForCausalLM"})
 
 
 @pytest.mark.parametrize("arch", list(HF_MODEL_TYPES))
