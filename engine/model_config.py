@@ -212,12 +212,12 @@ class ModelConfig:
             num_heads=heads,
             num_kv_heads=heads if kv_heads is None else _int({"num_key_value_heads": kv_heads}, "num_key_value_heads"),
             head_dim=_int(d, "hidden_size") // heads if head_dim is None else _int({"head_dim": head_dim}, "head_dim"),
-            rope_theta=10000.0 if rope_theta is None else float(rope_theta),
+            rope_theta=_number({"rope_theta": 10000.0 if rope_theta is None else rope_theta}, "rope_theta"),
             # {"rope_type": "default"} is no scaling; a dict naming no type is refused (ModelConfig checks it)
             rope_scaling=rope_scaling
             if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type", untyped)) != "default"
             else None,
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=_number({"rms_norm_eps": 1e-6} | d, "rms_norm_eps"),
             tie_word_embeddings=_bool(d, "tie_word_embeddings"),
             max_position_embeddings=_int(
                 {"max_position_embeddings": hf.max_position_embeddings} | d, "max_position_embeddings"
@@ -319,6 +319,14 @@ def _bool(d: dict[str, Any], key: str) -> bool:
     if not isinstance(v, bool):  # bool("false") is True
         raise ValueError(f"{key} must be true or false (got {v!r})")
     return v
+
+
+def _number(d: dict[str, Any], key: str) -> float:
+    """d[key] as a float: float() took "1e6" and true (transformers' rope and norms fail on them)."""
+    v = d[key]
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    raise ValueError(f"{key} must be a number (got {v!r})")
 
 
 def _int(d: dict[str, Any], key: str) -> int:

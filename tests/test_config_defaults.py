@@ -241,3 +241,13 @@ def test_logits_of_a_config_leaving_out_every_optional_field_match_transformers(
     assert out.token_ids == tokens
     llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0))
     torch.testing.assert_close(llm.engine.runner.last_logits[0], first, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("field, value", [("rms_norm_eps", None), ("rms_norm_eps", "1e-6"), ("rope_theta", "1e6"),
+                                          ("rope_theta", True)])  # fmt: skip
+def test_a_number_field_of_another_type_is_refused_by_name(field, value, tmp_path):
+    """float() read "1e6" as a number and true as 1.0 (transformers' rope and norms fail on them); a null eps was
+    float()'s TypeError, naming no field."""
+    (tmp_path / "config.json").write_text(json.dumps(_config("LlamaForCausalLM") | {field: value}))
+    with pytest.raises(ValueError, match=f"config.json: {field} must be a number \\(got {value!r}\\)"):
+        ModelConfig.from_json_file(tmp_path / "config.json")
