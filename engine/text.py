@@ -273,12 +273,17 @@ class TextState:
             self.text += self.detok.add(t)
             if i <= self.min_tokens:  # as vLLM: a stop string counts from token min_tokens + 1 (EOS's first chance)
                 continue
-            # a match must end in this token's text (one that ended earlier, inside min_tokens, does not count);
-            # of several, the earliest, whatever the list order, so the text never holds a stop string
-            hits = [(j, s) for s in self.stop if (j := self.text.find(s, max(old - len(s) + 1, 0))) >= 0]
+            # a match must end in this token's text (one that ended earlier, inside min_tokens, does not count); of
+            # several, the one completed first in the text, then the first listed: what adding the text a character
+            # at a time gives, so the text never holds a stop string (vLLM's check_stop_strings since its #49391)
+            hits = [
+                (j + len(s), k, j)
+                for k, s in enumerate(self.stop)
+                if (j := self.text.find(s, max(old - len(s) + 1, 0))) >= 0
+            ]
             if hits:
-                at, stop = min(hits, key=lambda hit: hit[0])
-                self.stop_reason, end = stop, at + len(stop) if self.include_stop else at
+                done, k, at = min(hits)
+                self.stop_reason, end = self.stop[k], done if self.include_stop else at
                 self.text, self.finish_reason = self.text[:end], "stop"
                 return
 

@@ -371,6 +371,49 @@ def test_min_tokens_and_stop_token_ids(server):
     assert (m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0)
 
 
+def first_stop(text: str, stop: list[str], include: bool) -> tuple[str, str]:
+    """The reference for stop strings: the text read a character at a time, cut where a stop string is first
+    complete (of several complete there, the first listed), before it or, with include, after it."""
+    for end in range(1, len(text) + 1):
+        hit = next((s for s in stop if text[:end].endswith(s)), None)
+        if hit is not None:
+            return text[: end if include else end - len(hit)], hit
+    raise AssertionError(f"no stop string of {stop} in {text!r}")
+
+
+def test_overlapping_stop_strings_cut_where_the_text_first_holds_one(server):
+    """Stop strings of a greedy answer that overlap, one token's text completing both, or that span tokens: the
+    answer (streamed or not, with include_stop_str_in_output or without) and its stop_reason are the text cut where
+    it first holds one (vLLM's rule since its #49391). The one starting first won here: stop=["e answer", "an"] over
+    "...The answer" cut the text at "e answer", leaving "Th" where the text "The an" already held "an"."""
+    client, tok = server.openai(), server.llm.tokenizer
+    kw = dict(model="smollm", prompt="The capital of France is", max_tokens=24, temperature=0)
+    full = client.completions.create(**kw, logprobs=0, extra_body=AS_IDS).choices[0]
+    texts, text = tok.token_texts(ids_of(full.logprobs.tokens)), full.text
+    assert "".join(texts) == text
+    # a token of 4+ characters whose inner pair first appears in it: the token completes both that pair and a
+    # string running from the token before to its end, which starts first and completes last
+    k = next(
+        k
+        for k, t in enumerate(texts)
+        if k and len(t) >= 4 and text.find(t[1:3]) == len("".join(texts[:k])) + 1 and texts[k - 1]
+    )
+    at = len("".join(texts[:k]))
+    spanning, inner, tail = text[at - 1 : at + len(texts[k])], texts[k][1:3], texts[k][-2:]
+    cases = [[spanning, inner], [inner, spanning], [texts[k], tail], [tail, texts[k]]]
+    for stop in cases:
+        for include in (False, True):
+            want, reason = first_stop(text, stop, include)
+            body = {"stop": stop, "include_stop_str_in_output": include}
+            got = client.completions.create(**kw, extra_body=body).choices[0]
+            assert (got.text, got.finish_reason, got.model_extra["stop_reason"]) == (want, "stop", reason), stop
+            chunks = list(client.completions.create(**kw, stream=True, extra_body=body))
+            assert "".join(c.choices[0].text for c in chunks) == want, stop
+            assert chunks[-1].choices[0].model_extra["stop_reason"] == reason
+    m = server.wait_idle()
+    assert (m.running, m.waiting, m.kv_pages_in_use) == (0, 0, 0)
+
+
 # ---- text that is not Unicode -------------------------------------------------------------------------------------
 
 

@@ -123,12 +123,44 @@ def test_stop_strings_and_stop_tokens_wait_for_min_tokens(smollm):
     # is longer than min_tokens, EOS's first chance too); token 2's comma stopped it at min_tokens=2
     assert run(stop=[","], min_tokens=2) == (" one, two", "stop")
     assert run(stop=[" one"], min_tokens=1) == (" one, two, three, four", None)  # it ended in token 1 only
-    # of two stop strings matched by one token, the earlier in the text, whatever the list order: the text never
-    # holds a stop string (it was cut at "wo", the first listed, leaving " one, t")
+    # of two stop strings matched by one token, the one completed first in the text, whatever the list order: the
+    # text never holds a stop string (it was cut at "wo", the first listed, leaving " one, t")
     assert run(stop=["wo", " t"]) == (" one,", "stop")
     # the engine ends a request at a stop token id; that token's text is left out
     state = TextState.create(tok, [1], SamplingParams(stop_token_ids=[ids[2]]))
     assert state.advance(ids[:3], "stop", None)[0] == " one,"
+
+
+def test_of_stop_strings_one_token_completes_the_first_completed_wins_then_the_first_listed(smollm):
+    """vLLM's check_stop_strings (since its #49391): of the stop strings a step's text completes, the one that
+    completes first in the text, ties to the first listed; the text is cut at its start (or its end with
+    include_stop_str_in_output), as adding the text a character at a time would. Here the one starting first won, so
+    stop=[" two", "w"] over the token " two" cut at " two" where the text " one, tw" already held "w"."""
+    tok = smollm.tokenizer
+    ids = tok.encode(" one, two, three")
+    assert tok.token_texts(ids) == [" one", ",", " two", ",", " three"]
+
+    def run(stop: list[str], include: bool = False) -> tuple[str, str | int | None]:
+        params = SamplingParams(max_tokens=len(ids), stop=stop, include_stop_str_in_output=include)
+        state = TextState.create(tok, [1], params)
+        text = ""
+        for t in ids:
+            delta, reason, _ = state.advance([t], None, None)
+            text += delta
+            if reason:
+                break
+        assert reason == "stop" and text == state.text  # what was streamed is the whole text
+        return text, state.stop_reason
+
+    for stop in ([" two", "w"], ["w", " two"]):  # "w" completes first, inside the token " two"
+        assert run(stop) == (" one, t", "w")
+        assert run(stop, include=True) == (" one, tw", "w")
+    # both complete at the token's end: the first listed
+    assert run(["ee", "hree"]) == (" one, two, thr", "ee")
+    assert run(["hree", "ee"]) == (" one, two, t", "hree")
+    assert run(["hree", "ee"], include=True) == (" one, two, three", "hree")
+    # across token boundaries: ", tw" (tokens 2-3) completes before "two" does
+    assert run(["two", ", tw"]) == (" one", ", tw")
 
 
 def test_prefix_reads_like_the_list_it_snapshots_and_ignores_later_appends():
