@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 import torch
 import typer
@@ -401,6 +402,9 @@ def tiny():
             "unsupported_parameter",
             "input[0].content[1] is an 'input_file' part",
         ),
+        # chat's max_tokens, unknown to the Responses API: it ran to the end of the context
+        (R, {"input": "hi", "max_tokens": 3}, "max_tokens", "unknown_parameter", "argument supplied: max_tokens"),
+        (R, {"input": "hi", "moderation": {"model": "m"}}, "moderation", "unsupported_parameter", "moderation="),
         (
             CH,
             {"messages": MSG * 3000, "max_tokens": 3},
@@ -420,24 +424,37 @@ def test_bad_bodies_get_a_400_naming_the_field(tiny, path, body, param, code, me
     assert message in err["message"], err
 
 
-def test_unknown_and_empty_fields_are_tolerated_and_change_nothing(tiny):
-    """Fields this server does not know are ignored (at the top and inside messages and stream_options): the answer
-    is the one the same request gets without them."""
+def test_no_op_fields_change_nothing_and_unknown_ones_are_refused_by_name(tiny):
+    """OpenAI's and vLLM's fields that change nothing a client gets (docs/serve.md's list) are accepted, and the answer
+    is the one the same request gets without them, as are unknown keys inside a message; a field the server does not
+    know is a 400 naming it, as OpenAI's "Unrecognized request argument supplied" (unknown fields were ignored, so a
+    misspelt one, or one of a newer API that would change the answer, was dropped silently)."""
     client = tiny.openai()
     plain = client.chat.completions.create(model=tiny.model, messages=MSG, max_tokens=8, temperature=0)
     extra = {
         "tool_choice": "auto",
         "response_format": {"type": "text"},
-        "user": "u",
-        "metadata": {"k": "v"},
-        "service_tier": "auto",
-        "x-custom": [1, {"a": None}],
+        "include_reasoning": True,
+        "priority": 3,
+        "session_id": "s",
+        "cache_salt": "salt",
+        "stream_interval": 4,
+        "vllm_xargs": {},
     }
     messy = client.chat.completions.create(
         model=tiny.model,
         messages=[{"role": "user", "content": "hi", "name": "bob", "x-note": 1}],
         max_tokens=8,
         temperature=0,
+        user="u",
+        metadata={"k": "v"},
+        store=False,
+        service_tier="auto",
+        prompt_cache_key="k",
+        prompt_cache_retention="24h",
+        safety_identifier="id",
+        parallel_tool_calls=False,
+        prediction={"type": "content", "content": "hello"},
         extra_body=extra,
     )
     assert messy.choices[0].message.content == plain.choices[0].message.content
@@ -447,10 +464,30 @@ def test_unknown_and_empty_fields_are_tolerated_and_change_nothing(tiny):
         max_tokens=8,
         temperature=0,
         stream=True,
-        stream_options={"include_usage": True, "unknown": 1},
+        stream_options={"include_usage": True, "include_obfuscation": False},
     )
     text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
     assert text == plain.choices[0].message.content
+    done = client.completions.create(model=tiny.model, prompt="hi", max_tokens=3, user="u", extra_body={"priority": 1})
+    assert done.usage.completion_tokens == 3
+    kw = dict(model=tiny.model, input="hi", max_output_tokens=6, temperature=0)
+    noted = client.responses.create(
+        **kw, service_tier="auto", prompt_cache_key="k", safety_identifier="id", max_tool_calls=2, user="u"
+    )
+    assert noted.output_text == client.responses.create(**kw).output_text
+    for call, body, name in [
+        (client.chat.completions.create, {"messages": MSG}, "top_n"),
+        (client.completions.create, {"prompt": "hi"}, "stop_sequences"),  # Anthropic's name for stop
+    ]:
+        with pytest.raises(openai.BadRequestError) as e:
+            call(model=tiny.model, max_tokens=3, **body, extra_body={name: 2, "x-two": 1})
+        assert e.value.param == name and e.value.code == "unknown_parameter", e.value
+        assert f"Unrecognized request arguments supplied: {name}, x-two" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=tiny.model, messages=MSG, stream=True, stream_options={"include_usage": True, "usage": True}
+        )
+    assert e.value.param == "stream_options" and "supplied: stream_options.usage" in e.value.message
     # empty or missing content is an empty message, not an error: the chat template still makes a prompt of it
     for content in ("", None):
         out = client.chat.completions.create(

@@ -1,9 +1,10 @@
-"""Request bodies of the OpenAI completions and chat completions APIs (strict types, unknown fields ignored) and
-the shapes of their responses and stream chunks."""
+"""Request bodies of the OpenAI completions and chat completions APIs (strict types; a field they do not know is a
+400, as OpenAI's) and the shapes of their responses and stream chunks."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -55,6 +56,17 @@ def unsupported(name: str, value: Any, accepted: tuple[Any, ...], param: str | N
     )
 
 
+def refuse_unknown(body: BaseModel, known: Collection[str], within: str | None = None) -> None:
+    """A 400 naming the fields of `body` that it does not declare and `known` does not hold (`within`: the request's
+    field that `body` is), as OpenAI's answer ("Unrecognized request argument supplied: X"; vLLM ignores them with a
+    warning): a misspelt field, or one of a newer API, that would change the answer is never dropped."""
+    unknown = [f"{within}.{k}" if within else k for k in body.model_extra or {} if k not in known]
+    if unknown:
+        s = "s" if len(unknown) > 1 else ""
+        why = f"Unrecognized request argument{s} supplied: {', '.join(unknown)}"
+        raise APIError(400, why, param=within or unknown[0], code="unknown_parameter")
+
+
 def refuse_unsupported(body: BaseModel, refused: dict[str, tuple[Any, ...]]) -> None:
     """A 400 naming the first field of `refused` that the body gives at a value other than those accepted."""
     extra = body.model_extra or {}
@@ -65,8 +77,10 @@ def refuse_unsupported(body: BaseModel, refused: dict[str, tuple[Any, ...]]) -> 
 
 
 class StreamOptions(_Body):
-    # unknown keys are kept: vLLM refuses stream options that hold anything without stream (and ignores them with it)
+    # other keys are kept for refuse_unknown, which lets OpenAI's include_obfuscation through (random padding in each
+    # chunk against length side channels: the text is the same without it)
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+    IGNORED: ClassVar[frozenset[str]] = frozenset({"include_obfuscation"})
 
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False  # vLLM's: every chunk also carries the usage so far
@@ -83,7 +97,7 @@ class StreamOptions(_Body):
 
 # Fields of the OpenAI API and of vLLM's extensions that would change the answer and that this server does not
 # implement: refused with a 400 naming them unless absent or at their no-op value. Fields that change nothing a
-# client gets (user, metadata, store, service_tier, ...: docs/serve.md lists them) and unknown ones are ignored.
+# client gets are IGNORED; any other field the request does not declare is a 400 (refuse_unknown).
 _REFUSED: dict[str, tuple[Any, ...]] = {
     "response_format": (None, {"type": "text"}),
     "guided_json": (None,),
@@ -109,7 +123,38 @@ _REFUSED: dict[str, tuple[Any, ...]] = {
     "repetition_min_count": (None, 0),
     "thinking_token_budget": (None, -1),
     "watermarking": (None, False),
+    # vLLM's: arguments of custom extensions (a logits processor), and the KV (or encoder cache) of a disaggregated
+    # prefill to load or hand on
+    "vllm_xargs": (None, {}),
+    "kv_transfer_params": (None, {}),
+    "ec_transfer_params": (None, {}),
 }
+# Fields of OpenAI's and vLLM's request bodies that change nothing a client gets here, accepted at any value:
+# OpenAI's bookkeeping, storage and caching hints; vLLM's scheduling priority, session id, cache salt (this prefix
+# cache is shared by all requests), chunking of a stream, the side truncate_prompt_tokens (refused) would cut, and
+# fields its own generation endpoints ignore.
+IGNORED = frozenset(
+    {
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+        "parallel_tool_calls",  # tools are refused
+        "prediction",  # a latency hint: the answer is the model's either way
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "prompt_cache_options",
+        "safety_identifier",
+        "priority",
+        "session_id",
+        "cache_salt",
+        "stream_interval",
+        "truncation_side",
+        "routed_experts_prompt_start",
+        "return_token_offsets",
+        "return_mm_kwargs",
+    }
+)
 
 
 class GenerationRequest(_Body):
@@ -148,7 +193,10 @@ class GenerationRequest(_Body):
         log-probability count of -1 (the whole vocabulary) is left resolved to its count, as top_logprobs_count reads
         it."""
         refuse_unsupported(self, self.REFUSED)
+        refuse_unknown(self, self.REFUSED.keys() | IGNORED)
         so = self.stream_options
+        if so is not None:
+            refuse_unknown(so, so.IGNORED, "stream_options")
         if so is not None and (so.model_fields_set or so.model_extra) and not self.stream:  # vLLM's answer too
             # (vLLM refuses stream options that say something; an empty {} it lets through, as here)
             raise APIError(400, "Stream options can only be defined when stream=True", param="stream_options")
@@ -271,6 +319,11 @@ class ChatCompletionRequest(GenerationRequest):
         "documents": (None,),
         "return_prompt_text": (None, False),  # vLLM's: the templated prompt in the answer
         "best_of": (None, 1),  # completions only
+        "moderation": (None,),  # OpenAI's: a moderation model scores the answer, or blocks it
+        # vLLM's: false drops a reasoning parser's thinking (with none, as here, the thinking stays in the content)
+        "include_reasoning": (None, True),
+        "media_io_kwargs": (None, {}),  # vLLM's: for images, audio and video, which are not served
+        "mm_processor_kwargs": (None, {}),
     }
 
     messages: list[ChatMessage]

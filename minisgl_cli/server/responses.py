@@ -21,7 +21,7 @@ from engine.tokenizer import message_text
 from minisgl_cli.server.completions import final_output, refusal, sampling_params
 from minisgl_cli.server.engine_client import EngineClient, Job, JobSpec
 from minisgl_cli.server.errors import APIError
-from minisgl_cli.server.protocol import refuse_unsupported
+from minisgl_cli.server.protocol import IGNORED, refuse_unknown, refuse_unsupported
 
 router = APIRouter()
 
@@ -79,7 +79,14 @@ class ResponsesRequest(BaseModel):
         "text": (None, {"format": {"type": "text"}}),  # JSON output (structured) is not served
         # vLLM's extension that chat completions refuse too
         "structured_outputs": (None,),
+        "moderation": (None,),  # a moderation model scores the answer, or blocks it
+        "context_management": (None, []),  # compaction of the context as it fills
+        "access_programs": (None,),
+        "image": (None,),
     }
+    # accepted at any value (beside protocol.IGNORED, the chat endpoints' list): options of refused features
+    # (background, built-in tools) and the stream's obfuscation padding (its only option)
+    IGNORED: ClassVar[frozenset[str]] = frozenset({"background_options", "max_tool_calls", "stream_options"})
     # vLLM's sampling extensions of this endpoint, passed to SamplingParams as chat completions pass them
     SAMPLING: ClassVar[tuple[str, ...]] = (
         "temperature",
@@ -167,6 +174,7 @@ async def responses(body: ResponsesRequest, request: Request):
     client: EngineClient = request.app.state.client
     client.check_model(body.model)
     refuse_unsupported(body, body.REFUSED)
+    refuse_unknown(body, body.REFUSED.keys() | body.IGNORED | IGNORED)
     try:
         ids = await asyncio.to_thread(client.encode, body.chat())  # off the event loop: a long input takes a while
     except ValueError as e:
