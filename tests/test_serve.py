@@ -1429,14 +1429,21 @@ def test_sglangs_generate_endpoint_as_its_bench_serving_reads_it(tiny):
     by_ids = httpx.post(url, json={"input_ids": [ids], "sampling_params": sp}).json()
     assert by_ids[0]["text"] == r["text"] and len(by_ids[0]["output_ids"]) == 12
     # SGLang's default length: 128 new tokens
-    default = httpx.post(url, json={"text": prompt, "sampling_params": {"ignore_eos": True}}).json()
+    body = {"text": prompt, "sampling_params": {"ignore_eos": True, "temperature": 0}}
+    default = httpx.post(url, json=body).json()
     assert default["meta_info"]["completion_tokens"] == 128
+    # SGLang's hints that change nothing here are accepted: the same answer
+    hinted = httpx.post(url, json={**body, "priority": 1, "log_metrics": False, "logprob_start_len": -1}).json()
+    assert hinted["text"] == default["text"]
     for body, says in [
         ({"text": prompt, "return_logprob": True}, "return_logprob"),
         ({"text": prompt, "sampling_params": {"json_schema": "{}"}}, "sampling_params.json_schema"),
         ({"text": prompt, "sampling_params": {"n": 2}}, "sampling_params.n"),
         ({"text": prompt, "sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens must be"),
         ({"text": prompt, "sampling_params": {"temprature": 0}}, "sampling_params.temprature is not"),
+        # a top-level field it does not know: a 400 as sampling_params' are (it was ignored; SGLang ignores it too)
+        ({"text": prompt, "max_new_tokens": 3}, "Unrecognized request argument supplied: max_new_tokens"),
+        ({"text": prompt, "return_entropy": True}, "return_entropy=True is not supported"),
         ({"text": prompt, "input_ids": ids}, "give text or input_ids"),
         ({"text": []}, "text is an empty list"),  # answered [] before
     ]:

@@ -20,7 +20,7 @@ from engine.text import RequestOutput
 from minisgl_cli.server.completions import final_output, merged, refusal, sse_data
 from minisgl_cli.server.engine_client import EngineClient, Job, JobSpec
 from minisgl_cli.server.errors import APIError
-from minisgl_cli.server.protocol import refuse_unsupported, unsupported
+from minisgl_cli.server.protocol import refuse_unknown, refuse_unsupported, unsupported
 
 router = APIRouter()
 
@@ -73,7 +73,47 @@ class GenerateRequest(BaseModel):
         "input_embeds": (None,),
         "positional_embed_overrides": (None,),
         "max_thinking_tokens": (None,),  # a reasoning model's thinking cut short
+        # more in the answer: the MoE routing, the indexer's top-k, the entropy, an image's bytes
+        "return_routed_experts": (None, False),
+        "return_indexer_topk": (None, False),
+        "return_entropy": (None, False),
+        "return_bytes": (None, False),
+        "require_reasoning": (None, False),  # a hybrid reasoning model made to think
+        "background": (None, False),
+        "multi_item_delimiter_indices": (None,),  # multi-item scoring
     }
+    # SGLang's fields that change nothing a client gets here (options of refused log-probabilities and images,
+    # routing, scheduling, caching, logging and tracing hints), accepted at any value; any other is a 400
+    IGNORED: ClassVar[frozenset[str]] = frozenset(
+        {
+            "logprob_start_len",
+            "return_text_in_logprobs",
+            "use_audio_in_video",
+            "modalities",
+            "max_dynamic_patch",
+            "min_dynamic_patch",
+            "image_max_dynamic_patch",
+            "video_max_dynamic_patch",
+            "routed_experts_start_len",
+            "log_metrics",
+            "bootstrap_host",
+            "bootstrap_port",
+            "bootstrap_room",
+            "bootstrap_pair_key",
+            "decode_tp_size",
+            "routed_dp_rank",
+            "disagg_prefill_dp_rank",
+            "data_parallel_rank",
+            "conversation_id",
+            "priority",
+            "extra_key",
+            "routing_key",
+            "no_logs",
+            "custom_labels",
+            "external_trace_header",
+            "received_time",
+        }
+    )
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
@@ -133,6 +173,7 @@ def _params(given: dict[str, Any], defaults: dict[str, Any], room: int) -> Sampl
 async def generate(body: GenerateRequest, request: Request):
     client: EngineClient = request.app.state.client
     refuse_unsupported(body, body.REFUSED)
+    refuse_unknown(body, body.REFUSED.keys() | body.IGNORED)
     prompts = body.prompts()
     plist = (
         body.sampling_params if isinstance(body.sampling_params, list) else [body.sampling_params or {}] * len(prompts)
