@@ -38,6 +38,8 @@ class MockConfig:
     # sends them: no event of their own, then the finish chunk with empty text; 0: never)
     model: str = "mock"
     more_models: str = ""  # more ids /v1/models lists after `model`, comma-separated (a server of several models)
+    known_stream_options: str = ""  # the stream_options keys it takes, comma-separated: another is refused with a 400
+    # naming it, as a server that checks its fields strictly ("": any is taken, and ignored but include_usage)
 
 
 def _chunk(payload: bytes) -> bytes:
@@ -96,6 +98,11 @@ class MockServer:
         if (cfg.fail_from and n >= cfg.fail_from) or (cfg.fail_every and n % cfg.fail_every == 0):
             return await self.reply(writer, 500, {"error": {"message": f"mock failure of request {n}"}})
         req = json.loads(body)
+        known = set(filter(None, cfg.known_stream_options.split(",")))
+        unknown = sorted(set(req.get("stream_options") or {}) - known) if known else []
+        if unknown:
+            why = f"Unrecognized request argument supplied: stream_options.{unknown[0]}"
+            return await self.reply(writer, 400, {"error": {"message": why, "type": "invalid_request_error"}})
         chat = path.endswith("chat/completions")
         max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
         prompt = req.get("prompt") if not chat else " ".join(m["content"] for m in req["messages"])

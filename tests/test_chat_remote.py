@@ -423,3 +423,89 @@ def test_decode_rate_counts_tokens_not_chunks():
     t = reader.stats
     assert t.output_tokens == 60 and len(t.itls) == 19
     assert t.decode_tps == pytest.approx(59 / 0.57)  # was 19 / 0.57 = 33.3 tok/s
+
+
+def test_url_tbt_is_per_token_when_a_chunk_carries_several(server):
+    """`minisgl serve` holds a token back until its UTF-8 character is whole, so a chunk may carry several tokens
+    (the tiny model's greedy answer to this prompt has chunks of 2 and 4). TBT is per token, as SGLang's bench_serving
+    counts it: a chunk of n tokens is n intervals of its gap / n, the tokens counted from the stream's continuous
+    usage; the chat showed one gap per chunk (fewer intervals than tokens, each as long as a character took). The
+    chunk sizes are read with the official openai client on the same request."""
+    import openai
+
+    from minisgl_cli.tui.turn import tbt_percentile
+
+    prompt, max_tokens = "hello over http", 60
+    ref = openai.OpenAI(base_url=server + "/v1", api_key="none")
+
+    def chunks() -> tuple[str, list[int]]:
+        """The answer and the tokens of each of its chunks."""
+        sizes, counted, text = [], 0, ""
+        for chunk in ref.chat.completions.create(
+            model="dummy:tiny-llama",
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+        ):
+            if chunk.choices and chunk.choices[0].delta.content:
+                assert chunk.usage is not None
+                sizes.append(chunk.usage.completion_tokens - counted)
+                counted, text = chunk.usage.completion_tokens, text + chunk.choices[0].delta.content
+        assert counted == max_tokens
+        return text, sizes
+
+    # asked twice, so that the chat's request finds the prompt cached as the second did (a random model's near-tied
+    # logits may pick another token after a prefill of other length)
+    chunks()
+    text, sizes = chunks()
+    assert max(sizes) >= 2, sizes  # the answer has chunks of several tokens
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        await send(pilot, prompt)
+        await idle(app, pilot)
+        t = app.turn
+        assert app.session.history[-1].content == text
+        assert t.output_tokens == max_tokens and len(t.itls) == sum(sizes[1:]), (sizes, t.itls)
+        at = 0
+        for n in sizes[1:]:  # each chunk's gap spread evenly over its tokens
+            assert t.itls[at : at + n] == pytest.approx([t.itls[at]] * n), (n, t.itls[at : at + n])
+            at += n
+        assert sum(t.itls) == pytest.approx(t.decode_seconds)
+        assert t.decode_tps == pytest.approx((max_tokens - 1) / t.decode_seconds)
+        window = [g * 1e3 for g in t.itls]  # the panel's: these 59 gaps, in ms
+        shown = f"{tbt_percentile(window, 50):.1f} / {tbt_percentile(window, 90):.1f} ms"
+        assert shown in panel_text(app, "tbt")
+
+    run_pilot(remote_app(server, temperature=0.0, max_tokens=max_tokens), scenario)
+
+
+def test_url_to_a_server_refusing_continuous_usage_asks_without_it():
+    """A server that checks stream_options strictly refuses vLLM's continuous_usage_stats with a 400 naming it: the
+    chat asks again without it (TBT then per chunk, one token each) and does not ask for it again."""
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        for turn in ("one", "two"):
+            await send(pilot, turn)
+            await idle(app, pilot)
+            assert app.turn.finish_reason == "length" and app.turn.output_tokens == 5 and len(app.turn.itls) == 4
+        assert not errors(app) and app.backend.client.continuous_usage is False  # type: ignore[attr-defined]
+
+    with mock_server_process(MockConfig(known_stream_options="include_usage"), free_port()) as url:
+        run_pilot(remote_app(url, max_tokens=5), scenario)
+
+
+def test_a_first_chunk_of_several_tokens_has_no_intervals():
+    """The first chunk's tokens all came at TTFT, their own gaps unknown: no interval for them (as SGLang's
+    bench_serving), where zeros would pull the TBT percentiles down; a later chunk's gap is spread over its tokens."""
+    from minisgl_cli.tui.server_backend import token_times
+    from minisgl_cli.tui.turn import Piece, TurnReader
+
+    reader = TurnReader(started=0.0)
+    reader.add(Piece("🌙", token_times=token_times(None, 0.1, 3)))
+    reader.add(Piece("🌙", token_times=token_times(0.1, 0.13, 3)))
+    reader.add(Piece(finished=True, finish_reason="length", output_tokens=6))
+    t = reader.stats
+    assert t.ttft == pytest.approx(0.1) and t.output_tokens == 6
+    assert t.itls == pytest.approx([0.01] * 3) and t.decode_tps == pytest.approx(5 / 0.03)

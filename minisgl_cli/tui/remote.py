@@ -5,7 +5,7 @@ request shape and turns every failure into a RemoteError the chat can show."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +49,9 @@ class OpenAIChatClient:
         self.base = check_url(url)
         self.api_key = api_key
         self._client: OpenAIClient | None = None  # made on first use, on the event loop that uses it
+        # vLLM's stream option (SGLang and minisgl serve take it too): every chunk's usage counts the tokens so far, so
+        # the chat knows how many tokens a chunk carries; off for good once a server refuses it
+        self.continuous_usage = True
 
     @property
     def client(self) -> OpenAIClient:
@@ -82,10 +85,26 @@ class OpenAIChatClient:
         return data
 
     async def stream(self, body: dict[str, Any]) -> AsyncIterator[Delta]:
-        """POST /v1/chat/completions with stream=true; yields each chunk's delta. RemoteError on any failure,
-        including an error event mid-stream or a stream that ends without a finish_reason. Leaving early (the
-        task cancelled) drops the connection, which makes the server abort the request."""
-        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        """POST /v1/chat/completions with stream=true; yields each chunk's delta (with continuous usage where the server
+        gives it). RemoteError on any failure, including an error event mid-stream or a stream that ends without a
+        finish_reason. Leaving early (the task cancelled) drops the connection, which makes the server abort the
+        request."""
+        try:
+            async with aclosing(self._stream(body, self.continuous_usage)) as deltas:
+                async for delta in deltas:
+                    yield delta
+        except RemoteError as e:
+            # a server that checks stream_options strictly: asked again without the option, which is only for TBT
+            if not (self.continuous_usage and e.status == 400 and "continuous_usage_stats" in str(e)):
+                raise
+            self.continuous_usage = False
+            async with aclosing(self._stream(body, False)) as deltas:
+                async for delta in deltas:
+                    yield delta
+
+    async def _stream(self, body: dict[str, Any], continuous_usage: bool) -> AsyncGenerator[Delta]:
+        options = {"include_usage": True, **({"continuous_usage_stats": True} if continuous_usage else {})}
+        body = {**body, "stream": True, "stream_options": options}
         finished = False
         try:
             async with aclosing(self.client.stream("/v1/chat/completions", body)) as events:

@@ -12,7 +12,8 @@ from minisgl_cli.tui.thinking import ThinkSplitter
 @dataclass(slots=True)
 class Piece:
     """New output of an answer. Times are time.perf_counter() seconds: the engine's own token times from the
-    local engine (engine/ipc.py), the arrival of each streamed chunk from a server."""
+    local engine (engine/ipc.py); from a server, each streamed chunk's arrival, spread over the tokens it carries
+    (server_backend.token_times)."""
 
     text: str = ""  # answer text as generated (may hold <think> tags)
     reasoning: str = ""  # thinking a server already split off (`reasoning_content`)
@@ -32,7 +33,7 @@ class TurnStats:
     output_tokens: int = 0
     reasoning_tokens: int = 0  # of output_tokens, those inside <think>...</think>
     ttft: float | None = None  # seconds
-    itls: list[float] = field(default_factory=list)  # inter-token gaps (TBT), seconds
+    itls: list[float] = field(default_factory=list)  # inter-token gaps (TBT), seconds: one per token after the first
     decode_seconds: float = 0.0  # first token to last token
     finish_reason: str | None = None
 
@@ -40,8 +41,9 @@ class TurnStats:
     def decode_tps(self) -> float:
         """Tokens after the first over the time from the first to the last. A server's chunk may carry several tokens
         (minisgl's and vLLM's detokenizers hold a token back until its UTF-8 character is whole: an emoji or CJK text
-        comes 2-3 tokens a chunk), so the tokens are the usage's count where it is larger than the gaps between
-        chunks: counting the chunks showed a third of the decode rate."""
+        comes 2-3 tokens a chunk), so the tokens are the usage's count where it is larger than the gaps (a server
+        without continuous usage, whose chunks count one token each): counting the chunks showed a third of the
+        decode rate."""
         tokens = max(len(self.itls), self.output_tokens - 1)
         return tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
@@ -70,8 +72,10 @@ class TurnMeter:
     def add(self, piece: Piece, thinking: bool) -> TurnStats:
         """`thinking`: this piece's tokens belong to the thinking (the splitter was inside <think> for it)."""
         s, t = self.stats, self.times
+        first = not t
         for now in piece.token_times:
-            if t:
+            # a server's first chunk of several tokens: stamped alike, they came at TTFT, their gaps unknown
+            if t and not (first and now == t[0]):
                 s.itls.append(now - t[-1])
             t.append(now)
         if thinking:
