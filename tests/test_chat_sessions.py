@@ -818,26 +818,27 @@ def test_a_chat_reopened_with_another_model_says_so_and_names_it(db):
 
 
 def test_the_open_chat_is_deleted_on_a_second_press(db):
-    """oterm deletes the open chat with a key; ours could only delete others from the saved-chats list. ctrl+delete
-    (or /delete) asks first, as that list's `d d` does, and leaves a new empty chat; --resume then finds the other."""
+    """oterm deletes the open chat with a key; ours could only delete others from the saved-chats list.
+    ctrl+shift+delete (or /delete) asks first, as that list's `d d` does, and leaves a new empty chat; --resume then
+    finds the other."""
     store = ChatStore(db)
     older = ChatSession(max_tokens=64, model="scripted-qwen3")
     older.add(ChatMessage("user", "older chat"))
     store.save(older, [])
 
     async def scenario(app: ChatApp, pilot) -> None:
-        await pilot.press("ctrl+delete")
+        await pilot.press("ctrl+shift+delete")
         assert "this chat is not saved: nothing to delete" in notices(app)[-1]
         await send(pilot, "hello")
         await idle(app, pilot)
-        await pilot.press("ctrl+delete")
-        assert notices(app)[-1] == "press ctrl+delete again to delete 'hello'"
+        await pilot.press("ctrl+shift+delete")
+        assert notices(app)[-1] == "press ctrl+shift+delete again to delete 'hello'"
         await send(pilot, "and more")  # the chat changed since the first press: it asks again
         await idle(app, pilot)
-        await pilot.press("ctrl+delete")
-        assert notices(app)[-1] == "press ctrl+delete again to delete 'hello'"
+        await pilot.press("ctrl+shift+delete")
+        assert notices(app)[-1] == "press ctrl+shift+delete again to delete 'hello'"
         assert [i.title for i in store.sessions()] == ["hello", "older chat"]
-        await pilot.press("ctrl+delete")
+        await pilot.press("ctrl+shift+delete")
         await pilot.pause()
         assert notices(app)[-1] == "deleted 'hello'; a new conversation"
         assert not app.query(UserMessage) and not app.query(AssistantMessage) and app.title == "minisgl chat"

@@ -24,6 +24,7 @@ from minisgl_cli.report import latency_stats
 from minisgl_cli.tui.app import ChatApp
 from minisgl_cli.tui.local import LocalAnswer, LocalBackend
 from minisgl_cli.tui.session import ChatMessage, ChatSession
+from minisgl_cli.tui.store import ChatStore
 from minisgl_cli.tui.turn import TurnReader, TurnStats
 from minisgl_cli.tui.widgets import AnswerMarkdown, AssistantMessage, MetricsPanel, NoteMessage, PromptBox, UserMessage
 from tests.chat_pilot import (
@@ -763,4 +764,53 @@ def test_enter_in_the_same_burst_as_the_text_typed_into_the_conversation_goes_to
 
     run_pilot(
         ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens=64, max_tokens_limit=4096)), scenario
+    )
+
+
+def test_the_usual_editing_keys_work_in_the_input_box(tmp_path):
+    """Readline's and editors' keys edit the message: ctrl+delete deleted the open chat instead (its first press
+    asked, the second deleted it: two ctrl+deletes to delete two words lost the chat), and alt+d, alt+b and alt+f,
+    which a terminal sends with their letter (ESC d: alt+d, "d"), typed the letter. Deleting the chat is
+    ctrl+shift+delete now."""
+    store = ChatStore(tmp_path / "chat.db")
+
+    async def scenario(app: ChatApp, pilot) -> None:
+        box = app.query_one(PromptBox)
+        await send(pilot, "saved")
+        await idle(app, pilot)
+
+        async def edit(*keys: str, text: str = "one two three", at: int = 4) -> tuple[str, int]:
+            box.value = text
+            box.move_cursor((0, at))
+            for key in keys:  # as a terminal hands them over: alt+d (ESC d) with its letter as the character
+                app.post_message(events.Key(key, key[-1] if key.startswith("alt+") and len(key) == 5 else None))
+                await pilot.pause()
+            return box.text, box.cursor_location[1]
+
+        assert await edit("ctrl+delete") == ("one  three", 4)
+        assert await edit("ctrl+delete", "ctrl+delete") == ("one ", 4)  # twice: two words, the chat kept
+        assert await edit("alt+d") == ("one  three", 4)
+        assert await edit("alt+delete") == ("one  three", 4)
+        assert await edit("ctrl+w", at=8) == ("one three", 4)
+        assert await edit("ctrl+backspace", at=8) == ("one three", 4)
+        assert await edit("alt+backspace", at=8) == ("one three", 4)
+        assert await edit("alt+b", at=8) == ("one two three", 4)
+        assert await edit("ctrl+left", at=8) == ("one two three", 4)  # alt+b as most terminals send it (ESC b)
+        assert await edit("alt+f") == ("one two three", 7)
+        assert await edit("ctrl+right") == ("one two three", 7)  # alt+f (ESC f)
+        assert await edit("home", at=8) == ("one two three", 0)
+        assert await edit("end") == ("one two three", 13)
+        assert await edit("ctrl+a", at=8) == ("one two three", 0)
+        assert await edit("ctrl+e") == ("one two three", 13)
+        assert await edit("ctrl+u", at=8) == ("three", 0)
+        assert await edit("ctrl+k", at=8) == ("one two ", 8)
+        assert [i.title for i in store.sessions()] == ["saved"] and app.session.history  # nothing deleted
+        assert not [m for m in notices(app) if "delete" in m]
+        await pilot.press("ctrl+shift+delete")
+        assert notices(app)[-1] == "press ctrl+shift+delete again to delete 'saved'"
+        assert await edit("alt+x", at=3) == ("onex two three", 4)  # other alt keys type their letter, as TextArea does
+
+    run_pilot(
+        ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens=8, max_tokens_limit=4096), store),
+        scenario,
     )

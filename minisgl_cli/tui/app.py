@@ -101,8 +101,9 @@ class ChatApp(App):
         Binding("ctrl+g", "edit_last", "Edit"),
         Binding("f3", "copy_answer", "Copy"),
         Binding("ctrl+o", "sessions", "Chats"),
-        # oterm's ctrl+backspace is the input's delete-word here, and most terminals send it as a plain backspace
-        Binding("ctrl+delete", "delete_chat", "Delete", show=False),  # the footer is full at 120 columns: f1 lists it
+        # oterm's ctrl+backspace and an editor's ctrl+delete edit the input box here (delete a word left / right); the
+        # footer is full at 120 columns: f1 lists it
+        Binding("ctrl+shift+delete", "delete_chat", "Delete", show=False),
         Binding("f2", "multiline", "Multi-line"),
         Binding("f1", "help", "Help"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
@@ -135,7 +136,9 @@ class ChatApp(App):
         self._inputs = list(inputs or [])
         self._notice = notice
         self._polling = False
-        self._delete_armed: tuple[int, int] | None = None  # (chat id, its messages) a first ctrl+delete was pressed on
+        self._delete_armed: tuple[int, int] | None = (
+            None  # (chat id, its messages) a first ctrl+shift+delete was pressed on
+        )
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -501,7 +504,7 @@ class ChatApp(App):
         await self.query_one("#conversation").remove_children()
         self.say(notice + (f" (system: {self.session.system})" if self.session.system else ""))
 
-    async def action_delete_chat(self, again: str = "ctrl+delete") -> None:
+    async def action_delete_chat(self, again: str = "ctrl+shift+delete") -> None:
         """Delete the open chat from the database, on a second press as the saved-chats list's `d d` (the chat
         unchanged in between: a message sent after the first press asks again); a new empty chat follows, with the
         same settings, as after ctrl+n."""

@@ -31,7 +31,7 @@ HELP: list[tuple[str, str]] = [
     ("/export md|json [path]", "write the conversation to a file (/export! writes over one that exists)"),
     ("/sessions", "saved conversations: open, rename, delete"),
     ("/rename <title>", "rename this conversation"),
-    ("/delete", "delete this conversation (run twice, as ctrl+delete)"),
+    ("/delete", "delete this conversation (run twice, as ctrl+shift+delete)"),
     ("/stats", "the chat's settings, the last turn's numbers and the engine's"),
     ("/help", "this help"),
 ]

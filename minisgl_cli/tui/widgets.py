@@ -280,7 +280,13 @@ class PromptBox(TextArea):
         Binding("down", "history(1)", "Next", show=False),
         Binding("enter", "send", "Send"),  # for the footer: _on_key sends (or adds a line in multi-line mode)
         Binding("ctrl+s", "send", "Send", show=False),
+        # TextArea's own: ctrl+w / alt+backspace / ctrl+backspace, alt+delete, ctrl+u, ctrl+k, home / end, ctrl+a / e,
+        # ctrl+left / right (what most terminals' alt+b / f read as); added: an editor's ctrl+delete
+        Binding("ctrl+delete", "delete_word_right", "Delete word right", show=False),
     ]
+    # readline's alt keys, handled in _on_key: they come with their letter as the character (ESC d is alt+d, "d"),
+    # which TextArea types before a binding is looked at (alt+d typed a "d")
+    ALT_KEYS = {"alt+d": "delete_word_right", "alt+b": "cursor_word_left", "alt+f": "cursor_word_right"}
     NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
     DEFAULT_CSS = """
     PromptBox { height: auto; min-height: 3; max-height: 10; }
@@ -325,6 +331,11 @@ class PromptBox(TextArea):
             event.stop()
             event.prevent_default()
             self.action_newline()
+            return
+        if event.key in self.ALT_KEYS:
+            event.stop()
+            event.prevent_default()
+            await self.run_action(self.ALT_KEYS[event.key])
             return
         await super()._on_key(event)
 
