@@ -809,6 +809,9 @@ def test_the_usual_editing_keys_work_in_the_input_box(tmp_path):
         await pilot.press("ctrl+shift+delete")
         assert notices(app)[-1] == "press ctrl+shift+delete again to delete 'saved'"
         assert await edit("alt+x", at=3) == ("onex two three", 4)  # other alt keys type their letter, as TextArea does
+        await send(pilot, "/help")
+        await pilot.pause()
+        assert "delete a word left / right" in rendered(app.query(NoteMessage)[-1].content)
 
     run_pilot(
         ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens=8, max_tokens_limit=4096), store),

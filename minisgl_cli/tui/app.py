@@ -737,6 +737,7 @@ class ChatApp(App):
             ("enter", "send"),
             ("ctrl+j (shift+enter)", "new line (f2: enter adds lines, ctrl+s sends)"),
             ("up / down", "input history"),
+            ("ctrl+w / ctrl+delete", "delete a word left / right (ctrl+u, ctrl+k: to the line's start / end)"),
             ("tab, then pageup / pagedown", "scroll the conversation (shift+tab back to the input)"),
         ] + keys
         await self.note([("Keys", keys), ("Commands", HELP)])
