@@ -453,7 +453,7 @@ def test_bad_input_is_named(tmp_path):
     data = tmp_path / "d.json"
     data.write_text(json.dumps([{"body": "hello", "lang": "en"}]))
     out = fails("--dataset", str(data), "--url", "http://127.0.0.1:1", "--model", "dummy:tiny-llama", *URL_FLAGS)
-    assert "no 'conversations' or text column" in out and "body, lang" in out.replace(",", ", ").replace("  ", " ")
+    assert "no 'conversations', 'messages' or text column" in out and "body, lang" in out.replace(",", ", ").replace("  ", " ")
 
 
 @pytest.mark.parametrize("command", ["bench-serve", "bench-trace"])
