@@ -47,20 +47,12 @@ def register(app: typer.Typer) -> None:
             from minisgl_cli.plots import require_matplotlib
 
             require_matplotlib()
+        _refuse_repeats(files)
         runs = [run for f in files for run in load_runs(f)]
         console = Console()
         console.print(_runs_table(runs))
         console.print(_figures_table(runs))
-        for what, key in (("benchmarks", "kind"), ("models", "model")):
-            values = list(dict.fromkeys(str(r[key] or "?") for r in runs))
-            # bench-serve writes vLLM's benchmark_serving fields so that its result and a `vllm bench serve` one
-            # compare: the same kind of run, though told apart in the table
-            if len({OTHER_SERVE if v == "bench-serve" else v for v in values}) > 1:
-                console.print(
-                    f"[yellow]note:[/yellow] these runs are of different {what} ({', '.join(values)}): their figures "
-                    "are not like for like"
-                )
-        if note := _workloads_note(runs):
+        for note in _notes(runs):
             console.print(note)
         if plot is not None:
             from minisgl_cli.plots import plot_compare
@@ -74,7 +66,7 @@ OTHER_SERVE = "serving (vLLM/SGLang)"  # `vllm bench serve` / SGLang bench_servi
 
 
 def _kind(d: dict[str, Any]) -> str:
-    if "benchmark" in d:
+    if isinstance(d.get("benchmark"), str):  # null in a hand-edited file: told by its fields, as an older file's
         return str(d["benchmark"])
     if "sweep" in d:
         return "bench-serve"
@@ -109,20 +101,58 @@ def _workload(kind: str, d: dict[str, Any]) -> Any:
     return None
 
 
-def _workloads_note(runs: list[dict[str, Any]]) -> str | None:
-    """A note naming the runs (by #) of each workload, where runs of one benchmark that record theirs differ."""
-    groups: dict[Any, list[int]] = {}
-    for i, r in enumerate(runs, 1):
-        if r.get("workload") is not None:
-            groups.setdefault((r["kind"], r["workload"]), []).append(i)
-    kinds = [kind for kind, _ in groups]
-    differ = {key: ids for key, ids in groups.items() if kinds.count(key[0]) > 1}
-    if not differ:
-        return None
-    parts = "; ".join(", ".join(f"#{i}" for i in ids) for ids in differ.values())
-    return (
-        f"[yellow]note:[/yellow] these runs are of different workloads ({parts}): their figures are not like for like"
-    )
+# What runs compared like for like share: (what, the key of the run's aspects, the runs it is compared across). A value
+# not recorded (a `vllm bench serve` file names no GPU) is compared with none; a workload is one benchmark's, and an
+# engine's version compared with that engine's others.
+ASPECTS = (
+    ("benchmarks", "benchmark", None),
+    ("models", "model", None),
+    ("workloads", "workload", "kind"),
+    ("GPUs / devices", "hardware", None),
+    ("dtypes", "dtype", None),
+    ("KV cache dtypes", "kv_cache_dtype", None),
+    ("TP sizes", "tp", None),
+    ("engine versions", "version", "engine"),
+)
+Seen = tuple[Any, str | None]  # an aspect's value, and how the note names it (None: by the runs' # alone)
+
+
+def _setup(d: dict[str, Any], engine: str | None) -> dict[str, Seen | None]:
+    """A result's (or a bench-offline peer's) GPU or device, dtypes, TP size and engine version, as the notes compare
+    them: in-process runs record them, a --url run none of them."""
+    device = d.get("device")
+    found = d.get("environment")
+    env: dict[str, Any] = found if isinstance(found, dict) else {}
+    version = d.get(f"{engine}_version") or env.get(engine) if engine else None  # vllm_version; environment.minisgl
+    shown = {
+        "hardware": d.get("gpu") or (device if isinstance(device, str) and not device.startswith("cuda") else None),
+        "dtype": d.get("dtype"),
+        "kv_cache_dtype": d.get("kv_cache_dtype"),
+        "tp": d.get("tp"),
+    }
+    setup: dict[str, Seen | None] = {k: None if v is None else (str(v), str(v)) for k, v in shown.items()}
+    setup["tp"] = (str(shown["tp"]), f"TP {shown['tp']}") if shown["tp"] is not None else None
+    setup["version"] = (version, f"{engine} {version}") if isinstance(version, str) else None
+    return setup
+
+
+def _notes(runs: list[dict[str, Any]]) -> list[str]:
+    """A note for each aspect on which runs differ, naming the runs (by #) of each value where they do."""
+    notes = []
+    for what, key, scope in ASPECTS:
+        groups: dict[Any, dict[Seen, list[int]]] = {}
+        for i, r in enumerate(runs, 1):
+            if (seen := r["aspects"][key]) is not None:
+                groups.setdefault(r[scope] if scope else None, {}).setdefault(seen, []).append(i)
+        differ = [(seen, ids) for g in groups.values() if len({v for v, _ in g}) > 1 for seen, ids in g.items()]
+        differ.sort(key=lambda group: group[1][0])
+        if differ:
+            parts = "; ".join(
+                " ".join(filter(None, (", ".join(f"#{i}" for i in ids), label))) for (_, label), ids in differ
+            )
+            note = f"these runs are of different {what} ({parts}): their figures are not like for like"
+            notes.append(f"[yellow]note:[/yellow] {note}")
+    return notes
 
 
 def _is_number(v: Any) -> bool:
@@ -170,7 +200,10 @@ def _defaults(kind: str) -> tuple[dict[str, Any], set[str]]:
 
 # What the tables and the plot read from a result (or a sweep's load point), so each is checked once, here: a text
 # field that is not a string is no rich cell, a figure that is not a finite number no point on the plot.
-TEXT_FIELDS = ("benchmark", "label", "engine", "backend", "mode", "model_id", "model", "gpu", "url", "device")
+TEXT_FIELDS = (
+    *("benchmark", "label", "engine", "backend", "mode", "model_id", "model", "gpu", "url", "device"),
+    *("dtype", "kv_cache_dtype", "vllm_version"),
+)
 FIGURES = (
     "request_throughput",
     *(f"{stat}_{m}_ms" for stat in ("median", "p99") for m in ("ttft", "tpot", "itl", "e2el", "e2e_latency")),
@@ -200,11 +233,18 @@ def _refuse(path: Source, problem: str) -> typer.BadParameter:
     return typer.BadParameter(f"{path}: {problem}", param_hint="FILES")
 
 
-def _check_fields(path: Source, d: dict[str, Any]) -> None:
-    """Refuse, naming the field, a result whose fields are not of the types bench-compare reads them as."""
+def _check_text(path: Source, d: dict[str, Any], at: str = "") -> None:
+    """Refuse, naming the field, a result (`at`: or its peer) whose text fields are not strings."""
     for key in TEXT_FIELDS:
         if d.get(key) is not None and not isinstance(d[key], str):
-            raise _refuse(path, f"'{key}' must be a string (got {reprlib.repr(d[key])})")
+            raise _refuse(path, f"'{at}{key}' must be a string (got {reprlib.repr(d[key])})")
+    if d.get("tp") is not None and not isinstance(d["tp"], str) and not _is_number(d["tp"]):
+        raise _refuse(path, f"'{at}tp' must be a number (got {reprlib.repr(d['tp'])})")
+
+
+def _check_fields(path: Source, d: dict[str, Any]) -> None:
+    """Refuse, naming the field, a result whose fields are not of the types bench-compare reads them as."""
+    _check_text(path, d)
     for key in ("environment", "flags", "workload"):
         if d.get(key) is not None and not isinstance(d[key], dict):
             raise _refuse(path, f"'{key}' must be an object (got {reprlib.repr(d[key])})")
@@ -225,7 +265,7 @@ def _check_fields(path: Source, d: dict[str, Any]) -> None:
         for key in ("output_throughput", *FIGURES):  # NaN and Infinity parse as JSON, and print as nan / inf
             if row.get(key) is not None and not finite_number(row[key]):
                 raise _refuse(path, f"'{at}{key}' must be a finite number (got {reprlib.repr(row[key])})")
-        if row.get("load") is not None and not isinstance(row["load"], str) and not _is_number(row["load"]):
+        if "load" in row and not isinstance(row["load"], str) and not _is_number(row["load"]):  # null too
             raise _refuse(path, f"'{at}load' must be a string or a number (got {reprlib.repr(row['load'])})")
 
 
@@ -251,9 +291,12 @@ def _runs(src: Source, d: Any) -> list[dict[str, Any]]:
             raise _refuse(src, f"peers[{i}] has no numeric output_throughput")
         if not finite_number(peer["output_throughput"]):
             raise _refuse(src, f"'peers[{i}].output_throughput' must be a finite number")
+        _check_text(src, peer, f"peers[{i}].")
         engine = peer.get("engine") if isinstance(peer.get("engine"), str) else f"peer {i + 1}"
         # its child got the workload's flags and its own, not minisgl's engine flags nor the parent's --compare
         unread = {"compare", "vllm_env", *(unread_flags(engine) if engine in PEERS else ())}
+        setup = _setup(peer, engine)
+        setup["hardware"] = setup["hardware"] or run["aspects"]["hardware"]  # on the run's machine
         env = peer.get("environment")
         commit = env.get("commit") if isinstance(env, dict) and isinstance(env.get("commit"), str) else None
         out.append(
@@ -263,6 +306,7 @@ def _runs(src: Source, d: Any) -> list[dict[str, Any]]:
                 "engine": engine,
                 "commit": commit or run["commit"],
                 "flags": _shown_flags(d.get("flags") or {}, run["kind"], unread),
+                "aspects": run["aspects"] | setup,
                 "rows": [_figures(peer)],
             }
         )
@@ -274,12 +318,30 @@ def _cannot_read(src: Source, e: Exception) -> typer.BadParameter:
     return typer.BadParameter(f"cannot read {src}: {why}", param_hint="FILES")
 
 
+def _refuse_repeats(files: list[Path]) -> None:
+    """Refuse a file given twice (or under two names: a symlink, `a/../b.json`): its runs showed twice, as two runs
+    that agreed."""
+    seen: dict[tuple[int, int], Path] = {}
+    for path in files:
+        try:
+            st = path.stat()
+        except OSError:
+            continue  # reading it says why
+        if (first := seen.setdefault((st.st_dev, st.st_ino), path)) is not path:
+            again = "is given twice" if str(first) == str(path) else f"is the same file as {first}"
+            raise _refuse(path, f"{again}: its runs would show twice, as two runs that agree; give it once")
+
+
 def _read(path: Path) -> list[tuple[Source, Any]]:
     """The file's JSON document, or each line's of a JSON Lines file."""
+    if path.is_dir():
+        raise _refuse(path, f"is a directory: give the result files in it ({path / '*.json'})")
     try:
         text = path.read_text()
     except (OSError, ValueError) as e:  # ValueError: not UTF-8
         raise _cannot_read(path, e) from e
+    if not text.strip():
+        raise _cannot_read(path, ValueError("the file is empty"))
     try:
         return [(path, json.loads(text))]
     except (ValueError, RecursionError) as e:  # json's C parser gives up on deep nesting with a RecursionError
@@ -294,7 +356,10 @@ def _read(path: Path) -> list[tuple[Source, Any]]:
 
 def _run(path: Source, d: Any) -> dict[str, Any]:
     if not isinstance(d, dict) or "output_throughput" not in d and not d.get("sweep"):
-        other = f" (a {d['benchmark']} result)" if isinstance(d, dict) and "benchmark" in d else ""
+        named = d.get("benchmark") if isinstance(d, dict) else None
+        if named in KINDS:  # one of ours, its figures taken out
+            raise _refuse(path, f"this {named} result has no figures (no output_throughput, nor a sweep of loads)")
+        other = f" (a {named} result)" if isinstance(named, str) else ""
         raise typer.BadParameter(
             f"{path} is not a bench-serve, bench-trace or bench-offline result{other} (no output_throughput or sweep)",
             param_hint="FILES",
@@ -309,21 +374,27 @@ def _run(path: Source, d: Any) -> dict[str, Any]:
     if kind == OTHER_SERVE:
         engine = engine or d.get("backend")
     where = d.get("url") or d.get("device") or "?"
+    # the --model given, where the run records it: in-process runs name the model by its config ("tiny-llama"), --url
+    # runs by the server's name for it ("dummy:tiny-llama"), and the two were called different models
+    model = (flags.get("model") if isinstance(flags.get("model"), str) else None) or d.get("model_id") or d.get("model")
     return {
         "name": d.get("label") or f"{path.stem} ({engine or where})",
         "file": str(path),
         "kind": kind,
         "engine": engine,
-        # the --model given, where the run records it: in-process runs name the model by its config ("tiny-llama"),
-        # --url runs by the server's name for it ("dummy:tiny-llama"), and the two were called different models
-        "model": (flags.get("model") if isinstance(flags.get("model"), str) else None)
-        or d.get("model_id")
-        or d.get("model"),
+        "model": model,
         "gpu": d.get("gpu") or where,
         "commit": (env.get("commit") or "") + (" (dirty)" if env.get("dirty") else "") or None,
         "flags": _shown_flags(flags, kind),
         "partial": bool(d.get("partial")),
-        "workload": _workload(kind, d),
+        "aspects": {
+            # bench-serve writes vLLM's benchmark_serving fields so that its result and a `vllm bench serve` one
+            # compare: the same kind of run, though told apart in the table
+            "benchmark": ("bench-serve" if kind == OTHER_SERVE else kind, kind),
+            "model": (model, model) if model else None,
+            "workload": (w, None) if (w := _workload(kind, d)) is not None else None,
+            **_setup(d, engine),
+        },
         "rows": rows,
     }
 
@@ -338,6 +409,7 @@ def _shown_flags(flags: dict[str, Any], kind: str, unread: Collection[str] = ())
         # an older file's False for a switch that is now an option with no value by default (--compare) was no flag
         if k not in FLAG_SKIP
         and k not in unread
+        and v is not None  # a hand-edited null: no value given (shown as "--seed None")
         and v != defaults.get(k)
         and not (v is False and defaults.get(k) is None)
     )

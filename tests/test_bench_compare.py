@@ -305,12 +305,21 @@ def test_malformed_results_are_refused_by_name(tmp_path):
         "list.json": ([1, 2], "list.json is not a bench-serve, bench-trace or bench-offline result"),
         "sweep_empty.json": ({"sweep": []}, "sweep_empty.json is not a bench-serve, bench-trace or bench-offline"),
         "bool.json": ({"output_throughput": True}, "the result has no numeric output_throughput (got True)"),
+        # "Expecting value: line 1 column 1 (char 0)"
+        "empty.json": ("", "cannot read {path}: the file is empty"),
+        "blank.json": ("\n  \n", "cannot read {path}: the file is empty"),
+        # "is not a bench-serve, bench-trace or bench-offline result (a bench-serve result)"
+        "bare.json": ({"benchmark": "bench-serve", "sweep": None}, "this bench-serve result has no figures"),
     }
     for name, (content, message) in cases.items():
         path = tmp_path / name
         path.write_text(content if isinstance(content, str) else json.dumps(content))
         r = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["bench-compare", str(path)])
-        assert r.exit_code == 2 and message in flat(r.output), (name, r.output, r.exception)
+        assert r.exit_code == 2 and message.format(path=path) in flat(r.output), (name, r.output, r.exception)
+    # a directory was "[Errno 21] Is a directory"
+    r = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["bench-compare", str(tmp_path)])
+    assert r.exit_code == 2, r.output
+    assert f"{tmp_path}: is a directory: give the result files in it ({tmp_path}/*.json)" in flat(r.output)
 
 
 def test_a_vllm_result_and_runs_of_different_kinds(tmp_path):
@@ -325,9 +334,10 @@ def test_a_vllm_result_and_runs_of_different_kinds(tmp_path):
     out = run("bench-compare", str(vllm), str(serve))
     assert "serving (vLLM/SGLang) vllm Qwen/Qwen3-0.6B" in out and "not like for like" not in out
     out = run("bench-compare", str(serve), str(off))
-    assert "different benchmarks (bench-serve, bench-offline)" in out and "different models" in out
+    assert "different benchmarks (#1 bench-serve; #2 bench-offline)" in out
+    assert "different models (#1 Qwen/Qwen3-0.6B; #2 tiny-llama)" in out
     out = run("bench-compare", str(vllm), str(off))
-    assert "different benchmarks (serving (vLLM/SGLang), bench-offline)" in out
+    assert "different benchmarks (#1 serving (vLLM/SGLang); #2 bench-offline)" in out
 
 
 DROP = object()  # a field taken out of the result
@@ -379,6 +389,17 @@ RESULT = {
             {"sweep": [{"output_throughput": 1.0, "load": {"rate": 1}}]},
             "'sweep[0].load' must be a string or a number (got {'rate': 1})",
         ),
+        # a hand-edited null load was shown as "#2 None"
+        (
+            {"sweep": [{"output_throughput": 1.0, "load": None}]},
+            "'sweep[0].load' must be a string or a number (got None)",
+        ),
+        ({"load": None}, "'load' must be a string or a number (got None)"),
+        # what the notes compare runs on
+        ({"dtype": 16}, "'dtype' must be a string (got 16)"),
+        ({"kv_cache_dtype": ["fp8"]}, "'kv_cache_dtype' must be a string (got ['fp8'])"),
+        ({"vllm_version": 0.26}, "'vllm_version' must be a string (got 0.26)"),
+        ({"tp": [2]}, "'tp' must be a number (got [2])"),
     ],
 )
 def test_fields_of_the_wrong_type_are_refused_by_name(tmp_path, change, message):
@@ -500,3 +521,73 @@ def test_runs_of_different_workloads_are_noted(tmp_path):
     c.write_text(json.dumps(base | {"workload": wl | {"input_len": "100:1024"}}))
     assert "workloads" not in run("bench-compare", str(a), str(b))
     assert "different workloads" in run("bench-compare", str(a), str(c))
+
+
+def test_hand_edited_nulls_read_as_not_recorded(tmp_path):
+    """A null `benchmark` was shown as the benchmark "None" (every flag then shown, the defaults unknown), and a null
+    flag as "--time-scale None": a null is now a field not recorded, as in a file written before it."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks/results/trace_qwen1000_h200_inproc_x5_408f948.json"
+    d = json.loads(path.read_text())
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(d | {"benchmark": None, "flags": d["flags"] | {"time_scale": None}}))
+    assert "--time-scale 0.2 " in run("bench-compare", str(path))
+    out = run("bench-compare", str(edited))
+    assert "edited (minisgl) bench-trace minisgl" in out and "--time-scale" not in out and "None" not in out
+
+
+def test_a_file_given_twice_is_refused(tmp_path):
+    """The same file given twice (or under another name: a symlink, `dir/../file`) showed its runs twice, as two runs
+    that agreed, without a word."""
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for path in (a, b):
+        path.write_text(json.dumps(RESULT))
+    (tmp_path / "link.json").symlink_to(a)
+    (tmp_path / "sub").mkdir()
+    assert "#2" in run("bench-compare", str(a), str(b))  # two files of one content are two runs
+    for again, message in (
+        (str(a), f"{a}: is given twice"),
+        (str(tmp_path / "link.json"), f"{tmp_path / 'link.json'}: is the same file as {a}"),
+        (str(tmp_path / "sub" / ".." / "a.json"), f"{tmp_path / 'sub' / '..' / 'a.json'}: is the same file as {a}"),
+    ):
+        r = CliRunner(env={"COLUMNS": "400"}).invoke(app, ["bench-compare", str(a), str(b), again])
+        assert r.exit_code == 2 and message in flat(r.output) and "give it once" in flat(r.output), r.output
+
+
+def test_runs_on_different_setups_are_noted():
+    """Runs on different GPUs, dtypes, KV cache dtypes, TP sizes or engine versions sat side by side with no word
+    (stored runs of this repository: each pair differs in one of them, and the note names that one alone)."""
+    results = Path(__file__).resolve().parent.parent / "benchmarks/results"
+    pairs = {
+        ("kv_fp8_h100/offline_ab_auto.json", "kv_fp8_h100/offline_ab_fp8.json"): (
+            "KV cache dtypes (#1 bfloat16; #2 float8_e4m3fn)"
+        ),
+        ("bench_offline_llama-3.1-8b_h100_d419ef2.json", "bench_offline_llama-3.1-8b_h200_ec2a3d2.json"): (
+            "GPUs / devices (#1 NVIDIA H100 80GB HBM3; #2 NVIDIA H200)"
+        ),
+        ("bench_offline_llama-3.1-8b_h200_tp1.json", "bench_offline_llama-3.1-8b_2xh200_tp2.json"): (
+            "TP sizes (#1 TP 1; #2 TP 2)"
+        ),
+    }
+    for (a, b), differ in pairs.items():
+        notes = [line for line in run("bench-compare", str(results / a), str(results / b)).split("note: ")[1:]]
+        assert notes == [f"these runs are of different {differ}: their figures are not like for like"], (a, b)
+
+
+def test_engine_versions_and_dtypes_are_noted(tmp_path):
+    """Two `bench-trace --engine vllm` runs of other vLLM versions, and a float32 run beside bfloat16 ones; the peer a
+    bench-offline --compare file holds is compared on its own fields (its version, dtype, and the run's GPU)."""
+    results = Path(__file__).resolve().parent.parent / "benchmarks/results"
+    vllm = json.loads((results / "throughput_h100/session16/trace_vllm_612c421.json").read_text())
+    old, new = tmp_path / "vllm_old.json", tmp_path / "vllm_new.json"
+    old.write_text(json.dumps(vllm | {"vllm_version": "0.10.1"}))
+    new.write_text(json.dumps(vllm))
+    out = run("bench-compare", str(old), str(new))
+    assert "different engine versions (#1 vllm 0.10.1; #2 vllm 0.26.0)" in out and out.count("note:") == 1
+    both = results / "kv_fp8_h100/bench_offline_vllm_qwen3-0.6b_bf16.json"  # minisgl and its vLLM peer: one setup
+    assert "note:" not in run("bench-compare", str(both))
+    fp32 = tmp_path / "fp32.json"
+    fp32.write_text(json.dumps(json.loads(both.read_text()) | {"dtype": "float32", "kv_cache_dtype": "float32"}))
+    out = run("bench-compare", str(both), str(fp32))
+    assert "different dtypes (#1, #2, #4 bfloat16; #3 float32)" in out
+    assert "different KV cache dtypes (#1 bfloat16; #3 float32)" in out  # the peer records none
+    assert "engine versions" not in out and "GPUs" not in out
