@@ -260,13 +260,27 @@ def _bars(ax, xs: Sequence[float], values: Sequence[float | None], width: float,
             ax.text(x, 0, "n/a", ha="center", va="bottom", fontsize=8, color="gray")
 
 
+NAME_CHARS = 48  # a run's name in the plot at the most: file names of 80 characters hid the points under the legends
+
+
+def _plot_name(i: int, name: str) -> str:
+    """A run as the plot names it: by its # in the tables, and its name cut in the middle (where long names that
+    differ, differ at their ends: a run's number, its GPU)."""
+    if len(name) > NAME_CHARS:
+        name = name[: NAME_CHARS // 2 - 1] + "…" + name[-(NAME_CHARS // 2) :]
+    return f"#{i} {name}"
+
+
 def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
     """Several runs: sweeps as lines against their load points, single runs as bars (output tok/s, TTFT, TPOT and
     TBT p50/p99)."""
     from minisgl_cli.run_figures import by_load, stop_why
 
     plt = _pyplot()
-    runs = [{**r, "rows": by_load(r["rows"])} if r["rows"] else r for r in runs]  # a --rate sweep's in load order
+    runs = [
+        {**r, "name": _plot_name(i, r["name"]), "rows": by_load(r["rows"]) if r["rows"] else r["rows"]}
+        for i, r in enumerate(runs, 1)  # a --rate sweep's in load order
+    ]
     sweeps = [r for r in runs if r["rows"] and len(r["rows"]) > 1]
 
     def single_name(run: dict[str, Any]) -> str:
@@ -332,6 +346,7 @@ def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
                     _bars(ax, xs, [r["rows"][0].get(key) for r in singles], 0.6)
                 ax.set_ylabel(unit)
                 ax.set_xticks(xs, names, rotation=15, fontsize=8)
+                ax.set_xlim(-0.6, len(singles) - 0.4)  # a panel of no bar (no run has the figure) kept its "n/a" off it
     axes[0].set_title("bench-compare")
     for ax in axes:
         ax.grid(alpha=0.3)

@@ -290,8 +290,8 @@ def test_a_sweep_without_request_rates_says_it_is_not_drawn(tmp_path, monkeypatc
     plots.plot_compare([bare, some], tmp_path / "sweeps.png")
     legend = [t.get_text() for t in figs[0].axes[0].get_legend().get_texts()]
     assert legend == [
-        "bare (2 of 2 loads without requests/s, not drawn)",
-        "some (1 of 2 loads without requests/s, not drawn)",
+        "#1 bare (2 of 2 loads without requests/s, not drawn)",
+        "#2 some (1 of 2 loads without requests/s, not drawn)",
     ]
 
 
@@ -491,7 +491,7 @@ def test_a_single_run_cut_short_is_named_so_in_the_plot(tmp_path, monkeypatch, s
         names = [t.get_text() for t in tput.get_legend().get_texts()]
     else:
         names = [t.get_text() for t in tput.get_xticklabels()]
-    assert "cut (max errors)" in names and "whole" in names
+    assert "#1 cut (max errors)" in names and "#2 whole" in names
 
 
 def test_runs_of_different_workloads_are_noted(tmp_path):
@@ -591,3 +591,21 @@ def test_engine_versions_and_dtypes_are_noted(tmp_path):
     assert "different dtypes (#1, #2, #4 bfloat16; #3 float32)" in out
     assert "different KV cache dtypes (#1 bfloat16; #3 float32)" in out  # the peer records none
     assert "engine versions" not in out and "GPUs" not in out
+
+
+def test_a_plot_names_runs_by_their_number_and_shows_figures_no_run_has(tmp_path, monkeypatch):
+    """--plot of one bench-offline run (no latencies): its latency panels were blank, their "n/a" drawn outside the
+    axis (fitted to the one bar's width); file names of 80 characters, in every panel's legend or under every bar,
+    hid the points. Runs are named by their # in the tables and names cut to 48 characters in the middle."""
+    from minisgl_cli import plots
+
+    figs: list = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig))
+    long = "serve_run_with_a_really_quite_long_descriptive_file_name_number_12_on_h200_bf16 (minisgl)"
+    plots.plot_compare([{"name": long, "rows": [{"load": "-", "output_throughput": 900.0}]}], tmp_path / "one.png")
+    tput, ttft, _, _ = figs[0].axes
+    (name,) = [t.get_text() for t in tput.get_xticklabels()]
+    assert name == "#1 serve_run_with_a_really…2_on_h200_bf16 (minisgl)" and len(name) == len("#1 ") + plots.NAME_CHARS
+    lo, hi = ttft.get_xlim()
+    assert [t.get_text() for t in ttft.texts] == ["n/a", "n/a"]
+    assert all(lo < t.get_position()[0] < hi for t in ttft.texts)
