@@ -376,12 +376,14 @@ def _target(
         context = min(e.max_model_len, e.cache.num_pages * e.cache.page_size)
         vocab = flags["vocab_size"] or e.model_cfg.vocab_size
         return Target(vocab, context, llm.tokenizer, llm.describe()["model"], llm=llm)
-    o.served_shape(config, flags["vocab_size"], needs_text)  # a --model it cannot read is refused before asking
+    # a --model it cannot read is refused before asking; its tokenizer loaded once (without --model, the served
+    # model's is loaded where this machine can read it, so none is loaded now)
+    _, _, tokenizer = o.served_shape(config, flags["vocab_size"], needs_text and model_given)
     name = listed = None
     if (not model_given and flags["vocab_size"] is None) or config.max_model_len is None:
         name, listed = _served_listing(flags, api_key)
     vocab, context, tokenizer = o.served_model_shape(
-        config, flags["vocab_size"], model_given, name, listed, needs_text, flags["quiet"]
+        config, flags["vocab_size"], model_given, name, listed, needs_text, flags["quiet"], tokenizer
     )
     return Target(vocab, context, tokenizer, str(config.model), url=flags["url"])
 

@@ -275,17 +275,21 @@ def refuse_by_url(ctx: typer.Context, url: str | None, reads_model: bool, url_on
         refuse_given(ctx, why, "model")
 
 
-def served_shape(config: EngineConfig, vocab_size: int | None, with_tokenizer: bool = False) -> tuple[int, int, Any]:
+def served_shape(
+    config: EngineConfig, vocab_size: int | None, with_tokenizer: bool = False, tokenizer: Any = None
+) -> tuple[int, int, Any]:
     """A --url run's vocabulary, context and (`with_tokenizer`) tokenizer for the served model: --vocab-size and
-    --max-model-len where given, the rest read from --model (bench-trace, bench-serve)."""
+    --max-model-len where given, the rest read from --model (bench-trace, bench-serve); `tokenizer` is --model's,
+    where it was already loaded."""
     from engine.tokenizer import load_tokenizer
     from engine.weights import model_config_for
 
-    vocab, context, tokenizer = vocab_size, config.max_model_len, None
-    if vocab is None or context is None or with_tokenizer:
+    vocab, context = vocab_size, config.max_model_len
+    if vocab is None or context is None or with_tokenizer and tokenizer is None:
         try:
             mc = model_config_for(config.model)
-            tokenizer = load_tokenizer(config.model) if with_tokenizer else None
+            if with_tokenizer and tokenizer is None:
+                tokenizer = load_tokenizer(config.model)
         except (ValueError, FileNotFoundError) as e:
             what = "config and tokenizer" if with_tokenizer else "config"
             raise typer.BadParameter(
@@ -304,12 +308,14 @@ def served_model_shape(
     listed_context: int | None,
     with_tokenizer: bool = False,
     quiet: bool = False,
+    tokenizer: Any = None,
 ) -> tuple[int, int, Any]:
     """served_shape against a server that serves `name` and lists `listed_context` (its /v1/models' max_model_len;
     None when not known): without --model, the served model's own config and tokenizer where this machine can read
     that id (a dummy preset, a local path), else --model's default with a note; the context capped at the listed
     one unless --max-model-len is given. With the default model's vocabulary, a server of a smaller one refused every
-    prompt, and one serving a shorter context the longest (bench-trace, bench-serve)."""
+    prompt, and one serving a shorter context the longest (bench-trace, bench-serve). `tokenizer`: --model's, where
+    served_shape already loaded it."""
     from dataclasses import replace
 
     from rich.console import Console
@@ -319,7 +325,7 @@ def served_model_shape(
     if not model_given and name is not None:
         try:
             model_config_for(name)
-            config = replace(config, model=name)
+            config, tokenizer = replace(config, model=name), None
         except (ValueError, FileNotFoundError):
             if vocab_size is None and not quiet:
                 Console(stderr=True).print(
@@ -327,7 +333,7 @@ def served_model_shape(
                     f" {config.model or 'the default model'}'s vocabulary; --model or --vocab-size names the served"
                     " one's"
                 )
-    vocab, context, tokenizer = served_shape(config, vocab_size, with_tokenizer)
+    vocab, context, tokenizer = served_shape(config, vocab_size, with_tokenizer, tokenizer)
     if config.max_model_len is None and listed_context is not None:
         context = min(context, listed_context)
     return vocab, context, tokenizer

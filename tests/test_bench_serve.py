@@ -1268,3 +1268,25 @@ def test_url_without_model_draws_for_the_served_model(tmp_path):
         assert (res["completed"], res["failed"]) == (6, 0), res.get("errors")
         r = CliRunner().invoke(app, ["bench-serve", *flags, "--no-client-check", "--input-len", "300:300"])
         assert r.exit_code == 2 and "exceeds the context length 256" in flat(r.output), r.output
+
+
+@pytest.mark.parametrize("mock", [MockConfig(ttft=0.001, tpot=0.001, model="dummy:tiny-llama")], indirect=True)
+@pytest.mark.parametrize("model", [["--model", "dummy:tiny-llama"], []], ids=["--model", "the served one"])
+def test_a_url_run_of_text_prompts_loads_the_tokenizer_once(tmp_path, monkeypatch, mock, model):
+    """bench-serve --url with text prompts loaded --model's tokenizer to refuse an unreadable --model early, then again
+    for the workload (the embedded model's GGUF: 8 s here, twice); without --model it loaded the default's early
+    (wasted), then the served model's. Counted on the real loader, each call still loading."""
+    import engine.tokenizer
+
+    loaded: list[str | None] = []
+    real = engine.tokenizer.load_tokenizer
+
+    def counted(spec, *args, **kwargs):
+        loaded.append(spec)
+        return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(engine.tokenizer, "load_tokenizer", counted)
+    args = ["--url", mock, *model, "--prompt-format", "text", "--num-requests", "2", "--input-len", "8:8"]
+    res, _ = bench(tmp_path, *args, "--output-len", "2:2", "--max-model-len", "4096", "--quiet", "--no-client-check")
+    assert res["completed"] == 2 and res["workload"]["prompt_format"] == "text"
+    assert loaded == ["dummy:tiny-llama"]
