@@ -37,10 +37,10 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: Path) -> None:
+def _save(fig, path: Path, rect: tuple[float, float, float, float] = (0, 0, 1, 1)) -> None:
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.tight_layout()
+        fig.tight_layout(rect=rect)
         fig.savefig(path, dpi=110)
     _pyplot().close(fig)
 
@@ -261,6 +261,7 @@ def _bars(ax, xs: Sequence[float], values: Sequence[float | None], width: float,
 
 
 NAME_CHARS = 48  # a run's name in the plot at the most: file names of 80 characters hid the points under the legends
+LEGEND_RUNS = 6  # more runs drawn as lines than this: one legend under the panels (in each panel it hid the points)
 
 
 def _plot_name(i: int, name: str) -> str:
@@ -282,6 +283,11 @@ def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
         for i, r in enumerate(runs, 1)  # a --rate sweep's in load order
     ]
     sweeps = [r for r in runs if r["rows"] and len(r["rows"]) > 1]
+    lines = len(runs) if sweeps else 0  # runs drawn as lines: all of them, beside a sweep
+
+    def color(k: int):
+        """The k-th line's colour: matplotlib's 10 for up to 10 lines, then tab20's (the 11th took the 1st's)."""
+        return f"C{k}" if lines <= 10 else plt.get_cmap("tab20")(k % 20)
 
     def single_name(run: dict[str, Any]) -> str:
         """A single run's name, with why its one load stopped early (as the figures table names it): its bar or line
@@ -308,13 +314,13 @@ def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
                 label += f" ({len(run['rows']) - len(rows)} of {len(run['rows'])} loads without requests/s, not drawn)"
             for ax, (key, unit, pct) in zip(axes, panels):
                 if pct:
-                    (line,) = ax.plot(xs, [row.get(f"median_{key}_ms") for row in rows], "o-", label=label)
-                    ax.plot(xs, [row.get(f"p99_{key}_ms") for row in rows], "s--", color=line.get_color())
+                    ax.plot(xs, [row.get(f"median_{key}_ms") for row in rows], "o-", color=color(k), label=label)
+                    ax.plot(xs, [row.get(f"p99_{key}_ms") for row in rows], "s--", color=color(k))
                     _log_if_wide(
                         ax, [row.get(f"{s}_{key}_ms") for r in sweeps for row in r["rows"] for s in ("median", "p99")]
                     )
                 else:
-                    ax.plot(xs, [row.get(key) for row in rows], "o-", label=label)
+                    ax.plot(xs, [row.get(key) for row in rows], "o-", color=color(k), label=label)
                 ax.set_ylabel(unit)
             for x, y, name in _point_names(xs, [row.get("output_throughput") for row in rows], rows):
                 # every other sweep's names below its points: two sweeps' first loads often meet at low rates
@@ -332,7 +338,7 @@ def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
                     if v is not None:
                         name = single_name(run)
                         what = f"{name} (p50)" if pct else name  # throughput is no percentile
-                        ax.axhline(v, linestyle=":", color=f"C{len(sweeps) + k}", label=what)
+                        ax.axhline(v, linestyle=":", color=color(len(sweeps) + k), label=what)
         else:
             names = [single_name(r) for r in singles]
             xs = list(range(len(singles)))
@@ -345,11 +351,24 @@ def plot_compare(runs: Sequence[dict[str, Any]], path: Path) -> None:
                 else:
                     _bars(ax, xs, [r["rows"][0].get(key) for r in singles], 0.6)
                 ax.set_ylabel(unit)
-                ax.set_xticks(xs, names, rotation=15, fontsize=8)
+                # named under the bottom panel alone, each run's name under its bar; #i above (the names overlapped)
+                wide = len(singles) > 4
+                shown = names if ax is axes[-1] else [name.split(" ")[0] for name in names]
+                ax.set_xticks(xs, shown, rotation=(60 if wide else 15) if ax is axes[-1] else 0, fontsize=8)
+                if wide and ax is axes[-1]:
+                    plt.setp(ax.get_xticklabels(), ha="right", rotation_mode="anchor")
                 ax.set_xlim(-0.6, len(singles) - 0.4)  # a panel of no bar (no run has the figure) kept its "n/a" off it
     axes[0].set_title("bench-compare")
+    entries = axes[0].get_legend_handles_labels()
+    below = bool(sweeps) and len(entries[0]) > LEGEND_RUNS
     for ax in axes:
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
+        if ax.get_legend_handles_labels()[0] and not below:
             ax.legend(fontsize=8)
-    _save(fig, path)
+    if not below:
+        _save(fig, path)
+        return
+    height = 12 + 0.2 * len(entries[0])
+    fig.set_size_inches(9, height)
+    fig.legend(*entries, loc="lower center", fontsize=8, title="sweeps: p50 solid, p99 dashed; single runs: p50 dotted")
+    _save(fig, path, rect=(0, (0.2 * len(entries[0]) + 0.5) / height, 1, 1))

@@ -490,7 +490,7 @@ def test_a_single_run_cut_short_is_named_so_in_the_plot(tmp_path, monkeypatch, s
     if sweep_beside:
         names = [t.get_text() for t in tput.get_legend().get_texts()]
     else:
-        names = [t.get_text() for t in tput.get_xticklabels()]
+        names = [t.get_text() for t in figs[0].axes[-1].get_xticklabels()]  # under the bottom panel
     assert "#1 cut (max errors)" in names and "#2 whole" in names
 
 
@@ -595,17 +595,34 @@ def test_engine_versions_and_dtypes_are_noted(tmp_path):
 
 def test_a_plot_names_runs_by_their_number_and_shows_figures_no_run_has(tmp_path, monkeypatch):
     """--plot of one bench-offline run (no latencies): its latency panels were blank, their "n/a" drawn outside the
-    axis (fitted to the one bar's width); file names of 80 characters, in every panel's legend or under every bar,
-    hid the points. Runs are named by their # in the tables and names cut to 48 characters in the middle."""
+    axis (fitted to the one bar's width). File names of 80 characters, written under every panel's bars, ran into
+    each other; beside a sweep, 14 runs' names filled each panel's legend over the points, the 11th run in the 1st's
+    colour. Runs are now "#i" and their names cut to 48 characters in the middle, under the bottom panel alone, and
+    more than 6 lines get one legend under the panels, in 20 colours."""
     from minisgl_cli import plots
 
     figs: list = []
-    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig))
+    monkeypatch.setattr(plots, "_save", lambda fig, path, rect=None: figs.append(fig))
     long = "serve_run_with_a_really_quite_long_descriptive_file_name_number_12_on_h200_bf16 (minisgl)"
     plots.plot_compare([{"name": long, "rows": [{"load": "-", "output_throughput": 900.0}]}], tmp_path / "one.png")
-    tput, ttft, _, _ = figs[0].axes
-    (name,) = [t.get_text() for t in tput.get_xticklabels()]
+    tput, ttft, _, bottom = figs[0].axes
+    assert [t.get_text() for t in tput.get_xticklabels()] == ["#1"]
+    (name,) = [t.get_text() for t in bottom.get_xticklabels()]
     assert name == "#1 serve_run_with_a_really…2_on_h200_bf16 (minisgl)" and len(name) == len("#1 ") + plots.NAME_CHARS
     lo, hi = ttft.get_xlim()
     assert [t.get_text() for t in ttft.texts] == ["n/a", "n/a"]
     assert all(lo < t.get_position()[0] < hi for t in ttft.texts)
+
+    sweep = {
+        "name": "sweep",
+        "rows": [{"load": f"rate {r}", "request_throughput": r, "output_throughput": r} for r in (1, 2)],
+    }
+    singles = [{"name": f"run {i}", "rows": [{"load": "rate inf", "output_throughput": 10.0 * i}]} for i in range(13)]
+    plots.plot_compare([sweep, *singles], tmp_path / "many.png")
+    fig = figs[-1]
+    assert all(ax.get_legend() is None for ax in fig.axes)
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["#1 sweep", *(f"#{i + 2} run {i}" for i in range(13))]
+    from matplotlib.colors import to_rgba
+
+    assert len({to_rgba(h.get_color()) for h in legend.legend_handles}) == 14  # "C11" is "C1"
