@@ -136,6 +136,17 @@ def _setup(d: dict[str, Any], engine: str | None) -> dict[str, Seen | None]:
     return setup
 
 
+def _numbers(ids: list[int]) -> str:
+    """Runs by #, three or more in a row as a range ("#1-#35, #59"): a note on 300 runs listed each."""
+    spans: list[list[int]] = []
+    for i in ids:
+        if spans and i == spans[-1][-1] + 1:
+            spans[-1].append(i)
+        else:
+            spans.append([i])
+    return ", ".join(f"#{s[0]}-#{s[-1]}" if len(s) > 2 else ", ".join(f"#{i}" for i in s) for s in spans)
+
+
 def _notes(runs: list[dict[str, Any]]) -> list[str]:
     """A note for each aspect on which runs differ, naming the runs (by #) of each value where they do."""
     notes = []
@@ -147,9 +158,7 @@ def _notes(runs: list[dict[str, Any]]) -> list[str]:
         differ = [(seen, ids) for g in groups.values() if len({v for v, _ in g}) > 1 for seen, ids in g.items()]
         differ.sort(key=lambda group: group[1][0])
         if differ:
-            parts = "; ".join(
-                " ".join(filter(None, (", ".join(f"#{i}" for i in ids), label))) for (_, label), ids in differ
-            )
+            parts = "; ".join(" ".join(filter(None, (_numbers(ids), label))) for (_, label), ids in differ)
             note = f"these runs are of different {what} ({parts}): their figures are not like for like"
             notes.append(f"[yellow]note:[/yellow] {note}")
     return notes

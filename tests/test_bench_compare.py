@@ -591,6 +591,12 @@ def test_engine_versions_and_dtypes_are_noted(tmp_path):
     assert "different dtypes (#1, #2, #4 bfloat16; #3 float32)" in out
     assert "different KV cache dtypes (#1 bfloat16; #3 float32)" in out  # the peer records none
     assert "engine versions" not in out and "GPUs" not in out
+    auto = (results / "kv_fp8_h100/offline_ab_auto.json").read_text()
+    copies = [tmp_path / f"auto{i}.json" for i in range(3)]
+    for copy in copies:
+        copy.write_text(auto)
+    out = run("bench-compare", *map(str, copies), str(results / "kv_fp8_h100/offline_ab_fp8.json"))
+    assert "different KV cache dtypes (#1-#3 bfloat16; #4 float8_e4m3fn)" in out  # 300 runs were listed each
 
 
 def test_a_plot_names_runs_by_their_number_and_shows_figures_no_run_has(tmp_path, monkeypatch):
