@@ -4,6 +4,7 @@ prefix sharing, in-process or against an OpenAI-compatible URL; report latency p
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,11 +23,31 @@ class Plan:
     """The replay after scaling and clamping, with the trace's own cache-hit upper bound."""
 
     trace: Any  # trace_reader.Trace (the effective one: scaled/clamped lengths)
-    items: list  # replay.ReplayItem
+    items: TraceItems
     clamped: int
     upper_bound: float
     context: int  # the longest prompt + output the replay allowed (the model's context, or its KV pool)
     scaled_tokens: tuple[int, int]  # the window's input and output tokens after --length-scale, before clamping
+
+
+@dataclass(slots=True)
+class TraceItems:
+    """The replay's requests as replay.ReplayItems, each prompt synthesized as the driver takes it (replay.drive's
+    look-ahead), not all before the first is sent: a long trace's prompts do not fit in memory at once."""
+
+    trace: Any  # trace_reader.Trace, the effective one
+    synth: Any  # trace_reader.PromptSynth
+    time_scale: float
+
+    def __len__(self) -> int:
+        return len(self.trace.requests)
+
+    def __iter__(self) -> Iterator:
+        from minisgl_cli.replay import ReplayItem
+
+        for r in self.trace.requests:
+            prompt = self.synth.prompt(r.hash_ids, r.input_length, r.index)
+            yield ReplayItem(r.index, r.line, r.timestamp * self.time_scale, prompt, r.output_length)
 
 
 def register(app: typer.Typer) -> None:
@@ -242,8 +263,8 @@ def register(app: typer.Typer) -> None:
 
 
 def plan(window, vocab: int, context: int, flags: dict[str, Any]) -> Plan:
-    """Scale and clamp the lengths, synthesize the prompts, and place the arrivals on the replay clock."""
-    from minisgl_cli.replay import ReplayItem
+    """Scale and clamp the lengths, and place the arrivals on the replay clock; the prompts are synthesized as the
+    items are taken."""
     from minisgl_cli.trace_reader import PromptSynth, Trace
 
     f = flags["length_scale"]
@@ -261,17 +282,7 @@ def plan(window, vocab: int, context: int, flags: dict[str, Any]) -> Plan:
         clamped += (new_in, new_out) != (inp, out)
         reqs.append(replace(r, input_length=new_in, output_length=new_out))
     eff = Trace(window.path, window.format, bs, reqs, window.skipped)
-    synth = PromptSynth(vocab, bs, flags["seed"])
-    items = [
-        ReplayItem(
-            r.index,
-            r.line,
-            r.timestamp * flags["time_scale"],
-            synth.prompt(r.hash_ids, r.input_length, r.index),
-            r.output_length,
-        )
-        for r in reqs
-    ]
+    items = TraceItems(eff, PromptSynth(vocab, bs, flags["seed"]), flags["time_scale"])
     return Plan(eff, items, clamped, eff.reuse_upper_bound(), context, (scaled_in, scaled_out))
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from engine.gc_heap import frozen_heap
 from minisgl_cli.openai_client import HTTPStatusError
@@ -84,8 +85,54 @@ async def _wait_until(t: float) -> None:
         await asyncio.sleep(delay)
 
 
+# Prompt tokens an open loop holds ready ahead of their sends: a lazy workload (bench-trace's, synthesized as it is
+# read) is built this far ahead, before the clock starts and while waiting for the next send, not all up front (the
+# whole Mooncake trace at a 128k context took ~6 GB of token lists before its first request went out).
+LOOKAHEAD_TOKENS = 1 << 20
+
+
+class Workload(Protocol):
+    """The items to send, in arrival order: a list, or a sequence whose items (prompts) are made as it is iterated."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[ReplayItem]: ...
+
+
+@dataclass(slots=True)
+class _Ahead:
+    """The open loop's items taken from the workload and not yet sent: at most LOOKAHEAD_TOKENS of prompt tokens
+    (at least one item)."""
+
+    source: Iterator[ReplayItem]
+    queue: deque[ReplayItem] = field(default_factory=deque)
+    tokens: int = 0
+    ended: bool = False
+
+    def pull(self) -> bool:
+        """Take (make) the next item, if within the budget; False when full or out of items."""
+        if self.ended or (self.queue and self.tokens >= LOOKAHEAD_TOKENS):
+            return False
+        item = next(self.source, None)
+        if item is None:
+            self.ended = True
+            return False
+        self.queue.append(item)
+        self.tokens += len(item.prompt)
+        return True
+
+    def pop(self) -> ReplayItem | None:
+        if not self.queue:
+            self.pull()
+        if not self.queue:
+            return None
+        item = self.queue.popleft()
+        self.tokens -= len(item.prompt)
+        return item
+
+
 async def drive(
-    items: list[ReplayItem],
+    items: Workload,
     send: Sender,
     max_concurrency: int | None = None,
     closed_loop: bool = False,
@@ -96,7 +143,9 @@ async def drive(
 ) -> list[RequestResult]:
     """Send every item at the run's start (`live.started`) + item.arrival (open loop, a semaphore for the cap) or,
     closed loop, as soon as one of max_concurrency slots is free until the items run out or `duration` passes.
-    Results of the requests sent.
+    Results of the requests sent, in the items' order. The items come in arrival order, and are taken from `items`
+    as they come due: an open loop holds the next LOOKAHEAD_TOKENS of prompts ready (the first of them taken before
+    the clock starts), a closed loop takes each as a slot frees, before its clock.
 
     `until`, asked of each request as it ends: once it says True, nothing more is sent and the requests in flight are
     cancelled (a stream dropped, an in-process request aborted); the results are then those of the requests that
@@ -106,13 +155,17 @@ async def drive(
     holds every prompt and every token's arrival time, and a full pass would stall every stream it times. The
     collection before the freeze comes before the clock starts."""
     live = live or LiveCounters()
+    ahead = None if closed_loop else _Ahead(iter(items))
+    while ahead is not None and ahead.pull():  # before the heap is frozen: the full collections never walk them
+        pass
     with frozen_heap():
         live.started = time.perf_counter()
-        return await _drive(items, send, max_concurrency, closed_loop, duration, live, on_done, until)
+        return await _drive(items, ahead, send, max_concurrency, closed_loop, duration, live, on_done, until)
 
 
 async def _drive(
-    items: list[ReplayItem],
+    items: Workload,
+    ahead: _Ahead | None,
     send: Sender,
     max_concurrency: int | None,
     closed_loop: bool,
@@ -122,7 +175,7 @@ async def _drive(
     until: Until | None,
 ) -> list[RequestResult]:
     t0 = live.started
-    halted = False  # `until` said so: the gather of every send below is cancelled as one
+    halted = False  # `until` said so: every send below is cancelled
     sends: asyncio.Future[list[Any]]
     out: list[RequestResult] = []  # a closed loop's results, in the order they ended
 
@@ -161,17 +214,36 @@ async def _drive(
         # event loop from the streams it times (TTFT 51.7 ms at a cap of 4 against 1,525 ms at 1,000,000)
         sends = asyncio.gather(*(worker() for _ in range(min(max_concurrency, len(items)))))
     else:
+        assert ahead is not None
         slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
-        async def one(item: ReplayItem) -> RequestResult:
-            scheduled = t0 + item.arrival
-            await _wait_until(scheduled)
+        async def one(item: ReplayItem, scheduled: float) -> RequestResult:
             if slots is None:
                 return await run(item, scheduled)
             async with slots:
                 return await run(item, scheduled)
 
-        sends = asyncio.gather(*(one(i) for i in items))
+        async def pace(ahead: _Ahead) -> list[RequestResult]:
+            tasks: list[asyncio.Task[RequestResult]] = []
+            try:
+                while True:
+                    if not ahead.queue:  # the requests started go out before the next is made
+                        await asyncio.sleep(0)
+                    if (item := ahead.pop()) is None:
+                        break
+                    due = t0 + item.arrival
+                    while time.perf_counter() < due and ahead.pull():  # the next ones made while this one waits
+                        await asyncio.sleep(0)
+                    await _wait_until(due)
+                    tasks.append(asyncio.create_task(one(item, due)))
+                return list(await asyncio.gather(*tasks))
+            except asyncio.CancelledError:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+
+        sends = asyncio.ensure_future(pace(ahead))
     try:
         ended = await sends
     except asyncio.CancelledError:
@@ -184,7 +256,7 @@ async def _drive(
 
 
 async def drive_or_interrupted(
-    items: list[ReplayItem], send: Sender, live: LiveCounters, **kwargs
+    items: Workload, send: Sender, live: LiveCounters, **kwargs
 ) -> tuple[list[RequestResult], bool]:
     """`drive`, or, when Ctrl-C cancels it (asyncio.run cancels its main task on SIGINT), the requests finished by
     then and True: the caller reports them as partial results rather than losing the run."""

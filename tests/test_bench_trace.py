@@ -419,6 +419,126 @@ def test_a_negative_seed_draws_prompts_of_its_own():
     assert minus.block(7) != plus.block(7) and len(minus.block(7)) == 16
 
 
+class UpFrontSynth:
+    """trace_reader.PromptSynth as it was while bench-trace drew every prompt before the first was sent (a883137):
+    the reference the prompts drawn as the replay goes must equal, bit for bit."""
+
+    def __init__(self, vocab_size: int, block_size: int, seed: int = 0):
+        self.vocab, self.bs, self.seed = vocab_size, block_size, seed
+        self._blocks: dict[int, list[int]] = {}
+
+    def _draw(self, *key: int) -> list[int]:
+        import numpy as np
+
+        rng = np.random.default_rng([self.seed & (2**64 - 1), *(k & (2**64 - 1) for k in key)])
+        return rng.integers(0, self.vocab, self.bs).tolist()
+
+    def block(self, hash_id: int) -> list[int]:
+        b = self._blocks.get(hash_id)
+        if b is None:
+            b = self._blocks[hash_id] = self._draw(0, hash_id)
+        return b
+
+    def prompt(self, hash_ids: tuple[int, ...], input_length: int, unique_key: int) -> list[int]:
+        ids: list[int] = []
+        for h in hash_ids:
+            if len(ids) >= input_length:
+                break
+            ids += self.block(h)
+        j = 0
+        while len(ids) < input_length:
+            ids += self._draw(1, unique_key, j)
+            j += 1
+        return ids[:input_length]
+
+
+def trace_flags(**kw) -> dict:
+    return {"length_scale": 1.0, "max_input_len": None, "max_output_len": None, "seed": 0, "time_scale": 0.0, **kw}
+
+
+@pytest.mark.parametrize(
+    "name, window, block, vocab, context, flags",
+    [
+        # the published Mooncake slice whole, at a 128k context (2.8M prompt tokens, prompts up to 120k), and
+        # replayed at 1/100 of its pace: prompts are made while the driver waits for the next send
+        ("mooncake_conversation_head200.jsonl", 200, None, 151_936, 131_072, trace_flags(time_scale=0.01)),
+        # --block-size 256: its hash ids cover half of each prompt, the rest is the request's own
+        ("mooncake_conversation_head200.jsonl", 40, 256, 151_936, 131_072, trace_flags(seed=7)),
+        # Qwen's 16-token blocks, scaled, clamped to a small context, under a negative seed
+        ("qwen_1000.jsonl", 300, None, 512, 256, trace_flags(length_scale=0.5, max_input_len=200, seed=-3)),
+    ],
+)
+def test_prompts_drawn_as_the_replay_goes_are_those_drawn_up_front(
+    monkeypatch, name, window, block, vocab, context, flags
+):
+    """Every prompt of a replay was drawn before its first request went out (the whole Mooncake trace at a 128k
+    context: ~6 GB of token lists, and a wait before the start); now each is drawn as the driver comes to it. The
+    prompts sent are those the up-front construction made, with a block cache small enough to evict and redraw."""
+    import asyncio
+
+    from minisgl_cli import trace_reader
+    from minisgl_cli.bench_trace import plan
+    from minisgl_cli.replay import drive
+
+    monkeypatch.setattr(trace_reader, "BLOCK_CACHE_BYTES", 1 << 18)
+    p = plan(read_trace(TRACES / name, block_size=block).window(0, window), vocab, context, flags)
+    ref = UpFrontSynth(vocab, p.trace.block_size, flags["seed"])
+    expected = {r.index: r for r in p.trace.requests}
+    wrong: list[int] = []
+
+    async def send(item, res, live) -> None:
+        r = expected.pop(item.index)
+        if item.prompt != ref.prompt(r.hash_ids, r.input_length, r.index):
+            wrong.append(item.index)
+        res.output_tokens = item.output_len
+
+    results = asyncio.run(drive(p.items, send))
+    assert [r.index for r in results] == list(range(window)) and all(r.ok for r in results)
+    assert (wrong, expected) == ([], {})
+    assert sum(r.input_len for r in results) == sum(r.input_length for r in p.trace.requests)
+
+
+def test_a_long_trace_replay_holds_a_bounded_share_of_its_prompts(tmp_path):
+    """1,000 requests of 100k tokens: drawn before the first was sent, their token lists alone took 800 MB (8-byte
+    pointers: the ids are all small ints here) and 9 s. Through the driver, with no model, a replay now holds a few
+    at a time (its look-ahead of replay.LOOKAHEAD_TOKENS, those in flight, and the blocks it keeps)."""
+    import asyncio
+    import tracemalloc
+
+    from minisgl_cli.bench_trace import plan
+    from minisgl_cli.replay import drive
+
+    n, length = 1000, 100_000
+    shared = list(range(12))  # a system prompt of 12 blocks of 4,096 tokens, then one of 4 conversations' 13
+    lines = [
+        {
+            "timestamp": i,
+            "input_length": length,
+            "output_length": 1,
+            "hash_ids": [*shared, *range(i % 4 * 13 + 12, i % 4 * 13 + 25)],
+        }
+        for i in range(n)
+    ]
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    trace = read_trace(path, block_size=4096)
+    sent = []
+
+    async def send(item, res, live) -> None:
+        sent.append(len(item.prompt))
+        res.output_tokens = 1
+        await asyncio.sleep(0)
+
+    tracemalloc.start()
+    try:
+        results = asyncio.run(drive(plan(trace, 200, 1 << 20, trace_flags()).items, send))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert sent == [length] * n and sum(r.ok for r in results) == n
+    assert peak < 40 << 20, f"{peak / 2**20:.0f} MiB"  # all the prompts at once: n * length * 8 bytes = 800 MB
+
+
 def test_an_output_that_is_the_trace_or_another_output_by_another_path_is_refused(tmp_path):
     """`--json t.jsonl` replaced the replayed trace with the results, and `a/../x.json` or a link to the file given
     to another flag passed the check that one file goes to one flag."""
