@@ -25,7 +25,7 @@ class Plan:
     trace: Any  # trace_reader.Trace (the effective one: scaled/clamped lengths)
     items: TraceItems
     clamped: int
-    upper_bound: float
+    upper_bound: float | None
     context: int  # the longest prompt + output the replay allowed (the model's context, or its KV pool)
     scaled_tokens: tuple[int, int]  # the window's input and output tokens after --length-scale, before clamping
 
@@ -364,7 +364,7 @@ def _run_local(config: EngineConfig, window, flags: dict[str, Any], quiet: bool)
         gpu=_gpu_name(e.device),
         gpu_busy=busy.share,
     )
-    out["mixed_step_share"] = out["mixed_steps"] / max(out["engine_steps"], 1)
+    out["mixed_step_share"] = out["mixed_steps"] / out["engine_steps"] if out["engine_steps"] else None
     return out, results
 
 
@@ -522,6 +522,11 @@ def summarize(
     return out
 
 
+def _share(x: float | None, digits: int = 1) -> str:
+    """A rate as a percentage; n/a where there was nothing to measure (no request completed, no engine step)."""
+    return "n/a" if x is None else f"{x:.{digits}%}"
+
+
 def _table(res: dict[str, Any]):
     from rich.console import Group
 
@@ -533,7 +538,6 @@ def _table(res: dict[str, Any]):
     ]
     latency = kv_table("latency (ms)", rows, ("", "mean", "p50", "p90", "p99", "max"))
     where = res.get("url") or f"{res['model']} on {res.get('device')}"
-    hit = res["cache_hit_rate"]
     summary = kv_table(
         f"bench-trace: {Path(res['trace']).name} ({res['format']}) -> {where}",
         [
@@ -544,11 +548,11 @@ def _table(res: dict[str, Any]):
             ("requests/s", res["request_throughput"]),
             ("output tok/s", res["output_throughput"]),
             ("total tok/s", res["total_token_throughput"]),
-            ("cache hit rate", "n/a" if hit is None else f"{hit:.1%}"),
-            *([("GPU busy", f"{res['gpu_busy']:.1%}")] if res.get("gpu_busy") is not None else []),
-            ("trace upper bound", f"{res['trace_cache_hit_upper_bound']:.1%}"),
+            ("cache hit rate", _share(res["cache_hit_rate"])),
+            *([("GPU busy", _share(res["gpu_busy"]))] if res.get("gpu_busy") is not None else []),
+            ("trace upper bound", _share(res["trace_cache_hit_upper_bound"])),
             *(
-                [("engine steps (mixed)", f"{res['engine_steps']:,} ({res['mixed_step_share']:.0%} mixed)")]
+                [("engine steps (mixed)", f"{res['engine_steps']:,} ({_share(res['mixed_step_share'], 0)} mixed)")]
                 if "engine_steps" in res
                 else []
             ),

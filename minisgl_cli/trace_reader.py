@@ -55,9 +55,9 @@ class Trace:
         bs = self.block_size
         return [(h, min(bs, r.input_length - j * bs)) for j, h in enumerate(r.hash_ids) if j * bs < r.input_length]
 
-    def reuse_upper_bound(self) -> float:
+    def reuse_upper_bound(self) -> float | None:
         """Share of prompt tokens in blocks whose hash id appeared earlier: the best hit rate any prefix cache
-        of unlimited size could reach on this trace (hit tokens / prompt tokens)."""
+        of unlimited size could reach on this trace (hit tokens / prompt tokens); None without requests."""
         seen: dict[int, int] = {}
         hit = total = 0
         for r in self.requests:
@@ -65,7 +65,7 @@ class Trace:
             for h, n in self.block_tokens(r):
                 hit += min(n, seen.get(h, 0))
                 seen[h] = max(seen.get(h, 0), n)
-        return hit / total if total else 0.0
+        return hit / total if total else None
 
 
 # Lengths and timestamps are scaled as floats (--length-scale, --time-scale, milliseconds): JSON integers past this

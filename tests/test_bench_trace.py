@@ -168,6 +168,66 @@ def test_a_replay_in_which_every_request_failed_is_an_error(tmp_path):
     assert (res["completed"], res["failed"], res["total_output_tokens"]) == (0, 5, 0)
     assert all("outside the vocabulary" in e["error"] for e in res["errors"])
     assert res["mean_ttft_ms"] is None
+    # nothing was measured: the bound over the completed requests read 0.0% (and 0% of no engine step were mixed)
+    assert (res["cache_hit_rate"], res["trace_cache_hit_upper_bound"], res["mixed_step_share"]) == (None, None, None)
+    assert res["trace_cache_hit_upper_bound_planned"] == pytest.approx(
+        read_trace(QWEN).window(0, 5).reuse_upper_bound()
+    )
+    assert (
+        "cache hit rate n/a" in text
+        and "trace upper bound n/a" in text
+        and "engine steps (mixed) 0 (n/a mixed)" in text
+    )
+
+
+def test_ctrl_c_before_any_request_ended_shows_nothing_measured(tmp_path):
+    """Ctrl-C while every request still waited for its first token (a server that does not answer): the trace's
+    hit-rate bound read 0.0% in the table and the JSON, over the none that completed. Now n/a and null, beside the
+    planned window's bound; exit 130 with the partial results, as any Ctrl-C."""
+    import asyncio
+    import os
+    import signal
+    import threading
+    import time
+
+    from minisgl_cli.mock_server import MockConfig, MockServer
+    from tests.conftest import free_port
+
+    mock, port, listening, stop = MockServer(MockConfig(ttft=60)), free_port(), threading.Event(), threading.Event()
+
+    async def serve() -> None:  # in a thread of its own, so that its count of requests can be read here
+        async with await asyncio.start_server(mock.handle, "127.0.0.1", port):
+            listening.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.01)
+
+    def interrupt() -> None:  # once the replay (inside asyncio.run, which turns SIGINT into a cancel) sent them
+        while mock.requests < 4 and not stop.is_set():
+            time.sleep(0.01)
+        if not stop.is_set():
+            os.kill(os.getpid(), signal.SIGINT)
+
+    server = threading.Thread(target=asyncio.run, args=(serve(),))
+    server.start()
+    listening.wait(10)
+    threading.Thread(target=interrupt, daemon=True).start()
+    out = tmp_path / "t.json"
+    args = ["--url", f"http://127.0.0.1:{port}", "--vocab-size", "512", "--max-model-len", "4096", "--no-client-check"]
+    args += ["--quiet", "--time-scale", "0", "--num-requests", "4", "--json", str(out)]
+    try:
+        r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *args])
+    finally:
+        stop.set()
+        server.join()
+    assert r.exit_code == 130, r.output + repr(r.exception)
+    text = flat(r.output)
+    assert "interrupted after 0 of 4 requests finished" in text and "trace upper bound n/a" in text, r.output
+    res = json.loads(out.read_text())
+    assert (res["partial"], res["completed"], res["failed"], res["total_input_tokens"]) == (True, 0, 0, 0)
+    assert (res["trace_cache_hit_upper_bound"], res["cache_hit_rate"], res["mean_ttft_ms"]) == (None, None, None)
+    assert res["trace_cache_hit_upper_bound_planned"] == pytest.approx(
+        read_trace(QWEN).window(0, 4).reuse_upper_bound()
+    )
 
 
 def test_the_hit_rates_bound_is_over_the_requests_that_completed(tmp_path):
