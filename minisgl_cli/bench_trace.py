@@ -95,7 +95,9 @@ def register(app: typer.Typer) -> None:
         served_model: o.ServedModel = None,
         api_key: o.ApiKey = None,
         vocab_size: Annotated[
-            int | None, typer.Option(help="prompt token ids stay below this (default: the --model's vocabulary)", min=2)
+            int | None,
+            # numpy draws int64 ids: 1e20 passed here and was a traceback once the model had loaded
+            typer.Option(help="prompt token ids stay below this (default: the --model's vocabulary)", min=2, max=2**63),
         ] = None,
         request_timeout: o.RequestTimeout = 600.0,
         no_client_check: Annotated[
@@ -201,6 +203,11 @@ def register(app: typer.Typer) -> None:
         window = full.window(start, num_requests)
         if not window.requests:
             raise typer.BadParameter(f"the trace has {len(full.requests)} requests; --start {start} is past them")
+        if num_requests is not None and len(window.requests) < num_requests:  # the run came out short, unsaid
+            console.print(
+                f"[yellow]note:[/yellow] the trace has {len(full.requests):,} requests: --start {start} "
+                f"--num-requests {num_requests:,} replays the last {len(window.requests):,}"
+            )
         if plot is not None:
             from minisgl_cli.plots import require_matplotlib
 

@@ -287,6 +287,20 @@ def test_numbers_no_float_holds_are_bad_lines(tmp_path, line, message):
     assert (res["completed"], res["skipped_lines"]) == (1, 1)
 
 
+def test_a_window_past_the_traces_end_is_said_and_a_vocabulary_past_int64_refused(tmp_path):
+    """--num-requests beyond the trace's end replayed fewer requests without a word (planned_requests alone told);
+    --vocab-size 1e20 passed the flag's check and was numpy's 'high is out of bounds for int64' traceback once the
+    model had loaded."""
+    out = tmp_path / "t.json"
+    args = [*TINY, "--start", "61", "--num-requests", "10", "--time-scale", "0", "--json", str(out)]
+    r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *args])
+    assert r.exit_code == 0, r.output
+    assert "the trace has 64 requests: --start 61 --num-requests 10 replays the last 3" in flat(r.output)
+    assert json.loads(out.read_text())["planned_requests"] == 3
+    r = CliRunner().invoke(app, ["bench-trace", str(QWEN), *TINY, "--vocab-size", str(10**20)])
+    assert r.exit_code == 2 and "--vocab-size" in flat(r.output) and "Traceback" not in r.output, r.output
+
+
 def test_bad_line_stops_with_its_number_or_is_skipped(tmp_path):
     lines = QWEN.read_text().splitlines()[:6]
     lines[3] = lines[3].replace('"input_length"', '"input_len"')
