@@ -277,13 +277,16 @@ def test_streams_cut_short_are_failures(tmp_path, mock):
 def test_client_check_measures_absorption(tmp_path):
     from minisgl_cli.client_check import check_client
 
+    # a stream's finish chunk read apart from its last token (the TCP read split the mock's last write) is one more
+    # event, timed as the client times any chunk: at most one per stream
     c = check_client(streams=8, tokens=300, events_per_write=16, repeats=1)
-    assert c.events == 8 * 300 and c.tok_per_s == c.events / c.seconds > 0
+    assert 8 * 300 <= c.events <= 8 * 301 and c.tok_per_s == c.events / c.seconds > 0
     out = tmp_path / "check.json"
     r = CliRunner().invoke(app, ["bench-serve", "--client-check", "--json", str(out)])
     assert r.exit_code == 0, r.output
     res = json.loads(out.read_text())
-    assert res["events"] == res["streams"] * res["tokens_per_stream"] and res["tok_per_s"] > 0
+    tokens = res["streams"] * res["tokens_per_stream"]
+    assert tokens <= res["events"] <= tokens + res["streams"] and res["tok_per_s"] > 0
     assert "absorbed tok/s" in flat(r.output)
 
 
@@ -453,7 +456,8 @@ def test_bad_input_is_named(tmp_path):
     data = tmp_path / "d.json"
     data.write_text(json.dumps([{"body": "hello", "lang": "en"}]))
     out = fails("--dataset", str(data), "--url", "http://127.0.0.1:1", "--model", "dummy:tiny-llama", *URL_FLAGS)
-    assert "no 'conversations', 'messages' or text column" in out and "body, lang" in out.replace(",", ", ").replace("  ", " ")
+    assert "no 'conversations', 'messages' or text column" in out
+    assert "body, lang" in out.replace(",", ", ").replace("  ", " ")
 
 
 @pytest.mark.parametrize("command", ["bench-serve", "bench-trace"])
