@@ -183,7 +183,8 @@ def case(
             runs = [torch.arange(n) for n in pages_per]
             pool_pages = max(pool_pages, (total_pages // run + batch + 1) * run)
             order = torch.randperm(pool_pages // run, generator=g)
-            ids, k = [], 0
+            ids: list[int] = []
+            k = 0
             for r in runs:
                 for a in range(0, len(r), run):
                     ids += range(int(order[k]) * run, int(order[k]) * run + min(run, len(r) - a))
@@ -286,8 +287,8 @@ def case(
             shape["heads_together"] = True
         if "fused" in opts:  # the spans merged inside the kernel
             shape["counters"] = torch.zeros(batch * kv_heads, dtype=torch.int32, device=dev)
-        kv = (k_hnd.transpose(1, 2), v_hnd.transpose(1, 2)) if "hnd" in opts else (k_nhd, v_nhd)  # -hnd: HND pool
-        return lambda: cuda_decode.decode(q, *kv, w.indptr, w.indices, *spans, **shape)
+        k, v = (k_hnd.transpose(1, 2), v_hnd.transpose(1, 2)) if "hnd" in opts else (k_nhd, v_nhd)  # -hnd: HND pool
+        return lambda: cuda_decode.decode(q, k, v, w.indptr, w.indices, *spans, **shape)
 
     def fa4(splits: int) -> Callable[[], torch.Tensor]:
         from kernels.attention.fa_backend import import_fa4

@@ -189,7 +189,7 @@ def main() -> None:
     page = 16
     flags = dict(length_scale=1.0, max_input_len=None, max_output_len=None, seed=0, time_scale=args.time_scale)
     window = read_trace(args.trace).window(0, args.requests)
-    items = plan(window, 151_936, min(40_960, args.pool_tokens), flags).items  # Qwen3-0.6B's vocabulary, context
+    items = list(plan(window, 151_936, min(40_960, args.pool_tokens), flags).items)  # Qwen3-0.6B's vocabulary, context
     out = []
     for mode in args.modes.split(","):
         for seed in range(args.seeds):
