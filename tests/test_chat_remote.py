@@ -473,7 +473,8 @@ def test_url_tbt_is_per_token_when_a_chunk_carries_several(server):
             assert t.itls[at : at + n] == pytest.approx([t.itls[at]] * n), (n, t.itls[at : at + n])
             at += n
         assert sum(t.itls) == pytest.approx(t.decode_seconds)
-        assert t.decode_tps == pytest.approx((max_tokens - 1) / t.decode_seconds)
+        # a loaded machine may read the whole answer in one burst (every gap 0, no decode time): the chat's rate is 0
+        assert t.decode_tps == pytest.approx((max_tokens - 1) / t.decode_seconds if t.decode_seconds > 0 else 0.0)
         window = [g * 1e3 for g in t.itls]  # the panel's: these 59 gaps, in ms
         shown = f"{tbt_percentile(window, 50):.1f} / {tbt_percentile(window, 90):.1f} ms"
         assert shown in panel_text(app, "tbt")
