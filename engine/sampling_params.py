@@ -22,8 +22,9 @@ class RequestOutputKind(IntEnum):
 
 @dataclass(slots=True)
 class SamplingParams:
-    # None: as many as the context leaves after the prompt (vLLM's None), resolved at submission (RequestLimits.check)
-    max_tokens: int | None = 128
+    # vLLM's default, 16: a script ported from it gets the same outputs. None: as many as the context leaves after the
+    # prompt (vLLM's None), resolved at submission (RequestLimits.check)
+    max_tokens: int | None = 16
     temperature: float = 1.0  # 0 means greedy
     top_k: int = -1  # -1 or 0: off
     top_p: float = 1.0

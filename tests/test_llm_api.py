@@ -697,6 +697,25 @@ def test_generation_config_auto_or_vllm_as_in_vllm(tmp_path):
         LLM(str(d), generation_config=str(d), **cpu)
 
 
+def test_max_tokens_defaults_to_vllms_16(smollm, hf_smollm):
+    """SamplingParams().max_tokens was 128 where vLLM's is 16, so a script ported from vLLM (its quickstart gives no
+    max_tokens) got outputs 8 times as long. Now 16: explicit params without max_tokens stop at transformers' 16th
+    greedy token, and a call without params (a GGUF has no generation_config.json) stops by the 16th as well."""
+    import torch
+
+    prompt = "The capital of France is"
+    ids = smollm.encode(prompt)
+    with torch.no_grad():
+        ref = hf_smollm.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
+    greedy = smollm.generate(prompt, SamplingParams(temperature=0, ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    assert (greedy.token_ids, greedy.finish_reason) == (ref[0, len(ids) :].tolist(), "length")
+    story = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+    assert smollm.get_default_sampling_params().max_tokens == 16
+    for out in (smollm.generate(prompt, use_tqdm=False)[0], smollm.chat(story, use_tqdm=False)[0]):
+        done = out.outputs[0]
+        assert len(done.token_ids) == 16 if done.finish_reason == "length" else len(done.token_ids) < 16, done
+
+
 def test_prompt_logprobs_in_vllms_shape_with_ranks_as_transformers_gives(smollm, hf_smollm):
     """vLLM's RequestOutput.prompt_logprobs is None for the first prompt token, then one {token id: Logprob(logprob,
     rank, decoded_token)} per prompt token: the token itself first with its rank in the whole vocabulary, then the
