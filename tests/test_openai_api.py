@@ -483,3 +483,57 @@ def test_message_names_reach_the_chat_template(server):
     assert outs[0].choices[0].message.content == ref.choices[0].text
     assert outs[0].usage.prompt_tokens == ref.usage.prompt_tokens == len(tok.encode(prompt))
     assert outs[1].usage.prompt_tokens < outs[0].usage.prompt_tokens  # the name was in the prompt
+
+
+# ---- keys inside messages ------------------------------------------------------------------------------------------
+
+
+def test_an_sdk_dump_of_an_answer_goes_back_as_it_is_and_keys_that_change_it_are_refused(server):
+    """Keys inside a message were ignored, whatever they asked: DeepSeek's `"prefix": true` (continue the last
+    assistant message), an assistant's `refusal` text, `audio`, a `tool_call_id` were dropped and the answer was the
+    one without them. The openai SDK's dump of an earlier answer (`refusal`, `annotations`, `audio`, `function_call`,
+    `tool_calls` at null, with this server's `reasoning` fields) gives the answer the plain message gets; each key at
+    a value that would change the prompt is a 400 naming it, and an unknown key is too."""
+    import openai
+
+    client = server.openai()
+    kw = dict(model="smollm", max_tokens=6, temperature=0)
+    first = client.chat.completions.create(messages=CHAT, **kw).choices[0].message
+    dump = first.model_dump()
+    assert {"refusal", "annotations", "audio", "function_call", "tool_calls", "reasoning"} <= dump.keys(), dump
+    follow = {"role": "user", "content": "And three more?"}
+    plain = {"role": "assistant", "content": first.content}
+    ref = client.chat.completions.create(messages=[*CHAT, plain, follow], **kw)
+    for sent in (dump, {**dump, "tool_calls": [], "annotations": [], "refusal": ""}, {**plain, "prefix": False}):
+        out = client.chat.completions.create(messages=[*CHAT, sent, follow], **kw)
+        assert out.choices[0].message.content == ref.choices[0].message.content, sent
+        assert out.usage.prompt_tokens == ref.usage.prompt_tokens
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    for key, value, why in [
+        ("prefix", True, "send continue_final_message: true and add_generation_prompt: false"),
+        ("refusal", "I cannot help.", "send its text as the content"),
+        ("audio", {"id": "audio_1"}, "audio is not supported"),
+        ("tool_calls", [call], "tools are not supported"),
+        ("tool_call_id", "c1", "tools are not supported"),
+        ("parsed", {"a": 1}, "structured outputs are not supported"),
+        ("x-note", 1, None),
+    ]:
+        for messages in ([*CHAT, {**plain, key: value}], [*CHAT, {**plain, key: value}, follow]):
+            with pytest.raises(openai.BadRequestError) as e:
+                client.chat.completions.create(messages=messages, **kw)
+            err = e.value.body
+            assert err["param"] == "messages", err
+            if why is None:
+                assert err["message"] == "Unrecognized request argument supplied: messages[1].x-note", err
+            else:
+                assert err["message"].startswith(f"messages[1].{key}={value!r} is not supported"), err
+                assert why in err["message"] and err["code"] == "unsupported_parameter", err
+    # the way the prefix hint names: the answer continues the last assistant message
+    prefilled = [*CHAT, {"role": "assistant", "content": "Red,"}]
+    cont = dict(add_generation_prompt=False, continue_final_message=True)
+    out = client.chat.completions.create(messages=prefilled, **kw, extra_body=cont)
+    prompt = server.llm.tokenizer.chat_prompt(prefilled, **cont)
+    assert (
+        prompt.endswith("Red,")
+        and out.choices[0].message.content == client.completions.create(prompt=prompt, **kw).choices[0].text
+    )

@@ -42,12 +42,15 @@ class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
-def unsupported(name: str, value: Any, accepted: tuple[Any, ...], param: str | None = None) -> APIError:
-    """The 400 refusing a field this server does not implement: the value given, cut short, and what to send instead."""
+def unsupported(
+    name: str, value: Any, accepted: tuple[Any, ...], param: str | None = None, hint: str | None = None
+) -> APIError:
+    """The 400 refusing a field this server does not implement: the value given, cut short, and what to send instead
+    (`hint`: why, or another way to ask for it)."""
     given = repr(value)
     given = given if len(given) <= 100 else given[:100] + "..."
     ok = " or ".join(repr(v) for v in accepted if v is not None)
-    todo = "leave it out" + (f", or send {ok}" if ok else "")
+    todo = "leave it out" + (f", or send {ok}" if ok else "") + (f"; {hint}" if hint else "")
     return APIError(
         400,
         f"{name}={given} is not supported by this server ({todo})",
@@ -56,15 +59,18 @@ def unsupported(name: str, value: Any, accepted: tuple[Any, ...], param: str | N
     )
 
 
-def refuse_unknown(body: BaseModel, known: Collection[str], within: str | None = None) -> None:
+def refuse_unknown(
+    body: BaseModel, known: Collection[str], within: str | None = None, param: str | None = None
+) -> None:
     """A 400 naming the fields of `body` that it does not declare and `known` does not hold (`within`: the request's
-    field that `body` is), as OpenAI's answer ("Unrecognized request argument supplied: X"; vLLM ignores them with a
-    warning): a misspelt field, or one of a newer API, that would change the answer is never dropped."""
+    field that `body` is; `param`: the error's, `within` by default), as OpenAI's answer ("Unrecognized request
+    argument supplied: X"; vLLM ignores them with a warning): a misspelt field, or one of a newer API, that would
+    change the answer is never dropped."""
     unknown = [f"{within}.{k}" if within else k for k in body.model_extra or {} if k not in known]
     if unknown:
         s = "s" if len(unknown) > 1 else ""
         why = f"Unrecognized request argument{s} supplied: {', '.join(unknown)}"
-        raise APIError(400, why, param=within or unknown[0], code="unknown_parameter")
+        raise APIError(400, why, param=param or within or unknown[0], code="unknown_parameter")
 
 
 def refuse_unsupported(body: BaseModel, refused: dict[str, tuple[Any, ...]]) -> None:
@@ -282,6 +288,26 @@ class CompletionRequest(GenerationRequest):
 
 
 class ChatMessage(_Body):
+    # other keys are kept for check(): a key the server ignored was dropped even where it changed the answer
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+    # Keys of an answer's message (OpenAI's, vLLM's), which the openai SDK's dump of an earlier answer sends back, and
+    # DeepSeek's `prefix`: accepted at the values that add nothing to the prompt, refused by name at any other (why).
+    NO_OP: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {
+        # an assistant's calls of tools (left out, the turn would read as an empty message), a tool result's call id
+        "tool_calls": ((None, []), "tools are not supported"),
+        "function_call": ((None,), "tools are not supported"),
+        "tool_call_id": ((None,), "tools are not supported"),
+        "refusal": ((None, ""), "the chat template reads no refusal: send its text as the content"),
+        "audio": ((None,), "audio is not supported"),
+        "parsed": ((None,), "structured outputs are not supported"),
+        # DeepSeek's continuation of the last assistant message; vLLM's generic chat ignores it
+        "prefix": (
+            (None, False),
+            "to continue the last assistant message send continue_final_message: true and add_generation_prompt: false",
+        ),
+    }
+    IGNORED: ClassVar[frozenset[str]] = frozenset({"annotations"})  # an answer's URL citations: no model reads them
+
     role: str
     content: str | list[dict[str, Any] | str] | None = None  # content parts: engine.tokenizer.message_text reads them
     name: str | None = None  # passed to the chat template, which renders it or not (as vLLM)
@@ -289,9 +315,17 @@ class ChatMessage(_Body):
     # `reasoning`, and SGLang's (and vLLM's older) `reasoning_content`, reach the template under both names
     reasoning: str | None = None
     reasoning_content: str | None = None
-    # an assistant's calls of tools: refused, as tools are (left out, the turn would read as an empty message)
-    tool_calls: Any = None
-    function_call: Any = None
+
+    def check(self, i: int) -> None:
+        """A 400 naming messages[i]'s first key that would change the answer and that this server does not implement,
+        or that it does not know. A tool's result is refused by its role (Tokenizer.chat_prompt)."""
+        if self.role in ("tool", "function"):
+            return
+        extra = self.model_extra or {}
+        for key, (accepted, hint) in self.NO_OP.items():
+            if extra.get(key) not in accepted:
+                raise unsupported(f"messages[{i}].{key}", extra[key], accepted, param="messages", hint=hint)
+        refuse_unknown(self, self.NO_OP.keys() | self.IGNORED, f"messages[{i}]", param="messages")
 
     def text(self, i: int) -> str:
         """messages[i]'s content as the template reads it, as the Python API's LLM.chat reads it."""
@@ -364,15 +398,7 @@ def conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
     """The messages as the chat template takes them (a 400 naming what it cannot hold)."""
     out = []
     for i, m in enumerate(messages):
-        for field_name in ("tool_calls", "function_call"):
-            value = getattr(m, field_name)
-            if value not in (None, []):
-                raise APIError(
-                    400,
-                    f"messages[{i}].{field_name} is not supported by this server (tools are not)",
-                    param="messages",
-                    code="unsupported_parameter",
-                )
+        m.check(i)
         # newer OpenAI clients send system prompts as "developer"; chat templates know them as "system"
         message = {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
         if m.name is not None:
