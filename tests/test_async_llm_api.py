@@ -411,7 +411,9 @@ def test_an_aborted_request_id_is_free_at_once_for_a_new_request():
         assert all(o.prompt_token_ids == [1, 2, 3] for o in olds)
         if i % 2 == 0:
             assert olds[-1].finished and olds[-1].outputs[0].finish_reason == "abort"
-            assert len(olds[-1].outputs[0].token_ids) < 10
+            # the abort ended it long before LONG's 900 (how many tokens come first depends on the machine's load: a
+            # loaded 2-core machine gave 14)
+            assert len(olds[-1].outputs[0].token_ids) < 100
 
 
 def test_n_choices_are_llm_generates_in_every_output_kind(smollm):
