@@ -299,7 +299,7 @@ def _run_local(config: EngineConfig, window, flags: dict[str, Any], quiet: bool)
     from engine.async_llm import AsyncLLM
     from minisgl_cli.gpu_busy import GpuBusy
     from minisgl_cli.live_view import LiveView
-    from minisgl_cli.replay import LiveCounters, drive_or_interrupted, local_sender
+    from minisgl_cli.replay import LiveCounters, completed_hit_rate, drive_or_interrupted, local_sender
 
     # Tensor parallelism: under torchrun the follower ranks branch off right after this load (rank 0 goes on).
     llm = o.load_llm(config, quiet=quiet)
@@ -326,7 +326,6 @@ def _run_local(config: EngineConfig, window, flags: dict[str, Any], quiet: bool)
             send = local_sender(engine, flags["temperature"], token_stream=flags["token_stream"])
             return await drive_or_interrupted(p.items, send, live)
         finally:
-            # The requests a Ctrl-C cut off are aborted: the engine's counters then cover what was replayed.
             # After a Ctrl-C the engine may still be inside one long step (a CPU prefill of 8,000 tokens took 63 s):
             # AsyncLLM.call's 30 s default raised queue.Empty there, a traceback that lost the partial results.
             try:
@@ -351,9 +350,10 @@ def _run_local(config: EngineConfig, window, flags: dict[str, Any], quiet: bool)
         from engine.step_log import write_step_log
 
         write_step_log(state["records"], flags["step_log"])
-    d_prompt = after.prompt_tokens - before.prompt_tokens
-    hit_rate = (after.cache_hit_tokens - before.cache_hit_tokens) / d_prompt if d_prompt else None
-    out = summarize(results, duration, p, hit_rate, live.started, interrupted, flags["save_detailed"])
+    # Not the engine's counters: they take a prompt at its first prefill chunk, so after a Ctrl-C they held the
+    # requests cut off mid-decode too (60.6% against a bound of 48.4% over the completed ones, tests/test_bench_trace).
+    hit_rate = completed_hit_rate(results)
+    out = summarize(results, duration, p, hit_rate, live.started, interrupted, flags["save_detailed"], "requests")
     out.update(
         mode="in-process",
         **llm.describe(),
@@ -382,7 +382,7 @@ def _run_vllm(config: EngineConfig, window, flags: dict[str, Any], quiet: bool) 
     from minisgl_cli.gpu_busy import GpuBusy
     from minisgl_cli.live_view import LiveView
     from minisgl_cli.peers import PeerUnavailable
-    from minisgl_cli.replay import LiveCounters, drive_or_interrupted
+    from minisgl_cli.replay import LiveCounters, completed_hit_rate, drive_or_interrupted
     from minisgl_cli.vllm_peer import VllmAsyncPeer
 
     async def main():
@@ -407,9 +407,8 @@ def _run_vllm(config: EngineConfig, window, flags: dict[str, Any], quiet: bool) 
         return info, pool, startup, p, results, duration, busy.share, interrupted, live.started
 
     info, pool, startup, p, results, duration, gpu_busy, interrupted, t0 = asyncio.run(main())
-    prompt = sum(r.input_len for r in results if r.ok)
-    hits = sum(r.cache_hit_tokens or 0 for r in results if r.ok)
-    out = summarize(results, duration, p, hits / prompt if prompt else None, t0, interrupted, flags["save_detailed"])
+    hit_rate = completed_hit_rate(results)
+    out = summarize(results, duration, p, hit_rate, t0, interrupted, flags["save_detailed"], "requests")
     out.update(mode="in-process", **info, engine="vllm", kv_pool_tokens=pool, startup_seconds=startup)
     out["gpu"] = _gpu_name(config.torch_device())
     out["gpu_busy"] = gpu_busy
@@ -438,6 +437,7 @@ def _run_url(
     from minisgl_cli.replay import (
         LiveCounters,
         cache_hit_rate,
+        completed_hit_rate,
         drive_or_interrupted,
         failure,
         scrape_metrics,
@@ -480,10 +480,21 @@ def _run_url(
                     after = await scrape_metrics(client)
             except TimeoutError:
                 after = None
-            return name, engine, results, duration, cache_hit_rate(before, after), interrupted, live.started, p
+            return name, engine, results, duration, (before, after), interrupted, live.started, p
 
-    name, engine, results, duration, hit_rate, interrupted, t0, p = asyncio.run(main())
-    out = summarize(results, duration, p, hit_rate, t0, interrupted, flags["save_detailed"])
+    name, engine, results, duration, metrics, interrupted, t0, p = asyncio.run(main())
+    # Each completed request's own cache hits where the server sends them (usage.prompt_tokens_details, as minisgl's
+    # and SGLang's do), else its /metrics counters: those count every prompt the server admitted, a request a Ctrl-C
+    # cut off after its first prefill chunk too, so not after one.
+    hit_rate: float | None
+    if all(r.cache_hit_tokens is not None for r in results if r.ok):
+        hit_rate, source = completed_hit_rate(results), "requests"
+    elif interrupted:
+        hit_rate, source = None, None
+    else:
+        hit_rate = cache_hit_rate(*metrics)
+        source = "metrics" if hit_rate is not None else None
+    out = summarize(results, duration, p, hit_rate, t0, interrupted, flags["save_detailed"], source)
     out.update(mode="url", url=flags["url"], model=name, engine=engine)
     out.update(client_usage(out, results, check.tok_per_s if check else None), client_check=check and check.as_dict())
     return out, results
@@ -497,27 +508,31 @@ def summarize(
     t0: float,
     interrupted: bool = False,
     detailed: bool = False,
+    hit_rate_source: str | None = None,
 ) -> dict[str, Any]:
     """The figures, and bench-serve's per-request arrays (`requests`: send times from the replay's start `t0`,
-    TTFTs, TPOTs, lengths, which succeeded; with `detailed`, every inter-token gap), so that every statistic can be
-    recomputed from the JSON."""
+    TTFTs, TPOTs, lengths, which succeeded, cache hits; with `detailed`, every inter-token gap), so that every
+    statistic can be recomputed from the JSON. `hit_rate_source`: "requests" (the completed requests' own cache
+    hits), "metrics" (a server's /metrics counters over the replay) or None (no hit rate)."""
     from minisgl_cli.report import interrupted_fields
     from minisgl_cli.run_figures import per_request
     from minisgl_cli.run_figures import summarize as figures
 
     out = figures(results, duration, e2e_name="e2e_latency")
     out["requests"] = per_request(results, t0, detailed)
-    # The hit rate counts the prompts the engine admitted: with some requests refused (ids outside the vocabulary, a
-    # server's 4xx) it exceeded a bound taken over all of them. The bound is taken over those that completed then;
-    # the planned window's is kept apart.
+    out["requests"]["cached_tokens"] = [r.cache_hit_tokens for r in results]
+    # The bound is over the requests the hit rate measures, the completed ones (a bound over all planned was below
+    # the hit rate of a run some of whose requests failed or were cut off); every earlier request, sent before them,
+    # may have filled the cache. The planned window's bound is kept apart.
     bound = p.upper_bound
     done = {r.index for r in results if r.ok}
     if len(done) < len(p.trace.requests):
-        bound = replace(p.trace, requests=[r for r in p.trace.requests if r.index in done]).reuse_upper_bound()
+        bound = p.trace.reuse_upper_bound(over=done)
     out.update(
         planned_requests=len(p.items),
         **interrupted_fields(interrupted),
         cache_hit_rate=cache_hit_rate,
+        cache_hit_rate_source=hit_rate_source,
         trace_cache_hit_upper_bound=bound,
         trace_cache_hit_upper_bound_planned=p.upper_bound,
         block_size=p.trace.block_size,
@@ -565,4 +580,9 @@ def _table(res: dict[str, Any]):
             ),
         ],
     )
+    if res["cache_hit_rate_source"] == "metrics":
+        summary.caption = "cache hit rate: the server's /metrics over the replay; bound: over the completed requests"
+    else:
+        summary.caption = "cache hit rate and its bound: over the completed requests"
+    summary.caption_justify = "left"
     return Group(summary, latency)

@@ -357,6 +357,9 @@ def url_sender(client, model: str, temperature: float, chat: bool = False) -> Se
             res.output_tokens = max(res.output_tokens, 1)
         if usage and usage.get("prompt_tokens"):
             res.input_len = int(usage["prompt_tokens"])
+        cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+        if isinstance(cached, int) and not isinstance(cached, bool):  # minisgl's and SGLang's servers send it
+            res.cache_hit_tokens = cached
         res.set_times(times)
         if not times and res.error is None:
             res.error = "the stream carried no tokens"
@@ -397,8 +400,20 @@ async def scrape_metrics(client) -> dict[str, float] | None:
     return parse_prometheus(body.decode(errors="replace")) if status == 200 else None
 
 
+def completed_hit_rate(results: Sequence[RequestResult]) -> float | None:
+    """Hit tokens / prompt tokens of the completed requests, from each one's own cache hits; None when one of them
+    has none (a server that does not report them) or none completed."""
+    ok = [r for r in results if r.ok]
+    if any(r.cache_hit_tokens is None for r in ok):
+        return None
+    prompt = sum(r.input_len for r in ok)
+    return sum(r.cache_hit_tokens or 0 for r in ok) / prompt if prompt else None
+
+
 def cache_hit_rate(before: dict[str, float] | None, after: dict[str, float] | None) -> float | None:
-    """Hit tokens / prompt tokens over the replay, from counters scraped before and after (None if unknown)."""
+    """Hit tokens / prompt tokens over the replay, from counters scraped before and after (None if unknown). The
+    counters count every prompt the server admitted: a request cut off or failed after its first prefill chunk, and
+    any other client's, too."""
     if not before or not after:
         return None
     end = cache_counters(after)

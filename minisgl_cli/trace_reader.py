@@ -55,15 +55,18 @@ class Trace:
         bs = self.block_size
         return [(h, min(bs, r.input_length - j * bs)) for j, h in enumerate(r.hash_ids) if j * bs < r.input_length]
 
-    def reuse_upper_bound(self) -> float | None:
+    def reuse_upper_bound(self, over: set[int] | None = None) -> float | None:
         """Share of prompt tokens in blocks whose hash id appeared earlier: the best hit rate any prefix cache
-        of unlimited size could reach on this trace (hit tokens / prompt tokens); None without requests."""
+        of unlimited size could reach on this trace (hit tokens / prompt tokens); None without requests.
+        `over`: the indices of the requests measured (default all); every earlier request still fills the cache,
+        as one a replay cut off or failed had reached the cache before it ended."""
         seen: dict[int, int] = {}
         hit = total = 0
         for r in self.requests:
-            total += r.input_length
+            counted = over is None or r.index in over
+            total += r.input_length if counted else 0
             for h, n in self.block_tokens(r):
-                hit += min(n, seen.get(h, 0))
+                hit += min(n, seen.get(h, 0)) if counted else 0
                 seen[h] = max(seen.get(h, 0), n)
         return hit / total if total else None
 

@@ -77,6 +77,9 @@ def test_qwen_replay_in_process(tmp_path, radix):
         assert 0.2 < res["cache_hit_rate"] <= res["trace_cache_hit_upper_bound"]
     else:
         assert res["cache_hit_rate"] == 0.0
+    # the completed requests' own hits (all of them here), which the step log below ties to the engine's prefills
+    assert res["cache_hit_rate_source"] == "requests"
+    assert res["cache_hit_rate"] == pytest.approx(sum(req["cached_tokens"]) / res["total_input_tokens"])
     # The step log accounts for every token: each output token came from a decode row or a request's last prefill
     # chunk; every prompt token not served by the cache went through a prefill chunk.
     steps = [json.loads(line) for line in log.read_text().splitlines()]
@@ -398,6 +401,7 @@ def test_url_mode_against_minisgl_serve(tmp_path):
         assert r.exit_code == 2 and "HTTP 401: missing API key" in r.output, r.output
         assert "(pass the server's key: --api-key, or OPENAI_API_KEY)" in r.output, r.output
         trace = read_trace(QWEN).window(0, 24)
+        before = _cache_counters(url)
         res = replay(
             tmp_path,
             QWEN,
@@ -418,8 +422,23 @@ def test_url_mode_against_minisgl_serve(tmp_path):
         assert res["total_input_tokens"] == sum(r.input_length for r in trace.requests)
         assert res["total_output_tokens"] == sum(r.output_length for r in trace.requests)  # ignore_eos honoured
         check_latencies(res)
-        # The server's /metrics counters give the hit rate of exactly this replay.
+        # From each answer's usage.prompt_tokens_details.cached_tokens: on a complete replay, the figure the server's
+        # /metrics counters gave before (read here around the replay).
+        hits, prompts = (b - a for a, b in zip(before, _cache_counters(url)))
+        assert res["cache_hit_rate_source"] == "requests" and res["cache_hit_rate"] == pytest.approx(hits / prompts)
         assert 0.1 < res["cache_hit_rate"] <= res["trace_cache_hit_upper_bound"]
+
+
+def _cache_counters(url: str) -> tuple[float, float]:
+    """(hit tokens, prompt tokens) of a server's /metrics."""
+    import urllib.request
+
+    from minisgl_cli.prometheus import cache_counters, parse_prometheus
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
+        counters = cache_counters(parse_prometheus(r.read().decode()))
+    assert counters is not None
+    return counters
 
 
 def test_url_outputs_of_textless_tokens_are_timed_not_failed(tmp_path):
@@ -470,6 +489,70 @@ def test_ctrl_c_keeps_the_finished_requests_as_partial_results(tmp_path):
     env = res["environment"]
     assert env["command"].startswith("minisgl bench-trace ") and "--json" in env["command"]
     assert isinstance(env["dirty"], bool) and env["platform"] and env["cpu_count"] >= 1
+
+
+def test_ctrl_c_hit_rate_and_its_bound_cover_the_same_requests(tmp_path):
+    """A replay cut by SIGINT while a request that had reused a finished one's prompt still decoded: the engine's
+    counters had taken its prompt (and its hits) at its first prefill chunk, the bound only the completed requests:
+    60.6% against a bound of 48.4% here (60.6% against 56.9% on traces/qwen_1000.jsonl). Both now cover the
+    completed requests, each one's hits in the JSON, and every request sent before them may fill the bound's cache."""
+    import os
+    import re
+    import select
+    import signal
+    import subprocess
+    import time
+
+    head = list(range(1, 33))  # 32 blocks of 16 tokens
+    rows = [  # done at once; then one that reuses 31 of its blocks and ends, and one that reuses all 32 and decodes
+        (0.0, 512, 4, head),
+        (0.3, 512, 2, head[:31] + [100]),
+        (0.3, 640, 1400, head + list(range(200, 208))),
+    ]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": t, "input_length": n, "output_length": m, "hash_ids": h}) + "\n"
+            for t, n, m, h in rows
+        )
+    )
+    out = tmp_path / "t.json"
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "minisgl_cli",
+            "bench-trace",
+            str(trace),
+            "--format",
+            "qwen",
+            *TINY[:4],
+            "--json",
+            str(out),
+        ],
+        env=subprocess_env(COLUMNS="200", TTY_COMPATIBLE="1", TTY_INTERACTIVE="1"),  # the live view, to be watched
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores SIGINT
+    )
+    seen, t0 = b"", time.monotonic()
+    while not re.search(rb"\b2/3 ", seen):  # the live view's "done" column: the first two ended
+        assert time.monotonic() - t0 < 120 and p.poll() is None, seen.decode(errors="replace")[-2000:]
+        if select.select([p.stderr], [], [], 0.1)[0]:
+            seen += os.read(p.stderr.fileno(), 1 << 16)
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == 130 and b"Traceback" not in stderr, stdout + stderr
+    res = json.loads(out.read_text())
+    assert (res["completed"], res["failed"], res["planned_requests"]) == (2, 0, 3)  # the third was cut off
+    assert 0 < res["cache_hit_rate"] <= res["trace_cache_hit_upper_bound"]
+    assert res["trace_cache_hit_upper_bound"] == pytest.approx(read_trace(trace, "qwen").reuse_upper_bound(over={0, 1}))
+    req = res["requests"]
+    ok = [k for k, done in enumerate(req["success"]) if done]
+    hits = sum(req["cached_tokens"][k] for k in ok) / sum(req["input_lens"][k] for k in ok)
+    assert (res["cache_hit_rate"], res["cache_hit_rate_source"]) == (pytest.approx(hits), "requests")
+    table = flat(re.sub(r"\x1b\[[0-9;]*m", "", stdout.decode()))  # the environment made stdout a terminal too
+    assert "cache hit rate and its bound: over the completed requests" in table, table
 
 
 def test_the_command_line_in_a_results_file_hides_the_api_key(monkeypatch):

@@ -144,6 +144,9 @@ def test_reuse_upper_bound_counts_repeated_block_tokens(tmp_path):
     lines = [qwen(0, 40, hashes=(1, 2, 3)), qwen(1, 48, hashes=(1, 2, 4)), qwen(2, 32, hashes=(1, 3))]
     t = read_trace(write(tmp_path, lines))
     assert t.reuse_upper_bound() == pytest.approx((0 + 32 + 16 + 8) / (40 + 48 + 32))
+    # over B and C alone (A cut off after it had filled the cache): A's blocks are still there to be reused
+    assert t.reuse_upper_bound(over={1, 2}) == pytest.approx((32 + 16 + 8) / (48 + 32))
+    assert t.reuse_upper_bound(over={0}) == 0.0 and t.reuse_upper_bound(over=set()) is None
 
 
 def test_prompt_synthesis_follows_hash_ids():
