@@ -4,8 +4,10 @@ module imports torch and the engine only inside its command, so `minisgl --help`
 from __future__ import annotations
 
 import typer
+from typer.core import TyperCommand
 
 from minisgl_cli import bench_compare, bench_offline, bench_serve, bench_trace, cache, chat, serve
+from minisgl_cli.options import PlainCommand
 
 app = typer.Typer(
     help="minisgl: a small, fast LLM inference engine - chat, benchmark, serve.",
@@ -35,6 +37,20 @@ def _root(
 
 for module in (chat, bench_offline, bench_trace, bench_serve, bench_compare, serve, cache):
     module.register(app)
+
+
+def _plain_usage(typer_app: typer.Typer) -> None:
+    """Every command, those of a group such as `cache` too, is a PlainCommand: click's `FILES...` in its usage."""
+    for info in typer_app.registered_commands:
+        if info.cls in (None, TyperCommand):  # typer's default
+            info.cls = PlainCommand
+        assert issubclass(info.cls, PlainCommand), f"{info.name}: {info.cls} is no PlainCommand"
+    for group in typer_app.registered_groups:
+        assert group.typer_instance is not None
+        _plain_usage(group.typer_instance)
+
+
+_plain_usage(app)
 
 
 def main() -> None:

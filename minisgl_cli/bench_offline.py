@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-from typer.core import TyperCommand
 
 from engine.config import EngineConfig
 from minisgl_cli import options as o
@@ -36,7 +35,7 @@ OFFLINE_ENGINE: dict[str, Any] = dict(
 PEER_CHILD_ENV = "MINISGL_PEER_CHILD"  # set in the environment of the child a --compare run starts for each peer
 
 
-class _BareCompare(TyperCommand):
+class _BareCompare(o.PlainCommand):
     """`--compare` with no value (the next word is another flag, or none) keeps its old meaning: transformers.
     Typer has no optional option values, so the bare form is rewritten before parsing."""
 

@@ -9,12 +9,17 @@ import math
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import fields
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
+from typer.core import TyperArgument, TyperCommand
 
 from engine.config import EngineConfig
 from engine.model_config import PRESETS
+
+if TYPE_CHECKING:
+    from typer._click.core import Context as ClickContext  # typer's own copy of click
+    from typer._click.formatting import HelpFormatter
 
 Model = Annotated[
     str | None,
@@ -465,3 +470,41 @@ def vllm_args(items: list[str] | None) -> dict[str, Any]:
         except ValueError:
             out[key] = raw
     return out
+
+
+def plain_metavar(argument: TyperArgument) -> str:
+    """An argument's name as click writes it: upper case, `[NAME]` when optional, `NAME...` when it takes several."""
+    name = argument.metavar or (argument.name or "").upper()
+    name = name if argument.required else f"[{name}]"
+    return name + ("..." if argument.nargs != 1 else "")
+
+
+class PlainCommand(TyperCommand):
+    """Every command's class: its arguments are named as click names them, `FILES...`, `TRACE`, in the usage line
+    (of --help and of an error) and under "Arguments:". Typer, with rich markup off, wrote `{files}...` there and
+    `files... <list[Path]>` in the help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if isinstance(param, TyperArgument) and param.metavar is None:
+                param.metavar = (param.name or "").upper()  # an error's name for it too: "Missing argument 'FILES'"
+
+    def collect_usage_pieces(self, ctx: ClickContext) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            pieces += [plain_metavar(param)] if isinstance(param, TyperArgument) else param.get_usage_pieces(ctx)
+        return pieces
+
+    def format_options(self, ctx: ClickContext, formatter: HelpFormatter) -> None:
+        rows: dict[str, list[tuple[str, str]]] = {"Arguments": [], "Options": []}
+        for param in self.get_params(ctx):
+            if (record := param.get_help_record(ctx)) is not None:
+                if isinstance(param, TyperArgument):
+                    rows["Arguments"].append((plain_metavar(param), record[1]))
+                else:
+                    rows["Options"].append(record)
+        for section, records in rows.items():
+            if records:
+                with formatter.section(section):
+                    formatter.write_dl(records)

@@ -1158,6 +1158,40 @@ def test_h_is_help_and_version_prints_the_packages():
     assert (r.exit_code, r.output) == (0, f"minisgl {version('minisgl')}\n")
 
 
+def test_usage_lines_name_arguments_as_click_does():
+    """Typer (rich markup off) wrote `Usage: minisgl bench-compare [OPTIONS] {files}...` and `files... <list[Path]>`
+    under "Arguments:". Every command's usage line, in its --help and above an error, is click's: `FILES...`."""
+
+    def commands(cmd: typer.core.TyperGroup, path: list[str]) -> list[list[str]]:
+        found = []
+        for name, sub in cmd.commands.items():
+            found += commands(sub, [*path, name]) if isinstance(sub, typer.core.TyperGroup) else [[*path, name]]
+        return found
+
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    arguments = {
+        "bench-compare": "FILES...",
+        "bench-trace": "TRACE",
+        "cache export": "ARCHIVE",
+        "cache import": "ARCHIVE",
+    }
+    every = commands(group, [])
+    assert {" ".join(c) for c in every} >= {"chat", "serve", "bench-offline", "bench-serve", *arguments}
+    for path in every:
+        name = " ".join(path)
+        expected = f"Usage: minisgl {name} [OPTIONS]" + (f" {arguments[name]}" if name in arguments else "")
+        r = CliRunner().invoke(app, [*path, "--help"], prog_name="minisgl", env={"COLUMNS": "300"})
+        assert r.exit_code == 0 and r.output.splitlines()[0] == expected, r.output
+        if name in arguments:
+            listed = r.output.split("Arguments:\n")[1].splitlines()[0].split()
+            assert listed[0] == arguments[name], r.output
+    r = CliRunner().invoke(app, ["bench-compare"], prog_name="minisgl")
+    assert r.exit_code == 2, r.output
+    assert r.output.splitlines()[0] == "Usage: minisgl bench-compare [OPTIONS] FILES...", r.output
+    assert "Missing argument 'FILES'." in r.output, r.output
+
+
 def test_version_of_a_checkout_that_is_not_installed(monkeypatch):
     """The GPU machine runs the checkout from PYTHONPATH, with no package metadata: --version raised
     PackageNotFoundError. (The metadata lookup is made to fail as it does there: this machine has it installed.)"""
