@@ -26,6 +26,7 @@ from minisgl_cli.options import (
     refuse_unread_engine_flags,
     with_engine_flags,
 )
+from minisgl_cli.report import INTERRUPTED_EXIT
 
 if TYPE_CHECKING:
     from minisgl_cli.serve import LoopEnd
@@ -194,7 +195,9 @@ def chat(
         _fit(session, llm.engine.max_model_len, system, temperature, max_tokens, sampling)  # refused before the chat
     except BaseException as e:
         if front is not None:
-            front.abandon(interrupted=isinstance(e, KeyboardInterrupt))
+            # load_llm ends a load that Ctrl-C cut short with INTERRUPTED_EXIT
+            stopped = isinstance(e, typer.Exit) and e.exit_code == INTERRUPTED_EXIT
+            front.abandon(interrupted=stopped or isinstance(e, KeyboardInterrupt))
         if store is not None and created:
             store.close()
             _remove_unused(store.path)

@@ -412,38 +412,46 @@ def load_llm(config: EngineConfig, quiet: bool = False):
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from engine.distributed import TP, TPStartFailed
-    from engine.llm import LLM
+    from minisgl_cli.report import INTERRUPTED_EXIT
 
     console = Console(stderr=True)
     # under torchrun every rank says which it is: one rank's start may fail alone (its file, its GPU's memory)
     rank = f"rank {launcher_rank()}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=quiet or launcher_rank() != 0,
-    ) as bar:
-        task = bar.add_task("loading model", total=None)
+    try:
+        from engine.distributed import TP, TPStartFailed
+        from engine.llm import LLM
 
-        def progress(stage: str, done: int, total: int) -> None:
-            bar.update(task, description=stage, completed=done, total=total)
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+            disable=quiet or launcher_rank() != 0,
+        ) as bar:
+            task = bar.add_task("loading model", total=None)
 
-        try:
-            llm = LLM(config, progress=progress)
-        except (ValueError, OSError, TPStartFailed) as e:  # OSError: an unreadable file (PermissionError), a disk error
-            console.print(f"[red]error:[/red] {escape(rank + str(e))}", soft_wrap=True)
-            raise typer.Exit(2) from e
-        except Exception as e:
-            if not rank:
-                raise
-            # under torchrun, what ended the start on this rank in one line (CUDA out of memory on one GPU), not a
-            # traceback that each rank's output interleaves with the others'
-            console.print(f"[red]error:[/red] {escape(f'{rank}{type(e).__name__}: {e}')}", soft_wrap=True)
-            raise typer.Exit(1) from e
+            def progress(stage: str, done: int, total: int) -> None:
+                bar.update(task, description=stage, completed=done, total=total)
+
+            try:
+                llm = LLM(config, progress=progress)
+            # OSError: an unreadable file (PermissionError), a disk error
+            except (ValueError, OSError, TPStartFailed) as e:
+                console.print(f"[red]error:[/red] {escape(rank + str(e))}", soft_wrap=True)
+                raise typer.Exit(2) from e
+            except Exception as e:
+                if not rank:
+                    raise
+                # under torchrun, what ended the start on this rank in one line (CUDA out of memory on one GPU), not a
+                # traceback that each rank's output interleaves with the others'
+                console.print(f"[red]error:[/red] {escape(f'{rank}{type(e).__name__}: {e}')}", soft_wrap=True)
+                raise typer.Exit(1) from e
+    except KeyboardInterrupt:
+        # Typer ends a command on Ctrl-C with status 130 and not a word: the embedded model's first load takes 10 s
+        console.print(f"{escape(rank)}[yellow]interrupted[/yellow] while loading the model", soft_wrap=True)
+        raise typer.Exit(INTERRUPTED_EXIT) from None
 
     if TP.size > 1 and TP.rank != 0:
         from engine.tp_follower import run_tp_follower

@@ -35,7 +35,7 @@ from engine.model_source import embedded_default_path
 from engine.sampling_params import SamplingParams
 from minisgl_cli.app import app
 from minisgl_cli.trace_reader import TraceError, read_trace
-from tests.conftest import make_llm, run_with_children, subprocess_env, torchrun_cmd
+from tests.conftest import free_port, make_llm, run_with_children, subprocess_env, torchrun_cmd
 from tests.hf_reference import hf_model_from_config, save_hf
 from tests.server_harness import live_server
 from tests.test_bench_offline import flat
@@ -1190,6 +1190,46 @@ def test_usage_lines_name_arguments_as_click_does():
     assert r.exit_code == 2, r.output
     assert r.output.splitlines()[0] == "Usage: minisgl bench-compare [OPTIONS] FILES...", r.output
     assert "Missing argument 'FILES'." in r.output, r.output
+
+
+@pytest.mark.parametrize("command", ["chat", "serve", "bench-offline"])
+def test_ctrl_c_while_the_model_loads_says_so(tmp_path, command):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) while the embedded GGUF loads, first in a fresh
+    cache: every command exited 130 without a word. Now one line says so; no process, socket folder, staging folder
+    or chat database is left. The signal goes once the load has fingerprinted the file (its hash memo appears)."""
+    import signal
+    import time
+
+    cache, tmp, data = tmp_path / "cache", tmp_path / "tmp", tmp_path / "data"
+    tmp.mkdir()
+    args = {"chat": ["--no-tui"], "serve": ["--port", str(free_port())], "bench-offline": []}[command]
+    env = subprocess_env(MINISGL_CACHE_DIR=str(cache), TMPDIR=str(tmp), XDG_DATA_HOME=str(data))
+    p = subprocess.Popen(
+        [sys.executable, "-m", "minisgl_cli", command, *args, "--device", "cpu"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores SIGINT
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not any(cache.glob("gguf-v*/hashes/*")):
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate(timeout=60)
+            time.sleep(0.02)
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert (p.returncode, out) == (130, ""), err
+    assert [line for line in err.splitlines() if line.strip()] == ["interrupted while loading the model"], err
+    with pytest.raises(ProcessLookupError):
+        os.killpg(p.pid, 0)  # the chat's own process too
+    assert list(tmp.iterdir()) == [] and not list(cache.rglob("*.tmp")), list(tmp_path.rglob("*"))
+    assert not list(data.rglob("*.db")), list(data.rglob("*"))
 
 
 def test_version_of_a_checkout_that_is_not_installed(monkeypatch):
