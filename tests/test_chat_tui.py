@@ -808,10 +808,18 @@ def test_the_usual_editing_keys_work_in_the_input_box(tmp_path):
         assert not [m for m in notices(app) if "delete" in m]
         await pilot.press("ctrl+shift+delete")
         assert notices(app)[-1] == "press ctrl+shift+delete again to delete 'saved'"
+        asked = re.fullmatch(r"press (\S+) again to delete 'saved'", notices(app)[-1])
         assert await edit("alt+x", at=3) == ("onex two three", 4)  # other alt keys type their letter, as TextArea does
         await send(pilot, "/help")
         await pilot.pause()
         assert "delete a word left / right" in rendered(app.query(NoteMessage)[-1].content)
+        # f1's list named the key as Textual's footer does, "shift+^del", where the notice says "ctrl+shift+delete"
+        await pilot.press("f1")
+        await pilot.pause()
+        rows = [line.split("  ")[0] for line in rendered(app.query(NoteMessage)[-1].content).splitlines()]
+        assert asked is not None and asked[1] in rows, rows
+        assert rows.count(asked[1]) == 1 and "/delete" in rows and not [r for r in rows if "^" in r], rows
+        assert {"esc", "ctrl+n", "ctrl+r", "ctrl+o", "f1", "ctrl+q"} <= set(rows), rows  # as the welcome names them
 
     run_pilot(
         ChatApp(ScriptedBackend(thinking_switch=None), ChatSession(max_tokens=8, max_tokens_limit=4096), store),

@@ -22,6 +22,7 @@ from textual.widgets.markdown import MarkdownStream
 
 from minisgl_cli.tui.backend import Answer, BackendError, ChatBackend
 from minisgl_cli.tui.commands import (
+    DELETE_KEY,
     HELP,
     CommandError,
     is_command,
@@ -95,7 +96,7 @@ class ChatApp(App):
     METRICS_MIN_WIDTH = 90
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (METRICS_MIN_WIDTH, "-wide")]
     BINDINGS = [
-        Binding("escape", "stop", "Stop"),
+        Binding("escape", "stop", "Stop", key_display="esc"),  # as the chat's text names it, and the footer did
         Binding("ctrl+n", "new_conversation", "New chat"),
         Binding("ctrl+r", "regenerate", "Again"),
         Binding("ctrl+g", "edit_last", "Edit"),
@@ -103,7 +104,7 @@ class ChatApp(App):
         Binding("ctrl+o", "sessions", "Chats"),
         # oterm's ctrl+backspace and an editor's ctrl+delete edit the input box here (delete a word left / right); the
         # footer is full at 120 columns: f1 lists it
-        Binding("ctrl+shift+delete", "delete_chat", "Delete", show=False),
+        Binding(DELETE_KEY, "delete_chat", "Delete", show=False),
         Binding("f2", "multiline", "Multi-line"),
         Binding("f1", "help", "Help"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
@@ -504,7 +505,7 @@ class ChatApp(App):
         await self.query_one("#conversation").remove_children()
         self.say(notice + (f" (system: {self.session.system})" if self.session.system else ""))
 
-    async def action_delete_chat(self, again: str = "ctrl+shift+delete") -> None:
+    async def action_delete_chat(self, again: str = DELETE_KEY) -> None:
         """Delete the open chat from the database, on a second press as the saved-chats list's `d d` (the chat
         unchanged in between: a message sent after the first press asks again); a new empty chat follows, with the
         same settings, as after ctrl+n."""
@@ -727,9 +728,11 @@ class ChatApp(App):
             self.title = _short(event.title)
 
     async def action_help(self) -> None:
-        # what each key does, where the footer has room for a word only ("Again", "Chats")
+        # what each key does, where the footer has room for a word only ("Again", "Chats"); each key named as the
+        # chat's notices and this list's first rows name them (ctrl+shift+delete), not as the footer shows them
+        # (Textual's "shift+^del")
         keys = [
-            (self.get_key_display(b), KEY_HELP.get(b.action, b.description))
+            (b.key_display or b.key, KEY_HELP.get(b.action, b.description))
             for b in self.BINDINGS
             if isinstance(b, Binding)
         ]

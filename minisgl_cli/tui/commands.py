@@ -10,6 +10,8 @@ from minisgl_cli.tui.backend import BackendError, ChatBackend
 from minisgl_cli.tui.export import FORMATS
 from minisgl_cli.tui.session import SAMPLING_OFF, ChatSession, Setting, go_on_with, parse_stop, setting_text
 
+DELETE_KEY = "ctrl+shift+delete"  # the chat's key for /delete, as its help and its notices name it
+
 HELP: list[tuple[str, str]] = [
     ("/reset", "start a new conversation (keeps the settings)"),
     ("/system <text>", "set the system prompt (ctrl+j for more lines); /system alone clears it"),
@@ -31,7 +33,7 @@ HELP: list[tuple[str, str]] = [
     ("/export md|json [path]", "write the conversation to a file (/export! writes over one that exists)"),
     ("/sessions", "saved conversations: open, rename, delete"),
     ("/rename <title>", "rename this conversation"),
-    ("/delete", "delete this conversation (run twice, as ctrl+shift+delete)"),
+    ("/delete", f"delete this conversation (run twice, as {DELETE_KEY})"),
     ("/stats", "the chat's settings, the last turn's numbers and the engine's"),
     ("/help", "this help"),
 ]
