@@ -4,6 +4,7 @@ run (engine, GPU, commit, flags)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import reprlib
 from collections.abc import Collection
@@ -148,7 +149,10 @@ def _numbers(ids: list[int]) -> str:
 
 
 def _notes(runs: list[dict[str, Any]]) -> list[str]:
-    """A note for each aspect on which runs differ, naming the runs (by #) of each value where they do."""
+    """A note for each aspect on which runs differ, naming the runs (by #) of each value where they do, and one for each
+    result given more than once."""
+    from rich.markup import escape
+
     notes = []
     for what, key, scope in ASPECTS:
         groups: dict[Any, dict[Seen, list[int]]] = {}
@@ -159,9 +163,15 @@ def _notes(runs: list[dict[str, Any]]) -> list[str]:
         differ.sort(key=lambda group: group[1][0])
         if differ:
             parts = "; ".join(" ".join(filter(None, (_numbers(ids), label))) for (_, label), ids in differ)
-            note = f"these runs are of different {what} ({parts}): their figures are not like for like"
-            notes.append(f"[yellow]note:[/yellow] {note}")
-    return notes
+            notes.append(f"these runs are of different {what} ({parts}): their figures are not like for like")
+    # one result in two files (a run copied): its figures showed twice, as two runs that agreed
+    copies: dict[str, dict[str, list[int]]] = {}
+    for i, r in enumerate(runs, 1):  # a bench-offline result's peers with it
+        copies.setdefault(r["content"], {}).setdefault(r["file"], []).append(i)
+    for sources in (s for s in copies.values() if len(s) > 1):
+        parts = "; ".join(f"{_numbers(ids)} {escape(source)}" for source, ids in sources.items())
+        notes.append(f"these runs are one result, field for field ({parts}): a run copied, not runs that agree")
+    return [f"[yellow]note:[/yellow] {note}" for note in notes]
 
 
 def _is_number(v: Any) -> bool:
@@ -388,7 +398,7 @@ def _run(path: Source, d: Any) -> dict[str, Any]:
     model = (flags.get("model") if isinstance(flags.get("model"), str) else None) or d.get("model_id") or d.get("model")
     return {
         "name": d.get("label") or f"{path.stem} ({engine or where})",
-        "file": str(path),
+        "file": str(path),  # or a JSON Lines file's line
         "kind": kind,
         "engine": engine,
         "model": model,
@@ -396,6 +406,7 @@ def _run(path: Source, d: Any) -> dict[str, Any]:
         "commit": (env.get("commit") or "") + (" (dirty)" if env.get("dirty") else "") or None,
         "flags": _shown_flags(flags, kind),
         "partial": bool(d.get("partial")),
+        "content": hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest(),  # of the whole result
         "aspects": {
             # bench-serve writes vLLM's benchmark_serving fields so that its result and a `vllm bench serve` one
             # compare: the same kind of run, though told apart in the table

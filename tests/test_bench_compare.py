@@ -599,6 +599,27 @@ def test_engine_versions_and_dtypes_are_noted(tmp_path):
     assert "different KV cache dtypes (#1-#3 bfloat16; #4 float8_e4m3fn)" in out  # 300 runs were listed each
 
 
+def test_one_result_in_two_files_is_noted(tmp_path):
+    """Two files holding one result (a run copied; here also written again in another layout) showed as two runs
+    that agree, without a word. The note names the runs of each copy by #, a bench-offline --compare file's peer
+    with its run; a copy with one field changed, or a run merely alike, is another run."""
+    results = Path(__file__).resolve().parent.parent / "benchmarks/results"
+    original = results / "bench_offline_vllm_llama-3.1-8b_h200.json"  # minisgl and its vLLM peer
+    copy, edited = tmp_path / "copy.json", tmp_path / "edited.json"
+    d = json.loads(original.read_text())
+    copy.write_text(json.dumps(dict(reversed(d.items()))))  # not byte for byte: the same fields and values
+    edited.write_text(json.dumps(d | {"output_throughput": d["output_throughput"] + 1}))
+    other = results / "bench_offline_qwen3-0.6b_64seqs_h200.json"
+    out = run("bench-compare", str(original), str(other), str(copy), str(edited))
+    assert out.count("one result") == 1, out
+    assert f"these runs are one result, field for field (#1, #2 {original}; #5, #6 {copy}): a run copied" in out
+    lines = "".join(f"{json.dumps({**d, 'label': name})}\n" for name in ("a", "b", "a"))
+    (tmp_path / "runs.jsonl").write_text(lines)  # SGLang's bench_serving appends a line per run: one twice
+    out = run("bench-compare", str(tmp_path / "runs.jsonl"))
+    assert f"one result, field for field (#1, #2 {tmp_path / 'runs.jsonl'} line 1; #5, #6 " in out, out
+    assert "note:" not in run("bench-compare", str(original), str(edited))
+
+
 def test_a_plot_names_runs_by_their_number_and_shows_figures_no_run_has(tmp_path, monkeypatch):
     """--plot of one bench-offline run (no latencies): its latency panels were blank, their "n/a" drawn outside the
     axis (fitted to the one bar's width). File names of 80 characters, written under every panel's bars, ran into
