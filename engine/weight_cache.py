@@ -70,8 +70,11 @@ def fingerprint(gguf: Path) -> str:
     try:  # written whole or not at all: a reader never takes half a key
         memo.parent.mkdir(parents=True, exist_ok=True)
         tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
-        tmp.write_text(key)
-        tmp.replace(memo)
+        try:
+            tmp.write_text(key)
+            tmp.replace(memo)
+        finally:  # Ctrl-C between the two (a command's load interrupted) left the staging file behind
+            tmp.unlink(missing_ok=True)
     except OSError:  # an unwritable cache: hashed again next time
         pass
     return key

@@ -75,6 +75,26 @@ def test_key_follows_content_not_mtime(tmp_path, monkeypatch):
     assert [p.read_text() for p in h.iterdir()].count(a.parent.name) == 2  # remembered for both stats of f
 
 
+def test_ctrl_c_while_the_hash_is_remembered_leaves_no_staging_file(tmp_path, monkeypatch):
+    """A Ctrl-C landing between the memo's staging write and its rename (a command's model load interrupted) left
+    `.<memo>.<pid>.tmp` in the cache for good."""
+    from tests.at_line import at_line
+
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "c"))
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"x" * 100_000)
+
+    def ctrl_c() -> None:
+        raise KeyboardInterrupt
+
+    with at_line(weight_cache.fingerprint, "tmp.replace(memo)", ctrl_c) as hit, pytest.raises(KeyboardInterrupt):
+        weight_cache.fingerprint(f)
+    assert hit
+    assert [p.name for p in (tmp_path / "c").rglob("*") if p.is_file()] == []
+    key = weight_cache.fingerprint(f)  # the next start hashes it again and remembers it
+    assert [p.read_text() for p in (tmp_path / "c").rglob("*") if p.is_file()] == [key]
+
+
 def test_key_covers_every_byte_and_an_edit_in_place(tmp_path, monkeypatch):
     """A file edited in place, one byte past its first MiB between any two 64 KiB samples of the old key, its mtime
     put back (`touch -r`, a tool that keeps it): another entry, not the stale one, and not the hash remembered for
