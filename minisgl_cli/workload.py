@@ -274,7 +274,9 @@ def _saved_rows(path: Path) -> tuple[list[str], Rows]:
         ds = ds["train" if "train" in ds else next(iter(ds))]
     names = ds.column_names
     known = [c for c in names if c in (*TURN_COLUMNS, *TEXT_COLUMNS) or len(names) == 1]
-    return names, [(f"row {i}", r) for i, r in enumerate(ds.select_columns(known).to_list(), 1)]
+    # of no columns, to_list() is no rows: a file without a prompt column said it "holds no rows"
+    rows = ds.select_columns(known).to_list() if known else [{}] * ds.num_rows
+    return names, [(f"row {i}", r) for i, r in enumerate(rows, 1)]
 
 
 def _parquet_rows(path: Path) -> tuple[list[str], Rows]:

@@ -692,6 +692,9 @@ def test_a_dataset_saved_by_datasets_reads(tmp_path):
     assert read_dataset_prompts(tmp_path / "dict", 10).texts == ["train"]
     datasets.DatasetDict({s: splits[s] for s in ("test",)}).save_to_disk(tmp_path / "only")
     assert read_dataset_prompts(tmp_path / "only", 10).texts == ["test"]
+    datasets.Dataset.from_dict({"id": [1], "score": [0.5]}).save_to_disk(tmp_path / "notext")  # said "holds no rows"
+    with pytest.raises(ValueError, match=r"notext has no 'conversations', 'messages' or text column \(.*: id, score$"):
+        read_dataset_prompts(tmp_path / "notext", 10)
     datasets.DatasetDict({"a": splits["test"], "b": splits["train"]}).save_to_disk(tmp_path / "ab")
     with pytest.raises(ValueError, match="holds the splits a, b: none is 'train'"):
         read_dataset_prompts(tmp_path / "ab", 10)
