@@ -295,9 +295,9 @@ def _parquet_rows(path: Path) -> tuple[list[str], Rows]:
     return names, [(f"row {i}", r) for i, r in enumerate(table.to_pylist(), 1)]
 
 
-def _first_user_turn(conv: object, what: str) -> str | None:
-    """The first turn from 'human' or 'user' (ShareGPT's 'from'/'value', OpenAI's 'role'/'content'); None when
-    there is none."""
+def _first_user_turn(conv: object, what: str) -> object:
+    """The first turn from 'human' or 'user' (ShareGPT's 'from'/'value', OpenAI's 'role'/'content'), its content
+    parts joined (_joined_parts); None when there is none."""
     if conv is not None and not isinstance(conv, list):
         raise ValueError(
             f"{what} must be a list of turns ({{'from' or 'role', 'value' or 'content'}}), "
@@ -307,8 +307,28 @@ def _first_user_turn(conv: object, what: str) -> str | None:
         if not isinstance(turn, dict):
             raise ValueError(f"{what}: a turn must be an object, got {turn!r:.40}")
         if turn.get("from", turn.get("role")) in ("human", "user"):
-            return turn.get("value", turn.get("content"))
+            return _joined_parts(turn.get("value", turn.get("content")), what)
     return None
+
+
+def _joined_parts(content: object, what: str) -> object:
+    """OpenAI content parts ([{"type": "text", "text": ...}, ...]) as one text, the parts joined with "\n" as
+    vLLM's string-format chat templates join them; any other content as it is. A part that is not text (an image,
+    audio) is an error: the prompt would silently lose it."""
+    if not isinstance(content, list) or not all(isinstance(part, dict) for part in content):
+        return content
+    texts = []
+    for i, part in enumerate(content, 1):
+        kind = part.get("type")
+        if kind != "text":
+            raise ValueError(
+                f"{what}: the user turn's part {i} is of type {kind!r}: only text parts can be a prompt "
+                "(the benchmarks send text)"
+            )
+        if not isinstance(text := part.get("text"), str):
+            raise ValueError(f"{what}: the user turn's part {i} (type 'text') has no text, got {text!r:.40}")
+        texts.append(text)
+    return "\n".join(texts)
 
 
 def dataset_workload(

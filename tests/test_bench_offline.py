@@ -572,7 +572,24 @@ def _parquet(path: Path, **columns: list) -> None:
         ("numbers.json", b"[1, 2, 3]", "row 1 is int '1', not an object (expected JSON lines, or a JSON list"),
         ("prompt.jsonl", b'{"prompt": "a"}\n\n{"prompt": 5}', "line 3: 'prompt' must be text, got int '5'"),
         ("value.jsonl", b'{"conversations": [{"from": "human", "value": [1]}]}', "the user turn in 'conversations'"),
-        ("parts.jsonl", b'{"messages": [{"role": "user", "content": [{"type": "text"}]}]}', "in 'messages' must be"),
+        (
+            "parts.jsonl",
+            b'{"messages": [{"role": "user", "content": [{"type": "text"}]}]}',
+            "line 1: 'messages': the user turn's part 1 (type 'text') has no text, got None",
+        ),
+        # content parts the text prompt would silently lose: an image, audio
+        (
+            "image.jsonl",
+            b'{"messages": [{"role": "user", "content": "ok"}]}\n{"messages": [{"role": "user", "content": '
+            b'[{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}]}',
+            "line 2: 'messages': the user turn's part 2 is of type 'image_url': only text parts can be a prompt",
+        ),
+        (
+            "audio.json",
+            b'[{"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AA=="}}]}'
+            b"]}]",
+            "row 1: 'messages': the user turn's part 1 is of type 'input_audio': only text parts",
+        ),
         ("empty.jsonl", b"", "empty.jsonl is empty"),  # was "cannot read dataset empty.jsonl:  (expected ...)"
         ("blank.json", b"\n\n", "blank.json is empty"),
         ("latin1.jsonl", b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}', "line 2 is not UTF-8 (byte 0xe9 at byte 16 of"),
@@ -664,6 +681,9 @@ def test_dataset_files_that_read(tmp_path):
     assert prompts("lines.json", b'{"question": "q1"}\n{"question": "q2"}\n') == ["q1", "q2"]
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}, {"role": "user", "content": "2"}]
     assert prompts("chat.jsonl", json.dumps({"messages": msgs}).encode()) == ["hi"]
+    parts = [{"type": "text", "text": "one"}, {"type": "text", "text": ""}, {"type": "text", "text": "two"}]
+    msgs = [{"role": "user", "content": parts}]  # OpenAI content parts, joined with "\n" as vLLM joins them
+    assert prompts("parts.jsonl", json.dumps({"messages": msgs}).encode()) == ["one\n\ntwo"]
     assert prompts("strings.json", b'["one", "", "two"]') == ["one", "two"]
     assert prompts("query.jsonl", b'{"query": "q"}') == ["q"]
     long = "y" * 200_000
