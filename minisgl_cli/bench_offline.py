@@ -75,6 +75,7 @@ def register(app: typer.Typer) -> None:
                 "(ShareGPT `conversations` or a text column)"
             ),
         ] = None,
+        dataset_column: o.DatasetColumn = None,
         engine: Annotated[str, typer.Option(help="minisgl | transformers | vllm")] = "minisgl",
         compare: Annotated[
             str | None,
@@ -134,7 +135,7 @@ def register(app: typer.Typer) -> None:
         engine, peers, config, overrides = _checked(ctx, flags)
         main_engine = "minisgl" if peers else engine
         try:
-            workload = _build_workload(config, num_seqs, input_len, output_len, seed, dataset)
+            workload = _build_workload(config, num_seqs, input_len, output_len, seed, dataset, dataset_column)
             # Peers first: one that cannot run fails in seconds, and each finds the GPU free (vLLM claims 90% of it).
             peer_results = [_run_child(name, ctx, workload, vllm_env if name == "vllm" else None) for name in peers]
             if main_engine == "minisgl":
@@ -189,6 +190,8 @@ def _checked(ctx: typer.Context, flags: dict[str, Any]) -> tuple[str, list[str],
         o.refuse_given(ctx, why, "vllm_env")
     if dataset is not None:
         o.refuse_given(ctx, "draws random prompts' lengths, and --dataset prompts have their own", "input_len")
+    else:
+        o.refuse_given(ctx, "names the --dataset file's prompt column, and there is no --dataset", "dataset_column")
     if "transformers" in engines and o.given(ctx, "peer_batch_size"):
         from minisgl_cli.hf_peer import batches_continuously
 
@@ -256,6 +259,7 @@ def _result(
         "truncated_prompts": workload.truncated,
         "repeated_prompts": workload.repeated,
         "skipped_rows": workload.skipped_rows,  # a dataset's rows with an empty prompt, passed over
+        "dataset_column": workload.column,  # the dataset's prompt column: --dataset-column or the file's
         "digest": workload_digest(workload),
     }
     result["environment"] = environment()
@@ -321,7 +325,13 @@ def _exit(code: int) -> NoReturn:
 
 
 def _build_workload(
-    config: EngineConfig, num_seqs: int, input_len: str, output_len: str, seed: int, dataset: Path | None
+    config: EngineConfig,
+    num_seqs: int,
+    input_len: str,
+    output_len: str,
+    seed: int,
+    dataset: Path | None,
+    column: str | None = None,
 ):
     from engine.tokenizer import load_tokenizer
     from engine.weights import model_config_for
@@ -348,7 +358,8 @@ def _build_workload(
     if dataset is None:
         return random_workload(num_seqs, in_range, out_range, seed, mc.vocab_size)
     try:
-        return dataset_workload(dataset, load_tokenizer(config.model).encode, num_seqs, out_range, seed, context)
+        encode = load_tokenizer(config.model).encode
+        return dataset_workload(dataset, encode, num_seqs, out_range, seed, context, column=column)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--dataset") from e
 

@@ -81,6 +81,7 @@ def register(app: typer.Typer) -> None:
                 "`conversations` or a text column)"
             ),
         ] = None,
+        dataset_column: o.DatasetColumn = None,
         prefix_groups: Annotated[int, typer.Option(help="G groups of requests sharing a prefix (0: none)", min=0)] = 0,
         prefix_len: Annotated[int, typer.Option(help="tokens of each group's shared prefix", min=1)] = 256,
         rate: Annotated[
@@ -191,6 +192,9 @@ def register(app: typer.Typer) -> None:
             o.refuse_given(ctx, why, "label", "save_detailed")
         if dataset is not None:
             o.refuse_given(ctx, "draws random prompts' lengths, and --dataset prompts have their own", "input_len")
+        else:
+            why = "names the --dataset file's prompt column, and there is no --dataset"
+            o.refuse_given(ctx, why, "dataset_column")
         if endpoint == "chat" and prompt_format == "ids":
             o.refuse_given(ctx, "--endpoint chat sends text prompts", "prompt_format")
         if not prefix_groups:
@@ -433,6 +437,7 @@ def _workload(target: Target, flags: dict[str, Any], n: int, seed: int, skip: in
             flags["prefix_len"] if groups else 0,
             target.context,
             skip,
+            flags["dataset_column"],
         )
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--dataset") from e
@@ -490,7 +495,7 @@ class _Planner:
         flags, n = self.flags, _sizes(load, self.flags)
         items, w = _workload(self.target, flags, n, flags["seed"] + index, self.drawn)
         self.drawn += n
-        self.served["source"] = w.source
+        self.served["source"], self.served["column"] = w.source, w.column
         self._note_skipped(w)
         times = arrival_times(
             len(items),
@@ -822,6 +827,8 @@ def _result(target: Target, rows, results, slo, flags, check, served, stopped) -
             "repeated_prompts": served.get("warm_repeated", 0) + sum(r["repeated_prompts"] for r in rows),
             # a dataset's rows with an empty prompt, passed over
             "skipped_rows": served.get("skipped_rows", 0),
+            # the dataset's prompt column: --dataset-column or the file's
+            "dataset_column": served.get("column"),
         },
         "slo": {k: v * 1000 for k, v in slo.items()} if slo else None,
         "client_check": check.as_dict() if check else None,

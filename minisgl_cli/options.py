@@ -59,6 +59,15 @@ MemoryFraction = Annotated[
         max=1.0,
     ),
 ]
+# the --dataset benchmarks' choice of the file's prompt column (bench-offline, bench-serve)
+DatasetColumn = Annotated[
+    str | None,
+    typer.Option(
+        help="the --dataset file's prompt column: a text column, or one of conversations (the first user turn); "
+        "default: conversations, messages, then prompt, text, question, instruction, input, content, or the file's "
+        "only column"
+    ),
+]
 # the --url benchmarks' client options (bench-serve, bench-trace)
 ServedModel = Annotated[str | None, typer.Option(help="model name sent with --url (default: the first of /v1/models)")]
 ApiKey = Annotated[str | None, typer.Option(envvar="OPENAI_API_KEY", help="bearer token for --url", show_default=False)]

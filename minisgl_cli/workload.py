@@ -32,6 +32,7 @@ class Workload:
     texts: list[str | None] | None = None
     skipped: str | None = None  # a dataset's rows skipped for an empty prompt: DatasetPrompts.skipped_note()
     skipped_rows: int = 0
+    column: str | None = None  # a dataset's prompt column (DatasetPrompts.column)
 
     @property
     def num_seqs(self) -> int:
@@ -52,13 +53,14 @@ class DatasetPrompts:
 
     texts: list[str]
     column: str  # where the prompts came from
+    turns: bool = False  # the column holds conversations: each prompt is a row's first user turn
     skipped: int = 0  # the file's rows whose prompt is empty, blank or missing (or a conversation with no user turn)
     first_skipped: str = ""  # the first of them: "line 3" (JSON lines, CSV) or "row 3" (a JSON list, Parquet)
 
     def skipped_note(self, path: Path) -> str | None:
         if not self.skipped:
             return None
-        what = f"no user turn in {self.column!r}" if self.column in TURN_COLUMNS else f"no text in {self.column!r}"
+        what = f"no user turn in {self.column!r}" if self.turns else f"no text in {self.column!r}"
         if self.skipped == 1:
             return f"{path}: {self.first_skipped} has {what} and was skipped"
         return f"{path}: {self.skipped:,} rows with {what} were skipped (the first: {self.first_skipped})"
@@ -110,14 +112,15 @@ def warmup_like(workload: Workload, vocab_size: int, seed: int = 12345) -> Workl
     return Workload(prompts, [min(8 + i, n) for i, n in enumerate(workload.output_lens)], "warm-up")
 
 
-def read_dataset_prompts(path: Path, limit: int) -> DatasetPrompts:
+def read_dataset_prompts(path: Path, limit: int, column: str | None = None) -> DatasetPrompts:
     """The first `limit` prompts of a local JSON/JSONL/CSV/Parquet file, or of a directory `datasets` saved
     (save_to_disk): the first user turn of ShareGPT
     `conversations` (or OpenAI `messages`), or a text column.
 
-    The prompt column is the file's, as guidellm picks it: the first of TURN_COLUMNS + TEXT_COLUMNS that any row
-    has, or a file's only column; a row whose value there is empty or missing is skipped and counted (as vLLM's
-    ShareGPT reader drops a conversation with no reply), never filled from another column."""
+    The prompt column is `column` (--dataset-column), else the file's, as guidellm picks it: the first of
+    TURN_COLUMNS + TEXT_COLUMNS that any row has, or a file's only column. It holds conversations when it is one of
+    TURN_COLUMNS or a row's value there is a list of objects. A row whose value there is empty or missing is skipped
+    and counted (as vLLM's ShareGPT reader drops a conversation with no reply), never filled from another column."""
     if not path.exists():
         raise ValueError(f"dataset {path} does not exist")
     if path.is_dir() and not any((path / f).is_file() for f in SAVED_MARKERS):
@@ -126,21 +129,21 @@ def read_dataset_prompts(path: Path, limit: int) -> DatasetPrompts:
         raise ValueError(f"dataset {path} is not a regular file")
     # a saved directory's newest file says whether it changed
     st = path.stat() if path.is_file() else max((f.stat() for f in path.rglob("*")), key=lambda s: s.st_mtime_ns)
-    read = _read_file(path, st.st_mtime_ns, st.st_size)
+    read = _read_file(path, st.st_mtime_ns, st.st_size, column)
     return read if len(read.texts) <= limit else replace(read, texts=read.texts[:limit])
 
 
 # A bench-serve sweep reads the file once per load point: ShareGPT's 650 MB JSON takes ~10 s to parse each time.
 @functools.lru_cache(maxsize=2)
-def _read_file(path: Path, mtime_ns: int, size: int) -> DatasetPrompts:
-    """All the prompts of the file as it is at `mtime_ns` and `size`."""
+def _read_file(path: Path, mtime_ns: int, size: int, column: str | None) -> DatasetPrompts:
+    """All the prompts of the file's `column` (None: the file's own), as it is at `mtime_ns` and `size`."""
     kind = path.suffix.lower()
     if path.is_dir():
-        columns, rows = _saved_rows(path)
+        columns, rows = _saved_rows(path, column)
     elif kind not in (".json", ".jsonl", ".csv", ".parquet"):
         raise ValueError(f"dataset {path}: use a .json, .jsonl, .csv or .parquet file, or a directory `datasets` saved")
     elif kind == ".parquet":
-        columns, rows = _parquet_rows(path)
+        columns, rows = _parquet_rows(path, column)
     else:
         text = _text(path)
         if not text.strip():
@@ -148,17 +151,22 @@ def _read_file(path: Path, mtime_ns: int, size: int) -> DatasetPrompts:
         columns, rows = _csv_rows(path, text) if kind == ".csv" else _json_rows(path, text)
     if not rows:
         raise ValueError(f"dataset {path} holds no rows")
-    col = next((c for c in (*TURN_COLUMNS, *TEXT_COLUMNS) if c in columns), columns[0] if len(columns) == 1 else None)
+    if column is not None and column not in columns:
+        raise ValueError(
+            f"dataset {path} has no column {column!r}; its columns: {', '.join(map(str, columns)) or 'none'}"
+        )
+    col = column or _prompt_column(columns)
     if col is None:
         raise ValueError(
             f"dataset {path} has no 'conversations', 'messages' or text column "
             f"({', '.join(TEXT_COLUMNS)}); its columns: {', '.join(map(str, columns)) or 'none'}"
         )
+    turns = col in TURN_COLUMNS or any(_is_conversation(row.get(col)) for _, row in rows)
     texts: list[str] = []
     skipped: list[str] = []
     for where, row in rows:
         value, what = row.get(col), repr(col)
-        if col in TURN_COLUMNS:
+        if turns:
             value, what = _first_user_turn(value, f"dataset {path}: {where}: {col!r}"), f"the user turn in {col!r}"
         if value is not None and not isinstance(value, str):
             # str() of a number or a list made prompts of "5" or "[1, 2]"
@@ -171,7 +179,16 @@ def _read_file(path: Path, mtime_ns: int, size: int) -> DatasetPrompts:
             skipped.append(where)
     if not texts:
         raise ValueError(f"dataset {path} holds no non-empty prompts (in its {col!r} column)")
-    return DatasetPrompts(texts, col, len(skipped), skipped[0] if skipped else "")
+    return DatasetPrompts(texts, col, turns, len(skipped), skipped[0] if skipped else "")
+
+
+def _prompt_column(columns: list[str]) -> str | None:
+    """guidellm's choice: the first of TURN_COLUMNS + TEXT_COLUMNS among `columns`, or the only one."""
+    return next((c for c in (*TURN_COLUMNS, *TEXT_COLUMNS) if c in columns), columns[0] if len(columns) == 1 else None)
+
+
+def _is_conversation(value: object) -> bool:
+    return isinstance(value, list) and any(isinstance(turn, dict) for turn in value)
 
 
 def _text(path: Path) -> str:
@@ -252,7 +269,7 @@ def _csv_rows(path: Path, text: str) -> tuple[list[str], Rows]:
 SAVED_MARKERS = ("state.json", "dataset_dict.json")
 
 
-def _saved_rows(path: Path) -> tuple[list[str], Rows]:
+def _saved_rows(path: Path, column: str | None) -> tuple[list[str], Rows]:
     """A dataset saved by `datasets` (Dataset.save_to_disk; of a DatasetDict, its 'train' split or its only one), read
     through `datasets` itself (Arrow files, memory-mapped)."""
     import datasets
@@ -272,14 +289,20 @@ def _saved_rows(path: Path) -> tuple[list[str], Rows]:
                 f"dataset {path} holds the splits {', '.join(ds)}: none is 'train' (give the split's folder)"
             )
         ds = ds["train" if "train" in ds else next(iter(ds))]
-    names = ds.column_names
-    known = [c for c in names if c in (*TURN_COLUMNS, *TEXT_COLUMNS) or len(names) == 1]
+    names, read = ds.column_names, _read_columns(ds.column_names, column)
     # of no columns, to_list() is no rows: a file without a prompt column said it "holds no rows"
-    rows = ds.select_columns(known).to_list() if known else [{}] * ds.num_rows
+    rows = ds.select_columns(read).to_list() if read else [{}] * ds.num_rows
     return names, [(f"row {i}", r) for i, r in enumerate(rows, 1)]
 
 
-def _parquet_rows(path: Path) -> tuple[list[str], Rows]:
+def _read_columns(names: list[str], column: str | None) -> list[str]:
+    """The columns of a Parquet file or saved dataset that may hold its prompts (its others can be large)."""
+    if column is not None:
+        return [c for c in names if c == column]
+    return [c for c in names if c in (*TURN_COLUMNS, *TEXT_COLUMNS) or len(names) == 1]
+
+
+def _parquet_rows(path: Path, column: str | None) -> tuple[list[str], Rows]:
     """The rows' prompt columns only (a file's other columns can be large)."""
     try:
         import pyarrow.parquet as pq
@@ -288,8 +311,7 @@ def _parquet_rows(path: Path) -> tuple[list[str], Rows]:
     try:
         f = pq.ParquetFile(path)
         names = f.schema_arrow.names
-        known = [c for c in names if c in (*TURN_COLUMNS, *TEXT_COLUMNS) or len(names) == 1]
-        table = f.read(columns=known)
+        table = f.read(columns=_read_columns(names, column))
     except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
         raise ValueError(f"cannot read dataset {path} as Parquet: {e}") from None
     return names, [(f"row {i}", r) for i, r in enumerate(table.to_pylist(), 1)]
@@ -339,12 +361,14 @@ def dataset_workload(
     seed: int,
     max_model_len: int,
     skip: int = 0,
+    column: str | None = None,
 ) -> Workload:
     """Real prompts (tokenized with the model's tokenizer) with output lengths drawn from `output_len`;
     a prompt too long for the context keeps its first tokens. The requests take the file's prompts from the
     `skip`-th on (a bench-serve sweep gives each load prompts of its own); past the file's last prompt they start
-    again from its first, as vLLM's benchmarks oversample (`repeated` counts those requests)."""
-    dataset = read_dataset_prompts(path, skip + num_seqs)
+    again from its first, as vLLM's benchmarks oversample (`repeated` counts those requests). `column`: the file's
+    prompt column (read_dataset_prompts)."""
+    dataset = read_dataset_prompts(path, skip + num_seqs, column)
     read = dataset.texts
     rng = random.Random(seed)
     output_lens = [rng.randint(*output_len) for _ in range(num_seqs)]
@@ -370,6 +394,7 @@ def dataset_workload(
         texts=texts,
         skipped=dataset.skipped_note(path),
         skipped_rows=dataset.skipped,
+        column=dataset.column,
     )
 
 
@@ -386,6 +411,7 @@ class ServeWorkload:
     cut: frozenset[int] = frozenset()  # the indices of the requests whose dataset prompt was cut to fit
     skipped: str | None = None  # Workload's
     skipped_rows: int = 0
+    column: str | None = None  # Workload's
 
 
 def _cut_text(tokenizer, ids: list[int]) -> str:
@@ -412,23 +438,25 @@ def serve_workload(
     prefix_len: int = 0,
     max_model_len: int | None = None,
     skip: int = 0,
+    column: str | None = None,
 ) -> ServeWorkload:
     """Random prompts (nano-vllm's draw, ids folded into small vocabularies) or a dataset's (from its `skip`-th
     prompt on); with prefix groups, request i starts with group i % G's shared random prefix of `prefix_len`
     tokens. Text prompts are the dataset's own (a prompt cut to fit, its kept tokens' text), or random ids decoded
     by the tokenizer."""
-    repeated, skipped, skipped_rows = 0, None, 0
+    repeated, skipped, skipped_rows, used_column = 0, None, 0, None
     cut: frozenset[int] = frozenset()
     if dataset is not None:
         assert tokenizer is not None
-        base = dataset_workload(dataset, tokenizer.encode, n, output_len, seed, max_model_len or 1 << 30, skip)
+        context = max_model_len or 1 << 30
+        base = dataset_workload(dataset, tokenizer.encode, n, output_len, seed, context, skip, column)
         prompts, output_lens = base.prompts, base.output_lens
         texts = None
         if text and base.texts is not None:  # a prompt cut to fit the context goes out as its kept tokens' text
             texts = [t if t is not None else _cut_text(tokenizer, p) for t, p in zip(base.texts, prompts)]
         source, repeated = str(dataset), base.repeated
         cut = frozenset(i for i, t in enumerate(base.texts or []) if t is None)
-        skipped, skipped_rows = base.skipped, base.skipped_rows
+        skipped, skipped_rows, used_column = base.skipped, base.skipped_rows, base.column
     else:
         base = random_workload(n, input_len, output_len, seed, vocab_size)
         prompts, output_lens, texts, source = base.prompts, base.output_lens, None, "random"
@@ -447,4 +475,4 @@ def serve_workload(
         source += f" + {prefix_groups} prefix groups of {prefix_len} tokens"
     if texts is not None:
         prompts = [tokenizer.encode(t) for t in texts]  # what the server will count
-    return ServeWorkload(prompts, output_lens, texts, source, repeated, cut, skipped, skipped_rows)
+    return ServeWorkload(prompts, output_lens, texts, source, repeated, cut, skipped, skipped_rows, used_column)

@@ -452,6 +452,7 @@ def test_dataset_prompts_sharegpt_jsonl_and_parquet(tmp_path):
         (["--vllm-env", "/bin/sh"], "--vllm-env: is sourced before the vLLM peer's process: give --compare vllm"),
         (["--engine", "transformers", "--compare", "vllm"], "--engine: --compare runs minisgl beside the peers it"),
         (["--dataset", "d.json", "--input-len", "8:8"], "--input-len: draws random prompts' lengths, and --dataset"),
+        (["--dataset-column", "text"], "--dataset-column: names the --dataset file's prompt column, and there is no"),
     ],
 )
 def test_bad_flags_exit_with_a_clear_message(tmp_path, args, message):
@@ -695,6 +696,96 @@ def test_dataset_files_that_read(tmp_path):
     _parquet(tmp_path / "c.parquet", conversations=conv)
     read = read_dataset_prompts(tmp_path / "c.parquet", 5)
     assert (read.texts, read.skipped, read.first_skipped) == (["pq"], 1, "row 1")
+
+
+CHAT_ROWS = [  # OpenAI messages, a user turn's content as a list of text parts; a text column of another name
+    {
+        "id": 1,
+        "answer": "the first answer",
+        "messages": [
+            {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+            {"role": "user", "content": [{"type": "text", "text": "first line"}, {"type": "text", "text": "second"}]},
+        ],
+    },
+    {"id": 2, "answer": "", "messages": [{"role": "user", "content": "a plain string"}]},
+    {"id": 3, "answer": "the third answer", "messages": [{"role": "user", "content": []}]},
+]
+
+
+def test_dataset_column_and_content_parts_read(tmp_path):
+    """--dataset-column's reader: the named column, whether text or conversations (one of another name too); the
+    file's own column without it; one it lacks an error naming the file's columns (JSON lines, CSV, Parquet, a saved
+    dataset). A user turn's text parts are joined with "\n", as vLLM's string-format chat templates join them."""
+    import datasets
+
+    from minisgl_cli.workload import read_dataset_prompts
+
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in CHAT_ROWS))
+    read = read_dataset_prompts(path, 10)  # the file's own choice: messages; an empty parts list has no user text
+    assert (read.texts, read.column, read.skipped, read.first_skipped) == (
+        ["first line\nsecond", "a plain string"], "messages", 1, "line 3"
+    )  # fmt: skip
+    read = read_dataset_prompts(path, 10, "answer")
+    assert (read.texts, read.column, read.turns, read.skipped) == (
+        ["the first answer", "the third answer"],
+        "answer",
+        False,
+        1,
+    )
+    assert read.skipped_note(path) == f"{path}: line 2 has no text in 'answer' and was skipped"
+    with pytest.raises(ValueError, match=r"chat.jsonl: line 1: 'id' must be text, got int '1'"):
+        read_dataset_prompts(path, 10, "id")
+    with pytest.raises(ValueError, match=r"chat.jsonl has no column 'Answer'; its columns: id, answer, messages$"):
+        read_dataset_prompts(path, 10, "Answer")
+    # conversations under another name are read as turns when named (and as a file's only column)
+    convs = [[{"from": "human", "value": "hi there"}, {"from": "gpt", "value": "x"}], [{"from": "gpt", "value": "y"}]]
+    path = tmp_path / "dialog.json"
+    path.write_text(json.dumps([{"dialog": c, "text": f"t{i}"} for i, c in enumerate(convs)]))
+    read = read_dataset_prompts(path, 10, "dialog")
+    assert (read.texts, read.turns) == (["hi there"], True)
+    assert read.skipped_note(path) == f"{path}: row 2 has no user turn in 'dialog' and was skipped"
+    assert read_dataset_prompts(path, 10).texts == ["t0", "t1"]
+    path = tmp_path / "trl.jsonl"  # TRL's conversational format: a prompt column of messages
+    path.write_text(json.dumps({"prompt": [{"role": "user", "content": "asked"}], "completion": "c"}))
+    assert (read_dataset_prompts(path, 10).texts, read_dataset_prompts(path, 10).turns) == (["asked"], True)
+    csv_path = tmp_path / "p.csv"
+    csv_path.write_text('prompt,reference\n"p, 1",r1\np2,r2\n')
+    assert read_dataset_prompts(csv_path, 10, "reference").texts == ["r1", "r2"]
+    with pytest.raises(ValueError, match="p.csv has no column 'text'; its columns: prompt, reference$"):
+        read_dataset_prompts(csv_path, 10, "text")
+    # Parquet and a saved dataset read the named column alone, of any name (not one of the known ones)
+    _parquet(tmp_path / "q.parquet", question=["q1", "q2"], body=["b1", "b2"], dialog=convs)
+    assert read_dataset_prompts(tmp_path / "q.parquet", 10, "body").texts == ["b1", "b2"]
+    assert read_dataset_prompts(tmp_path / "q.parquet", 10, "dialog").texts == ["hi there"]
+    assert read_dataset_prompts(tmp_path / "q.parquet", 1).texts == ["q1"]
+    with pytest.raises(ValueError, match="q.parquet has no column 'text'; its columns: question, body, dialog$"):
+        read_dataset_prompts(tmp_path / "q.parquet", 10, "text")
+    datasets.Dataset.from_dict({"prompt": ["a", "b"], "body": ["c", "d"]}).save_to_disk(tmp_path / "saved")
+    assert read_dataset_prompts(tmp_path / "saved", 10, "body").texts == ["c", "d"]
+    with pytest.raises(ValueError, match="saved has no column 'x'; its columns: prompt, body$"):
+        read_dataset_prompts(tmp_path / "saved", 10, "x")
+
+
+def test_dataset_column_on_the_command_line(tmp_path):
+    """bench-offline --dataset-column reads the prompts from that column and records it in the JSON
+    (workload.dataset_column, the file's own column without the flag); a column the file lacks is a CLI error naming
+    its columns."""
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in CHAT_ROWS))
+    args = ["--dataset", str(path), "--num-seqs", "2", "--output-len", "2:2"]
+    res = bench(tmp_path, *TINY, *args)
+    # the byte tokenizer: one id per byte of each prompt; the parts joined with one "\n"
+    assert res["total_input_tokens"] == len("first line\nsecond") + len("a plain string")
+    assert (res["workload"]["dataset_column"], res["workload"]["skipped_rows"]) == ("messages", 1)
+    res = bench(tmp_path, *TINY, *args, "--dataset-column", "answer")
+    assert res["total_input_tokens"] == len("the first answer") + len("the third answer")
+    assert (res["workload"]["dataset_column"], res["flags"]["dataset_column"]) == ("answer", "answer")
+    r = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["bench-offline", *TINY, *args, "--dataset-column", "prompt"])
+    assert r.exit_code == 2, r.output
+    assert f"Invalid value for --dataset: dataset {path} has no column 'prompt'; its columns: id, answer, messages" in (
+        flat(r.output)
+    )
 
 
 def test_a_dataset_saved_by_datasets_reads(tmp_path):

@@ -101,7 +101,8 @@ def test_a_sweeps_rate_loads_take_no_prompt_of_the_warm_up(tmp_path):
     data.write_text("".join(json.dumps({"text": f"prompt number {i}"}) + "\n" for i in range(40)))
     flags = dict(
         num_requests=4, duration=None, input_len="8", output_len="4", prompt_format="ids", endpoint="completions",
-        prefix_groups=0, prefix_len=0, dataset=data, seed=0, burstiness=1.0, arrival="poisson", warmup=3, quiet=False,
+        prefix_groups=0, prefix_len=0, dataset=data, dataset_column=None, seed=0, burstiness=1.0, arrival="poisson",
+        warmup=3, quiet=False,
     )  # fmt: skip
     planner = _Planner(Target(1000, 4096, Chars(), "m"), flags, {})
     loads = [planner.plan(Load(math.inf, 1, "synchronous"), 0), planner.plan(Load(math.inf, None, "throughput"), 1)]
@@ -503,6 +504,10 @@ IN_PROCESS = ["--model", "dummy:tiny-llama", "--device", "cpu", "--num-requests"
             "--input-len: draws random prompts' lengths, and --dataset prompts have their own",
         ),
         (
+            [*IN_PROCESS, "--dataset-column", "text"],
+            "--dataset-column: names the --dataset file's prompt column, and there is no --dataset",
+        ),
+        (
             [*IN_PROCESS, "--endpoint", "chat", "--prompt-format", "ids"],
             "--prompt-format: --endpoint chat sends text prompts",
         ),
@@ -569,6 +574,29 @@ def test_in_process_dataset_run(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert res["workload"]["skipped_rows"] == 2 and res["workload"]["repeated_prompts"] == 0
     assert "2 rows with no user turn in 'conversations' were skipped (the first: row 2)" in " ".join(out.split())
+
+
+def test_dataset_column_and_content_parts_in_process(tmp_path):
+    """--dataset-column takes the prompts from the named column (conversations under another name here, a user
+    turn's content a list of text parts, joined with "\n") and the JSON records it; without the flag, the file's own
+    column; a column the file lacks is a CLI error naming its columns."""
+    data = tmp_path / "chat.jsonl"
+    parts = [{"type": "text", "text": "What is"}, {"type": "text", "text": "a page table?"}]
+    rows = [
+        {"prompt": "short", "dialog": [{"role": "user", "content": parts}]},
+        {"prompt": "other", "dialog": [{"role": "system", "content": "s"}, {"role": "user", "content": "Why?"}]},
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = [*IN_PROCESS, "--quiet", "--dataset", str(data)]
+    res, _ = bench(tmp_path, *args, "--dataset-column", "dialog")
+    assert (res["completed"], res["workload"]["dataset_column"]) == (2, "dialog")
+    assert res["total_input_tokens"] == len("What is\na page table?") + len("Why?")  # byte tokenizer
+    res, _ = bench(tmp_path, *args)
+    assert (res["workload"]["dataset_column"], res["total_input_tokens"]) == ("prompt", len("short") + len("other"))
+    _, out = bench(tmp_path, *args, "--dataset-column", "messages", code=2)
+    assert f"Invalid value for --dataset: dataset {data} has no column 'messages'; its columns: prompt, dialog" in (
+        " ".join(out.split())
+    )
 
 
 def test_a_sweep_over_a_dataset_gives_each_load_its_own_prompts(tmp_path):
