@@ -335,7 +335,7 @@ def _build_workload(
 ):
     from engine.tokenizer import load_tokenizer
     from engine.weights import model_config_for
-    from minisgl_cli.workload import dataset_workload, parse_range, random_workload
+    from minisgl_cli.workload import ColumnError, dataset_workload, parse_range, random_workload
 
     try:
         in_range = parse_range(input_len, "--input-len")
@@ -361,7 +361,9 @@ def _build_workload(
         encode = load_tokenizer(config.model).encode
         return dataset_workload(dataset, encode, num_seqs, out_range, seed, context, column=column)
     except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--dataset") from e
+        raise typer.BadParameter(
+            str(e), param_hint="--dataset-column" if isinstance(e, ColumnError) else "--dataset"
+        ) from e
 
 
 def _progress(quiet: bool):

@@ -414,7 +414,7 @@ def _served_listing(flags: dict[str, Any], api_key: str | None) -> tuple[str | N
 def _workload(target: Target, flags: dict[str, Any], n: int, seed: int, skip: int):
     """`n` requests; a dataset's prompts from its `skip`-th on."""
     from minisgl_cli.replay import ReplayItem
-    from minisgl_cli.workload import parse_range, serve_workload
+    from minisgl_cli.workload import ColumnError, parse_range, serve_workload
 
     try:
         in_range = parse_range(flags["input_len"], "--input-len")
@@ -440,7 +440,9 @@ def _workload(target: Target, flags: dict[str, Any], n: int, seed: int, skip: in
             flags["dataset_column"],
         )
     except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--dataset") from e
+        raise typer.BadParameter(
+            str(e), param_hint="--dataset-column" if isinstance(e, ColumnError) else "--dataset"
+        ) from e
     longest = max(len(p) + out for p, out in zip(w.prompts, w.output_lens))
     if longest > target.context:
         raise typer.BadParameter(

@@ -112,6 +112,10 @@ def warmup_like(workload: Workload, vocab_size: int, seed: int = 12345) -> Workl
     return Workload(prompts, [min(8 + i, n) for i, n in enumerate(workload.output_lens)], "warm-up")
 
 
+class ColumnError(ValueError):
+    """--dataset-column names a column the file lacks (the CLI blames that flag, not --dataset)."""
+
+
 def read_dataset_prompts(path: Path, limit: int, column: str | None = None) -> DatasetPrompts:
     """The first `limit` prompts of a local JSON/JSONL/CSV/Parquet file, or of a directory `datasets` saved
     (save_to_disk): the first user turn of ShareGPT
@@ -152,7 +156,7 @@ def _read_file(path: Path, mtime_ns: int, size: int, column: str | None) -> Data
     if not rows:
         raise ValueError(f"dataset {path} holds no rows")
     if column is not None and column not in columns:
-        raise ValueError(
+        raise ColumnError(
             f"dataset {path} has no column {column!r}; its columns: {', '.join(map(str, columns)) or 'none'}"
         )
     col = column or _prompt_column(columns)

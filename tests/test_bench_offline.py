@@ -783,9 +783,8 @@ def test_dataset_column_on_the_command_line(tmp_path):
     assert (res["workload"]["dataset_column"], res["flags"]["dataset_column"]) == ("answer", "answer")
     r = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["bench-offline", *TINY, *args, "--dataset-column", "prompt"])
     assert r.exit_code == 2, r.output
-    assert f"Invalid value for --dataset: dataset {path} has no column 'prompt'; its columns: id, answer, messages" in (
-        flat(r.output)
-    )
+    why = f"dataset {path} has no column 'prompt'; its columns: id, answer, messages"
+    assert f"Invalid value for --dataset-column: {why}" in flat(r.output)
 
 
 def test_a_dataset_saved_by_datasets_reads(tmp_path):

@@ -594,9 +594,8 @@ def test_dataset_column_and_content_parts_in_process(tmp_path):
     res, _ = bench(tmp_path, *args)
     assert (res["workload"]["dataset_column"], res["total_input_tokens"]) == ("prompt", len("short") + len("other"))
     _, out = bench(tmp_path, *args, "--dataset-column", "messages", code=2)
-    assert f"Invalid value for --dataset: dataset {data} has no column 'messages'; its columns: prompt, dialog" in (
-        " ".join(out.split())
-    )
+    why = f"dataset {data} has no column 'messages'; its columns: prompt, dialog"
+    assert f"Invalid value for --dataset-column: {why}" in " ".join(out.split())
 
 
 def test_a_sweep_over_a_dataset_gives_each_load_its_own_prompts(tmp_path):
