@@ -1224,7 +1224,9 @@ def test_ctrl_c_while_the_model_loads_says_so(tmp_path, command):
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
-    assert (p.returncode, out) == (130, ""), err
+    # 130, or ended by the SIGINT itself (a finalizer that swallowed the interrupt has it signalled again, ctrl_c.py,
+    # which can land after the message; CI saw it once for serve): a shell reports either as status 130
+    assert p.returncode in (130, -signal.SIGINT) and out == "", (p.returncode, out, err)
     assert [line for line in err.splitlines() if line.strip()] == ["interrupted while loading the model"], err
     with pytest.raises(ProcessLookupError):
         os.killpg(p.pid, 0)  # the chat's own process too
