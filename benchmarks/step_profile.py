@@ -15,7 +15,11 @@ Variants switch one optimisation off to measure what it buys: `unfused` (separat
 (FlashInfer's Hopper kernels for that wrapper instead of fa2), `page32` / `page64` (KV page size), `blaslt` (torch's
 cuBLASLt GEMM path instead of its default), `split-always` (decode always splits the KV over CTAs and merges the
 parts, FlashInfer's choice in CUDA-graph mode, instead of only for batches too small or too uneven to fill the GPU),
-`fi-decode` (FlashInfer's tensor-core decode over the bf16 pool instead of the project's CUDA kernel).
+`fi-decode` (FlashInfer's tensor-core decode over the bf16 pool instead of the project's CUDA kernel). Ablations
+(wrong tokens by design, timing only: the workload ignores EOS, so the schedule is the same): `no-qkv`, `no-norm`,
+`no-silu`, `no-norm-silu` skip that small kernel in decode batches, bounding what folding it away could save (the
+norm ablations on the layers without the norms' fold). `no-fold`: the RMSNorms as kernels of their own (residual add
+fused in), as before the sixty-first session.
 A fresh GPU machine runs slower for its first ~30 s:
 repeat variants, interleaved, and compare the later runs.
 """
@@ -79,25 +83,51 @@ VARIANTS = (
     "fi-decode",
     "no-qkv",
     "item-order",
+    "no-norm",
+    "no-silu",
+    "no-norm-silu",
+    "no-fold",
 )
 
 
 DEFAULT_BLAS = torch.backends.cuda.preferred_blas_library()
 _QKV_STORE: Callable | None = None
+_RMSNORM: Callable | None = None
+_SILU: Callable | None = None
 
 
-def _no_qkv_in_decode(q: torch.Tensor, *args: object) -> None:
+def _no_norm_in_decode(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """An ablation, wrong by design (timing only, as no-qkv), on the layers as they were before the norms' fold:
+    decode batches skip every RMSNorm kernel, the residual add included. What folding the norms into the GEMMs next
+    to them (the weight into the next GEMM's columns, the residual add into the previous GEMM as beta=1, 1/rms into
+    the next small kernel) could save at most: +2.9% (sixty-first session)."""
+    if x.reshape(-1, x.shape[-1]).shape[0] > 256:
+        assert _RMSNORM is not None
+        return _RMSNORM(x, weight, eps, residual)
+    return x
+
+
+def _no_silu_in_decode(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+    """An ablation, wrong by design (timing only): decode batches skip the SiLU kernel, the down projection reads the
+    gate half in place. What folding SiLU into the GEMMs around it could save at most."""
+    if x.shape[0] > 256:
+        assert _SILU is not None
+        return _SILU(x, *args, **kwargs)
+    return x[:, : x.shape[1] // 2]
+
+
+def _no_qkv_in_decode(q: torch.Tensor, *args: object, **kwargs: object) -> None:
     """An ablation, wrong by design: decode batches (256 rows at most) skip the fused q/k/rope/KV kernel, so the
     attention reads unroped q and stale K/V; prefill runs it. Timing only: the offline workload ignores EOS, so its
     schedule does not depend on the tokens. What folding that kernel into the attention could save at most."""
     if q.shape[0] > 256:
         assert _QKV_STORE is not None
-        _QKV_STORE(q, *args)
+        _QKV_STORE(q, *args, **kwargs)
 
 
 def apply_variant(name: str) -> dict:
     """Switch the variant's one change on (and every other off); returns EngineConfig fields it changes."""
-    global _QKV_STORE
+    global _QKV_STORE, _RMSNORM, _SILU
     from engine.models import llama
     from kernels import triton_ops
     from kernels.attention import flashinfer_backend, span_decode
@@ -105,6 +135,7 @@ def apply_variant(name: str) -> dict:
     if name not in VARIANTS:
         raise SystemExit(f"unknown variant {name!r}: choose one of {', '.join(VARIANTS)}")
     llama.FUSED_QKV = name != "unfused"
+    llama.FOLD_NORMS = name not in ("no-fold", "no-norm", "no-norm-silu")
     flashinfer_backend.DECODE_KERNELS = "fa3" if name == "decode-fa3" else "fa2"
     flashinfer_backend.PREFILL_KERNELS = "fa3" if name == "prefill-fa3" else "fa2"
     flashinfer_backend.NO_SPLIT_WHEN_BALANCED = name != "split-always"
@@ -113,7 +144,11 @@ def apply_variant(name: str) -> dict:
     span_decode.CUDA_HEADS_TOGETHER = name != "item-order"
     torch.backends.cuda.preferred_blas_library("cublaslt" if name == "blaslt" else DEFAULT_BLAS)
     _QKV_STORE = _QKV_STORE or triton_ops.qk_norm_rope_store
-    triton_ops.qk_norm_rope_store = _no_qkv_in_decode if name == "no-qkv" else _QKV_STORE  # type: ignore[assignment]
+    triton_ops.qk_norm_rope_store = _no_qkv_in_decode if name == "no-qkv" else _QKV_STORE
+    _RMSNORM, _SILU = _RMSNORM or triton_ops.rmsnorm, _SILU or triton_ops.silu_and_mul
+    no_norm, no_silu = name in ("no-norm", "no-norm-silu"), name in ("no-silu", "no-norm-silu")
+    triton_ops.rmsnorm = _no_norm_in_decode if no_norm else _RMSNORM
+    triton_ops.silu_and_mul = _no_silu_in_decode if no_silu else _SILU
     return {"page_size": int(name[4:])} if name.startswith("page") else {}
 
 

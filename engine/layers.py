@@ -44,7 +44,7 @@ class FusedOps(Protocol):
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
     ) -> torch.Tensor: ...
     def rope_inplace(self, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor, pos: torch.Tensor) -> None: ...
-    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor: ...
+    def silu_and_mul(self, x: torch.Tensor, norm_of: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor: ...
     def sample_gumbel(self, logits: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor: ...
     def qk_norm_rope_store(
         self,
@@ -59,6 +59,9 @@ class FusedOps(Protocol):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slots: torch.Tensor,
+        norm_of: torch.Tensor | None = None,
+        norm_eps: float = 0.0,
+        bias: torch.Tensor | None = None,
     ) -> None: ...
 
 
@@ -120,6 +123,13 @@ class ColumnParallelLinear(Loadable):
         self.sizes = [s // TP.size for s in sizes]
         self.weight = nn.Parameter(torch.empty(sum(self.sizes), in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(sum(self.sizes)), requires_grad=False) if bias else None
+        self.folded_norm: torch.Tensor | None = None  # fold_norm()'s weight
+
+    def fold_norm(self, norm_weight: torch.Tensor) -> None:
+        """Take the weight of the RMSNorm before this layer into W's columns: (n * g) W^T = n (W diag(g))^T, so the
+        layer can read the norm's input unscaled and the kernel after it applies each row's 1/rms (DecoderLayer)."""
+        self.weight.copy_(self.weight.float() * norm_weight.float())
+        self.folded_norm = norm_weight
 
     def shards(self) -> list[tuple[str, int]]:
         params = ["weight", "bias"] if self.bias is not None else ["weight"]
@@ -140,10 +150,15 @@ class ColumnParallelLinear(Loadable):
         target = self.weight if param == "weight" else self.bias
         assert target is not None
         start = sum(self.sizes[:index])
-        return target.detach()[start : start + self.sizes[index]]
+        part = target.detach()[start : start + self.sizes[index]]
+        if param == "weight" and (g := self.folded_norm) is not None:
+            # unfolded to the dtype's rounding; a column the norm zeroes is zero (it never reaches the output)
+            g = g.float()
+            part = torch.where(g != 0, part.float() / torch.where(g != 0, g, 1), 0).to(part.dtype)
+        return part
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _linear(x, self.weight, self.quant, self.bias, self.cpu_ops)
+    def forward(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
+        return _linear(x, self.weight, self.quant, self.bias if with_bias else None, self.cpu_ops)
 
 
 class ReplicatedLinear(Loadable):
@@ -181,6 +196,16 @@ class RowParallelLinear(Loadable):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return TP.all_reduce(_linear(x, self.weight, self.quant, cpu=self.cpu_ops))
+
+    def add_into(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        """out += x W^T (all-reduced), the add in the GEMM itself (beta 1): no kernel of its own. Under tensor
+        parallelism rank 0 adds its part to `out` and the others replace `out` by theirs, so the all-reduce leaves
+        out + every part on every rank."""
+        if TP.rank == 0:
+            out.addmm_(x, self.weight.t())
+        else:
+            torch.mm(x, self.weight.t(), out=out)
+        TP.all_reduce(out)
 
 
 class VocabParallelEmbedding(Loadable):

@@ -135,6 +135,9 @@ def load_model(
     model.eval()
     if device.type == "cpu":
         cpu_weight_layout(model)
+    else:
+        with torch.no_grad():
+            model.fold_norms()  # its own copies: the weight cache (below) stores the tensors as read
     if c_kernels and cached is not None:
         quantized = weight_cache.load_quantized(cached)
     if c_kernels and quantized:

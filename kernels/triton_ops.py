@@ -56,6 +56,16 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
 
 
 @triton.jit
+def _inv_rms(x_ptr, row, stride, n, eps, BLOCK: tl.constexpr):
+    """rsqrt(mean(x[row]^2) + eps) in fp32, BLOCK >= n: the factor RMSNorm scales a row by, for a norm folded into
+    the GEMM after it (its weight in the GEMM's columns, engine/models/llama.py), which the kernel after that GEMM
+    applies."""
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * stride + cols, mask=cols < n, other=0.0).to(tl.float32)
+    return tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
+
+
+@triton.jit
 def _rope_heads(base, tok, tok_stride, head_stride, n_heads, cos, sin, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, HALF)[None, :]
@@ -112,24 +122,56 @@ def rope_inplace(q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor, pos: t
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, n, x_stride, out_stride, BLOCK: tl.constexpr):
+def _silu_mul_kernel(
+    x_ptr,
+    out_ptr,
+    n,
+    x_stride,
+    out_stride,
+    h_ptr,
+    h_stride,
+    h_n,
+    eps,
+    SCALED: tl.constexpr,
+    BLOCK: tl.constexpr,
+    H_BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n
     gate = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * x_stride + n + cols, mask=mask, other=0.0).to(tl.float32)
+    if SCALED:
+        inv = _inv_rms(h_ptr, row, h_stride, h_n, eps, H_BLOCK)
+        gate, up = gate * inv, up * inv
     y = (gate * tl.sigmoid(gate)).to(out_ptr.dtype.element_ty).to(tl.float32) * up
     tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """[T, 2I] (gate | up) -> silu(gate) * up, [T, I]."""
+def silu_and_mul(x: torch.Tensor, norm_of: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
+    """[T, 2I] (gate | up) -> silu(gate) * up, [T, I]. With `norm_of` ([T, H]), x is the projection of those rows
+    unnormalized (an RMSNorm's weight folded into its columns): gate and up are first scaled by each row's
+    rsqrt(mean(norm_of^2) + eps), which makes them the projection of the normalized rows."""
     T, two_i = x.shape
     n = two_i // 2
     out = torch.empty((T, n), dtype=x.dtype, device=x.device)
+    h = norm_of if norm_of is not None else x
     if T:
         block = 1024
-        _silu_mul_kernel[(T, triton.cdiv(n, block))](x, out, n, x.stride(0), out.stride(0), BLOCK=block)
+        _silu_mul_kernel[(T, triton.cdiv(n, block))](
+            x,
+            out,
+            n,
+            x.stride(0),
+            out.stride(0),
+            h,
+            h.stride(0),
+            h.shape[1],
+            eps,
+            SCALED=norm_of is not None,
+            BLOCK=block,
+            H_BLOCK=triton.next_power_of_2(h.shape[1]) if norm_of is not None else 1,
+        )
     return out
 
 
@@ -223,12 +265,18 @@ def _qk_rows(
     sin,
     cache_ptr,
     slot,
+    inv,
+    b_ptr,
     HAS_NORM: tl.constexpr,
+    SCALED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     STORE: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    """Per-head RMSNorm (optional) then neox rope of one token's heads, in place; also into the cache row."""
+    """Per-head RMSNorm (optional) then neox rope of one token's heads, in place; also into the cache row. SCALED:
+    the rows are first scaled by `inv` (a folded input norm's factor) and the bias added, rounded as a GEMM's
+    output would be."""
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, HALF)[None, :]
     mask = h < n_heads
@@ -236,6 +284,12 @@ def _qk_rows(
     dt = ptr.dtype.element_ty
     x1 = tl.load(p, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(p + HALF, mask=mask, other=0.0).to(tl.float32)
+    if SCALED:
+        x1, x2 = x1 * inv, x2 * inv
+        if HAS_BIAS:
+            x1 += tl.load(b_ptr + h * 2 * HALF + d, mask=mask, other=0.0).to(tl.float32)
+            x2 += tl.load(b_ptr + h * 2 * HALF + HALF + d, mask=mask, other=0.0).to(tl.float32)
+        x1, x2 = x1.to(dt).to(tl.float32), x2.to(dt).to(tl.float32)
     if HAS_NORM:  # rounded where the unfused RMSNorm rounds: before and after the weight multiply
         inv = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)[:, None]
         w1 = tl.load(w_ptr + d).to(tl.float32)
@@ -284,10 +338,20 @@ def _qkv_kernel(
     v_head_stride,
     n_q_heads,
     n_kv_heads,
+    h_ptr,
+    h_stride,
+    h_n,
+    h_eps,
+    qb_ptr,
+    kb_ptr,
+    vb_ptr,
     HAS_NORM: tl.constexpr,
+    SCALED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_KV: tl.constexpr,
+    H_BLOCK: tl.constexpr,
     LAUNCH_DEPENDENTS: tl.constexpr,
 ):
     if LAUNCH_DEPENDENTS:
@@ -298,6 +362,9 @@ def _qkv_kernel(
     d = tl.arange(0, HALF)
     cos = tl.load(cs_ptr + pos * 2 * HALF + d)[None, :]
     sin = tl.load(cs_ptr + pos * 2 * HALF + HALF + d)[None, :]
+    inv = 1.0
+    if SCALED:
+        inv = _inv_rms(h_ptr, tok, h_stride, h_n, h_eps, H_BLOCK)
     _qk_rows(
         q_ptr,
         tok,
@@ -310,7 +377,11 @@ def _qkv_kernel(
         sin,
         kc_ptr,
         slot,
+        inv,
+        qb_ptr,
         HAS_NORM,
+        SCALED,
+        HAS_BIAS,
         False,
         HALF,
         BLOCK_Q,
@@ -327,7 +398,11 @@ def _qkv_kernel(
         sin,
         kc_ptr,
         slot,
+        inv,
+        kb_ptr,
         HAS_NORM,
+        SCALED,
+        HAS_BIAS,
         True,
         HALF,
         BLOCK_KV,
@@ -336,6 +411,12 @@ def _qkv_kernel(
     dd = tl.arange(0, 2 * HALF)[None, :]
     mask = h < n_kv_heads
     v = tl.load(v_ptr + tok * v_tok_stride + h * v_head_stride + dd, mask=mask)
+    if SCALED:  # in place too: a prefill's attention may read the new rows' V from here rather than the pool
+        vf = v.to(tl.float32) * inv
+        if HAS_BIAS:
+            vf += tl.load(vb_ptr + h * 2 * HALF + dd, mask=mask, other=0.0).to(tl.float32)
+        v = vf.to(v_ptr.dtype.element_ty)
+        tl.store(v_ptr + tok * v_tok_stride + h * v_head_stride + dd, v, mask=mask)
     vc = vc_ptr + slot * n_kv_heads * 2 * HALF + h * 2 * HALF + dd
     tl.store(vc, _to_cache(v, vc_ptr.dtype.element_ty), mask=mask)
 
@@ -352,16 +433,26 @@ def qk_norm_rope_store(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slots: torch.Tensor,
+    norm_of: torch.Tensor | None = None,
+    norm_eps: float = 0.0,
+    bias: torch.Tensor | None = None,
 ) -> None:
     """One launch per layer for what is otherwise four to six: per-head RMSNorm of q and k (Qwen3; skipped when
     the weights are None), neox rope on both (in place), and the K/V store into the paged pool at flat `slots`.
-    q: [T, H, D], k/v: [T, KVH, D] (views into the qkv output are fine); caches contiguous [pages, page, KVH, D]."""
+    q: [T, H, D], k/v: [T, KVH, D] (views into the qkv output are fine); caches contiguous [pages, page, KVH, D].
+    With `norm_of` ([T, hidden]), q/k/v are the projection of those rows unnormalized (the input RMSNorm's weight
+    folded into its columns): each token's q, k and v are first scaled by rsqrt(mean(norm_of^2) + norm_eps), then
+    `bias` (q | k | v, [(H + 2 KVH) D]) is added, and v is written back in place as well."""
     T, H, D = q.shape
     KVH = k.shape[1]
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[-2:] == (KVH, D)
+    assert bias is None or norm_of is not None, "a bias is added here only after a folded norm's scale"
     if not T:
         return
     has_norm = q_weight is not None and k_weight is not None
+    h = norm_of if norm_of is not None else q
+    b = bias if bias is not None else q
+    qb, kb, vb = (b, b[H * D :], b[(H + KVH) * D :]) if bias is not None else (b, b, b)
     _qkv_kernel[(T,)](
         q,
         k,
@@ -382,9 +473,19 @@ def qk_norm_rope_store(
         v.stride(1),
         H,
         KVH,
+        h,
+        h.stride(0),
+        h.shape[-1] if norm_of is not None else 0,
+        norm_eps,
+        qb,
+        kb,
+        vb,
         HAS_NORM=has_norm,
+        SCALED=norm_of is not None,
+        HAS_BIAS=bias is not None,
         HALF=D // 2,
         BLOCK_Q=triton.next_power_of_2(H),
         BLOCK_KV=triton.next_power_of_2(KVH),
+        H_BLOCK=triton.next_power_of_2(h.shape[-1]) if norm_of is not None else 1,
         LAUNCH_DEPENDENTS=_launch_dependents(q.device),
     )

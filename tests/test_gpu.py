@@ -56,14 +56,22 @@ def test_fused_kernels_match_torch(dtype):
     gu = torch.randn(37, 2 * 3072, device="cuda", dtype=dtype)
     gate, up = gu.chunk(2, dim=-1)
     torch.testing.assert_close(triton_ops.silu_and_mul(gu), torch.nn.functional.silu(gate) * up, **tol)
+    # a folded norm: gate and up scaled by each row's 1/rms of the rows they were projected from (2,500 wide: the
+    # kernel sums a row in blocks of 1,024)
+    h = torch.randn(37, 2500, device="cuda", dtype=dtype) * 3
+    inv = torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-5)
+    expect = torch.nn.functional.silu(gate.float() * inv) * (up.float() * inv)
+    torch.testing.assert_close(triton_ops.silu_and_mul(gu, h, 1e-5).float(), expect, **tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("qk_norm", [True, False])
 @pytest.mark.parametrize("fp8", [False, True])
-def test_fused_qk_norm_rope_store_matches_torch(dtype, qk_norm, fp8):
+@pytest.mark.parametrize("folded", [False, True])
+def test_fused_qk_norm_rope_store_matches_torch(dtype, qk_norm, fp8, folded):
     """The one-launch q/k norm + rope + KV store equals the torch path of engine/layers.py and kvcache/pool.py, into
-    an fp8 pool too (saturated e4m3)."""
+    an fp8 pool too (saturated e4m3). `folded`: the rows come from a GEMM over unnormalized hidden rows (the input
+    norm folded into it): the kernel first scales each token's q/k/v by 1/rms of its hidden row and adds the bias."""
     from engine import layers
     from kernels import triton_ops
     from kvcache.pool import FP8, KVPool
@@ -71,6 +79,15 @@ def test_fused_qk_norm_rope_store_matches_torch(dtype, qk_norm, fp8):
     torch.manual_seed(0)
     T, H, KVH, D = 37, 16, 8, 128
     qkv = torch.randn(T, (H + 2 * KVH) * D, device="cuda", dtype=dtype)
+    if fp8:  # some V values beyond e4m3's 448: saturated alike (the folded scale is ~1/4 here)
+        qkv[:, (H + KVH) * D :] *= 400 if folded else 100
+    hidden = bias = None
+    if folded:
+        hidden = torch.randn(T, 1500, device="cuda", dtype=dtype) * 4
+        bias = torch.randn(qkv.shape[1], device="cuda", dtype=dtype)
+        inv = torch.rsqrt(hidden.float().pow(2).mean(-1, keepdim=True) + 1e-5)
+        raw = qkv.clone()
+        qkv = (qkv.float() * inv + bias.float()).to(dtype)  # what the kernel must make of `raw` first
     q, k, v = (t.view(T, -1, D) for t in qkv.split([H * D, KVH * D, KVH * D], dim=-1))
     qn, kn = layers.RMSNorm(D, 1e-6).cuda().to(dtype), layers.RMSNorm(D, 1e-6).cuda().to(dtype)
     qn.weight.uniform_(0.5, 1.5)
@@ -86,11 +103,12 @@ def test_fused_qk_norm_rope_store_matches_torch(dtype, qk_norm, fp8):
 
     q_ref, k_ref = (torch_norm(q, qn.weight), torch_norm(k, kn.weight)) if qk_norm else (q, k)
     q_ref, k_ref = layers._rotate(q_ref, cos, sin), layers._rotate(k_ref, cos, sin)
-    if fp8:
-        v.mul_(100)  # some values beyond e4m3's 448: saturated alike
     ref_pool = KVPool.create(1, 8, 16, KVH, D, dtype, "cuda", FP8 if fp8 else None)
     ref_pool.store(0, slots, k_ref, v)
     pool = KVPool.create(1, 8, 16, KVH, D, dtype, "cuda", FP8 if fp8 else None)
+    if folded:
+        v_in = v.clone()
+        q, k, v = (t.view(T, -1, D) for t in raw.split([H * D, KVH * D, KVH * D], dim=-1))
     triton_ops.qk_norm_rope_store(
         q,
         k,
@@ -103,16 +121,24 @@ def test_fused_qk_norm_rope_store_matches_torch(dtype, qk_norm, fp8):
         pool.k[0],
         pool.v[0],
         slots,
+        norm_of=hidden,
+        norm_eps=1e-5,
+        bias=bias,
     )
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(q, q_ref, **tol)
+    if folded:  # v scaled in place as well (a prefill's attention may read it there)
+        torch.testing.assert_close(v, v_in, **tol)
     flat = torch.arange(8 * 16, device="cuda")
     (k_got, v_got), (k_want, v_want) = pool.gather(0, flat), ref_pool.gather(0, flat)
     if fp8:  # a K value a float step away from an e4m3 rounding boundary may land one e4m3 step (1/8) apart
         tol = dict(rtol=0.13, atol=2e-2)
         assert v_want.abs().max() == 448
     torch.testing.assert_close(k_got, k_want, **tol)
-    assert torch.equal(v_got, v_want)  # V is copied (and rounded alike), not computed
+    if folded:  # V computed from the scale: one rounding step apart at most
+        torch.testing.assert_close(v_got.float(), v_want.float(), **(dict(rtol=0.13, atol=2e-2) if fp8 else tol))
+    else:
+        assert torch.equal(v_got, v_want)  # V is copied (and rounded alike), not computed
     outside = torch.ones(8 * 16, dtype=torch.bool, device="cuda")
     outside[slots] = False
     assert pool.k[0].view(8 * 16, -1).view(torch.uint8)[outside].count_nonzero() == 0  # nothing written elsewhere
@@ -868,6 +894,86 @@ def test_bf16_logits_close_to_transformers():
         with torch.no_grad():
             ref = hf(torch.tensor([prompt], device="cuda")).logits[0, -1]
         assert rel_err(log[0][0], ref) < 3e-2  # bf16 engine vs fp32 reference
+
+
+# (preset, overrides): small shapes, 2 layers; norm weights drawn in [0.8, 1.2] (hf_reference.randomize)
+FOLD_CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("SmolLM2-135M", {}),
+    "qwen2-bias": ("Qwen2.5-7B", dict(hidden_size=512, intermediate_size=1024, num_heads=8, num_kv_heads=4)),
+    "qwen3-qk-norm": ("Qwen3-0.6B", dict(hidden_size=512, intermediate_size=1024, num_heads=8, num_kv_heads=4)),
+}
+
+
+@pytest.mark.parametrize("case", list(FOLD_CASES))
+def test_folded_norms_match_transformers(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the layers' RMSNorms are folded into the GEMMs beside them (LlamaForCausalLM.fold_norms). On a
+    checkpoint whose norm weights are not 1 (one of them 0), with q/k/v biases (Qwen2) and per-head q/k norms (Qwen3),
+    every step's logits (prefill and 7 decode steps, teacher-forced) stay within bf16 error of transformers in fp32
+    on the checkpoint itself, folded and not (at most max(3e-2, 2x transformers' own bf16 error), as the presets'
+    test), the folded within 1.5x the unfolded's error; hf_state_dict gives the checkpoint's weights back to bf16
+    rounding."""
+    import copy
+    from dataclasses import replace
+
+    from engine.model_config import PRESETS
+    from engine.models import llama
+    from tests.hf_reference import hf_model_from_config, save_hf
+
+    preset, over = FOLD_CASES[case]
+    cfg = replace(PRESETS[preset], num_layers=2, **over)
+    hf = hf_model_from_config(cfg, seed=3, std=0.08)
+    with torch.no_grad():
+        hf.model.layers[0].input_layernorm.weight[5] = 0.0  # a column the norm zeroes
+    path = str(save_hf(hf, tmp_path / "m"))
+    hf = hf.cuda()
+    hf16 = copy.deepcopy(hf).to(torch.bfloat16)
+    hf16_err: list[float] = []
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 10000, (n,), generator=g).tolist() for n in (9, 200, 33)]
+    errors: dict[bool, list[float]] = {}
+    for fold in (True, False):
+        monkeypatch.setattr(llama, "FOLD_NORMS", fold)
+        llm = _llm(model=path, dtype="bfloat16", cuda_graph_max_bs=16, overlap=False)
+        model = llm.engine.loaded.model
+        assert model.folded == fold
+        logits: dict[tuple[str, int], torch.Tensor] = {}
+        sample = llm.engine.runner.sampler.sample
+
+        def logged(rows: torch.Tensor, reqs, sample=sample, logits=logits):
+            for row, r in zip(rows, reqs):
+                logits[r.rid, len(r.output_ids)] = row.float()
+            return sample(rows, reqs)
+
+        llm.engine.runner.sampler.sample = logged  # type: ignore[method-assign, assignment]  # logs, then samples
+        outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+        errors[fold] = []
+        with torch.no_grad():
+            for i, (p, o) in enumerate(zip(prompts, outs)):
+                ids = torch.tensor([p + list(o.token_ids[:-1])], device="cuda")
+                ref = hf(ids).logits[0, len(p) - 1 :].float()
+                errors[fold] += [rel_err(logits[f"req-{i + 1}", j], ref[j]) for j in range(8)]
+                if fold:
+                    ref16 = hf16(ids).logits[0, len(p) - 1 :].float()
+                    hf16_err += [rel_err(ref16[j], ref[j]) for j in range(8)]
+        if fold:
+            ours, theirs = model.hf_state_dict(), hf.state_dict()
+            for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.up_proj.weight"):
+                got, want = ours[name].float(), theirs[name].float()
+                if "layers.0.self_attn" in name:
+                    assert not got[:, 5].any()  # the zeroed column never reaches the output
+                    got[:, 5], want[:, 5] = 0, 0
+                assert rel_err(got, want) < 1e-2, name
+            assert torch.equal(
+                ours["model.layers.0.input_layernorm.weight"].float().cpu(),
+                theirs["model.layers.0.input_layernorm.weight"].to(torch.bfloat16).float().cpu(),
+            )
+        del llm, model
+        gc.collect()
+    bound = max(3e-2, 2 * max(hf16_err))
+    print(f"{case}: folded max {max(errors[True]):.2e}, unfolded {max(errors[False]):.2e}, bound {bound:.2e}")
+    assert max(errors[True]) < bound and max(errors[False]) < bound, (errors, hf16_err)
+    # and about as close as the unfolded layers (an unfolded norm weight alone, 0.8-1.2, would be ~2-5x further)
+    assert max(errors[True]) < 1.5 * max(errors[False]), errors
 
 
 def test_fused_sampler_distribution_and_greedy():

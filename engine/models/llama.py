@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import cast
 
 import torch
 from torch import nn
@@ -29,6 +30,9 @@ from kernels.cpu_ops import QuantMatrix
 
 # On CUDA, q/k norm + rope + the K/V store run as one Triton kernel per layer (5-6 launches otherwise; docs/gpu.md).
 FUSED_QKV = True
+# On CUDA (with the fused kernels), each layer's RMSNorms are folded into the GEMMs around them (fold_norms): two
+# kernels fewer per layer. benchmarks/step_profile.py's `no-fold` variant turns it off.
+FOLD_NORMS = True
 
 
 class Attention(nn.Module):
@@ -47,7 +51,19 @@ class Attention(nn.Module):
     def forward(
         self, x: torch.Tensor, pos: torch.Tensor, rope: RotaryEmbedding, attn: AttentionBackend
     ) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.qkv_proj.sizes, dim=-1)
+        return self.o_proj(self.attend(x, pos, rope, attn))
+
+    def attend(
+        self,
+        x: torch.Tensor,
+        pos: torch.Tensor,
+        rope: RotaryEmbedding,
+        attn: AttentionBackend,
+        folded_norm: RMSNorm | None = None,
+    ) -> torch.Tensor:
+        """The attention's output before o_proj, [T, heads * head_dim]. `folded_norm`: x is the residual stream
+        itself and that norm is folded into qkv_proj (LlamaForCausalLM.fold_norms; the fused kernel scales)."""
+        q, k, v = self.qkv_proj(x, with_bias=folded_norm is None).split(self.qkv_proj.sizes, dim=-1)
         q = q.view(-1, self.heads, self.head_dim)
         k = k.view(-1, self.kv_heads, self.head_dim)
         v = v.view(-1, self.kv_heads, self.head_dim)
@@ -58,15 +74,29 @@ class Attention(nn.Module):
             pool = attn.pool
             assert attn.out_slots is not None  # set by the batch's plan
             ops.qk_norm_rope_store(
-                q, k, v, qw, kw, eps, rope.cos_sin, pos, pool.k[self.layer_id], pool.v[self.layer_id], attn.out_slots
+                q,
+                k,
+                v,
+                qw,
+                kw,
+                eps,
+                rope.cos_sin,
+                pos,
+                pool.k[self.layer_id],
+                pool.v[self.layer_id],
+                attn.out_slots,
+                norm_of=x if folded_norm is not None else None,
+                norm_eps=folded_norm.eps if folded_norm is not None else 0.0,
+                bias=self.qkv_proj.bias if folded_norm is not None else None,
             )
             o = attn.forward(self.layer_id, q, k, v, stored=True)  # k/v: the kernel's roped K and V, in place
-            return self.o_proj(o.reshape(-1, self.heads * self.head_dim))
+            return o.reshape(-1, self.heads * self.head_dim)
+        assert folded_norm is None, "the folded norms need the fused kernel"
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope(pos, q, k)
         o = attn.forward(self.layer_id, q, k, v)
-        return self.o_proj(o.reshape(-1, self.heads * self.head_dim))
+        return o.reshape(-1, self.heads * self.head_dim)
 
 
 class MLP(nn.Module):
@@ -104,6 +134,20 @@ class DecoderLayer(nn.Module):
         x = self.self_attn(x, pos, rope, attn)
         x, residual = self.post_attention_layernorm.add_forward(x, residual)
         return self.mlp(x), residual
+
+    def forward_folded(self, h: torch.Tensor, pos: torch.Tensor, rope: RotaryEmbedding, attn: AttentionBackend) -> None:
+        """The layer on the residual stream h, in place, its norms folded (LlamaForCausalLM.fold_norms): qkv_proj and
+        gate_up_proj read h unnormalized, the kernels after them scale by each row's 1/rms, and o_proj and down_proj
+        add into h in their GEMMs. The same function as forward() to the dtype's rounding, without a norm kernel."""
+        a = self.self_attn
+        a.o_proj.add_into(a.attend(h, pos, rope, attn, folded_norm=self.input_layernorm), h)
+        if isinstance(self.mlp, MLP):
+            ops = fused_ops()
+            assert ops is not None  # fold_norms() folds only where the fused kernels are
+            up = self.mlp.gate_up_proj(h)
+            self.mlp.down_proj.add_into(ops.silu_and_mul(up, h, self.post_attention_layernorm.eps), h)
+        else:  # a sparse MLP's router and experts take the normalized rows
+            h.add_(self.mlp(self.post_attention_layernorm(h)))
 
 
 # HF checkpoint name -> (our module path, index of the packed shard)
@@ -173,8 +217,28 @@ class LlamaForCausalLM(nn.Module):
             self.embed_tokens if cfg.tie_word_embeddings else VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         )
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.folded = False  # fold_norms()
+
+    def fold_norms(self) -> None:
+        """On CUDA with the fused kernels (and FOLD_NORMS, FUSED_QKV): each layer's input norm's weight into its
+        qkv_proj, its post-attention norm's into gate_up_proj (dense MLPs), so forward() runs forward_folded().
+        Decode steps lose two kernels per layer: +2.9% at most in issue #17's offline run (docs/gpu.md)."""
+        if not (FOLD_NORMS and FUSED_QKV and self.embed_tokens.weight.is_cuda and fused_ops() is not None):
+            return
+        for layer in self.layers:
+            assert isinstance(layer, DecoderLayer)
+            layer.self_attn.qkv_proj.fold_norm(layer.input_layernorm.weight)
+            if isinstance(layer.mlp, MLP):
+                layer.mlp.gate_up_proj.fold_norm(layer.post_attention_layernorm.weight)
+        self.folded = True
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+        if self.folded:
+            h = self.embed_tokens(ids)
+            for decoder in cast("list[DecoderLayer]", self.layers):
+                decoder.forward_folded(h, pos, self.rope, attn)
+            out: torch.Tensor = self.norm(h)
+            return out
         x, residual = self.embed_tokens(ids), None
         for layer in self.layers:
             x, residual = layer(x, residual, pos, self.rope, attn)
