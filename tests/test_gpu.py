@@ -183,14 +183,16 @@ def _matches_torch_backend(backend: str, **kw: Any) -> None:
         first = llm.generate(prompts, p)
         again = llm.generate(prompts[:1], p)[0]  # a prefill over a cached prefix
         assert again.cache_hit_tokens > 0
-        runs[name] = (log, [o.token_ids for o in first])
+        runs[name] = (log, [o.token_ids for o in first], again.token_ids)
         del llm
         gc.collect()
-    (lt, tt), (lf, tf) = runs["torch"], runs[backend]
+    (lt, tt, at), (lf, tf, af) = runs["torch"], runs[backend]
     assert len(lt) == len(lf)
     for step, (a, b) in enumerate(zip(lf, lt)):
         for row in range(a.shape[0]):
-            if step == 0 or step >= 4 or tt[row][:step] == tf[row][:step]:
+            # steps 4-7: the second generate's one request; a near-tie flipped in either run ends the comparison
+            agree = tt[row][:step] == tf[row][:step] if step < 4 else at[: step - 4] == af[: step - 4]
+            if agree:
                 assert rel_err(a[row], b[row]) < 2e-2, (step, row)
 
 
