@@ -276,3 +276,29 @@ def test_every_preset_round_trips_through_a_transformers_config():
         back = ModelConfig.from_hf_dict(saved, name=name)
         rope = {k: v for k, v in (back.rope_scaling or {}).items() if k != "rope_theta"} or None  # transformers 5
         assert replace(back, rope_scaling=rope) == cfg, name
+
+
+def test_a_norm_folded_into_a_linear_layer_computes_the_projection_of_the_normalized_rows():
+    """ColumnParallelLinear.fold_norm, which the CUDA layers use (LlamaForCausalLM.fold_norms), checked in torch:
+    x (W diag(g))^T = (x * g) W^T with the bias untouched (with_bias=False leaves it to the fused kernel), and
+    hf_tensor unfolds W to the dtype's rounding, a column the norm zeroes coming back zero (it never reaches the
+    output)."""
+    from engine.layers import ColumnParallelLinear
+
+    g = torch.Generator().manual_seed(0)
+    w, b, x = torch.randn(6, 8, generator=g), torch.randn(6, generator=g), torch.randn(5, 8, generator=g)
+    norm = torch.rand(8, generator=g) + 0.5
+    norm[3] = 0
+    layer = ColumnParallelLinear(8, [4, 2], bias=True)
+    with torch.no_grad():
+        for i, rows in enumerate((slice(0, 4), slice(4, 6))):
+            layer.load_shard("weight", i, w[rows])
+            layer.load_shard("bias", i, b[rows])
+        expect = layer(x * norm)
+        layer.fold_norm(norm)
+        torch.testing.assert_close(layer(x), expect)
+        torch.testing.assert_close(layer(x, with_bias=False), expect - b)
+    back = torch.cat([layer.hf_tensor("weight", 0), layer.hf_tensor("weight", 1)])
+    w[:, 3] = 0
+    torch.testing.assert_close(back, w)
+    assert torch.equal(torch.cat([layer.hf_tensor("bias", 0), layer.hf_tensor("bias", 1)]), b)

@@ -66,6 +66,15 @@ def test_tensor_parallel_matches_single_process(model, n, tmp_path):
         assert not any(seen["full_with_work"]), seen["full_with_work"]
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_row_parallel_add_into_sums_the_residual_once(n):
+    """tests/tp_linear.py under torchrun: the folded layers' residual add in o_proj's and down_proj's GEMMs (CUDA)
+    under tensor parallelism: rank 0 adds, the others write their parts, every rank ends with residual + x W^T."""
+    env = subprocess_env(OMP_NUM_THREADS="1", MINISGL_DIST_TIMEOUT="60")
+    proc = run_with_children(torchrun_cmd(n, str(ROOT / "tests" / "tp_linear.py")), 120, env=env, cwd=ROOT)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
 def test_tensor_parallel_with_an_fp8_kv_cache_matches_single_process(tmp_path):
     """Each rank stores its KV heads' share in e4m3: the same tokens as one process with the same fp8 cache."""
     expected = tp1("dummy:tiny-qwen3-moe", "fp8")
