@@ -1344,9 +1344,10 @@ def test_the_responses_api_as_openais_client_reads_it(smol):
 
 def test_responses_take_earlier_output_items_as_the_sdk_dumps_them(smol):
     """`input += [o.model_dump() for o in response.output]` (history stored as JSON, agent frameworks) was a 400 that
-    named no field: the SDK writes keys newer than this server ("phase": null), which the input items forbade. They
-    are ignored now, as chat messages' unknown keys are (and as vLLM, whose input types are the SDK's); a field that
-    is wrong is named with its path."""
+    named no field: the SDK writes keys newer than this server ("phase": null), which the input items forbade. Every
+    key of the SDK's dump is taken now; a key it does not write (misspelt, or newer), or "phase" set, is refused by
+    name, as in chat messages (they were ignored, which dropped what might change the answer); a field that is wrong
+    is named with its path."""
     server, _ = smol
     client = server.openai()
     turn = [{"role": "user", "content": "Say hi"}]
@@ -1367,10 +1368,24 @@ def test_responses_take_earlier_output_items_as_the_sdk_dumps_them(smol):
     )
     assert again.output_text == as_chat.choices[0].message.content
     assert again.usage.input_tokens == as_chat.usage.prompt_tokens
+    cached = [
+        {
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Say hi", "prompt_cache_breakpoint": {"mode": "explicit"}}],
+        }
+    ]
+    hinted = client.responses.create(model=server.model, input=cached, max_output_tokens=5, temperature=0)
+    assert hinted.output_text == first.output_text  # a caching hint: taken, and the answer is the same
     for item, says in [
         ({"role": "user", "content": [{"type": "input_text", "text": 5}]}, "input[0].content[0].text: Input should"),
         ({"role": "bot", "content": "x"}, "input[0].role: Input should be 'user', 'assistant', 'system'"),
         ({"role": "user"}, "input[0].content: Field required"),
+        ({"role": "user", "content": "x", "nmae": "a"}, "Unrecognized request argument supplied: input[0].nmae"),
+        (
+            {"role": "user", "content": [{"type": "input_text", "text": "x", "detail": "high"}]},
+            "Unrecognized request argument supplied: input[0].content[0].detail",
+        ),
+        ({**dumped[0], "phase": "commentary"}, "input[0].phase='commentary' is not supported by this server"),
     ]:
         with pytest.raises(openai.BadRequestError) as e:
             client.responses.create(model=server.model, input=[item], max_output_tokens=2)

@@ -21,16 +21,17 @@ from engine.tokenizer import message_text
 from minisgl_cli.server.completions import final_output, refusal, sampling_params
 from minisgl_cli.server.engine_client import EngineClient, Job, JobSpec
 from minisgl_cli.server.errors import APIError
-from minisgl_cli.server.protocol import IGNORED, refuse_unknown, refuse_unsupported
+from minisgl_cli.server.protocol import IGNORED, refuse_unknown, refuse_unsupported, unsupported
 
 router = APIRouter()
 
 
-# Items and parts ignore keys they do not know, as chat completions' messages do (and vLLM, whose models are the openai
-# SDK's): the SDK's own model_dump() of an earlier output writes keys newer than this server ("phase": null), and
-# `input += [o.model_dump() for o in response.output]` was a 400.
+# Items and parts take every key the openai SDK's own model_dump() of an earlier output writes (`input +=
+# [o.model_dump() for o in response.output]`, history stored as JSON), and refuse any other by name, as chat
+# completions' messages do: a misspelt or newer key that would change the answer is never dropped.
 class InputPart(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="allow")  # the extras are refused by InputMessage.check
+    IGNORED: ClassVar[frozenset[str]] = frozenset({"prompt_cache_breakpoint"})  # a caching hint: the text is the same
 
     type: Literal["input_text", "output_text"]
     text: str
@@ -39,13 +40,26 @@ class InputPart(BaseModel):
 
 
 class InputMessage(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="allow")  # the extras are refused by check()
+    # OpenAI's label of an assistant message as commentary or final answer, which its models read: null in the SDK's
+    # dump of this server's answers, refused at any other value (no chat template here reads it)
+    NO_OP: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {"phase": ((None,), "no chat template here reads it")}
 
     type: Literal["message"] | None = None
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[InputPart]
     id: str | None = None  # an earlier output item sent back as input
     status: str | None = None
+
+    def check(self, i: int) -> None:
+        """A 400 naming input[i]'s first key, or its parts', that this server does not know or implement."""
+        extra = self.model_extra or {}
+        for key, (accepted, hint) in self.NO_OP.items():
+            if extra.get(key) not in accepted:
+                raise unsupported(f"input[{i}].{key}", extra[key], accepted, param="input", hint=hint)
+        refuse_unknown(self, self.NO_OP.keys(), f"input[{i}]", param="input")
+        for j, part in enumerate(self.content if isinstance(self.content, list) else []):
+            refuse_unknown(part, part.IGNORED, f"input[{i}].content[{j}]", param="input")
 
     def text(self) -> str:
         """The content's parts a line each, as chat's (engine.tokenizer.message_text: vLLM joins both alike)."""
@@ -147,9 +161,10 @@ class ResponsesRequest(BaseModel):
                     )
             if isinstance(item, dict):  # the field at fault, named (pydantic's union error named none)
                 try:
-                    InputMessage.model_validate(item)
+                    message = InputMessage.model_validate(item)
                 except ValidationError as e:
                     raise APIError(400, f"input[{i}]{_where(e)}", "input") from None
+                message.check(i)
         return value
 
     def chat(self) -> ChatPrompt:
