@@ -156,6 +156,7 @@ def silu_and_mul(x: torch.Tensor, norm_of: torch.Tensor | None = None, eps: floa
     n = two_i // 2
     out = torch.empty((T, n), dtype=x.dtype, device=x.device)
     h = norm_of if norm_of is not None else x
+    assert h.stride(-1) == 1 and h.shape[0] == T, "norm_of: one row per token, its last dim contiguous"
     if T:
         block = 1024
         _silu_mul_kernel[(T, triton.cdiv(n, block))](
@@ -447,6 +448,7 @@ def qk_norm_rope_store(
     KVH = k.shape[1]
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[-2:] == (KVH, D)
     assert bias is None or norm_of is not None, "a bias is added here only after a folded norm's scale"
+    assert norm_of is None or (norm_of.stride(-1) == 1 and norm_of.shape[0] == T), "norm_of: a row per token"
     if not T:
         return
     has_norm = q_weight is not None and k_weight is not None

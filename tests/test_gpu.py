@@ -56,8 +56,8 @@ def test_fused_kernels_match_torch(dtype):
     gu = torch.randn(37, 2 * 3072, device="cuda", dtype=dtype)
     gate, up = gu.chunk(2, dim=-1)
     torch.testing.assert_close(triton_ops.silu_and_mul(gu), torch.nn.functional.silu(gate) * up, **tol)
-    # a folded norm: gate and up scaled by each row's 1/rms of the rows they were projected from (2,500 wide: the
-    # kernel sums a row in blocks of 1,024)
+    # a folded norm: gate and up scaled by each row's 1/rms of the rows they were projected from (2,500 wide: not a
+    # power of two, the kernel's block masked)
     h = torch.randn(37, 2500, device="cuda", dtype=dtype) * 3
     inv = torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-5)
     expect = torch.nn.functional.silu(gate.float() * inv) * (up.float() * inv)

@@ -222,8 +222,11 @@ class LlamaForCausalLM(nn.Module):
     def fold_norms(self) -> None:
         """On CUDA with the fused kernels (and FOLD_NORMS, FUSED_QKV): each layer's input norm's weight into its
         qkv_proj, its post-attention norm's into gate_up_proj (dense MLPs), so forward() runs forward_folded().
-        Decode steps lose two kernels per layer: +2.9% at most in issue #17's offline run (docs/gpu.md)."""
-        if not (FOLD_NORMS and FUSED_QKV and self.embed_tokens.weight.is_cuda and fused_ops() is not None):
+        Decode steps lose two kernels per layer: +1.7% in issue #17's offline run (docs/gpu.md). Not in float16: the
+        projections of the unnormalized stream grow by its rms (SmolLM2's gate_up outputs reach ~63,000 folded,
+        ~75 not), near float16's 65,504; bfloat16 and float32 have the range."""
+        w = self.embed_tokens.weight
+        if self.folded or not (FOLD_NORMS and FUSED_QKV and w.is_cuda and w.dtype != torch.float16 and fused_ops()):
             return
         for layer in self.layers:
             assert isinstance(layer, DecoderLayer)
