@@ -19,7 +19,8 @@ parts, FlashInfer's choice in CUDA-graph mode, instead of only for batches too s
 (wrong tokens by design, timing only: the workload ignores EOS, so the schedule is the same): `no-qkv`, `no-norm`,
 `no-silu`, `no-norm-silu` skip that small kernel in decode batches, bounding what folding it away could save (the
 norm ablations on the layers without the norms' fold). `no-fold`: the RMSNorms as kernels of their own (residual add
-fused in), as before the sixty-first session.
+fused in), as before the sixty-first session. `no-runs`: a request takes its pages one at a time (as before the
+sixty-second session) instead of in runs of `kvcache.manager.RUN_PAGES`.
 A fresh GPU machine runs slower for its first ~30 s:
 repeat variants, interleaved, and compare the later runs.
 """
@@ -41,6 +42,7 @@ from engine.llm import LLM
 from engine.runner import StepOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Batch
+from kvcache import manager
 from minisgl_cli.bench_offline import OFFLINE_ENGINE
 from minisgl_cli.roofline import bandwidth_for, gpu_floor, weight_bytes_per_step
 from minisgl_cli.workload import random_workload
@@ -87,10 +89,12 @@ VARIANTS = (
     "no-silu",
     "no-norm-silu",
     "no-fold",
+    "no-runs",
 )
 
 
 DEFAULT_BLAS = torch.backends.cuda.preferred_blas_library()
+DEFAULT_RUN_PAGES = manager.RUN_PAGES
 _QKV_STORE: Callable | None = None
 _RMSNORM: Callable | None = None
 _SILU: Callable | None = None
@@ -136,6 +140,7 @@ def apply_variant(name: str) -> dict:
         raise SystemExit(f"unknown variant {name!r}: choose one of {', '.join(VARIANTS)}")
     llama.FUSED_QKV = name != "unfused"
     llama.FOLD_NORMS = name not in ("no-fold", "no-norm", "no-norm-silu")
+    manager.RUN_PAGES = 1 if name == "no-runs" else DEFAULT_RUN_PAGES
     flashinfer_backend.DECODE_KERNELS = "fa3" if name == "decode-fa3" else "fa2"
     flashinfer_backend.PREFILL_KERNELS = "fa3" if name == "prefill-fa3" else "fa2"
     flashinfer_backend.NO_SPLIT_WHEN_BALANCED = name != "split-always"

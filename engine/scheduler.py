@@ -121,7 +121,8 @@ class Scheduler:
             req = self.waiting[0]
             if self.max_running_tokens and self.live and context + req.num_tokens > self.max_running_tokens:
                 break  # every decode step reads the whole context of every running request: keep steps short
-            if not self.cache.admit(req, headroom_pages=len(self.running), use_cache=not req.needs_prompt_logprobs):
+            use_cache = not req.needs_prompt_logprobs
+            if not self.cache.admit(req, len(self.running), use_cache, up_to=req.max_device_len):
                 break
             self.waiting.popleft()
             context += req.num_tokens
@@ -151,7 +152,7 @@ class Scheduler:
         for req in list(self.running):
             if req.status is not Status.RUNNING or req.device_len >= req.max_device_len:
                 continue
-            while not self.cache.grow(req, req.device_len + 1):
+            while not self.cache.grow(req, req.device_len + 1, up_to=req.max_device_len):
                 victim = self.running[-1]
                 self.preempt(victim)
                 if victim is req:

@@ -62,6 +62,12 @@ def test_fused_kernels_match_torch(dtype):
     inv = torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-5)
     expect = torch.nn.functional.silu(gate.float() * inv) * (up.float() * inv)
     torch.testing.assert_close(triton_ops.silu_and_mul(gu, h, 1e-5).float(), expect, **tol)
+    # widths that are no multiple of the kernel's 1,024-column blocks
+    for width in (2900, 700):
+        gu = torch.randn(37, 2 * width, device="cuda", dtype=dtype)
+        gate, up = gu.chunk(2, dim=-1)
+        expect = torch.nn.functional.silu(gate.float() * inv) * (up.float() * inv)
+        torch.testing.assert_close(triton_ops.silu_and_mul(gu, h, 1e-5).float(), expect, **tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from kvcache.allocator import PageAllocator
-from kvcache.manager import CacheManager
+from kvcache.manager import SPARE_PAGES, CacheManager
 from kvcache.radix import RadixCache
 
 
@@ -59,6 +59,33 @@ def test_radix_partial_page_is_never_matched():
     r.insert([1, 2, 3, 4], [0])
     assert r.match([1, 2, 3])[1] == []
     assert r.match([1, 2, 3, 4, 5])[1] == [0]
+
+
+def test_pages_come_in_runs_while_the_pool_has_room():
+    """With its longest length known, a request takes RUN_PAGES consecutive ids at a time (the prompt's pages then
+    its first decode run in one piece), never past that length, and none ahead once the pool runs short; the
+    accounting holds throughout and release gives every page back."""
+    m = CacheManager(num_pages=1024, page_size=4)
+    a, b = FakeReq(list(range(10))), FakeReq(list(range(100, 110)))
+    assert m.admit(a, up_to=10 + 40) and m.admit(b, up_to=10 + 40)
+    assert a.pages == list(range(0, 10)) and b.pages == list(range(10, 20))  # 3 for the prompt + a run of 7
+    for n in range(11, 51):  # decode both, interleaved as the scheduler does
+        for r in (a, b):
+            assert m.grow(r, n, up_to=50)
+            r.device_len = n
+        m.check([a, b])
+    assert a.pages == list(range(0, 10)) + [20, 21, 22] and b.pages == list(range(10, 20)) + [23, 24, 25]
+    assert len(a.pages) == m.pages_for(50)  # the last run cut at the request's longest length
+    # Short of room (no more than SPARE_PAGES free after a run): one page at a time.
+    n = m.num_free - 7 - (SPARE_PAGES + 4)
+    c = FakeReq(list(range(2000, 2000 + 4 * n)))
+    assert m.admit(c, up_to=4 * n + 40) and len(c.pages) == n + 7 and m.num_free == SPARE_PAGES + 4
+    d = FakeReq(list(range(300, 304)))
+    assert m.admit(d, up_to=400) and len(d.pages) == 1 and m.num_free == SPARE_PAGES + 3
+    for r in (a, b, c, d):
+        m.release(r)
+    m.check([])
+    assert m.num_free + m.num_evictable == 1024 and m.num_in_use == 0
 
 
 def test_manager_accounting_through_admit_grow_release():
