@@ -79,8 +79,19 @@ def _kind(d: dict[str, Any]) -> str:
 
 
 # what a bench-serve workload's fields say of its requests; not the load (arrival, duration), the run's procedure
-# (warm-up, cache flush) nor what came of it (truncated/repeated prompts)
-SERVE_WORKLOAD = ("source", "input_len", "output_len", "prompt_format", "prefix_groups", "prefix_len", "seed")
+# (warm-up, cache flush) nor what came of it (truncated/repeated prompts). A dataset's prompt column picks other
+# prompts; the endpoint (`backend`: openai = /v1/completions, openai-chat = /v1/chat/completions, which wraps each
+# prompt in the chat template) sends the same prompts as other tokens.
+SERVE_WORKLOAD = (
+    "source",
+    "input_len",
+    "output_len",
+    "prompt_format",
+    "prefix_groups",
+    "prefix_len",
+    "seed",
+    "dataset_column",
+)
 
 
 def _workload(kind: str, d: dict[str, Any]) -> Any:
@@ -95,7 +106,7 @@ def _workload(kind: str, d: dict[str, Any]) -> Any:
         fields: tuple[str, ...] = ("source", "num_seqs", "input_len", "output_len", "seed", "temperature")
         return ("offline", *(repr(wl.get(k)) for k in fields)) if wl else None
     if kind == "bench-serve":
-        return ("serve", *(repr(wl.get(k)) for k in SERVE_WORKLOAD)) if wl else None
+        return ("serve", repr(d.get("backend")), *(repr(wl.get(k)) for k in SERVE_WORKLOAD)) if wl else None
     if kind == "bench-trace" and isinstance(d.get("trace"), str):
         fields = ("start", "planned_requests", "length_scale", "time_scale", "seed")
         return ("trace", Path(d["trace"]).name, *(repr(d.get(k)) for k in fields))

@@ -620,7 +620,7 @@ def _run_sweep(
                 row["incomplete"] = live.sent - len(live.done)
                 if load.ramp is not None:
                     _ramp_fields(row, load.ramp, items, live.sent, t0)
-                row["cache_hit_rate"] = _hit_rate(before, await _hits(client, target), target)
+                row["cache_hit_rate"] = _hit_rate(before, await _hits(client, target), target, results, reason)
                 row["repeated_prompts"] = sum(r.index >= first_repeat for r in results)
                 row["truncated_prompts"] = sum(r.index in cut for r in results)
                 rows.append(row)
@@ -757,9 +757,15 @@ async def _hits(client, target: Target):
     return {"hits": m.cache_hit_tokens, "prompts": m.prompt_tokens}
 
 
-def _hit_rate(before, after, target: Target) -> float | None:
-    from minisgl_cli.replay import cache_hit_rate
+def _hit_rate(before, after, target: Target, results, cut: str | None) -> float | None:
+    """The prefix-cache hit rate over a load: the counters' difference, which count every prompt admitted. A load
+    that Ctrl-C or --max-errors cut short had requests admitted and cancelled, which its figures leave out: its hit
+    rate is then the completed requests' own hits (in-process, or as a server's answers carry them in
+    usage.prompt_tokens_details, as minisgl's do), and n/a where a server's answers do not."""
+    from minisgl_cli.replay import cache_hit_rate, completed_hit_rate
 
+    if cut is not None:
+        return completed_hit_rate(results)
     if target.url is not None:
         return cache_hit_rate(before, after)
     d = after["prompts"] - before["prompts"]
@@ -792,6 +798,7 @@ def _row(
         row.update(client_usage(row, results, check.tok_per_s if check else None))
     row["partial"] = cut or row["failed"] > 0
     row["requests"] = per_request(results, t0, flags["save_detailed"])
+    row["requests"]["cached_tokens"] = [r.cache_hit_tokens for r in results]  # None: the answer did not say
     return row
 
 

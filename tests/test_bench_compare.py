@@ -521,6 +521,16 @@ def test_runs_of_different_workloads_are_noted(tmp_path):
     c.write_text(json.dumps(base | {"workload": wl | {"input_len": "100:1024"}}))
     assert "workloads" not in run("bench-compare", str(a), str(b))
     assert "different workloads" in run("bench-compare", str(a), str(c))
+    # a dataset's other prompt column, or the chat endpoint (the chat template around each prompt): other requests
+    dataset = wl | {"source": "prompts.jsonl", "input_len": None, "dataset_column": "prompt"}
+    d1, d1b, d2, d3 = (tmp_path / f"{n}.json" for n in ("d1", "d1b", "d2", "d3"))
+    for path in (d1, d1b):
+        path.write_text(json.dumps(base | {"backend": "openai", "workload": dataset}))
+    d2.write_text(json.dumps(base | {"backend": "openai", "workload": dataset | {"dataset_column": "question"}}))
+    d3.write_text(json.dumps(base | {"backend": "openai-chat", "workload": dataset}))
+    assert "workloads" not in run("bench-compare", str(d1), str(d1b))
+    assert "different workloads" in run("bench-compare", str(d1), str(d2))
+    assert "different workloads" in run("bench-compare", str(d1), str(d3))
 
 
 def test_hand_edited_nulls_read_as_not_recorded(tmp_path):

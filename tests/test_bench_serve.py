@@ -350,6 +350,43 @@ def _interrupted(tmp_path: Path, url: str, *args: str) -> tuple[int, str, str, d
     return p.returncode, flat(stdout), stderr, json.loads(out.read_text()) if out.exists() else None
 
 
+def test_ctrl_c_hit_rate_covers_the_completed_requests(tmp_path):
+    """In-process, a load's hit rate was the engine's counters, which take a prompt (and its hits) when it is
+    admitted, while the load's figures cover the completed requests: Ctrl-C while a request that reused the shared
+    prefix decoded read 128 of 216 prompt tokens (59%) against the completed two's 64 of 144 (44%). A load cut short
+    now takes the completed requests' own hits, each one's in the JSON (as bench-trace since the sixtieth session)."""
+    import os
+    import re
+    import select
+    import signal
+    import subprocess
+    import time
+
+    out = tmp_path / "serve.json"
+    flags = ["--model", "dummy:tiny-llama", "--device", "cpu", "--num-requests", "3", "--max-concurrency", "1"]
+    flags += ["--input-len", "8:8", "--output-len", "1500:1500", "--prefix-groups", "1", "--prefix-len", "64"]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "minisgl_cli", "bench-serve", *flags, "--warmup", "0", "--json", str(out)],
+        env={**os.environ, "COLUMNS": "200", "TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"},  # the live view
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores SIGINT
+    )
+    seen, t0 = b"", time.monotonic()
+    while not re.search(rb"\b2/3 ", seen):  # the live view's "done" column: the first two ended
+        assert time.monotonic() - t0 < 180 and p.poll() is None, seen.decode(errors="replace")[-2000:]
+        if select.select([p.stderr, p.stdout], [], [], 0.1)[0]:
+            for f in select.select([p.stderr, p.stdout], [], [], 0)[0]:
+                seen += os.read(f.fileno(), 1 << 16)
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == 130 and b"Traceback" not in stderr, stdout + stderr
+    res = json.loads(out.read_text())
+    assert (res["completed"], res["failed"], res["stopped"]) == (2, 0, "interrupted")
+    assert res["cached_tokens"] == [0, 64] and res["input_lens"] == [72, 72]
+    assert res["cache_hit_rate"] == pytest.approx(64 / 144)
+
+
 @pytest.mark.parametrize("mock", [MockConfig(ttft=0.01, tpot=0.01)], indirect=True)
 def test_ctrl_c_mid_load_marks_the_load_and_the_run_partial(tmp_path, mock):
     """A single load cut by Ctrl-C (~0.1 s a request, one at a time, 100 of them): was written as `partial: false`,
