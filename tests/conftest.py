@@ -181,6 +181,29 @@ def run_with_children(cmd: list[str], timeout: float, input: str | None = None, 
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+def sigint_once_shown(cmd: list[str], shown: bytes, timeout: float = 180.0) -> tuple[int, bytes, bytes]:
+    """Run a minisgl command as from a terminal (its live view on), send it SIGINT once its output matches the regex
+    `shown`, and return its exit status, stdout and stderr."""
+    import re
+    import select
+
+    p = subprocess.Popen(
+        cmd,
+        env=subprocess_env(COLUMNS="200", TTY_COMPATIBLE="1", TTY_INTERACTIVE="1"),  # the live view, to be watched
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores SIGINT
+    )
+    seen, t0 = b"", time.monotonic()
+    while not re.search(shown, seen):
+        assert time.monotonic() - t0 < timeout and p.poll() is None, seen.decode(errors="replace")[-2000:]
+        for f in select.select([p.stdout, p.stderr], [], [], 0.1)[0]:
+            seen += os.read(f.fileno(), 1 << 16)
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=60)
+    return p.returncode, stdout, stderr
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -19,7 +19,7 @@ from minisgl_cli.arrivals import arrival_times, sweep_rates
 from minisgl_cli.mock_server import MockConfig, mock_server_process
 from minisgl_cli.openai_client import _data_of, decode_event
 from minisgl_cli.run_figures import by_load
-from tests.conftest import free_port, serve_subprocess
+from tests.conftest import free_port, serve_subprocess, sigint_once_shown
 from tests.test_bench_offline import flat
 
 URL_FLAGS = ["--vocab-size", "1000", "--max-model-len", "4096", "--quiet", "--no-client-check"]
@@ -355,32 +355,12 @@ def test_ctrl_c_hit_rate_covers_the_completed_requests(tmp_path):
     admitted, while the load's figures cover the completed requests: Ctrl-C while a request that reused the shared
     prefix decoded read 128 of 216 prompt tokens (59%) against the completed two's 64 of 144 (44%). A load cut short
     now takes the completed requests' own hits, each one's in the JSON (as bench-trace since the sixtieth session)."""
-    import os
-    import re
-    import select
-    import signal
-    import subprocess
-    import time
-
     out = tmp_path / "serve.json"
     flags = ["--model", "dummy:tiny-llama", "--device", "cpu", "--num-requests", "3", "--max-concurrency", "1"]
     flags += ["--input-len", "8:8", "--output-len", "1500:1500", "--prefix-groups", "1", "--prefix-len", "64"]
-    p = subprocess.Popen(
-        [sys.executable, "-m", "minisgl_cli", "bench-serve", *flags, "--warmup", "0", "--json", str(out)],
-        env={**os.environ, "COLUMNS": "200", "TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"},  # the live view
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores SIGINT
-    )
-    seen, t0 = b"", time.monotonic()
-    while not re.search(rb"\b2/3 ", seen):  # the live view's "done" column: the first two ended
-        assert time.monotonic() - t0 < 180 and p.poll() is None, seen.decode(errors="replace")[-2000:]
-        if select.select([p.stderr, p.stdout], [], [], 0.1)[0]:
-            for f in select.select([p.stderr, p.stdout], [], [], 0)[0]:
-                seen += os.read(f.fileno(), 1 << 16)
-    p.send_signal(signal.SIGINT)
-    stdout, stderr = p.communicate(timeout=60)
-    assert p.returncode == 130 and b"Traceback" not in stderr, stdout + stderr
+    cmd = [sys.executable, "-m", "minisgl_cli", "bench-serve", *flags, "--warmup", "0", "--json", str(out)]
+    rc, stdout, stderr = sigint_once_shown(cmd, rb"\b2/3 ")  # the live view's "done" column: the first two ended
+    assert rc == 130 and b"Traceback" not in stderr, stdout + stderr
     res = json.loads(out.read_text())
     assert (res["completed"], res["failed"], res["stopped"]) == (2, 0, "interrupted")
     assert res["cached_tokens"] == [0, 64] and res["input_lens"] == [72, 72]

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from minisgl_cli.app import app
 from minisgl_cli.trace_reader import read_trace
-from tests.conftest import serve_subprocess, subprocess_env
+from tests.conftest import serve_subprocess, sigint_once_shown, subprocess_env
 from tests.test_bench_offline import flat
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
@@ -496,12 +496,7 @@ def test_ctrl_c_hit_rate_and_its_bound_cover_the_same_requests(tmp_path):
     counters had taken its prompt (and its hits) at its first prefill chunk, the bound only the completed requests:
     60.6% against a bound of 48.4% here (60.6% against 56.9% on traces/qwen_1000.jsonl). Both now cover the
     completed requests, each one's hits in the JSON, and every request sent before them may fill the bound's cache."""
-    import os
     import re
-    import select
-    import signal
-    import subprocess
-    import time
 
     head = list(range(1, 33))  # 32 blocks of 16 tokens
     rows = [  # done at once; then one that reuses 31 of its blocks and ends, and one that reuses all 32 and decodes
@@ -517,32 +512,9 @@ def test_ctrl_c_hit_rate_and_its_bound_cover_the_same_requests(tmp_path):
         )
     )
     out = tmp_path / "t.json"
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "minisgl_cli",
-            "bench-trace",
-            str(trace),
-            "--format",
-            "qwen",
-            *TINY[:4],
-            "--json",
-            str(out),
-        ],
-        env=subprocess_env(COLUMNS="200", TTY_COMPATIBLE="1", TTY_INTERACTIVE="1"),  # the live view, to be watched
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores SIGINT
-    )
-    seen, t0 = b"", time.monotonic()
-    while not re.search(rb"\b2/3 ", seen):  # the live view's "done" column: the first two ended
-        assert time.monotonic() - t0 < 120 and p.poll() is None, seen.decode(errors="replace")[-2000:]
-        if select.select([p.stderr], [], [], 0.1)[0]:
-            seen += os.read(p.stderr.fileno(), 1 << 16)
-    p.send_signal(signal.SIGINT)
-    stdout, stderr = p.communicate(timeout=60)
-    assert p.returncode == 130 and b"Traceback" not in stderr, stdout + stderr
+    cmd = [sys.executable, "-m", "minisgl_cli", "bench-trace", str(trace), "--format", "qwen", *TINY[:4]]
+    rc, stdout, stderr = sigint_once_shown(cmd + ["--json", str(out)], rb"\b2/3 ")  # the first two ended
+    assert rc == 130 and b"Traceback" not in stderr, stdout + stderr
     res = json.loads(out.read_text())
     assert (res["completed"], res["failed"], res["planned_requests"]) == (2, 0, 3)  # the third was cut off
     assert 0 < res["cache_hit_rate"] <= res["trace_cache_hit_upper_bound"]
