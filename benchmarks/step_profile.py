@@ -20,7 +20,7 @@ parts, FlashInfer's choice in CUDA-graph mode, instead of only for batches too s
 `no-silu`, `no-norm-silu` skip that small kernel in decode batches, bounding what folding it away could save (the
 norm ablations on the layers without the norms' fold). `no-fold`: the RMSNorms as kernels of their own (residual add
 fused in), as before the sixty-first session. `no-runs`: a request takes its pages one at a time (as before the
-sixty-second session) instead of in runs of `kvcache.manager.RUN_PAGES`.
+sixty-second session) instead of in runs of `kvcache.manager.RUN_PAGES`; `runs-32`: in runs of 32.
 A fresh GPU machine runs slower for its first ~30 s:
 repeat variants, interleaved, and compare the later runs.
 """
@@ -90,6 +90,7 @@ VARIANTS = (
     "no-norm-silu",
     "no-fold",
     "no-runs",
+    "runs-32",
 )
 
 
@@ -140,7 +141,7 @@ def apply_variant(name: str) -> dict:
         raise SystemExit(f"unknown variant {name!r}: choose one of {', '.join(VARIANTS)}")
     llama.FUSED_QKV = name != "unfused"
     llama.FOLD_NORMS = name not in ("no-fold", "no-norm", "no-norm-silu")
-    manager.RUN_PAGES = 1 if name == "no-runs" else DEFAULT_RUN_PAGES
+    manager.RUN_PAGES = {"no-runs": 1, "runs-32": 32}.get(name, DEFAULT_RUN_PAGES)
     flashinfer_backend.DECODE_KERNELS = "fa3" if name == "decode-fa3" else "fa2"
     flashinfer_backend.PREFILL_KERNELS = "fa3" if name == "prefill-fa3" else "fa2"
     flashinfer_backend.NO_SPLIT_WHEN_BALANCED = name != "split-always"

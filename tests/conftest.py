@@ -194,10 +194,12 @@ def sigint_once_shown(cmd: list[str], shown: bytes, timeout: float = 180.0) -> t
         stderr=subprocess.PIPE,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores SIGINT
     )
+    assert p.stdout is not None and p.stderr is not None
+    pipes = [p.stdout, p.stderr]
     seen, t0 = b"", time.monotonic()
     while not re.search(shown, seen):
         assert time.monotonic() - t0 < timeout and p.poll() is None, seen.decode(errors="replace")[-2000:]
-        for f in select.select([p.stdout, p.stderr], [], [], 0.1)[0]:
+        for f in select.select(pipes, [], [], 0.1)[0]:
             seen += os.read(f.fileno(), 1 << 16)
     p.send_signal(signal.SIGINT)
     stdout, stderr = p.communicate(timeout=60)
