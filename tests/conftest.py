@@ -39,32 +39,34 @@ if "MINISGL_CACHE_DIR" not in os.environ:
 
 
 # The files that take longest on the 2-core CI machine, started first, longest first (seconds of test time each, from
-# `pytest -n 2 --durations=0` at 0acf0bd summed per file: 131 down to 19). pytest-xdist hands a worker the next file
+# `pytest -n 2 --durations=0` at 56f5f8f summed per file: 199 down to 15). pytest-xdist hands a worker the next file
 # when it runs low, in collection order (--no-loadscope-reorder: by default it orders files by their number of tests,
 # which put the one-test fuzz file last, alone on one worker while the other sat idle); the short files go last and
 # even the two workers' ends out. Re-measure when a file grows: a long file left off this list starts late.
 LONGEST_FIRST = (
     "test_tp.py",
-    "test_serve_process.py",
-    "test_bench_offline.py",
-    "test_chat_tui.py",
-    "test_chat_plain.py",
-    "test_chat_sessions.py",
-    "test_chat_remote.py",
     "test_bench_serve.py",
-    "test_openai_api.py",
-    "test_chat_terminal.py",
+    "test_serve_process.py",
+    "test_chat_sessions.py",
+    "test_bench_offline.py",
+    "test_chat_plain.py",
+    "test_chat_tui.py",
     "test_serve.py",
+    "test_chat_remote.py",
+    "test_bench_trace.py",
+    "test_chat_terminal.py",
+    "test_openai_api.py",
+    "test_async_llm_api.py",
+    "test_llm_api.py",
+    "test_bad_input.py",
+    "test_chat_sampling.py",
     "test_hf_equivalence.py",
     "test_fuzz_engine.py",
-    "test_bench_trace.py",
+    "test_weight_cache.py",
     "test_text.py",
     "test_cpu_ops.py",
-    "test_weight_cache.py",
-    "test_bad_input.py",
+    "test_bench_compare.py",
     "test_faults.py",
-    "test_cpu_graph.py",
-    "test_chat_sampling.py",
     "test_kv_fp8.py",
 )
 
