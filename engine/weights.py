@@ -198,7 +198,8 @@ def gguf_config(path: Path, reader: GGUFFile | None = None) -> ModelConfig:
             rope_scaling=None if factors is None else {"rope_type": "freq_factors", "factors": factors},
             rms_norm_eps=float(_field(r, p + "attention.layer_norm_rms_epsilon", 1e-6)),
             tie_word_embeddings="output.weight" not in names,
-            max_position_embeddings=int(_field(r, p + "context_length", 4096)),
+            # required by the GGUF spec and llama.cpp: a guess would let prompts run past the trained window
+            max_position_embeddings=need("context_length"),
             eos_token_ids=eos_ids,
             bos_token_id=bos_id,
             name=path.stem,

@@ -955,6 +955,9 @@ def broken_gguf(kind: str, tmp: Path) -> tuple[Path, str, str]:
     elif kind == "GGUF lacking head_count":
         _tiny_gguf(f, drop=("head_count",))
         return f, str(f), "GGUF metadata lacks 'llama.attention.head_count'"
+    elif kind == "GGUF lacking context_length":  # was taken as 4096 whatever the model was trained to
+        _tiny_gguf(f, drop=("context_length",))
+        return f, str(f), "GGUF metadata lacks 'llama.context_length'"
     elif kind == "GGUF with linear rope scale":  # llama.cpp scales linearly by a factor naming no type
         _tiny_gguf(f, kv={"rope.scale_linear": 4.0})
         return f, str(f), "GGUF llama.rope.scale_linear = 4.0 (linear rope scaling) is not supported"
@@ -1058,6 +1061,7 @@ GGUF_CASES = [
     "empty",
     "truncated",
     "GGUF lacking head_count",
+    "GGUF lacking context_length",
     "GGUF with yarn rope",
     "GGUF with linear rope scale",
     "GGUF rope_freqs of the wrong length",
