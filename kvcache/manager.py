@@ -11,8 +11,8 @@ from kvcache.radix import Node, RadixCache
 # A request that takes new pages takes up to this many at once while the pool has room to spare (it needs the
 # positions: never past its longest possible length). Its pages then run in consecutive ids, which the decode
 # attention reads faster than pages handed out one by one across all running requests.
-# Only while, after the run, more than an eighth of the pool and 512 pages are still free: runs never cost a busy
-# pool an admission or a preemption (pages taken ahead are nobody else's until the request ends).
+# Only while, after the run, more than an eighth of the pool and 512 pages are still free: pages taken ahead are
+# nobody else's until the request ends, so a pool under pressure goes back to handing them out one by one.
 RUN_PAGES = 8
 SPARE_FRACTION, SPARE_PAGES = 8, 512
 

@@ -185,7 +185,7 @@ def run_with_children(cmd: list[str], timeout: float, input: str | None = None, 
 
 def sigint_once_shown(cmd: list[str], shown: bytes, timeout: float = 180.0) -> tuple[int, bytes, bytes]:
     """Run a minisgl command as from a terminal (its live view on), send it SIGINT once its output matches the regex
-    `shown`, and return its exit status, stdout and stderr."""
+    `shown`, and return its exit status and its whole stdout and stderr (what was read while watching included)."""
     import re
     import select
 
@@ -197,15 +197,16 @@ def sigint_once_shown(cmd: list[str], shown: bytes, timeout: float = 180.0) -> t
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores SIGINT
     )
     assert p.stdout is not None and p.stderr is not None
-    pipes = [p.stdout, p.stderr]
-    seen, t0 = b"", time.monotonic()
-    while not re.search(shown, seen):
-        assert time.monotonic() - t0 < timeout and p.poll() is None, seen.decode(errors="replace")[-2000:]
-        for f in select.select(pipes, [], [], 0.1)[0]:
-            seen += os.read(f.fileno(), 1 << 16)
+    read = {p.stdout: b"", p.stderr: b""}
+    t0 = time.monotonic()
+    while not re.search(shown, b"".join(read.values())):
+        seen = b"".join(read.values()).decode(errors="replace")[-2000:]
+        assert time.monotonic() - t0 < timeout and p.poll() is None, seen
+        for f in select.select(list(read), [], [], 0.1)[0]:
+            read[f] += os.read(f.fileno(), 1 << 16)
     p.send_signal(signal.SIGINT)
     stdout, stderr = p.communicate(timeout=60)
-    return p.returncode, stdout, stderr
+    return p.returncode, read[p.stdout] + stdout, read[p.stderr] + stderr
 
 
 def free_port() -> int:
