@@ -4,6 +4,7 @@ changed request's new token ids. No text is handled here: the front end tokenize
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -50,10 +51,27 @@ class EngineLoop(StepLoop):
         self._stop = False
         self._watch: Watch | None = None
         self._next_watch = 0.0
+        # An idle loop waits up to IDLE_TICK for a command: a byte here ends the wait at once (wake)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self.poller = zmq.Poller()
+        self.poller.register(self.commands, zmq.POLLIN)
+        self.poller.register(self._wake_r, zmq.POLLIN)
 
     def stop(self) -> None:
         """Ask the loop to end after its current step (signal handlers, other threads)."""
         self._stop = True
+        self.wake()
+
+    def wake(self) -> None:
+        """Have the loop call its watch now instead of after up to WATCH_EVERY + IDLE_TICK (any thread, signal
+        handlers: a socket's send is safe in both). A Ctrl-C'd `serve` and a chat's exit waited that long."""
+        self._next_watch = 0.0
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:  # BlockingIOError: bytes already wait to wake it; or closed: it has ended
+            pass
 
     def run(self, watch: Watch | None = None) -> None:
         self._watch, self._next_watch = watch, time.monotonic() + self.WATCH_EVERY
@@ -83,6 +101,8 @@ class EngineLoop(StepLoop):
         self.commands.close()
         self.outputs.close()
         self.ctx.term()
+        self._wake_r.close()
+        self._wake_w.close()
 
     def _send(self, msg: list[Any]) -> None:
         try:
@@ -117,8 +137,16 @@ class EngineLoop(StepLoop):
             self._send(["step", entries])
 
     def _receive(self, block: bool) -> None:
-        if block and not self.commands.poll(int(self.IDLE_TICK * 1000)):
-            return
+        if block:
+            ready = dict(self.poller.poll(int(self.IDLE_TICK * 1000)))
+            if self._wake_r in ready:
+                try:
+                    while self._wake_r.recv(4096):
+                        pass
+                except BlockingIOError:
+                    pass
+            if self.commands not in ready:
+                return
         while True:
             try:
                 msg = unpack(self.commands.recv(zmq.NOBLOCK))

@@ -36,6 +36,7 @@ from minisgl_cli.server.frontend_spec import API_KEY_ENV, ORPHAN_GRACE_S, Fronte
 
 if TYPE_CHECKING:
     from engine.engine import Engine
+    from engine.engine_loop import EngineLoop
     from engine.ipc import Addresses, EngineInfo
     from engine.llm import LLM
 
@@ -259,11 +260,13 @@ class LoopEnd:
 STEP_NOTICE_S = 1.5  # the engine still in a step this long after the chat ended says why the terminal waits
 
 
-def _say_when_the_step_outlasts(front: subprocess.Popen, done: threading.Event) -> None:
-    """Once the chat has exited: the loop ends only after its current step, which after a long prompt's prefill on a
-    CPU took 13-16 s with nothing on the terminal."""
+def _when_the_front_end_exits(front: subprocess.Popen, loop: EngineLoop, done: threading.Event, say: bool) -> None:
+    """Wakes the loop once the front end has exited, so that it ends now instead of at its next look. With `say`
+    (the chat's): the loop ends only after its current step, which after a long prompt's prefill on a CPU took 13-16 s
+    with nothing on the terminal."""
     front.wait()
-    if not done.wait(STEP_NOTICE_S):
+    loop.wake()
+    if say and not done.wait(STEP_NOTICE_S):
         print(
             "minisgl chat: the engine is ending its current step (a long prompt's prefill can take a while)...",
             file=sys.stderr,
@@ -318,8 +321,8 @@ def run_beside_front_end(
         return None if code is None else f"{front_name} exited ({_exit_status(code)})"
 
     done = threading.Event()
-    if interactive:  # a person waits at the terminal the chat gave back: a step outlasting it is not a hang
-        threading.Thread(target=_say_when_the_step_outlasts, args=(front, done), daemon=True).start()
+    # the chat's person waits at the terminal the chat gave back: a step outlasting it is not a hang
+    threading.Thread(target=_when_the_front_end_exits, args=(front, loop, done, interactive), daemon=True).start()
     try:
         loop.run(watch=front_end_exited)
         if loop.error and interactive:

@@ -247,12 +247,24 @@ def test_the_terminal_says_why_it_waits_for_the_engines_step(capsys):
     the chat has exited and the loop has not ended STEP_NOTICE_S later, and says nothing when it has."""
     import threading
 
-    from minisgl_cli.serve import STEP_NOTICE_S, _say_when_the_step_outlasts
+    from engine.engine_loop import EngineLoop, engine_info
+    from engine.ipc import Addresses
+    from minisgl_cli.serve import STEP_NOTICE_S, _when_the_front_end_exits
+    from tests.conftest import make_llm
 
-    ended = threading.Event()
-    _say_when_the_step_outlasts(subprocess.Popen(["true"]), ended)  # the chat gone, the loop still in its step
-    assert "minisgl chat: the engine is ending its current step" in capsys.readouterr().err
-    ended.set()
-    started = time.monotonic()
-    _say_when_the_step_outlasts(subprocess.Popen(["true"]), ended)  # the loop ended with the chat
-    assert capsys.readouterr().err == "" and time.monotonic() - started < STEP_NOTICE_S
+    llm = make_llm()
+    addrs = Addresses.temporary()
+    loop = EngineLoop(llm.engine, addrs, engine_info(llm))
+    try:
+        ended = threading.Event()
+        _when_the_front_end_exits(subprocess.Popen(["true"]), loop, ended, True)  # the chat gone, the step going on
+        assert "minisgl chat: the engine is ending its current step" in capsys.readouterr().err
+        ended.set()
+        started = time.monotonic()
+        _when_the_front_end_exits(subprocess.Popen(["true"]), loop, ended, True)  # the loop ended with the chat
+        assert capsys.readouterr().err == "" and time.monotonic() - started < STEP_NOTICE_S
+        _when_the_front_end_exits(subprocess.Popen(["true"]), loop, threading.Event(), False)  # serve's: says nothing
+        assert capsys.readouterr().err == ""
+    finally:
+        loop.close()
+        addrs.remove()
