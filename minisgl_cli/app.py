@@ -60,4 +60,9 @@ def main() -> None:
 
     deliver_after_finalizers()
     sys.argv = chat.resume_flag(sys.argv)
-    app()
+    try:
+        app()  # standalone: it ends in SystemExit, also when the command returns
+    except SystemExit as e:
+        from minisgl_cli.process_exit import exit_now
+
+        exit_now(e.code)

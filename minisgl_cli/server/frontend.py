@@ -17,6 +17,7 @@ import uvicorn
 
 from engine.gc_heap import collect_if_idle, frozen_heap
 from engine.remote_llm import RemoteLLM
+from minisgl_cli.process_exit import exit_now
 from minisgl_cli.server.app import create_app
 from minisgl_cli.server.frontend_spec import API_KEY_ENV, ENGINE_GONE_EXIT, ORPHAN_GRACE_S, FrontendSpec
 
@@ -167,8 +168,8 @@ def main() -> None:
     try:  # uvloop where installed, as uvicorn itself would pick: the front end's hot path is the event loop
         import uvloop
     except ImportError:
-        sys.exit(asyncio.run(_main(spec)))
-    sys.exit(uvloop.run(_main(spec)))
+        exit_now(asyncio.run(_main(spec)))
+    exit_now(uvloop.run(_main(spec)))
 
 
 if __name__ == "__main__":

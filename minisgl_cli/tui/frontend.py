@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.ipc import Addresses, EngineInfo
+from minisgl_cli.process_exit import exit_now
 
 if TYPE_CHECKING:
     from minisgl_cli.tui.app import ChatApp
@@ -139,7 +140,7 @@ def _hung_up(app: ChatApp) -> None:
 
 
 def main() -> None:
-    sys.exit(run(ChatFrontSpec.from_json(sys.argv[1])))
+    exit_now(run(ChatFrontSpec.from_json(sys.argv[1])))
 
 
 if __name__ == "__main__":
