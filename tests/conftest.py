@@ -24,6 +24,10 @@ from engine.llm import LLM
 # One intra-op thread: the suite runs engine threads, servers and UIs beside the test thread on 2 cores, where
 # OpenMP workers spinning for a core slowed tiny-model steps ~45x (0.025 s vs 1.1 s) and starved the TUI tests.
 torch.set_num_threads(int(os.environ.get("MINISGL_TEST_THREADS", "1")))
+# And one in every process the suite starts (servers, chats, benchmarks, their engine processes): each took torch's
+# default of one thread per core, whose OpenMP workers spun beside the other worker's tests. test_serve_process.py and
+# test_chat_remote.py: 159 CPU-s and 107 s with them, 127 CPU-s and 94 s without (2 cores, -n 2).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # On a CPU with native bf16 `--dtype auto` means bf16; the suite compares with HF in fp32 (engine.cpu), here and in
 # the serve / chat processes it starts (they inherit the environment).
 os.environ.setdefault("MINISGL_CPU_DTYPE", "float32")
