@@ -68,7 +68,7 @@ class TPContext:
             if r != self.rank:  # all posted before any wait: no rank blocks on a peer that has not posted yet
                 pending += [dist.isend(x, r), dist.irecv(parts[r], r)]
         for work in pending:
-            work.wait()
+            cast(dist.Work, work).wait()  # None only for a rank outside the group
         return parts
 
 
