@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -140,11 +141,29 @@ def hf_smollm():
             hf.load_state_dict(blob["state"])
             hf.generation_config = blob["generation"]
             return hf.eval()
-        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+        with gguf_read_once():
+            hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        hf.eval()
         part = saved.with_suffix(".part")  # a process killed while writing leaves no half copy under the name
         torch.save({"config": hf.config, "generation": hf.generation_config, "state": hf.state_dict()}, part)
         part.replace(saved)
         return hf
+
+
+@contextlib.contextmanager
+def gguf_read_once() -> Iterator[None]:
+    """transformers' GGUF load with two of gguf-py's pure functions memoized, the same weights bit for bit: it parses
+    the file's metadata twice (a GGUFReader for the config, another for the tensors) and builds gguf-py's whole
+    tensor-name map once per module of the model (397 times for SmolLM2). 19.8 s -> 9.1 s on a 2-core machine."""
+    import gguf
+
+    originals = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = functools.cache(gguf.GGUFReader)  # type: ignore[assignment,misc]  # a class's constructor, memoized
+    gguf.get_tensor_name_map = functools.cache(gguf.get_tensor_name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = originals  # type: ignore[misc]
 
 
 # ---- child processes: the CLI, torchrun groups, servers (no openai here: the GPU machine lacks it) ------------------
