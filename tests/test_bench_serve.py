@@ -360,7 +360,7 @@ def test_ctrl_c_hit_rate_covers_the_completed_requests(tmp_path):
     flags += ["--input-len", "8:8", "--output-len", "1500:1500", "--prefix-groups", "1", "--prefix-len", "64"]
     cmd = [sys.executable, "-m", "minisgl_cli", "bench-serve", *flags, "--warmup", "0", "--json", str(out)]
     rc, stdout, stderr = sigint_once_shown(cmd, rb"\b2/3 ")  # the live view's "done" column: the first two ended
-    assert rc == 130 and b"Traceback" not in stderr, stdout + stderr
+    assert rc == 130 and b"Traceback" not in stderr, stderr.decode(errors="replace")[-4000:]  # where a traceback lands
     res = json.loads(out.read_text())
     assert (res["completed"], res["failed"], res["stopped"]) == (2, 0, "interrupted")
     assert res["cached_tokens"] == [0, 64] and res["input_lens"] == [72, 72]
