@@ -16,7 +16,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.css.query import NoMatches
 from textual.dom import DOMNode
 from textual.timer import Timer
-from textual.widget import Widget
+from textual.widget import MountError, Widget
 from textual.widgets import Footer, Header, Markdown
 from textual.widgets.markdown import MarkdownStream
 
@@ -75,12 +75,18 @@ def _short(title: str, width: int = 32) -> str:
 async def stop_markdown(md: MarkdownStream) -> None:
     """`MarkdownStream.stop()`, except when its render task was cancelled before it ever ran: then stop() re-raises
     that task's CancelledError into the caller, which would end the turn half-way (the turn never yielded to the
-    loop: every output was already queued and every delta empty, e.g. bytes held back as incomplete UTF-8)."""
+    loop: every output was already queued and every delta empty, e.g. bytes held back as incomplete UTF-8). And
+    when the message is no longer on screen (ctrl+q mid-answer took the screen down): the stream's last flush of the
+    text it held raised MountError, which replaced the turn's cancellation and failed the worker. That text is
+    dropped; the answer is kept from the engine's tokens, not from the widget."""
     try:
         await md.stop()
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is not None and task.cancelling():  # the worker itself is being cancelled: let that through
+            raise
+    except MountError:
+        if md.markdown_widget.is_attached:
             raise
 
 
