@@ -1,5 +1,6 @@
-"""CPU tensor parallelism's collectives on gloo: its all_reduce / all_gather against each rank sending its tensor to
-every other (isend/irecv) and summing in rank order, what engine/distributed.py's TPContext does on CPUs.
+"""CPU tensor parallelism's collectives: engine/distributed.py's TPContext with gloo's all_reduce / all_gather
+(`p2p=False`) against its isend/irecv exchange with every rank, summed in rank order (`p2p=True`, at every size here:
+the engine takes gloo's all_reduce above `p2p_max_bytes`).
 
 torchrun --nproc-per-node 2 benchmarks/gloo_collectives.py [--rounds 300]
 Shapes: a decode step's residual (6 rows of SmolLM2's 576), 256 and 1,024 rows, and 64 x 49,152 floats (12 MiB).
@@ -10,14 +11,17 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.distributed as dist
 
+from engine.distributed import TPContext
+
 SHAPES = ((6, 576), (256, 576), (1024, 576), (64, 49152))
 
 
-def timed(name: str, f: Callable[[], None], rounds: int) -> None:
+def timed(name: str, f: Callable[[], object], rounds: int) -> None:
     for _ in range(10):
         f()
     dist.barrier()
@@ -28,40 +32,21 @@ def timed(name: str, f: Callable[[], None], rounds: int) -> None:
         print(f"{dist.get_world_size()} ranks  {name:34s} {(time.perf_counter() - t) / rounds * 1e3:7.3f} ms")
 
 
-def compare(shape: tuple[int, int], rounds: int) -> None:
-    rank, size = dist.get_rank(), dist.get_world_size()
-    x = torch.randn(shape)
-    parts = [torch.empty_like(x) for _ in range(size)]
-
-    def p2p() -> None:
-        pending = []
-        for r in range(size):
-            if r != rank:
-                pending += [dist.isend(x, r), dist.irecv(parts[r], r)]
-        for w in pending:
-            if w is not None:  # None only for a rank outside the group
-                w.wait()
-
-    def p2p_sum() -> None:
-        p2p()
-        parts[rank] = x
-        total = parts[0].clone()
-        for p in parts[1:]:
-            total += p
-
-    timed(f"gloo all_reduce {list(shape)}", lambda: dist.all_reduce(x), rounds)
-    timed(f"isend/irecv + sum {list(shape)}", p2p_sum, rounds)
-    timed(f"gloo all_gather {list(shape)}", lambda: dist.all_gather(parts, x), rounds)
-    timed(f"isend/irecv {list(shape)}", p2p, rounds)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=300)
     args = ap.parse_args()
     dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    gloo = TPContext(rank, size, p2p=False)
+    p2p = TPContext(rank, size, p2p=True, p2p_max_bytes=1 << 62)
     for shape in SHAPES:
-        compare(shape, max(1, args.rounds // (1 + shape[0] * shape[1] // 100_000)))  # fewer rounds of the larger
+        rounds = max(1, args.rounds // (1 + shape[0] * shape[1] // 100_000))  # fewer rounds of the larger
+        x = torch.randn(shape)
+        timed(f"gloo all_reduce {list(shape)}", partial(gloo.all_reduce, x), rounds)
+        timed(f"isend/irecv + sum {list(shape)}", partial(p2p.all_reduce, x), rounds)
+        timed(f"gloo all_gather {list(shape)}", partial(gloo.all_gather_last_dim, x), rounds)
+        timed(f"isend/irecv gather {list(shape)}", partial(p2p.all_gather_last_dim, x), rounds)
     dist.destroy_process_group()
 
 

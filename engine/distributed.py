@@ -16,9 +16,6 @@ import torch.distributed as dist
 T = TypeVar("T")
 
 
-P2P_MAX_BYTES = 1 << 20
-
-
 @dataclass(slots=True)
 class TPContext:
     rank: int = 0
@@ -33,16 +30,17 @@ class TPContext:
     def enabled(self) -> bool:
         return self.size > 1
 
-    # On CPUs (gloo) each rank sends its tensor to every other, and an all-reduce of up to P2P_MAX_BYTES sums the parts
+    # On CPUs (gloo) each rank sends its tensor to every other, and an all-reduce of up to p2p_max_bytes sums the parts
     # in rank order (every rank adds the same parts in the same order: equal results everywhere). On a 2-core machine
     # gloo's all_reduce took 2-4x as long up to 256 x 576 floats, and its all_gather up to 3x as long at every size
     # (benchmarks/gloo_collectives.py); its all_reduce wins above ~1 MiB (a prefill's).
     p2p: bool = False
+    p2p_max_bytes: int = 1 << 20
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.size == 1:
             return x
-        if not self.p2p or x.numel() * x.element_size() > P2P_MAX_BYTES:
+        if not self.p2p or x.numel() * x.element_size() > self.p2p_max_bytes:
             dist.all_reduce(x)
             return x
         parts = self._from_every_rank(x.contiguous())
