@@ -18,9 +18,10 @@ parts, FlashInfer's choice in CUDA-graph mode, instead of only for batches too s
 `fi-decode` (FlashInfer's tensor-core decode over the bf16 pool instead of the project's CUDA kernel). Ablations
 (wrong tokens by design, timing only: the workload ignores EOS, so the schedule is the same): `no-qkv`, `no-norm`,
 `no-silu`, `no-norm-silu` skip that small kernel in decode batches, bounding what folding it away could save (the
-norm ablations on the layers without the norms' fold). `no-fold`: the RMSNorms as kernels of their own (residual add
-fused in), as before the sixty-first session. `no-runs`: a request takes its pages one at a time (as before the
-sixty-second session) instead of in runs of `kvcache.manager.RUN_PAGES`; `runs-32`: in runs of 32.
+norm ablations on the layers without the norms' fold); `no-qkv-silu` skips both small kernels the folded layer keeps
+(what GEMMs with those kernels in their epilogues could save at most). `no-fold`: the RMSNorms as kernels of their
+own (residual add fused in), as before the sixty-first session. `no-runs`: a request takes its pages one at a time
+(as before the sixty-second session) instead of in runs of `kvcache.manager.RUN_PAGES`; `runs-32`: in runs of 32.
 A fresh GPU machine runs slower for its first ~30 s:
 repeat variants, interleaved, and compare the later runs.
 """
@@ -88,6 +89,7 @@ VARIANTS = (
     "no-norm",
     "no-silu",
     "no-norm-silu",
+    "no-qkv-silu",
     "no-fold",
     "no-runs",
     "runs-32",
@@ -150,9 +152,9 @@ def apply_variant(name: str) -> dict:
     span_decode.CUDA_HEADS_TOGETHER = name != "item-order"
     torch.backends.cuda.preferred_blas_library("cublaslt" if name == "blaslt" else DEFAULT_BLAS)
     _QKV_STORE = _QKV_STORE or triton_ops.qk_norm_rope_store
-    triton_ops.qk_norm_rope_store = _no_qkv_in_decode if name == "no-qkv" else _QKV_STORE
+    triton_ops.qk_norm_rope_store = _no_qkv_in_decode if name in ("no-qkv", "no-qkv-silu") else _QKV_STORE
     _RMSNORM, _SILU = _RMSNORM or triton_ops.rmsnorm, _SILU or triton_ops.silu_and_mul
-    no_norm, no_silu = name in ("no-norm", "no-norm-silu"), name in ("no-silu", "no-norm-silu")
+    no_norm, no_silu = name in ("no-norm", "no-norm-silu"), name in ("no-silu", "no-norm-silu", "no-qkv-silu")
     triton_ops.rmsnorm = _no_norm_in_decode if no_norm else _RMSNORM
     triton_ops.silu_and_mul = _no_silu_in_decode if no_silu else _SILU
     return {"page_size": int(name[4:])} if name.startswith("page") else {}
