@@ -22,6 +22,8 @@ norm ablations on the layers without the norms' fold); `no-qkv-silu` skips both 
 (what GEMMs with those kernels in their epilogues could save at most). `no-fold`: the RMSNorms as kernels of their
 own (residual add fused in), as before the sixty-first session. `no-runs`: a request takes its pages one at a time
 (as before the sixty-second session) instead of in runs of `kvcache.manager.RUN_PAGES`; `runs-32`: in runs of 32.
+`pieces-16k`: the prefill's steps (16,384 tokens) replay piecewise graphs as steps up to 4,096 tokens do;
+`budget-32k`: a per-step token budget of 32,768 (the prefill in 5 steps instead of 9).
 A fresh GPU machine runs slower for its first ~30 s:
 repeat variants, interleaved, and compare the later runs.
 """
@@ -93,6 +95,8 @@ VARIANTS = (
     "no-fold",
     "no-runs",
     "runs-32",
+    "pieces-16k",
+    "budget-32k",
 )
 
 
@@ -157,6 +161,10 @@ def apply_variant(name: str) -> dict:
     no_norm, no_silu = name in ("no-norm", "no-norm-silu"), name in ("no-silu", "no-norm-silu", "no-qkv-silu")
     triton_ops.rmsnorm = _no_norm_in_decode if no_norm else _RMSNORM
     triton_ops.silu_and_mul = _no_silu_in_decode if no_silu else _SILU
+    if name == "pieces-16k":  # the offline prefill's 16,384-token steps replay piecewise graphs too
+        return {"piecewise_graph_tokens": 16384}
+    if name == "budget-32k":
+        return {"max_batch_tokens": 32768}
     return {"page_size": int(name[4:])} if name.startswith("page") else {}
 
 
