@@ -68,13 +68,7 @@ def register(app: typer.Typer) -> None:
         output_len: Annotated[str, typer.Option(help="output length range A:B (uniform), or N")] = "100:1024",
         seed: Annotated[int, typer.Option(help="seed of the workload draw and of the engines")] = 0,
         temperature: Annotated[float, typer.Option(help="sampling temperature (0: greedy)", min=0.0)] = 0.6,
-        dataset: Annotated[
-            Path | None,
-            typer.Option(
-                help="real prompts from a local .json/.jsonl/.csv/.parquet file or a directory `datasets` saved "
-                "(ShareGPT `conversations` or a text column)"
-            ),
-        ] = None,
+        dataset: o.Dataset = None,
         dataset_column: o.DatasetColumn = None,
         engine: Annotated[str, typer.Option(help="minisgl | transformers | vllm")] = "minisgl",
         compare: Annotated[

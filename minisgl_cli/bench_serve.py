@@ -74,13 +74,7 @@ def register(app: typer.Typer) -> None:
         prompt_format: Annotated[
             str, typer.Option(help="ids (token ids) | text (decoded by --model's tokenizer; chat always sends text)")
         ] = "ids",
-        dataset: Annotated[
-            Path | None,
-            typer.Option(
-                help="prompts from a local .json/.jsonl/.csv/.parquet file or a directory `datasets` saved (ShareGPT "
-                "`conversations` or a text column)"
-            ),
-        ] = None,
+        dataset: o.Dataset = None,
         dataset_column: o.DatasetColumn = None,
         prefix_groups: Annotated[int, typer.Option(help="G groups of requests sharing a prefix (0: none)", min=0)] = 0,
         prefix_len: Annotated[int, typer.Option(help="tokens of each group's shared prefix", min=1)] = 256,

@@ -9,6 +9,7 @@ import math
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
@@ -59,7 +60,14 @@ MemoryFraction = Annotated[
         max=1.0,
     ),
 ]
-# the --dataset benchmarks' choice of the file's prompt column (bench-offline, bench-serve)
+# the --dataset benchmarks' prompt file and its prompt column (bench-offline, bench-serve)
+Dataset = Annotated[
+    Path | None,
+    typer.Option(
+        help="real prompts from a local .json/.jsonl/.csv/.parquet file or a directory `datasets` saved (ShareGPT "
+        "`conversations` or a text column)"
+    ),
+]
 DatasetColumn = Annotated[
     str | None,
     typer.Option(
