@@ -29,6 +29,11 @@ torch.set_num_threads(int(os.environ.get("MINISGL_TEST_THREADS", "1")))
 # default of one thread per core, whose OpenMP workers spun beside the other worker's tests. test_serve_process.py and
 # test_chat_remote.py: 159 CPU-s and 107 s with them, 127 CPU-s and 94 s without (2 cores, -n 2).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The Ctrl-C tests signal this process (or a child) and expect Python's handling of SIGINT. A run started as a
+# background job of a shell without job control (`pytest ... &` in a script) inherits SIGINT ignored, as does every
+# child it starts: bench-trace's in-process Ctrl-C test then waited out its server's 60 s and failed.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # On a CPU with native bf16 `--dtype auto` means bf16; the suite compares with HF in fp32 (engine.cpu), here and in
 # the serve / chat processes it starts (they inherit the environment).
 os.environ.setdefault("MINISGL_CPU_DTYPE", "float32")
