@@ -41,8 +41,11 @@ CONSUMER_WARPS = 4
 MAX_STAGES = 16  # loader_chain.cu's
 
 
-def library() -> ctypes.CDLL:
-    lib = cuda_build.build(SOURCE, cache_root() / "cuda")
+def library(barrier: str = "fence") -> ctypes.CDLL:
+    """barrier: `fence` (fences around a returning atomicAdd, relaxed polls: the thirty-second session's) or `release`
+    (a release reduction and acquire polls)."""
+    flags = ("-DBARRIER_RELEASE",) if barrier == "release" else ()
+    lib = cuda_build.build(SOURCE, cache_root() / "cuda", flags=flags)
     p, i32 = ctypes.c_void_p, ctypes.c_int
     lib.loader_chain_launch.argtypes = [p, p, p, i32, i32, p, p, p, i32, i32, i32, i32, i32, i32, i32, p]
     lib.loader_chain_launch.restype = i32
@@ -62,6 +65,7 @@ def main() -> None:
     ap.add_argument("--rings", default="c32-s6,c16-s12,c32-s3,c64-s3", help="stage KB and stage count per ring")
     ap.add_argument("--ms", default="16,256", help="rows of the cuBLAS chains")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--barrier", choices=("fence", "release"), default="fence", help="library()'s barrier")
     ap.add_argument("--out", default="loader_chain.json")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -77,7 +81,7 @@ def main() -> None:
     read_rate = measure_read_rate(dev)
     floor_ms = w.numel() * 2 / read_rate * 1e3
 
-    lib = library()
+    lib = library(args.barrier)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rings = args.rings.split(",")
     cuda_modes = [f"{k}-{r}" for r in rings for k in ("runahead", "lockstep", "kernels", "stream")]
