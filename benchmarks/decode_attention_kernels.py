@@ -32,7 +32,10 @@ Qwen3-0.6B's 16/8 by default; 32/8 is Llama-3.1-8B's, 16/2 one rank of Qwen3-32B
                copied by cp.async.ca; -spans with the engine's split (span_decode_work; -pN: N programs per SM, else
                flashinfer_backend.CUDA_PROGRAMS_PER_SM); -wW -sS: W warps, S pipeline stages; -l0: the rows copied
                by cp.async.cg, -l1 by the copy engine (cp.async.bulk), -l2 by cp.async.ca, -l3 by plain loads and
-               shared stores (the shapes built: paged_decode.cu's by_shape); -desc: CTAs take the items longest first;
+               shared stores (the shapes built: paged_decode.cu's by_shape); -m0 / -m1: the same copies with no
+               arithmetic on the pages, or only their rows read from shared memory and summed (wrong outputs: what
+               the copies alone take); -tc / -cc: the products on the tensor cores (MMAs) or the CUDA cores (fp32
+               FMAs), else cuda_decode.TENSOR_CORES; -desc: CTAs take the items longest first;
                -fused: a request's spans merged inside the kernel by the last to finish; -hnd: over an HND pool
                ([pages, kv_heads, page, 128]: a page's rows of one KV head contiguous), through its strides
   triton       the engine's decode over an fp8 pool (kernels/attention/fp8_decode.py; e4m3 only), one span per
@@ -269,12 +272,16 @@ def case(
         from kernels.attention.flashinfer_backend import CUDA_PROGRAMS_PER_SM
 
         opts = name.split("-")[1:]
-        val = {o[0]: int(o[1:]) for o in opts if o[:1] in "pwsl" and o[1:].isdigit()}
+        val = {o[0]: int(o[1:]) for o in opts if o[:1] in "pwslm" and o[1:].isdigit()}
         shape: dict = dict(warps=val.get("w", cuda_decode.WARPS), stages=val.get("s", cuda_decode.STAGES))
         shape["copy"] = val.get("l", cuda_decode.COPY)
         engines = (cuda_decode.WARPS, cuda_decode.STAGES, cuda_decode.COPY)
         if (shape["warps"], shape["stages"], shape["copy"]) != engines:
             shape["flags"] = cuda_decode.ALL_SHAPES
+        if "tc" in opts or "cc" in opts:  # the products on the tensor cores, or the CUDA cores (else the engine's)
+            shape["tensor_cores"] = "tc" in opts
+        if "m" in val:  # -m0 / -m1: paged_decode.cu's PAGED_DECODE_MATH
+            shape["flags"] = (*shape.get("flags", ()), f"-DPAGED_DECODE_MATH={val['m']}")
         if why := cuda_decode.load(cache_root() / "cuda", dev, shape.get("flags", ())):
             raise RuntimeError(why)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count

@@ -23,7 +23,8 @@ norm ablations on the layers without the norms' fold); `no-qkv-silu` skips both 
 own (residual add fused in), as before the sixty-first session. `no-runs`: a request takes its pages one at a time
 (as before the sixty-second session) instead of in runs of `kvcache.manager.RUN_PAGES`; `runs-32`: in runs of 32.
 `pieces-16k`: the prefill's steps (16,384 tokens) replay piecewise graphs as steps up to 4,096 tokens do;
-`budget-32k`: a per-step token budget of 32,768 (the prefill in 5 steps instead of 9).
+`budget-32k`: a per-step token budget of 32,768 (the prefill in 5 steps instead of 9). `cuda-cores`: the CUDA
+decode's products on the CUDA cores (fp32 FMAs, as before the sixty-sixth session) instead of the tensor cores.
 A fresh GPU machine runs slower for its first ~30 s:
 repeat variants, interleaved, and compare the later runs.
 """
@@ -97,6 +98,7 @@ VARIANTS = (
     "runs-32",
     "pieces-16k",
     "budget-32k",
+    "cuda-cores",
 )
 
 
@@ -141,7 +143,7 @@ def apply_variant(name: str) -> dict:
     global _QKV_STORE, _RMSNORM, _SILU
     from engine.models import llama
     from kernels import triton_ops
-    from kernels.attention import flashinfer_backend, span_decode
+    from kernels.attention import cuda_decode, flashinfer_backend, span_decode
 
     if name not in VARIANTS:
         raise SystemExit(f"unknown variant {name!r}: choose one of {', '.join(VARIANTS)}")
@@ -154,6 +156,8 @@ def apply_variant(name: str) -> dict:
     flashinfer_backend.CUDA_DECODE = name != "fi-decode"
     # the CUDA decode's CTAs in item order with a KV head's items together (before the fifty-ninth session)
     span_decode.CUDA_HEADS_TOGETHER = name != "item-order"
+    # the CUDA decode's products on the CUDA cores (before the sixty-sixth session)
+    cuda_decode.TENSOR_CORES = name != "cuda-cores"
     torch.backends.cuda.preferred_blas_library("cublaslt" if name == "blaslt" else DEFAULT_BLAS)
     _QKV_STORE = _QKV_STORE or triton_ops.qk_norm_rope_store
     triton_ops.qk_norm_rope_store = _no_qkv_in_decode if name in ("no-qkv", "no-qkv-silu") else _QKV_STORE

@@ -1,19 +1,21 @@
 """Decode attention over a bf16 / fp16 paged KV pool in CUDA (kernels/cuda/paged_decode.cu), the FlashInfer backend's
-decode where it runs (`supported`): Hopper, head dim 128, pages of 16 tokens, 2 query heads per KV head (the kernel
-takes 1, 2 or 4; at 4 it is slower than FlashInfer's, at 1 not measured).
+decode where it runs (`supported`): Hopper, head dim 128, pages of 16 tokens, 2 or 4 query heads per KV head (the
+kernel takes 1, 2 or 4; at 1 not measured).
 
 It is built once per machine with the CUDA toolkit's nvcc (as FlashInfer's JIT builds its kernels) into the engine's
 kernel cache (`load`), and called through ctypes on torch's current stream, so the decode CUDA graphs capture it. The
 backend drives it through span_decode.SpanDecodeWrapper, the fp8 decode's planner: a request's keys in one span, or
 cut into spans of one length when the batch is unbalanced, whose outputs the fp8 decode's merge kernel combines.
 
-H200, Qwen3-0.6B's heads (16 query, 8 KV), one layer of the offline workload's lengths, CUDA-graph replays
-(benchmarks/decode_attention_kernels.py, `cuda-w8-s2-l2`; docs/gpu.md, fifty-fifth session): 270.3-270.9 / 138.9-139.1
-/ 79.8-79.9 / 23.9 us at 256 / 128 / 64 / 16 rows against FlashInfer's tensor-core decode's 272.1-272.8 / 142.0-142.2 /
-82.2 / 25.2-25.3. Its products and softmax run in fp32 on the CUDA cores: error against exact attention 1.66e-3
-(FlashInfer's 2.1e-3). It is launched with programmatic dependent launch, as FlashInfer's attention is: the fused
-q/k/rope/KV kernel before it lets it launch early (without, the engine lost the kernel's gain: docs/gpu.md, fifty-sixth
-session). `MINISGL_CUDA_DECODE=0` turns it off (FlashInfer's decode then)."""
+H200, Qwen3-0.6B's heads (16 query, 8 KV), one layer of the offline workload's lengths (pages in runs of 8, as the
+engine allocates them), CUDA-graph replays (benchmarks/decode_attention_kernels.py, `cuda-ht-spans`; docs/gpu.md,
+sixty-sixth session): 250.4-251.5 / 124.9 / 72.7-72.9 / 22.8 us at 256 / 128 / 64 / 16 rows with the products on the
+tensor cores, against 256.8-257.9 / 127.8 / 77.7-77.9 / 24.7 on the CUDA cores and FlashInfer's tensor-core decode's
+~271 / 141 / 81-82 / 24.5 (fifty-fifth to sixty-sixth sessions). At 256 rows it reads K/V at 4.45 TB/s, what its copies
+alone reach (a streaming read: 4.51). Error against exact attention 2.1e-3 (1.7e-3 on the CUDA cores, FlashInfer's
+2.1e-3). It is launched with programmatic dependent launch, as FlashInfer's attention is: the fused q/k/rope/KV kernel
+before it lets it launch early (without, the engine lost the kernel's gain: docs/gpu.md, fifty-sixth session).
+`MINISGL_CUDA_DECODE=0` turns it off (FlashInfer's decode then)."""
 
 from __future__ import annotations
 
@@ -29,13 +31,18 @@ SOURCE = Path(__file__).resolve().parent.parent / "cuda" / "paged_decode.cu"
 # The engine's shape: warps per CTA, pipeline stages per warp, and how rows reach shared memory (2: cp.async.ca);
 # paged_decode.cu builds only this one unless ALL_SHAPES is asked for (the benchmarks' other shapes).
 WARPS, STAGES, COPY = 8, 2, 2
+# The products (q.k and p.v) as 16x8x16 MMAs on the tensor cores rather than fp32 FMAs on the CUDA cores: one H200,
+# Qwen3-0.6B's heads, offline lengths, 2.3-2.5% faster at 128-256 rows and 6.4-7.7% at 16-64 (docs/gpu.md,
+# sixty-sixth session); p is rounded to the pool's 16 bits for them, as FlashInfer's tensor-core decode does (error
+# against exact attention 2.1e-3, against 1.7e-3 on the CUDA cores). The engine's build has both.
+TENSOR_CORES = True
 ALL_SHAPES = ("-DPAGED_DECODE_ALL_SHAPES",)
 HEAD_DIM, PAGE_SIZE, GROUPS = 128, 16, (1, 2, 4)
-# The query heads per KV head the engine decodes through it: those measured faster than FlashInfer's decode (Qwen3's
-# 16/8 on an H200). At 4 (Llama-3.1-8B's 32/8, and its 16/4 per rank under TP=2) it is 8-10% slower at 16-256 rows on an
-# H200 (benchmarks/results/session57/): each byte of K/V costs it twice the CUDA-core FMAs, where FlashInfer's tensor
-# cores take the group. So FlashInfer's there.
-ENGINE_GROUPS = (2,)
+# The query heads per KV head the engine decodes through it: those measured faster than FlashInfer's decode on an
+# H200. At 2 (Qwen3's 16/8) always; at 4 (Llama-3.1-8B's 32/8, and its 16/4 per rank under TP=2) since its products
+# moved to the tensor cores: 5-12% faster at 32/8 and 16-256 rows, 2-11% at 16/4 and 32-256 rows, level at 16
+# (benchmarks/results/session66/; on the CUDA cores it was 8-10% slower there, session57/). At 1 not measured.
+ENGINE_GROUPS = (2, 4)
 LOG2E = 1.4426950408889634
 
 _libs: dict[tuple[str, ...], ctypes.CDLL] = {}
@@ -84,7 +91,7 @@ def load(cache_dir: Path, device: torch.device | None = None, flags: tuple[str, 
                 return f"its kernels do not load on {torch.cuda.get_device_name(device)}: {why.decode()}"
     fn = lib.paged_decode_launch
     p, i64, i32 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int
-    fn.argtypes = [p] * 12 + [ctypes.c_float] + [i64] * 5 + [i32] * 9 + [p, i32]
+    fn.argtypes = [p] * 12 + [ctypes.c_float] + [i64] * 5 + [i32] * 9 + [p, i32, i32]
     fn.restype = i32
     _libs[flags] = lib
     return None
@@ -111,6 +118,7 @@ def decode(
     flags: tuple[str, ...] = (),  # the build load() made (ALL_SHAPES for shapes other than the engine's)
     pdl: bool = True,  # launched with programmatic dependent launch: its launch overlaps the kernel before it
     heads_together: bool = False,  # a work item's KV heads in consecutive CTAs (a flat grid)
+    tensor_cores: bool | None = None,  # the products on the tensor cores (None: TENSOR_CORES)
 ) -> torch.Tensor:
     from kernels.attention.fp8_decode import merge_spans  # Triton: on GPU machines only
 
@@ -138,6 +146,7 @@ def decode(
         and (part is None or part.dtype == lse.dtype == torch.float32)  # type: ignore[union-attr]
     ):
         raise ValueError(f"the CUDA decode cannot take q {tuple(q.shape)} {q.dtype} over K/V {tuple(k_cache.shape)}")
+    tensor_cores = TENSOR_CORES if tensor_cores is None else tensor_cores
     lib = _libs.get(flags)
     if lib is None:
         raise RuntimeError("the CUDA decode is not built: call cuda_decode.load first")
@@ -171,11 +180,13 @@ def decode(
         int(pdl),
         torch.cuda.current_stream(q.device).cuda_stream,
         int(heads_together),
+        int(tensor_cores),
     )
     if err == -1:
         raise ValueError(
             f"the CUDA decode's build {' '.join(flags) or 'for the engine'} has no kernel for {warps} warps, "
-            f"{stages} stages, copy {copy} and {heads // kv_heads} query heads per KV head"
+            f"{stages} stages, copy {copy}{' on the tensor cores' if tensor_cores else ''} and {heads // kv_heads} "
+            "query heads per KV head"
         )
     if err:
         raise RuntimeError(f"paged_decode_launch: CUDA error {err} (rows {rows}, heads {heads}/{kv_heads}, dim {dim})")
