@@ -25,6 +25,8 @@ own (residual add fused in), as before the sixty-first session. `no-runs`: a req
 `pieces-16k`: the prefill's steps (16,384 tokens) replay piecewise graphs as steps up to 4,096 tokens do;
 `budget-32k`: a per-step token budget of 32,768 (the prefill in 5 steps instead of 9). `cuda-cores`: the CUDA
 decode's products on the CUDA cores (fp32 FMAs, as before the sixty-sixth session) instead of the tensor cores.
+`adds-first`: generate() adds all 256 prompts before its first step (as before the sixty-sixth session) instead of
+as its steps need them.
 A fresh GPU machine runs slower for its first ~30 s:
 repeat variants, interleaved, and compare the later runs.
 """
@@ -99,6 +101,7 @@ VARIANTS = (
     "pieces-16k",
     "budget-32k",
     "cuda-cores",
+    "adds-first",
 )
 
 
@@ -141,6 +144,7 @@ def _no_qkv_in_decode(q: torch.Tensor, *args: object, **kwargs: object) -> None:
 def apply_variant(name: str) -> dict:
     """Switch the variant's one change on (and every other off); returns EngineConfig fields it changes."""
     global _QKV_STORE, _RMSNORM, _SILU
+    from engine import llm as engine_llm
     from engine.models import llama
     from kernels import triton_ops
     from kernels.attention import cuda_decode, flashinfer_backend, span_decode
@@ -158,6 +162,7 @@ def apply_variant(name: str) -> dict:
     span_decode.CUDA_HEADS_TOGETHER = name != "item-order"
     # the CUDA decode's products on the CUDA cores (before the sixty-sixth session)
     cuda_decode.TENSOR_CORES = name != "cuda-cores"
+    engine_llm.ADD_AS_NEEDED = name != "adds-first"
     torch.backends.cuda.preferred_blas_library("cublaslt" if name == "blaslt" else DEFAULT_BLAS)
     _QKV_STORE = _QKV_STORE or triton_ops.qk_norm_rope_store
     triton_ops.qk_norm_rope_store = _no_qkv_in_decode if name in ("no-qkv", "no-qkv-silu") else _QKV_STORE

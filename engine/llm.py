@@ -28,6 +28,12 @@ PAUSE_COLLECTOR = True
 # A running request's outputs hold Prefix views of its token lists instead of copies (benchmarks/output_snapshot_ab.py:
 # LLM._output 2.0 -> 1.0 ms per step at 64 requests of ~1,000 tokens so far, CPU); a switch only for that A/B.
 SNAPSHOT_VIEWS = True
+# generate() adds token-id prompts as its steps need them: before step k + 1, those up to k + 2 steps' token budget and
+# request count (a step takes at most one of each, so the waiting queue holds what it would have taken with every
+# prompt added: the same steps), each few while the GPU runs the steps queued before. The offline workload's 256 adds
+# took ~21 ms before its first step on a CPU machine, time the GPU sat idle; a switch only for that A/B
+# (benchmarks/step_profile.py's `adds-first`).
+ADD_AS_NEEDED = True
 
 
 class LLM:
@@ -186,7 +192,8 @@ class LLM:
         step's outputs at once; on_progress(requests, tokens) only counts them (how many requests the step changed,
         how many tokens it produced), so without on_step and on_output no output is built for a running request that
         needs no text. use_tqdm (vLLM's name): a progress bar of the finished requests on stderr where it is a
-        terminal.
+        terminal. Token-id prompts are added as the steps need them, while the GPU runs the steps before (ADD_AS_NEEDED;
+        the steps are the same).
         If the call fails (a bad prompt, a callback raising, KeyboardInterrupt), the requests it added are
         withdrawn: none runs on, none holds KV pages. Calls may overlap (threads, or one inside another's callback or
         stream loop): the engine steps for all of them, and each call sees the outputs of its own requests only."""
@@ -217,15 +224,28 @@ class LLM:
             n_choices: list[int] = []  # each prompt's number of choices (its requests, in rids in order)
             box: list[RequestOutput] = []
             bar = None
-            try:
-                for p, sp in zip(batch, plist):
+            added = 0  # prompts added so far
+
+            def add(upto: int) -> None:
+                nonlocal added
+                for p, sp in zip(batch[added:upto], plist[added:upto]):
                     choices = choice_requests(sp)
-                    rids += [self._add(p, c, None, box) for c in choices]
+                    rids.extend(self._add(p, c, None, box) for c in choices)
                     n_choices.append(len(choices))
+                    added += 1
+
+            steps = 0  # steps this call has run (as needed: prompts for the next two)
+            as_needed = ADD_AS_NEEDED and not self.engine.has_work()  # else its steps take other calls' requests
+            try:
+                add(self._prompts_for(batch, 2) if as_needed else len(batch))
                 running = on_step is not None or on_output is not None
-                bar = ProgressBar(len(rids)) if use_tqdm and sys.stderr.isatty() else None
-                while len(final) < len(rids):
+                if use_tqdm and sys.stderr.isatty():
+                    bar = ProgressBar(sum(_choices(sp) for sp in plist))
+                while added < len(batch) or len(final) < len(rids):
                     outs, counts = self._receive(box, running)
+                    steps += counts is not None
+                    if added < len(batch):
+                        add(self._prompts_for(batch, steps + 2) if as_needed else len(batch))
                     if on_progress is not None and counts is not None:
                         on_progress(*counts)
                     if on_step is not None:
@@ -292,6 +312,20 @@ class LLM:
         for out, p in zip(outs, ids):  # the conversation as the template laid it out (vLLM's chat outputs' prompt)
             out.prompt = self.tokenizer.decode(p, skip_special_tokens=False)
         return outs
+
+    def _prompts_for(self, batch: Sequence[Prompt], steps: int) -> int:
+        """How many of `batch`'s prompts `steps` steps could take (ADD_AS_NEEDED): token-id prompts up to `steps`
+        times the step's token budget and request count; all of them if one before that is text (its length is known
+        only once encoded)."""
+        cfg, tokens = self.engine.config, 0
+        for i, p in enumerate(batch):
+            if tokens >= steps * cfg.max_batch_tokens or i >= steps * cfg.max_running_requests:
+                return i
+            ids = p.get("prompt_token_ids") if isinstance(p, dict) else p
+            if not isinstance(ids, list):
+                return len(batch)
+            tokens += len(ids)
+        return len(batch)
 
     def _withdraw(self, rids: list[str]) -> None:
         for rid in rids:
@@ -489,6 +523,13 @@ class ProgressBar:
 
     def close(self) -> None:
         self.progress.stop()
+
+
+def _choices(params: SamplingParams | None) -> int:
+    """The requests a prompt's params make (choice_requests), for a progress bar's total; a bad n counts as one (its
+    add refuses it)."""
+    n = getattr(params, "n", 1)
+    return n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1_000_000 else 1
 
 
 def choice_requests(params: SamplingParams | None) -> list[SamplingParams | None]:
