@@ -295,7 +295,7 @@ __global__ void __launch_bounds__(WARPS * 32) paged_decode(const Args a) {
     const uint32_t kst = ring + (i % STAGES) * STAGE_BYTES, vst = kst + PAGE_BYTES;
     const int tok0 = (first_page + warp + i * WARPS) * PAGE;
 #if PAGED_DECODE_MATH < 2
-    if (PAGED_DECODE_MATH == 1 && !TC) {
+    if (PAGED_DECODE_MATH == 1) {  // (the same bytes from shared memory whatever the rows' swizzle)
 #pragma unroll
       for (int p = 0; p < 4; ++p) {
         float kf[16], vf[16];
