@@ -154,7 +154,7 @@ struct Args {
 };
 
 // TC: the products on the tensor cores (16x8x16 MMAs: a page's 16 keys by the KV head's query heads padded to 8, then
-// the head dims by the 16 keys' probabilities), the rows in shared memory swizzled for ldmatrix; else on the CUDA cores.
+// the head dims by the 16 keys' probabilities), the rows in shared memory swizzled for ldmatrix; else the CUDA cores.
 template <typename T, int G, int WARPS, int STAGES, int COPY, int TC>
 __global__ void __launch_bounds__(WARPS * 32) paged_decode(const Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
