@@ -237,7 +237,7 @@ class LLM:
             steps = 0  # steps this call has run (as needed: prompts for the next two)
             as_needed = ADD_AS_NEEDED and not self.engine.has_work()  # else its steps take other calls' requests
             try:
-                add(self._prompts_for(batch, 2) if as_needed else len(batch))
+                add(self._prompts_for(batch, plist, 2) if as_needed else len(batch))
                 running = on_step is not None or on_output is not None
                 if use_tqdm and sys.stderr.isatty():
                     bar = ProgressBar(sum(_choices(sp) for sp in plist))
@@ -245,7 +245,7 @@ class LLM:
                     outs, counts = self._receive(box, running)
                     steps += counts is not None
                     if added < len(batch):
-                        add(self._prompts_for(batch, steps + 2) if as_needed else len(batch))
+                        add(self._prompts_for(batch, plist, steps + 2) if as_needed else len(batch))
                     if on_progress is not None and counts is not None:
                         on_progress(*counts)
                     if on_step is not None:
@@ -313,18 +313,19 @@ class LLM:
             out.prompt = self.tokenizer.decode(p, skip_special_tokens=False)
         return outs
 
-    def _prompts_for(self, batch: Sequence[Prompt], steps: int) -> int:
+    def _prompts_for(self, batch: Sequence[Prompt], plist: Sequence[SamplingParams | None], steps: int) -> int:
         """How many of `batch`'s prompts `steps` steps could take (ADD_AS_NEEDED): token-id prompts up to `steps`
-        times the step's token budget and request count; all of them if one before that is text (its length is known
-        only once encoded)."""
-        cfg, tokens = self.engine.config, 0
-        for i, p in enumerate(batch):
-            if tokens >= steps * cfg.max_batch_tokens or i >= steps * cfg.max_running_requests:
+        times the step's token budget and request count (a prompt of n choices n times); all of them if one before
+        that is text (its length is known only once encoded)."""
+        cfg, tokens, reqs = self.engine.config, 0, 0
+        for i, (p, sp) in enumerate(zip(batch, plist)):
+            if tokens >= steps * cfg.max_batch_tokens or reqs >= steps * cfg.max_running_requests:
                 return i
             ids = p.get("prompt_token_ids") if isinstance(p, dict) else p
             if not isinstance(ids, list):
                 return len(batch)
-            tokens += len(ids)
+            n = _choices(sp)
+            tokens, reqs = tokens + n * len(ids), reqs + n
         return len(batch)
 
     def _withdraw(self, rids: list[str]) -> None:

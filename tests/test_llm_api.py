@@ -189,15 +189,16 @@ def test_a_failing_generate_withdraws_what_it_added():
     assert_idle(llm, 64)
 
 
+@pytest.mark.parametrize("n", [1, 3])
 @pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
-def test_generate_adds_its_prompts_as_the_steps_need_them(monkeypatch, overlap: bool):
+def test_generate_adds_its_prompts_as_the_steps_need_them(monkeypatch, overlap: bool, n: int):
     """generate() adds token-id prompts as its steps need them, those two steps could take ahead
-    (engine.llm.ADD_AS_NEEDED): every step holds the same requests as with every prompt added first, so the tokens are
-    the same; text prompts are all added first."""
+    (engine.llm.ADD_AS_NEEDED), prompts of one choice or of several: every step holds the same requests as with every
+    prompt added first, so the tokens are the same; text prompts are all added first."""
     import engine.llm as llm_module
 
     prompts = [[(7 * i + j) % 500 + 1 for j in range(20 + i % 7)] for i in range(24)]
-    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, n=n)
     runs = {}
     for first in (True, False):
         monkeypatch.setattr(llm_module, "ADD_AS_NEEDED", first)
@@ -212,12 +213,12 @@ def test_generate_adds_its_prompts_as_the_steps_need_them(monkeypatch, overlap: 
 
         llm.engine.scheduler.schedule = record  # type: ignore[method-assign]  # each step's requests
         outs = llm.generate(prompts, params, use_tqdm=False)
-        runs[first] = ([o.token_ids for o in outs], [rids for _, rids in seen], seen[0][0])
+        runs[first] = ([[c.token_ids for c in o.outputs] for o in outs], [rids for _, rids in seen], seen[0][0])
         assert_idle(llm, 128)
     (tokens, steps, added), (tokens0, steps0, added0) = runs[True], runs[False]
-    assert added0 == 24 and 0 < added < 24  # requests in the engine at the first step: the first 5 of 24 here
+    assert added0 == 24 * n and 0 < added < 24 * n  # requests in the engine at the first step: the first few
     assert steps == steps0 and tokens == tokens0
-    assert make_llm()._prompts_for([[1, 2], "text", [3]], 2) == 3  # a text prompt: all first
+    assert make_llm()._prompts_for([[1, 2], "text", [3]], [None] * 3, 2) == 3  # a text prompt: all first
 
 
 def test_a_bad_prompt_past_the_first_steps_fails_generate_and_withdraws_the_rest():
@@ -225,7 +226,7 @@ def test_a_bad_prompt_past_the_first_steps_fails_generate_and_withdraws_the_rest
     before it (steps run for them) are withdrawn, no page is held, and the next call runs only its own."""
     llm = make_llm(num_pages=128, max_batch_tokens=16, radix_cache=False)
     prompts = [[1, 2, 3, 4, 5, 6]] * 10 + [[7, 10**6]]
-    assert llm._prompts_for(prompts, 2) < 10
+    assert llm._prompts_for(prompts, [None] * 11, 2) < 10
     with pytest.raises(ValueError, match="prompt token id 1000000 is outside the vocabulary"):
         llm.generate(prompts, SamplingParams(max_tokens=4), use_tqdm=False)
     assert llm.engine.stats["steps"] >= 1
