@@ -390,9 +390,9 @@ def test_flashinfer_mixed_batch_parts_match_torch(
     query heads per KV head, in the paged pass at 2; the paged pass on fa3 when every request in it brings 128 tokens or
     more, else fa2 (always fa2 over an fp8 pool); fresh prompts ragged. With a sliding window: one paged fa2 pass.
     The decode kernel: the CUDA decode at a group of 4 on Hopper (built in a kernel cache, as the engine's start builds
-    it; the engine keeps FlashInfer's there until measured, cuda_decode.ENGINE_GROUPS, so this runs it as the engine
-    would with 4 among them), FlashInfer's at 8, the Triton kernel over fp8. Every row within bf16 tolerance of the
-    torch reference, with K/V passed or read back from the pool."""
+    it; 4 is among cuda_decode.ENGINE_GROUPS since its products moved to the tensor cores), FlashInfer's at 8, the
+    Triton kernel over fp8. Every row within bf16 tolerance of the torch reference, with K/V passed or read back from
+    the pool."""
     from kernels.attention import cuda_decode
     from kernels.attention.base import AttnMeta
     from kernels.attention.flashinfer_backend import FlashInferBackend
