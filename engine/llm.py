@@ -16,7 +16,7 @@ from engine.gc_heap import paused_collector
 from engine.loader import Progress
 from engine.metrics import EngineMetrics
 from engine.request import Req
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import MAX_N, SamplingParams
 from engine.text import ChatPrompt, Prefix, Prompt, RequestOutput, TextState, encode_prompt, prompt_text
 from engine.tokenizer import Message, sampling_defaults
 
@@ -224,20 +224,25 @@ class LLM:
             n_choices: list[int] = []  # each prompt's number of choices (its requests, in rids in order)
             box: list[RequestOutput] = []
             bar = None
-            added = 0  # prompts added so far
+            added, taken = 0, (0, 0)  # prompts added so far, and their tokens and requests (as needed)
 
             def add(upto: int) -> None:
-                nonlocal added
+                nonlocal added, taken
                 for p, sp in zip(batch[added:upto], plist[added:upto]):
                     choices = choice_requests(sp)
                     rids.extend(self._add(p, c, None, box) for c in choices)
                     n_choices.append(len(choices))
-                    added += 1
+                    size = _size(p, sp) or (0, 0)
+                    added, taken = added + 1, (taken[0] + size[0], taken[1] + size[1])
 
             steps = 0  # steps this call has run (as needed: prompts for the next two)
             as_needed = ADD_AS_NEEDED and not self.engine.has_work()  # else its steps take other calls' requests
+
+            def needed(steps: int) -> int:  # prompts that `steps` steps could take, counted on from those added
+                return self._prompts_for(batch, plist, steps, added, taken) if as_needed else len(batch)
+
             try:
-                add(self._prompts_for(batch, plist, 2) if as_needed else len(batch))
+                add(needed(2))
                 running = on_step is not None or on_output is not None
                 if use_tqdm and sys.stderr.isatty():
                     bar = ProgressBar(sum(_choices(sp) for sp in plist))
@@ -245,7 +250,7 @@ class LLM:
                     outs, counts = self._receive(box, running)
                     steps += counts is not None
                     if added < len(batch):
-                        add(self._prompts_for(batch, plist, steps + 2) if as_needed else len(batch))
+                        add(needed(steps + 2))
                     if on_progress is not None and counts is not None:
                         on_progress(*counts)
                     if on_step is not None:
@@ -313,19 +318,26 @@ class LLM:
             out.prompt = self.tokenizer.decode(p, skip_special_tokens=False)
         return outs
 
-    def _prompts_for(self, batch: Sequence[Prompt], plist: Sequence[SamplingParams | None], steps: int) -> int:
+    def _prompts_for(
+        self,
+        batch: Sequence[Prompt],
+        plist: Sequence[SamplingParams | None],
+        steps: int,
+        start: int = 0,
+        taken: tuple[int, int] = (0, 0),
+    ) -> int:
         """How many of `batch`'s prompts `steps` steps could take (ADD_AS_NEEDED): token-id prompts up to `steps`
-        times the step's token budget and request count (a prompt of n choices n times); all of them if one before
-        that is text (its length is known only once encoded)."""
-        cfg, tokens, reqs = self.engine.config, 0, 0
-        for i, (p, sp) in enumerate(zip(batch, plist)):
+        times the step's token budget and request count (_size); all of them if one before that is text (its length is
+        known only once encoded). Counted on from prompt `start`, the prompts before it taking `taken` (tokens,
+        requests): generate() scans each prompt once or twice, not once per step."""
+        cfg, (tokens, reqs) = self.engine.config, taken
+        for i in range(start, len(batch)):
             if tokens >= steps * cfg.max_batch_tokens or reqs >= steps * cfg.max_running_requests:
                 return i
-            ids = p.get("prompt_token_ids") if isinstance(p, dict) else p
-            if not isinstance(ids, list):
+            size = _size(batch[i], plist[i])
+            if size is None:
                 return len(batch)
-            n = _choices(sp)
-            tokens, reqs = tokens + n * len(ids), reqs + n
+            tokens, reqs = tokens + size[0], reqs + size[1]
         return len(batch)
 
     def _withdraw(self, rids: list[str]) -> None:
@@ -530,7 +542,17 @@ def _choices(params: SamplingParams | None) -> int:
     """The requests a prompt's params make (choice_requests), for a progress bar's total; a bad n counts as one (its
     add refuses it)."""
     n = getattr(params, "n", 1)
-    return n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1_000_000 else 1
+    return n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_N else 1
+
+
+def _size(prompt: Prompt, params: SamplingParams | None) -> tuple[int, int] | None:
+    """The prompt tokens and requests a token-id prompt brings a step (a prompt of n choices n times); None for text,
+    whose length is known only once encoded."""
+    ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else prompt
+    if not isinstance(ids, list):
+        return None
+    n = _choices(params)
+    return n * len(ids), n
 
 
 def choice_requests(params: SamplingParams | None) -> list[SamplingParams | None]:
