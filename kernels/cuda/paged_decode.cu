@@ -78,7 +78,7 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t* r) {
 }
 template <typename T>
 __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, const uint32_t* b) {
-  if constexpr (sizeof(T) == 2 && std::is_same<T, __half>::value) {
+  if constexpr (std::is_same<T, __half>::value) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
@@ -408,22 +408,22 @@ __global__ void __launch_bounds__(WARPS * 32) paged_decode(const Args a) {
   }
   if (COPY != 1) cp_wait<0>();
 
-  if constexpr (TC) {
+  if constexpr (TC) {  // the lanes' shares of l (their own keys) into the warp's
 #pragma unroll
     for (int o = 4; o < 32; o <<= 1) {
       tl[0] += __shfl_xor_sync(0xffffffffu, tl[0], o);
       tl[1] += __shfl_xor_sync(0xffffffffu, tl[1], o);
     }
-  }
-  // the four token groups of the warp (t4) into one state per warp
+  } else {  // the four token groups of the warp (t4) into one state per warp
 #pragma unroll
-  for (int h = 0; h < G && !TC; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 8);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 16);
+    for (int h = 0; h < G; ++h) {
+      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 8);
+      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 16);
 #pragma unroll
-    for (int d = 0; d < 16; ++d) {
-      acc[h][d] += __shfl_xor_sync(0xffffffffu, acc[h][d], 8);
-      acc[h][d] += __shfl_xor_sync(0xffffffffu, acc[h][d], 16);
+      for (int d = 0; d < 16; ++d) {
+        acc[h][d] += __shfl_xor_sync(0xffffffffu, acc[h][d], 8);
+        acc[h][d] += __shfl_xor_sync(0xffffffffu, acc[h][d], 16);
+      }
     }
   }
   __syncthreads();  // every warp is done with its ring: the merge reuses the shared memory
