@@ -56,7 +56,7 @@ def main() -> None:
     for rep in range(args.repeats):
         for mode in modes if rep % 2 == 0 else modes[::-1]:
             llm_module.PAUSE_COLLECTOR = mode == "paused"
-            llm.engine.clear_cache()  # no gc.collect() here: bench-offline's runs follow each other without one
+            llm.reset_prefix_cache()  # no gc.collect() here: bench-offline's runs follow each other without one
             pauses.clear()
             torch.cuda.synchronize()
             t0 = time.perf_counter()

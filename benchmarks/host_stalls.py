@@ -91,7 +91,7 @@ def main() -> None:
     engine._step = counted_step  # type: ignore[method-assign]
     results = []
     for run in range(args.runs):
-        engine.clear_cache()
+        llm.reset_prefix_cache()  # applied now, not at the run's first step
         engine.step_records = []
         allocs.clear()
         phases.clear()

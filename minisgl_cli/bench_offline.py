@@ -440,23 +440,28 @@ def _run_minisgl(
         timed = []
         try:
             for i in range(repeats):
-                llm.engine.clear_cache()  # every run starts cold, as the first does
+                # Every run starts cold, as the first does, and the cache is dropped now, outside the timed
+                # generate() (as the vLLM peer's reset_prefix_cache): engine.clear_cache() would leave it to the
+                # run's first step, and generate() finding that command pending adds every prompt before its first
+                # step instead of as the steps need them (ADD_AS_NEEDED).
+                llm.reset_prefix_cache()
                 label = "minisgl" if repeats == 1 else f"minisgl run {i + 1}/{repeats}"
                 with _progress(quiet) as bar:
                     task = bar.add_task(label, total=workload.output_tokens)
                     steps: list[tuple[float, int, int]] = []  # (time, requests, tokens) of every step, for --plot
                     before = llm.metrics()
-                    t0 = time.perf_counter()
+                    with GpuBusy(llm.engine.device) as busy:  # NVML's set-up and last read outside the timed call
+                        t0 = time.perf_counter()
 
-                    # Counts per step, no outputs for running requests (the GPU waits on the host at small batches).
-                    def on_progress(requests: int, tokens: int, steps=steps, t0=t0, bar=bar, task=task) -> None:
-                        steps.append((time.perf_counter() - t0, requests, tokens))
-                        if len(steps) % 32 == 0:  # a rich refresh per step would cost more than a small model's step
-                            bar.update(task, completed=sum(n for _, _, n in steps))
+                        # Counts per step, no outputs for running requests (the GPU waits on the host at small
+                        # batches).
+                        def on_progress(requests: int, tokens: int, steps=steps, t0=t0, bar=bar, task=task) -> None:
+                            steps.append((time.perf_counter() - t0, requests, tokens))
+                            if len(steps) % 32 == 0:  # a rich refresh per step costs more than a small model's step
+                                bar.update(task, completed=sum(n for _, _, n in steps))
 
-                    with GpuBusy(llm.engine.device) as busy:
                         outs = llm.generate(workload.prompts, params, on_progress=on_progress, use_tqdm=False)
-                    duration = time.perf_counter() - t0
+                        duration = time.perf_counter() - t0
                     after = llm.metrics()  # this run's own counters (the others' are not added in)
                     counters = {
                         "preemptions": after.preemptions - before.preemptions,

@@ -156,6 +156,24 @@ def test_repeated_runs_start_cold_and_report_the_median(tmp_path):
     assert res["duration"] == pytest.approx(sum(durations) / 2) and durations[0] < res["duration"] < durations[1]
 
 
+def test_each_timed_run_finds_the_engine_idle(tmp_path, monkeypatch):
+    """The cache is cleared before a timed generate(), not at its first step: a pending clear made generate() add
+    every prompt before its first step (ADD_AS_NEEDED off: its steps might take another call's requests), 16-44 ms
+    of an H200 run outside the GPU's steps (docs/gpu.md, sixty-seventh session)."""
+    from engine.llm import LLM
+
+    generate, idle_at_entry = LLM.generate, []
+
+    def spy(self, *args, **kw):
+        idle_at_entry.append(not self.engine.has_work())
+        return generate(self, *args, **kw)
+
+    monkeypatch.setattr(LLM, "generate", spy)
+    res = bench(tmp_path, *TINY, "--num-seqs", "4", "--input-len", "40:64", "--output-len", "4:8", "--runs", "3")
+    assert idle_at_entry == [True] * 4  # the warm-up and the three timed runs
+    assert res["cache_hit_tokens"] == 0 and [r["cache_hit_tokens"] for r in res["runs"]] == [0, 0, 0]  # still cold
+
+
 def test_the_cache_and_preemption_counters_are_the_median_runs(tmp_path):
     """Every top-level figure describes the median run: cache_hit_tokens and preemptions once added up all runs
     (3 runs of 4 equal prompts: 3x one run's hits, more hit tokens than prompt tokens)."""
