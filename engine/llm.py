@@ -28,9 +28,10 @@ PAUSE_COLLECTOR = True
 # A running request's outputs hold Prefix views of its token lists instead of copies (benchmarks/output_snapshot_ab.py:
 # LLM._output 2.0 -> 1.0 ms per step at 64 requests of ~1,000 tokens so far, CPU); a switch only for that A/B.
 SNAPSHOT_VIEWS = True
-# generate() adds token-id prompts as its steps need them: before step k + 1, those up to k + 2 steps' token budget and
-# request count (a step takes at most one of each, so the waiting queue holds what it would have taken with every
-# prompt added: the same steps), each few while the GPU runs the steps queued before. The offline workload's 256 adds
+# generate() adds token-id prompts as its steps need them: before its first step, those up to one step's token budget
+# and request count, and before step k + 1, those up to k + 2 steps' (a step takes at most one of each, so the waiting
+# queue holds what it would have taken with every prompt added: the same steps), each few while the GPU runs the steps
+# queued before. The offline workload's 256 adds
 # took ~21 ms before its first step on a CPU machine, time the GPU sat idle; a switch only for that A/B
 # (benchmarks/step_profile.py's `adds-first`).
 ADD_AS_NEEDED = True
@@ -242,7 +243,7 @@ class LLM:
                 return self._prompts_for(batch, plist, steps, added, taken) if as_needed else len(batch)
 
             try:
-                add(needed(2))
+                add(needed(1))  # the first step's own: the next steps' are added while it runs
                 running = on_step is not None or on_output is not None
                 if use_tqdm and sys.stderr.isatty():
                     bar = ProgressBar(sum(_choices(sp) for sp in plist))

@@ -192,9 +192,9 @@ def test_a_failing_generate_withdraws_what_it_added():
 @pytest.mark.parametrize("n", [1, 3])
 @pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
 def test_generate_adds_its_prompts_as_the_steps_need_them(monkeypatch, overlap: bool, n: int):
-    """generate() adds token-id prompts as its steps need them, those two steps could take ahead
-    (engine.llm.ADD_AS_NEEDED), prompts of one choice or of several: every step holds the same requests as with every
-    prompt added first, so the tokens are the same; text prompts are all added first."""
+    """generate() adds token-id prompts as its steps need them, the first step's alone before it, then those two steps
+    could take ahead (engine.llm.ADD_AS_NEEDED), prompts of one choice or of several: every step holds the same
+    requests as with every prompt added first, so the tokens are the same; text prompts are all added first."""
     import engine.llm as llm_module
 
     prompts = [[(7 * i + j) % 500 + 1 for j in range(20 + i % 7)] for i in range(24)]
