@@ -31,8 +31,8 @@ SNAPSHOT_VIEWS = True
 # generate() adds token-id prompts as its steps need them: before its first step, those up to one step's token budget
 # and request count, and before step k + 1, those up to k + 2 steps' (a step takes at most one of each, so the waiting
 # queue holds what it would have taken with every prompt added: the same steps), each few while the GPU runs the steps
-# queued before. The offline workload's 256 adds
-# took ~21 ms before its first step on a CPU machine, time the GPU sat idle; a switch only for that A/B
+# queued before. The offline workload's 256 adds took ~21 ms before its first step on a CPU machine, time the GPU sat
+# idle (on an H200 the runs spent 16-44 ms less outside the GPU's steps); a switch only for that A/B
 # (benchmarks/step_profile.py's `adds-first`).
 ADD_AS_NEEDED = True
 
