@@ -236,7 +236,7 @@ class LLM:
                     size = _size(p, sp) or (0, 0)
                     added, taken = added + 1, (taken[0] + size[0], taken[1] + size[1])
 
-            steps = 0  # steps this call has run (as needed: prompts for the next two)
+            steps = 0  # steps this call has run (as needed: the first step's prompts, then two steps' ahead)
             as_needed = ADD_AS_NEEDED and not self.engine.has_work()  # else its steps take other calls' requests
 
             def needed(steps: int) -> int:  # prompts that `steps` steps could take, counted on from those added
