@@ -8,9 +8,12 @@ CLI's own imports."""
 from __future__ import annotations
 
 import _thread
+import contextlib
 import os
 import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 
 def deliver_after_finalizers() -> None:
@@ -31,3 +34,28 @@ def deliver_after_finalizers() -> None:
 
     hook._minisgl_ctrl_c = True  # type: ignore[attr-defined]  # installed once, however many entry points call this
     sys.unraisablehook = hook
+
+
+@contextlib.contextmanager
+def noting_ctrl_c() -> Iterator[list[int]]:
+    """Ctrl-C raises KeyboardInterrupt as always and is also noted in the list yielded: code that caught the
+    interrupt and raised an error of its own in its place (a library's `except BaseException`, an extension module
+    whose import it cut short, reported as an ImportError and wrapped again) is still known to have been stopped by
+    it. Outside the main thread, or where Ctrl-C has another handler (ignored, a command's own), nothing changes."""
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield noted
+        return
+
+    def note(signum: int, frame: object) -> None:
+        noted.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

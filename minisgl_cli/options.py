@@ -427,48 +427,22 @@ def load_llm(config: EngineConfig, quiet: bool = False):
 
     from rich.console import Console
     from rich.markup import escape
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from minisgl_cli.ctrl_c import noting_ctrl_c
     from minisgl_cli.report import INTERRUPTED_EXIT
 
     console = Console(stderr=True)
     # under torchrun every rank says which it is: one rank's start may fail alone (its file, its GPU's memory)
     rank = f"rank {launcher_rank()}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
     try:
-        from engine.distributed import TP, TPStartFailed
-        from engine.llm import LLM
-
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-            disable=quiet or launcher_rank() != 0,
-        ) as bar:
-            task = bar.add_task("loading model", total=None)
-
-            def progress(stage: str, done: int, total: int) -> None:
-                bar.update(task, description=stage, completed=done, total=total)
-
-            try:
-                llm = LLM(config, progress=progress)
-            # OSError: an unreadable file (PermissionError), a disk error
-            except (ValueError, OSError, TPStartFailed) as e:
-                console.print(f"[red]error:[/red] {escape(rank + str(e))}", soft_wrap=True)
-                raise typer.Exit(2) from e
-            except Exception as e:
-                if not rank:
-                    raise
-                # under torchrun, what ended the start on this rank in one line (CUDA out of memory on one GPU), not a
-                # traceback that each rank's output interleaves with the others'
-                console.print(f"[red]error:[/red] {escape(f'{rank}{type(e).__name__}: {e}')}", soft_wrap=True)
-                raise typer.Exit(1) from e
+        with noting_ctrl_c() as ctrl_c:
+            llm = _load_with_bar(config, quiet, console, rank, ctrl_c)
     except KeyboardInterrupt:
         # Typer ends a command on Ctrl-C with status 130 and not a word: the embedded model's first load takes 10 s
         console.print(f"{escape(rank)}[yellow]interrupted[/yellow] while loading the model", soft_wrap=True)
         raise typer.Exit(INTERRUPTED_EXIT) from None
+
+    from engine.distributed import TP
 
     if TP.size > 1 and TP.rank != 0:
         from engine.tp_follower import run_tp_follower
@@ -478,6 +452,46 @@ def load_llm(config: EngineConfig, quiet: bool = False):
     if TP.size > 1:
         atexit.register(llm.shutdown)  # releases the follower ranks however the command ends
     return llm
+
+
+def _load_with_bar(config: EngineConfig, quiet: bool, console, rank: str, ctrl_c: list[int]):
+    """LLM(config) under a rich progress bar; a model error ends the command in one line (exit 2). An error raised
+    after a Ctrl-C came (`ctrl_c` not empty) is the interruption's doing and is raised as KeyboardInterrupt."""
+    from rich.markup import escape
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from engine.distributed import TPStartFailed
+    from engine.llm import LLM
+
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=quiet or launcher_rank() != 0,
+    ) as bar:
+        task = bar.add_task("loading model", total=None)
+
+        def progress(stage: str, done: int, total: int) -> None:
+            bar.update(task, description=stage, completed=done, total=total)
+
+        try:
+            return LLM(config, progress=progress)
+        except Exception as e:
+            if ctrl_c:
+                raise KeyboardInterrupt from e
+            # OSError: an unreadable file (PermissionError), a disk error
+            if isinstance(e, (ValueError, OSError, TPStartFailed)):
+                console.print(f"[red]error:[/red] {escape(rank + str(e))}", soft_wrap=True)
+                raise typer.Exit(2) from e
+            if not rank:
+                raise
+            # under torchrun, what ended the start on this rank in one line (CUDA out of memory on one GPU), not a
+            # traceback that each rank's output interleaves with the others'
+            console.print(f"[red]error:[/red] {escape(f'{rank}{type(e).__name__}: {e}')}", soft_wrap=True)
+            raise typer.Exit(1) from e
 
 
 def vllm_args(items: list[str] | None) -> dict[str, Any]:

@@ -1238,6 +1238,52 @@ def test_ctrl_c_while_the_model_loads_says_so(tmp_path, command):
     assert not list(data.rglob("*.db")), list(data.rglob("*"))
 
 
+@pytest.mark.parametrize("wrapped_as", [ValueError, OSError, RuntimeError])
+def test_ctrl_c_that_a_library_turned_into_its_own_error_still_interrupts_the_load(monkeypatch, capsys, wrapped_as):
+    """A Ctrl-C that lands where code catches the KeyboardInterrupt and raises an error of its own (a library's
+    wrapper around whatever its import raised) reached the load's error handling as a model error: "error: ..." and
+    exit 2 (ValueError, OSError) or a traceback (anything else), as a CI run of the chat's terminal test once saw. The
+    load is stopped by a real SIGINT to this process here; what catches and wraps it stands for such a library."""
+    import signal
+    import time
+
+    import engine.llm
+    from minisgl_cli.options import load_llm
+
+    def interrupted_and_wrapped(config, progress=None):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(10)  # the handler raises in here
+            raise AssertionError("the SIGINT was not delivered")
+        except KeyboardInterrupt as e:
+            raise wrapped_as("cannot build a tokenizer: the import failed") from e
+
+    monkeypatch.setattr(engine.llm, "LLM", interrupted_and_wrapped)
+    with pytest.raises(typer.Exit) as stopped:
+        load_llm(EngineConfig(model="dummy:tiny-llama", device="cpu"))
+    assert stopped.value.exit_code == 130
+    err = capsys.readouterr().err
+    assert "interrupted while loading the model" in err and "error:" not in err, err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the load's own handler is gone
+
+
+def test_a_model_error_without_ctrl_c_is_still_a_model_error(monkeypatch, capsys):
+    import signal
+
+    import engine.llm
+    from minisgl_cli.options import load_llm
+
+    def broken(config, progress=None):
+        raise ValueError("config.json: no hidden_size")
+
+    monkeypatch.setattr(engine.llm, "LLM", broken)
+    with pytest.raises(typer.Exit) as stopped:
+        load_llm(EngineConfig(model="dummy:tiny-llama", device="cpu"))
+    assert stopped.value.exit_code == 2
+    assert "error: config.json: no hidden_size" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_version_of_a_checkout_that_is_not_installed(monkeypatch):
     """The GPU machine runs the checkout from PYTHONPATH, with no package metadata: --version raised
     PackageNotFoundError. (The metadata lookup is made to fail as it does there: this machine has it installed.)"""

@@ -182,7 +182,7 @@ def test_ctrl_c_while_the_model_loads_exits_quietly(terminal, tmp_path):
         time.sleep(0.02)
     time.sleep(0.5)  # into the chat's imports (past Python's own start)
     terminal.tmux("send-keys", "-t", "chat", "C-c")
-    assert exit_status(terminal, tmp_path, timeout=60) == 130
+    assert exit_status(terminal, tmp_path, timeout=60) == 130, terminal.screen()
     assert "Traceback" not in terminal.screen() and "KeyboardInterrupt" not in terminal.screen(), terminal.screen()
     assert gone(marker)
 
