@@ -43,10 +43,8 @@ def noting_ctrl_c() -> Iterator[list[int]]:
     whose import it cut short, reported as an ImportError and wrapped again) is still known to have been stopped by
     it. Outside the main thread, or where Ctrl-C has another handler (ignored, a command's own), nothing changes."""
     noted: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield noted
-        return
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         yield noted
         return
 
